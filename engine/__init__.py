@@ -1,0 +1,47 @@
+"""Folio's inference engine: paged KV cache, continuous batching, Llama-family models.
+
+The public names are imported lazily so that the Qt-free, torch-free bookkeeping
+modules (``engine.block_manager``, ``engine.scheduler``) stay light to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "LLM": "engine.llm",
+    "LLMEngine": "engine.llm_engine",
+    "EngineWorker": "engine.worker",
+    "EngineConfig": "engine.config",
+    "SamplingParams": "engine.sampling_params",
+    "KVStats": "engine.kv_stats",
+    "RequestOutput": "engine.outputs",
+    "CompletionOutput": "engine.outputs",
+}
+
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "EngineWorker",
+    "KVStats",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+]
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.kv_stats import KVStats
+    from engine.llm import LLM
+    from engine.llm_engine import LLMEngine
+    from engine.outputs import CompletionOutput, RequestOutput
+    from engine.sampling_params import SamplingParams
+    from engine.worker import EngineWorker
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

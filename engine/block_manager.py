@@ -1,0 +1,307 @@
+"""The paged KV block manager: ref-counted blocks, prefix cache, copy-on-write, swap.
+
+Pure bookkeeping: no torch, no Qt. The model runner applies what this decides (the
+copy-on-write pairs and the swap mappings) to the real cache tensors.
+
+A chat turn with two candidates, block_size 4, after the prompt (6 tokens) was
+prefilled and forked, and each candidate then wrote one token::
+
+    prompt  t0 t1 t2 t3 | t4 t5
+    seq A   [ block 0  ] [ block 1: t4 t5 a0 . ]
+    seq B   [ block 0  ] [ block 2: t4 t5 b0 . ]   block 2 = copy of block 1 (CoW)
+            ref count 2    ref count 1 each
+
+Block 0 is full, so it carries a hash: hash(parent hash, its tokens). When both
+sequences finish, their blocks go back to the free queue but keep their hashes; the
+next turn, whose prompt starts with t0..t3, finds block 0 again (prefix cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence as Seq
+
+from engine.free_block_queue import Block, FreeBlockQueue
+from engine.kv_stats import CACHED, FREE, SHARED, USED, BlockInfo, KVStats
+from engine.sequence import Sequence
+
+
+def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
+    """Stable across processes (unlike ``hash``): the parent's hash, then the tokens."""
+    h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(b",".join(str(t).encode() for t in token_ids))
+    return h.digest()
+
+
+class BlockManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_host_blocks: int = 0,
+        enable_prefix_caching: bool = True,
+        bytes_per_block: int = 0,
+    ) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.bytes_per_block = bytes_per_block
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[bytes, Block] = {}
+        self.seqs: dict[int, Sequence] = {}  # sequences holding device blocks
+        self.cow_pairs: list[tuple[int, int]] = []  # (src, dst), drained by the scheduler
+        # Host pool for swap preemption: block id -> ref count; no prefix cache there.
+        self.num_host_blocks = num_host_blocks
+        self.host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
+        self.host_refs: dict[int, int] = {}
+        self.host_tables: dict[int, list[int]] = {}
+        self.prefix_hit_tokens = 0
+        self.prefix_query_tokens = 0
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -------------------------------------------------------------- allocation
+    def allocate(self, seq: Sequence) -> int | None:
+        """Give ``seq`` blocks for all its tokens, reusing cached prefix blocks.
+
+        Returns the number of tokens found in the prefix cache (their K/V need no
+        compute), or None, changing nothing, when the pool cannot serve.
+        """
+        assert not seq.block_table, f"{seq.label} already holds blocks"
+        hits = self._lookup_prefix(seq)
+        num_new = self.blocks_needed(seq.num_tokens) - len(hits)
+        revived = sum(1 for b in hits if b.ref_count == 0)
+        if num_new + revived > self.num_free_blocks:
+            return None
+        for block in hits:
+            if block.ref_count == 0:
+                self.free_queue.remove(block)
+            block.ref_count += 1
+        seq.block_table = [b.block_id for b in hits]
+        seq.block_table += [self._take_free_block().block_id for _ in range(num_new)]
+        cached_tokens = len(hits) * self.block_size
+        seq.num_computed_tokens = cached_tokens
+        self.prefix_hit_tokens += cached_tokens
+        self.prefix_query_tokens += seq.num_tokens
+        self.seqs[seq.seq_id] = seq
+        return cached_tokens
+
+    def _lookup_prefix(self, seq: Sequence) -> list[Block]:
+        if not self.enable_prefix_caching:
+            return []
+        # The last token is always recomputed so that there are logits to sample from.
+        num_full = (seq.num_tokens - 1) // self.block_size
+        self._extend_hashes(seq, num_full)
+        hits: list[Block] = []
+        for i in range(num_full):
+            block = self.cached.get(seq.block_hashes[i])
+            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            if block is None or block.token_ids != tokens:
+                break
+            hits.append(block)
+        return hits
+
+    def _extend_hashes(self, seq: Sequence, num_full: int) -> None:
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), num_full):
+            parent = seq.block_hashes[i - 1] if i else None
+            seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs]))
+
+    def _take_free_block(self) -> Block:
+        block = self.free_queue.popleft()
+        if block.block_hash is not None:  # lazy eviction of a cached prefix block
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+            block.token_ids = None
+        block.ref_count = 1
+        return block
+
+    def can_append(self, seqs: Seq[Sequence]) -> bool:
+        """Whether ``append_slots`` can serve each of ``seqs`` one more token."""
+        return sum(self._blocks_to_append(s) for s in seqs) <= self.num_free_blocks
+
+    def _blocks_to_append(self, seq: Sequence) -> int:
+        if len(seq.block_table) < self.blocks_needed(seq.num_tokens):
+            return 1
+        last = self.blocks[seq.block_table[(seq.num_tokens - 1) // self.block_size]]
+        return 1 if last.ref_count > 1 else 0
+
+    def append_slots(self, seq: Sequence) -> bool:
+        """Make room for ``seq``'s tokens not yet computed (its new decode token).
+
+        Writing into a block shared with another sequence copies it first: the copy
+        is recorded in ``cow_pairs``. Returns False, changing nothing, when out of
+        blocks.
+        """
+        needed = self.blocks_needed(seq.num_tokens) - len(seq.block_table)
+        first_write = seq.num_computed_tokens // self.block_size
+        shared = [
+            i for i in range(first_write, len(seq.block_table))
+            if self.blocks[seq.block_table[i]].ref_count > 1
+        ]
+        if needed + len(shared) > self.num_free_blocks:
+            return False
+        for i in shared:
+            src = self.blocks[seq.block_table[i]]
+            dst = self._take_free_block()
+            src.ref_count -= 1
+            seq.block_table[i] = dst.block_id
+            self.cow_pairs.append((src.block_id, dst.block_id))
+        seq.block_table += [self._take_free_block().block_id for _ in range(max(needed, 0))]
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child shares every block of the parent (no new block)."""
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+        for block_id in child.block_table:
+            self.blocks[block_id].ref_count += 1
+        self.seqs[child.seq_id] = child
+
+    def commit_computed(self, seq: Sequence) -> None:
+        """Register ``seq``'s blocks that are now full and computed in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        self._extend_hashes(seq, num_full)
+        for i in range(num_full - 1, -1, -1):
+            block = self.blocks[seq.block_table[i]]
+            if block.block_hash is not None:
+                break  # every block before a registered one is registered too
+            block_hash = seq.block_hashes[i]
+            if block_hash in self.cached:
+                continue  # the same content already lives in another block
+            block.block_hash = block_hash
+            block.token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            self.cached[block_hash] = block
+
+    def free(self, seq: Sequence) -> None:
+        """Drop ``seq``'s references. Blocks reaching zero go back to the free queue,
+        tail first so a chat's end is evicted before its beginning; blocks holding
+        nothing reusable go to the head, to be reused first."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    self.free_queue.appendleft(block)
+                else:
+                    self.free_queue.append(block)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        self.seqs.pop(seq.seq_id, None)
+
+    def take_cow_pairs(self) -> list[tuple[int, int]]:
+        pairs, self.cow_pairs = self.cow_pairs, []
+        return pairs
+
+    # -------------------------------------------------------------------- swap
+    def can_swap_out(self, seqs: Seq[Sequence]) -> bool:
+        return len({b for s in seqs for b in s.block_table}) <= len(self.host_free)
+
+    def swap_out(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
+        """Move ``seqs`` (one request's candidates) to the host pool; blocks they share
+        map to one host block. Returns (device block, host block) pairs to copy."""
+        mapping: dict[int, int] = {}
+        for seq in seqs:
+            table = []
+            for block_id in seq.block_table:
+                if block_id not in mapping:
+                    mapping[block_id] = self.host_free.pop()
+                host_id = mapping[block_id]
+                self.host_refs[host_id] = self.host_refs.get(host_id, 0) + 1
+                table.append(host_id)
+            num_computed = seq.num_computed_tokens
+            self.free(seq)
+            seq.num_computed_tokens = num_computed
+            self.host_tables[seq.seq_id] = table
+        return list(mapping.items())
+
+    def can_swap_in(self, seqs: Seq[Sequence]) -> bool:
+        needed = len({b for s in seqs for b in self.host_tables[s.seq_id]})
+        return needed <= self.num_free_blocks
+
+    def swap_in(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
+        """Bring ``seqs`` back from the host pool. Returns (host, device) pairs."""
+        mapping: dict[int, int] = {}
+        for seq in seqs:
+            table = []
+            for host_id in self.host_tables.pop(seq.seq_id):
+                if host_id not in mapping:
+                    mapping[host_id] = self._take_free_block().block_id
+                else:
+                    self.blocks[mapping[host_id]].ref_count += 1
+                table.append(mapping[host_id])
+                self.host_refs[host_id] -= 1
+                if self.host_refs[host_id] == 0:
+                    del self.host_refs[host_id]
+                    self.host_free.append(host_id)
+            seq.block_table = table
+            self.seqs[seq.seq_id] = seq
+        return list(mapping.items())
+
+    def free_host(self, seq: Sequence) -> None:
+        for host_id in self.host_tables.pop(seq.seq_id, []):
+            self.host_refs[host_id] -= 1
+            if self.host_refs[host_id] == 0:
+                del self.host_refs[host_id]
+                self.host_free.append(host_id)
+
+    # ------------------------------------------------------------------- stats
+    def stats(self, with_blocks: bool = True) -> KVStats:
+        owners: dict[int, list[str]] = {}
+        fill: dict[int, int] = {}
+        per_owner: dict[str, int] = {}
+        bs = self.block_size
+        for seq in self.seqs.values():
+            per_owner[seq.label] = len(seq.block_table)
+            for i, block_id in enumerate(seq.block_table):
+                owners.setdefault(block_id, []).append(seq.label)
+                tokens = max(0, min(bs, seq.num_tokens - i * bs))
+                fill[block_id] = max(fill.get(block_id, 0), tokens)
+        num_used = num_shared = num_cached = saved = 0
+        infos = []
+        for block in self.blocks:
+            if block.ref_count > 1:
+                state, num_shared, saved = SHARED, num_shared + 1, saved + block.ref_count - 1
+            elif block.ref_count == 1:
+                state = USED
+            elif block.block_hash is not None:
+                state, num_cached = CACHED, num_cached + 1
+            else:
+                state = FREE
+            num_used += block.ref_count > 0
+            if with_blocks:
+                infos.append(BlockInfo(block.block_id, state, block.ref_count,
+                                       tuple(owners.get(block.block_id, ()))))
+        return KVStats(
+            block_size=bs,
+            num_blocks=self.num_blocks,
+            bytes_per_block=self.bytes_per_block,
+            num_free=self.num_blocks - num_used,
+            num_used=num_used,
+            num_cached=num_cached,
+            num_shared=num_shared,
+            bytes_saved_by_sharing=saved * self.bytes_per_block,
+            allocated_slots=num_used * bs,
+            used_slots=sum(fill.values()),
+            prefix_hit_tokens=self.prefix_hit_tokens,
+            prefix_query_tokens=self.prefix_query_tokens,
+            num_host_blocks=self.num_host_blocks,
+            num_host_used=len(self.host_refs),
+            blocks=infos,
+            blocks_per_owner=per_owner,
+        )

@@ -1,0 +1,68 @@
+"""A snapshot of the KV block pool, as the VRAM panel shows it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Block states; they partition the pool.
+FREE = "free"  # ref count 0, nothing reusable in it
+CACHED = "cached"  # ref count 0, but holds a full block the prefix cache can revive
+USED = "used"  # ref count 1
+SHARED = "shared"  # ref count > 1 (a common prompt, candidates before they diverge)
+
+
+@dataclass(slots=True, frozen=True)
+class BlockInfo:
+    block_id: int
+    state: str
+    ref_count: int
+    owners: tuple[str, ...]  # "request_id:index" of each sequence holding the block
+
+
+@dataclass(slots=True)
+class KVStats:
+    """Counts: ``num_used`` (ref count >= 1) + ``num_free`` (ref count 0) = ``num_blocks``;
+    ``num_shared`` is part of ``num_used`` and ``num_cached`` part of ``num_free``."""
+
+    block_size: int
+    num_blocks: int
+    bytes_per_block: int
+    num_free: int
+    num_used: int
+    num_cached: int
+    num_shared: int
+    # Blocks that n sharers would otherwise hold n copies of: sum of (ref_count - 1).
+    bytes_saved_by_sharing: int
+    allocated_slots: int  # slots in used blocks
+    used_slots: int  # slots holding a token (a shared block's tokens count once)
+    prefix_hit_tokens: int  # prompt tokens served from the prefix cache, since start
+    prefix_query_tokens: int  # prompt tokens looked up, since start
+    num_host_blocks: int = 0
+    num_host_used: int = 0
+    blocks: list[BlockInfo] = field(default_factory=list)
+    blocks_per_owner: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def used_bytes(self) -> int:
+        return self.num_used * self.bytes_per_block
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    @property
+    def waste_fraction(self) -> float:
+        """Internal fragmentation: allocated slots that hold no token."""
+        if self.allocated_slots == 0:
+            return 0.0
+        return 1.0 - self.used_slots / self.allocated_slots
+
+    @property
+    def hit_rate(self) -> float:
+        if self.prefix_query_tokens == 0:
+            return 0.0
+        return self.prefix_hit_tokens / self.prefix_query_tokens
+
+    def headroom_tokens(self) -> int:
+        """Tokens that fit in the free blocks (cached blocks can be evicted)."""
+        return self.num_free * self.block_size

@@ -1,0 +1,61 @@
+"""What the engine hands back: finished outputs, metrics and streaming events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    num_generated_tokens: int = 0
+    ttft_s: float = 0.0  # arrival to first token
+    decode_tok_s: float = 0.0  # tokens per second after the first, per candidate
+    total_s: float = 0.0
+
+    @property
+    def num_computed_prompt_tokens(self) -> int:
+        return self.num_prompt_tokens - self.num_cached_tokens
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop", "length", "abort"
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """New text for one candidate; `text` is the delta since the last event."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+
+
+@dataclass(slots=True)
+class FinishedEvent:
+    request_id: str
+    output: RequestOutput
+
+
+@dataclass(slots=True)
+class ErrorEvent:
+    request_id: str
+    message: str
+
+
+Event = TokenEvent | FinishedEvent | ErrorEvent

@@ -1,0 +1,103 @@
+"""Sequences (one candidate's tokens and blocks) and sequence groups (one request)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # needs (re)prefill: no blocks, or blocks not yet computed
+    RUNNING = "running"
+    SWAPPED = "swapped"  # its KV sits in the host pool
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One candidate: its token ids, how many of them have K/V in the cache, its blocks.
+
+    Tokens ``[0, num_computed_tokens)`` have K/V in the cache; the rest are computed by
+    the next steps (a prompt still prefilling, or the one sampled token of a decode).
+    """
+
+    seq_id: int
+    request_id: str
+    index: int  # candidate index within its request
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    # Chained hash of each full block, computed once and kept across preemption.
+    block_hashes: list[bytes] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    generator: Any = None  # torch.Generator, owned by the engine
+    # Set when this sequence's next prefill chunk ends its prompt for the first time
+    # (the moment a request with n candidates forks).
+    needs_fork: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.request_id}:{self.index}"
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+
+@dataclass(slots=True, eq=False)
+class SequenceGroup:
+    """One request: a prompt and its n candidate sequences.
+
+    It starts with a single sequence; when the prompt's prefill ends, the engine forks
+    it into ``params.n`` candidates that share the prompt's blocks.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    admitted_once: bool = False
+    aborted: bool = False
+
+    @property
+    def live_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.is_finished]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.aborted or (
+            len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
+        )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

@@ -1,0 +1,88 @@
+"""Attention and KV-cache operations over a paged KV cache.
+
+`get_backend` picks the implementation: Triton kernels on CUDA, the PyTorch reference
+elsewhere. This package knows nothing of `engine`; the seam is `AttentionMetadata`
+plus the four backend methods documented in `docs/INTERNALS.md`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+BACKEND_ENV = "FOLIO_ATTENTION_BACKEND"
+BACKEND_NAMES = ("torch", "triton")
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """The varlen batch of one step; see docs/INTERNALS.md for each field."""
+
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None: ...
+
+    def attention(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+    def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None: ...
+
+    def swap_blocks(
+        self,
+        src_cache: torch.Tensor,
+        dst_cache: torch.Tensor,
+        src_ids: torch.Tensor,
+        dst_ids: torch.Tensor,
+    ) -> None: ...
+
+
+def get_backend(device: torch.device | str, name: str | None = None) -> AttentionBackend:
+    """Triton on CUDA, the PyTorch reference elsewhere; `name` or $FOLIO_ATTENTION_BACKEND
+    override the choice."""
+    choice = name or os.environ.get(BACKEND_ENV) or None
+    if choice is None:
+        choice = "triton" if torch.device(device).type == "cuda" else "torch"
+    if choice not in BACKEND_NAMES:
+        raise ValueError(
+            f"attention_backend must be one of {', '.join(BACKEND_NAMES)}, got {choice!r}"
+        )
+    if choice == "triton":
+        from kernels.triton_backend import TritonBackend
+
+        return TritonBackend()
+    from kernels.reference import TorchBackend
+
+    return TorchBackend()
