@@ -1,0 +1,155 @@
+"""The ``folio`` command: ``folio chat``, ``folio models``, ``folio bench``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+HELP = "/regen N  N new candidates for the last reply   /new  new chat   " \
+       "/stats  KV cache   /quit"
+
+
+def _progress(stage: str, fraction: float) -> None:
+    print(f"\r[{fraction:4.0%}] {stage:<40}", end="" if fraction < 1 else "\n", file=sys.stderr)
+
+
+def format_kv_stats(stats) -> str:
+    mib = 1 << 20
+    return (
+        f"KV blocks: {stats.num_used} used ({stats.num_shared} shared), "
+        f"{stats.num_free} free ({stats.num_cached} cached) of {stats.num_blocks} "
+        f"x {stats.block_size} tokens, {stats.bytes_per_block / mib:.2f} MiB each\n"
+        f"saved by sharing: {stats.bytes_saved_by_sharing / mib:.1f} MiB; "
+        f"internal waste: {stats.waste_fraction:.1%}; prefix-cache hits: "
+        f"{stats.prefix_hit_tokens}/{stats.prefix_query_tokens} tokens ({stats.hit_rate:.0%})"
+    )
+
+
+class TerminalChat:
+    def __init__(self, engine, params, out: TextIO = sys.stdout) -> None:
+        self.engine = engine
+        self.params = params
+        self.out = out
+        self.messages: list[dict] = []
+
+    def reply(self, n: int = 1):
+        """Stream ``n`` candidates for the current messages, one after another."""
+        from dataclasses import replace
+
+        from engine.outputs import FinishedEvent, TokenEvent
+
+        params = replace(self.params, n=n)
+        request_id = self.engine.add_request(self.messages, params)
+        result = None
+        while result is None:
+            for event in self.engine.step():
+                # The first candidate streams; the others print when all are done.
+                if isinstance(event, TokenEvent) and event.request_id == request_id:
+                    if event.index == 0:
+                        self.out.write(event.text)
+                        self.out.flush()
+                elif isinstance(event, FinishedEvent) and event.request_id == request_id:
+                    result = event.output
+        for cand in result.outputs[1:]:
+            self.out.write(f"\n--- candidate {cand.index + 1} ---\n{cand.text}")
+        m = result.metrics
+        self.out.write(
+            f"\n[{m.num_prompt_tokens} prompt tokens, {m.num_cached_tokens} cached; "
+            f"first token {m.ttft_s * 1e3:.0f} ms; {m.decode_tok_s:.1f} tok/s]\n"
+        )
+        return result
+
+    def handle(self, line: str) -> bool:
+        """One line of input; returns False to quit."""
+        line = line.strip()
+        if not line:
+            return True
+        if line in ("/quit", "/exit"):
+            return False
+        if line == "/new":
+            self.messages = []
+            self.out.write("(new chat)\n")
+        elif line == "/stats":
+            self.out.write(format_kv_stats(self.engine.kv_stats()) + "\n")
+        elif line.startswith("/regen"):
+            parts = line.split()
+            n = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 1
+            if not self.messages or self.messages[-1]["role"] != "assistant":
+                self.out.write("(nothing to regenerate yet)\n")
+                return True
+            self.messages.pop()
+            self._keep(self.reply(n))
+        elif line.startswith("/"):
+            self.out.write(f"unknown command; {HELP}\n")
+        else:
+            self.messages.append({"role": "user", "content": line})
+            self._keep(self.reply(1))
+        return True
+
+    def _keep(self, result) -> None:
+        first = result.outputs[0]
+        self.messages.append(
+            {"role": "assistant", "content": first.text, "token_ids": list(first.token_ids)}
+        )
+
+
+def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(args.model, EngineConfig(), progress=_progress)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                            seed=args.seed)
+    chat = TerminalChat(engine, params)
+    print(f"Chatting with {engine.model_name}. {HELP}")
+    while True:
+        try:
+            line = read_line("> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        try:
+            if not chat.handle(line):
+                return 0
+        except ValueError as exc:
+            print(f"error: {exc}")
+
+
+def cmd_models(args) -> int:
+    from engine.models_catalog import list_local_models
+
+    for info in list_local_models(args.path):
+        params = f"{info.num_parameters / 1e6:.0f}M" if info.num_parameters else "?"
+        print(f"{info.name:<40} {info.format:<5} {info.architecture or '?':<22} {params:>6} "
+              f"ctx {info.context_length or '?':<6} {info.size_bytes / 2**20:8.0f} MiB  "
+              f"{info.path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from engine.bench import main as bench_main
+
+        return bench_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="folio", description="Folio: chat with local LLMs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    chat = sub.add_parser("chat", help="chat in the terminal")
+    chat.add_argument("--model", default="starter", help="'starter', a folder or a .gguf file")
+    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--seed", type=int, default=None)
+    models = sub.add_parser("models", help="list local models")
+    models.add_argument("path", nargs="*", help="extra folders or .gguf files")
+    sub.add_parser("bench", help="benchmarks: folio bench WORKLOAD --help")
+    args = parser.parse_args(argv)
+    if args.command == "chat":
+        return cmd_chat(args)
+    return cmd_models(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""LLMEngine: requests in, token deltas and finished outputs out, one step at a time.
+
+It ties the pieces together: the scheduler (what runs), the model runner (the forward),
+the sampler (the next tokens), and per candidate a detokenizer and a stop-string check.
+Not thread-safe: ``engine.worker.EngineWorker`` drives it from one thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.kv_stats import KVStats
+from engine.memory import MemoryStats, memory_stats
+from engine.model_runner import DTYPES, KVShape, ModelRunner, num_blocks_for
+from engine.outputs import (
+    CompletionOutput,
+    Event,
+    FinishedEvent,
+    RequestMetrics,
+    RequestOutput,
+    TokenEvent,
+)
+from engine.sampler import Sampler, SamplingRow, make_generator
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceGroup
+from engine.tokenizer import ChatTokenizer, IncrementalDetokenizer, StopChecker
+
+Prompt = str | list[int] | list[dict]
+
+
+@dataclass(slots=True)
+class _Candidate:
+    detokenizer: IncrementalDetokenizer
+    stop: StopChecker
+    text: str = ""
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+
+@dataclass(slots=True)
+class _Request:
+    group: SequenceGroup
+    candidates: dict[int, _Candidate] = field(default_factory=dict)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: str | Path = "starter",
+        config: EngineConfig | None = None,
+        progress: Callable[[str, float], None] | None = None,
+    ) -> None:
+        from engine.loader import load_model_files
+        from engine.models import build_model
+        from engine.models_catalog import resolve_model
+        from kernels import get_backend
+
+        self.config = config = config or EngineConfig()
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        device = torch.device(config.device)
+        dtype = DTYPES[config.dtype]
+        path = resolve_model(str(model))
+        loaded = load_model_files(path, dtype=dtype, progress=progress)
+        self.model_name = loaded.name
+        self.hf_config = loaded.config
+        self.tokenizer = ChatTokenizer(loaded.tokenizer)
+        if progress:
+            progress("building the model", 0.9)
+        net = build_model(loaded.config, dtype, device)
+        net.load_weights(loaded.weights)
+        self.weights_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+        context = getattr(loaded.config, "max_position_embeddings", None) or 4096
+        self.max_model_len = min(config.max_model_len or context, context)
+        shape = KVShape.from_hf_config(loaded.config, config.block_size, dtype)
+        num_blocks = num_blocks_for(config, shape, device)
+        backend = get_backend(device, config.attention_backend)
+        self.runner = ModelRunner(net, shape, num_blocks, config.num_host_blocks, backend, device)
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.num_host_blocks,
+            config.enable_prefix_caching, shape.bytes_per_block,
+        )
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+            self.max_model_len,
+        )
+        self.sampler = Sampler()
+        self._requests: dict[str, _Request] = {}
+        self._ids = itertools.count()
+        if progress:
+            progress("ready", 1.0)
+
+    # ---------------------------------------------------------------- requests
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if prompt and isinstance(prompt[0], dict):
+            return self.tokenizer.encode_chat(prompt)
+        if not all(isinstance(t, int) for t in prompt):
+            raise ValueError("prompt must be text, a list of token ids or a list of messages")
+        return list(prompt)
+
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        params = params or SamplingParams()
+        request_id = request_id or f"req-{next(self._ids)}"
+        ids = self.encode(prompt)
+        vocab = self.hf_config.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        group = self.scheduler.add_request(request_id, ids, params)
+        seq = group.seqs[0]
+        seq.generator = make_generator(params.seed, 0)
+        request = _Request(group)
+        request.candidates[0] = self._new_candidate(params)
+        self._requests[request_id] = request
+        return request_id
+
+    def _new_candidate(self, params: SamplingParams) -> _Candidate:
+        return _Candidate(IncrementalDetokenizer(self.tokenizer), StopChecker(params.stop))
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        group = self.scheduler.abort(request_id)
+        request = self._requests.pop(request_id, None)
+        if group is None or request is None:
+            return None
+        return self._output(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    # -------------------------------------------------------------------- step
+    def step(self) -> list[Event]:
+        """Run one scheduled step; return the token deltas and finished requests."""
+        out = self.scheduler.schedule()
+        events: list[Event] = []
+        if not out.is_empty:
+            logits = self.runner.execute(out)
+            sampled = [item for item in out.scheduled if item.samples]
+            self.scheduler.mark_computed(out)
+            if logits is not None:
+                events += self._sample(logits, [item.seq for item in sampled])
+        for group in self.scheduler.remove_finished():
+            request = self._requests.pop(group.request_id, None)
+            if request is not None:
+                events.append(FinishedEvent(group.request_id, self._output(request)))
+        return events
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Event]:
+        rows: list[int] = []
+        targets: list[Sequence] = []
+        for row, seq in enumerate(seqs):
+            group = self.scheduler.groups[seq.request_id]
+            candidates = [seq]
+            if seq.needs_fork:
+                candidates = self.scheduler.fork(group)
+                request = self._requests[seq.request_id]
+                for child in candidates[1:]:
+                    child.generator = make_generator(group.params.seed, child.index)
+                    request.candidates[child.index] = self._new_candidate(group.params)
+            rows += [row] * len(candidates)
+            targets += candidates
+        params = [self.scheduler.groups[s.request_id].params for s in targets]
+        sampling_rows = [
+            SamplingRow(p, s.generator, s.token_ids) for p, s in zip(params, targets, strict=True)
+        ]
+        tokens = self.sampler(logits[rows], sampling_rows)
+        now = time.perf_counter()
+        events: list[Event] = []
+        for seq, p, token in zip(targets, params, tokens, strict=True):
+            token = int(token)
+            seq.append_token(token)
+            event = self._after_token(seq, p, token, now)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _after_token(
+        self, seq: Sequence, params: SamplingParams, token: int, now: float
+    ) -> TokenEvent | None:
+        request = self._requests[seq.request_id]
+        group = request.group
+        cand = request.candidates[seq.index]
+        if cand.first_token_time is None:
+            cand.first_token_time = now
+            if group.first_token_time is None:
+                group.first_token_time = now
+        reason = None
+        is_eos = not params.ignore_eos and token in self.tokenizer.eos_token_ids
+        if is_eos or token in params.stop_token_ids:
+            reason, delta = "stop", cand.stop.flush()
+        else:
+            stopped, delta = cand.stop.check(cand.detokenizer.add(token))
+            if stopped:
+                reason = "stop"
+        if reason is None and seq.num_output_tokens >= params.max_tokens:
+            reason, delta = "length", delta + cand.stop.flush()
+        if reason is None and seq.num_tokens >= self.max_model_len:
+            reason, delta = "length", delta + cand.stop.flush()
+        cand.text += delta
+        if reason is not None:
+            cand.finish_time = now
+            self.scheduler.finish_seq(seq, reason)
+        if not delta:
+            return None
+        return TokenEvent(seq.request_id, seq.index, delta, [token])
+
+    def _output(self, request: _Request) -> RequestOutput:
+        group = request.group
+        outputs = []
+        for seq in group.seqs:
+            cand = request.candidates[seq.index]
+            outputs.append(
+                CompletionOutput(seq.index, cand.text, list(seq.output_token_ids),
+                                 seq.finish_reason)
+            )
+        return RequestOutput(
+            group.request_id, list(group.prompt_token_ids), outputs, group.is_finished,
+            self._metrics(request),
+        )
+
+    def _metrics(self, request: _Request) -> RequestMetrics:
+        group = request.group
+        now = time.perf_counter()
+        generated = sum(s.num_output_tokens for s in group.seqs)
+        m = RequestMetrics(
+            num_prompt_tokens=group.num_prompt_tokens,
+            num_cached_tokens=group.num_cached_tokens,
+            num_generated_tokens=generated,
+            total_s=now - group.arrival_time,
+        )
+        if group.first_token_time is not None:
+            m.ttft_s = group.first_token_time - group.arrival_time
+            rates = []
+            for seq in group.seqs:
+                cand = request.candidates[seq.index]
+                span = (cand.finish_time or now) - (cand.first_token_time or now)
+                if seq.num_output_tokens > 1 and span > 0:
+                    rates.append((seq.num_output_tokens - 1) / span)
+            m.decode_tok_s = sum(rates) / len(rates) if rates else 0.0
+        return m
+
+    # ------------------------------------------------------------------- stats
+    def kv_stats(self, with_blocks: bool = True) -> KVStats:
+        return self.block_manager.stats(with_blocks)
+
+    def memory_stats(self) -> MemoryStats:
+        return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_pool_bytes)

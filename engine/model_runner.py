@@ -1,0 +1,168 @@
+"""Runs one scheduled step on the model: KV cache tensors, step inputs, forward.
+
+The scheduler decides in blocks and sequences; this module turns that into tensors:
+token ids, positions, a slot for each new token's K/V, block tables and context
+lengths (``kernels.AttentionMetadata``). Before the forward it applies the step's
+swap and copy-on-write lists to the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EngineConfig
+from engine.scheduler import SchedulerOutput
+from kernels import AttentionBackend, AttentionMetadata
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB: ~23k tokens of the starter model in fp32
+
+
+@dataclass(slots=True, frozen=True)
+class KVShape:
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    dtype: torch.dtype
+
+    @classmethod
+    def from_hf_config(cls, hf_config, block_size: int, dtype: torch.dtype) -> KVShape:
+        head_size = getattr(hf_config, "head_dim", None) or (
+            hf_config.hidden_size // hf_config.num_attention_heads
+        )
+        num_kv = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+        return cls(hf_config.num_hidden_layers, num_kv, head_size, block_size, dtype)
+
+    @property
+    def bytes_per_token(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_size * elem
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+
+def num_blocks_for(config: EngineConfig, shape: KVShape, device: torch.device) -> int:
+    """The KV pool size: an explicit block count, a byte budget, or (CUDA) a share of
+    the memory still free once the weights are loaded."""
+    if config.num_gpu_blocks is not None:
+        return config.num_gpu_blocks
+    budget = config.kv_cache_memory_bytes
+    if budget is None and device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        in_use = total - free
+        budget = int(total * config.gpu_memory_utilization) - in_use
+    if budget is None:
+        budget = CPU_DEFAULT_KV_BYTES
+    num_blocks = budget // shape.bytes_per_block
+    if num_blocks < 1:
+        raise ValueError(
+            f"kv_cache_memory_bytes: {budget} bytes hold no KV block of "
+            f"{shape.bytes_per_block} bytes; give the KV cache more memory"
+        )
+    return int(num_blocks)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        shape: KVShape,
+        num_blocks: int,
+        num_host_blocks: int,
+        backend: AttentionBackend,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.shape = shape
+        self.backend = backend
+        self.device = device
+        layout = (shape.num_layers, 2)
+        per_block = (shape.block_size, shape.num_kv_heads, shape.head_size)
+        self.kv_cache = torch.zeros(
+            (*layout, num_blocks, *per_block), dtype=shape.dtype, device=device
+        )
+        self.host_cache = None
+        if num_host_blocks:
+            self.host_cache = torch.zeros(
+                (*layout, num_host_blocks, *per_block), dtype=shape.dtype,
+                pin_memory=device.type == "cuda",
+            )
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        return self.kv_cache.numel() * self.kv_cache.element_size()
+
+    def apply_block_moves(self, out: SchedulerOutput) -> None:
+        """Swap-outs first: the blocks they free may be reused by this step's swap-ins
+        and copies."""
+        if out.swap_out:
+            dev, host = _pairs(out.swap_out)
+            self.backend.swap_blocks(self.kv_cache, self.host_cache, dev, host)
+        if out.swap_in:
+            host, dev = _pairs(out.swap_in)
+            self.backend.swap_blocks(self.host_cache, self.kv_cache, host, dev)
+        if out.cow_pairs:
+            src, dst = _pairs(out.cow_pairs)
+            self.backend.copy_blocks(self.kv_cache, src.to(self.device), dst.to(self.device))
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> torch.Tensor | None:
+        """Run the step; returns float32 logits for each scheduled sequence whose chunk
+        ends at its last token (in ``out.scheduled`` order), or None if there is none."""
+        self.apply_block_moves(out)
+        if not out.scheduled:
+            return None
+        input_ids, positions, meta, sample_rows = self.prepare(out)
+        hidden = self.model(input_ids, positions, self.kv_cache, meta, self.backend)
+        if not sample_rows:
+            return None
+        return self.model.compute_logits(hidden[sample_rows])
+
+    def prepare(self, out: SchedulerOutput):
+        bs = self.shape.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        for item in out.scheduled:
+            seq = item.seq
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + item.num_new_tokens
+            ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            table = seq.block_table
+            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            starts.append(starts[-1] + item.num_new_tokens)
+            seq_lens.append(end)
+            tables.append(table)
+            if item.samples:
+                sample_rows.append(starts[-1] - 1)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        dev = self.device
+        meta = AttentionMetadata(
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            max_query_len=max(s.num_new_tokens for s in out.scheduled),
+            max_seq_len=max(seq_lens),
+        )
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
+        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        return input_ids, pos, meta, sample_rows
+
+
+def _pairs(pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.tensor(pairs, dtype=torch.int64)
+    return t[:, 0].contiguous(), t[:, 1].contiguous()

@@ -1,0 +1,162 @@
+"""EngineWorker: the engine's step loop on a background thread.
+
+Callers on any thread ``submit`` requests and ``cancel`` them; the worker batches
+whatever is in flight into each step (continuous batching across chats) and reports
+through the request's callback, which runs on the worker thread. A GUI re-emits those
+events as queued signals. ``kv_stats`` and ``memory_stats`` return snapshots refreshed
+by the worker, so a caller never waits for a step to end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.kv_stats import KVStats
+from engine.llm import LLM
+from engine.llm_engine import Prompt
+from engine.memory import MemoryStats
+from engine.outputs import ErrorEvent, Event, FinishedEvent
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+EventCallback = Callable[[Event], None]
+STATS_INTERVAL_S = 0.2
+
+
+@dataclass(slots=True)
+class RequestHandle:
+    request_id: str
+    _worker: EngineWorker
+
+    def cancel(self) -> None:
+        self._worker.cancel(self.request_id)
+
+
+class EngineWorker:
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        self._engine = llm.engine
+        self._commands: queue.Queue = queue.Queue()
+        self._callbacks: dict[str, EventCallback] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._stats_lock = threading.Lock()
+        self._kv_stats = self._engine.kv_stats()
+        self._memory_stats = self._engine.memory_stats()
+        self._stats_time = time.monotonic()
+
+    # ------------------------------------------------------------- any thread
+    def start(self) -> EngineWorker:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="folio-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def submit(
+        self, prompt: Prompt, params: SamplingParams | None, on_event: EventCallback
+    ) -> RequestHandle:
+        request_id = f"chat-{next(self._ids)}"
+        self._commands.put(("submit", request_id, prompt, params or SamplingParams(), on_event))
+        return RequestHandle(request_id, self)
+
+    def cancel(self, request_id: str) -> None:
+        self._commands.put(("cancel", request_id))
+
+    def kv_stats(self) -> KVStats:
+        with self._stats_lock:
+            return self._kv_stats
+
+    def memory_stats(self) -> MemoryStats:
+        with self._stats_lock:
+            return self._memory_stats
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._commands.put(("wake",))
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    # ----------------------------------------------------------- worker thread
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            # Idle: sleep until a command arrives. Busy: only pick up what is queued.
+            busy = self._engine.has_unfinished_requests()
+            try:
+                command = self._commands.get_nowait() if busy else self._commands.get()
+            except queue.Empty:
+                command = None
+            changed = False
+            while command is not None:
+                self._handle(command)
+                changed = True
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    command = None
+            if self._stop.is_set():
+                break
+            if self._engine.has_unfinished_requests():
+                self._step()
+            self._refresh_stats(force=changed or not self._engine.has_unfinished_requests())
+        for request_id in list(self._callbacks):
+            self._cancel(request_id)
+
+    def _handle(self, command: tuple) -> None:
+        kind = command[0]
+        if kind == "submit":
+            _, request_id, prompt, params, on_event = command
+            try:
+                self._engine.add_request(prompt, params, request_id)
+            except Exception as exc:  # a bad request must not stop the worker
+                self._emit(on_event, ErrorEvent(request_id, str(exc)))
+                return
+            self._callbacks[request_id] = on_event
+        elif kind == "cancel":
+            self._cancel(command[1])
+
+    def _cancel(self, request_id: str) -> None:
+        output = self._engine.abort(request_id)
+        on_event = self._callbacks.pop(request_id, None)
+        if output is not None and on_event is not None:
+            self._emit(on_event, FinishedEvent(request_id, output))
+
+    def _step(self) -> None:
+        try:
+            events = self._engine.step()
+        except Exception as exc:
+            log.exception("engine step failed")
+            for request_id in list(self._callbacks):
+                on_event = self._callbacks.pop(request_id)
+                self._engine.abort(request_id)
+                self._emit(on_event, ErrorEvent(request_id, f"generation failed: {exc}"))
+            return
+        for event in events:
+            on_event = self._callbacks.get(event.request_id)
+            if isinstance(event, FinishedEvent):
+                self._callbacks.pop(event.request_id, None)
+            if on_event is not None:
+                self._emit(on_event, event)
+
+    def _emit(self, on_event: EventCallback, event: Event) -> None:
+        try:
+            on_event(event)
+        except Exception:
+            log.exception("event callback failed for %s", event.request_id)
+
+    def _refresh_stats(self, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now - self._stats_time < STATS_INTERVAL_S:
+            return
+        kv, mem = self._engine.kv_stats(), self._engine.memory_stats()
+        with self._stats_lock:
+            self._kv_stats, self._memory_stats = kv, mem
+            self._stats_time = now
