@@ -1,0 +1,251 @@
+"""App settings and per-chat sampling settings, saved as JSON (no Qt here).
+
+Usage from the GUI::
+
+    settings = load_settings()                 # never raises on a bad file
+    settings.chat_defaults.temperature         # defaults for new chats
+    settings.remember_model_path("/models/x.gguf")
+    settings.window_geometry = bytes(win.saveGeometry().toBase64()).decode()
+    save_settings(settings)                    # atomic: temp file + os.replace
+
+    params = chat.settings.to_sampling_params()   # engine SamplingParams, n = num_candidates
+
+The file lives at ``settings_path()``: ``platformdirs.user_config_dir("folio")/settings.json``,
+or ``$FOLIO_CONFIG_DIR/settings.json`` when that variable is set.
+
+A file that is not valid JSON falls back to all defaults; a field with a bad value falls back
+to that field's default. Either way the original file is kept next to it as
+``settings.json.bak`` so nothing the user wrote is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import platformdirs
+
+if TYPE_CHECKING:
+    from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+SETTINGS_FILE = "settings.json"
+MAX_CANDIDATES = 4
+
+
+@dataclass(slots=True)
+class ChatSettings:
+    """Sampling settings of one chat (and, in AppSettings, the defaults for new chats)."""
+
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repetition_penalty: float = 1.1
+    max_tokens: int = 512
+    seed: int | None = None
+    num_candidates: int = 1
+
+    def __post_init__(self) -> None:
+        check = _checker("ChatSettings")
+        check(isinstance(self.system_prompt, str), "system_prompt", self.system_prompt,
+              "a string")
+        check(_is_number(self.temperature) and 0 <= self.temperature <= 5, "temperature",
+              self.temperature, "a number in [0, 5]")
+        check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p,
+              "a number in (0, 1]")
+        check(_is_int(self.top_k) and self.top_k >= 0, "top_k", self.top_k,
+              "an integer >= 0 (0 turns it off)")
+        check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", self.min_p,
+              "a number in [0, 1]")
+        check(_is_number(self.repetition_penalty) and 0 < self.repetition_penalty <= 5,
+              "repetition_penalty", self.repetition_penalty, "a number in (0, 5]")
+        check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
+              self.max_tokens, "an integer >= 1")
+        check(self.seed is None or (_is_int(self.seed) and self.seed >= 0), "seed", self.seed,
+              "an integer >= 0 or None")
+        check(_is_int(self.num_candidates) and 1 <= self.num_candidates <= MAX_CANDIDATES,
+              "num_candidates", self.num_candidates, f"an integer in [1, {MAX_CANDIDATES}]")
+
+    def to_sampling_params(self, n: int | None = None) -> SamplingParams:
+        """Engine sampling params for one turn; n defaults to num_candidates."""
+        # Imported here so the store and settings load without pulling in the engine (torch).
+        from engine.sampling_params import SamplingParams
+
+        return SamplingParams(
+            n=self.num_candidates if n is None else n,
+            temperature=float(self.temperature),
+            top_p=float(self.top_p),
+            top_k=self.top_k,
+            min_p=float(self.min_p),
+            repetition_penalty=float(self.repetition_penalty),
+            seed=self.seed,
+            max_tokens=self.max_tokens,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, strict: bool = True,
+                  dropped: list[str] | None = None) -> ChatSettings:
+        """Build from a dict. strict: unknown keys and bad values raise ValueError;
+        otherwise unknown keys are ignored, each bad value falls back to its default and
+        its name is appended to dropped."""
+        if not isinstance(data, dict):
+            raise ValueError(f"ChatSettings must be a JSON object, got {data!r}")
+        if strict:
+            unknown = sorted(set(data) - {f.name for f in fields(cls)})
+            if unknown:
+                raise ValueError(f"ChatSettings has no field(s) {', '.join(unknown)}")
+            return cls(**data)
+        return cls(**_valid_subset(cls, data, dropped))
+
+
+@dataclass(slots=True)
+class AppSettings:
+    chat_defaults: ChatSettings = field(default_factory=ChatSettings)
+    last_model: str | None = None
+    model_paths: list[str] = field(default_factory=list)
+    # Qt's saveGeometry()/saveState() as base64 text: opaque to everything but the GUI.
+    window_geometry: str = ""
+    dock_state: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.chat_defaults, dict):
+            self.chat_defaults = ChatSettings.from_dict(self.chat_defaults)
+        check = _checker("AppSettings")
+        check(isinstance(self.chat_defaults, ChatSettings), "chat_defaults",
+              self.chat_defaults, "a ChatSettings")
+        check(self.last_model is None or isinstance(self.last_model, str), "last_model",
+              self.last_model, "a string or None")
+        check(isinstance(self.model_paths, list)
+              and all(isinstance(p, str) and p for p in self.model_paths),
+              "model_paths", self.model_paths, "a list of non-empty strings")
+        check(isinstance(self.window_geometry, str), "window_geometry", self.window_geometry,
+              "a string")
+        check(isinstance(self.dock_state, str), "dock_state", self.dock_state, "a string")
+
+    def remember_model_path(self, path: str) -> None:
+        """Add a model path (most recent first, no duplicates)."""
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"AppSettings.model_paths entries must be non-empty strings, "
+                             f"got {path!r}")
+        self.model_paths = [path] + [p for p in self.model_paths if p != path]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["version"] = 1
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], dropped: list[str] | None = None) -> AppSettings:
+        """Lenient: unknown keys are ignored, each bad value falls back to its default and
+        its name is appended to dropped."""
+        if not isinstance(data, dict):
+            raise ValueError(f"settings must be a JSON object, got {type(data).__name__}")
+        data = dict(data)
+        data.pop("version", None)
+        chat = data.get("chat_defaults")
+        if isinstance(chat, dict):
+            inner: list[str] = []
+            data["chat_defaults"] = ChatSettings.from_dict(chat, strict=False, dropped=inner)
+            if dropped is not None:
+                dropped.extend(f"chat_defaults.{name}" for name in inner)
+        return cls(**_valid_subset(cls, data, dropped))
+
+
+def _valid_subset(cls: type, data: dict[str, Any], dropped: list[str] | None) -> dict[str, Any]:
+    """The known keys of data whose values cls accepts, each checked on top of the others."""
+    known = {f.name for f in fields(cls)}
+    good: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            continue
+        try:
+            cls(**{**good, key: value})
+        except ValueError as err:
+            logger.warning("ignoring setting %s: %s", key, err)
+            if dropped is not None:
+                dropped.append(key)
+            continue
+        good[key] = value
+    return good
+
+
+def config_dir() -> Path:
+    override = os.environ.get("FOLIO_CONFIG_DIR")
+    return Path(override) if override else Path(platformdirs.user_config_dir("folio"))
+
+
+def settings_path() -> Path:
+    return config_dir() / SETTINGS_FILE
+
+
+def load_settings(path: Path | str | None = None) -> AppSettings:
+    """Read settings; a missing file gives defaults, a damaged one is backed up (see module doc)."""
+    path = Path(path) if path is not None else settings_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return AppSettings()
+    dropped: list[str] = []
+    try:
+        settings = AppSettings.from_dict(json.loads(text), dropped)
+    except ValueError as err:  # json.JSONDecodeError is a ValueError
+        logger.warning("settings file %s is damaged (%s): using defaults", path, err)
+        _backup(path)
+        return AppSettings()
+    if dropped:
+        # The next save would silently lose what the user wrote: keep the original.
+        _backup(path)
+    return settings
+
+
+def save_settings(settings: AppSettings, path: Path | str | None = None) -> Path:
+    """Write atomically: a crash mid-write leaves the previous file intact."""
+    path = Path(path) if path is not None else settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(settings.to_dict(), indent=2, sort_keys=True) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=".settings-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _backup(path: Path) -> None:
+    backup = path.with_name(path.name + ".bak")
+    try:
+        os.replace(path, backup)
+    except OSError as err:
+        logger.warning("could not back up %s: %s", path, err)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _checker(owner: str) -> Callable[[bool, str, object, str], None]:
+    def check(ok: bool, name: str, value: object, expected: str) -> None:
+        if not ok:
+            raise ValueError(f"{owner}.{name} must be {expected}, got {value!r}")
+    return check
