@@ -19,124 +19,32 @@ then ``set_active_leaf(chat_id, leaf_of(sibling_id))`` shows that branch's later
 
 Every write is its own short transaction (WAL, synchronous=NORMAL): a crash loses at most
 the last partial update, and the next open turns 'streaming' messages into 'interrupted'.
-Schema changes: append a function to MIGRATIONS; PRAGMA user_version counts those applied.
+Tables, migrations and row records live in chat_schema; Markdown/JSON exports in chat_export.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import sys
 import time
-from array import array
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
+from desktop_app import chat_schema as schema
+from desktop_app.chat_export import branch_markdown, chat_json
+from desktop_app.chat_schema import DB_FILE as DB_FILE  # re-exported from before the split
+from desktop_app.chat_schema import MIGRATIONS, ROLES, STATUSES, Chat, Message, default_db_path
+from desktop_app.chat_schema import _migrate_v1 as _migrate_v1  # tests build v1 databases
 from desktop_app.settings import ChatSettings
-
-ROLES = ("system", "user", "assistant")
-STATUSES = ("complete", "streaming", "interrupted")
-DB_FILE = "chats.sqlite3"
-# Token ids are stored as little-endian uint32 blobs: 4 bytes each instead of ~6 as JSON.
-assert array("I").itemsize == 4
-
-
-@dataclass(slots=True)
-class Chat:
-    id: int
-    title: str
-    created_at: float
-    updated_at: float  # newest activity
-    settings: ChatSettings
-    active_leaf_id: int | None
-
-
-@dataclass(slots=True)
-class Message:
-    id: int
-    chat_id: int
-    parent_id: int | None
-    role: str
-    content: str
-    token_ids: list[int] | None
-    metrics: dict[str, Any] = field(default_factory=dict)
-    status: str = "complete"
-    created_at: float = 0.0
-    model: str | None = None
-    candidate_group: int | None = None
-    candidate_index: int | None = None
-
-
-def _migrate_v1(conn: sqlite3.Connection) -> None:
-    # One execute per statement: executescript would commit mid-migration.
-    for statement in ("""
-        CREATE TABLE chats (
-            id INTEGER PRIMARY KEY,
-            title TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            settings TEXT NOT NULL,
-            active_leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL
-        )""", """
-        CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
-            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-            content TEXT NOT NULL,
-            token_ids BLOB,
-            metrics TEXT NOT NULL DEFAULT '{}',
-            status TEXT NOT NULL CHECK (status IN ('complete', 'streaming', 'interrupted')),
-            created_at REAL NOT NULL,
-            touched_at REAL NOT NULL,
-            model TEXT,
-            candidate_group INTEGER,
-            candidate_index INTEGER
-        )""",
-        "CREATE INDEX messages_by_chat ON messages(chat_id)",
-        "CREATE INDEX messages_by_parent ON messages(parent_id)",
-        "CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming'",
-    ):
-        conn.execute(statement)
-
-
-# Index i upgrades a database from user_version i to i + 1; v2 is one more function here.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_v1]
-
-# The ancestors of message ? (itself at depth 0, the root deepest).
-_PATH_CTE = """WITH RECURSIVE path(id, parent_id, depth) AS (
-    SELECT id, parent_id, 0 FROM messages WHERE id = ?
-    UNION ALL
-    SELECT m.id, m.parent_id, path.depth + 1 FROM messages m JOIN path ON m.id = path.parent_id
-)"""
-
-
-def default_db_path() -> Path:
-    override = os.environ.get("FOLIO_DATA_DIR")
-    base = Path(override) if override else Path(platformdirs.user_data_dir("folio"))
-    return base / DB_FILE
 
 
 class ChatStore:
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_db_path()
-        if str(self.path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit mode: transactions are explicit (see _tx), so DDL migrations are atomic too.
-        self._conn = sqlite3.connect(self.path, isolation_level=None)
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA foreign_keys=ON")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute("PRAGMA busy_timeout=5000")
         self._last_stamp = 0.0
-        self._migrate()
+        # Read here at call time, so swapping chat_store.MIGRATIONS (tests add a v2) works.
+        self._conn = schema.open_database(self.path, MIGRATIONS)
         self.mark_interrupted_on_startup()
 
     def close(self) -> None:
@@ -150,7 +58,7 @@ class ChatStore:
 
     @property
     def schema_version(self) -> int:
-        return self._conn.execute("PRAGMA user_version").fetchone()[0]
+        return schema.user_version(self._conn)
 
     # ---- chats -------------------------------------------------------------------------
 
@@ -168,7 +76,7 @@ class ChatStore:
         row = self._conn.execute("SELECT * FROM chats WHERE id = ?", (chat_id,)).fetchone()
         if row is None:
             raise KeyError(f"no chat with id {chat_id}")
-        return _chat(row)
+        return schema.chat_from_row(row)
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         _check_title(title)
@@ -187,13 +95,13 @@ class ChatStore:
         search = search.strip()
         if not search:
             rows = self._conn.execute("SELECT * FROM chats ORDER BY updated_at DESC, id DESC")
-            return [_chat(r) for r in rows]
+            return [schema.chat_from_row(r) for r in rows]
         pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = self._conn.execute(
             "SELECT * FROM chats c WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS ("
             " SELECT 1 FROM messages m WHERE m.chat_id = c.id AND m.content LIKE ?1 ESCAPE '\\')"
             " ORDER BY updated_at DESC, id DESC", (pattern,))
-        return [_chat(r) for r in rows]
+        return [schema.chat_from_row(r) for r in rows]
 
     # ---- messages ----------------------------------------------------------------------
 
@@ -219,8 +127,9 @@ class ChatStore:
                 "INSERT INTO messages (chat_id, parent_id, role, content, token_ids, metrics,"
                 " status, created_at, touched_at, model, candidate_group, candidate_index)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (chat_id, parent_id, role, content, _pack(token_ids), json.dumps(metrics or {}),
-                 status, now, now, model, candidate_group, candidate_index))
+                (chat_id, parent_id, role, content, schema.pack_token_ids(token_ids),
+                 json.dumps(metrics or {}), status, now, now, model, candidate_group,
+                 candidate_index))
             c.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
             if activate:
                 self._activate(c, chat_id, cur.lastrowid, now)
@@ -244,7 +153,7 @@ class ChatStore:
         row = self._conn.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
         if row is None:
             raise KeyError(f"no message with id {message_id}")
-        return _message(row)
+        return schema.message_from_row(row)
 
     def set_partial(self, message_id: int, content: str) -> None:
         """Replace a streaming message's text; cheap enough for several calls a second."""
@@ -262,8 +171,8 @@ class ChatStore:
             if row is None:
                 raise KeyError(f"no message with id {message_id}")
             c.execute("UPDATE messages SET content = ?, token_ids = ?, metrics = ?, status = ?"
-                      " WHERE id = ?", (content, _pack(token_ids), json.dumps(metrics or {}),
-                                         status, message_id))
+                      " WHERE id = ?", (content, schema.pack_token_ids(token_ids),
+                                         json.dumps(metrics or {}), status, message_id))
             c.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, row["chat_id"]))
 
     def delete_message(self, message_id: int) -> None:
@@ -284,12 +193,12 @@ class ChatStore:
     def roots(self, chat_id: int) -> list[Message]:
         rows = self._conn.execute("SELECT * FROM messages WHERE chat_id = ? AND parent_id IS NULL"
                                   " ORDER BY id", (chat_id,))
-        return [_message(r) for r in rows]
+        return [schema.message_from_row(r) for r in rows]
 
     def children(self, message_id: int) -> list[Message]:
         rows = self._conn.execute("SELECT * FROM messages WHERE parent_id = ? ORDER BY id",
                                   (message_id,))
-        return [_message(r) for r in rows]
+        return [schema.message_from_row(r) for r in rows]
 
     def siblings(self, message_id: int) -> list[Message]:
         """The alternates of this turn, itself included, oldest first."""
@@ -303,9 +212,9 @@ class ChatStore:
         return ids.index(message_id), len(ids)
 
     def path_to(self, leaf_id: int) -> list[Message]:
-        rows = self._conn.execute(_PATH_CTE + " SELECT m.* FROM path JOIN messages m"
+        rows = self._conn.execute(schema.PATH_CTE + " SELECT m.* FROM path JOIN messages m"
                                   " ON m.id = path.id ORDER BY path.depth DESC", (leaf_id,))
-        path = [_message(r) for r in rows]
+        path = [schema.message_from_row(r) for r in rows]
         if not path:
             raise KeyError(f"no message with id {leaf_id}")
         return path
@@ -356,43 +265,19 @@ class ChatStore:
         """One branch (the active one by default) as Markdown."""
         chat = self.get_chat(chat_id)
         leaf_id = leaf_id if leaf_id is not None else self.active_leaf(chat_id)
-        parts = [f"# {chat.title}\n"]
-        if chat.settings.system_prompt:
-            parts.append(f"**System:** {chat.settings.system_prompt}\n")
-        for msg in self.path_to(leaf_id) if leaf_id is not None else []:
-            note = " (interrupted)" if msg.status == "interrupted" else ""
-            parts.append(f"## {msg.role.capitalize()}{note}\n\n{msg.content}\n")
-        return "\n".join(parts)
+        return branch_markdown(chat, self.path_to(leaf_id) if leaf_id is not None else [])
 
     def export_json(self, chat_id: int) -> str:
         """The whole chat with every branch, messages in creation order."""
         chat = self.get_chat(chat_id)
         rows = self._conn.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY id",
                                   (chat_id,))
-        return json.dumps({"format": "folio-chat", "version": 1, "chat": asdict(chat),
-                           "messages": [asdict(_message(r)) for r in rows]}, indent=2)
+        return chat_json(chat, [schema.message_from_row(r) for r in rows])
 
     # ---- internals ---------------------------------------------------------------------
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
-
-    def _migrate(self) -> None:
-        version = self.schema_version
-        if version > len(MIGRATIONS):
-            raise RuntimeError(f"{self.path} was written by a newer Folio (schema {version},"
-                               f" this version knows {len(MIGRATIONS)}): update Folio")
-        for target, step in enumerate(MIGRATIONS[version:], start=version + 1):
-            with self._tx() as c:
-                step(c)
-                c.execute(f"PRAGMA user_version = {target}")
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return schema.transaction(self._conn)
 
     def _stamp(self) -> float:
         # Strictly increasing, so "newest first" orders are exact even within one clock tick.
@@ -402,7 +287,7 @@ class ChatStore:
     def _activate(self, c: sqlite3.Connection, chat_id: int, leaf_id: int, now: float) -> None:
         c.execute("UPDATE chats SET active_leaf_id = ? WHERE id = ?", (leaf_id, chat_id))
         # leaf_of follows touched_at, so the branch shown last is the one a switch returns to.
-        c.execute(_PATH_CTE + " UPDATE messages SET touched_at = ? WHERE id IN"
+        c.execute(schema.PATH_CTE + " UPDATE messages SET touched_at = ? WHERE id IN"
                   " (SELECT id FROM path)", (leaf_id, now))
 
     def _update_one(self, sql: str, args: tuple[Any, ...], chat_id: int) -> None:
@@ -414,38 +299,3 @@ class ChatStore:
 def _check_title(title: str) -> None:
     if not isinstance(title, str):
         raise ValueError(f"title must be a string, got {type(title).__name__}")
-
-
-def _pack(token_ids: list[int] | None) -> bytes | None:
-    if token_ids is None:
-        return None
-    packed = array("I", token_ids)
-    if sys.byteorder == "big":
-        packed.byteswap()  # stored little-endian so a database moves between machines
-    return packed.tobytes()
-
-
-def _unpack(blob: bytes | None) -> list[int] | None:
-    if blob is None:
-        return None
-    ids = array("I")
-    ids.frombytes(blob)
-    if sys.byteorder == "big":
-        ids.byteswap()
-    return ids.tolist()
-
-
-def _chat(row: sqlite3.Row) -> Chat:
-    return Chat(id=row["id"], title=row["title"], created_at=row["created_at"],
-                updated_at=row["updated_at"],
-                settings=ChatSettings.from_dict(json.loads(row["settings"]), strict=False),
-                active_leaf_id=row["active_leaf_id"])
-
-
-def _message(row: sqlite3.Row) -> Message:
-    return Message(id=row["id"], chat_id=row["chat_id"], parent_id=row["parent_id"],
-                   role=row["role"], content=row["content"], token_ids=_unpack(row["token_ids"]),
-                   metrics=json.loads(row["metrics"]), status=row["status"],
-                   created_at=row["created_at"], model=row["model"],
-                   candidate_group=row["candidate_group"], candidate_index=row["candidate_index"])
-
