@@ -106,7 +106,8 @@ class EngineWorker:
                 break
             if self._engine.has_unfinished_requests():
                 self._step()
-            self._refresh_stats(force=changed or not self._engine.has_unfinished_requests())
+            elif changed:
+                self._refresh_stats(force=True)
         for request_id in list(self._callbacks):
             self._cancel(request_id)
 
@@ -126,6 +127,8 @@ class EngineWorker:
     def _cancel(self, request_id: str) -> None:
         output = self._engine.abort(request_id)
         on_event = self._callbacks.pop(request_id, None)
+        # Whoever hears of the end must see the freed blocks in the stats.
+        self._refresh_stats(force=True)
         if output is not None and on_event is not None:
             self._emit(on_event, FinishedEvent(request_id, output))
 
@@ -139,6 +142,7 @@ class EngineWorker:
                 self._engine.abort(request_id)
                 self._emit(on_event, ErrorEvent(request_id, f"generation failed: {exc}"))
             return
+        self._refresh_stats(force=any(isinstance(e, FinishedEvent) for e in events))
         for event in events:
             on_event = self._callbacks.get(event.request_id)
             if isinstance(event, FinishedEvent):

@@ -1,0 +1,95 @@
+"""EngineWorker: requests from other threads, batched together, cancelled mid-stream."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine import LLM, EngineWorker, SamplingParams
+from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
+from tests.engine.tiny_models import save_tiny_model
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.events = []
+        self.done = threading.Event()
+        self.first_token = threading.Event()
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+        if isinstance(event, TokenEvent):
+            self.first_token.set()
+        if isinstance(event, FinishedEvent | ErrorEvent):
+            self.done.set()
+
+    @property
+    def finished(self) -> FinishedEvent:
+        return next(e for e in self.events if isinstance(e, FinishedEvent))
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    path = save_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+    w = EngineWorker(LLM(str(path), num_gpu_blocks=128)).start()
+    yield w
+    w.shutdown()
+
+
+def test_streamed_deltas_add_up_to_the_final_text(worker):
+    c = Collector()
+    worker.submit([1, 2, 3, 4, 5], SamplingParams(max_tokens=20, temperature=0,
+                                                  ignore_eos=True), c)
+    assert c.done.wait(60)
+    out = c.finished.output
+    deltas = "".join(e.text for e in c.events if isinstance(e, TokenEvent))
+    assert deltas == out.outputs[0].text
+    assert len(out.outputs[0].token_ids) == 20
+
+
+def test_concurrent_requests_run_in_the_same_steps(worker):
+    engine = worker.llm.engine
+    batch_sizes = []
+    schedule = engine.scheduler.schedule
+
+    def spy():
+        out = schedule()
+        batch_sizes.append(len(out.scheduled))
+        return out
+
+    engine.scheduler.schedule = spy
+    try:
+        collectors = [Collector() for _ in range(4)]
+        params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+        for i, c in enumerate(collectors):
+            worker.submit([10 + i, 20, 30], params, c)
+        assert all(c.done.wait(60) for c in collectors)
+    finally:
+        engine.scheduler.schedule = schedule
+    assert max(batch_sizes) == 4
+
+
+def test_cancel_mid_stream_frees_the_blocks(worker):
+    before = worker.kv_stats().num_used
+    c = Collector()
+    handle = worker.submit([7] * 40, SamplingParams(max_tokens=900, temperature=0,
+                                                    ignore_eos=True), c)
+    assert c.first_token.wait(60)
+    handle.cancel()
+    assert c.done.wait(60)
+    assert c.finished.output.outputs[0].finish_reason == "abort"
+    assert 0 < len(c.finished.output.outputs[0].token_ids) < 900
+    assert worker.kv_stats().num_used == before
+
+
+def test_a_bad_request_reports_an_error_and_the_worker_keeps_serving(worker):
+    bad = Collector()
+    worker.submit([5] * 5000, SamplingParams(max_tokens=4), bad)
+    assert bad.done.wait(60)
+    [error] = [e for e in bad.events if isinstance(e, ErrorEvent)]
+    assert "prompt has 5000 tokens" in error.message
+    good = Collector()
+    worker.submit([1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), good)
+    assert good.done.wait(60)
+    assert len(good.finished.output.outputs[0].token_ids) == 4
