@@ -6,7 +6,8 @@ admits waiting ones, all under ``max_num_batched_tokens`` and ``max_num_seqs``.
 When the pool runs out of blocks, the most recently admitted request is preempted:
 swapped to the host pool when one is configured, else freed and requeued at the front
 of the waiting queue to be recomputed (its blocks stay in the prefix cache, so the
-recompute is often cheap).
+recompute is often cheap). A recomputed request with several candidates comes back
+one candidate first; the others join once the shared prompt is cached again.
 """
 
 from __future__ import annotations
@@ -97,7 +98,10 @@ class Scheduler:
         return group
 
     def fork(self, group: SequenceGroup) -> list[Sequence]:
-        """Split a request's prefilled prompt into its n candidates (no new block)."""
+        """Split a request's prefilled prompt into its n candidates (no new block).
+
+        Call it in the step whose chunk ended the prompt, before the parent's first
+        token is appended; before or after ``mark_computed`` both work."""
         parent = group.seqs[0]
         parent.needs_fork = False
         for index in range(1, group.params.n):
@@ -105,6 +109,9 @@ class Scheduler:
                              list(parent.token_ids), parent.num_prompt_tokens,
                              status=SequenceStatus.RUNNING)
             self.bm.fork(parent, child)
+            # That step computed the whole prompt for every candidate, even if
+            # mark_computed has not advanced the parent yet (it never sees the children).
+            child.num_computed_tokens = parent.num_prompt_tokens
             group.seqs.append(child)
         return group.seqs
 
@@ -146,10 +153,14 @@ class Scheduler:
         num_seqs = 0
         gone: set[str] = set()  # preempted or ended earlier in this step
         for group in list(self.running):
-            if group.request_id not in gone and not self._make_room(group, out):
+            if group.request_id in gone:
+                continue
+            if self._make_room(group, out):
+                self._unpark(group)
+            else:
                 gone.add(group.request_id)
             gone.update(out.preempted)
-        live = [s for g in self.running for s in g.live_seqs]
+        live = [s for g in self.running for s in _active(g)]
         # Decode tokens first, so that a long prompt's chunk never stalls the chats
         # already streaming.
         decodes = [s for s in live if s.num_uncomputed_tokens == 1]
@@ -163,7 +174,8 @@ class Scheduler:
             num_seqs += 1
         if not out.preempted:
             budget, num_seqs = self._swap_in(out, budget, num_seqs)
-        if not out.preempted and not self.swapped:
+        parked = any(_has_parked(g) for g in self.running)
+        if not out.preempted and not self.swapped and not parked:
             self._admit(out, budget, num_seqs)
         out.cow_pairs = self.bm.take_cow_pairs()
         return out
@@ -171,12 +183,12 @@ class Scheduler:
     def _make_room(self, group: SequenceGroup, out: SchedulerOutput) -> bool:
         """Blocks for this step's tokens of ``group``, preempting later groups (or this
         one) as needed. Returns whether ``group`` still runs this step."""
-        seqs = group.live_seqs
+        seqs = _active(group)
         while not self.bm.can_append(seqs):
             victim = self.running[-1]
             if victim is group and len(self.running) == 1:
                 # Alone and still out of room: the request has outgrown the pool.
-                for seq in seqs:
+                for seq in group.live_seqs:
                     self.finish_seq(seq, "length")
                 out.finished.append(group)
                 self.running.remove(group)
@@ -193,7 +205,7 @@ class Scheduler:
         self.running.remove(group)
         self.num_preemptions += 1
         out.preempted.append(group.request_id)
-        seqs = group.live_seqs
+        seqs = _active(group)  # parked candidates hold no blocks and stay parked
         if self.bm.num_host_blocks and self.bm.can_swap_out(seqs):
             out.swap_out += self.bm.swap_out(seqs)
             for seq in seqs:
@@ -206,56 +218,77 @@ class Scheduler:
         self.waiting.appendleft(group)
 
     def _swap_in(self, out: SchedulerOutput, budget: int, num_seqs: int) -> tuple[int, int]:
-        while self.swapped:
+        while self.swapped and budget > 0 and num_seqs < self.max_num_seqs:
             group = self.swapped[0]
-            seqs = group.live_seqs
-            if num_seqs + len(seqs) > self.max_num_seqs or budget < len(seqs):
-                break
+            seqs = [s for s in group.live_seqs if s.status is SequenceStatus.SWAPPED]
             if not self.bm.can_swap_in(seqs) or not self._fits_after_swap_in(seqs):
                 break
             self.swapped.popleft()
             out.swap_in += self.bm.swap_in(seqs)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
-                self.bm.append_slots(seq)
-                out.scheduled.append(ScheduledSeq(seq, seq.num_uncomputed_tokens))
-                budget -= seq.num_uncomputed_tokens
-                num_seqs += 1
+                # Out of room only when alone: the next step's _make_room ends it.
+                if not self.bm.append_slots(seq):
+                    continue
+                budget, num_seqs = self._schedule_chunk(out, seq, budget, num_seqs)
             self.running.append(group)
         return budget, num_seqs
 
     def _fits_after_swap_in(self, seqs: list[Sequence]) -> bool:
         host_blocks = len({b for s in seqs for b in self.bm.host_tables[s.seq_id]})
-        return host_blocks + len(seqs) <= self.bm.num_free_blocks
+        # Alone, it may take the whole pool: better than waiting forever for room.
+        margin = len(seqs) if self.running else 0
+        return host_blocks + margin <= self.bm.num_free_blocks
+
+    def _schedule_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int,
+                        num_seqs: int) -> tuple[int, int]:
+        if budget > 0 and num_seqs < self.max_num_seqs:
+            take = min(seq.num_uncomputed_tokens, budget)
+            out.scheduled.append(ScheduledSeq(seq, take))
+            budget -= take
+            num_seqs += 1
+        return budget, num_seqs
 
     def _admit(self, out: SchedulerOutput, budget: int, num_seqs: int) -> None:
-        while self.waiting and budget > 0:
+        while self.waiting and budget > 0 and num_seqs < self.max_num_seqs:
             group = self.waiting[0]
-            seqs = group.live_seqs
-            if num_seqs + len(seqs) > self.max_num_seqs:
-                break
-            allocated: list[Sequence] = []
-            for seq in seqs:
-                if self.bm.allocate(seq) is None:
-                    break
-                allocated.append(seq)
-            if len(allocated) < len(seqs):
-                for seq in allocated:
-                    self.bm.free(seq)
+            # A recomputed request with several candidates comes back leader first; the
+            # others join once the prompt is in the cache again (see _unpark).
+            leader = group.live_seqs[0]
+            if self.bm.allocate(leader) is None:
                 break
             self.waiting.popleft()
             if not group.admitted_once:
                 group.admitted_once = True
-                group.num_cached_tokens = seqs[0].num_computed_tokens
+                group.num_cached_tokens = leader.num_computed_tokens
+            leader.status = SequenceStatus.RUNNING
+            self._unpark(group)
             self.running.append(group)
-            for seq in seqs:
-                seq.status = SequenceStatus.RUNNING
-                if budget == 0:
-                    break
-                take = min(seq.num_uncomputed_tokens, budget)
-                out.scheduled.append(ScheduledSeq(seq, take))
-                budget -= take
-                num_seqs += 1
+            for seq in _active(group):
+                budget, num_seqs = self._schedule_chunk(out, seq, budget, num_seqs)
+            if _has_parked(group):
+                break  # its parked candidates come before anything still waiting
+
+    def _unpark(self, group: SequenceGroup) -> None:
+        """Give blocks to the parked candidates of a request preempted by recompute.
+
+        Allocated together, each would recompute the shared prompt into blocks of its
+        own (none is in the cache until computed), needing far more room than the
+        request held: it might never fit again. So they wait until an active candidate
+        has computed the prompt's full blocks, then find them in the prefix cache."""
+        if not _has_parked(group):
+            return
+        parked = [s for s in group.seqs if s.status is SequenceStatus.WAITING]
+        active = _active(group)
+        prompt_blocks_end = group.num_prompt_tokens // self.bm.block_size * self.bm.block_size
+        if active and all(s.num_computed_tokens < prompt_blocks_end for s in active):
+            return
+        if not active:  # every active candidate finished first: a new leader
+            parked = parked[:1]
+        for seq in parked:
+            if self.bm.allocate(seq) is None:
+                return
+            seq.status = SequenceStatus.RUNNING
 
     # ------------------------------------------------------------ after a step
     def mark_computed(self, out: SchedulerOutput) -> None:
@@ -263,3 +296,14 @@ class Scheduler:
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.bm.commit_computed(item.seq)
+
+
+def _active(group: SequenceGroup) -> list[Sequence]:
+    """The group's candidates that hold blocks (not finished, swapped out or parked)."""
+    return [s for s in group.seqs if s.status is SequenceStatus.RUNNING]
+
+
+def _has_parked(group: SequenceGroup) -> bool:
+    """Whether some candidate of a running group still waits for its blocks (never so
+    with one sequence: it is the leader)."""
+    return len(group.seqs) > 1 and any(s.status is SequenceStatus.WAITING for s in group.seqs)
