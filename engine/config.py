@@ -28,6 +28,13 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _check_types(
+            self,
+            integers=("block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "num_host_blocks",
+                      "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_threads",
+                      "seed"),
+            numbers=("gpu_memory_utilization",),
+        )
         _check(self.block_size in BLOCK_SIZES, "block_size", self.block_size,
                f"one of {BLOCK_SIZES}")
         _check(self.num_gpu_blocks is None or self.num_gpu_blocks >= 1, "num_gpu_blocks",
@@ -56,3 +63,13 @@ class EngineConfig:
 def _check(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
         raise ValueError(f"EngineConfig.{name} must be {expected}, got {value!r}")
+
+
+def _check_types(obj: object, integers: tuple[str, ...], numbers: tuple[str, ...]) -> None:
+    """Before the range checks: a string or a bool where a number belongs gets the same
+    clear error instead of a TypeError. None is allowed here; range checks decide."""
+    for name in integers + numbers:
+        value = getattr(obj, name)
+        kinds = (int,) if name in integers else (int, float)
+        ok = value is None or (isinstance(value, kinds) and not isinstance(value, bool))
+        _check(ok, name, value, "an integer" if name in integers else "a number")

@@ -148,3 +148,19 @@ def test_sampling_params_rejects_bad_field(field: str, value: object) -> None:
 )
 def test_sampling_params_accepts_edge_values(field: str, value: object) -> None:
     assert getattr(SamplingParams(**{field: value}), field) == value
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: SamplingParams(temperature="hot"), "temperature"),
+        (lambda: SamplingParams(n=True), "n"),
+        (lambda: SamplingParams(max_tokens=1.5), "max_tokens"),
+        (lambda: SamplingParams(seed="7"), "seed"),
+        (lambda: EngineConfig(max_num_seqs="4"), "max_num_seqs"),
+        (lambda: EngineConfig(gpu_memory_utilization="most"), "gpu_memory_utilization"),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_its_field(make, field):
+    with pytest.raises(ValueError, match=rf"\.{field} must be an? (integer|number)"):
+        make()
