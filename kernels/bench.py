@@ -1,0 +1,229 @@
+"""`folio bench kernels`: achieved memory bandwidth of paged decode attention (CUDA).
+
+Decode attention is bound by reading K and V, so each kernel is scored as K/V bytes
+read per second and as a share of the device's peak bandwidth. The L2 cache is flushed
+(a 256 MB write) before every timed run so no run reads K/V left over from the last one.
+Baselines: torch SDPA over contiguous K/V, and FlashInfer's or flash-attn's paged decode
+when they import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernels import AttentionMetadata
+
+# Peak HBM/GDDR bandwidth in GB/s by a substring of torch.cuda.get_device_name(),
+# the more specific names first.
+PEAK_GBPS = (
+    ("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100 NVL", 3900.0), ("H100", 3350.0),
+    ("H800", 3350.0), ("GH200", 4000.0), ("A100-SXM4-80GB", 2039.0), ("A100 80GB PCIe", 1935.0),
+    ("A100", 1555.0), ("A800", 2039.0), ("L40S", 864.0), ("L40", 864.0), ("L4", 300.0),
+    ("A10G", 600.0), ("A10", 600.0), ("RTX 4090", 1008.0), ("RTX 3090", 936.0),
+    ("RTX 6000 Ada", 960.0), ("V100", 900.0), ("T4", 320.0),
+)
+FLUSH_BYTES = 256 * 1024**2
+
+
+@dataclass(slots=True)
+class Shape:
+    name: str
+    num_q_heads: int
+    num_kv_heads: int
+    head_size: int
+
+
+SHAPES = {
+    "llama8b": Shape("llama-8B", 32, 8, 128),
+    "starter": Shape("starter (SmolLM2-135M)", 9, 3, 64),
+}
+
+
+def peak_bandwidth_gbps(device: torch.device) -> tuple[float, str]:
+    name = torch.cuda.get_device_name(device)
+    for key, gbps in PEAK_GBPS:
+        if key in name:
+            return gbps, f"{name}: {gbps:.0f} GB/s (spec sheet)"
+    # Unknown device: a large device-to-device copy reads and writes every byte once.
+    src = torch.empty(1024**3, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = [_time_once(lambda: dst.copy_(src), None) for _ in range(5)]
+    gbps = 2 * src.numel() / statistics.median(times) / 1e9
+    return gbps, f"{name}: {gbps:.0f} GB/s (measured copy)"
+
+
+def _time_once(fn: Callable[[], object], flush: torch.Tensor | None) -> float:
+    if flush is not None:
+        flush.zero_()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def time_median(fn: Callable[[], object], flush: torch.Tensor, reps: int) -> float:
+    for _ in range(3):  # compile / autotune / allocator warm-up
+        fn()
+    return statistics.median(_time_once(fn, flush) for _ in range(reps))
+
+
+def _paged_inputs(shape: Shape, batch: int, context: int, block_size: int,
+                  dtype: torch.dtype, device: torch.device):
+    blocks_per_seq = -(-context // block_size)
+    num_blocks = batch * blocks_per_seq
+    cache_shape = (num_blocks, block_size, shape.num_kv_heads, shape.head_size)
+    k_cache = torch.randn(cache_shape, dtype=dtype, device=device)
+    v_cache = torch.randn(cache_shape, dtype=dtype, device=device)
+    # Shuffled physical blocks, as a long-running pool ends up.
+    tables = torch.randperm(num_blocks, device=device).to(torch.int32).view(batch, -1)
+    query = torch.randn((batch, shape.num_q_heads, shape.head_size), dtype=dtype, device=device)
+    meta = AttentionMetadata(
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
+        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
+        block_tables=tables, slot_mapping=torch.full((batch,), -1, device=device),
+        max_query_len=1, max_seq_len=context,
+    )
+    return query, k_cache, v_cache, meta
+
+
+def _sdpa_runner(query, k_cache, v_cache, meta, shape: Shape, context: int):
+    batch = query.shape[0]
+    # The same K/V gathered into contiguous [batch, nkv, context, hd] tensors.
+    flat = meta.block_tables.long().view(-1)
+    k = k_cache[flat].view(batch, -1, shape.num_kv_heads, shape.head_size)[:, :context]
+    v = v_cache[flat].view(batch, -1, shape.num_kv_heads, shape.head_size)[:, :context]
+    k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    q = query.unsqueeze(2)
+    return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def _flashinfer_runner(query, k_cache, v_cache, meta, shape: Shape, context: int):
+    import flashinfer
+
+    batch, block_size = query.shape[0], k_cache.shape[1]
+    device = query.device
+    workspace = torch.empty(128 * 1024**2, dtype=torch.uint8, device=device)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    blocks = meta.block_tables.shape[1]
+    indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * blocks
+    last = torch.full((batch,), context - (blocks - 1) * block_size, dtype=torch.int32,
+                      device=device)
+    wrapper.plan(indptr, meta.block_tables.reshape(-1), last, shape.num_q_heads,
+                 shape.num_kv_heads, shape.head_size, block_size, pos_encoding_mode="NONE",
+                 q_data_type=query.dtype, kv_data_type=k_cache.dtype)
+    return lambda: wrapper.run(query, (k_cache, v_cache))
+
+
+def _flash_attn_runner(query, k_cache, v_cache, meta, shape: Shape, context: int):
+    from flash_attn import flash_attn_with_kvcache
+
+    # flash-attn's paged KV wants pages of a multiple of 256 tokens: re-page the pool.
+    page = 256
+    batch = query.shape[0]
+    flat = meta.block_tables.long().view(-1)
+    pages = -(-context // page)
+    pad = pages * page
+    k = k_cache[flat].view(batch, -1, shape.num_kv_heads, shape.head_size)[:, :context]
+    v = v_cache[flat].view(batch, -1, shape.num_kv_heads, shape.head_size)[:, :context]
+    k = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad - context)).reshape(
+        batch * pages, page, shape.num_kv_heads, shape.head_size)
+    v = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad - context)).reshape(
+        batch * pages, page, shape.num_kv_heads, shape.head_size)
+    table = torch.randperm(batch * pages, device=query.device).to(torch.int32).view(batch, -1)
+    k, v = k[torch.argsort(table.view(-1).long())], v[torch.argsort(table.view(-1).long())]
+    q = query.unsqueeze(1)
+    lens = meta.seq_lens
+    return lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, block_table=table)
+
+
+def _bench_config(shape: Shape, batch: int, context: int, args, flush, peak: float) -> None:
+    from kernels.triton_decode import choose_num_splits, paged_decode
+
+    device = torch.device("cuda")
+    dtype = getattr(torch, args.dtype)
+    elem = torch.finfo(dtype).bits // 8
+    kv_bytes = 2 * batch * context * shape.num_kv_heads * shape.head_size * elem
+    # The paged pool, a baseline's copy of it, and the transient gathers building that.
+    free, _ = torch.cuda.mem_get_info(device)
+    if 4 * kv_bytes > free:
+        print(f"{shape.name:24} {batch:>5} {context:>7}  skipped: "
+              f"{4 * kv_bytes / 1e9:.1f} GB needed, {free / 1e9:.1f} GB free")
+        return
+    query, k_cache, v_cache, meta = _paged_inputs(shape, batch, context, args.block_size,
+                                                  dtype, device)
+    scale = shape.head_size**-0.5
+    splits = choose_num_splits(batch, shape.num_kv_heads, context, device)
+    builders = (
+        ("triton", lambda *_: lambda: paged_decode(query, k_cache, v_cache, meta, scale)),
+        ("sdpa", _sdpa_runner), ("flashinfer", _flashinfer_runner),
+        ("flash-attn", _flash_attn_runner),
+    )
+    cells = []
+    # One runner at a time: each baseline's own copy of K/V is freed before the next.
+    for name, build in builders:
+        try:
+            fn = build(query, k_cache, v_cache, meta, shape, context)
+        except Exception as exc:  # a missing or incompatible library: report, go on
+            cells.append(f"{name}: n/a ({type(exc).__name__})")
+            continue
+        try:
+            seconds = time_median(fn, flush, args.reps)
+        except Exception as exc:
+            cells.append(f"{name}: failed ({type(exc).__name__}: {str(exc)[:60]})")
+            continue
+        finally:
+            del fn
+            torch.cuda.empty_cache()
+        gbps = kv_bytes / seconds / 1e9
+        cells.append(f"{name}: {seconds * 1e6:8.1f} us {gbps:7.0f} GB/s {100 * gbps / peak:5.1f}%")
+    print(f"{shape.name:24} {batch:>5} {context:>7} {splits:>6}  " + " | ".join(cells), flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="folio bench kernels", description=__doc__)
+    parser.add_argument("--shapes", default="llama8b,starter",
+                        help=f"comma-separated, from {', '.join(SHAPES)}")
+    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--contexts", default="512,4096,32768")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shapes {unknown}; choose from {', '.join(SHAPES)}")
+    if args.reps < 1 or args.block_size < 1:
+        parser.error("--reps and --block-size must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("folio bench kernels needs a CUDA GPU: the Triton kernels only run compiled "
+              "there (on CPU they run under TRITON_INTERPRET=1 in the tests).", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    peak, source = peak_bandwidth_gbps(device)
+    print(f"peak bandwidth: {source}")
+    print(f"K/V bytes read per second; {args.dtype}, block size {args.block_size}, "
+          f"median of {args.reps}, L2 flushed before each run")
+    print(f"{'shape':24} {'batch':>5} {'context':>7} {'splits':>6}  kernels")
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    for key in args.shapes.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            for context in (int(c) for c in args.contexts.split(",")):
+                _bench_config(SHAPES[key], batch, context, args, flush, peak)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The Triton attention backend: `kernels.AttentionBackend` over the Triton kernels."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kernels import AttentionMetadata
+from kernels.triton_cache import copy_blocks, swap_blocks, write_kv
+from kernels.triton_decode import paged_decode
+from kernels.triton_prefill import paged_prefill
+from kernels.triton_shared_prefix import (
+    SharedPrefixGroup,
+    find_shared_prefix_groups,
+    shared_prefix_decode,
+)
+
+SHARED_PREFIX_ENV = "FOLIO_SHARED_PREFIX"
+
+
+class TritonBackend:
+    """Decode-only batches go to the split-K decode kernel (or the shared-prefix decode
+    when enabled and some sequences share prompt blocks); any batch with a longer chunk
+    goes to the varlen prefill kernel, which also handles its one-token rows.
+
+    shared_prefix: None reads $FOLIO_SHARED_PREFIX ("1" turns it on).
+    min_shared_blocks: the fewest shared blocks worth a group of their own.
+    """
+
+    name = "triton"
+
+    def __init__(self, shared_prefix: bool | None = None, min_shared_blocks: int = 4) -> None:
+        if shared_prefix is None:
+            shared_prefix = os.environ.get(SHARED_PREFIX_ENV, "0") == "1"
+        if min_shared_blocks < 1:
+            raise ValueError(f"min_shared_blocks must be >= 1, got {min_shared_blocks}")
+        self.shared_prefix = shared_prefix
+        self.min_shared_blocks = min_shared_blocks
+        # Every layer of a step gets the same metadata object: find the groups once per
+        # step. (As with the reference backend, a step builds new metadata rather than
+        # editing the last one in place; inference tensors have no version counter.)
+        self._groups_meta: AttentionMetadata | None = None
+        self._groups: list[SharedPrefixGroup] = []
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if not meta.is_decode_only:
+            return paged_prefill(query, k_cache, v_cache, meta, scale)
+        if self.shared_prefix:
+            groups = self._shared_groups(meta, k_cache.shape[1])
+            if groups:
+                return shared_prefix_decode(query, k_cache, v_cache, meta, scale, groups)
+        return paged_decode(query, k_cache, v_cache, meta, scale)
+
+    def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        copy_blocks(kv_cache, src, dst)
+
+    def swap_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
+                    src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+        swap_blocks(src_cache, dst_cache, src_ids, dst_ids)
+
+    def _shared_groups(self, meta: AttentionMetadata, block_size: int
+                       ) -> list[SharedPrefixGroup]:
+        # Holding a reference keeps `is` meaningful: no new object can take its id.
+        if meta is not self._groups_meta:
+            self._groups = find_shared_prefix_groups(meta.block_tables, meta.seq_lens,
+                                                     block_size, self.min_shared_blocks)
+            self._groups_meta = meta
+        return self._groups
