@@ -1,11 +1,12 @@
 """GGUF files (llama.cpp's format) to a transformers config, tokenizer and HF-named weights.
 
-The first load opens the file with `gguf.GGUFReader` (about 3 s for the starter) and has
-transformers convert the tokenizer (several seconds). Both results, with the tensor directory
-(names, shapes, quant types, byte offsets), are cached under the user cache dir, keyed by the
-file's path, size and mtime, so a later load reads one JSON file and a saved tokenizer and then
-dequantizes each tensor straight from a memory map. Dequantized weights are never cached:
-they are four to eight times the size of the file.
+The first load reads the file's header with engine.gguf_header (tens of milliseconds) and has
+transformers convert the tokenizer (several seconds: it parses the file with gguf.GGUFReader).
+The config and tokenizer, with the tensor directory (names, shapes, quant types, byte offsets),
+are cached under the user cache dir, keyed by the file's path, size and mtime, so a later load
+reads one JSON file and a saved tokenizer and then dequantizes each tensor straight from a
+memory map. Dequantized weights are never cached: they are four to eight times the size of
+the file.
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from engine.gguf_config import GGUF_ARCHITECTURES, ROPE_FREQS, gguf_config_dict
+from engine.gguf_header import parse_gguf_header
 from engine.loader import (
     FolioLoadError,
     LoadedModel,
@@ -34,13 +38,6 @@ from engine.loader import (
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
-# general.architecture -> (HF model_type, HF class, Q/K rows permuted by llama.cpp for rope).
-# llama.cpp permutes only the "llama" family (Llama, Mistral, SmolLM); Qwen runs NEOX rope.
-GGUF_ARCHITECTURES = {
-    "llama": ("llama", "LlamaForCausalLM", True),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
-}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
                  "output": "lm_head"}
 _BLOCK_NAMES = {
@@ -50,7 +47,6 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
-ROPE_FREQS = "rope_freqs.weight"  # llama 3 rope scaling, folded into the config
 
 
 def cache_root() -> Path:
@@ -78,87 +74,6 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     rows = weight.shape[0]
     split = weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
     return split.swapaxes(1, 2).reshape(weight.shape)
-
-
-def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
-                     rope_freqs: np.ndarray | None, where: Path) -> dict[str, object]:
-    """A config.json-style dict from GGUF metadata (arrays given as their lengths)."""
-    arch = metadata.get("general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
-        raise FolioLoadError(f"{where}: architecture {arch!r} is not supported; Folio runs "
-                             f"Llama-family GGUF files ({', '.join(GGUF_ARCHITECTURES)})")
-    model_type, hf_class, _ = GGUF_ARCHITECTURES[arch]
-
-    def key(name: str, default: object = None) -> object:
-        value = metadata.get(f"{arch}.{name}", default)
-        if value is None:
-            raise FolioLoadError(f"{where}: metadata {arch}.{name} is missing; the file is "
-                                 "incomplete, download or convert it again")
-        return value
-
-    heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
-    head_dim = int(key("attention.key_length", hidden // heads))
-    vocab = metadata.get(f"{arch}.vocab_size") or metadata.get("tokenizer.ggml.tokens")
-    if not vocab:
-        raise FolioLoadError(f"{where}: no vocabulary size in the metadata; the file is "
-                             "incomplete, download or convert it again")
-    if int(key("rope.dimension_count", head_dim)) != head_dim:
-        raise FolioLoadError(f"{where}: partial rotary embeddings are not supported")
-    config: dict[str, object] = {
-        "model_type": model_type, "architectures": [hf_class], "vocab_size": int(vocab),
-        "hidden_size": hidden, "intermediate_size": int(key("feed_forward_length")),
-        "num_hidden_layers": int(key("block_count")), "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)), "head_dim": head_dim,
-        "max_position_embeddings": int(key("context_length")),
-        "rms_norm_eps": _f32(key("attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": _f32(key("rope.freq_base", 10000.0)),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-    }
-    for name in ("bos", "eos", "padding"):
-        token = metadata.get(f"tokenizer.ggml.{name}_token_id")
-        if token is not None:
-            config[f"{name.replace('padding', 'pad')}_token_id"] = int(token)
-    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
-    if scaling == "linear":
-        config["rope_scaling"] = {"rope_type": "linear",
-                                  "factor": _f32(key("rope.scaling.factor"))}
-    elif scaling != "none":
-        raise FolioLoadError(f"{where}: rope scaling {scaling!r} is not supported")
-    if rope_freqs is not None:
-        config["rope_scaling"] = _llama3_scaling(rope_freqs, config, metadata, where)
-    return config
-
-
-def llama3_rope_factors(theta: float, head_dim: int, scaling: Mapping[str, float]) -> np.ndarray:
-    """Per-frequency divisors of Llama 3's rope scaling, as llama.cpp stores in rope_freqs."""
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    wavelen = 2 * np.pi / inv_freq
-    orig, low, high = (scaling["original_max_position_embeddings"], scaling["low_freq_factor"],
-                       scaling["high_freq_factor"])
-    smooth = (orig / wavelen - low) / (high - low)
-    blended = 1.0 / ((1 - smooth) / scaling["factor"] + smooth)
-    return np.where(wavelen < orig / high, 1.0,
-                    np.where(wavelen > orig / low, scaling["factor"], blended))
-
-
-def _llama3_scaling(rope_freqs: np.ndarray, config: Mapping[str, object],
-                    metadata: Mapping[str, object], where: Path) -> dict[str, object]:
-    # The file keeps only the resulting factors; Meta's 3.1-3.3 releases all use these low/high
-    # factors, so we check that assumption against the stored factors rather than trust it.
-    orig = metadata.get("llama.rope.scaling.original_context_length", 8192)
-    scaling = {"rope_type": "llama3", "factor": float(np.max(rope_freqs)),
-               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": int(orig)}
-    expected = llama3_rope_factors(config["rope_theta"], config["head_dim"], scaling)
-    if expected.shape != rope_freqs.shape or not np.allclose(expected, rope_freqs, rtol=1e-3):
-        raise FolioLoadError(f"{where}: its rope_freqs tensor is not a Llama 3 rope scaling "
-                             "Folio recognizes; this file is not supported")
-    return scaling
-
-
-def _f32(value: object) -> float:
-    # GGUF stores float32; its shortest str gives back the config's value (1e-05, not 9.99e-06).
-    return float(str(np.float32(value)))
 
 
 def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None) -> LoadedModel:
@@ -189,15 +104,11 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None) -> Lo
     check_weight_shapes(config, shapes, lambda name: str(path), str(path))
 
     def opener() -> Iterator[tuple[str, torch.Tensor]]:
-        from gguf import GGMLQuantizationType, dequantize, quant_shape_to_byte_shape
-
         data = np.memmap(path, dtype=np.uint8, mode="r")
         if data.size != meta["size"]:
             raise FolioLoadError(f"{path}: the file changed after it was opened; load it again")
         for name, shape, qtype_id, offset, n_bytes, permute_heads in tensors:
-            qtype = GGMLQuantizationType(qtype_id)
-            raw = data[offset:offset + n_bytes].reshape(quant_shape_to_byte_shape(shape, qtype))
-            weight = dequantize(raw, qtype)
+            weight = _dequantize_at(data, shape, qtype_id, offset, n_bytes)
             if permute_heads:
                 weight = unpermute_rows(weight, permute_heads)
             elif np.may_share_memory(weight, data):  # F32 comes back as a view of the file
@@ -218,18 +129,21 @@ def _check_magic(path: Path) -> None:
 
 
 def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
-    """Read the file the slow way: metadata, tensor directory and tokenizer."""
-    from gguf import GGUFReader
+    """Read the header (metadata and tensor directory) and convert the tokenizer."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from transformers import AutoTokenizer
 
     try:
-        reader = GGUFReader(path)
-        metadata = {name: _field_value(field) for name, field in reader.fields.items()}
-        directory = [(t.name, tuple(int(d) for d in reversed(t.shape)), int(t.tensor_type),
-                      int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
-        rope_freqs = next((np.array(t.data, dtype=np.float32) for t in reader.tensors
-                           if t.name == ROPE_FREQS), None)
-    except Exception as exc:  # the reader raises bare ValueError/IndexError on damaged files
+        header = parse_gguf_header(path)
+        metadata, directory = header.metadata, []
+        for tensor in header.tensors:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.qtype)]
+            n_bytes = math.prod(tensor.shape) * block_bytes // block
+            directory.append((tensor.name, tensor.shape, tensor.qtype, tensor.offset, n_bytes))
+        rope_entry = next((entry for entry in directory if entry[0] == ROPE_FREQS), None)
+        rope_freqs = None if rope_entry is None else np.array(_dequantize_at(
+            np.memmap(path, dtype=np.uint8, mode="r"), *rope_entry[1:]), dtype=np.float32)
+    except (OSError, ValueError, KeyError) as exc:
         raise FolioLoadError(f"{path}: unreadable GGUF file ({exc}); it is truncated or "
                              "corrupt, download or convert it again") from exc
     config = gguf_config_dict(metadata, {t[0] for t in directory}, rope_freqs, path)
@@ -271,6 +185,16 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     return meta, tokenizer
 
 
+def _dequantize_at(data: np.ndarray, shape: tuple[int, ...], qtype_id: int, offset: int,
+                   n_bytes: int) -> np.ndarray:
+    """One tensor, dequantized to float32, from the bytes of the whole file."""
+    from gguf import GGMLQuantizationType, dequantize, quant_shape_to_byte_shape
+
+    qtype = GGMLQuantizationType(qtype_id)
+    return dequantize(data[offset:offset + n_bytes].reshape(
+        quant_shape_to_byte_shape(shape, qtype)), qtype)
+
+
 def _check_dequantizable(qtype_id: int, gguf_name: str, path: Path) -> None:
     # Fail at load time, naming the tensor, rather than midway through reading the weights.
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
@@ -282,19 +206,6 @@ def _check_dequantizable(qtype_id: int, gguf_name: str, path: Path) -> None:
         raise FolioLoadError(f"{path}: tensor {gguf_name} is stored as {qtype.name}, which "
                              "Folio cannot dequantize; use another quantization of the "
                              "model") from exc
-
-
-def _field_value(field) -> object:
-    """A metadata value as plain Python; arrays (the vocabulary, merges) become their length."""
-    from gguf import GGUFValueType
-
-    kind = field.types[0]
-    if kind == GGUFValueType.ARRAY:
-        return len(field.data)
-    part = field.parts[field.data[0]]
-    if kind == GGUFValueType.STRING:
-        return bytes(part).decode("utf-8", errors="replace")
-    return part[0].item()
 
 
 def _cache_entry(path: Path) -> Path:

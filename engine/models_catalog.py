@@ -9,16 +9,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import mmap
 import os
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from engine.gguf_loader import ROPE_FREQS, gguf_config_dict
+from engine.gguf_config import ROPE_FREQS, gguf_config_dict
+from engine.gguf_header import read_gguf_header
 from engine.loader import (
     LLAMA_FAMILY,
     FolioLoadError,
@@ -171,86 +170,6 @@ def gguf_info(path: Path, name: str) -> ModelInfo:
                      config["max_position_embeddings"], path.stat().st_size,
                      config["num_hidden_layers"], config["num_key_value_heads"],
                      config["head_dim"])
-
-
-# GGUF value type ids (the format's spec) -> struct format; 8 is a string, 9 an array.
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-_TRUNCATED = "the header runs past the end of the file: it is truncated"
-
-
-def read_gguf_header(path: Path) -> tuple[dict[str, object], dict[str, tuple[int, ...]]]:
-    """A GGUF's key/values (arrays as their lengths) and tensor shapes (Hugging Face order),
-    read without touching the tensor data: tens of milliseconds where GGUFReader takes
-    seconds, since it builds an object per vocabulary entry."""
-    try:
-        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0,
-                                                   access=mmap.ACCESS_READ) as buf:
-            if buf[:4] != b"GGUF":
-                raise ValueError(f"it starts with {bytes(buf[:4])!r}, not b'GGUF'")
-            cursor = _Cursor(buf, 4)
-            version = cursor.take("<I")
-            if version not in (2, 3):
-                raise ValueError(f"GGUF version {version} is not supported")
-            tensor_count, kv_count = cursor.take("<Q"), cursor.take("<Q")
-            metadata = {}
-            for _ in range(kv_count):
-                key = cursor.string()
-                metadata[key] = cursor.value(cursor.take("<I"))
-            tensors = {}
-            for _ in range(tensor_count):
-                name = cursor.string()
-                dims = [cursor.take("<Q") for _ in range(cursor.take("<I"))]
-                cursor.pos += 12  # the quant type (u32) and data offset (u64)
-                tensors[name] = tuple(reversed(dims))
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise FolioLoadError(f"{path}: not a readable GGUF file ({exc}); download or convert "
-                             "it again") from exc
-    return metadata, tensors
-
-
-class _Cursor:
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf: mmap.mmap, pos: int) -> None:
-        self.buf, self.pos = buf, pos
-
-    def take(self, fmt: str) -> int | float | bool:
-        size = struct.calcsize(fmt)
-        if self.pos + size > len(self.buf):
-            raise ValueError(_TRUNCATED)
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += size
-        return value
-
-    def string(self) -> str:
-        length = self.take("<Q")
-        if self.pos + length > len(self.buf):
-            raise ValueError(_TRUNCATED)
-        self.pos += length
-        return self.buf[self.pos - length:self.pos].decode("utf-8")
-
-    def value(self, kind: int) -> object:
-        if kind == _STRING:
-            return self.string()
-        if kind != _ARRAY:
-            if kind not in _SCALARS:
-                raise ValueError(f"unknown value type {kind}")
-            return self.take(_SCALARS[kind])
-        item, count = self.take("<I"), self.take("<Q")
-        if item in _SCALARS:
-            self.pos += count * struct.calcsize(_SCALARS[item])
-        else:  # strings and nested arrays have per-item lengths to walk
-            for _ in range(count):
-                if item == _STRING:
-                    length = self.take("<Q")  # read before `pos +=` loads pos
-                    self.pos += length
-                else:
-                    self.value(item)
-        if self.pos > len(self.buf):
-            raise ValueError(_TRUNCATED)
-        return count
 
 
 def hf_cache_dir() -> Path:

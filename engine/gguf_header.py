@@ -1,0 +1,136 @@
+"""A GGUF file's header: its key/values and tensor directory, read without the tensor data.
+
+`gguf.GGUFReader` takes seconds on a real model because it builds numpy views for every
+vocabulary entry and merge; this walks the same bytes with struct and skips the arrays, so
+it takes tens of milliseconds. The models catalog lists files with it and the loader reads
+the tensor directory from it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.loader import FolioLoadError
+
+# GGUF value type ids (the format's spec) -> struct format; 8 is a string, 9 an array.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_DEFAULT_ALIGNMENT = 32  # the spec's, when general.alignment is absent
+_TRUNCATED = "the header runs past the end of the file: it is truncated"
+
+
+@dataclass(slots=True)
+class GGUFTensorInfo:
+    name: str  # the GGUF name, e.g. "blk.0.attn_q.weight"
+    shape: tuple[int, ...]  # Hugging Face order: outermost dimension first
+    qtype: int  # a gguf.GGMLQuantizationType value, unchecked
+    offset: int  # absolute byte offset of the tensor's data in the file
+
+
+@dataclass(slots=True)
+class GGUFHeader:
+    metadata: dict[str, object]  # arrays (vocabulary, merges) are given as their lengths
+    tensors: list[GGUFTensorInfo]
+
+
+def parse_gguf_header(path: Path) -> GGUFHeader:
+    """The header of the GGUF at `path`. Raises OSError, or ValueError saying what is wrong
+    with the file; callers phrase the user's message."""
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0,
+                                               access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError(f"it starts with {bytes(buf[:4])!r}, not b'GGUF'")
+        cursor = _Cursor(buf, 4)
+        version = cursor.take("<I")
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} is not supported")
+        tensor_count, kv_count = cursor.take("<Q"), cursor.take("<Q")
+        metadata: dict[str, object] = {}
+        for _ in range(kv_count):
+            key = cursor.string()
+            if key in metadata:
+                raise ValueError(f"the key {key} appears twice")
+            metadata[key] = cursor.value(cursor.take("<I"))
+        directory = []
+        for _ in range(tensor_count):
+            name = cursor.string()
+            dims = [cursor.take("<Q") for _ in range(cursor.take("<I"))]
+            directory.append((name, tuple(reversed(dims)), cursor.take("<I"), cursor.take("<Q")))
+        data_start = _aligned(cursor.pos, metadata.get("general.alignment", _DEFAULT_ALIGNMENT))
+    tensors, seen = [], set()
+    for name, shape, qtype, relative in directory:
+        if name in seen:
+            raise ValueError(f"the tensor {name} appears twice")
+        seen.add(name)
+        tensors.append(GGUFTensorInfo(name, shape, qtype, data_start + relative))
+    return GGUFHeader(metadata, tensors)
+
+
+def read_gguf_header(path: Path) -> tuple[dict[str, object], dict[str, tuple[int, ...]]]:
+    """A GGUF's key/values (arrays as their lengths) and tensor shapes (Hugging Face order);
+    FolioLoadError when the file is not a readable GGUF."""
+    try:
+        header = parse_gguf_header(path)
+    except (OSError, ValueError) as exc:
+        raise FolioLoadError(f"{path}: not a readable GGUF file ({exc}); download or convert "
+                             "it again") from exc
+    return header.metadata, {tensor.name: tensor.shape for tensor in header.tensors}
+
+
+def _aligned(pos: int, alignment: object) -> int:
+    # The tensor data starts at the first multiple of the alignment after the directory.
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise ValueError(f"general.alignment must be a power of two, got {alignment!r}")
+    return -(-pos // alignment) * alignment
+
+
+class _Cursor:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: mmap.mmap, pos: int) -> None:
+        self.buf, self.pos = buf, pos
+
+    def take(self, fmt: str) -> int | float | bool:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise ValueError(_TRUNCATED)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def raw_string(self) -> bytes:
+        length = self.take("<Q")
+        if self.pos + length > len(self.buf):
+            raise ValueError(_TRUNCATED)
+        self.pos += length
+        return self.buf[self.pos - length:self.pos]
+
+    def string(self) -> str:
+        return self.raw_string().decode("utf-8")
+
+    def value(self, kind: int) -> object:
+        if kind == _STRING:
+            # A stray byte in a value (a name, a chat template) should not make the whole
+            # model unloadable; keys and tensor names above must decode exactly.
+            return self.raw_string().decode("utf-8", errors="replace")
+        if kind != _ARRAY:
+            if kind not in _SCALARS:
+                raise ValueError(f"unknown value type {kind}")
+            return self.take(_SCALARS[kind])
+        item, count = self.take("<I"), self.take("<Q")
+        if item in _SCALARS:
+            self.pos += count * struct.calcsize(_SCALARS[item])
+        else:  # strings and nested arrays have per-item lengths to walk
+            for _ in range(count):
+                if item == _STRING:
+                    length = self.take("<Q")  # read before `pos +=` loads pos
+                    self.pos += length
+                else:
+                    self.value(item)
+        if self.pos > len(self.buf):
+            raise ValueError(_TRUNCATED)
+        return count
