@@ -78,8 +78,8 @@ class LLMEngine:
             progress("building the model", 0.0)
         net = build_model(loaded.config, dtype, device)
         net.load_weights(loaded.weights)
-        self.weights_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
-        context = getattr(loaded.config, "max_position_embeddings", None) or 4096
+        self.weights_bytes = net.weight_bytes()
+        context = net.max_context_len
         self.max_model_len = min(config.max_model_len or context, context)
         shape = KVShape.from_hf_config(loaded.config, config.block_size, dtype)
         num_blocks = num_blocks_for(config, shape, device)

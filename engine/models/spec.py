@@ -1,0 +1,120 @@
+"""The decoder's shape and options, read once from a Hugging Face config.
+
+Reading every field here (instead of poking at the config inside the layers) keeps the
+quirks of config versions in one place: transformers 5 moves rope_theta and rope_scaling
+into `rope_parameters`; older files keep them at the top level and may spell the rope
+type `type`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.layers.rotary import rope_type_of
+
+
+@dataclass(slots=True)
+class FamilyTraits:
+    """What distinguishes one Llama-family architecture from another."""
+
+    qkv_bias_always: bool = False  # Qwen2: q/k/v carry a bias whatever the config says
+    o_bias_from_config: bool = True  # o_proj's bias follows config.attention_bias
+    mlp_bias_from_config: bool = False  # Llama's config.mlp_bias
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before rope
+
+
+@dataclass(slots=True)
+class DecoderSpec:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    # Mistral-style sliding-window attention is not implemented: attention is full, which
+    # is exact for contexts up to the window. None = no window.
+    sliding_window: int | None
+
+    @property
+    def max_context_len(self) -> int:
+        """The longest context this model computes exactly."""
+        if self.sliding_window is None:
+            return self.max_position_embeddings
+        return min(self.max_position_embeddings, self.sliding_window)
+
+
+def spec_from_hf_config(hf_config: Any, architecture: str, traits: FamilyTraits) -> DecoderSpec:
+    hidden_act = getattr(hf_config, "hidden_act", "silu")
+    if hidden_act != "silu":
+        raise ValueError(f"hidden_act {hidden_act!r} is not supported; the decoder uses 'silu'")
+    num_heads = int(_field(hf_config, "num_attention_heads"))
+    hidden_size = int(_field(hf_config, "hidden_size"))
+    num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hidden_size // num_heads
+    attention_bias = bool(getattr(hf_config, "attention_bias", False))
+    rope_theta, rope_scaling = _rope_settings(hf_config)
+    return DecoderSpec(
+        architecture=architecture,
+        vocab_size=int(_field(hf_config, "vocab_size")),
+        hidden_size=hidden_size,
+        intermediate_size=int(_field(hf_config, "intermediate_size")),
+        num_layers=int(_field(hf_config, "num_hidden_layers")),
+        num_heads=num_heads,
+        num_kv_heads=int(num_kv_heads),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(_field(hf_config, "rms_norm_eps")),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(_field(hf_config, "max_position_embeddings")),
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        qkv_bias=traits.qkv_bias_always or attention_bias,
+        o_bias=traits.o_bias_from_config and attention_bias,
+        mlp_bias=traits.mlp_bias_from_config and bool(getattr(hf_config, "mlp_bias", False)),
+        qk_norm=traits.qk_norm,
+        sliding_window=_sliding_window(hf_config),
+    )
+
+
+def _field(hf_config: Any, name: str) -> Any:
+    value = getattr(hf_config, name, None)
+    if value is None:
+        raise ValueError(f"model config is missing {name!r}")
+    return value
+
+
+def _rope_settings(hf_config: Any) -> tuple[float, dict[str, Any] | None]:
+    params = getattr(hf_config, "rope_parameters", None)
+    if not isinstance(params, dict):
+        params = getattr(hf_config, "rope_scaling", None)
+    params = dict(params) if isinstance(params, dict) else {}
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        theta = 10000.0
+    partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+    if partial not in (None, 1.0):
+        raise ValueError(f"partial_rotary_factor {partial} is not supported; only 1.0 is")
+    scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    # Validates the type now, so an unsupported one fails at build time with its name.
+    if rope_type_of(scaling) == "default":
+        return float(theta), None
+    return float(theta), scaling
+
+
+def _sliding_window(hf_config: Any) -> int | None:
+    window = getattr(hf_config, "sliding_window", None)
+    # Qwen2/3 configs carry a window that is off unless use_sliding_window is set.
+    if window is None or not getattr(hf_config, "use_sliding_window", True):
+        return None
+    return int(window)

@@ -1,0 +1,294 @@
+"""PyTorch paged attention: the CPU backend of the engine and the oracle of the Triton kernels.
+
+Every function here reads the cache only through block tables and slot mappings, exactly as
+docs/INTERNALS.md lays out the seam, so a kernel that agrees with these functions agrees
+with the engine. Clarity comes first; the concessions to speed (the engine runs on this
+backend on CPU) are that single-token (decode) sequences run as one batched SDPA call
+instead of a Python loop over sequences, gathers use index_select, and TorchBackend plans
+a step (what depends on the metadata alone) once instead of once per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from kernels import AttentionMetadata
+
+
+def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Scatter each token's K/V [num_tokens, nkv, hd] to its slot; slot -1 is skipped."""
+    _write_kv(key, value, k_cache, v_cache, _valid_slots(slot_mapping, k_cache.device))
+
+
+def _valid_slots(slot_mapping: torch.Tensor,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The int64 slots to write and, when some tokens are skipped (-1), the rows to keep."""
+    slots = slot_mapping.to(device=device, dtype=torch.int64)
+    # Padding tokens exist only in some batches; skip the masking otherwise.
+    if bool((slots < 0).any()):
+        keep = slots >= 0
+        return slots[keep], keep
+    return slots, None
+
+
+def _write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+              v_cache: torch.Tensor, valid: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    slots, keep = valid
+    if keep is not None:
+        key, value = key[keep], value[keep]
+    num_blocks, block_size, num_kv_heads, head_size = k_cache.shape
+    flat_shape = (num_blocks * block_size, num_kv_heads, head_size)
+    k_cache.view(flat_shape).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(flat_shape).index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One sequence's first `seq_len` cached tokens, contiguous: [seq_len, nkv, hd]."""
+    block_size = cache.shape[1]
+    num_blocks = -(-seq_len // block_size)
+    ids = block_table[:num_blocks].to(device=cache.device, dtype=torch.int64)
+    blocks = cache.index_select(0, ids)
+    return blocks.flatten(0, 1)[:seq_len]
+
+
+def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Attention of a varlen batch over the paged cache; returns [num_tokens, nq, hd].
+
+    Sequence i's rows query_start_loc[i]:query_start_loc[i+1] are its newest tokens: they
+    see every cached position before them and, causally, each other. K/V of the new tokens
+    must already be in the cache (write_kv first).
+    """
+    plan = StepPlan.build(meta, k_cache.shape[1], k_cache.device)
+    return _attention(query, k_cache, v_cache, plan, scale)
+
+
+@dataclass(slots=True)
+class DecodePlan:
+    """Sequences with one new token each, attended together in one batched call."""
+
+    tables: torch.Tensor  # int64 [num_seqs, max_blocks]
+    seq_len: int  # the longest context; keys beyond it are never read
+    mask: torch.Tensor | None  # bool [num_seqs, 1, 1, max_blocks * block_size]; None: 1 seq
+    # SDPA turns a bool mask into an additive one on every call; layers reuse this one.
+    additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+
+    def mask_for(self, dtype: torch.dtype) -> torch.Tensor | None:
+        if self.mask is None:
+            return None
+        if dtype not in self.additive:
+            zeros = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
+            self.additive[dtype] = zeros.masked_fill(~self.mask, float("-inf"))
+        return self.additive[dtype]
+
+    @classmethod
+    def build(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int,
+              block_size: int, device: torch.device) -> DecodePlan:
+        max_blocks = -(-max_seq_len // block_size)
+        tables = block_tables[:, :max_blocks].to(device=device, dtype=torch.int64)
+        num_seqs = tables.shape[0]
+        mask = None
+        if num_seqs > 1:
+            padded_len = max_blocks * block_size
+            positions = torch.arange(padded_len, device=device)
+            lengths = seq_lens.to(device=device)
+            mask = (positions[None, :] < lengths[:, None]).view(num_seqs, 1, 1, padded_len)
+        return cls(tables, max_seq_len, mask)
+
+
+@dataclass(slots=True)
+class ChunkPlan:
+    """One sequence with several new tokens (a prefill chunk)."""
+
+    start: int  # its rows in the query
+    end: int
+    block_table: torch.Tensor
+    seq_len: int
+    mask: torch.Tensor  # bool [q_len, seq_len], from causal_mask
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """How one step's batch splits into batched decode tokens and per-sequence chunks; it
+    depends on the metadata alone, so every layer of a step can share it."""
+
+    decode: DecodePlan | None
+    decode_rows: torch.Tensor | None  # int64 query rows of the decode tokens; None: all rows
+    chunks: list[ChunkPlan]
+
+    @classmethod
+    def build(cls, meta: AttentionMetadata, block_size: int, device: torch.device) -> StepPlan:
+        if meta.max_query_len == 1:
+            decode = DecodePlan.build(meta.block_tables, meta.seq_lens, meta.max_seq_len,
+                                      block_size, device)
+            return cls(decode, None, [])
+        starts = meta.query_start_loc.tolist()
+        seq_lens = meta.seq_lens.tolist()
+        decode_seqs: list[int] = []
+        chunks: list[ChunkPlan] = []
+        for i, seq_len in enumerate(seq_lens):
+            start, end = starts[i], starts[i + 1]
+            if end - start > seq_len:
+                raise ValueError(
+                    f"sequence {i}: query length {end - start} exceeds its seq_len {seq_len}"
+                )
+            if end - start == 1:
+                decode_seqs.append(i)
+            elif end > start:
+                mask = causal_mask(end - start, seq_len, device)
+                assert mask is not None
+                chunks.append(ChunkPlan(start, end, meta.block_tables[i], seq_len, mask))
+        if not decode_seqs:
+            return cls(None, None, chunks)
+        index = torch.tensor(decode_seqs, device=meta.seq_lens.device)
+        decode = DecodePlan.build(
+            meta.block_tables.index_select(0, index), meta.seq_lens.index_select(0, index),
+            max(seq_lens[i] for i in decode_seqs), block_size, device,
+        )
+        rows = torch.tensor([starts[i] for i in decode_seqs], dtype=torch.int64, device=device)
+        return cls(decode, rows, chunks)
+
+
+def _check_heads(query: torch.Tensor, k_cache: torch.Tensor) -> None:
+    if query.dim() != 3:
+        raise ValueError(f"query must be [num_tokens, nq, hd], got shape {tuple(query.shape)}")
+    num_q_heads, num_kv_heads = query.shape[1], k_cache.shape[2]
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"query heads ({num_q_heads}) must be a multiple of KV heads ({num_kv_heads})"
+        )
+
+
+def _attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               plan: StepPlan, scale: float) -> torch.Tensor:
+    _check_heads(query, k_cache)
+    if plan.decode is not None and plan.decode_rows is None:
+        return _decode_attention(query, k_cache, v_cache, plan.decode, scale)
+    out = torch.empty_like(query)
+    if plan.decode is not None and plan.decode_rows is not None:
+        rows = plan.decode_rows
+        out[rows] = _decode_attention(query[rows], k_cache, v_cache, plan.decode, scale)
+    for chunk in plan.chunks:
+        keys = gather_kv(k_cache, chunk.block_table, chunk.seq_len).transpose(0, 1)
+        values = gather_kv(v_cache, chunk.block_table, chunk.seq_len).transpose(0, 1)
+        chunk_query = query[chunk.start:chunk.end].transpose(0, 1)  # [nq, q_len, hd]
+        out[chunk.start:chunk.end] = F.scaled_dot_product_attention(
+            chunk_query, keys, values, attn_mask=chunk.mask, scale=scale, enable_gqa=True
+        ).transpose(0, 1)
+    return out
+
+
+def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      plan: DecodePlan, scale: float) -> torch.Tensor:
+    """One new token per sequence: gather every sequence's blocks, padded to the longest,
+    and run a single SDPA over the batch with a length mask."""
+    num_seqs, num_q_heads, head_size = query.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    padded_len = plan.tables.shape[1] * k_cache.shape[1]
+    # [B, max_blocks, bs, nkv, hd] -> [B, nkv, L, hd]
+    # index_select is several times faster than advanced indexing for this gather on CPU.
+    flat_tables = plan.tables.flatten()
+    keys = k_cache.index_select(0, flat_tables).view(num_seqs, padded_len, num_kv_heads,
+                                                     head_size)
+    values = v_cache.index_select(0, flat_tables).view(num_seqs, padded_len, num_kv_heads,
+                                                       head_size)
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
+    if plan.mask is None:
+        keys, values = keys[:, :, : plan.seq_len], values[:, :, : plan.seq_len]
+    # With one query token, the query heads sharing a KV head can stand in for the query
+    # length axis: no K/V expansion for grouped-query attention.
+    grouped_query = query.reshape(num_seqs, num_kv_heads, group, head_size)
+    out = F.scaled_dot_product_attention(grouped_query, keys, values,
+                                         attn_mask=plan.mask_for(query.dtype), scale=scale)
+    return out.reshape(num_seqs, num_q_heads, head_size)
+
+
+def causal_mask(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor | None:
+    """Bool [q_len, seq_len]: the new tokens are the last q_len positions, so query row j
+    (position seq_len - q_len + j) sees keys 0..seq_len - q_len + j. None = no masking."""
+    if q_len == 1:
+        return None
+    query_pos = torch.arange(seq_len - q_len, seq_len, device=device)
+    key_pos = torch.arange(seq_len, device=device)
+    return key_pos[None, :] <= query_pos[:, None]
+
+
+def copy_blocks_ref(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy-on-write: kv_cache[:, :, dst] = kv_cache[:, :, src] on every layer at once."""
+    if src.shape != dst.shape:
+        raise ValueError(f"src and dst must have the same shape, got {src.shape}, {dst.shape}")
+    if src.numel() == 0:
+        return
+    src = src.to(device=kv_cache.device, dtype=torch.int64)
+    dst = dst.to(device=kv_cache.device, dtype=torch.int64)
+    # index_select copies the sources first, so a block that is both a source and a
+    # destination in one call is read before it is overwritten.
+    kv_cache.index_copy_(2, dst, kv_cache.index_select(2, src))
+
+
+def swap_blocks_ref(src_cache: torch.Tensor, dst_cache: torch.Tensor, src_ids: torch.Tensor,
+                    dst_ids: torch.Tensor) -> None:
+    """Move whole blocks between the device pool and the host pool (same layout)."""
+    if src_ids.shape != dst_ids.shape:
+        raise ValueError(
+            f"src_ids and dst_ids must have the same shape, got {src_ids.shape}, {dst_ids.shape}"
+        )
+    if src_cache.shape[:2] != dst_cache.shape[:2] or src_cache.shape[3:] != dst_cache.shape[3:]:
+        raise ValueError(
+            "src_cache and dst_cache differ beyond num_blocks: "
+            f"{tuple(src_cache.shape)} vs {tuple(dst_cache.shape)}"
+        )
+    if src_ids.numel() == 0:
+        return
+    src_ids = src_ids.to(device=src_cache.device, dtype=torch.int64)
+    dst_ids = dst_ids.to(device=dst_cache.device, dtype=torch.int64)
+    blocks = src_cache.index_select(2, src_ids).to(dst_cache.device)
+    dst_cache.index_copy_(2, dst_ids, blocks)
+
+
+class TorchBackend:
+    """The AttentionBackend protocol (kernels/__init__.py) on plain PyTorch ops.
+
+    A step calls write_kv and attention once per layer with the same metadata, so what
+    depends on the metadata alone (valid slots, the StepPlan) is computed for the first
+    layer and reused while the same metadata object comes back: build a new
+    AttentionMetadata (and slot_mapping) per step rather than editing one in place.
+    """
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._slots_key: torch.Tensor | None = None
+        self._slots: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._plan_key: tuple[AttentionMetadata | None, int, torch.device | None] = (
+            None, 0, None)
+        self._plan: StepPlan | None = None
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        # Holding the last tensor keeps its id from being reused by a new one.
+        if slot_mapping is not self._slots_key or self._slots is None:
+            self._slots = _valid_slots(slot_mapping, k_cache.device)
+            self._slots_key = slot_mapping
+        _write_kv(key, value, k_cache, v_cache, self._slots)
+
+    def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        block_size, device = k_cache.shape[1], k_cache.device
+        if (self._plan is None or self._plan_key[0] is not meta
+                or self._plan_key[1:] != (block_size, device)):
+            self._plan = StepPlan.build(meta, block_size, device)
+            self._plan_key = (meta, block_size, device)
+        return _attention(query, k_cache, v_cache, self._plan, scale)
+
+    def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        copy_blocks_ref(kv_cache, src, dst)
+
+    def swap_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
+                    src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+        swap_blocks_ref(src_cache, dst_cache, src_ids, dst_ids)
