@@ -1,0 +1,242 @@
+"""The one QObject between the GUI and the engine.
+
+It owns the `engine.EngineWorker` (whose step loop runs on its own thread), loads models
+on a background thread, and turns worker callbacks into Qt signals. Worker callbacks
+run on the worker thread, so they only post the event object to the GUI thread through a
+queued connection; every public signal is therefore emitted on the GUI thread and views
+may connect to it directly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, Signal, Slot
+
+from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
+
+LlmFactory = Callable[..., Any]  # (name_or_path, config=..., progress=...) -> LLM
+WorkerFactory = Callable[[Any], Any]  # (llm) -> EngineWorker (not started)
+
+
+def _default_llm_factory(name_or_path: str, config=None, progress=None):
+    from engine import LLM
+
+    return LLM(name_or_path, config=config, progress=progress)
+
+
+def _default_worker_factory(llm):
+    from engine import EngineWorker
+
+    return EngineWorker(llm)
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-paragraph message for a dialog: user errors say what to do already."""
+    text = str(exc).strip()
+    if isinstance(exc, (ValueError, FileNotFoundError, OSError)) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class EngineBridge(QObject):
+    tokenArrived = Signal(str, int, str)  # request id, candidate index, delta text
+    requestFinished = Signal(str, object)  # request id, RequestOutput
+    requestFailed = Signal(str, str)  # request id, message
+    loadStarted = Signal(str)  # model name or path
+    loadProgress = Signal(str, float)  # stage, fraction 0..1
+    modelLoaded = Signal(str)  # model name
+    modelLoadFailed = Signal(str, str)  # model name or path, message
+    modelUnloaded = Signal()
+    busyChanged = Signal(bool)  # whether any request is in flight
+
+    # Internal: carries objects from other threads to the GUI thread (queued).
+    _posted = Signal(int, object)
+
+    def __init__(self, llm_factory: LlmFactory | None = None,
+                 worker_factory: WorkerFactory | None = None, engine_config=None,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._llm_factory = llm_factory or _default_llm_factory
+        self._worker_factory = worker_factory or _default_worker_factory
+        self.engine_config = engine_config
+        self._llm = None
+        self._worker = None
+        # Bumped whenever the worker is replaced: events and loads from an older
+        # generation are dropped instead of reaching views that moved on.
+        self._generation = 0
+        self._load_token = 0
+        self._loading: str | None = None
+        self._source: str | None = None
+        self._handles: dict[str, Any] = {}
+        self._posted.connect(self._on_posted, Qt.ConnectionType.QueuedConnection)
+
+    # -- state -----------------------------------------------------------------------
+    @property
+    def is_loaded(self) -> bool:
+        return self._worker is not None
+
+    @property
+    def is_loading(self) -> bool:
+        return self._loading is not None
+
+    @property
+    def loading_source(self) -> str | None:
+        return self._loading
+
+    @property
+    def source(self) -> str | None:
+        """What the loaded model was loaded from ("starter", a folder, a .gguf path)."""
+        return self._source
+
+    @property
+    def llm(self):
+        return self._llm
+
+    @property
+    def model_name(self) -> str | None:
+        return None if self._llm is None else self._llm.model_name
+
+    @property
+    def max_model_len(self) -> int | None:
+        return None if self._llm is None else self._llm.max_model_len
+
+    @property
+    def tokenizer(self):
+        return None if self._llm is None else self._llm.tokenizer
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._handles)
+
+    def in_flight(self) -> list[str]:
+        return list(self._handles)
+
+    # -- models ----------------------------------------------------------------------
+    def load_model(self, name_or_path: str, config=None) -> None:
+        """Start loading in the background; modelLoaded or modelLoadFailed follows.
+
+        The current model keeps serving until the new one is ready, so a model that
+        fails to load leaves the app working with the previous one.
+        """
+        self._load_token += 1
+        token = self._load_token
+        self._loading = name_or_path
+        self.loadStarted.emit(name_or_path)
+        cfg = config if config is not None else self.engine_config
+
+        def run() -> None:
+            def progress(stage: str, frac: float) -> None:
+                self._posted.emit(token, ("progress", stage, float(frac)))
+
+            try:
+                llm = self._llm_factory(name_or_path, config=cfg, progress=progress)
+                worker = self._worker_factory(llm)
+            except BaseException as exc:  # noqa: BLE001 - any failure goes to the dialog
+                self._posted.emit(token, ("failed", name_or_path, describe_error(exc)))
+                return
+            self._posted.emit(token, ("loaded", llm, worker, name_or_path))
+
+        threading.Thread(target=run, name="folio-model-load", daemon=True).start()
+
+    def unload_model(self) -> None:
+        if self._worker is None:
+            return
+        self._retire_worker(wait=False)
+        self.modelUnloaded.emit()
+
+    def shutdown(self) -> None:
+        """Stop the worker and wait for it (app exit)."""
+        self._load_token += 1  # a load still running is discarded when it lands
+        self._loading = None
+        if self._worker is not None:
+            self._retire_worker(wait=True)
+
+    def _retire_worker(self, wait: bool) -> None:
+        old = self._worker
+        for rid in list(self._handles):
+            self.requestFailed.emit(rid, "The model was unloaded before the reply finished.")
+        self._handles.clear()
+        self._generation += 1
+        self._worker = None
+        self._llm = None
+        self._source = None
+        self.busyChanged.emit(False)
+        if wait:
+            old.shutdown()
+        else:
+            # Joining the step loop can take a step's time; keep the GUI thread free.
+            threading.Thread(target=old.shutdown, name="folio-worker-stop", daemon=True).start()
+
+    # -- requests --------------------------------------------------------------------
+    def submit(self, messages, params) -> str:
+        """Queue a chat turn; returns the request id the signals will carry."""
+        if self._worker is None:
+            raise RuntimeError("No model is loaded. Load one from the model picker first.")
+        generation = self._generation
+
+        def on_event(event) -> None:
+            self._posted.emit(-1, (generation, event))
+
+        was_busy = self.busy
+        handle = self._worker.submit(messages, params, on_event)
+        self._handles[handle.request_id] = handle
+        if not was_busy:
+            self.busyChanged.emit(True)
+        return handle.request_id
+
+    def cancel(self, request_id: str) -> None:
+        """Abort a request; its KV blocks are freed at once and requestFinished follows."""
+        handle = self._handles.get(request_id)
+        if handle is not None:
+            handle.cancel()
+
+    def kv_stats(self):
+        return None if self._worker is None else self._worker.kv_stats()
+
+    def memory_stats(self):
+        return None if self._worker is None else self._worker.memory_stats()
+
+    # -- GUI-thread side ---------------------------------------------------------------
+    @Slot(int, object)
+    def _on_posted(self, token: int, payload) -> None:
+        if token == -1:
+            generation, event = payload
+            if generation == self._generation:
+                self._dispatch(event)
+            return
+        if token != self._load_token:
+            if payload[0] == "loaded":  # a superseded load: free it
+                threading.Thread(target=payload[2].shutdown, daemon=True).start()
+            return
+        kind = payload[0]
+        if kind == "progress":
+            self.loadProgress.emit(payload[1], payload[2])
+        elif kind == "failed":
+            self._loading = None
+            self.modelLoadFailed.emit(payload[1], payload[2])
+        elif kind == "loaded":
+            self._loading = None
+            llm, worker = payload[1], payload[2]
+            if self._worker is not None:
+                self._retire_worker(wait=False)
+            worker.start()
+            self._llm, self._worker, self._source = llm, worker, payload[3]
+            self.modelLoaded.emit(llm.model_name)
+
+    def _dispatch(self, event) -> None:
+        if isinstance(event, TokenEvent):
+            if event.request_id in self._handles:
+                self.tokenArrived.emit(event.request_id, event.index, event.text)
+        elif isinstance(event, FinishedEvent):
+            if self._handles.pop(event.request_id, None) is not None:
+                self.requestFinished.emit(event.request_id, event.output)
+                if not self._handles:
+                    self.busyChanged.emit(False)
+        elif isinstance(event, ErrorEvent):
+            if self._handles.pop(event.request_id, None) is not None:
+                self.requestFailed.emit(event.request_id, event.message)
+                if not self._handles:
+                    self.busyChanged.emit(False)

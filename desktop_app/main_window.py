@@ -1,0 +1,320 @@
+"""The main window: chat sidebar, conversation, VRAM dock, toolbar, shortcuts, dialogs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDockWidget,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QSizePolicy,
+    QSpinBox,
+    QSplitter,
+    QToolBar,
+    QWidget,
+)
+
+from desktop_app import theme
+from desktop_app.chat_controller import ChatController
+from desktop_app.chat_list import ChatList
+from desktop_app.conversation_view import ConversationView
+from desktop_app.settings import MAX_CANDIDATES, AppSettings, save_settings
+from desktop_app.settings_dialog import SettingsDialog
+from desktop_app.vram_panel import VramPanel
+
+STARTER = "starter"
+
+
+def show_error(parent: QWidget | None, title: str, text: str) -> QMessageBox:
+    """Every error dialog goes through here (tests monkeypatch it). Window-modal but
+    opened with open(), so the event loop, and any stream in flight, keep running."""
+    box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok,
+                      parent)
+    box.setObjectName("errorDialog")
+    box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    box.setWindowModality(Qt.WindowModality.WindowModal)
+    box.open()
+    return box
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, store, bridge, settings: AppSettings,
+                 persist: Callable[[AppSettings], object] = save_settings) -> None:
+        super().__init__()
+        self.setObjectName("mainWindow")
+        self.setWindowTitle("Folio")
+        self.setWindowIcon(theme.app_icon())
+        self.store, self.bridge, self.settings = store, bridge, settings
+        self._persist = persist
+        # What the loaded model was loaded from (the bridge may arrive already loaded).
+        self._current_source: str | None = bridge.source if bridge.is_loaded else None
+
+        self.chat_list = ChatList()
+        self.conversation = ConversationView()
+        self.controller = ChatController(store, bridge, self.conversation, settings, self)
+        splitter = QSplitter()
+        splitter.setObjectName("mainSplitter")
+        splitter.addWidget(self.chat_list)
+        splitter.addWidget(self.conversation)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([250, 900])
+        splitter.setHandleWidth(1)
+        self.setCentralWidget(splitter)
+
+        self.vram_panel = VramPanel(bridge)
+        self.vram_panel.chat_of_owner = self.controller.chat_of_owner
+        self.vram_panel.current_chat_tokens = self.controller.current_chat_tokens
+        self.vram_dock = QDockWidget("Memory", self)
+        self.vram_dock.setObjectName("vramDock")
+        self.vram_dock.setWidget(self.vram_panel)
+        self.vram_dock.setMinimumWidth(280)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.vram_dock)
+
+        self._build_toolbar()
+        self._build_shortcuts()
+        self.statusBar().showMessage(f"{bridge.model_name} ready" if bridge.is_loaded
+                                     else "No model loaded")
+
+        self.chat_list.chatSelected.connect(self.open_chat)
+        self.chat_list.newChatRequested.connect(self.new_chat)
+        self.chat_list.renameRequested.connect(self._rename_chat)
+        self.chat_list.deleteRequested.connect(self.controller.delete_chat)
+        self.chat_list.searchChanged.connect(lambda _text: self.refresh_chats())
+        self.controller.chatsChanged.connect(self.refresh_chats)
+        self.controller.chatOpened.connect(self._on_chat_opened)
+        self.controller.errorRaised.connect(lambda t, m: show_error(self, t, m))
+        bridge.busyChanged.connect(self.vram_panel.set_busy)
+        bridge.loadStarted.connect(self._on_load_started)
+        bridge.loadProgress.connect(self._on_load_progress)
+        bridge.modelLoaded.connect(self._on_model_loaded)
+        bridge.modelLoadFailed.connect(self._on_model_load_failed)
+        bridge.modelUnloaded.connect(self._on_model_unloaded)
+
+        self._restore_layout()
+        self.refresh_chats()
+        chats = store.list_chats()
+        self.controller.open_chat(chats[0].id if chats else None)
+        self.vram_panel.refresh()
+        self.conversation.composer.setFocus()
+
+    # -- construction --------------------------------------------------------------------
+    def _build_toolbar(self) -> None:
+        bar = QToolBar("Main")
+        bar.setObjectName("mainToolbar")
+        bar.setMovable(False)
+        bar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.addToolBar(bar)
+        # Ctrl+N lives on the window; the sidebar has the visible "New chat" button.
+        self.new_chat_action = QAction(theme.icon("new-chat"), "New chat", self)
+        self.new_chat_action.triggered.connect(self.new_chat)
+        self.addAction(self.new_chat_action)
+        self.model_picker = QComboBox()
+        self.model_picker.setObjectName("modelPicker")
+        self.model_picker.setMinimumWidth(240)
+        self.model_picker.setToolTip("The model replies come from; pick one to load it")
+        self.model_picker.activated.connect(self._on_picker_activated)
+        bar.addWidget(self.model_picker)
+        self.load_progress = QProgressBar()
+        self.load_progress.setObjectName("loadProgress")
+        self.load_progress.setRange(0, 100)
+        self.load_progress.setFixedWidth(140)
+        self.load_progress.setVisible(False)
+        self.load_progress_action = bar.addWidget(self.load_progress)
+        self.load_progress_action.setVisible(False)
+        self.models_action = bar.addAction(theme.icon("model"), "Models…",
+                                           self.open_model_manager)
+        bar.addSeparator()
+        bar.addWidget(QLabel(" Candidates "))
+        self.candidates_spin = QSpinBox()
+        self.candidates_spin.setObjectName("candidatesSpin")
+        self.candidates_spin.setRange(1, MAX_CANDIDATES)
+        self.candidates_spin.setToolTip("Replies generated side by side for each message")
+        self.candidates_spin.valueChanged.connect(self._on_candidates_changed)
+        bar.addWidget(self.candidates_spin)
+        spacer = QWidget()
+        spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        bar.addWidget(spacer)
+        self.vram_action = self.vram_dock.toggleViewAction()
+        self.vram_action.setIcon(theme.icon("memory"))
+        self.vram_action.setText("Memory")
+        self.vram_action.setToolTip("Show or hide the memory panel")
+        bar.addAction(self.vram_action)
+        self.settings_action = bar.addAction(theme.icon("settings"), "Settings",
+                                             self.open_settings)
+        self._fill_model_picker()
+
+    def _build_shortcuts(self) -> None:
+        self.new_chat_action.setShortcut(QKeySequence.StandardKey.New)
+        regen = QAction("Regenerate", self)
+        regen.setShortcut(QKeySequence("Ctrl+R"))
+        regen.triggered.connect(lambda: self.controller.regenerate(0))
+        self.addAction(regen)
+        stop = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
+        stop.setContext(Qt.ShortcutContext.WindowShortcut)
+        stop.activated.connect(self.controller.stop)
+
+    def _fill_model_picker(self) -> None:
+        sources = [STARTER] + [p for p in self.settings.model_paths if p != STARTER]
+        if self._current_source and self._current_source not in sources:
+            sources.insert(0, self._current_source)
+        self.model_picker.blockSignals(True)
+        self.model_picker.clear()
+        for source in sources:
+            self.model_picker.addItem(_display_name(source), source)
+        if self._current_source is None:
+            self.model_picker.insertItem(0, "No model loaded", None)
+        index = self.model_picker.findData(self._current_source)
+        self.model_picker.setCurrentIndex(max(0, index))
+        self.model_picker.blockSignals(False)
+
+    # -- chats -----------------------------------------------------------------------------
+    def new_chat(self) -> int:
+        chat_id = self.controller.new_chat()
+        self.conversation.composer.setFocus()
+        return chat_id
+
+    def open_chat(self, chat_id: int) -> None:
+        if chat_id != self.controller.chat_id:
+            self.controller.open_chat(chat_id)
+
+    def refresh_chats(self) -> None:
+        chats = self.store.list_chats(self.chat_list.search.text().strip())
+        self.chat_list.set_chats(chats, self.controller.chat_id)
+
+    def _rename_chat(self, chat_id: int, title: str) -> None:
+        self.store.rename_chat(chat_id, title)
+        self.refresh_chats()
+
+    def _on_chat_opened(self, chat_id: int) -> None:
+        self.chat_list.select(chat_id or None)
+        num = self.store.get_chat(chat_id).settings.num_candidates if chat_id else \
+            self.settings.chat_defaults.num_candidates
+        self.candidates_spin.blockSignals(True)
+        self.candidates_spin.setValue(num)
+        self.candidates_spin.blockSignals(False)
+
+    def _on_candidates_changed(self, value: int) -> None:
+        if self.controller.chat_id is None:
+            self.settings.chat_defaults.num_candidates = value
+            self._persist(self.settings)
+            return
+        chat = self.store.get_chat(self.controller.chat_id)
+        chat.settings.num_candidates = value
+        self.store.update_chat_settings(chat.id, chat.settings)
+
+    # -- models ----------------------------------------------------------------------------
+    def load_model(self, source: str) -> None:
+        self.bridge.load_model(source)
+
+    def _on_picker_activated(self, index: int) -> None:
+        source = self.model_picker.itemData(index)
+        if source and source != self._current_source:
+            self.load_model(source)
+
+    def _on_load_started(self, source: str) -> None:
+        self.load_progress.setValue(0)
+        self.load_progress_action.setVisible(True)
+        self.load_progress.setVisible(True)
+        self.statusBar().showMessage(f"Loading {_display_name(source)}…")
+
+    def _on_load_progress(self, stage: str, fraction: float) -> None:
+        self.load_progress.setValue(round(100 * fraction))
+        self.load_progress.setFormat(f"{stage} %p%")
+        self.statusBar().showMessage(f"Loading: {stage}")
+
+    def _on_model_loaded(self, name: str) -> None:
+        source = self.bridge.source
+        self._current_source = source
+        self.load_progress_action.setVisible(False)
+        if source:
+            self.settings.last_model = source
+            if source != STARTER:
+                self.settings.remember_model_path(source)
+            self._persist(self.settings)
+        self._fill_model_picker()
+        self.statusBar().showMessage(f"{name} ready · context {self.bridge.max_model_len} "
+                                     "tokens")
+        self.vram_panel.refresh()
+
+    def _on_model_load_failed(self, source: str, message: str) -> None:
+        self.load_progress_action.setVisible(False)
+        self._fill_model_picker()
+        still = (f"Folio keeps using {self.bridge.model_name}." if self.bridge.is_loaded
+                 else "No model is loaded now.")
+        self.statusBar().showMessage(f"Could not load {_display_name(source)}")
+        show_error(self, "Could not load the model",
+                   f"{_display_name(source)} did not load:\n\n{message}\n\n{still} Check that "
+                   "the folder holds config.json, a tokenizer and .safetensors weights (or "
+                   "pick a .gguf file), then load it again from the model manager.")
+
+    def _on_model_unloaded(self) -> None:
+        self._current_source = None
+        self._fill_model_picker()
+        self.statusBar().showMessage("No model loaded")
+        self.vram_panel.refresh()
+
+    def open_model_manager(self) -> None:
+        from desktop_app.model_manager import ModelManagerDialog
+
+        dialog = ModelManagerDialog(self.bridge, self.settings, self._persist, self)
+        dialog.loadRequested.connect(self.load_model)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        self.model_manager = dialog
+
+    # -- settings --------------------------------------------------------------------------
+    def open_settings(self) -> SettingsDialog:
+        chat = self.store.get_chat(self.controller.chat_id) if self.controller.chat_id else None
+        dialog = SettingsDialog(chat.settings if chat else None, self.settings.chat_defaults,
+                                parent=self)
+        dialog.accepted.connect(lambda: self.apply_settings(dialog))
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        return dialog
+
+    def apply_settings(self, dialog: SettingsDialog) -> None:
+        if dialog.result_chat is not None and self.controller.chat_id is not None:
+            self.store.update_chat_settings(self.controller.chat_id, dialog.result_chat)
+        if dialog.result_defaults is not None:
+            self.settings.chat_defaults = dialog.result_defaults
+            self._persist(self.settings)
+        self._on_chat_opened(self.controller.chat_id or 0)
+
+    def retheme(self) -> None:
+        """The system switched light/dark: icons are tinted per theme, so redo them."""
+        for action, name in ((self.new_chat_action, "new-chat"), (self.models_action, "model"),
+                             (self.vram_action, "memory"), (self.settings_action, "settings")):
+            action.setIcon(theme.icon(name))
+        self.chat_list.retheme()
+        self.conversation.retheme()
+        self.controller.render()
+
+    # -- window state ----------------------------------------------------------------------
+    def _restore_layout(self) -> None:
+        if self.settings.window_geometry:
+            self.restoreGeometry(QByteArray.fromBase64(self.settings.window_geometry.encode()))
+        else:
+            self.resize(1320, 820)
+        if self.settings.dock_state:
+            self.restoreState(QByteArray.fromBase64(self.settings.dock_state.encode()))
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
+        self.controller.stop()
+        self.settings.window_geometry = bytes(self.saveGeometry().toBase64()).decode()
+        self.settings.dock_state = bytes(self.saveState().toBase64()).decode()
+        self._persist(self.settings)
+        self.vram_panel.timer.stop()
+        self.bridge.shutdown()
+        super().closeEvent(event)
+
+
+def _display_name(source: str) -> str:
+    if source == STARTER:
+        return "SmolLM2-135M-Instruct (starter)"
+    return source.rstrip("/").rsplit("/", 1)[-1] or source
