@@ -3,6 +3,7 @@ transformers running the same weights."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -15,6 +16,7 @@ from engine.loader import FolioLoadError
 from engine.outputs import FinishedEvent
 from engine.scheduler import RequestTooLargeError
 from tests.engine.tiny_models import save_tiny_model
+
 
 def random_prompt(seed: int, length: int) -> list[int]:
     rng = random.Random(seed)
@@ -202,3 +204,22 @@ def _run_all(engine, prompts, params) -> list[list[int]]:
             if isinstance(event, FinishedEvent):
                 done[event.request_id] = event.output.outputs[0].token_ids
     return [done[i] for i in ids]
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the Triton kernels need CUDA or TRITON_INTERPRET=1",
+)
+@pytest.mark.parametrize("shared_prefix", ["0", "1"])
+def test_triton_backend_gives_the_reference_backends_tokens(tiny_dir, monkeypatch, shared_prefix):
+    monkeypatch.setenv("FOLIO_SHARED_PREFIX", shared_prefix)
+    params = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=10, ignore_eos=True)
+    prompt = random_prompt(3, 70)  # four full blocks shared by the three candidates
+    results = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(str(tiny_dir), num_gpu_blocks=64, max_num_batched_tokens=33,
+                  attention_backend=backend)
+        assert llm.engine.runner.backend.name == backend
+        [out] = llm.generate([prompt], params)
+        results[backend] = [o.token_ids for o in out.outputs]
+    assert results["triton"] == results["torch"]
