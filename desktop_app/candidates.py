@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -60,13 +60,13 @@ class CandidateColumn(QFrame):
         title.setObjectName("roleLabel")
         layout.addWidget(title)
         self.body = MarkdownLabel(text)
-        self.body.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Minimum)
+        self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
         layout.addWidget(self.body)
         layout.addStretch(1)
         self.metrics_label = QLabel("")
         self.metrics_label.setObjectName("metricsLabel")
         self.metrics_label.setWordWrap(True)
-        self.metrics_label.setSizePolicy(QSizePolicy.Policy.Ignored,
+        self.metrics_label.setSizePolicy(QSizePolicy.Policy.Preferred,
                                          QSizePolicy.Policy.Minimum)
         layout.addWidget(self.metrics_label)
         self.keep_button = QPushButton(theme.icon("keep", theme.current().accent_text), "Keep")
@@ -81,6 +81,20 @@ class CandidateColumn(QFrame):
 
     def append(self, delta: str) -> None:
         self.body.append(delta)
+
+    def event(self, event: QEvent) -> bool:
+        handled = super().event(event)
+        if event.type() in (QEvent.Type.LayoutRequest, QEvent.Type.Resize):
+            self._fit_height()
+        return handled
+
+    def _fit_height(self) -> None:
+        """Side by side in a row, the columns get their height from their size hints,
+        which ignore word wrapping: ask the layout for the height the wrapped text needs
+        at the current width."""
+        height = self.layout().heightForWidth(self.width())
+        if height > 0 and height != self.minimumHeight():
+            self.setMinimumHeight(height)
 
     def finish(self, text: str, metrics: dict | None, status: str = "complete") -> None:
         self.finished = True
