@@ -339,3 +339,19 @@ def test_default_cache_follows_hf_hub_cache_env(hub, tmp_path, monkeypatch):
     assert result.path == (tmp_path / "env-cache" / "models--folio-test--gguf-only"
                            / "snapshots" / result.commit)
     assert (result.path / "model-Q4_0.gguf").read_bytes() == b"g" * 50
+
+
+def test_download_through_hf_endpoint_appears_in_the_model_list(hub, tmp_path, monkeypatch):
+    """As a user's setup would: the hub address and the cache come from the environment."""
+    from engine.models_catalog import list_local_models
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    seen = []
+    result = download_model("folio-test/tiny-llama", token=False, on_progress=seen.append)
+    assert seen and seen[-1].done_bytes == seen[-1].total_bytes == result.total_bytes
+    listed = {info.name: info for info in list_local_models()}
+    assert "folio-test/tiny-llama" in listed
+    info = listed["folio-test/tiny-llama"]
+    assert (info.architecture, info.format) == ("llama", "hf")
+    assert info.path == result.path
