@@ -50,4 +50,22 @@ class StackedLinear(nn.Module):
         return target.data[start:start + self.out_sizes[index]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype == torch.float32 and x.shape[0] < SMALL_BATCH:
+            return small_batch_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+# Below this many rows (decode steps), CPU fp32 matmuls run faster as W @ x.T than as
+# F.linear: measured on the 2-core dev machine over the starter's 30 layers, 1.5-2x
+# faster at 2-16 rows. One row is padded to two, which beats both at batch 1.
+SMALL_BATCH = 64
+
+
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    rows = x.shape[0]
+    columns = (torch.cat([x, x]) if rows == 1 else x).t()
+    out = torch.mm(weight, columns).t()[:rows]
+    if bias is not None:
+        out = out + bias
+    return out.contiguous()
