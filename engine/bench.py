@@ -1,8 +1,20 @@
-"""``folio bench WORKLOAD``: Folio's speed and memory, measured on this machine.
+"""``folio bench WORKLOAD``: Folio's speed and memory next to transformers, on this machine.
 
-``python -m engine.bench scheduler`` times one schedule step plus the block bookkeeping
-(mark computed, append the sampled token, register full blocks) with 64 running
-sequences, without a model.
+Workloads (``engine/bench_workloads.py``), each measured against Hugging Face transformers
+running the same float32 weights on the same threads, in one run:
+
+- ``chat``: an 8-turn chat (``--turns``); time to first token and prompt tokens computed
+  per turn, for Folio, transformers recomputing the history and transformers on a cache.
+- ``candidates``: n = 1, 2, 4, 8 sampled candidates for one 512-token prompt; wall time,
+  tokens/s and KV bytes.
+- ``decode``: single-stream decode tokens/s at contexts 128 and 2,048.
+- ``concurrent``: 8 chats submitted at once to the EngineWorker.
+- ``waste``: internal KV waste sampled during the chat.
+- ``scheduler``: one schedule step plus the block bookkeeping with 64 running sequences,
+  without a model.
+- ``all``: every one of the above; ``kernels``: the attention kernels (CUDA).
+
+The table goes to stdout; ``--json PATH`` writes the results, ``--plot DIR`` PNG charts.
 """
 
 from __future__ import annotations
@@ -12,7 +24,11 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
+import torch
+
+from engine.bench_setup import BenchContext, BenchSettings, Target
 from engine.block_manager import BlockManager
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -40,36 +56,139 @@ def bench_scheduler(num_seqs: int = 64, prompt_len: int = 200, steps: int = 400)
             item.seq.append_token(step % 32000)
         times.append(time.perf_counter() - t0)
         assert len(out.scheduled) == num_seqs
-    median = statistics.median(times)
-    return {
-        "workload": "scheduler",
-        "running_seqs": num_seqs,
-        "steps": steps,
-        "median_ms": round(median * 1e3, 4),
-        "p90_ms": round(sorted(times)[int(0.9 * len(times))] * 1e3, 4),
-        "target_ms": 1.0,
-        "met": median <= 1e-3,
-    }
+    median_ms = round(statistics.median(times) * 1e3, 4)
+    row = {"running_seqs": num_seqs, "steps": steps, "median_ms": median_ms,
+           "p90_ms": round(sorted(times)[int(0.9 * len(times))] * 1e3, 4)}
+    return {"workload": "scheduler", "setup": {"model": "none"}, "rows": [row], "summary": {},
+            "targets": [Target("scheduler step (ms)", median_ms, 1.0, "<=").as_dict()],
+            "notes": []}
 
 
-WORKLOADS = {"scheduler": bench_scheduler}
+def _workloads() -> dict[str, Callable[[BenchContext], dict]]:
+    from engine import bench_workloads as w
+
+    return {"chat": w.bench_chat, "candidates": w.bench_candidates, "decode": w.bench_decode,
+            "concurrent": w.bench_concurrent, "waste": w.bench_waste,
+            "scheduler": lambda ctx: bench_scheduler()}
+
+
+EPILOG = """workloads:
+  chat        TTFT and prompt tokens computed per turn of a multi-turn chat
+  candidates  n = 1, 2, 4, 8 sampled candidates: wall time, tokens/s, KV bytes
+  decode      single-stream decode tokens/s at contexts 128 and 2,048
+  concurrent  8 chats at once through the EngineWorker: total tokens/s, each TTFT
+  waste       internal KV waste sampled during the chat
+  scheduler   one scheduling step with 64 running sequences, no model
+  all         all of the above; kernels: the attention kernels (CUDA only)
+llama.cpp joins chat and decode when llama-cpp-python is installed;
+--plot needs matplotlib (pip install 'folio[plot]')."""
+
+WORKLOAD_NAMES = ("chat", "candidates", "decode", "concurrent", "waste", "scheduler")
+
+
+def run(names: list[str], settings: BenchSettings,
+        report: Callable[[dict], None] | None = None) -> dict[str, dict]:
+    """Run the named workloads in order; ``report`` hears each result as it is done."""
+    unknown = [name for name in names if name not in WORKLOAD_NAMES]
+    if unknown:
+        raise ValueError(f"workload must be one of {WORKLOAD_NAMES}, got {unknown}")
+    threads_before = torch.get_num_threads()
+    ctx = BenchContext.create(settings)  # sets torch's thread count for both sides
+    workloads = _workloads()
+    results = {}
+    try:
+        for name in names:
+            results[name] = workloads[name](ctx)
+            if report is not None:
+                report(results[name])
+    finally:
+        torch.set_num_threads(threads_before)
+    return results
+
+
+# ------------------------------------------------------------------------------ output
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def format_table(rows: list[dict]) -> str:
+    """Rows of dicts as aligned columns (the union of their keys, first-seen order)."""
+    columns: list[str] = []
+    for row in rows:
+        columns += [key for key in row if key not in columns]
+    cells = [[_cell(row.get(col, "")) for col in columns] for row in rows]
+    widths = [max([len(col)] + [len(line[i]) for line in cells]) for i, col in
+              enumerate(columns)]
+    lines = ["  ".join(col.rjust(w) for col, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True))
+              for line in cells]
+    return "\n".join(lines)
+
+
+def format_result(result: dict) -> str:
+    setup = result["setup"]
+    head = f"== {result['workload']}"
+    if setup.get("model") != "none":
+        head += f" ({setup['model']}, {setup['threads']} threads, {setup['dtype']})"
+    lines = [head + " ==", format_table(result["rows"])]
+    for key, value in result["summary"].items():
+        if isinstance(value, list):  # series are for JSON and charts, not the terminal
+            continue
+        lines.append(f"{key}: {value}")
+    for target in result["targets"]:
+        verdict = "met" if target["met"] else "NOT met"
+        lines.append(f"target: {target['name']} = {target['value']:g} "
+                     f"(want {target['op']} {target['limit']:g}): {verdict}")
+    lines += [f"note: {note}" for note in result["notes"]]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="folio bench", description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=sorted(WORKLOADS) + ["kernels"])
+    parser = argparse.ArgumentParser(
+        prog="folio bench", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Folio's speed and memory next to transformers on the same weights.")
+    parser.add_argument("workload", choices=[*WORKLOAD_NAMES, "all", "kernels"])
+    parser.add_argument("--model", default="starter",
+                        help="'starter', a model folder or a .gguf file")
+    parser.add_argument("--turns", type=int, default=8, help="chat turns (chat, waste)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for every side (default: torch's)")
+    parser.add_argument("--kv-blocks", type=int, default=None,
+                        help="Folio's KV pool in blocks (default: the engine's memory budget)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--plot", metavar="DIR", help="also write PNG charts into DIR")
     args, rest = parser.parse_known_args(argv)
     if args.workload == "kernels":
         from kernels.bench import main as kernels_main
 
         return kernels_main(rest)
-    result = WORKLOADS[args.workload]()
-    for key, value in result.items():
-        print(f"{key:>14}: {value}")
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        settings = BenchSettings(model=args.model, threads=args.threads, turns=args.turns,
+                                 kv_blocks=args.kv_blocks)
+    except ValueError as exc:
+        parser.error(str(exc))
+    names = list(WORKLOAD_NAMES) if args.workload == "all" else [args.workload]
+    results = run(names, settings, report=lambda r: print(format_result(r) + "\n",
+                                                           flush=True))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+            json.dump(results, f, indent=2)
+    if args.plot:
+        from engine.bench_plot import plot_results
+
+        try:
+            written = plot_results(results, args.plot)
+        except ImportError:
+            print("charts skipped: matplotlib is not installed (pip install 'folio[plot]')")
+        else:
+            for path in written:
+                print(f"chart: {path}")
     return 0
 
 

@@ -1,0 +1,233 @@
+"""What every ``folio bench`` workload shares: its settings, the models under test, the
+deterministic inputs, targets, and Folio as a bench side (a step loop on its engine that
+times each token, and chat turns through ``LLM.chat``).
+
+Folio gets a fresh engine per workload, so no workload finds another's prompts in the prefix
+cache; the transformers model carries no state between calls and is built once per run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.bench_baselines import Reply, build_transformers_model, llama_cpp_status
+from engine.outputs import FinishedEvent, RequestOutput
+from engine.sampling_params import SamplingParams
+
+# Eight fixed user turns of about 60 tokens each (SmolLM2's tokenizer); a longer chat cycles
+# through them again, each marked with its turn number so no two turns are the same text.
+USER_TEXTS = (
+    "I am planning a three day trip to Lisbon in late October with two friends. We like "
+    "walking, old neighbourhoods, small restaurants and live music. Could you suggest how to "
+    "split the days between the city centre and nearby towns, and what we should book ahead?",
+    "Thanks. One of my friends uses a wheelchair, and some of the streets in Alfama are steep "
+    "and paved with slippery stones. Which parts of the plan would you change, and are the "
+    "trams and the metro a good way to get around for her?",
+    "We also want to eat well without spending too much. What are typical dishes we should "
+    "try, how much does a simple dinner with wine usually cost per person, and is it normal "
+    "to leave a tip in small family restaurants there?",
+    "The weather forecast says it might rain on the second day. Can you suggest indoor "
+    "things to do that still feel local, like markets, small museums or tiled churches, and "
+    "how long each of them usually takes to visit?",
+    "I read that Sintra gets very crowded. If we go there, which palace should we pick if we "
+    "only have time for one, what time should we arrive, and is it better to take the train "
+    "or to join a small guided tour from the city?",
+    "For the evenings we would love to hear fado. How do we find a place that is not only "
+    "for tourists, should we reserve a table, and is it rude to talk or take photos while "
+    "the musicians are playing their songs?",
+    "On the last morning we have about four hours before our flight leaves at two in the "
+    "afternoon. What could we still do near the airport or on the metro line, and how early "
+    "should we leave for the airport to be safe?",
+    "Finally, could you turn everything we discussed into a short day by day list with the "
+    "main stops, the transport between them and one restaurant idea for each evening, so "
+    "that I can share it with my friends in our group chat?",
+)
+
+
+@dataclass(slots=True)
+class BenchSettings:
+    """Sizes of every workload; the defaults are the issue's, tests shrink them."""
+
+    model: str = "starter"
+    threads: int | None = None  # None = torch's current thread count
+    turns: int = 8
+    user_tokens: int = 60
+    reply_tokens: int = 32
+    candidate_prompt_tokens: int = 512
+    candidate_tokens: int = 64
+    candidate_ns: tuple[int, ...] = (1, 2, 4, 8)
+    decode_contexts: tuple[int, ...] = (128, 2048)
+    decode_tokens: int = 32
+    concurrent_chats: int = 8
+    kv_blocks: int | None = None  # None = the engine's default KV budget
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("turns", "user_tokens", "reply_tokens", "candidate_prompt_tokens",
+                     "candidate_tokens", "decode_tokens", "concurrent_chats"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("reply_tokens", "candidate_tokens", "decode_tokens"):
+            if getattr(self, name) < 2:
+                raise ValueError(f"{name} must be >= 2 (a decode rate needs two tokens), "
+                                 f"got {getattr(self, name)!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads!r}")
+        if self.kv_blocks is not None and self.kv_blocks < 1:
+            raise ValueError(f"kv_blocks must be >= 1, got {self.kv_blocks!r}")
+        if not self.candidate_ns or any(n < 1 for n in self.candidate_ns):
+            raise ValueError(f"candidate_ns must be integers >= 1, got {self.candidate_ns!r}")
+        if not self.decode_contexts or any(c < 1 for c in self.decode_contexts):
+            raise ValueError(f"decode_contexts must be integers >= 1, got "
+                             f"{self.decode_contexts!r}")
+
+
+@dataclass(slots=True)
+class Target:
+    name: str
+    value: float
+    limit: float
+    op: str  # "<=" or ">="
+
+    @property
+    def met(self) -> bool:
+        return self.value <= self.limit if self.op == "<=" else self.value >= self.limit
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "met": self.met}
+
+
+@dataclass(slots=True)
+class BenchContext:
+    """The models of one ``folio bench`` run. Build with ``BenchContext.create``."""
+
+    settings: BenchSettings
+    model_path: Path
+    threads: int
+    _hf_model: torch.nn.Module | None = field(default=None, repr=False)
+
+    @classmethod
+    def create(cls, settings: BenchSettings) -> BenchContext:
+        from engine.models_catalog import resolve_model
+
+        threads = settings.threads or torch.get_num_threads()
+        # Both sides run in this process: one setting gives both the same thread count.
+        torch.set_num_threads(threads)
+        return cls(settings, resolve_model(settings.model), threads)
+
+    def new_llm(self):
+        """A fresh Folio engine: empty prefix cache, same threads and dtype as transformers."""
+        from engine.config import EngineConfig
+        from engine.llm import LLM
+
+        config = EngineConfig(num_threads=self.threads, num_gpu_blocks=self.settings.kv_blocks,
+                              dtype="float32")
+        return LLM(str(self.model_path), config)
+
+    @property
+    def hf_model(self) -> torch.nn.Module:
+        if self._hf_model is None:
+            from engine.loader import load_model_files
+
+            self._hf_model = build_transformers_model(load_model_files(self.model_path))
+        return self._hf_model
+
+    def llama_cpp_note(self) -> str | None:
+        return llama_cpp_status(self.model_path)
+
+    def describe(self) -> dict:
+        return {"model": str(self.model_path), "threads": self.threads, "dtype": "float32",
+                "torch": torch.__version__}
+
+
+def user_messages(tokenizer, turns: int, max_tokens: int) -> list[str]:
+    """The fixed user turns, each cut to at most ``max_tokens`` tokens."""
+    texts = []
+    for turn in range(turns):
+        text = USER_TEXTS[turn % len(USER_TEXTS)]
+        if turn >= len(USER_TEXTS):
+            text = f"Turn {turn + 1}: {text}"
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        texts.append(tokenizer.decode(ids[:max_tokens]) if len(ids) > max_tokens else text)
+    return texts
+
+
+def filler_prompt(tokenizer, length: int, tag: str) -> list[int]:
+    """``length`` token ids of plain text that start with ``tag``: a distinct tag per run
+    keeps a run from finding an earlier run's prompt in Folio's prefix cache."""
+    ids = tokenizer.encode(f"{tag}. " + " ".join(USER_TEXTS), add_special_tokens=False)
+    body = tokenizer.encode(" " + " ".join(USER_TEXTS), add_special_tokens=False)
+    while len(ids) < length:
+        ids += body
+    return ids[:length]
+
+
+@dataclass(slots=True)
+class FolioRun:
+    output: RequestOutput
+    token_times: list[float]  # perf_counter after each step that produced tokens
+    start: float
+    peak_used_blocks: int
+
+
+def run_folio(engine, prompt, params, sample_kv: bool = False) -> FolioRun:
+    """Add one request to an idle ``LLMEngine`` and step it to the end, noting when tokens
+    appear and, with ``sample_kv``, the peak of KV blocks in use after each step."""
+    start = time.perf_counter()
+    request_id = engine.add_request(prompt, params)
+    times: list[float] = []
+    seen = peak = 0
+    while True:
+        events = engine.step()
+        now = time.perf_counter()
+        if sample_kv:
+            peak = max(peak, engine.kv_stats(with_blocks=False).num_used)
+        done = [e.output for e in events
+                if isinstance(e, FinishedEvent) and e.request_id == request_id]
+        if done:
+            count = done[0].metrics.num_generated_tokens
+        else:
+            group = engine.scheduler.groups[request_id]
+            count = sum(seq.num_output_tokens for seq in group.seqs)
+        if count > seen:
+            times.append(now)
+            seen = count
+        if done:
+            return FolioRun(done[0], times, start, peak)
+
+
+class FolioChat:
+    """Folio through ``LLM.chat``; each assistant message carries its token ids, so the
+    earlier turns are found in the prefix cache. Optionally samples KV waste each step."""
+
+    label = "Folio"
+
+    def __init__(self, llm, reply_tokens: int, sample_waste: bool = False) -> None:
+        self.llm = llm
+        self.params = SamplingParams(max_tokens=reply_tokens, temperature=0, ignore_eos=True)
+        self.waste: list[float] = []
+        if sample_waste:
+            self._sample_each_step(llm.engine)
+
+    def _sample_each_step(self, engine) -> None:
+        step = engine.step
+
+        def step_and_sample():
+            events = step()
+            stats = engine.kv_stats(with_blocks=False)
+            if stats.allocated_slots:  # between requests nothing is allocated
+                self.waste.append(stats.waste_fraction)
+            return events
+
+        engine.step = step_and_sample  # this engine instance only; it is the bench's own
+
+    def reply(self, messages: list[dict]) -> Reply:
+        out = self.llm.chat(messages, self.params)
+        m = out.metrics
+        return Reply(list(out.outputs[0].token_ids), m.ttft_s, m.num_computed_prompt_tokens,
+                     m.num_prompt_tokens, wall_s=m.total_s, mean_tok_s=m.decode_tok_s)
