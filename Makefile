@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(VENV)/bin/folio-app
 
 test: $(STAMP)
-	QT_QPA_PLATFORM=offscreen TRITON_INTERPRET=1 $(PY) -m pytest -q
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine kernels desktop_app tests

@@ -34,12 +34,20 @@ processes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 import torch
-import transformers
+
+# Without a GPU the Triton kernels run in Triton's interpreter; with one, compiled. This
+# must be settled before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import transformers  # noqa: E402  (after the environment above)
 
 from kernels import AttentionMetadata
 
