@@ -55,6 +55,7 @@ class BenchSettings:
     model: str = "starter"
     threads: int | None = None  # None = torch's current thread count
     turns: int = 8
+    chat_repeats: int = 3  # Folio's chat runs this often; each turn's TTFT is the median
     user_tokens: int = 60
     reply_tokens: int = 32
     candidate_prompt_tokens: int = 512
@@ -67,8 +68,9 @@ class BenchSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("turns", "user_tokens", "reply_tokens", "candidate_prompt_tokens",
-                     "candidate_tokens", "decode_tokens", "concurrent_chats"):
+        for name in ("turns", "chat_repeats", "user_tokens", "reply_tokens",
+                     "candidate_prompt_tokens", "candidate_tokens", "decode_tokens",
+                     "concurrent_chats"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -36,7 +36,7 @@ def tiny_dir(tmp_path_factory):
 def ctx(tiny_dir):
     threads = torch.get_num_threads()
     settings = BenchSettings(
-        model=str(tiny_dir), threads=1, turns=2, user_tokens=12, reply_tokens=6,
+        model=str(tiny_dir), threads=1, turns=2, chat_repeats=2, user_tokens=12, reply_tokens=6,
         candidate_prompt_tokens=48, candidate_tokens=6, candidate_ns=(1, 2, 4),
         decode_contexts=(16, 128), decode_tokens=5, concurrent_chats=3, kv_blocks=256,
     )
@@ -54,6 +54,7 @@ def _targets(result: dict) -> list[str]:
 def test_chat_counts_what_each_side_computes(ctx):
     result = bench_chat(ctx)
     assert result["workload"] == "chat"
+    assert result["summary"]["folio_chat_runs"] == 2
     first, second = result["rows"]
     assert (first["turn"], second["turn"]) == (1, 2)
     p1, p2 = first["prompt_tokens"], second["prompt_tokens"]
