@@ -22,15 +22,7 @@ from tests.kernels.paged_cases import (
     assert_matches,
     make_case,
     reference_attention,
-    single_thread_blas,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    with single_thread_blas():
-        yield
-
 
 # (seq_lens, num_kv_heads, group, head_size, block_size, num_splits, shared blocks)
 # A pairwise cover of batch {1, 3, 8}, GQA {1, 3, 8}, head {64, 80, 128}, block {16, 32},

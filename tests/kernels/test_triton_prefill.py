@@ -12,15 +12,7 @@ from tests.kernels.paged_cases import (
     assert_matches,
     make_case,
     reference_attention,
-    single_thread_blas,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    with single_thread_blas():
-        yield
-
 
 # (seq_lens after the step, q_lens, num_kv_heads, group, head_size, block_size, shared)
 # q_len == seq_len is a fresh prompt, q_len < seq_len a chunk after cached blocks (a

@@ -18,14 +18,7 @@ from tests.kernels.paged_cases import (
     assert_matches,
     make_case,
     reference_attention,
-    single_thread_blas,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    with single_thread_blas():
-        yield
 
 
 def _candidates_case(dtype=torch.float32, block_size=16, head_size=64, group=3, long=66):
