@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.validation import FieldChecker
+
 BLOCK_SIZES = (8, 16, 32, 64)
 DTYPES = ("float32", "bfloat16", "float16")
 PREEMPTION_MODES = ("recompute", "swap")
+
+
+_check = FieldChecker("EngineConfig")
 
 
 @dataclass(slots=True)
@@ -28,7 +33,7 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check_types(
+        _check.types(
             self,
             integers=("block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "num_host_blocks",
                       "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_threads",
@@ -59,17 +64,3 @@ class EngineConfig:
     def preemption_mode(self) -> str:
         return "swap" if self.num_host_blocks > 0 else "recompute"
 
-
-def _check(ok: bool, name: str, value: object, expected: str) -> None:
-    if not ok:
-        raise ValueError(f"EngineConfig.{name} must be {expected}, got {value!r}")
-
-
-def _check_types(obj: object, integers: tuple[str, ...], numbers: tuple[str, ...]) -> None:
-    """Before the range checks: a string or a bool where a number belongs gets the same
-    clear error instead of a TypeError. None is allowed here; range checks decide."""
-    for name in integers + numbers:
-        value = getattr(obj, name)
-        kinds = (int,) if name in integers else (int, float)
-        ok = value is None or (isinstance(value, kinds) and not isinstance(value, bool))
-        _check(ok, name, value, "an integer" if name in integers else "a number")

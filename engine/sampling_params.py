@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.validation import FieldChecker
+
+_check = FieldChecker("SamplingParams")
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -24,7 +28,7 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
-        _check_types(self, integers=("n", "top_k", "max_tokens", "seed"),
+        _check.types(self, integers=("n", "top_k", "max_tokens", "seed"),
                      numbers=("temperature", "top_p", "min_p", "repetition_penalty"))
         _check(isinstance(self.n, int) and self.n >= 1, "n", self.n, "an integer >= 1")
         _check(self.temperature >= 0, "temperature", self.temperature, ">= 0")
@@ -47,17 +51,3 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-
-def _check(ok: bool, name: str, value: object, expected: str) -> None:
-    if not ok:
-        raise ValueError(f"SamplingParams.{name} must be {expected}, got {value!r}")
-
-
-def _check_types(obj: object, integers: tuple[str, ...], numbers: tuple[str, ...]) -> None:
-    """Before the range checks: a string or a bool where a number belongs gets the same
-    clear error instead of a TypeError. None is allowed here; range checks decide."""
-    for name in integers + numbers:
-        value = getattr(obj, name)
-        kinds = (int,) if name in integers else (int, float)
-        ok = value is None or (isinstance(value, kinds) and not isinstance(value, bool))
-        _check(ok, name, value, "an integer" if name in integers else "a number")
