@@ -8,8 +8,6 @@ from engine.validation import FieldChecker
 
 BLOCK_SIZES = (8, 16, 32, 64)
 DTYPES = ("float32", "bfloat16", "float16")
-PREEMPTION_MODES = ("recompute", "swap")
-
 
 _check = FieldChecker("EngineConfig")
 
