@@ -82,7 +82,7 @@ class LLMEngine:
         context = net.max_context_len
         self.max_model_len = min(config.max_model_len or context, context)
         shape = KVShape.from_hf_config(loaded.config, config.block_size, dtype)
-        num_blocks = num_blocks_for(config, shape, device)
+        num_blocks = num_blocks_for(config, shape, device, self.max_model_len)
         backend = get_backend(device, config.attention_backend)
         self.runner = ModelRunner(net, shape, num_blocks, config.num_host_blocks, backend, device)
         self.block_manager = BlockManager(

@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB: ~23k tokens of the starter model in fp32
+# With the default CPU budget, a small model needs no more than this many full contexts.
+CPU_DEFAULT_MAX_CONTEXTS = 8
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,9 +51,12 @@ class KVShape:
         return self.bytes_per_token * self.block_size
 
 
-def num_blocks_for(config: EngineConfig, shape: KVShape, device: torch.device) -> int:
+def num_blocks_for(
+    config: EngineConfig, shape: KVShape, device: torch.device, max_model_len: int
+) -> int:
     """The KV pool size: an explicit block count, a byte budget, or (CUDA) a share of
-    the memory still free once the weights are loaded."""
+    the memory still free once the weights are loaded. The CPU default budget is capped
+    at a few full contexts, so a small model does not reserve a gigabyte it never uses."""
     if config.num_gpu_blocks is not None:
         return config.num_gpu_blocks
     budget = config.kv_cache_memory_bytes
@@ -59,9 +64,13 @@ def num_blocks_for(config: EngineConfig, shape: KVShape, device: torch.device) -
         free, total = torch.cuda.mem_get_info(device)
         in_use = total - free
         budget = int(total * config.gpu_memory_utilization) - in_use
+    capped = budget is None
     if budget is None:
         budget = CPU_DEFAULT_KV_BYTES
     num_blocks = budget // shape.bytes_per_block
+    if capped:
+        num_blocks = min(num_blocks, -(-CPU_DEFAULT_MAX_CONTEXTS * max_model_len
+                                       // shape.block_size))
     if num_blocks < 1:
         raise ValueError(
             f"kv_cache_memory_bytes: {budget} bytes hold no KV block of "
