@@ -19,7 +19,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.kv_stats import KVStats
 from engine.memory import MemoryStats, memory_stats
-from engine.model_runner import DTYPES, KVShape, ModelRunner, num_blocks_for
+from engine.model_runner import KVShape, ModelRunner, num_blocks_for
 from engine.outputs import (
     CompletionOutput,
     Event,
@@ -60,7 +60,7 @@ class LLMEngine:
         progress: Callable[[str, float], None] | None = None,
     ) -> None:
         from engine.loader import load_model_files
-        from engine.models import build_model
+        from engine.models import build_model, resolve_dtype
         from engine.models_catalog import resolve_model
         from kernels import get_backend
 
@@ -68,7 +68,7 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         device = torch.device(config.device)
-        dtype = DTYPES[config.dtype]
+        dtype = resolve_dtype(config.dtype)
         path = resolve_model(str(model))
         loaded = load_model_files(path, dtype=dtype, progress=progress)
         self.model_name = loaded.name
@@ -81,7 +81,7 @@ class LLMEngine:
         self.weights_bytes = net.weight_bytes()
         context = net.max_context_len
         self.max_model_len = min(config.max_model_len or context, context)
-        shape = KVShape.from_hf_config(loaded.config, config.block_size, dtype)
+        shape = KVShape.from_spec(net.spec, config.block_size, dtype)
         num_blocks = num_blocks_for(config, shape, device, self.max_model_len)
         backend = get_backend(device, config.attention_backend)
         self.runner = ModelRunner(net, shape, num_blocks, config.num_host_blocks, backend, device)

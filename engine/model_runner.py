@@ -19,7 +19,6 @@ from kernels import AttentionBackend, AttentionMetadata
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB: ~23k tokens of the starter model in fp32
 # With the default CPU budget, a small model needs no more than this many full contexts.
 CPU_DEFAULT_MAX_CONTEXTS = 8
@@ -34,12 +33,9 @@ class KVShape:
     dtype: torch.dtype
 
     @classmethod
-    def from_hf_config(cls, hf_config, block_size: int, dtype: torch.dtype) -> KVShape:
-        head_size = getattr(hf_config, "head_dim", None) or (
-            hf_config.hidden_size // hf_config.num_attention_heads
-        )
-        num_kv = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
-        return cls(hf_config.num_hidden_layers, num_kv, head_size, block_size, dtype)
+    def from_spec(cls, spec, block_size: int, dtype: torch.dtype) -> KVShape:
+        """From the model's DecoderSpec, which already resolved the config's head sizes."""
+        return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, dtype)
 
     @property
     def bytes_per_token(self) -> int:
