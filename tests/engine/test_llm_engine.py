@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
 from engine import LLM, SamplingParams
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import FolioLoadError
 from engine.outputs import FinishedEvent
@@ -74,7 +75,7 @@ def test_follow_up_turn_reuses_the_cached_prefix(llm, hf_model):
 
 
 def test_batch_mixing_prefill_and_decode(tiny_dir, hf_model):
-    engine = LLMEngine(str(tiny_dir), _config(num_gpu_blocks=64))
+    engine = LLMEngine(str(tiny_dir), EngineConfig(num_gpu_blocks=64))
     other = random_prompt(1, 43)
     first = engine.add_request(PROMPT, GREEDY)
     done = {}
@@ -100,7 +101,7 @@ def test_batch_mixing_prefill_and_decode(tiny_dir, hf_model):
 
 
 def test_candidates_share_the_prompt_and_match_single_runs(tiny_dir):
-    engine = LLMEngine(str(tiny_dir), _config(num_gpu_blocks=64))
+    engine = LLMEngine(str(tiny_dir), EngineConfig(num_gpu_blocks=64))
     computed = []
     execute = engine.runner.execute
 
@@ -142,11 +143,11 @@ def test_candidates_share_the_prompt_and_match_single_runs(tiny_dir):
 def test_preemption_in_a_small_pool_gives_the_large_pool_results(tiny_dir, host_blocks):
     prompts = [random_prompt(i, 20 + i) for i in range(6)]
     params = SamplingParams(max_tokens=150, temperature=0, ignore_eos=True)
-    big = LLMEngine(str(tiny_dir), _config(num_gpu_blocks=256))
-    small = LLMEngine(str(tiny_dir), _config(num_gpu_blocks=24, num_host_blocks=host_blocks))
-    expected = _run_all(big, prompts, params)
-    got = _run_all(small, prompts, params)
-    assert small.scheduler.num_preemptions > 0
+    big = LLM(str(tiny_dir), num_gpu_blocks=256)
+    small = LLM(str(tiny_dir), num_gpu_blocks=24, num_host_blocks=host_blocks)
+    expected = [out.outputs[0].token_ids for out in big.generate(prompts, params)]
+    got = [out.outputs[0].token_ids for out in small.generate(prompts, params)]
+    assert small.engine.scheduler.num_preemptions > 0
     assert got == expected
     assert all(len(tokens) == 150 for tokens in got)
     assert small.kv_stats().num_used == 0
@@ -188,22 +189,6 @@ def test_stop_strings_cut_the_text(llm):
                                                   ignore_eos=True, stop=[stop]))
     assert cut.outputs[0].text == text[:text.index(stop)]
     assert cut.outputs[0].finish_reason == "stop"
-
-
-def _config(**fields):
-    from engine.config import EngineConfig
-
-    return EngineConfig(**fields)
-
-
-def _run_all(engine, prompts, params) -> list[list[int]]:
-    ids = [engine.add_request(p, params) for p in prompts]
-    done = {}
-    while engine.has_unfinished_requests():
-        for event in engine.step():
-            if isinstance(event, FinishedEvent):
-                done[event.request_id] = event.output.outputs[0].token_ids
-    return [done[i] for i in ids]
 
 
 @pytest.mark.skipif(
