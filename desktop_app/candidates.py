@@ -33,6 +33,12 @@ def format_metrics(metrics: dict | None) -> str:
     return " · ".join(parts)
 
 
+def footer_line(metrics: dict | None, status: str) -> str:
+    """The metrics, then a note on how the reply ended, for any finished reply."""
+    note = status_note(status, (metrics or {}).get("finish_reason"))
+    return " · ".join(p for p in (format_metrics(metrics), note) if p)
+
+
 def status_note(status: str, finish_reason: str | None) -> str:
     if status == "interrupted":
         return "Interrupted: the app closed while this reply was streaming"
@@ -99,8 +105,7 @@ class CandidateColumn(QFrame):
     def finish(self, text: str, metrics: dict | None, status: str = "complete") -> None:
         self.finished = True
         self.body.set_markdown(text)
-        note = status_note(status, (metrics or {}).get("finish_reason"))
-        self.metrics_label.setText(" · ".join(p for p in (format_metrics(metrics), note) if p))
+        self.metrics_label.setText(footer_line(metrics, status))
         self.keep_button.setEnabled(True)
 
 

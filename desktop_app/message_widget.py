@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app import theme
-from desktop_app.candidates import format_metrics, status_note
+from desktop_app.candidates import footer_line
 from desktop_app.markdown import MarkdownLabel
 
 
@@ -126,8 +126,7 @@ class MessageWidget(QFrame):
         if self.role != "assistant":
             self.metrics_label.setVisible(False)
             return
-        note = status_note(status, (metrics or {}).get("finish_reason"))
-        line = " · ".join(p for p in (format_metrics(metrics), note) if p)
+        line = footer_line(metrics, status)
         self.metrics_label.setText(line)
         self.metrics_label.setVisible(bool(line))
 
