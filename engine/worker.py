@@ -137,9 +137,12 @@ class EngineWorker:
             events = self._engine.step()
         except Exception as exc:
             log.exception("engine step failed")
-            for request_id in list(self._callbacks):
-                on_event = self._callbacks.pop(request_id)
+            failed = list(self._callbacks.items())
+            self._callbacks.clear()
+            for request_id, _ in failed:
                 self._engine.abort(request_id)
+            self._refresh_stats(force=True)
+            for request_id, on_event in failed:
                 self._emit(on_event, ErrorEvent(request_id, f"generation failed: {exc}"))
             return
         self._refresh_stats(force=any(isinstance(e, FinishedEvent) for e in events))

@@ -93,3 +93,27 @@ def test_a_bad_request_reports_an_error_and_the_worker_keeps_serving(worker):
     worker.submit([1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), good)
     assert good.done.wait(60)
     assert len(good.finished.output.outputs[0].token_ids) == 4
+
+
+def test_a_failing_step_ends_its_requests_with_an_error_and_frees_their_blocks(worker):
+    runner = worker.llm.engine.runner
+    before = worker.kv_stats()
+
+    def broken(out):
+        raise RuntimeError("out of device memory")
+
+    c = Collector()
+    runner.execute = broken
+    try:
+        worker.submit([3] * 40, SamplingParams(max_tokens=4), c)
+        assert c.done.wait(60)
+    finally:
+        del runner.execute  # back to the class's method
+    [error] = [e for e in c.events if isinstance(e, ErrorEvent)]
+    assert error.message == "generation failed: out of device memory"
+    after = worker.kv_stats()  # the snapshot already shows the failed request come and go
+    assert after.num_used == before.num_used
+    assert after.prefix_query_tokens == before.prefix_query_tokens + 40
+    good = Collector()
+    worker.submit([1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), good)
+    assert good.done.wait(60)
