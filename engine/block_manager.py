@@ -230,9 +230,10 @@ class BlockManager:
             self.host_tables[seq.seq_id] = table
         return list(mapping.items())
 
-    def can_swap_in(self, seqs: Seq[Sequence]) -> bool:
+    def can_swap_in(self, seqs: Seq[Sequence], reserve: int = 0) -> bool:
+        """Whether ``seqs`` fit back on the device with ``reserve`` blocks to spare."""
         needed = len({b for s in seqs for b in self.host_tables[s.seq_id]})
-        return needed <= self.num_free_blocks
+        return needed + reserve <= self.num_free_blocks
 
     def swap_in(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
         """Bring ``seqs`` back from the host pool. Returns (host, device) pairs."""

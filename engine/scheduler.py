@@ -221,7 +221,9 @@ class Scheduler:
         while self.swapped and budget > 0 and num_seqs < self.max_num_seqs:
             group = self.swapped[0]
             seqs = [s for s in group.live_seqs if s.status is SequenceStatus.SWAPPED]
-            if not self.bm.can_swap_in(seqs) or not self._fits_after_swap_in(seqs):
+            # Room for one new block per sequence too, unless it runs alone: then it may
+            # take the whole pool, better than waiting forever for room.
+            if not self.bm.can_swap_in(seqs, reserve=len(seqs) if self.running else 0):
                 break
             self.swapped.popleft()
             out.swap_in += self.bm.swap_in(seqs)
@@ -233,12 +235,6 @@ class Scheduler:
                 budget, num_seqs = self._schedule_chunk(out, seq, budget, num_seqs)
             self.running.append(group)
         return budget, num_seqs
-
-    def _fits_after_swap_in(self, seqs: list[Sequence]) -> bool:
-        host_blocks = len({b for s in seqs for b in self.bm.host_tables[s.seq_id]})
-        # Alone, it may take the whole pool: better than waiting forever for room.
-        margin = len(seqs) if self.running else 0
-        return host_blocks + margin <= self.bm.num_free_blocks
 
     def _schedule_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int,
                         num_seqs: int) -> tuple[int, int]:
