@@ -42,8 +42,10 @@ def _write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         key, value = key[keep], value[keep]
     num_blocks, block_size, num_kv_heads, head_size = k_cache.shape
     flat_shape = (num_blocks * block_size, num_kv_heads, head_size)
-    k_cache.view(flat_shape).index_copy_(0, slots, key.to(k_cache.dtype))
-    v_cache.view(flat_shape).index_copy_(0, slots, value.to(v_cache.dtype))
+    if key.dtype != k_cache.dtype:
+        key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
+    k_cache.view(flat_shape).index_copy_(0, slots, key)
+    v_cache.view(flat_shape).index_copy_(0, slots, value)
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -74,6 +76,10 @@ class DecodePlan:
     tables: torch.Tensor  # int64 [num_seqs, max_blocks]
     seq_len: int  # the longest context; keys beyond it are never read
     mask: torch.Tensor | None  # bool [num_seqs, 1, 1, max_blocks * block_size]; None: 1 seq
+    # Set when the batch is one sequence whose blocks are consecutive ids: its context is
+    # then a slice of the pool, read in place instead of gathered (fresh sequences get
+    # consecutive blocks from the free queue, so this is the common single-chat case).
+    first_block: int | None = None
     # SDPA turns a bool mask into an additive one on every call; layers reuse this one.
     additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
 
@@ -92,12 +98,17 @@ class DecodePlan:
         tables = block_tables[:, :max_blocks].to(device=device, dtype=torch.int64)
         num_seqs = tables.shape[0]
         mask = None
-        if num_seqs > 1:
+        first_block = None
+        if num_seqs == 1:
+            ids = tables[0].tolist()
+            if ids == list(range(ids[0], ids[0] + len(ids))):
+                first_block = ids[0]
+        else:
             padded_len = max_blocks * block_size
             positions = torch.arange(padded_len, device=device)
             lengths = seq_lens.to(device=device)
             mask = (positions[None, :] < lengths[:, None]).view(num_seqs, 1, 1, padded_len)
-        return cls(tables, max_seq_len, mask)
+        return cls(tables, max_seq_len, mask, first_block)
 
 
 @dataclass(slots=True)
@@ -192,11 +203,14 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     padded_len = plan.tables.shape[1] * k_cache.shape[1]
     # [B, max_blocks, bs, nkv, hd] -> [B, nkv, L, hd]
     # index_select is several times faster than advanced indexing for this gather on CPU.
-    flat_tables = plan.tables.flatten()
-    keys = k_cache.index_select(0, flat_tables).view(num_seqs, padded_len, num_kv_heads,
-                                                     head_size)
-    values = v_cache.index_select(0, flat_tables).view(num_seqs, padded_len, num_kv_heads,
-                                                       head_size)
+    if plan.first_block is not None:
+        blocks = slice(plan.first_block, plan.first_block + plan.tables.shape[1])
+        keys, values = k_cache[blocks], v_cache[blocks]
+    else:
+        flat_tables = plan.tables.flatten()
+        keys, values = k_cache.index_select(0, flat_tables), v_cache.index_select(0, flat_tables)
+    keys = keys.view(num_seqs, padded_len, num_kv_heads, head_size)
+    values = values.view(num_seqs, padded_len, num_kv_heads, head_size)
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)
     if plan.mask is None:
         keys, values = keys[:, :, : plan.seq_len], values[:, :, : plan.seq_len]

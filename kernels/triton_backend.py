@@ -45,10 +45,12 @@ class TritonBackend:
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        write_kv(key, value, k_cache, v_cache, slot_mapping)
+        write_kv(_heads_contiguous(key), _heads_contiguous(value), k_cache, v_cache,
+                 slot_mapping)
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        query = _heads_contiguous(query)
         if not meta.is_decode_only:
             return paged_prefill(query, k_cache, v_cache, meta, scale)
         if self.shared_prefix:
@@ -72,3 +74,9 @@ class TritonBackend:
                                                      block_size, self.min_shared_blocks)
             self._groups_meta = meta
         return self._groups
+
+
+def _heads_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """The kernels read whole heads; the CPU small-batch matmul (engine/layers/linear.py)
+    hands over transposed views whose head dimension is strided."""
+    return t if t.stride(-1) == 1 else t.contiguous()

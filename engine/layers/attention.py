@@ -62,7 +62,7 @@ class PagedSelfAttention(nn.Module):
         """hidden [T, hidden_size] -> [T, hidden_size]; cos/sin from RotaryEmbedding.lookup."""
         num_tokens = hidden.shape[0]
         heads = self.num_heads + 2 * self.num_kv_heads
-        qkv = self.qkv_proj(hidden).view(num_tokens, heads, self.head_dim)
+        qkv = self.qkv_proj(hidden).unflatten(-1, (heads, self.head_dim))
         qk_heads = self.num_heads + self.num_kv_heads
         if self.q_norm is None:
             # q and k sit side by side in the stacked output: one rotary call covers both.

@@ -63,9 +63,10 @@ SMALL_BATCH = 64
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor,
                        bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T computed as (weight @ x.T).T. The result is a transposed view, not
+    contiguous: callers reshape it (or let the next op copy it), which saves a copy per
+    matmul."""
     rows = x.shape[0]
     columns = (torch.cat([x, x]) if rows == 1 else x).t()
     out = torch.mm(weight, columns).t()[:rows]
-    if bias is not None:
-        out = out + bias
-    return out.contiguous()
+    return out if bias is None else out + bias

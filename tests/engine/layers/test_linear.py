@@ -17,7 +17,7 @@ def test_small_batch_linear_equals_f_linear(rows, bias):
     b = torch.randn(96, generator=gen) if bias else None
     x = torch.randn(rows, 64, generator=gen)
     out = small_batch_linear(x, weight, b)
-    assert out.shape == (rows, 96) and out.is_contiguous()
+    assert out.shape == (rows, 96)
     torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
 
 
