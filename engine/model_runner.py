@@ -15,7 +15,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.scheduler import SchedulerOutput
-from kernels import AttentionBackend, AttentionMetadata
+from kernels import AttentionBackend, AttentionMetadata, allocate_kv_cache
 
 log = logging.getLogger(__name__)
 
@@ -89,17 +89,20 @@ class ModelRunner:
         self.shape = shape
         self.backend = backend
         self.device = device
-        layout = (shape.num_layers, 2)
-        per_block = (shape.block_size, shape.num_kv_heads, shape.head_size)
-        self.kv_cache = torch.zeros(
-            (*layout, num_blocks, *per_block), dtype=shape.dtype, device=device
-        )
+        self.kv_cache = self._allocate(num_blocks, device)
         self.host_cache = None
         if num_host_blocks:
-            self.host_cache = torch.zeros(
-                (*layout, num_host_blocks, *per_block), dtype=shape.dtype,
-                pin_memory=device.type == "cuda",
-            )
+            self.host_cache = self._allocate(num_host_blocks, torch.device("cpu"),
+                                             pin_memory=device.type == "cuda")
+
+    def _allocate(self, num_blocks: int, device: torch.device,
+                  pin_memory: bool = False) -> torch.Tensor:
+        """A pool in the memory order the backend reads best; the host pool matches the
+        device pool so that swaps move blocks between like layouts."""
+        s = self.shape
+        return allocate_kv_cache(s.num_layers, num_blocks, s.block_size, s.num_kv_heads,
+                                 s.head_size, s.dtype, device,
+                                 head_major=self.backend.head_major_kv, pin_memory=pin_memory)
 
     @property
     def kv_pool_bytes(self) -> int:

@@ -39,6 +39,8 @@ class AttentionMetadata:
 
 class AttentionBackend(Protocol):
     name: str
+    # How the pool this backend reads best is laid out in memory (allocate_kv_cache).
+    head_major_kv: bool
 
     def write_kv(
         self,
@@ -67,6 +69,32 @@ class AttentionBackend(Protocol):
         src_ids: torch.Tensor,
         dst_ids: torch.Tensor,
     ) -> None: ...
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    head_major: bool,
+    pin_memory: bool = False,
+) -> torch.Tensor:
+    """A zeroed KV pool, always indexed [num_layers, 2, num_blocks, block_size, nkv, hd].
+
+    Memory order is the backend's choice. Block-contiguous (head_major=False) keeps each
+    block in one piece, which the Triton block-copy kernel needs. Head-major stores each KV
+    head of a layer as one run of slots over the whole pool, so a sequence whose blocks
+    are consecutive reads every head's keys as one contiguous [seq_len, hd] matrix (the
+    layout the CPU attention streams fastest) and a gather yields [nkv, seq_len, hd]."""
+    if not head_major:
+        return torch.zeros((num_layers, 2, num_blocks, block_size, num_kv_heads, head_size),
+                           dtype=dtype, device=device, pin_memory=pin_memory)
+    storage = torch.zeros((num_layers, 2, num_kv_heads, num_blocks, block_size, head_size),
+                          dtype=dtype, device=device, pin_memory=pin_memory)
+    return storage.permute(0, 1, 3, 4, 2, 5)
 
 
 def get_backend(device: torch.device | str, name: str | None = None) -> AttentionBackend:

@@ -4,8 +4,11 @@ Every function here reads the cache only through block tables and slot mappings,
 docs/INTERNALS.md lays out the seam, so a kernel that agrees with these functions agrees
 with the engine. Clarity comes first; the concessions to speed (the engine runs on this
 backend on CPU) are that single-token (decode) sequences run as one batched SDPA call
-instead of a Python loop over sequences, gathers use index_select, and TorchBackend plans
-a step (what depends on the metadata alone) once instead of once per layer.
+instead of a Python loop over sequences, gathers use index_select (or a view, when a
+sequence's blocks are consecutive) and yield each KV head's tokens as one matrix, and
+TorchBackend plans a step (what depends on the metadata alone) once instead of once per
+layer. Any pool layout works (kernels.allocate_kv_cache); TorchBackend asks for the
+head-major one, which its attention reads fastest.
 """
 
 from __future__ import annotations
@@ -48,13 +51,30 @@ def _write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     v_cache.view(flat_shape).index_copy_(0, slots, value)
 
 
+def block_ids(block_table: torch.Tensor, num_blocks: int,
+              device: torch.device) -> torch.Tensor | slice:
+    """A sequence's first num_blocks physical blocks: a slice when the ids are consecutive
+    (fresh sequences get consecutive blocks from the free queue), so the blocks are read in
+    place instead of gathered; otherwise an int64 index tensor."""
+    ids = block_table[:num_blocks].tolist()
+    if ids == list(range(ids[0], ids[0] + num_blocks)):
+        return slice(ids[0], ids[0] + num_blocks)
+    return torch.tensor(ids, dtype=torch.int64, device=device)
+
+
+def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice) -> torch.Tensor:
+    """The tokens of blocks `ids` of a [num_blocks, bs, nkv, hd] cache, per KV head:
+    [nkv, len(ids) * bs, hd]. A view for a slice; for a head-major pool each head's rows
+    are then one contiguous run (kernels.allocate_kv_cache)."""
+    heads = cache.permute(2, 0, 1, 3)  # [nkv, num_blocks, bs, hd]
+    blocks = heads[:, ids] if isinstance(ids, slice) else heads.index_select(1, ids)
+    return blocks.flatten(1, 2)
+
+
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """One sequence's first `seq_len` cached tokens, contiguous: [seq_len, nkv, hd]."""
-    block_size = cache.shape[1]
-    num_blocks = -(-seq_len // block_size)
-    ids = block_table[:num_blocks].to(device=cache.device, dtype=torch.int64)
-    blocks = cache.index_select(0, ids)
-    return blocks.flatten(0, 1)[:seq_len]
+    """One sequence's first `seq_len` cached tokens per KV head: [nkv, seq_len, hd]."""
+    num_blocks = -(-seq_len // cache.shape[1])
+    return heads_of_blocks(cache, block_ids(block_table, num_blocks, cache.device))[:, :seq_len]
 
 
 def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -76,10 +96,9 @@ class DecodePlan:
     tables: torch.Tensor  # int64 [num_seqs, max_blocks]
     seq_len: int  # the longest context; keys beyond it are never read
     mask: torch.Tensor | None  # bool [num_seqs, 1, 1, max_blocks * block_size]; None: 1 seq
-    # Set when the batch is one sequence whose blocks are consecutive ids: its context is
-    # then a slice of the pool, read in place instead of gathered (fresh sequences get
-    # consecutive blocks from the free queue, so this is the common single-chat case).
-    first_block: int | None = None
+    # Every sequence's blocks, flattened, for heads_of_blocks (a slice: one sequence whose
+    # blocks are consecutive).
+    ids: torch.Tensor | slice
     # SDPA turns a bool mask into an additive one on every call; layers reuse this one.
     additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
 
@@ -98,17 +117,15 @@ class DecodePlan:
         tables = block_tables[:, :max_blocks].to(device=device, dtype=torch.int64)
         num_seqs = tables.shape[0]
         mask = None
-        first_block = None
         if num_seqs == 1:
-            ids = tables[0].tolist()
-            if ids == list(range(ids[0], ids[0] + len(ids))):
-                first_block = ids[0]
+            ids = block_ids(tables[0], max_blocks, device)
         else:
+            ids = tables.flatten()
             padded_len = max_blocks * block_size
             positions = torch.arange(padded_len, device=device)
             lengths = seq_lens.to(device=device)
             mask = (positions[None, :] < lengths[:, None]).view(num_seqs, 1, 1, padded_len)
-        return cls(tables, max_seq_len, mask, first_block)
+        return cls(tables, max_seq_len, mask, ids)
 
 
 @dataclass(slots=True)
@@ -117,7 +134,7 @@ class ChunkPlan:
 
     start: int  # its rows in the query
     end: int
-    block_table: torch.Tensor
+    ids: torch.Tensor | slice  # its blocks, for heads_of_blocks
     seq_len: int
     mask: torch.Tensor  # bool [q_len, seq_len], from causal_mask
 
@@ -152,7 +169,8 @@ class StepPlan:
             elif end > start:
                 mask = causal_mask(end - start, seq_len, device)
                 assert mask is not None
-                chunks.append(ChunkPlan(start, end, meta.block_tables[i], seq_len, mask))
+                ids = block_ids(meta.block_tables[i], -(-seq_len // block_size), device)
+                chunks.append(ChunkPlan(start, end, ids, seq_len, mask))
         if not decode_seqs:
             return cls(None, None, chunks)
         index = torch.tensor(decode_seqs, device=meta.seq_lens.device)
@@ -184,8 +202,8 @@ def _attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         rows = plan.decode_rows
         out[rows] = _decode_attention(query[rows], k_cache, v_cache, plan.decode, scale)
     for chunk in plan.chunks:
-        keys = gather_kv(k_cache, chunk.block_table, chunk.seq_len).transpose(0, 1)
-        values = gather_kv(v_cache, chunk.block_table, chunk.seq_len).transpose(0, 1)
+        keys = heads_of_blocks(k_cache, chunk.ids)[:, :chunk.seq_len]
+        values = heads_of_blocks(v_cache, chunk.ids)[:, :chunk.seq_len]
         chunk_query = query[chunk.start:chunk.end].transpose(0, 1)  # [nq, q_len, hd]
         out[chunk.start:chunk.end] = F.scaled_dot_product_attention(
             chunk_query, keys, values, attn_mask=chunk.mask, scale=scale, enable_gqa=True
@@ -195,31 +213,21 @@ def _attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 
 def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       plan: DecodePlan, scale: float) -> torch.Tensor:
-    """One new token per sequence: gather every sequence's blocks, padded to the longest,
-    and run a single SDPA over the batch with a length mask."""
+    """One new token per sequence: every sequence's blocks, padded to the longest, in a
+    single SDPA over the batch with a length mask."""
     num_seqs, num_q_heads, head_size = query.shape
-    num_kv_heads = k_cache.shape[2]
-    group = num_q_heads // num_kv_heads
-    padded_len = plan.tables.shape[1] * k_cache.shape[1]
-    # [B, max_blocks, bs, nkv, hd] -> [B, nkv, L, hd]
-    # index_select is several times faster than advanced indexing for this gather on CPU.
-    if plan.first_block is not None:
-        blocks = slice(plan.first_block, plan.first_block + plan.tables.shape[1])
-        keys, values = k_cache[blocks], v_cache[blocks]
-    else:
-        flat_tables = plan.tables.flatten()
-        keys, values = k_cache.index_select(0, flat_tables), v_cache.index_select(0, flat_tables)
-    keys = keys.view(num_seqs, padded_len, num_kv_heads, head_size)
-    values = values.view(num_seqs, padded_len, num_kv_heads, head_size)
-    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
-    if plan.mask is None:
-        keys, values = keys[:, :, : plan.seq_len], values[:, :, : plan.seq_len]
-    # With one query token, the query heads sharing a KV head can stand in for the query
-    # length axis: no K/V expansion for grouped-query attention.
-    grouped_query = query.reshape(num_seqs, num_kv_heads, group, head_size)
-    out = F.scaled_dot_product_attention(grouped_query, keys, values,
-                                         attn_mask=plan.mask_for(query.dtype), scale=scale)
-    return out.reshape(num_seqs, num_q_heads, head_size)
+    if plan.mask is None:  # one sequence: its exact context, [1, nkv, seq_len, hd]
+        keys = heads_of_blocks(k_cache, plan.ids)[None, :, :plan.seq_len]
+        values = heads_of_blocks(v_cache, plan.ids)[None, :, :plan.seq_len]
+    else:  # [nkv, B * max_blocks * bs, hd] -> [B, nkv, max_blocks * bs, hd]
+        num_kv_heads = k_cache.shape[2]
+        keys = heads_of_blocks(k_cache, plan.ids).view(num_kv_heads, num_seqs, -1, head_size)
+        values = heads_of_blocks(v_cache, plan.ids).view(num_kv_heads, num_seqs, -1, head_size)
+        keys, values = keys.transpose(0, 1), values.transpose(0, 1)
+    out = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values,
+                                         attn_mask=plan.mask_for(query.dtype), scale=scale,
+                                         enable_gqa=True)
+    return out.view(num_seqs, num_q_heads, head_size)
 
 
 def causal_mask(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor | None:
@@ -275,6 +283,7 @@ class TorchBackend:
     """
 
     name = "torch"
+    head_major_kv = True
 
     def __init__(self) -> None:
         self._slots_key: torch.Tensor | None = None

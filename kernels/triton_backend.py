@@ -29,6 +29,7 @@ class TritonBackend:
     """
 
     name = "triton"
+    head_major_kv = False  # the block-copy kernel moves each block as one piece
 
     def __init__(self, shared_prefix: bool | None = None, min_shared_blocks: int = 4) -> None:
         if shared_prefix is None:

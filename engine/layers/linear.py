@@ -2,7 +2,8 @@
 
 Hugging Face checkpoints store q/k/v and gate/up as separate matrices; stacking them into
 one weight at load time turns three (or two) matmuls per token into one, which matters on
-CPU where each small matmul pays a fixed overhead.
+CPU where each small matmul pays a fixed overhead. On CPU in float32 the layer then trades
+its matrix for oneDNN's packed copy (engine/layers/onednn.py), the fastest layout there.
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers import onednn
+
 
 class StackedLinear(nn.Module):
     """y = x @ W.T + b, where W (and b) are `len(out_sizes)` blocks stacked on dim 0."""
+
+    # A layer whose matrix is shared with another module (the tied LM head) must keep it.
+    keeps_dense_weight = False
 
     def __init__(
         self,
@@ -41,23 +47,55 @@ class StackedLinear(nn.Module):
             if bias
             else None
         )
+        self._packed: torch.Tensor | None = None
 
     def block(self, index: int, name: str) -> torch.Tensor:
         """The view of `weight` or `bias` that checkpoint matrix `index` fills."""
+        self._restore_dense()
         start = sum(self.out_sizes[:index])
         target = self.weight if name == "weight" else self.bias
         assert target is not None, f"{name} requested from a layer without it"
         return target.data[start:start + self.out_sizes[index]]
 
+    def prepare(self) -> None:
+        """Call once the weight is loaded: on CPU in float32 the matrix is swapped for its
+        packed copy (same bytes); `block` brings the plain matrix back for a new load."""
+        packed = onednn.pack(self.weight)
+        if packed is None:
+            return
+        self._packed = packed
+        if not self.keeps_dense_weight:
+            self.weight.data = self.weight.data.new_empty(0)
+
+    def _restore_dense(self) -> None:
+        if self._packed is not None and not self.keeps_dense_weight:
+            self.weight.data = onednn.unpack(self._packed)
+        self._packed = None
+
+    def dense_weight(self) -> torch.Tensor:
+        """The [out, in] matrix, whichever layout holds it."""
+        if self._packed is not None and not self.keeps_dense_weight:
+            return onednn.unpack(self._packed)
+        return self.weight.detach()
+
+    @property
+    def derived_bytes(self) -> int:
+        """Bytes held outside the parameters (the packed copy), for memory reports."""
+        if self._packed is None:
+            return 0
+        return self._packed.numel() * self._packed.element_size()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is not None:
+            return onednn.linear(x, self._packed, self.bias)
         if x.device.type == "cpu" and x.dtype == torch.float32 and x.shape[0] < SMALL_BATCH:
             return small_batch_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
-# Below this many rows (decode steps), CPU fp32 matmuls run faster as W @ x.T than as
-# F.linear: measured on the 2-core dev machine over the starter's 30 layers, 1.5-2x
-# faster at 2-16 rows. One row is padded to two, which beats both at batch 1.
+# Without oneDNN, below this many rows (decode steps) CPU fp32 matmuls run faster as
+# W @ x.T than as F.linear: measured on the 2-core dev machine over the starter's 30
+# layers, 1.5-2x faster at 2-16 rows. One row is padded to two, which beats both at batch 1.
 SMALL_BATCH = 64
 
 

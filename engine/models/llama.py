@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
+from engine.layers.linear import StackedLinear
 from engine.layers.lm_head import LMHead
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import RMSNorm
@@ -84,9 +85,10 @@ class LlamaForCausalLM(nn.Module):
         return self.spec.max_context_len
 
     def weight_bytes(self) -> int:
-        """Bytes of all weights, including derived layouts kept for speed (LMHead)."""
+        """Bytes of all weights, in whichever layout holds them (packed linears)."""
         params = sum(p.numel() * p.element_size() for p in self.parameters())
-        return params + self.lm_head.derived_bytes
+        return params + sum(m.derived_bytes for m in self.modules()
+                            if isinstance(m, StackedLinear))
 
     def forward(
         self,
@@ -142,7 +144,9 @@ class LlamaForCausalLM(nn.Module):
             shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if
                                                len(missing) > 8 else "")
             raise ValueError(f"checkpoint is missing {len(missing)} parameter(s): {shown}")
-        self.lm_head.prepare()
+        for module in self.modules():
+            if isinstance(module, StackedLinear):
+                module.prepare()
 
     def _checkpoint_targets(self) -> dict[str, torch.Tensor]:
         """Each Hugging Face parameter name -> the tensor (or stacked slice) it fills."""

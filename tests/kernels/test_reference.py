@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kernels import AttentionMetadata, get_backend
+from kernels import AttentionMetadata, allocate_kv_cache, get_backend
 from kernels.reference import TorchBackend, causal_mask, gather_kv, paged_attention_ref
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -44,15 +44,23 @@ class Helpers:
 
 
 class Batch:
-    """Random contiguous K/V per sequence, scattered into a pool of random garbage."""
+    """Random contiguous K/V per sequence, scattered into a pool of random garbage.
+
+    head_major: the pool in kernels.allocate_kv_cache's head-major memory order.
+    consecutive: each sequence's blocks are consecutive ids (read as a view, not gathered).
+    """
 
     def __init__(self, helpers: Helpers, seq_lens: list[int], q_lens: list[int], group: int,
                  dtype: torch.dtype = torch.float32, shared_blocks: int = 0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, head_major: bool = False, consecutive: bool = False) -> None:
         gen = torch.Generator().manual_seed(seed)
         counts = [-(-n // BLOCK_SIZE) for n in seq_lens]
         num_blocks = sum(counts) + 5
-        self.tables = helpers.shuffled_tables(counts, num_blocks, gen)
+        if consecutive:
+            starts = [2 + sum(counts[:i]) for i in range(len(counts))]
+            self.tables = [list(range(a, a + n)) for a, n in zip(starts, counts, strict=True)]
+        else:
+            self.tables = helpers.shuffled_tables(counts, num_blocks, gen)
         if shared_blocks:
             # Sequence 1 starts with sequence 0's first blocks (a forked prompt).
             self.tables[1][:shared_blocks] = self.tables[0][:shared_blocks]
@@ -72,6 +80,11 @@ class Batch:
                 self.v_cache[block, pos % BLOCK_SIZE] = v[pos]
             self.keys.append(k)
             self.values.append(v)
+        if head_major:
+            for name in ("k_cache", "v_cache"):
+                pool = allocate_kv_cache(1, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE,
+                                         dtype, "cpu", head_major=True)[0, 0]
+                setattr(self, name, pool.copy_(getattr(self, name)))
         cached = [s - q for s, q in zip(seq_lens, q_lens, strict=True)]
         self.meta = helpers.build_metadata(self.tables, cached, q_lens, BLOCK_SIZE)
         num_q_heads = NUM_KV_HEADS * group
@@ -103,15 +116,25 @@ def check(batch: Batch, atol: float = 1e-5) -> None:
     torch.testing.assert_close(out.double(), batch.expected(), atol=atol, rtol=atol)
 
 
+# Pool memory order x block ids: gathered from shuffled blocks or read in place.
+LAYOUTS = pytest.mark.parametrize("head_major, consecutive",
+                                  [(False, False), (True, False), (True, True)])
+
+
+@LAYOUTS
 @pytest.mark.parametrize("group", [1, 3])
-def test_decode_batch_matches_dense(make_batch, group):
-    check(make_batch(CONTEXT_LENS, [1] * len(CONTEXT_LENS), group))
+def test_decode_batch_matches_dense(make_batch, group, head_major, consecutive):
+    check(make_batch(CONTEXT_LENS, [1] * len(CONTEXT_LENS), group, head_major=head_major,
+                     consecutive=consecutive))
 
 
+@LAYOUTS
 @pytest.mark.parametrize("seq_len", CONTEXT_LENS)
 @pytest.mark.parametrize("group", [1, 3])
-def test_single_sequence_decode_matches_dense(make_batch, seq_len, group):
-    check(make_batch([seq_len], [1], group, seed=seq_len))
+def test_single_sequence_decode_matches_dense(make_batch, seq_len, group, head_major,
+                                              consecutive):
+    check(make_batch([seq_len], [1], group, seed=seq_len, head_major=head_major,
+                     consecutive=consecutive))
 
 
 @pytest.mark.parametrize("group", [1, 3])
@@ -119,15 +142,47 @@ def test_full_prefill_matches_dense(make_batch, group):
     check(make_batch(CONTEXT_LENS, CONTEXT_LENS, group))
 
 
+@LAYOUTS
 @pytest.mark.parametrize("group", [1, 3])
-def test_chunks_with_cached_prefix_match_dense(make_batch, group):
+def test_chunks_with_cached_prefix_match_dense(make_batch, group, head_major, consecutive):
     # Chunk sizes that end mid-block, exactly on a boundary, and span several blocks.
-    check(make_batch([15, 16, 17, 300, 40], [7, 16, 2, 45, 33], group, seed=1))
+    check(make_batch([15, 16, 17, 300, 40], [7, 16, 2, 45, 33], group, seed=1,
+                     head_major=head_major, consecutive=consecutive))
 
 
+@LAYOUTS
 @pytest.mark.parametrize("group", [1, 3])
-def test_mixed_prefill_and_decode_batch_matches_dense(make_batch, group):
-    check(make_batch([17, 1, 40, 16, 300], [1, 1, 23, 16, 1], group, seed=2))
+def test_mixed_prefill_and_decode_batch_matches_dense(make_batch, group, head_major,
+                                                      consecutive):
+    check(make_batch([17, 1, 40, 16, 300], [1, 1, 23, 16, 1], group, seed=2,
+                     head_major=head_major, consecutive=consecutive))
+
+
+def test_head_major_pool_is_indexed_like_a_contiguous_one():
+    pool = allocate_kv_cache(2, 5, 4, 3, 8, torch.float32, "cpu", head_major=True)
+    assert pool.shape == (2, 2, 5, 4, 3, 8) and not pool.any()
+    # Each KV head of a layer is one run of slots over the whole pool.
+    assert pool.stride() == (2 * 3 * 5 * 4 * 8, 3 * 5 * 4 * 8, 4 * 8, 8, 5 * 4 * 8, 1)
+    plain = allocate_kv_cache(2, 5, 4, 3, 8, torch.float32, "cpu", head_major=False)
+    assert plain.shape == pool.shape and plain.is_contiguous()
+
+
+def test_cache_ops_on_a_head_major_pool_equal_those_on_a_contiguous_one():
+    gen = torch.Generator().manual_seed(9)
+    plain = allocate_kv_cache(2, 6, 4, 2, 8, torch.float32, "cpu", head_major=False)
+    plain.copy_(torch.randn(plain.shape, generator=gen))
+    pools = [plain, allocate_kv_cache(2, 6, 4, 2, 8, torch.float32, "cpu", head_major=True)]
+    pools[1].copy_(plain)
+    key, value = torch.randn(2, 2, 2, 8, generator=gen)
+    backend = TorchBackend()
+    for pool in pools:
+        backend.write_kv(key, value, pool[1, 0], pool[1, 1], torch.tensor([5, 22]))
+        backend.copy_blocks(pool, torch.tensor([1, 5]), torch.tensor([3, 0]))
+        host = torch.zeros(2, 2, 2, 4, 2, 8)
+        backend.swap_blocks(pool, host, torch.tensor([3, 4]), torch.tensor([1, 0]))
+        backend.swap_blocks(host, pool, torch.tensor([0]), torch.tensor([2]))
+    assert torch.equal(pools[0], pools[1])
+    assert torch.equal(pools[1][1, 0, 1, 1], key[0]) and torch.equal(pools[1][1, 1, 5, 2], value[1])
 
 
 @pytest.mark.parametrize("q_lens", [[1, 1], [1, 9]])
@@ -152,7 +207,8 @@ def test_functional_oracle_equals_backend(make_batch):
 
 def test_gather_kv_follows_block_table(make_batch):
     batch = make_batch([40], [1], group=1, seed=6)
-    assert torch.equal(gather_kv(batch.k_cache, batch.meta.block_tables[0], 40), batch.keys[0])
+    assert torch.equal(gather_kv(batch.k_cache, batch.meta.block_tables[0], 40),
+                       batch.keys[0].transpose(0, 1))
 
 
 def test_causal_mask_aligns_new_tokens_to_the_end():

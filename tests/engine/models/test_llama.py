@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+from engine.layers import onednn
 from engine.models import SUPPORTED_ARCHITECTURES, build_model
 from kernels.reference import TorchBackend
 
@@ -177,11 +178,11 @@ def test_qkv_and_gate_up_are_stacked_at_load(tiny_hf_model, load_into_ours):
     attn, mlp = ours.layers[1].self_attn, ours.layers[1].mlp
     expected_qkv = torch.cat([hf_attn.q_proj.weight, hf_attn.k_proj.weight,
                               hf_attn.v_proj.weight])
-    assert torch.equal(attn.qkv_proj.weight, expected_qkv)
+    assert torch.equal(attn.qkv_proj.dense_weight(), expected_qkv)
     assert torch.equal(attn.qkv_proj.bias, torch.cat([hf_attn.q_proj.bias, hf_attn.k_proj.bias,
                                                       hf_attn.v_proj.bias]))
     assert attn.o_proj.bias is None
-    assert torch.equal(mlp.gate_up_proj.weight,
+    assert torch.equal(mlp.gate_up_proj.dense_weight(),
                        torch.cat([hf_mlp.gate_proj.weight, hf_mlp.up_proj.weight]))
 
 
@@ -261,7 +262,7 @@ def test_sliding_window_caps_the_exact_context(tiny_hf_config):
 def test_logits_agree_across_batch_layouts_and_dtypes(tiny_hf_model, load_into_ours):
     ours = load_into_ours(tiny_hf_model("mistral"))
     hidden = torch.randn(3, 64, generator=torch.Generator().manual_seed(11))
-    expected = hidden.double() @ ours.lm_head.weight.double().t()
+    expected = hidden.double() @ ours.lm_head.dense_weight().double().t()
     batched = ours.compute_logits(hidden)
     single = torch.cat([ours.compute_logits(hidden[i:i + 1]) for i in range(3)])
     assert batched.dtype == single.dtype == torch.float32 and batched.is_contiguous()
@@ -271,11 +272,14 @@ def test_logits_agree_across_batch_layouts_and_dtypes(tiny_hf_model, load_into_o
     assert bf16.compute_logits(hidden.bfloat16()).dtype == torch.float32
 
 
-def test_weight_bytes_counts_the_transposed_lm_head_copy_in_float32_only(
+def test_weight_bytes_count_each_matrix_once_and_the_tied_lm_heads_packed_copy(
     tiny_hf_model, load_into_ours
 ):
-    hf_model = tiny_hf_model("mistral")
-    params = sum(p.numel() for p in hf_model.parameters())
-    lm_head = 256 * 64
-    assert load_into_ours(hf_model).weight_bytes() == 4 * (params + lm_head)
-    assert load_into_ours(hf_model, dtype=torch.bfloat16).weight_bytes() == 2 * params
+    # Packed layouts replace their matrix, except the tied LM head's, which the embedding
+    # lookup still reads: that one copy is extra.
+    for family, tied in (("mistral", False), ("llama", True)):
+        hf_model = tiny_hf_model(family)
+        params = sum(p.numel() for p in hf_model.parameters())
+        lm_head = 256 * 64 if tied and onednn.available() else 0
+        assert load_into_ours(hf_model).weight_bytes() == 4 * (params + lm_head)
+        assert load_into_ours(hf_model, dtype=torch.bfloat16).weight_bytes() == 2 * params
