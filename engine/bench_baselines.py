@@ -36,10 +36,12 @@ class Reply:
         return median_rate(self.token_times)
 
 
-def median_rate(token_times: list[float]) -> float:
-    """Tokens per second from the median gap between consecutive tokens: the median keeps
-    one stall (another process on the machine) from moving the figure."""
-    gaps = sorted(b - a for a, b in zip(token_times, token_times[1:], strict=False))
+def median_rate(*token_times: list[float]) -> float:
+    """Tokens per second from the median gap between consecutive tokens (of one run, or of
+    several runs pooled): the median keeps one stall (another process on the machine) from
+    moving the figure."""
+    gaps = sorted(b - a for times in token_times
+                  for a, b in zip(times, times[1:], strict=False))
     if not gaps:
         return 0.0
     middle = len(gaps) // 2

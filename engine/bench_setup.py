@@ -63,6 +63,7 @@ class BenchSettings:
     candidate_ns: tuple[int, ...] = (1, 2, 4, 8)
     decode_contexts: tuple[int, ...] = (128, 2048)
     decode_tokens: int = 32
+    decode_rounds: int = 3  # each side decodes this many fresh prompts, taking turns
     concurrent_chats: int = 8
     kv_blocks: int | None = None  # None = the engine's default KV budget
     seed: int = 0
@@ -70,7 +71,7 @@ class BenchSettings:
     def __post_init__(self) -> None:
         for name in ("turns", "chat_repeats", "user_tokens", "reply_tokens",
                      "candidate_prompt_tokens", "candidate_tokens", "decode_tokens",
-                     "concurrent_chats"):
+                     "decode_rounds", "concurrent_chats"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

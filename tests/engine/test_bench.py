@@ -38,7 +38,8 @@ def ctx(tiny_dir):
     settings = BenchSettings(
         model=str(tiny_dir), threads=1, turns=2, chat_repeats=2, user_tokens=12, reply_tokens=6,
         candidate_prompt_tokens=48, candidate_tokens=6, candidate_ns=(1, 2, 4),
-        decode_contexts=(16, 128), decode_tokens=5, concurrent_chats=3, kv_blocks=256,
+        decode_contexts=(16, 128), decode_tokens=5, decode_rounds=2, concurrent_chats=3,
+        kv_blocks=256,
     )
     yield BenchContext.create(settings)
     torch.set_num_threads(threads)
@@ -103,6 +104,7 @@ def test_candidates_share_the_prompt_blocks(ctx):
 def test_decode_reports_each_context(ctx):
     result = bench_decode(ctx)
     assert [row["context"] for row in result["rows"]] == [16, 128]
+    assert result["summary"]["rounds"] == 2
     assert all(row["folio_tok_s"] > 0 and row["hf_tok_s"] > 0 for row in result["rows"])
     assert _targets(result) == ["Folio / transformers tok/s at context 16",
                                 "Folio / transformers tok/s at context 128",
@@ -194,6 +196,8 @@ def test_inputs_are_deterministic(ctx):
 
 def test_rates_and_formatting():
     assert median_rate([0.0, 0.1, 0.3, 0.4]) == pytest.approx(10.0)
+    # Runs are pooled gap by gap; the pause between two runs is no gap.
+    assert median_rate([0.0, 0.1], [5.0, 5.3, 5.4]) == pytest.approx(10.0)
     assert mean_rate([0.0, 0.1, 0.3, 0.4]) == pytest.approx(7.5)
     assert Reply([1, 2], 0.1, 3, 3, [1.0, 1.5]).median_tok_s == pytest.approx(2.0)
     assert format_table([{"n": 1, "kv_bytes": 1234567}, {"n": 8, "x": 0.5}]) == (
