@@ -8,15 +8,15 @@ and on Triton kernels on CUDA.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
+from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import apply_rotary
 from kernels import AttentionBackend, AttentionMetadata
 
 
-class PagedSelfAttention(nn.Module):
+class PagedSelfAttention(Layer):
     def __init__(
         self,
         hidden_size: int,

@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers import onednn
+from engine.layers.base import Layer
 
 
-class StackedLinear(nn.Module):
+class StackedLinear(Layer):
     """y = x @ W.T + b, where W (and b) are `len(out_sizes)` blocks stacked on dim 0."""
 
     # A layer whose matrix is shared with another module (the tied LM head) must keep it.

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(Layer):
     """down(silu(gate(x)) * up(x)), with gate and up stacked into one matmul."""
 
     def __init__(

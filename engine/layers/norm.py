@@ -6,8 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.base import Layer
 
-class RMSNorm(nn.Module):
+
+class RMSNorm(Layer):
     """Normalizes over the last dimension in float32, casts back, then scales; the cast
     before the scale matches the reference implementation bit for bit in bfloat16."""
 

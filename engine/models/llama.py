@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
+from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
 from engine.layers.lm_head import LMHead
 from engine.layers.mlp import GatedMLP
@@ -27,7 +28,7 @@ from kernels import AttentionBackend, AttentionMetadata
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(Layer):
     def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)

@@ -1,0 +1,20 @@
+"""The base class of the decoder's layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+
+class Layer(nn.Module):
+    """An nn.Module whose call goes straight to forward.
+
+    nn.Module.__call__ runs the hook machinery (forward hooks, tracing state) on every
+    call, about 1.5 us here; a decode step of the 30-layer starter model makes 270 layer
+    calls (about 1 ms, 2-3% of the step on the 2-core CPU), and the engine registers no
+    hooks.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
