@@ -156,7 +156,7 @@ class LlamaForCausalLM(nn.Module):
             "model.norm.weight": self.norm.weight.data,
         }
         if not self.spec.tie_word_embeddings:
-            targets["lm_head.weight"] = self.lm_head.weight.data
+            targets["lm_head.weight"] = self.lm_head.block(0, "weight")
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
             targets[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data

@@ -12,6 +12,7 @@ import transformers
 
 from engine.layers import onednn
 from engine.models import SUPPORTED_ARCHITECTURES, build_model
+from kernels import allocate_kv_cache
 from kernels.reference import TorchBackend
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -22,17 +23,24 @@ ATOL = 1e-4
 
 class PagedHarness:
     """A block pool handed out in shuffled order, per-sequence block tables, and one
-    forward per step over any mix of prefill chunks and decode tokens."""
+    forward per step over any mix of prefill chunks and decode tokens.
+
+    head_major: the engine's CPU pool instead (head-major memory order, blocks handed out
+    in id order, so each sequence's blocks are consecutive and read in place)."""
 
     def __init__(self, model: torch.nn.Module, build_metadata: Callable[..., object],
-                 num_blocks: int = 40, seed: int = 0) -> None:
+                 num_blocks: int = 40, seed: int = 0, head_major: bool = False) -> None:
         spec = model.spec
         self.model = model
         self.build_metadata = build_metadata
-        self.kv_cache = torch.zeros(spec.num_layers, 2, num_blocks, BLOCK_SIZE,
-                                    spec.num_kv_heads, spec.head_dim, dtype=model.dtype)
-        self.free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))
-        self.free = self.free.tolist()
+        self.kv_cache = allocate_kv_cache(spec.num_layers, num_blocks, BLOCK_SIZE,
+                                          spec.num_kv_heads, spec.head_dim, model.dtype, "cpu",
+                                          head_major=head_major)
+        if head_major:
+            self.free = list(range(num_blocks))[::-1]
+        else:
+            order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))
+            self.free = order.tolist()
         self.tables: dict[str, list[int]] = {}
         self.lengths: dict[str, int] = {}
         self.backend = TorchBackend()
@@ -80,15 +88,17 @@ def models(tiny_family, tiny_hf_model, load_into_ours):
 
 @pytest.fixture
 def make_harness(build_attention_metadata) -> Callable[..., PagedHarness]:
-    def make(model: torch.nn.Module, seed: int = 0) -> PagedHarness:
-        return PagedHarness(model, build_attention_metadata, seed=seed)
+    def make(model: torch.nn.Module, seed: int = 0, head_major: bool = False) -> PagedHarness:
+        return PagedHarness(model, build_attention_metadata, seed=seed, head_major=head_major)
     return make
 
 
+@pytest.mark.parametrize("head_major", [False, True])
 @pytest.mark.parametrize("chunk", [1, 7, 16, 33])
-def test_chunked_prefill_then_decode_matches_transformers(models, make_harness, chunk):
+def test_chunked_prefill_then_decode_matches_transformers(models, make_harness, chunk,
+                                                          head_major):
     hf_model, ours = models
-    harness = make_harness(ours, seed=chunk)
+    harness = make_harness(ours, seed=chunk, head_major=head_major)
     prompt = random_tokens(41, seed=1)
     logits = []
     for start in range(0, len(prompt), chunk):
@@ -184,6 +194,18 @@ def test_qkv_and_gate_up_are_stacked_at_load(tiny_hf_model, load_into_ours):
     assert attn.o_proj.bias is None
     assert torch.equal(mlp.gate_up_proj.dense_weight(),
                        torch.cat([hf_mlp.gate_proj.weight, hf_mlp.up_proj.weight]))
+
+
+def test_a_loaded_model_loads_new_weights_again(tiny_hf_model, load_into_ours):
+    # Packed layouts (CPU float32) give their plain matrices back for the second load.
+    first, second = tiny_hf_model("mistral", seed=1), tiny_hf_model("mistral", seed=2)
+    ours = load_into_ours(first)
+    ours.load_weights(second.state_dict().items())
+    hidden = torch.randn(2, 64, generator=torch.Generator().manual_seed(3))
+    expected = hidden @ second.lm_head.weight.detach().t()
+    torch.testing.assert_close(ours.compute_logits(hidden), expected, atol=1e-5, rtol=0)
+    assert torch.equal(ours.layers[0].mlp.down_proj.dense_weight(),
+                       second.model.layers[0].mlp.down_proj.weight)
 
 
 def test_tied_embeddings_share_one_matrix(tiny_hf_model, load_into_ours):
