@@ -62,19 +62,25 @@ def block_ids(block_table: torch.Tensor, num_blocks: int,
     return torch.tensor(ids, dtype=torch.int64, device=device)
 
 
-def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice) -> torch.Tensor:
-    """The tokens of blocks `ids` of a [num_blocks, bs, nkv, hd] cache, per KV head:
-    [nkv, len(ids) * bs, hd]. A view for a slice; for a head-major pool each head's rows
-    are then one contiguous run (kernels.allocate_kv_cache)."""
-    heads = cache.permute(2, 0, 1, 3)  # [nkv, num_blocks, bs, hd]
-    blocks = heads[:, ids] if isinstance(ids, slice) else heads.index_select(1, ids)
-    return blocks.flatten(1, 2)
+def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
+                    num_tokens: int | None = None) -> torch.Tensor:
+    """The first `num_tokens` (default: all) tokens of blocks `ids` of a
+    [num_blocks, bs, nkv, hd] cache, per KV head: [nkv, num_tokens, hd]. A view for a
+    slice; for a head-major pool each head's rows are then one contiguous run
+    (kernels.allocate_kv_cache)."""
+    if isinstance(ids, slice):
+        start = ids.start * cache.shape[1]
+        stop = ids.stop * cache.shape[1] if num_tokens is None else start + num_tokens
+        # [num_blocks * bs, nkv, hd] is a view in either pool layout.
+        return cache.flatten(0, 1).permute(1, 0, 2)[:, start:stop]
+    blocks = cache.permute(2, 0, 1, 3).index_select(1, ids).flatten(1, 2)
+    return blocks if num_tokens is None else blocks[:, :num_tokens]
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """One sequence's first `seq_len` cached tokens per KV head: [nkv, seq_len, hd]."""
     num_blocks = -(-seq_len // cache.shape[1])
-    return heads_of_blocks(cache, block_ids(block_table, num_blocks, cache.device))[:, :seq_len]
+    return heads_of_blocks(cache, block_ids(block_table, num_blocks, cache.device), seq_len)
 
 
 def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -85,6 +91,7 @@ def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     see every cached position before them and, causally, each other. K/V of the new tokens
     must already be in the cache (write_kv first).
     """
+    _check_heads(query, k_cache)
     plan = StepPlan.build(meta, k_cache.shape[1], k_cache.device)
     return _attention(query, k_cache, v_cache, plan, scale)
 
@@ -194,7 +201,6 @@ def _check_heads(query: torch.Tensor, k_cache: torch.Tensor) -> None:
 
 def _attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                plan: StepPlan, scale: float) -> torch.Tensor:
-    _check_heads(query, k_cache)
     if plan.decode is not None and plan.decode_rows is None:
         return _decode_attention(query, k_cache, v_cache, plan.decode, scale)
     out = torch.empty_like(query)
@@ -204,8 +210,8 @@ def _attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     for chunk in plan.chunks:
         # Batched 4-D inputs: with 3-D ones and enable_gqa, SDPA on CPU takes its unfused
         # math path, 3x slower on a 512-token chunk.
-        keys = heads_of_blocks(k_cache, chunk.ids)[None, :, :chunk.seq_len]
-        values = heads_of_blocks(v_cache, chunk.ids)[None, :, :chunk.seq_len]
+        keys = heads_of_blocks(k_cache, chunk.ids, chunk.seq_len)[None]
+        values = heads_of_blocks(v_cache, chunk.ids, chunk.seq_len)[None]
         chunk_query = query[None, chunk.start:chunk.end].transpose(1, 2)  # [1, nq, q_len, hd]
         out[chunk.start:chunk.end] = F.scaled_dot_product_attention(
             chunk_query, keys, values, attn_mask=chunk.mask, scale=scale, enable_gqa=True
@@ -219,8 +225,8 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     single SDPA over the batch with a length mask."""
     num_seqs, num_q_heads, head_size = query.shape
     if plan.mask is None:  # one sequence: its exact context, [1, nkv, seq_len, hd]
-        keys = heads_of_blocks(k_cache, plan.ids)[None, :, :plan.seq_len]
-        values = heads_of_blocks(v_cache, plan.ids)[None, :, :plan.seq_len]
+        keys = heads_of_blocks(k_cache, plan.ids, plan.seq_len)[None]
+        values = heads_of_blocks(v_cache, plan.ids, plan.seq_len)[None]
     else:  # [nkv, B * max_blocks * bs, hd] -> [B, nkv, max_blocks * bs, hd]
         num_kv_heads = k_cache.shape[2]
         keys = heads_of_blocks(k_cache, plan.ids).view(num_kv_heads, num_seqs, -1, head_size)
@@ -307,6 +313,8 @@ class TorchBackend:
         block_size, device = k_cache.shape[1], k_cache.device
         if (self._plan is None or self._plan_key[0] is not meta
                 or self._plan_key[1:] != (block_size, device)):
+            # The first layer of a step: the checks and the plan hold for the later layers.
+            _check_heads(query, k_cache)
             self._plan = StepPlan.build(meta, block_size, device)
             self._plan_key = (meta, block_size, device)
         return _attention(query, k_cache, v_cache, self._plan, scale)
