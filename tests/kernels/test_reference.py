@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from kernels import AttentionMetadata, allocate_kv_cache, get_backend
-from kernels.reference import TorchBackend, causal_mask, gather_kv, paged_attention_ref
+from kernels.reference import (
+    TorchBackend,
+    causal_mask,
+    gather_kv,
+    heads_of_blocks,
+    paged_attention_ref,
+)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -165,6 +171,12 @@ def test_head_major_pool_is_indexed_like_a_contiguous_one():
     assert pool.stride() == (2 * 3 * 5 * 4 * 8, 3 * 5 * 4 * 8, 4 * 8, 8, 5 * 4 * 8, 1)
     plain = allocate_kv_cache(2, 5, 4, 3, 8, torch.float32, "cpu", head_major=False)
     assert plain.shape == pool.shape and plain.is_contiguous()
+    # Consecutive blocks are read in place, in either layout; head-major rows are dense.
+    for cache in (pool, plain):
+        context = heads_of_blocks(cache[1, 0], slice(2, 4), 5)
+        assert context.shape == (3, 5, 8)
+        assert context.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr()
+    assert heads_of_blocks(pool[1, 0], slice(2, 4), 5)[0].is_contiguous()
 
 
 def test_cache_ops_on_a_head_major_pool_equal_those_on_a_contiguous_one():
