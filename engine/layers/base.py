@@ -8,13 +8,15 @@ from torch import nn
 
 
 class Layer(nn.Module):
-    """An nn.Module whose call goes straight to forward.
+    """An nn.Module whose call is its forward.
 
     nn.Module.__call__ runs the hook machinery (forward hooks, tracing state) on every
     call, about 1.5 us here; a decode step of the 30-layer starter model makes 270 layer
     calls (about 1 ms, 2-3% of the step on the 2-core CPU), and the engine registers no
-    hooks.
+    hooks. Each subclass's forward becomes its __call__ itself, so a call costs no extra
+    Python frame either.
     """
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__call__ = cls.forward  # type: ignore[method-assign]

@@ -88,7 +88,7 @@ class StackedLinear(Layer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:
-            return onednn.linear(x, self._packed, self.bias)
+            return onednn.LINEAR_OP(x, self._packed, self.bias, *onednn.NO_POST_OP)
         if x.device.type == "cpu" and x.dtype == torch.float32 and x.shape[0] < SMALL_BATCH:
             return small_batch_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 @functools.cache
 def available() -> bool:
     """Whether this PyTorch build can pack and multiply (probed once on a tiny matrix)."""
+    if LINEAR_OP is None:
+        return False
     try:
         weight = torch.arange(12, dtype=torch.float32).view(3, 4)
         x = torch.ones(2, 4)
@@ -55,7 +57,20 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ W.T + bias for W packed by `pack`: [..., in] -> contiguous [..., out]."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return LINEAR_OP(x, packed, bias, *NO_POST_OP)
+
+
+def _linear_op():
+    try:
+        return torch.ops.mkldnn._linear_pointwise
+    except (AttributeError, RuntimeError):
+        return None
+
+
+# The op itself, for hot loops that call it without the wrapper's Python frame:
+# LINEAR_OP(x, packed, bias, *NO_POST_OP). None in builds without it (available() is False).
+LINEAR_OP = _linear_op()
+NO_POST_OP = ("none", [], "")
 
 
 def unpack(packed: torch.Tensor) -> torch.Tensor:
