@@ -77,12 +77,6 @@ def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
     return blocks if num_tokens is None else blocks[:, :num_tokens]
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """One sequence's first `seq_len` cached tokens per KV head: [nkv, seq_len, hd]."""
-    num_blocks = -(-seq_len // cache.shape[1])
-    return heads_of_blocks(cache, block_ids(block_table, num_blocks, cache.device), seq_len)
-
-
 def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Attention of a varlen batch over the paged cache; returns [num_tokens, nq, hd].
@@ -100,7 +94,6 @@ def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 class DecodePlan:
     """Sequences with one new token each, attended together in one batched call."""
 
-    tables: torch.Tensor  # int64 [num_seqs, max_blocks]
     seq_len: int  # the longest context; keys beyond it are never read
     mask: torch.Tensor | None  # bool [num_seqs, 1, 1, max_blocks * block_size]; None: 1 seq
     # Every sequence's blocks, flattened, for heads_of_blocks (a slice: one sequence whose
@@ -132,7 +125,7 @@ class DecodePlan:
             positions = torch.arange(padded_len, device=device)
             lengths = seq_lens.to(device=device)
             mask = (positions[None, :] < lengths[:, None]).view(num_seqs, 1, 1, padded_len)
-        return cls(tables, max_seq_len, mask, ids)
+        return cls(max_seq_len, mask, ids)
 
 
 @dataclass(slots=True)

@@ -40,7 +40,7 @@ def available() -> bool:
     try:
         weight = torch.arange(12, dtype=torch.float32).view(3, 4)
         x = torch.ones(2, 4)
-        out = linear(x, torch.ops.mkldnn._reorder_linear_weight(weight), None)
+        out = LINEAR_OP(x, torch.ops.mkldnn._reorder_linear_weight(weight), None, *NO_POST_OP)
         return bool(torch.equal(out, torch.nn.functional.linear(x, weight)))
     except (AttributeError, RuntimeError, NotImplementedError) as error:
         log.info("oneDNN packed linears unavailable (%s); using plain matmuls", error)
@@ -55,11 +55,6 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ W.T + bias for W packed by `pack`: [..., in] -> contiguous [..., out]."""
-    return LINEAR_OP(x, packed, bias, *NO_POST_OP)
-
-
 def _linear_op():
     try:
         return torch.ops.mkldnn._linear_pointwise
@@ -67,8 +62,9 @@ def _linear_op():
         return None
 
 
-# The op itself, for hot loops that call it without the wrapper's Python frame:
-# LINEAR_OP(x, packed, bias, *NO_POST_OP). None in builds without it (available() is False).
+# x @ W.T + bias for W packed by `pack`, [..., in] -> contiguous [..., out]:
+# LINEAR_OP(x, packed, bias, *NO_POST_OP). Called bare, with no wrapper, because it runs
+# 121 times per decode step. None in builds without it (available() is then False).
 LINEAR_OP = _linear_op()
 NO_POST_OP = ("none", [], "")
 

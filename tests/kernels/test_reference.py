@@ -13,8 +13,8 @@ import torch
 from kernels import AttentionMetadata, allocate_kv_cache, get_backend
 from kernels.reference import (
     TorchBackend,
+    block_ids,
     causal_mask,
-    gather_kv,
     heads_of_blocks,
     paged_attention_ref,
 )
@@ -217,10 +217,10 @@ def test_functional_oracle_equals_backend(make_batch):
     assert torch.equal(out, expected)
 
 
-def test_gather_kv_follows_block_table(make_batch):
+def test_heads_of_blocks_follow_the_block_table(make_batch):
     batch = make_batch([40], [1], group=1, seed=6)
-    assert torch.equal(gather_kv(batch.k_cache, batch.meta.block_tables[0], 40),
-                       batch.keys[0].transpose(0, 1))
+    ids = block_ids(batch.meta.block_tables[0], 3, batch.k_cache.device)
+    assert torch.equal(heads_of_blocks(batch.k_cache, ids, 40), batch.keys[0].transpose(0, 1))
 
 
 def test_causal_mask_aligns_new_tokens_to_the_end():
