@@ -130,7 +130,18 @@ def cmd_models(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Runs a subcommand; a model that cannot be found or loaded ends it with the loader's
+    message on stderr and exit status 2, not a traceback."""
+    from engine.loader import FolioLoadError
+
+    try:
+        return _run_command(sys.argv[1:] if argv is None else argv)
+    except FolioLoadError as exc:
+        print(f"folio: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_command(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:
         from engine.bench import main as bench_main
 
