@@ -1,7 +1,7 @@
 """Folio's inference engine: paged KV cache, continuous batching, Llama-family models.
 
 The public names are imported lazily so that the Qt-free, torch-free bookkeeping
-modules (``engine.block_manager``, ``engine.scheduler``) stay light to import.
+modules (``engine.core.block_manager``, ``engine.core.scheduler``) stay light to import.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ _EXPORTS = {
     "EngineWorker": "engine.worker",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.sampling_params",
-    "KVStats": "engine.kv_stats",
+    "KVStats": "engine.core.kv_stats",
     "RequestOutput": "engine.outputs",
     "CompletionOutput": "engine.outputs",
 }
@@ -33,7 +33,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine.kv_stats import KVStats
+    from engine.core.kv_stats import KVStats
     from engine.llm import LLM
     from engine.llm_engine import LLMEngine
     from engine.outputs import CompletionOutput, RequestOutput

@@ -119,7 +119,7 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
 
 
 def cmd_models(args) -> int:
-    from engine.models_catalog import list_local_models
+    from engine.loaders.catalog import list_local_models
 
     for info in list_local_models(args.path):
         params = f"{info.num_parameters / 1e6:.0f}M" if info.num_parameters else "?"
@@ -132,7 +132,7 @@ def cmd_models(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Runs a subcommand; a model that cannot be found or loaded ends it with the loader's
     message on stderr and exit status 2, not a traceback."""
-    from engine.loader import FolioLoadError
+    from engine.loaders.base import FolioLoadError
 
     try:
         return _run_command(sys.argv[1:] if argv is None else argv)
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_command(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:
-        from engine.bench import main as bench_main
+        from engine.bench.cli import main as bench_main
 
         return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="folio", description="Folio: chat with local LLMs")

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.kv_stats import KVStats
+from engine.core.kv_stats import KVStats
 from engine.llm_engine import LLMEngine, Prompt
-from engine.memory import MemoryStats
+from engine.runner.memory import MemoryStats
 from engine.outputs import FinishedEvent, RequestOutput
 from engine.sampling_params import SamplingParams
 

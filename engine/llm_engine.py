@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.kv_stats import KVStats
-from engine.memory import MemoryStats, memory_stats
-from engine.model_runner import KVShape, ModelRunner, num_blocks_for
+from engine.core.kv_stats import KVStats
+from engine.runner.memory import MemoryStats, memory_stats
+from engine.runner.model_runner import KVShape, ModelRunner, num_blocks_for
 from engine.outputs import (
     CompletionOutput,
     Event,
@@ -28,11 +28,11 @@ from engine.outputs import (
     RequestOutput,
     TokenEvent,
 )
-from engine.sampler import Sampler, SamplingRow, make_generator
+from engine.runner.sampler import Sampler, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceGroup
-from engine.tokenizer import ChatTokenizer, IncrementalDetokenizer, StopChecker
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.text.tokenizer import ChatTokenizer, IncrementalDetokenizer, StopChecker
 
 Prompt = str | list[int] | list[dict]
 
@@ -59,9 +59,9 @@ class LLMEngine:
         config: EngineConfig | None = None,
         progress: Callable[[str, float], None] | None = None,
     ) -> None:
-        from engine.loader import load_model_files
+        from engine.loaders.base import load_model_files
         from engine.models import build_model, resolve_dtype
-        from engine.models_catalog import resolve_model
+        from engine.loaders.catalog import resolve_model
         from kernels import get_backend
 
         self.config = config = config or EngineConfig()

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.kv_stats import KVStats
+from engine.core.kv_stats import KVStats
 from engine.llm import LLM
 from engine.llm_engine import Prompt
-from engine.memory import MemoryStats
+from engine.runner.memory import MemoryStats
 from engine.outputs import ErrorEvent, Event, FinishedEvent
 from engine.sampling_params import SamplingParams
 

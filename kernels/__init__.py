@@ -108,7 +108,7 @@ def get_backend(device: torch.device | str, name: str | None = None) -> Attentio
             f"attention_backend must be one of {', '.join(BACKEND_NAMES)}, got {choice!r}"
         )
     if choice == "triton":
-        from kernels.triton_backend import TritonBackend
+        from kernels.triton.backend import TritonBackend
 
         return TritonBackend()
     from kernels.reference import TorchBackend

@@ -145,7 +145,7 @@ def _flash_attn_runner(query, k_cache, v_cache, meta, shape: Shape, context: int
 
 
 def _bench_config(shape: Shape, batch: int, context: int, args, flush, peak: float) -> None:
-    from kernels.triton_decode import choose_num_splits, paged_decode
+    from kernels.triton.decode import choose_num_splits, paged_decode
 
     device = torch.device("cuda")
     dtype = getattr(torch, args.dtype)

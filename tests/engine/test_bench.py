@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from engine.bench import bench_scheduler, format_result, format_table, main, run
-from engine.bench_baselines import Reply, mean_rate, median_rate
-from engine.bench_setup import BenchContext, BenchSettings, Target, filler_prompt, user_messages
-from engine.bench_workloads import (
+from engine.bench.cli import bench_scheduler, format_result, format_table, main, run
+from engine.bench.baselines import Reply, mean_rate, median_rate
+from engine.bench.setup import BenchContext, BenchSettings, Target, filler_prompt, user_messages
+from engine.bench.workloads import (
     bench_candidates,
     bench_chat,
     bench_concurrent,
@@ -158,7 +158,7 @@ def test_cli_writes_json_and_says_when_charts_are_skipped(tiny_dir, tmp_path, ca
 
 def test_charts_for_every_workload(ctx, tmp_path):
     pytest.importorskip("matplotlib")
-    from engine.bench_plot import plot_results
+    from engine.bench.plot import plot_results
 
     results = run(["chat", "waste"], ctx.settings)
     written = plot_results(results, tmp_path)
@@ -181,7 +181,7 @@ def test_bad_settings_name_the_field(tiny_dir):
 
 
 def test_inputs_are_deterministic(ctx):
-    from engine.tokenizer import ChatTokenizer
+    from engine.text.tokenizer import ChatTokenizer
     from tests.engine.tiny_models import byte_level_tokenizer
 
     tok = ChatTokenizer(byte_level_tokenizer())

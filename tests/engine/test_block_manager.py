@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-import engine.block_manager
-from engine.block_manager import BlockManager, hash_block
-from engine.kv_stats import CACHED, FREE, SHARED, USED, BlockInfo
-from engine.sequence import Sequence
+import engine.core.block_manager
+from engine.core.block_manager import BlockManager, hash_block
+from engine.core.kv_stats import CACHED, FREE, SHARED, USED, BlockInfo
+from engine.core.sequence import Sequence
 
 
 def make_seq(seq_id: int, tokens: list[int], request_id: str = "r", index: int = 0) -> Sequence:
@@ -166,7 +166,7 @@ def test_prompts_sharing_a_system_prompt_share_its_blocks() -> None:
 
 
 def test_forced_hash_collision_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine.block_manager, "hash_block", lambda parent, tokens: b"same")
+    monkeypatch.setattr(engine.core.block_manager, "hash_block", lambda parent, tokens: b"same")
     bm = BlockManager(num_blocks=6, block_size=4)
     a = make_seq(0, [1, 2, 3, 4, 5])
     bm.allocate(a)

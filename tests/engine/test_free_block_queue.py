@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.free_block_queue import Block, FreeBlockQueue
+from engine.core.free_block_queue import Block, FreeBlockQueue
 
 
 def ids(queue: FreeBlockQueue) -> list[int]:

@@ -14,9 +14,9 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine import gguf_loader
-from engine.gguf_loader import hf_tensor_name, unpermute_rows
-from engine.loader import FolioLoadError, load_model_files
+from engine.loaders.gguf import loader as gguf_loader
+from engine.loaders.gguf.loader import hf_tensor_name, unpermute_rows
+from engine.loaders.base import FolioLoadError, load_model_files
 
 TOKENS = ["<s>", "</s>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
     "Ġ", "he", "ll", "hell", "hello"]
@@ -436,7 +436,7 @@ def starter_cache(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_starter_loads_twice_second_time_from_cache(starter_cache, monkeypatch):
-    from engine.models_catalog import starter_path
+    from engine.loaders.catalog import starter_path
 
     path = starter_path()
     monkeypatch.setenv("FOLIO_CACHE_DIR", str(starter_cache))

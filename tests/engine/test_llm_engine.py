@@ -13,9 +13,9 @@ from transformers import DynamicCache, LlamaForCausalLM
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.loader import FolioLoadError
+from engine.loaders.base import FolioLoadError
 from engine.outputs import FinishedEvent
-from engine.scheduler import RequestTooLargeError
+from engine.core.scheduler import RequestTooLargeError
 from tests.engine.tiny_models import save_tiny_model
 
 

@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from engine.loader import (
+from engine.loaders.base import (
     FolioLoadError,
     WeightStream,
     check_weight_shapes,

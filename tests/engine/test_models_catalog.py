@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
-from engine import models_catalog
-from engine.loader import FolioLoadError
-from engine.models_catalog import (
+from engine.loaders import catalog as models_catalog
+from engine.loaders.base import FolioLoadError
+from engine.loaders.catalog import (
     ModelInfo,
     list_local_models,
     model_info,

@@ -16,7 +16,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from engine.sampler import Sampler, SamplingRow, make_generator
+from engine.runner.sampler import Sampler, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
 
 sampler = Sampler()

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
 from engine.sampling_params import SamplingParams
-from engine.scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
-from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.core.scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 1000
@@ -473,7 +473,7 @@ def test_empty_prompt_and_duplicate_id_are_refused() -> None:
 
 
 def test_bookkeeping_imports_neither_torch_nor_qt() -> None:
-    code = ("import engine.block_manager, engine.scheduler, sys; "
+    code = ("import engine.core.block_manager, engine.core.scheduler, sys; "
             "assert 'torch' not in sys.modules and 'PySide6' not in sys.modules")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=60)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from engine.tokenizer import ChatTokenizer, IncrementalDetokenizer, StopChecker
+from engine.text.tokenizer import ChatTokenizer, IncrementalDetokenizer, StopChecker
 
 STARTER_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 IM_START, IM_END, NEWLINE = 1, 2, 198

@@ -157,7 +157,10 @@ def compile_for_hopper(kernel, pointer_dtypes: dict[str, str], constants: dict[s
 def compile_every_kernel_for_hopper() -> list[str]:
     """bf16 builds of each kernel in the shapes the launchers pick for a Llama-8B-like
     model (group 4, head 128) and the starter (group 3, head 64); returns their names."""
-    from kernels import triton_cache, triton_decode, triton_prefill, triton_shared_prefix
+    from kernels.triton import cache as triton_cache
+    from kernels.triton import decode as triton_decode
+    from kernels.triton import prefill as triton_prefill
+    from kernels.triton import shared_prefix as triton_shared_prefix
 
     bf16 = "bf16"
     attn = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, bt_ptr="i32", out_ptr=bf16,

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kernels.reference import TorchBackend
-from kernels.triton_backend import TritonBackend
-from kernels.triton_cache import copy_blocks, swap_blocks, write_kv
+from kernels.triton.backend import TritonBackend
+from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
 from tests.kernels.paged_cases import DEVICE, DTYPES
 
 

@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import triton_decode
-from kernels.triton_backend import TritonBackend
-from kernels.triton_decode import choose_num_splits, paged_decode, paged_token_offsets
+from kernels.triton import decode as triton_decode
+from kernels.triton.backend import TritonBackend
+from kernels.triton.decode import choose_num_splits, paged_decode, paged_token_offsets
 from tests.kernels.paged_cases import (
     DEVICE,
     DTYPES,
@@ -84,9 +84,9 @@ def test_split_k_equals_single_split():
 def test_backend_sends_decode_batches_to_the_decode_kernel(monkeypatch):
     case = make_case([17, 40], [1, 1], num_kv_heads=1, group=3, head_size=64, block_size=16)
     calls = []
-    monkeypatch.setattr("kernels.triton_backend.paged_decode",
+    monkeypatch.setattr("kernels.triton.backend.paged_decode",
                         lambda *a, **k: calls.append("decode") or paged_decode(*a, **k))
-    monkeypatch.setattr("kernels.triton_backend.paged_prefill",
+    monkeypatch.setattr("kernels.triton.backend.paged_prefill",
                         lambda *a, **k: pytest.fail("decode batch went to prefill"))
     out = TritonBackend(shared_prefix=False).attention(case.query, case.k_cache, case.v_cache,
                                                        case.meta, case.scale)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.triton_backend import TritonBackend
-from kernels.triton_prefill import paged_prefill
+from kernels.triton.backend import TritonBackend
+from kernels.triton.prefill import paged_prefill
 from tests.kernels.paged_cases import (
     DTYPES,
     assert_matches,
@@ -63,9 +63,9 @@ def test_prefill_head_size_256():
 def test_backend_sends_mixed_batches_to_the_prefill_kernel(monkeypatch):
     case = make_case([17, 40], [17, 1], num_kv_heads=1, group=3, head_size=64, block_size=16)
     calls = []
-    monkeypatch.setattr("kernels.triton_backend.paged_prefill",
+    monkeypatch.setattr("kernels.triton.backend.paged_prefill",
                         lambda *a, **k: calls.append("prefill") or paged_prefill(*a, **k))
-    monkeypatch.setattr("kernels.triton_backend.paged_decode",
+    monkeypatch.setattr("kernels.triton.backend.paged_decode",
                         lambda *a, **k: pytest.fail("mixed batch went to decode"))
     out = TritonBackend().attention(case.query, case.k_cache, case.v_cache, case.meta,
                                     case.scale)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import triton_shared_prefix
-from kernels.triton_backend import TritonBackend
-from kernels.triton_decode import paged_decode
-from kernels.triton_shared_prefix import (
+from kernels.triton import shared_prefix as triton_shared_prefix
+from kernels.triton.backend import TritonBackend
+from kernels.triton.decode import paged_decode
+from kernels.triton.shared_prefix import (
     SharedPrefixGroup,
     find_shared_prefix_groups,
     shared_prefix_decode,
@@ -114,7 +114,7 @@ def test_backend_switch_routes_decode_through_shared_prefix(switch, monkeypatch)
         seen.append(args[5])
         return shared_prefix_decode(*args, **kwargs)
 
-    monkeypatch.setattr("kernels.triton_backend.shared_prefix_decode", spy)
+    monkeypatch.setattr("kernels.triton.backend.shared_prefix_decode", spy)
     for _ in range(2):  # a second layer of the same step reuses the groups
         out = backend.attention(case.query, case.k_cache, case.v_cache, case.meta, case.scale)
         assert_matches(out, reference_attention(case))
@@ -124,7 +124,7 @@ def test_backend_switch_routes_decode_through_shared_prefix(switch, monkeypatch)
 
 def test_backend_switch_is_off_by_default(monkeypatch):
     monkeypatch.delenv("FOLIO_SHARED_PREFIX", raising=False)
-    monkeypatch.setattr("kernels.triton_backend.shared_prefix_decode",
+    monkeypatch.setattr("kernels.triton.backend.shared_prefix_decode",
                         lambda *a, **k: pytest.fail("shared-prefix decode without the switch"))
     case = _candidates_case(long=9)
     out = TritonBackend().attention(case.query, case.k_cache, case.v_cache, case.meta,

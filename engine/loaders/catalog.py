@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from engine.gguf_config import ROPE_FREQS, gguf_config_dict
-from engine.gguf_header import read_gguf_header
-from engine.loader import (
+from engine.loaders.gguf.config import ROPE_FREQS, gguf_config_dict
+from engine.loaders.gguf.header import read_gguf_header
+from engine.loaders.base import (
     LLAMA_FAMILY,
     FolioLoadError,
     display_name,

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels import AttentionMetadata
-from kernels.triton_decode import LOG2E, check_inputs, dot_precision, paged_token_offsets
+from kernels.triton.decode import LOG2E, check_inputs, dot_precision, paged_token_offsets
 
 TILE_ROWS = 64
 

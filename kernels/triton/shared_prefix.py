@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels import AttentionMetadata
-from kernels.triton_decode import (
+from kernels.triton.decode import (
     LOG2E,
     attend_range,
     check_inputs,

@@ -16,8 +16,8 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
-from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 class RequestTooLargeError(ValueError):

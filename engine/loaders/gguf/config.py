@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.loader import FolioLoadError
+from engine.loaders.base import FolioLoadError
 
 # general.architecture -> (HF model_type, HF class, Q/K rows permuted by llama.cpp for rope).
 # llama.cpp permutes only the "llama" family (Llama, Mistral, SmolLM); Qwen runs NEOX rope.

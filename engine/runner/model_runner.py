@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.scheduler import SchedulerOutput
+from engine.core.scheduler import SchedulerOutput
 from kernels import AttentionBackend, AttentionMetadata, allocate_kv_cache
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from engine.bench_baselines import Reply, build_transformers_model, llama_cpp_status
+from engine.bench.baselines import Reply, build_transformers_model, llama_cpp_status
 from engine.outputs import FinishedEvent, RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -116,7 +116,7 @@ class BenchContext:
 
     @classmethod
     def create(cls, settings: BenchSettings) -> BenchContext:
-        from engine.models_catalog import resolve_model
+        from engine.loaders.catalog import resolve_model
 
         threads = settings.threads or torch.get_num_threads()
         # Both sides run in this process: one setting gives both the same thread count.
@@ -135,7 +135,7 @@ class BenchContext:
     @property
     def hf_model(self) -> torch.nn.Module:
         if self._hf_model is None:
-            from engine.loader import load_model_files
+            from engine.loaders.base import load_model_files
 
             self._hf_model = build_transformers_model(load_model_files(self.model_path))
         return self._hf_model

@@ -1,6 +1,6 @@
 """``folio bench WORKLOAD``: Folio's speed and memory next to transformers, on this machine.
 
-Workloads (``engine/bench_workloads.py``), each measured against Hugging Face transformers
+Workloads (``engine/bench/workloads.py``), each measured against Hugging Face transformers
 running the same float32 weights on the same threads, in one run:
 
 - ``chat``: an 8-turn chat (``--turns``); time to first token and prompt tokens computed
@@ -28,10 +28,10 @@ from collections.abc import Callable
 
 import torch
 
-from engine.bench_setup import BenchContext, BenchSettings, Target
-from engine.block_manager import BlockManager
+from engine.bench.setup import BenchContext, BenchSettings, Target
+from engine.core.block_manager import BlockManager
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.core.scheduler import Scheduler
 
 
 def bench_scheduler(num_seqs: int = 64, prompt_len: int = 200, steps: int = 400) -> dict:
@@ -65,7 +65,7 @@ def bench_scheduler(num_seqs: int = 64, prompt_len: int = 200, steps: int = 400)
 
 
 def _workloads() -> dict[str, Callable[[BenchContext], dict]]:
-    from engine import bench_workloads as w
+    from engine.bench import workloads as w
 
     return {"chat": w.bench_chat, "candidates": w.bench_candidates, "decode": w.bench_decode,
             "concurrent": w.bench_concurrent, "waste": w.bench_waste,
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     if args.plot:
-        from engine.bench_plot import plot_results
+        from engine.bench.plot import plot_results
 
         try:
             written = plot_results(results, args.plot)

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.loader import FolioLoadError
+from engine.loaders.base import FolioLoadError
 
 # GGUF value type ids (the format's spec) -> struct format; 8 is a string, 9 an array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",

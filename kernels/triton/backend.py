@@ -7,10 +7,10 @@ import os
 import torch
 
 from kernels import AttentionMetadata
-from kernels.triton_cache import copy_blocks, swap_blocks, write_kv
-from kernels.triton_decode import paged_decode
-from kernels.triton_prefill import paged_prefill
-from kernels.triton_shared_prefix import (
+from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
+from kernels.triton.decode import paged_decode
+from kernels.triton.prefill import paged_prefill
+from kernels.triton.shared_prefix import (
     SharedPrefixGroup,
     find_shared_prefix_groups,
     shared_prefix_decode,

@@ -76,7 +76,7 @@ class _TokenClock:
 def build_transformers_model(loaded) -> torch.nn.Module:
     """A transformers causal LM holding exactly the weights Folio loaded, in float32.
 
-    ``loaded``: ``engine.loader.LoadedModel``. Its weight stream is read once more, so the
+    ``loaded``: ``engine.loaders.base.LoadedModel``. Its weight stream is read once more, so the
     two models do not share storage (neither can disturb the other's memory layout).
     """
     from transformers import AutoModelForCausalLM

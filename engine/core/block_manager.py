@@ -21,9 +21,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence as Seq
 
-from engine.free_block_queue import Block, FreeBlockQueue
-from engine.kv_stats import CACHED, FREE, SHARED, USED, BlockInfo, KVStats
-from engine.sequence import Sequence
+from engine.core.free_block_queue import Block, FreeBlockQueue
+from engine.core.kv_stats import CACHED, FREE, SHARED, USED, BlockInfo, KVStats
+from engine.core.sequence import Sequence
 
 
 def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:

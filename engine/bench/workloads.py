@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from engine.bench_baselines import (
+from engine.bench.baselines import (
     HFCached,
     HFRecompute,
     LlamaCppChat,
@@ -22,7 +22,7 @@ from engine.bench_baselines import (
     hf_generate,
     median_rate,
 )
-from engine.bench_setup import (
+from engine.bench.setup import (
     BenchContext,
     FolioChat,
     Target,

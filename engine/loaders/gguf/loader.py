@@ -1,6 +1,6 @@
 """GGUF files (llama.cpp's format) to a transformers config, tokenizer and HF-named weights.
 
-The first load reads the file's header with engine.gguf_header (tens of milliseconds) and has
+The first load reads the file's header with engine.loaders.gguf.header (tens of milliseconds) and has
 transformers convert the tokenizer (several seconds: it parses the file with gguf.GGUFReader).
 The config and tokenizer, with the tensor directory (names, shapes, quant types, byte offsets),
 are cached under the user cache dir, keyed by the file's path, size and mtime, so a later load
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.gguf_config import GGUF_ARCHITECTURES, ROPE_FREQS, gguf_config_dict
-from engine.gguf_header import parse_gguf_header
-from engine.loader import (
+from engine.loaders.gguf.config import GGUF_ARCHITECTURES, ROPE_FREQS, gguf_config_dict
+from engine.loaders.gguf.header import parse_gguf_header
+from engine.loaders.base import (
     FolioLoadError,
     LoadedModel,
     ProgressFn,
