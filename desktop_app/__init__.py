@@ -1,0 +1,13 @@
+"""Folio's desktop app, in layers: a module imports only from the layers below its own.
+
+- ``main_window`` composes everything; ``__main__`` starts the app (``folio-app``).
+- ``dialogs``: the modal windows (the error dialog, settings, the model manager).
+- ``controllers``: chat turns, between the store, the engine bridge and the view.
+- ``widgets``: the pieces of the window and the theme; they import no other layer and
+  read the store's records and the engine's snapshots only through the objects they
+  are handed.
+- ``services``: the GUI's links to the outside: the engine (``engine_bridge``) and the
+  Hugging Face hub (``downloads``).
+- ``data``: chats in SQLite and settings in JSON. No Qt, so the store and the settings
+  load in scripts and tests without a display.
+"""

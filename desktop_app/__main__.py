@@ -15,7 +15,7 @@ import sys
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
-from desktop_app import theme
+from desktop_app.widgets import theme
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -38,10 +38,10 @@ def create_app(argv: list[str] | None = None) -> QApplication:
 
 def build_window(store=None, settings=None, bridge=None):
     """The main window on the default store and settings (tests pass their own)."""
-    from desktop_app.chat_store import ChatStore
-    from desktop_app.engine_bridge import EngineBridge
+    from desktop_app.data.chat_store import ChatStore
+    from desktop_app.data.settings import load_settings
     from desktop_app.main_window import MainWindow
-    from desktop_app.settings import load_settings
+    from desktop_app.services.engine_bridge import EngineBridge
 
     store = store if store is not None else ChatStore()
     settings = settings if settings is not None else load_settings()

@@ -11,7 +11,6 @@ from PySide6.QtWidgets import (
     QDockWidget,
     QLabel,
     QMainWindow,
-    QMessageBox,
     QProgressBar,
     QSizePolicy,
     QSpinBox,
@@ -20,27 +19,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_app import theme
-from desktop_app.chat_controller import ChatController
-from desktop_app.chat_list import ChatList
-from desktop_app.conversation_view import ConversationView
-from desktop_app.settings import MAX_CANDIDATES, AppSettings, save_settings
-from desktop_app.settings_dialog import SettingsDialog
-from desktop_app.vram_panel import VramPanel
+from desktop_app.controllers.chat_controller import ChatController
+from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, save_settings
+from desktop_app.dialogs import error_dialog
+from desktop_app.dialogs.settings_dialog import SettingsDialog
+from desktop_app.widgets import theme
+from desktop_app.widgets.chat_list import ChatList
+from desktop_app.widgets.conversation_view import ConversationView
+from desktop_app.widgets.vram_panel import VramPanel
 
 STARTER = "starter"
-
-
-def show_error(parent: QWidget | None, title: str, text: str) -> QMessageBox:
-    """Every error dialog goes through here (tests monkeypatch it). Window-modal but
-    opened with open(), so the event loop, and any stream in flight, keep running."""
-    box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok,
-                      parent)
-    box.setObjectName("errorDialog")
-    box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-    box.setWindowModality(Qt.WindowModality.WindowModal)
-    box.open()
-    return box
 
 
 class MainWindow(QMainWindow):
@@ -88,7 +76,7 @@ class MainWindow(QMainWindow):
         self.chat_list.searchChanged.connect(lambda _text: self.refresh_chats())
         self.controller.chatsChanged.connect(self.refresh_chats)
         self.controller.chatOpened.connect(self._on_chat_opened)
-        self.controller.errorRaised.connect(lambda t, m: show_error(self, t, m))
+        self.controller.errorRaised.connect(lambda t, m: error_dialog.show_error(self, t, m))
         bridge.busyChanged.connect(self.vram_panel.set_busy)
         bridge.loadStarted.connect(self._on_load_started)
         bridge.loadProgress.connect(self._on_load_progress)
@@ -248,10 +236,11 @@ class MainWindow(QMainWindow):
         still = (f"Folio keeps using {self.bridge.model_name}." if self.bridge.is_loaded
                  else "No model is loaded now.")
         self.statusBar().showMessage(f"Could not load {_display_name(source)}")
-        show_error(self, "Could not load the model",
-                   f"{_display_name(source)} did not load:\n\n{message}\n\n{still} Check that "
-                   "the folder holds config.json, a tokenizer and .safetensors weights (or "
-                   "pick a .gguf file), then load it again from the model manager.")
+        error_dialog.show_error(
+            self, "Could not load the model",
+            f"{_display_name(source)} did not load:\n\n{message}\n\n{still} Check that "
+            "the folder holds config.json, a tokenizer and .safetensors weights (or "
+            "pick a .gguf file), then load it again from the model manager.")
 
     def _on_model_unloaded(self) -> None:
         self._current_source = None
@@ -260,7 +249,9 @@ class MainWindow(QMainWindow):
         self.vram_panel.refresh()
 
     def open_model_manager(self) -> None:
-        from desktop_app.model_manager import ModelManagerDialog
+        # Imported on first use: it pulls in huggingface_hub (downloads), a quarter of a
+        # second at startup that most sessions never need.
+        from desktop_app.dialogs.model_manager import ModelManagerDialog
 
         dialog = ModelManagerDialog(self.bridge, self.settings, self._persist, self)
         dialog.loadRequested.connect(self.load_model)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.kv_stats import BlockInfo, KVStats
+from engine.core.kv_stats import BlockInfo, KVStats
 from engine.outputs import (
     CompletionOutput,
     ErrorEvent,
@@ -41,10 +41,10 @@ def folio_dirs(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def captured_errors(monkeypatch):
     """Error dialogs are recorded instead of shown; a test asserts on the list."""
-    from desktop_app import main_window
+    from desktop_app.dialogs import error_dialog
 
     shown: list[tuple[str, str]] = []
-    monkeypatch.setattr(main_window, "show_error",
+    monkeypatch.setattr(error_dialog, "show_error",
                         lambda parent, title, text: shown.append((title, text)))
     return shown
 
@@ -169,7 +169,7 @@ class FakeWorker:
                        blocks=blocks, blocks_per_owner={o: 1 for o in owners})
 
     def memory_stats(self):
-        from engine.memory import MemoryStats
+        from engine.runner.memory import MemoryStats
 
         return MemoryStats("cpu", 500 * 2**20, 64 * 2**20, None, None, None, 900 * 2**20)
 
@@ -183,7 +183,7 @@ def fake_engine():
 @pytest.fixture
 def fake_bridge(qtbot):
     """An EngineBridge on the fake engine, already loaded."""
-    from desktop_app.engine_bridge import EngineBridge
+    from desktop_app.services.engine_bridge import EngineBridge
 
     workers: list[FakeWorker] = []
 
@@ -202,7 +202,7 @@ def fake_bridge(qtbot):
 
 @pytest.fixture
 def store(folio_dirs):
-    from desktop_app.chat_store import ChatStore
+    from desktop_app.data.chat_store import ChatStore
 
     s = ChatStore()
     yield s
@@ -212,9 +212,9 @@ def store(folio_dirs):
 @pytest.fixture
 def make_window(qtbot, qapp, store):
     """Builds a MainWindow on the test's store; closes every window at the end."""
-    from desktop_app import theme
+    from desktop_app.data.settings import load_settings
     from desktop_app.main_window import MainWindow
-    from desktop_app.settings import load_settings
+    from desktop_app.widgets import theme
 
     theme.apply_theme(qapp)
     windows = []
@@ -250,7 +250,7 @@ def starter_llm():
 def make_starter_bridge(qtbot, starter_llm):
     """Factory of bridges on the shared starter model, each with its own EngineWorker (one
     at a time: the previous one is shut down first). Other sources load for real."""
-    from desktop_app.engine_bridge import EngineBridge
+    from desktop_app.services.engine_bridge import EngineBridge
     from engine import LLM, EngineConfig
 
     bridges = []

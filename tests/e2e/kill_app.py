@@ -17,7 +17,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from desktop_app.__main__ import build_window, create_app  # noqa: E402
-from desktop_app.settings import AppSettings, ChatSettings  # noqa: E402
+from desktop_app.data.settings import AppSettings, ChatSettings  # noqa: E402
 from engine import EngineConfig  # noqa: E402
 
 SHORT = "Say hello in three words."
@@ -30,7 +30,7 @@ def report(**fields) -> None:
 
 def main() -> int:
     app = create_app()
-    from desktop_app.engine_bridge import EngineBridge
+    from desktop_app.services.engine_bridge import EngineBridge
 
     bridge = EngineBridge(engine_config=EngineConfig(num_gpu_blocks=256, max_model_len=2048))
     settings = AppSettings(chat_defaults=ChatSettings(temperature=0.0, max_tokens=4))

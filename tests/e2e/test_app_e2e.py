@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from desktop_app.chat_store import ChatStore
+from desktop_app.data.chat_store import ChatStore
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -1,0 +1,299 @@
+"""Chat turns: from the composer to the engine and back into the store and the view.
+
+Runs on the GUI thread only. It appends user messages to the chat store, submits the
+active branch (with the exact token ids of earlier replies, so the engine's prefix cache
+finds their blocks) through the bridge, streams tokens into the view, saves partial text
+a few times a second (a crash loses little), and stores the final text, token ids and
+metrics. Alternates (candidates, regenerations, edits) are siblings in the chat tree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+from PySide6.QtCore import QObject, Signal
+
+from desktop_app.data.settings import AppSettings, ChatSettings
+from desktop_app.widgets.conversation_view import ConversationView, GroupItem
+from desktop_app.widgets.message_widget import TurnItem
+
+SAVE_INTERVAL_S = 0.25
+DEFAULT_TITLE = "New chat"
+TITLE_LENGTH = 48
+
+
+@dataclass(slots=True)
+class Stream:
+    request_id: str
+    chat_id: int
+    parent_id: int
+    message_ids: list[int]
+    texts: list[str]
+    last_saved: float = 0.0
+
+
+def metrics_dict(metrics) -> dict:
+    return asdict(metrics) if metrics is not None else {}
+
+
+def title_from(text: str) -> str:
+    """A chat title from its first message: one line, Markdown marks dropped."""
+    line = " ".join(text.replace("`", "").replace("*", "").replace("#", "").split())
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+
+
+class ChatController(QObject):
+    chatOpened = Signal(int)  # chat id (0: none)
+    chatsChanged = Signal()  # titles or activity order changed
+    generatingChanged = Signal(bool)
+    errorRaised = Signal(str, str)  # title, text
+    turnFinished = Signal(int)  # chat id
+
+    def __init__(self, store, bridge, view: ConversationView, app_settings: AppSettings,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.bridge = bridge
+        self.view = view
+        self.app_settings = app_settings
+        self.chat_id: int | None = None
+        self.streams: dict[str, Stream] = {}
+        # chat id -> candidate group whose columns wait for "Keep" (view state only: after
+        # a restart the kept, or first, candidate shows with its "‹ i/n ›" navigator).
+        self.pending_group: dict[int, int] = {}
+        view.sendRequested.connect(self.send)
+        view.stopRequested.connect(self.stop)
+        view.regenerateRequested.connect(self.regenerate)
+        view.switchRequested.connect(self.switch)
+        view.editSubmitted.connect(self.edit)
+        view.keepRequested.connect(self.keep)
+        bridge.tokenArrived.connect(self._on_token)
+        bridge.requestFinished.connect(self._on_finished)
+        bridge.requestFailed.connect(self._on_failed)
+
+    # -- chats -----------------------------------------------------------------------------
+    @property
+    def generating(self) -> bool:
+        return bool(self.streams)
+
+    def new_chat(self) -> int:
+        defaults = ChatSettings.from_dict(self.app_settings.chat_defaults.to_dict())
+        chat = self.store.create_chat(DEFAULT_TITLE, defaults)
+        self.chatsChanged.emit()
+        self.open_chat(chat.id)
+        return chat.id
+
+    def open_chat(self, chat_id: int | None) -> None:
+        self.chat_id = chat_id
+        self.render()
+        self.chatOpened.emit(chat_id or 0)
+
+    def delete_chat(self, chat_id: int) -> None:
+        for stream in [s for s in self.streams.values() if s.chat_id == chat_id]:
+            self.bridge.cancel(stream.request_id)
+            del self.streams[stream.request_id]
+        self.store.delete_chat(chat_id)
+        self.pending_group.pop(chat_id, None)
+        self._set_generating()
+        if self.chat_id == chat_id:
+            self.open_chat(None)
+        self.chatsChanged.emit()
+
+    def render(self) -> None:
+        if self.chat_id is None:
+            self.view.show_items([])
+        else:
+            leaf = self.store.active_leaf(self.chat_id)
+            self.view.show_items(self.branch_items(leaf) if leaf is not None else [])
+        self.view.set_generating(self.generating)
+
+    def branch_items(self, leaf_id: int) -> list:
+        live = {mid: s.texts[i] for s in self.streams.values()
+                for i, mid in enumerate(s.message_ids)}
+        items: list = []
+        pending = self.pending_group.get(self.chat_id)
+        for msg in self.store.path_to(leaf_id):
+            if msg.id in live:
+                msg.content = live[msg.id]  # fresher than the last partial save
+            if msg.role == "assistant" and pending is not None and msg.candidate_group == pending:
+                group = [s for s in self.store.siblings(msg.id) if s.candidate_group == pending]
+                group.sort(key=lambda m: m.candidate_index or 0)
+                for m in group:
+                    m.content = live.get(m.id, m.content)
+                items.append(GroupItem(group))
+            else:
+                position, count = self.store.sibling_position(msg.id)
+                items.append(TurnItem(msg, position, count))
+        return items
+
+    # -- turns -----------------------------------------------------------------------------
+    def send(self, text: str) -> None:
+        text = text.strip()
+        if not text or self.generating:
+            return
+        if not self.bridge.is_loaded:
+            self.errorRaised.emit("No model loaded", "Load a model from the model picker in "
+                                  "the toolbar, then send your message again.")
+            return
+        if self.chat_id is None:
+            self.new_chat()
+        chat = self.store.get_chat(self.chat_id)
+        leaf = self.store.active_leaf(chat.id)
+        self.pending_group.pop(chat.id, None)  # continuing keeps the candidate on screen
+        user = self.store.add_message(chat.id, leaf, "user", text)
+        if chat.title == DEFAULT_TITLE and leaf is None:
+            self.store.rename_chat(chat.id, title_from(text))
+        self.view.clear_composer()
+        self._generate(chat.id, user.id)
+        self.chatsChanged.emit()
+
+    def edit(self, message_id: int, text: str) -> None:
+        """A new user message beside the edited one: a new branch from that point."""
+        if self.generating or not self.bridge.is_loaded:
+            return
+        old = self.store.get_message(message_id)
+        self.pending_group.pop(old.chat_id, None)
+        new = self.store.add_message(old.chat_id, old.parent_id, "user", text)
+        self._generate(old.chat_id, new.id)
+
+    def regenerate(self, message_id: int = 0) -> None:
+        """Add alternates to a reply (0: the last one); the prompt is submitted again and
+        the engine's prefix cache shares its blocks instead of recomputing them."""
+        if self.generating or self.chat_id is None or not self.bridge.is_loaded:
+            return
+        if message_id:
+            target = self.store.get_message(message_id)
+        else:
+            leaf = self.store.active_leaf(self.chat_id)
+            if leaf is None:
+                return
+            target = self.store.get_message(leaf)
+        parent_id = target.parent_id if target.role == "assistant" else target.id
+        if parent_id is None:
+            return
+        self.pending_group.pop(self.chat_id, None)
+        self._generate(self.chat_id, parent_id)
+
+    def keep(self, message_id: int) -> None:
+        msg = self.store.get_message(message_id)
+        self.pending_group.pop(msg.chat_id, None)
+        self.store.set_active_leaf(msg.chat_id, self.store.leaf_of(message_id))
+        if msg.chat_id == self.chat_id:
+            self.render()
+
+    def switch(self, message_id: int, step: int) -> None:
+        """Show the previous / next alternate of a turn, with that branch's later turns."""
+        if self.generating:
+            return
+        siblings = self.store.siblings(message_id)
+        ids = [m.id for m in siblings]
+        target = ids[max(0, min(len(ids) - 1, ids.index(message_id) + step))]
+        msg = siblings[ids.index(target)]
+        self.pending_group.pop(msg.chat_id, None)
+        self.store.set_active_leaf(msg.chat_id, self.store.leaf_of(target))
+        self.render()
+
+    def stop(self) -> None:
+        for stream in list(self.streams.values()):
+            self.bridge.cancel(stream.request_id)
+
+    def _generate(self, chat_id: int, parent_id: int) -> None:
+        chat = self.store.get_chat(chat_id)
+        try:
+            params = chat.settings.to_sampling_params()
+            messages = self.store.messages_for_engine(parent_id)
+            request_id = self.bridge.submit(messages, params)
+        except (RuntimeError, ValueError) as exc:
+            self.render()
+            self.errorRaised.emit("Could not start the reply", str(exc))
+            return
+        replies = self.store.add_candidates(chat_id, parent_id, params.n,
+                                            model=self.bridge.model_name)
+        if params.n > 1:
+            self.pending_group[chat_id] = replies[0].candidate_group
+        self.streams[request_id] = Stream(request_id, chat_id, parent_id,
+                                          [m.id for m in replies], [""] * len(replies),
+                                          time.monotonic())
+        self._set_generating()
+        if chat_id == self.chat_id:
+            self.render()
+
+    # -- engine events -----------------------------------------------------------------------
+    def _on_token(self, request_id: str, index: int, text: str) -> None:
+        stream = self.streams.get(request_id)
+        if stream is None or not 0 <= index < len(stream.texts):
+            return
+        stream.texts[index] += text
+        if stream.chat_id == self.chat_id:
+            self.view.append_text(stream.message_ids[index], text)
+        now = time.monotonic()
+        if now - stream.last_saved >= SAVE_INTERVAL_S:
+            stream.last_saved = now
+            for mid, partial in zip(stream.message_ids, stream.texts, strict=True):
+                self.store.set_partial(mid, partial)
+
+    def _on_finished(self, request_id: str, output) -> None:
+        stream = self.streams.pop(request_id, None)
+        if stream is None:
+            return
+        base = metrics_dict(output.metrics)
+        by_index = {c.index: c for c in output.outputs}
+        for i, mid in enumerate(stream.message_ids):
+            done = by_index.get(i)
+            text = done.text if done is not None and (done.text or not stream.texts[i]) \
+                else stream.texts[i]
+            token_ids = list(done.token_ids) if done is not None else None
+            reason = done.finish_reason if done is not None else "abort"
+            self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason})
+            if stream.chat_id == self.chat_id:
+                self.view.finish_message(self.store.get_message(mid))
+        self._set_generating()
+        self.chatsChanged.emit()
+        self.turnFinished.emit(stream.chat_id)
+
+    def _on_failed(self, request_id: str, message: str) -> None:
+        stream = self.streams.pop(request_id, None)
+        if stream is None:
+            return
+        for mid, text in zip(stream.message_ids, stream.texts, strict=True):
+            if text:
+                self.store.finish_message(mid, text, None, {"error": message}, "interrupted")
+            else:
+                self.store.delete_message(mid)
+        if not any(stream.texts):
+            self.pending_group.pop(stream.chat_id, None)
+            self.store.set_active_leaf(stream.chat_id, stream.parent_id)
+        self._set_generating()
+        if stream.chat_id == self.chat_id:
+            self.render()
+        self.chatsChanged.emit()
+        self.errorRaised.emit("The reply failed", f"{message}\n\nYour chat is saved: nothing "
+                              "was lost. Shorten the message, start a new chat, or load a "
+                              "model with a longer context, then try again.")
+
+    def _set_generating(self) -> None:
+        self.view.set_generating(self.generating)
+        self.generatingChanged.emit(self.generating)
+
+    # -- for the VRAM panel ------------------------------------------------------------------
+    def chat_of_owner(self, owner: str) -> str | None:
+        stream = self.streams.get(owner.rsplit(":", 1)[0])
+        if stream is None:
+            return None
+        try:
+            return self.store.get_chat(stream.chat_id).title
+        except KeyError:
+            return None
+
+    def current_chat_tokens(self) -> int:
+        """Tokens of the open branch as of its last reply (what the context holds)."""
+        if self.chat_id is None:
+            return 0
+        leaf = self.store.active_leaf(self.chat_id)
+        if leaf is None:
+            return 0
+        for msg in reversed(self.store.path_to(leaf)):
+            if msg.role == "assistant" and "num_prompt_tokens" in msg.metrics:
+                return int(msg.metrics["num_prompt_tokens"]) + len(msg.token_ids or [])
+        return 0

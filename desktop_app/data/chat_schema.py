@@ -1,0 +1,185 @@
+"""The SQLite layer under ChatStore: where the file lives, opening it, tables, migrations,
+and the records rows decode to.
+
+Schema changes: append a function to MIGRATIONS; PRAGMA user_version counts those applied.
+open_database runs the missing ones, each in one transaction together with its version bump.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+from array import array
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from desktop_app.data.settings import ChatSettings
+
+DB_FILE = "chats.sqlite3"
+# Keep in step with the CHECK constraints of the messages table.
+ROLES = ("system", "user", "assistant")
+STATUSES = ("complete", "streaming", "interrupted")
+# Token ids are stored as little-endian uint32 blobs: 4 bytes each instead of ~6 as JSON.
+assert array("I").itemsize == 4
+
+
+@dataclass(slots=True)
+class Chat:
+    id: int
+    title: str
+    created_at: float
+    updated_at: float  # newest activity
+    settings: ChatSettings
+    active_leaf_id: int | None
+
+
+@dataclass(slots=True)
+class Message:
+    id: int
+    chat_id: int
+    parent_id: int | None
+    role: str
+    content: str
+    token_ids: list[int] | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    status: str = "complete"
+    created_at: float = 0.0
+    model: str | None = None
+    candidate_group: int | None = None
+    candidate_index: int | None = None
+
+
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    # One execute per statement: executescript would commit mid-migration.
+    for statement in ("""
+        CREATE TABLE chats (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            settings TEXT NOT NULL,
+            active_leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL
+        )""", """
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+            content TEXT NOT NULL,
+            token_ids BLOB,
+            metrics TEXT NOT NULL DEFAULT '{}',
+            status TEXT NOT NULL CHECK (status IN ('complete', 'streaming', 'interrupted')),
+            created_at REAL NOT NULL,
+            touched_at REAL NOT NULL,
+            model TEXT,
+            candidate_group INTEGER,
+            candidate_index INTEGER
+        )""",
+        "CREATE INDEX messages_by_chat ON messages(chat_id)",
+        "CREATE INDEX messages_by_parent ON messages(parent_id)",
+        "CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming'",
+    ):
+        conn.execute(statement)
+
+
+Migration = Callable[[sqlite3.Connection], None]
+# Index i upgrades a database from user_version i to i + 1; v2 is one more function here.
+MIGRATIONS: list[Migration] = [_migrate_v1]
+
+# The ancestors of message ? (itself at depth 0, the root deepest).
+PATH_CTE = """WITH RECURSIVE path(id, parent_id, depth) AS (
+    SELECT id, parent_id, 0 FROM messages WHERE id = ?
+    UNION ALL
+    SELECT m.id, m.parent_id, path.depth + 1 FROM messages m JOIN path ON m.id = path.parent_id
+)"""
+
+
+def default_db_path() -> Path:
+    override = os.environ.get("FOLIO_DATA_DIR")
+    base = Path(override) if override else Path(platformdirs.user_data_dir("folio"))
+    return base / DB_FILE
+
+
+def open_database(path: Path, migrations: list[Migration]) -> sqlite3.Connection:
+    """Connects (creating the folder and file as needed) and brings the schema up to date."""
+    if str(path) != ":memory:":
+        path.parent.mkdir(parents=True, exist_ok=True)
+    # Autocommit mode: transactions are explicit (see transaction), so DDL migrations are
+    # atomic too.
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    migrate(conn, migrations, path)
+    return conn
+
+
+def user_version(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def migrate(conn: sqlite3.Connection, migrations: list[Migration], path: Path) -> None:
+    """path only names the database in the error for one written by a newer Folio."""
+    version = user_version(conn)
+    if version > len(migrations):
+        raise RuntimeError(f"{path} was written by a newer Folio (schema {version},"
+                           f" this version knows {len(migrations)}): update Folio")
+    for target, step in enumerate(migrations[version:], start=version + 1):
+        with transaction(conn) as c:
+            step(c)
+            c.execute(f"PRAGMA user_version = {target}")
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def pack_token_ids(token_ids: list[int] | None) -> bytes | None:
+    if token_ids is None:
+        return None
+    packed = array("I", token_ids)
+    if sys.byteorder == "big":
+        packed.byteswap()  # stored little-endian so a database moves between machines
+    return packed.tobytes()
+
+
+def unpack_token_ids(blob: bytes | None) -> list[int] | None:
+    if blob is None:
+        return None
+    ids = array("I")
+    ids.frombytes(blob)
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return ids.tolist()
+
+
+def chat_from_row(row: sqlite3.Row) -> Chat:
+    return Chat(id=row["id"], title=row["title"], created_at=row["created_at"],
+                updated_at=row["updated_at"],
+                settings=ChatSettings.from_dict(json.loads(row["settings"]), strict=False),
+                active_leaf_id=row["active_leaf_id"])
+
+
+def message_from_row(row: sqlite3.Row) -> Message:
+    return Message(id=row["id"], chat_id=row["chat_id"], parent_id=row["parent_id"],
+                   role=row["role"], content=row["content"],
+                   token_ids=unpack_token_ids(row["token_ids"]),
+                   metrics=json.loads(row["metrics"]), status=row["status"],
+                   created_at=row["created_at"], model=row["model"],
+                   candidate_group=row["candidate_group"], candidate_index=row["candidate_index"])

@@ -1,0 +1,5 @@
+"""Modal windows: the error dialog, settings, and the model manager.
+
+`error_dialog.show_error` is the one way the app reports an error; the main window and
+the model manager both call it, so neither needs to import the other.
+"""

@@ -1,0 +1,147 @@
+"""The settings dialog: this chat's sampling settings, and the defaults for new chats."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QSpinBox,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop_app.data.settings import MAX_CANDIDATES, ChatSettings
+
+MAX_SEED = 2**31 - 1
+
+
+def _double(lo: float, hi: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
+    box = QDoubleSpinBox()
+    box.setRange(lo, hi)
+    box.setSingleStep(step)
+    box.setDecimals(decimals)
+    return box
+
+
+def _int(lo: int, hi: int) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(lo, hi)
+    return box
+
+
+class ChatSettingsForm(QWidget):
+    """Edits one ChatSettings; `settings()` raises ValueError naming a bad field."""
+
+    def __init__(self, settings: ChatSettings, max_tokens_limit: int = 32768,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setObjectName("systemPrompt")
+        self.system_prompt.setPlaceholderText("e.g. You are a concise assistant.")
+        self.system_prompt.setFixedHeight(90)
+        self.temperature = _double(0.0, 5.0, 0.05)
+        self.temperature.setToolTip("0 = greedy: always the most likely token")
+        self.top_p = _double(0.01, 1.0, 0.01)
+        self.top_k = _int(0, 100000)
+        self.top_k.setToolTip("0 turns top-k off")
+        self.min_p = _double(0.0, 1.0, 0.01)
+        self.repetition_penalty = _double(0.01, 5.0, 0.05)
+        self.repetition_penalty.setToolTip("1 turns it off")
+        self.max_tokens = _int(1, max_tokens_limit)
+        self.fixed_seed = QCheckBox("Fixed seed")
+        self.seed = _int(0, MAX_SEED)
+        self.fixed_seed.toggled.connect(self.seed.setEnabled)
+        self.num_candidates = _int(1, MAX_CANDIDATES)
+        self.num_candidates.setToolTip("Replies generated side by side for each message")
+
+        seed_row = QHBoxLayout()
+        seed_row.addWidget(self.fixed_seed)
+        seed_row.addWidget(self.seed, 1)
+        form = QFormLayout(self)
+        form.addRow("System prompt", self.system_prompt)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top-p", self.top_p)
+        form.addRow("Top-k", self.top_k)
+        form.addRow("Min-p", self.min_p)
+        form.addRow("Repetition penalty", self.repetition_penalty)
+        form.addRow("Max tokens", self.max_tokens)
+        form.addRow("Seed", seed_row)
+        form.addRow("Candidates", self.num_candidates)
+        self.set_settings(settings)
+
+    def set_settings(self, s: ChatSettings) -> None:
+        self.system_prompt.setPlainText(s.system_prompt)
+        self.temperature.setValue(s.temperature)
+        self.top_p.setValue(s.top_p)
+        self.top_k.setValue(s.top_k)
+        self.min_p.setValue(s.min_p)
+        self.repetition_penalty.setValue(s.repetition_penalty)
+        self.max_tokens.setValue(s.max_tokens)
+        self.fixed_seed.setChecked(s.seed is not None)
+        self.seed.setEnabled(s.seed is not None)
+        self.seed.setValue(s.seed or 0)
+        self.num_candidates.setValue(s.num_candidates)
+
+    def settings(self) -> ChatSettings:
+        return ChatSettings(
+            system_prompt=self.system_prompt.toPlainText().strip(),
+            temperature=round(self.temperature.value(), 4),
+            top_p=round(self.top_p.value(), 4),
+            top_k=self.top_k.value(),
+            min_p=round(self.min_p.value(), 4),
+            repetition_penalty=round(self.repetition_penalty.value(), 4),
+            max_tokens=self.max_tokens.value(),
+            seed=self.seed.value() if self.fixed_seed.isChecked() else None,
+            num_candidates=self.num_candidates.value(),
+        )
+
+
+class SettingsDialog(QDialog):
+    """Two tabs: the open chat (absent when none is open) and the new-chat defaults."""
+
+    def __init__(self, chat_settings: ChatSettings | None, defaults: ChatSettings,
+                 max_tokens_limit: int = 32768, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("settingsDialog")
+        self.setWindowTitle("Settings")
+        self.setMinimumWidth(460)
+        self.tabs = QTabWidget()
+        self.chat_form = None
+        if chat_settings is not None:
+            self.chat_form = ChatSettingsForm(chat_settings, max_tokens_limit)
+            self.tabs.addTab(self.chat_form, "This chat")
+        self.defaults_form = ChatSettingsForm(defaults, max_tokens_limit)
+        self.tabs.addTab(self.defaults_form, "Defaults for new chats")
+        self.error_label = QLabel("")
+        self.error_label.setObjectName("settingsError")
+        self.error_label.setWordWrap(True)
+        self.error_label.setVisible(False)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                   | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.tabs)
+        layout.addWidget(self.error_label)
+        layout.addWidget(buttons)
+        self.result_chat: ChatSettings | None = None
+        self.result_defaults: ChatSettings | None = None
+
+    def accept(self) -> None:
+        try:
+            chat = self.chat_form.settings() if self.chat_form is not None else None
+            defaults = self.defaults_form.settings()
+        except ValueError as exc:
+            # Spin box ranges make this rare; say which field is wrong and stay open.
+            self.error_label.setText(str(exc))
+            self.error_label.setVisible(True)
+            return
+        self.result_chat, self.result_defaults = chat, defaults
+        super().accept()

@@ -1,0 +1,5 @@
+"""The app's links to the world outside the GUI: the engine and the Hugging Face hub.
+
+`engine_bridge` is the one QObject between the GUI and `engine.EngineWorker`; `downloads`
+fetches models from the hub (no Qt, run on a plain thread by the model manager).
+"""

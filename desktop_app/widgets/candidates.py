@@ -1,0 +1,138 @@
+"""Side-by-side candidate replies: one column per candidate of a turn, each with "Keep"."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop_app.widgets import theme
+from desktop_app.widgets.markdown import MarkdownLabel
+
+
+def format_metrics(metrics: dict | None) -> str:
+    """The line under a reply: speed, time to first token, and where the prompt came from."""
+    if not metrics or "num_prompt_tokens" not in metrics:
+        return ""
+    prompt = int(metrics.get("num_prompt_tokens", 0))
+    cached = int(metrics.get("num_cached_tokens", 0))
+    parts = [
+        f"{float(metrics.get('decode_tok_s', 0.0)):.1f} tok/s",
+        f"first token {1000 * float(metrics.get('ttft_s', 0.0)):.0f} ms",
+        f"{prompt} prompt tokens ({cached} cached, {prompt - cached} computed)",
+    ]
+    return " · ".join(parts)
+
+
+def footer_line(metrics: dict | None, status: str) -> str:
+    """The metrics, then a note on how the reply ended, for any finished reply."""
+    note = status_note(status, (metrics or {}).get("finish_reason"))
+    return " · ".join(p for p in (format_metrics(metrics), note) if p)
+
+
+def status_note(status: str, finish_reason: str | None) -> str:
+    if status == "interrupted":
+        return "Interrupted: the app closed while this reply was streaming"
+    if finish_reason == "abort":
+        return "Stopped"
+    if finish_reason == "length":
+        return "Cut off at the max tokens setting"
+    return ""
+
+
+class CandidateColumn(QFrame):
+    keepClicked = Signal(int)  # message id
+
+    def __init__(self, message_id: int, index: int, text: str = "",
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("candidateColumn")
+        self.message_id = message_id
+        self.index = index
+        self.finished = False
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 10, 12, 10)
+        layout.setSpacing(6)
+        title = QLabel(f"Candidate {index + 1}")
+        title.setObjectName("roleLabel")
+        layout.addWidget(title)
+        self.body = MarkdownLabel(text)
+        self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        layout.addWidget(self.body)
+        layout.addStretch(1)
+        self.metrics_label = QLabel("")
+        self.metrics_label.setObjectName("metricsLabel")
+        self.metrics_label.setWordWrap(True)
+        self.metrics_label.setSizePolicy(QSizePolicy.Policy.Preferred,
+                                         QSizePolicy.Policy.Minimum)
+        layout.addWidget(self.metrics_label)
+        self.keep_button = QPushButton(theme.icon("keep", theme.current().accent_text), "Keep")
+        self.keep_button.setObjectName("keepButton")
+        self.keep_button.setToolTip("Make this the reply and continue the chat from it")
+        self.keep_button.setEnabled(False)
+        self.keep_button.clicked.connect(lambda: self.keepClicked.emit(self.message_id))
+        layout.addWidget(self.keep_button, 0, Qt.AlignmentFlag.AlignRight)
+
+    def text(self) -> str:
+        return self.body.markdown()
+
+    def append(self, delta: str) -> None:
+        self.body.append(delta)
+
+    def event(self, event: QEvent) -> bool:
+        handled = super().event(event)
+        if event.type() in (QEvent.Type.LayoutRequest, QEvent.Type.Resize):
+            self._fit_height()
+        return handled
+
+    def _fit_height(self) -> None:
+        """Side by side in a row, the columns get their height from their size hints,
+        which ignore word wrapping: ask the layout for the height the wrapped text needs
+        at the current width. totalHeightForWidth, not heightForWidth: it counts the
+        column's own margins too (the style sheet's 1px border), else each side loses a
+        pixel and the last line of a wrapped label is clipped."""
+        height = self.layout().totalHeightForWidth(self.width())
+        if height > 0 and height != self.minimumHeight():
+            self.setMinimumHeight(height)
+
+    def finish(self, text: str, metrics: dict | None, status: str = "complete") -> None:
+        self.finished = True
+        self.body.set_markdown(text)
+        self.metrics_label.setText(footer_line(metrics, status))
+        self.keep_button.setEnabled(True)
+
+
+class CandidateGroup(QWidget):
+    """The n columns of one turn; they stream at once and each can be kept."""
+
+    keepRequested = Signal(int)  # message id
+
+    def __init__(self, messages: Sequence, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("candidateGroup")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(10)
+        self.columns: list[CandidateColumn] = []
+        for i, msg in enumerate(messages):
+            column = CandidateColumn(msg.id, i, msg.content)
+            column.keepClicked.connect(self.keepRequested)
+            if msg.status != "streaming":
+                column.finish(msg.content, msg.metrics, msg.status)
+            layout.addWidget(column, 1)
+            self.columns.append(column)
+
+    def column_for(self, message_id: int) -> CandidateColumn | None:
+        return next((c for c in self.columns if c.message_id == message_id), None)
+
+    def message_ids(self) -> list[int]:
+        return [c.message_id for c in self.columns]

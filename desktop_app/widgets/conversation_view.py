@@ -1,0 +1,234 @@
+"""The conversation in the middle of the window: the active branch, the composer, streaming.
+
+The view holds no chat logic: it shows what the controller hands it (store Messages, and
+candidate groups still waiting for a "Keep") and reports user intent through signals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop_app.widgets import theme
+from desktop_app.widgets.candidates import CandidateGroup
+from desktop_app.widgets.message_widget import MessageWidget
+
+MAX_COLUMN_WIDTH = 980
+_STICK_THRESHOLD_PX = 24
+
+
+@dataclass(slots=True)
+class GroupItem:
+    """n candidates of one turn shown side by side until one is kept."""
+
+    messages: list
+
+
+class Composer(QPlainTextEdit):
+    """Enter sends, Shift+Enter inserts a new line."""
+
+    submitted = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("composer")
+        self.setPlaceholderText("Message the model  (Enter to send, Shift+Enter for a new line)")
+        self.setTabChangesFocus(True)
+        self.setFixedHeight(72)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt override
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class ConversationView(QWidget):
+    sendRequested = Signal(str)
+    stopRequested = Signal()
+    regenerateRequested = Signal(int)  # assistant message id; 0 = the last reply
+    switchRequested = Signal(int, int)
+    editSubmitted = Signal(int, str)
+    keepRequested = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("conversationView")
+        self._rows: dict[int, QWidget] = {}  # message id -> MessageWidget / CandidateGroup
+        self.stick_to_bottom = True
+
+        self.scroll = QScrollArea()
+        self.scroll.setObjectName("conversationArea")
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        canvas = QWidget()
+        centered = QHBoxLayout(canvas)
+        centered.setContentsMargins(20, 16, 20, 16)
+        self.column = QWidget()
+        self.column.setMaximumWidth(MAX_COLUMN_WIDTH)
+        self.column.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        self.rows_layout = QVBoxLayout(self.column)
+        self.rows_layout.setContentsMargins(0, 0, 0, 0)
+        self.rows_layout.setSpacing(12)
+        centered.addWidget(self.column)
+        self.scroll.setWidget(canvas)
+        bar = self.scroll.verticalScrollBar()
+        bar.valueChanged.connect(self._on_scrolled)
+        bar.rangeChanged.connect(self._on_range_changed)
+
+        self.empty_label = QLabel("Start the conversation below.")
+        self.empty_label.setObjectName("emptyState")
+        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty_label.setMinimumHeight(120)
+        # Layout: the empty-state label, then the rows, then a stretch that keeps a short
+        # conversation at the top.
+        self.rows_layout.addWidget(self.empty_label)
+        self.rows_layout.addStretch(1)
+
+        self.composer = Composer()
+        self.composer.submitted.connect(self._send)
+        self.send_button = QPushButton(theme.icon("send", theme.current().accent_text), "Send")
+        self.send_button.setObjectName("sendButton")
+        self.send_button.clicked.connect(self._send)
+        self.stop_button = QPushButton(theme.icon("stop", "#ffffff"), "Stop")
+        self.stop_button.setObjectName("stopButton")
+        self.stop_button.setToolTip("Stop generating (Esc)")
+        self.stop_button.clicked.connect(self.stopRequested)
+        self.stop_button.setVisible(False)
+        self.regenerate_button = QPushButton(theme.icon("regenerate"), "Regenerate")
+        self.regenerate_button.setObjectName("regenerateButton")
+        self.regenerate_button.setToolTip("Add alternates to the last reply (Ctrl+R)")
+        self.regenerate_button.clicked.connect(lambda: self.regenerateRequested.emit(0))
+
+        bottom = QHBoxLayout()
+        bottom.setContentsMargins(20, 8, 20, 16)
+        bottom.setSpacing(8)
+        bottom.addWidget(self.composer, 1)
+        buttons = QVBoxLayout()
+        buttons.setSpacing(6)
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.regenerate_button)
+        buttons.addStretch(1)
+        bottom.addLayout(buttons)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addWidget(self.scroll, 1)
+        layout.addLayout(bottom)
+        self.set_generating(False)
+
+    def retheme(self) -> None:
+        self.send_button.setIcon(theme.icon("send", theme.current().accent_text))
+        self.regenerate_button.setIcon(theme.icon("regenerate"))
+
+    # -- showing a branch --------------------------------------------------------------------
+    def show_items(self, items: list) -> None:
+        """Replace the rows with `items` (TurnItem / GroupItem), scrolled to the end."""
+        for row in self.rows():
+            self.rows_layout.removeWidget(row)
+            # Detach now (so lookups no longer find it); delete once the event that got
+            # here (often a click inside this very row) has returned.
+            row.hide()
+            row.setParent(None)
+            row.deleteLater()
+        self._rows.clear()
+        for item in items:
+            self._add_row(item)
+        self.empty_label.setVisible(not items)
+        self.stick_to_bottom = True
+        self.scroll_to_bottom()
+
+    def add_item(self, item) -> None:
+        self.empty_label.setVisible(False)
+        self._add_row(item)
+
+    def _add_row(self, item) -> None:
+        if isinstance(item, GroupItem):
+            row = CandidateGroup(item.messages)
+            row.keepRequested.connect(self.keepRequested)
+            ids = row.message_ids()
+        else:
+            row = MessageWidget(item)
+            row.switchRequested.connect(self.switchRequested)
+            row.editSubmitted.connect(self.editSubmitted)
+            row.regenerateRequested.connect(self.regenerateRequested)
+            ids = [item.message.id]
+        self.rows_layout.insertWidget(self.rows_layout.count() - 1, row)  # before the stretch
+        for mid in ids:
+            self._rows[mid] = row
+
+    def rows(self) -> list[QWidget]:
+        out = []
+        for i in range(self.rows_layout.count()):
+            w = self.rows_layout.itemAt(i).widget()
+            if w is not None and w is not self.empty_label:
+                out.append(w)
+        return out
+
+    def widget_for(self, message_id: int):
+        """The MessageWidget or CandidateColumn showing a message, or None."""
+        row = self._rows.get(message_id)
+        if isinstance(row, CandidateGroup):
+            return row.column_for(message_id)
+        return row
+
+    # -- streaming -----------------------------------------------------------------------
+    def append_text(self, message_id: int, delta: str) -> None:
+        target = self.widget_for(message_id)
+        if target is not None:
+            target.append(delta)
+
+    def finish_message(self, message) -> None:
+        target = self.widget_for(message.id)
+        if target is not None:
+            target.finish(message.content, message.metrics, message.status)
+
+    def set_generating(self, generating: bool) -> None:
+        self.generating = generating
+        self.stop_button.setVisible(generating)
+        self.send_button.setVisible(not generating)
+        self.regenerate_button.setEnabled(not generating)
+        for row in set(self._rows.values()):
+            if isinstance(row, MessageWidget):
+                row.set_locked(generating)
+
+    # -- composer and scrolling ------------------------------------------------------------
+    def _send(self) -> None:
+        if self.generating:
+            return  # Enter does not queue a second turn while one streams
+        text = self.composer.toPlainText().strip()
+        if text:
+            self.sendRequested.emit(text)
+
+    def clear_composer(self) -> None:
+        self.composer.clear()
+
+    def scroll_to_bottom(self) -> None:
+        bar = self.scroll.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def _on_scrolled(self, value: int) -> None:
+        bar = self.scroll.verticalScrollBar()
+        # Scrolling up pauses auto-scroll; coming back to the end resumes it.
+        self.stick_to_bottom = value >= bar.maximum() - _STICK_THRESHOLD_PX
+
+    def _on_range_changed(self, _minimum: int, maximum: int) -> None:
+        if self.stick_to_bottom:
+            self.scroll.verticalScrollBar().setValue(maximum)

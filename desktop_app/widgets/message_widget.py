@@ -1,0 +1,171 @@
+"""One message bubble of the conversation: role, alternates navigator ("‹ 2/3 ›"),
+Markdown body, copy / edit / regenerate buttons, and the metrics line under a reply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop_app.widgets import theme
+from desktop_app.widgets.candidates import footer_line
+from desktop_app.widgets.markdown import MarkdownLabel
+
+
+@dataclass(slots=True)
+class TurnItem:
+    """One row of the branch: a message with its place among its alternates."""
+
+    message: object  # chat_store.Message
+    position: int = 0
+    count: int = 1
+
+
+def _flat_button(icon_name: str, tip: str, object_name: str = "flatButton") -> QToolButton:
+    button = QToolButton()
+    button.setObjectName(object_name)
+    button.setIcon(theme.icon(icon_name, theme.current().muted))
+    button.setToolTip(tip)
+    button.setCursor(Qt.CursorShape.PointingHandCursor)
+    return button
+
+
+class MessageWidget(QFrame):
+    """A bubble: role, alternates navigator, Markdown body, copy/edit/regenerate, metrics."""
+
+    switchRequested = Signal(int, int)  # message id, step -1 / +1
+    editSubmitted = Signal(int, str)
+    regenerateRequested = Signal(int)
+
+    def __init__(self, item: TurnItem, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        msg = item.message
+        self.message_id = msg.id
+        self.role = msg.role
+        self.position, self.count = item.position, item.count
+        self.setObjectName("messageBubble")
+        self.setProperty("role", msg.role)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(14, 10, 14, 10)
+        outer.setSpacing(6)
+
+        header = QHBoxLayout()
+        header.setSpacing(4)
+        role = QLabel("You" if msg.role == "user" else (msg.model or "Assistant"))
+        role.setObjectName("roleLabel")
+        header.addWidget(role)
+        header.addStretch(1)
+        self.branch_label = QLabel(f"{item.position + 1}/{item.count}")
+        self.branch_label.setObjectName("branchLabel")
+        self.prev_button = _flat_button("chevron-left", "Previous alternate")
+        self.next_button = _flat_button("chevron-right", "Next alternate")
+        self.prev_button.clicked.connect(lambda: self.switchRequested.emit(self.message_id, -1))
+        self.next_button.clicked.connect(lambda: self.switchRequested.emit(self.message_id, 1))
+        for w in (self.prev_button, self.branch_label, self.next_button):
+            w.setVisible(item.count > 1)
+            header.addWidget(w)
+        self.copy_button = _flat_button("copy", "Copy this message as Markdown")
+        self.copy_button.clicked.connect(self.copy_to_clipboard)
+        header.addWidget(self.copy_button)
+        if msg.role == "user":
+            self.edit_button = _flat_button("edit", "Edit: starts a new branch from here")
+            self.edit_button.clicked.connect(self.start_edit)
+            header.addWidget(self.edit_button)
+        elif msg.role == "assistant":
+            self.regen_button = _flat_button("regenerate", "Regenerate: adds alternates",
+                                             "messageRegenerate")
+            self.regen_button.clicked.connect(
+                lambda: self.regenerateRequested.emit(self.message_id))
+            header.addWidget(self.regen_button)
+        outer.addLayout(header)
+
+        self.body = MarkdownLabel(msg.content)
+        outer.addWidget(self.body)
+        self.editor: QPlainTextEdit | None = None
+        self._edit_row: QWidget | None = None
+
+        self.metrics_label = QLabel("")
+        self.metrics_label.setObjectName("metricsLabel")
+        self.metrics_label.setWordWrap(True)
+        outer.addWidget(self.metrics_label)
+        self.set_footer(msg.metrics, msg.status)
+        self.set_locked(False)
+
+    def set_locked(self, locked: bool) -> None:
+        """While a reply streams, branch switches and new branches wait."""
+        self.prev_button.setEnabled(not locked and self.position > 0)
+        self.next_button.setEnabled(not locked and self.position < self.count - 1)
+        for name in ("regen_button", "edit_button"):
+            button = getattr(self, name, None)
+            if button is not None:
+                button.setEnabled(not locked)
+
+    # -- content -----------------------------------------------------------------------
+    def text(self) -> str:
+        return self.body.markdown()
+
+    def append(self, delta: str) -> None:
+        self.body.append(delta)
+
+    def finish(self, text: str, metrics: dict | None, status: str) -> None:
+        self.body.set_markdown(text)
+        self.set_footer(metrics, status)
+
+    def set_footer(self, metrics: dict | None, status: str) -> None:
+        if self.role != "assistant":
+            self.metrics_label.setVisible(False)
+            return
+        line = footer_line(metrics, status)
+        self.metrics_label.setText(line)
+        self.metrics_label.setVisible(bool(line))
+
+    def copy_to_clipboard(self) -> None:
+        QGuiApplication.clipboard().setText(self.text())
+
+    # -- editing a past user message ------------------------------------------------------
+    def start_edit(self) -> None:
+        if self.editor is not None:
+            return
+        self.editor = QPlainTextEdit(self.text())
+        self.editor.setObjectName("messageEditor")
+        self.editor.setFixedHeight(90)
+        row = QWidget()
+        buttons = QHBoxLayout(row)
+        buttons.setContentsMargins(0, 0, 0, 0)
+        buttons.addStretch(1)
+        cancel = QPushButton("Cancel")
+        cancel.clicked.connect(self.cancel_edit)
+        save = QPushButton("Send as new branch")
+        save.setObjectName("sendButton")
+        save.clicked.connect(self._submit_edit)
+        buttons.addWidget(cancel)
+        buttons.addWidget(save)
+        layout = self.layout()
+        layout.insertWidget(2, self.editor)
+        layout.insertWidget(3, row)
+        self._edit_row = row
+        self.body.setVisible(False)
+        self.editor.setFocus()
+
+    def cancel_edit(self) -> None:
+        for w in (self.editor, self._edit_row):
+            if w is not None:
+                w.deleteLater()
+        self.editor = self._edit_row = None
+        self.body.setVisible(True)
+
+    def _submit_edit(self) -> None:
+        text = self.editor.toPlainText().strip() if self.editor else ""
+        if text:
+            self.editSubmitted.emit(self.message_id, text)

@@ -1,0 +1,253 @@
+"""The VRAM panel: device memory, the KV block pool, a live block map and a usage chart.
+
+A QTimer polls the bridge's `kv_stats()` / `memory_stats()` (cheap snapshots taken under
+the worker's lock) on the GUI thread, so the panel never sits on the generation path. It
+polls twice a second or faster while a reply streams, and slowly when idle.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+from PySide6.QtCore import QPointF, QSize, Qt, QTimer
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
+from PySide6.QtWidgets import QFormLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
+
+from desktop_app.widgets import theme
+from desktop_app.widgets.block_map import BlockMap, Legend
+
+BUSY_INTERVAL_MS = 400
+IDLE_INTERVAL_MS = 1500
+HISTORY_SECONDS = 300.0
+
+
+def format_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_percent(fraction: float) -> str:
+    return f"{100 * fraction:.1f}%"
+
+
+def memory_rows(mem) -> dict[str, str]:
+    """Label texts for a MemoryStats snapshot, keyed by row name."""
+    rows = {"device": mem.device, "weights": format_bytes(mem.weights_bytes),
+            "kv_pool": format_bytes(mem.kv_pool_bytes)}
+    if mem.device_total_bytes is not None:  # a CUDA device
+        used = mem.device_used_bytes or 0
+        rows["total"] = format_bytes(mem.device_total_bytes)
+        rows["used"] = format_bytes(mem.device_used_bytes)
+        rows["free"] = format_bytes(mem.device_free_bytes)
+        rows["other"] = format_bytes(max(0, used - mem.weights_bytes - mem.kv_pool_bytes))
+    else:
+        rows["rss"] = format_bytes(mem.process_rss_bytes)
+        rows["other"] = format_bytes(
+            max(0, mem.process_rss_bytes - mem.weights_bytes - mem.kv_pool_bytes))
+    return rows
+
+
+def kv_rows(kv) -> dict[str, str]:
+    """Label texts for a KVStats snapshot, keyed by row name."""
+    return {
+        "blocks_used": f"{kv.num_used} / {kv.num_blocks}",
+        "blocks_shared": str(kv.num_shared),
+        "blocks_cached": str(kv.num_cached),
+        "blocks_free": str(kv.num_free),
+        "block_size": f"{kv.block_size} tokens, {format_bytes(kv.bytes_per_block)}",
+        "saved_by_sharing": format_bytes(kv.bytes_saved_by_sharing),
+        "waste": format_percent(kv.waste_fraction),
+        "hit_rate": (f"{format_percent(kv.hit_rate)} "
+                     f"({kv.prefix_hit_tokens} / {kv.prefix_query_tokens} tokens)"),
+    }
+
+
+def blocks_per_chat(kv, chat_of_owner: Callable[[str], str | None]) -> dict[str, int]:
+    """Distinct blocks each chat holds now (a block shared by candidates counts once)."""
+    counts: dict[str, int] = {}
+    for block in kv.blocks:
+        chats = {chat_of_owner(owner) for owner in block.owners} - {None}
+        for chat in chats:
+            counts[chat] = counts.get(chat, 0) + 1
+    return counts
+
+
+def headroom_tokens(kv, max_model_len: int | None, chat_tokens: int) -> int:
+    """About how many more tokens the current chat can take: the free pool (cached blocks
+    can be evicted) bounded by what is left of the context window."""
+    room = kv.headroom_tokens()
+    if max_model_len is not None:
+        room = min(room, max(0, max_model_len - chat_tokens))
+    return room
+
+
+class Sparkline(QWidget):
+    """KV usage (fraction of the pool in use) over the last few minutes."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("kvSparkline")
+        self.samples: deque[tuple[float, float]] = deque()
+        self.setMinimumHeight(48)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return QSize(240, 56)
+
+    def add(self, fraction: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.samples.append((now, fraction))
+        while self.samples and now - self.samples[0][0] > HISTORY_SECONDS:
+            self.samples.popleft()
+        self.update()
+
+    def scale(self) -> float:
+        """The fraction at the top of the chart: small usage still shows a shape."""
+        peak = max((frac for _, frac in self.samples), default=0.0)
+        return min(1.0, max(0.05, peak * 1.25))
+
+    def paintEvent(self, _event) -> None:  # noqa: N802 - Qt override
+        c = theme.current()
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        w, h = self.width(), self.height()
+        painter.fillRect(0, 0, w, h, QColor(c.base))
+        painter.setPen(QPen(QColor(c.border), 1))
+        painter.drawRect(0, 0, w - 1, h - 1)
+        top = self.scale()
+        if len(self.samples) >= 2:
+            newest = self.samples[-1][0]
+            path = QPainterPath()
+            for i, (t, frac) in enumerate(self.samples):
+                x = (w - 2) * (1 - (newest - t) / HISTORY_SECONDS) + 1
+                y = (h - 3) * (1 - min(1.0, max(0.0, frac / top))) + 1
+                path.moveTo(x, y) if i == 0 else path.lineTo(x, y)
+            fill = QPainterPath(path)
+            fill.lineTo(QPointF(w - 1, h - 1))
+            fill.lineTo(QPointF(path.elementAt(0).x, h - 1))
+            area = QColor(c.accent)
+            area.setAlpha(50)
+            painter.fillPath(fill, area)
+            painter.setPen(QPen(QColor(c.accent), 1.5))
+            painter.drawPath(path)
+        if self.samples:
+            painter.setPen(QColor(c.muted))
+            painter.drawText(6, 14, f"now {format_percent(self.samples[-1][1])} · "
+                                    f"scale {format_percent(top)}")
+        painter.end()
+
+
+class VramPanel(QScrollArea):
+    """The dock's content. `source` needs kv_stats(), memory_stats(), busy, max_model_len."""
+
+    def __init__(self, source, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("vramPanel")
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.source = source
+        # Set by the main window: who owns a block, and the size of the open chat.
+        self.chat_of_owner: Callable[[str], str | None] = lambda owner: None
+        self.current_chat_tokens: Callable[[], int] = lambda: 0
+        self._values: dict[str, QLabel] = {}
+
+        body = QWidget()
+        body.setObjectName("vramPanel")
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(12, 8, 12, 12)
+        layout.setSpacing(4)
+        self._memory_form = self._section(layout, "Device memory", [
+            ("device", "Device"), ("total", "Total"), ("used", "Used"), ("free", "Free"),
+            ("rss", "Process RSS"), ("weights", "Weights"), ("kv_pool", "KV pool"),
+            ("other", "Everything else")])
+        self._section(layout, "KV cache pool", [
+            ("blocks_used", "Blocks used"), ("blocks_shared", "Shared"),
+            ("blocks_cached", "Cached"), ("blocks_free", "Free"), ("block_size", "Block"),
+            ("saved_by_sharing", "Saved by sharing"), ("waste", "Internal waste"),
+            ("hit_rate", "Prefix-cache hits"), ("headroom", "Headroom")])
+        self._section(layout, "Blocks per chat", [("per_chat", "")])
+        layout.addWidget(self._heading("Block map"))
+        self.block_map = BlockMap()
+        self.block_map.describe_owner = self._describe_owner
+        layout.addWidget(self.block_map)
+        layout.addWidget(Legend())
+        layout.addWidget(self._heading("KV usage, last 5 minutes"))
+        self.sparkline = Sparkline()
+        layout.addWidget(self.sparkline)
+        layout.addStretch(1)
+        self.setWidget(body)
+
+        self.timer = QTimer(self)
+        self.timer.timeout.connect(self.refresh)
+        self.timer.start(IDLE_INTERVAL_MS)
+        self.last_kv = None
+        self.last_memory = None
+
+    def _heading(self, text: str) -> QLabel:
+        label = QLabel(text)
+        label.setObjectName("vramSection")
+        return label
+
+    def _section(self, layout: QVBoxLayout, title: str, rows) -> QFormLayout:
+        layout.addWidget(self._heading(title))
+        form = QFormLayout()
+        form.setHorizontalSpacing(12)
+        form.setVerticalSpacing(3)
+        for key, caption in rows:
+            value = QLabel("–")
+            value.setObjectName(f"vram_{key}")
+            value.setWordWrap(True)
+            value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            self._values[key] = value
+            if caption:
+                muted = QLabel(caption)
+                muted.setObjectName("mutedLabel")
+                form.addRow(muted, value)
+            else:
+                form.addRow(value)
+        layout.addLayout(form)
+        return form
+
+    def value(self, key: str) -> str:
+        """The text shown for a row (tests and accessibility read it)."""
+        return self._values[key].text()
+
+    def set_busy(self, busy: bool) -> None:
+        self.timer.setInterval(BUSY_INTERVAL_MS if busy else IDLE_INTERVAL_MS)
+        self.refresh()
+
+    def _describe_owner(self, owner: str) -> str:
+        chat = self.chat_of_owner(owner)
+        return f"{chat} ({owner})" if chat else owner
+
+    def refresh(self) -> None:
+        kv = self.source.kv_stats()
+        mem = self.source.memory_stats()
+        self.last_kv, self.last_memory = kv, mem
+        if kv is None or mem is None:
+            for label in self._values.values():
+                label.setText("–")
+            self.block_map.set_blocks([])
+            return
+        texts = {**memory_rows(mem), **kv_rows(kv)}
+        cuda = mem.device_total_bytes is not None
+        for key in ("total", "used", "free"):
+            self._memory_form.setRowVisible(self._values[key], cuda)
+        self._memory_form.setRowVisible(self._values["rss"], not cuda)
+        room = headroom_tokens(kv, self.source.max_model_len, self.current_chat_tokens())
+        texts["headroom"] = f"This chat can grow about {room} more tokens"
+        per_chat = blocks_per_chat(kv, self.chat_of_owner)
+        texts["per_chat"] = "\n".join(
+            f"{chat}: {n} block{'s' if n != 1 else ''}" for chat, n in sorted(
+                per_chat.items(), key=lambda item: -item[1])) or "No chat holds blocks now"
+        for key, label in self._values.items():
+            label.setText(texts.get(key, "–"))
+        self.block_map.set_blocks(kv.blocks)
+        self.sparkline.add(kv.num_used / kv.num_blocks if kv.num_blocks else 0.0)

@@ -1,0 +1,147 @@
+"""The VRAM panel's numbers, block map and chart, against snapshots."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QPoint
+
+from desktop_app.widgets.block_map import BlockMap
+from desktop_app.widgets.vram_panel import (
+    BUSY_INTERVAL_MS,
+    IDLE_INTERVAL_MS,
+    Sparkline,
+    VramPanel,
+    blocks_per_chat,
+    format_bytes,
+    headroom_tokens,
+    kv_rows,
+    memory_rows,
+)
+from engine.core.kv_stats import BlockInfo, KVStats
+from engine.runner.memory import MemoryStats
+
+
+def _kv(blocks=None, **kw) -> KVStats:
+    fields = dict(block_size=16, num_blocks=8, bytes_per_block=737280, num_free=5, num_used=3,
+                  num_cached=2, num_shared=1, bytes_saved_by_sharing=737280,
+                  allocated_slots=48, used_slots=36, prefix_hit_tokens=30,
+                  prefix_query_tokens=120, blocks=blocks or [], blocks_per_owner={})
+    fields.update(kw)
+    return KVStats(**fields)
+
+
+class Source:
+    def __init__(self, kv, mem, max_model_len=8192):
+        self.kv, self.mem, self.max_model_len, self.busy = kv, mem, max_model_len, False
+
+    def kv_stats(self):
+        return self.kv
+
+    def memory_stats(self):
+        return self.mem
+
+
+CPU = MemoryStats("cpu", 538 * 2**20, 100 * 2**20, None, None, None, 900 * 2**20)
+CUDA = MemoryStats("cuda:0", 2**30, 2 * 2**30, 80 * 2**30, 5 * 2**30, 75 * 2**30, 3 * 2**30)
+
+
+def test_format_bytes():
+    assert [format_bytes(n) for n in (0, 1023, 1024, 737280, 5 * 2**30, None)] == [
+        "0 B", "1023 B", "1.0 KiB", "720.0 KiB", "5.0 GiB", "n/a"]
+
+
+def test_rows_for_cpu_and_cuda():
+    assert memory_rows(CPU) == {"device": "cpu", "weights": "538.0 MiB", "kv_pool": "100.0 MiB",
+                                "rss": "900.0 MiB", "other": "262.0 MiB"}
+    assert memory_rows(CUDA) == {"device": "cuda:0", "weights": "1.0 GiB",
+                                 "kv_pool": "2.0 GiB", "total": "80.0 GiB", "used": "5.0 GiB",
+                                 "free": "75.0 GiB", "other": "2.0 GiB"}
+    assert kv_rows(_kv()) == {
+        "blocks_used": "3 / 8", "blocks_shared": "1", "blocks_cached": "2", "blocks_free": "5",
+        "block_size": "16 tokens, 720.0 KiB", "saved_by_sharing": "720.0 KiB",
+        "waste": "25.0%", "hit_rate": "25.0% (30 / 120 tokens)"}
+
+
+def test_blocks_per_chat_counts_shared_blocks_once():
+    blocks = [BlockInfo(0, "shared", 2, ("r1:0", "r1:1")), BlockInfo(1, "used", 1, ("r1:0",)),
+              BlockInfo(2, "used", 1, ("r2:0",)), BlockInfo(3, "cached", 0, ()),
+              BlockInfo(4, "used", 1, ("gone:0",))]
+    chats = {"r1": "Chat A", "r2": "Chat B"}
+    assert blocks_per_chat(_kv(blocks), lambda o: chats.get(o.split(":")[0])) == {
+        "Chat A": 2, "Chat B": 1}
+
+
+def test_headroom_is_bounded_by_pool_and_context():
+    kv = _kv(num_free=5)  # 80 tokens fit in the free blocks
+    assert headroom_tokens(kv, 8192, 100) == 80
+    assert headroom_tokens(kv, 150, 100) == 50
+    assert headroom_tokens(kv, 150, 400) == 0
+    assert headroom_tokens(kv, None, 10**6) == 80
+
+
+def test_panel_labels_match_the_snapshot(qtbot):
+    blocks = [BlockInfo(i, s, r, o) for i, (s, r, o) in enumerate(
+        [("shared", 2, ("q:0", "q:1")), ("used", 1, ("q:0",)), ("used", 1, ("q:1",)),
+         ("cached", 0, ()), ("cached", 0, ()), ("free", 0, ()), ("free", 0, ()),
+         ("free", 0, ())])]
+    panel = VramPanel(Source(_kv(blocks), CPU))
+    qtbot.addWidget(panel)
+    panel.chat_of_owner = lambda owner: "Trip plans" if owner.startswith("q:") else None
+    panel.current_chat_tokens = lambda: 8150
+    panel.refresh()
+    expected = {**memory_rows(CPU), **kv_rows(_kv())}
+    for key, text in expected.items():
+        assert panel.value(key) == text
+    assert panel.value("headroom") == "This chat can grow about 42 more tokens"
+    assert panel.value("per_chat") == "Trip plans: 3 blocks"
+    assert panel.block_map.blocks == blocks
+    assert panel.sparkline.samples[-1][1] == 3 / 8
+
+
+def test_panel_without_model_and_busy_interval(qtbot):
+    source = Source(None, None)
+    panel = VramPanel(source)
+    qtbot.addWidget(panel)
+    panel.refresh()
+    assert panel.value("blocks_used") == "–"
+    assert panel.timer.interval() == IDLE_INTERVAL_MS
+    panel.set_busy(True)
+    assert panel.timer.interval() == BUSY_INTERVAL_MS <= 500
+    panel.set_busy(False)
+    assert panel.timer.interval() == IDLE_INTERVAL_MS
+
+
+def test_block_map_cells_and_tooltips(qtbot):
+    block_map = BlockMap()
+    qtbot.addWidget(block_map)
+    block_map.resize(150, 100)
+    block_map.describe_owner = lambda owner: f"Chat X ({owner})"
+    blocks = [BlockInfo(i, "used", 1, (f"r:{i}",)) for i in range(30)]
+    block_map.set_blocks(blocks)
+    # 150 px wide: cells of 14 px plus a 1 px gap, 10 to a row.
+    assert block_map.cell_rect(11).topLeft() == QPoint(15, 15)
+    assert block_map.block_at(QPoint(16, 16)) is blocks[11]
+    assert block_map.block_at(QPoint(149, 100)) is None
+    assert block_map.heightForWidth(150) == 45
+    assert block_map.tooltip_for(blocks[3]) == (
+        "Block 3: used, ref count 1\nOwners:\n  Chat X (r:3)")
+    assert block_map.tooltip_for(BlockInfo(9, "cached", 0, ())) == (
+        "Block 9: cached, ref count 0\nHolds a reusable prefix; free to evict")
+    many = [BlockInfo(i, "free", 0, ()) for i in range(5000)]
+    block_map.set_blocks(many)
+    assert block_map.heightForWidth(150) <= 5000 // 25 * 6 + 6  # cells shrink for big pools
+
+
+def test_sparkline_keeps_five_minutes(qtbot):
+    line = Sparkline()
+    qtbot.addWidget(line)
+    for t in range(0, 400, 10):
+        line.add(t / 400, now=float(t))
+    assert line.samples[0] == (90.0, 90 / 400)
+    assert line.samples[-1] == (390.0, 390 / 400)
+    assert line.scale() == 1.0
+    line.samples.clear()
+    line.add(0.02, now=1.0)
+    assert line.scale() == 0.05  # small usage is drawn against a 5% scale, not 100%
+    line.add(0.2, now=2.0)
+    assert line.scale() == 0.25
+    assert not line.grab().isNull()
