@@ -28,8 +28,8 @@ def format_kv_stats(stats) -> str:
 
 
 class TerminalChat:
-    def __init__(self, engine, params, out: TextIO = sys.stdout) -> None:
-        self.engine = engine
+    def __init__(self, llm, params, out: TextIO = sys.stdout) -> None:
+        self.llm = llm
         self.params = params
         self.out = out
         self.messages: list[dict] = []
@@ -38,20 +38,15 @@ class TerminalChat:
         """Stream ``n`` candidates for the current messages, one after another."""
         from dataclasses import replace
 
-        from engine.outputs import FinishedEvent, TokenEvent
+        from engine.outputs import TokenEvent
 
-        params = replace(self.params, n=n)
-        request_id = self.engine.add_request(self.messages, params)
-        result = None
-        while result is None:
-            for event in self.engine.step():
-                # The first candidate streams; the others print when all are done.
-                if isinstance(event, TokenEvent) and event.request_id == request_id:
-                    if event.index == 0:
-                        self.out.write(event.text)
-                        self.out.flush()
-                elif isinstance(event, FinishedEvent) and event.request_id == request_id:
-                    result = event.output
+        def stream(event) -> None:
+            # The first candidate streams; the others print when all are done.
+            if isinstance(event, TokenEvent) and event.index == 0:
+                self.out.write(event.text)
+                self.out.flush()
+
+        result = self.llm.loop.run([self.messages], replace(self.params, n=n), stream)[0]
         for cand in result.outputs[1:]:
             self.out.write(f"\n--- candidate {cand.index + 1} ---\n{cand.text}")
         m = result.metrics
@@ -72,7 +67,7 @@ class TerminalChat:
             self.messages = []
             self.out.write("(new chat)\n")
         elif line == "/stats":
-            self.out.write(format_kv_stats(self.engine.kv_stats()) + "\n")
+            self.out.write(format_kv_stats(self.llm.kv_stats()) + "\n")
         elif line.startswith("/regen"):
             parts = line.split()
             n = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 1
@@ -96,15 +91,14 @@ class TerminalChat:
 
 
 def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
+    from engine.llm import LLM
     from engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(args.model, EngineConfig(), progress=_progress)
+    llm = LLM(args.model, progress=_progress)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             seed=args.seed)
-    chat = TerminalChat(engine, params)
-    print(f"Chatting with {engine.model_name}. {HELP}")
+    chat = TerminalChat(llm, params)
+    print(f"Chatting with {llm.model_name}. {HELP}")
     while True:
         try:
             line = read_line("> ")

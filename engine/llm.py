@@ -8,9 +8,10 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.core.kv_stats import KVStats
 from engine.llm_engine import LLMEngine, Prompt
+from engine.outputs import RequestOutput
 from engine.runner.memory import MemoryStats
-from engine.outputs import FinishedEvent, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.step_loop import StepLoop
 
 
 class LLM:
@@ -29,6 +30,9 @@ class LLM:
         elif config_fields:
             raise ValueError("pass either config or EngineConfig fields, not both")
         self.engine = LLMEngine(model, config, progress)
+        # The one loop that steps this engine: these blocking calls, the CLI and an
+        # EngineWorker built on this LLM all go through it.
+        self.loop = StepLoop(self.engine)
 
     @property
     def tokenizer(self):
@@ -50,32 +54,17 @@ class LLM:
         """Run all prompts as one batch; outputs come back in the prompts' order."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int | dict)):
             prompts = [prompts]
-        ids = [self.engine.add_request(p, params) for p in prompts]
-        return self._run(ids)
+        return self.loop.run(list(prompts), params)
 
     def chat(
         self, messages: list[dict], params: SamplingParams | None = None
     ) -> RequestOutput:
         """One reply to a conversation. Assistant messages may carry ``token_ids``, the
         exact ids the model produced, so the earlier turns hit the prefix cache."""
-        return self._run([self.engine.add_request(messages, params)])[0]
+        return self.loop.run([messages], params)[0]
 
-    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
-        done: dict[str, RequestOutput] = {}
-        try:
-            while len(done) < len(request_ids):
-                for event in self.engine.step():
-                    if isinstance(event, FinishedEvent):
-                        done[event.request_id] = event.output
-        except BaseException:
-            for request_id in request_ids:
-                if request_id not in done:
-                    self.engine.abort(request_id)
-            raise
-        return [done[r] for r in request_ids]
-
-    def kv_stats(self) -> KVStats:
-        return self.engine.kv_stats()
+    def kv_stats(self, with_blocks: bool = True) -> KVStats:
+        return self.engine.kv_stats(with_blocks)
 
     def memory_stats(self) -> MemoryStats:
         return self.engine.memory_stats()

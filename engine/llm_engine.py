@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from engine.core.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.core.block_manager import BlockManager
 from engine.core.kv_stats import KVStats
-from engine.runner.memory import MemoryStats, memory_stats
-from engine.runner.model_runner import KVShape, ModelRunner, num_blocks_for
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceGroup
 from engine.outputs import (
     CompletionOutput,
     Event,
@@ -28,11 +28,13 @@ from engine.outputs import (
     RequestOutput,
     TokenEvent,
 )
+from engine.runner.memory import MemoryStats, memory_stats
+from engine.runner.model_runner import KVShape, ModelRunner, num_blocks_for
 from engine.runner.sampler import Sampler, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
-from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence, SequenceGroup
-from engine.text.tokenizer import ChatTokenizer, IncrementalDetokenizer, StopChecker
+from engine.text.chat_template import ChatTokenizer
+from engine.text.detokenizer import IncrementalDetokenizer
+from engine.text.stop import StopChecker
 
 Prompt = str | list[int] | list[dict]
 
@@ -60,8 +62,8 @@ class LLMEngine:
         progress: Callable[[str, float], None] | None = None,
     ) -> None:
         from engine.loaders.base import load_model_files
-        from engine.models import build_model, resolve_dtype
         from engine.loaders.catalog import resolve_model
+        from engine.models import build_model, resolve_dtype
         from kernels import get_backend
 
         self.config = config = config or EngineConfig()
@@ -94,7 +96,11 @@ class LLMEngine:
             self.max_model_len,
         )
         self.sampler = Sampler()
+        # The request table: every request not yet finished, by id. It labels the blocks'
+        # owners in kv_stats and holds each candidate's text state.
         self._requests: dict[str, _Request] = {}
+        # Request id -> tokens sampled for it by the last step (StepLoop's hooks read it).
+        self.last_step_tokens: dict[str, int] = {}
         self._ids = itertools.count()
         if progress:
             progress("ready", 1.0)
@@ -145,6 +151,7 @@ class LLMEngine:
         """Run one scheduled step; return the token deltas and finished requests."""
         out = self.scheduler.schedule()
         events: list[Event] = []
+        self.last_step_tokens = {}
         if not out.is_empty:
             logits = self.runner.execute(out)
             sampled = [item for item in out.scheduled if item.samples]
@@ -161,17 +168,17 @@ class LLMEngine:
         rows: list[int] = []
         targets: list[Sequence] = []
         for row, seq in enumerate(seqs):
-            group = self.scheduler.groups[seq.request_id]
+            request = self._requests[seq.request_id]
+            group = request.group
             candidates = [seq]
             if seq.needs_fork:
                 candidates = self.scheduler.fork(group)
-                request = self._requests[seq.request_id]
                 for child in candidates[1:]:
                     child.generator = make_generator(group.params.seed, child.index)
                     request.candidates[child.index] = self._new_candidate(group)
             rows += [row] * len(candidates)
             targets += candidates
-        params = [self.scheduler.groups[s.request_id].params for s in targets]
+        params = [self._requests[s.request_id].group.params for s in targets]
         sampling_rows = [
             SamplingRow(p, s.generator, s.token_ids) for p, s in zip(params, targets, strict=True)
         ]
@@ -181,6 +188,8 @@ class LLMEngine:
         for seq, p, token in zip(targets, params, tokens, strict=True):
             token = int(token)
             seq.append_token(token)
+            counts = self.last_step_tokens
+            counts[seq.request_id] = counts.get(seq.request_id, 0) + 1
             event = self._after_token(seq, p, token, now)
             if event is not None:
                 events.append(event)
@@ -255,7 +264,8 @@ class LLMEngine:
 
     # ------------------------------------------------------------------- stats
     def kv_stats(self, with_blocks: bool = True) -> KVStats:
-        return self.block_manager.stats(with_blocks)
+        holders = (seq for request in self._requests.values() for seq in request.group.seqs)
+        return self.block_manager.stats(holders, with_blocks)
 
     def memory_stats(self) -> MemoryStats:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_pool_bytes)

@@ -14,19 +14,18 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.core.kv_stats import KVStats
 from engine.llm import LLM
 from engine.llm_engine import Prompt
-from engine.runner.memory import MemoryStats
 from engine.outputs import ErrorEvent, Event, FinishedEvent
+from engine.runner.memory import MemoryStats
 from engine.sampling_params import SamplingParams
+from engine.step_loop import EventCallback
 
 log = logging.getLogger(__name__)
 
-EventCallback = Callable[[Event], None]
 STATS_INTERVAL_S = 0.2
 
 
@@ -43,8 +42,8 @@ class EngineWorker:
     def __init__(self, llm: LLM) -> None:
         self.llm = llm
         self._engine = llm.engine
+        self._steps = llm.loop
         self._commands: queue.Queue = queue.Queue()
-        self._callbacks: dict[str, EventCallback] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -89,7 +88,7 @@ class EngineWorker:
     def _loop(self) -> None:
         while not self._stop.is_set():
             # Idle: sleep until a command arrives. Busy: only pick up what is queued.
-            busy = self._engine.has_unfinished_requests()
+            busy = self._steps.busy
             try:
                 command = self._commands.get_nowait() if busy else self._commands.get()
             except queue.Empty:
@@ -104,60 +103,32 @@ class EngineWorker:
                     command = None
             if self._stop.is_set():
                 break
-            if self._engine.has_unfinished_requests():
+            if self._steps.busy:
                 self._step()
             elif changed:
                 self._refresh_stats(force=True)
-        for request_id in list(self._callbacks):
-            self._cancel(request_id)
+        self._steps.cancel_all()
+        self._refresh_stats(force=True)
 
     def _handle(self, command: tuple) -> None:
         kind = command[0]
         if kind == "submit":
             _, request_id, prompt, params, on_event = command
             try:
-                self._engine.add_request(prompt, params, request_id)
+                self._steps.add(prompt, params, _Guarded(on_event, self), request_id)
             except Exception as exc:  # a bad request must not stop the worker
-                self._emit(on_event, ErrorEvent(request_id, str(exc)))
-                return
-            self._callbacks[request_id] = on_event
+                _Guarded(on_event, self)(ErrorEvent(request_id, str(exc)))
         elif kind == "cancel":
-            self._cancel(command[1])
-
-    def _cancel(self, request_id: str) -> None:
-        output = self._engine.abort(request_id)
-        on_event = self._callbacks.pop(request_id, None)
-        # Whoever hears of the end must see the freed blocks in the stats.
-        self._refresh_stats(force=True)
-        if output is not None and on_event is not None:
-            self._emit(on_event, FinishedEvent(request_id, output))
+            self._steps.cancel(command[1])
 
     def _step(self) -> None:
         try:
-            events = self._engine.step()
-        except Exception as exc:
-            log.exception("engine step failed")
-            failed = list(self._callbacks.items())
-            self._callbacks.clear()
-            for request_id, _ in failed:
-                self._engine.abort(request_id)
-            self._refresh_stats(force=True)
-            for request_id, on_event in failed:
-                self._emit(on_event, ErrorEvent(request_id, f"generation failed: {exc}"))
-            return
-        self._refresh_stats(force=any(isinstance(e, FinishedEvent) for e in events))
-        for event in events:
-            on_event = self._callbacks.get(event.request_id)
-            if isinstance(event, FinishedEvent):
-                self._callbacks.pop(event.request_id, None)
-            if on_event is not None:
-                self._emit(on_event, event)
-
-    def _emit(self, on_event: EventCallback, event: Event) -> None:
-        try:
-            on_event(event)
+            self._steps.step()
         except Exception:
-            log.exception("event callback failed for %s", event.request_id)
+            # The loop has aborted every request and told each one; the worker lives on.
+            log.exception("engine step failed")
+            return
+        self._refresh_stats(force=False)
 
     def _refresh_stats(self, force: bool) -> None:
         now = time.monotonic()
@@ -167,3 +138,23 @@ class EngineWorker:
         with self._stats_lock:
             self._kv_stats, self._memory_stats = kv, mem
             self._stats_time = now
+
+
+class _Guarded:
+    """A request's callback as the worker hands it to the loop: the stats are fresh
+    before the request hears it ended (whoever hears of the end must see the freed
+    blocks), and a callback that raises is logged instead of stopping the engine."""
+
+    __slots__ = ("on_event", "worker")
+
+    def __init__(self, on_event: EventCallback, worker: EngineWorker) -> None:
+        self.on_event, self.worker = on_event, worker
+
+    def __call__(self, event: Event) -> None:
+        ended = isinstance(event, FinishedEvent | ErrorEvent)
+        if ended:
+            self.worker._refresh_stats(force=True)
+        try:
+            self.on_event(event)
+        except Exception:
+            log.exception("event callback failed for %s", event.request_id)

@@ -30,8 +30,8 @@ import torch
 
 from engine.bench.setup import BenchContext, BenchSettings, Target
 from engine.core.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
+from engine.sampling_params import SamplingParams
 
 
 def bench_scheduler(num_seqs: int = 64, prompt_len: int = 200, steps: int = 400) -> dict:

@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from engine.bench.baselines import Reply, build_transformers_model, llama_cpp_status
-from engine.outputs import FinishedEvent, RequestOutput
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.step_loop import StepReport
 
 # Eight fixed user turns of about 60 tokens each (SmolLM2's tokenizer); a longer chat cycles
 # through them again, each marked with its turn number so no two turns are the same text.
@@ -178,30 +179,27 @@ class FolioRun:
     peak_used_blocks: int
 
 
-def run_folio(engine, prompt, params, sample_kv: bool = False) -> FolioRun:
-    """Add one request to an idle ``LLMEngine`` and step it to the end, noting when tokens
-    appear and, with ``sample_kv``, the peak of KV blocks in use after each step."""
-    start = time.perf_counter()
-    request_id = engine.add_request(prompt, params)
+def run_folio(llm, prompt, params, sample_kv: bool = False) -> FolioRun:
+    """Run one request on an idle ``LLM`` to the end, noting (through the step loop's
+    per-step hook) when tokens appear and, with ``sample_kv``, the peak of KV blocks in
+    use after each step."""
     times: list[float] = []
-    seen = peak = 0
-    while True:
-        events = engine.step()
-        now = time.perf_counter()
+    peak = 0
+
+    def observe(report: StepReport) -> None:
+        nonlocal peak
+        if report.new_tokens:
+            times.append(report.time)
         if sample_kv:
-            peak = max(peak, engine.kv_stats(with_blocks=False).num_used)
-        done = [e.output for e in events
-                if isinstance(e, FinishedEvent) and e.request_id == request_id]
-        if done:
-            count = done[0].metrics.num_generated_tokens
-        else:
-            group = engine.scheduler.groups[request_id]
-            count = sum(seq.num_output_tokens for seq in group.seqs)
-        if count > seen:
-            times.append(now)
-            seen = count
-        if done:
-            return FolioRun(done[0], times, start, peak)
+            peak = max(peak, llm.kv_stats(with_blocks=False).num_used)
+
+    start = time.perf_counter()
+    remove = llm.loop.add_hook(observe)
+    try:
+        output = llm.loop.run([prompt], params)[0]
+    finally:
+        remove()
+    return FolioRun(output, times, start, peak)
 
 
 class FolioChat:
@@ -215,19 +213,12 @@ class FolioChat:
         self.params = SamplingParams(max_tokens=reply_tokens, temperature=0, ignore_eos=True)
         self.waste: list[float] = []
         if sample_waste:
-            self._sample_each_step(llm.engine)
+            llm.loop.add_hook(self._sample_waste)
 
-    def _sample_each_step(self, engine) -> None:
-        step = engine.step
-
-        def step_and_sample():
-            events = step()
-            stats = engine.kv_stats(with_blocks=False)
-            if stats.allocated_slots:  # between requests nothing is allocated
-                self.waste.append(stats.waste_fraction)
-            return events
-
-        engine.step = step_and_sample  # this engine instance only; it is the bench's own
+    def _sample_waste(self, report: StepReport) -> None:
+        stats = self.llm.kv_stats(with_blocks=False)
+        if stats.allocated_slots:  # between requests nothing is allocated
+            self.waste.append(stats.waste_fraction)
 
     def reply(self, messages: list[dict]) -> Reply:
         out = self.llm.chat(messages, self.params)

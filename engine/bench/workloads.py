@@ -149,17 +149,16 @@ def bench_waste(ctx: BenchContext) -> dict:
 def bench_candidates(ctx: BenchContext) -> dict:
     s = ctx.settings
     llm = ctx.new_llm()
-    engine = llm.engine
     _warm_up(llm, ctx)
-    per_block = engine.kv_stats(with_blocks=False).bytes_per_block
-    per_token = per_block // engine.config.block_size
+    per_block = llm.kv_stats(with_blocks=False).bytes_per_block
+    per_token = per_block // llm.engine.config.block_size
     rows = []
     for n in s.candidate_ns:
         # A new tag per n: no run finds the previous run's prompt in the prefix cache.
         prompt = filler_prompt(llm.tokenizer, s.candidate_prompt_tokens, f"Candidates {n}")
         params = SamplingParams(n=n, temperature=0.8, seed=s.seed, max_tokens=s.candidate_tokens,
                                 ignore_eos=True)
-        run = run_folio(engine, prompt, params, sample_kv=True)
+        run = run_folio(llm, prompt, params, sample_kv=True)
         folio_wall = run.token_times[-1] - run.start
         hf_wall = hf_candidates(ctx.hf_model, prompt, n, s.candidate_tokens, s.seed)
         tokens = n * s.candidate_tokens
@@ -243,7 +242,7 @@ def bench_decode(ctx: BenchContext) -> dict:
 
 
 def _folio_reply(llm, prompt: list[int], params: SamplingParams) -> Reply:
-    run = run_folio(llm.engine, prompt, params)
+    run = run_folio(llm, prompt, params)
     return Reply(list(run.output.outputs[0].token_ids), run.token_times[0] - run.start,
                  run.output.metrics.num_computed_prompt_tokens, len(prompt), run.token_times)
 

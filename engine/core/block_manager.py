@@ -19,6 +19,7 @@ next turn, whose prompt starts with t0..t3, finds block 0 again (prefix cache).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
 from engine.core.free_block_queue import Block, FreeBlockQueue
@@ -51,7 +52,6 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, Block] = {}
-        self.seqs: dict[int, Sequence] = {}  # sequences holding device blocks
         self.cow_pairs: list[tuple[int, int]] = []  # (src, dst), drained by the scheduler
         # Host pool for swap preemption: block id -> ref count; no prefix cache there.
         self.num_host_blocks = num_host_blocks
@@ -92,7 +92,6 @@ class BlockManager:
         seq.num_computed_tokens = cached_tokens
         self.prefix_hit_tokens += cached_tokens
         self.prefix_query_tokens += seq.num_tokens
-        self.seqs[seq.seq_id] = seq
         return cached_tokens
 
     def _lookup_prefix(self, seq: Sequence) -> list[Block]:
@@ -167,7 +166,6 @@ class BlockManager:
         child.num_computed_tokens = parent.num_computed_tokens
         for block_id in child.block_table:
             self.blocks[block_id].ref_count += 1
-        self.seqs[child.seq_id] = child
 
     def commit_computed(self, seq: Sequence) -> None:
         """Register ``seq``'s blocks that are now full and computed in the prefix cache."""
@@ -202,7 +200,6 @@ class BlockManager:
                     self.free_queue.append(block)
         seq.block_table = []
         seq.num_computed_tokens = 0
-        self.seqs.pop(seq.seq_id, None)
 
     def take_cow_pairs(self) -> list[tuple[int, int]]:
         pairs, self.cow_pairs = self.cow_pairs, []
@@ -251,7 +248,6 @@ class BlockManager:
                     del self.host_refs[host_id]
                     self.host_free.append(host_id)
             seq.block_table = table
-            self.seqs[seq.seq_id] = seq
         return list(mapping.items())
 
     def free_host(self, seq: Sequence) -> None:
@@ -262,12 +258,18 @@ class BlockManager:
                 self.host_free.append(host_id)
 
     # ------------------------------------------------------------------- stats
-    def stats(self, with_blocks: bool = True) -> KVStats:
+    def stats(self, holders: Iterable[Sequence] = (), with_blocks: bool = True) -> KVStats:
+        """The pool as the memory panel shows it. ``holders`` are the sequences that hold
+        device blocks (the engine's request table knows them; this class keeps no
+        registry of its own): they label each block's owners and measure the slots in use.
+        """
         owners: dict[int, list[str]] = {}
         fill: dict[int, int] = {}
         per_owner: dict[str, int] = {}
         bs = self.block_size
-        for seq in self.seqs.values():
+        for seq in holders:
+            if not seq.block_table:
+                continue
             per_owner[seq.label] = len(seq.block_table)
             for i, block_id in enumerate(seq.block_table):
                 owners.setdefault(block_id, []).append(seq.label)

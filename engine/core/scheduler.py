@@ -258,6 +258,8 @@ class Scheduler:
                 group.admitted_once = True
                 group.num_cached_tokens = leader.num_computed_tokens
             leader.status = SequenceStatus.RUNNING
+            for seq in group.live_seqs[1:]:
+                seq.status = SequenceStatus.PARKED
             self._unpark(group)
             self.running.append(group)
             for seq in _active(group):
@@ -274,7 +276,7 @@ class Scheduler:
         has computed the prompt's full blocks, then find them in the prefix cache."""
         if not _has_parked(group):
             return
-        parked = [s for s in group.seqs if s.status is SequenceStatus.WAITING]
+        parked = [s for s in group.seqs if s.status is SequenceStatus.PARKED]
         active = _active(group)
         prompt_blocks_end = group.num_prompt_tokens // self.bm.block_size * self.bm.block_size
         if active and all(s.num_computed_tokens < prompt_blocks_end for s in active):
@@ -300,6 +302,5 @@ def _active(group: SequenceGroup) -> list[Sequence]:
 
 
 def _has_parked(group: SequenceGroup) -> bool:
-    """Whether some candidate of a running group still waits for its blocks (never so
-    with one sequence: it is the leader)."""
-    return len(group.seqs) > 1 and any(s.status is SequenceStatus.WAITING for s in group.seqs)
+    """Whether some candidate of a running group still waits for its blocks."""
+    return any(s.status is SequenceStatus.PARKED for s in group.seqs)

@@ -13,6 +13,9 @@ from engine.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # needs (re)prefill: no blocks, or blocks not yet computed
     RUNNING = "running"
+    # A candidate of a request brought back after recompute preemption, holding no
+    # blocks until another candidate has recomputed the shared prompt (Scheduler._unpark).
+    PARKED = "parked"
     SWAPPED = "swapped"  # its KV sits in the host pool
     FINISHED = "finished"
 

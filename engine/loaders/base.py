@@ -79,7 +79,9 @@ def load_model_files(source: str | Path, dtype: torch.dtype = torch.float32,
                              "config.json and safetensors weights, or a .gguf file")
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            from engine.loaders.gguf.loader import load_gguf  # late: gguf_loader imports this module
+            from engine.loaders.gguf.loader import (
+                load_gguf,  # late: gguf_loader imports this module
+            )
 
             return load_gguf(path, dtype, progress)
         raise FolioLoadError(f"{path}: not a model; pass its folder (with config.json) "

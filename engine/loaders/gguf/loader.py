@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp's format) to a transformers config, tokenizer and HF-named weights.
 
-The first load reads the file's header with engine.loaders.gguf.header (tens of milliseconds) and has
-transformers convert the tokenizer (several seconds: it parses the file with gguf.GGUFReader).
+The first load reads the file's header with engine.loaders.gguf.header (tens of
+milliseconds) and has transformers convert the tokenizer (several seconds: it parses the file with gguf.GGUFReader).
 The config and tokenizer, with the tensor directory (names, shapes, quant types, byte offsets),
 are cached under the user cache dir, keyed by the file's path, size and mtime, so a later load
 reads one JSON file and a saved tokenizer and then dequantizes each tensor straight from a
@@ -24,8 +24,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.loaders.gguf.config import GGUF_ARCHITECTURES, ROPE_FREQS, gguf_config_dict
-from engine.loaders.gguf.header import parse_gguf_header
 from engine.loaders.base import (
     FolioLoadError,
     LoadedModel,
@@ -34,6 +32,8 @@ from engine.loaders.base import (
     check_weight_shapes,
     display_name,
 )
+from engine.loaders.gguf.config import GGUF_ARCHITECTURES, ROPE_FREQS, gguf_config_dict
+from engine.loaders.gguf.header import parse_gguf_header
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from engine.bench.cli import bench_scheduler, format_result, format_table, main, run
 from engine.bench.baselines import Reply, mean_rate, median_rate
+from engine.bench.cli import bench_scheduler, format_result, format_table, main, run
 from engine.bench.setup import BenchContext, BenchSettings, Target, filler_prompt, user_messages
 from engine.bench.workloads import (
     bench_candidates,
@@ -181,7 +181,7 @@ def test_bad_settings_name_the_field(tiny_dir):
 
 
 def test_inputs_are_deterministic(ctx):
-    from engine.text.tokenizer import ChatTokenizer
+    from engine.text.chat_template import ChatTokenizer
     from tests.engine.tiny_models import byte_level_tokenizer
 
     tok = ChatTokenizer(byte_level_tokenizer())

@@ -205,7 +205,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
             for block_id in seq.block_table:
                 holders[block_id] += 1
         assert [b.ref_count for b in self.bm.blocks] == holders
-        assert self.bm.seqs.keys() == {s.seq_id for s in self.live}
 
     @invariant()
     def cache_maps_to_matching_blocks(self) -> None:
@@ -257,7 +256,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.bm.free_host(seq)
         assert self.bm.num_free_blocks == NUM_BLOCKS
         assert all(b.ref_count == 0 for b in self.bm.blocks)
-        assert self.bm.seqs == {} and self.bm.host_refs == {} and self.bm.host_tables == {}
+        assert self.bm.host_refs == {} and self.bm.host_tables == {}
         assert sorted(self.bm.host_free) == list(range(NUM_HOST_BLOCKS))
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from engine.core.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
 from engine.core.scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.sampling_params import SamplingParams
 
 REPO = Path(__file__).resolve().parents[3]
 VOCAB = 1000
@@ -148,7 +148,7 @@ def assert_pool_all_free(sched: Scheduler) -> None:
     bm = sched.bm
     assert bm.num_free_blocks == bm.num_blocks
     assert all(b.ref_count == 0 for b in bm.blocks)
-    assert bm.seqs == {} and bm.host_refs == {} and bm.host_tables == {}
+    assert bm.host_refs == {} and bm.host_tables == {}
     assert sorted(bm.host_free) == list(range(bm.num_host_blocks))
     assert sched.groups == {} and not sched.has_work
 
@@ -306,7 +306,7 @@ def test_recomputed_candidates_come_back_leader_first() -> None:
     assert [(s.seq.label, s.num_new_tokens) for s in out.scheduled] == [("a:0", 1),
                                                                          ("n3:0", 11)]
     n3 = sched.groups["n3"]
-    assert [s.status for s in n3.seqs] == [SequenceStatus.RUNNING] + [SequenceStatus.WAITING] * 2
+    assert [s.status for s in n3.seqs] == [SequenceStatus.RUNNING] + [SequenceStatus.PARKED] * 2
     assert [g.request_id for g in sched.waiting] == ["late"]  # parked candidates go first
     assert sched.bm.num_free_blocks == 10
 

@@ -14,9 +14,9 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from engine.loaders.base import FolioLoadError, load_model_files
 from engine.loaders.gguf import loader as gguf_loader
 from engine.loaders.gguf.loader import hf_tensor_name, unpermute_rows
-from engine.loaders.base import FolioLoadError, load_model_files
 
 TOKENS = ["<s>", "</s>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
     "Ġ", "he", "ll", "hell", "hello"]

@@ -1,15 +1,15 @@
-"""Text <-> token ids around a transformers tokenizer: chat prompts that keep the exact ids
-of earlier replies, a streaming detokenizer, and stop strings.
+"""Chat messages -> prompt token ids around a transformers tokenizer, keeping the exact
+ids of earlier replies so that each turn's prompt extends the previous one in the prefix cache.
 
-Chat prompts. The chat template is rendered as text with each assistant reply that carries
-its generated ``token_ids`` replaced by a marker; the text between markers is tokenized
-piece by piece and the generated ids are spliced in unchanged. The template text that comes
-before a reply is exactly the prompt the model saw when it wrote that reply (for templates
-whose generation prompt is how they open an assistant turn: ChatML, Llama 3, ...), and each
-piece is tokenized alone, so the prompt of turn k+1 starts with the prompt ids of turn k
-followed by the ids generated in turn k: the engine's prefix cache can reuse all of it.
-When the generated ids end with an end-of-turn token the template also writes after the
-reply (``<|im_end|>``), the template's copy is dropped so it is not there twice.
+The chat template is rendered as text with each assistant reply that carries its generated
+``token_ids`` replaced by a marker; the text between markers is tokenized piece by piece
+and the generated ids are spliced in unchanged. The template text that comes before a reply
+is exactly the prompt the model saw when it wrote that reply (for templates whose
+generation prompt is how they open an assistant turn: ChatML, Llama 3, ...), and each piece
+is tokenized alone, so the prompt of turn k+1 starts with the prompt ids of turn k followed
+by the ids generated in turn k: the engine's prefix cache can reuse all of it. When the
+generated ids end with an end-of-turn token the template also writes after the reply
+(``<|im_end|>``), the template's copy is dropped so it is not there twice.
 
 Without a chat template the prompt is plain text, one message per line::
 
@@ -29,20 +29,12 @@ import logging
 import re
 import secrets
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant")
 PLAIN_STOP = "\nuser:"
-# Prompt tokens fed to the detokenizer before the first output token, so that a leading
-# space of that token decodes as it does in context (sentencepiece drops it at the start).
-DETOKENIZER_CONTEXT = 6
-_REPLACEMENT = "\ufffd"
-
-
-class _Decoder(Protocol):
-    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 class ChatTokenizer:
@@ -193,104 +185,3 @@ def _render_plain(
     if add_generation_prompt:
         text += "assistant:"
     return pieces + [text]
-
-
-class IncrementalDetokenizer:
-    """Turns a stream of token ids into text deltas.
-
-    Each step decodes a short window (the tokens of the last emitted delta plus the new
-    ones) and emits what it adds, so leading-space tokens decode as they do in context.
-    While the window's text ends in U+FFFD (half of a UTF-8 character) nothing is emitted.
-    The deltas plus ``flush()`` concatenate to ``decode(output ids, skip_special_tokens=True)``
-    (with ``prompt_ids``: to the text those ids add after the prompt, which is the same for
-    byte-level BPE and differs only by a leading space for sentencepiece).
-    """
-
-    def __init__(
-        self,
-        tokenizer: _Decoder,
-        prompt_ids: Sequence[int] | None = None,
-        skip_special_tokens: bool = True,
-    ) -> None:
-        self._tokenizer = tokenizer
-        self._skip_special = skip_special_tokens
-        self._window = list(prompt_ids[-DETOKENIZER_CONTEXT:]) if prompt_ids else []
-        self._emitted_from = 0  # window[_emitted_from:_pending_from] was emitted last
-        self._pending_from = len(self._window)  # window[_pending_from:] is not emitted yet
-        self.output_ids: list[int] = []
-        self.text = ""
-
-    def add(self, token_id: int) -> str:
-        """Feed one token; return the new text (possibly empty)."""
-        self.output_ids.append(int(token_id))
-        self._window.append(int(token_id))
-        return self._emit(final=False)
-
-    def flush(self) -> str:
-        """At the end of generation: whatever is held back, even half a character."""
-        return self._emit(final=True)
-
-    def _emit(self, final: bool) -> str:
-        if self._pending_from == len(self._window):
-            return ""
-        new = self._decode(self._window[self._emitted_from:])
-        if new.endswith(_REPLACEMENT) and not final:
-            return ""
-        old = self._decode(self._window[self._emitted_from:self._pending_from])
-        delta = new[len(old):]
-        self._window = self._window[self._pending_from:]
-        self._emitted_from, self._pending_from = 0, len(self._window)
-        self.text += delta
-        return delta
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special) if ids else ""
-
-
-class StopChecker:
-    """Streams text deltas through stop strings.
-
-    ``check(delta) -> (stopped, text_to_emit)``: the emitted text never contains a stop
-    string, and a tail that could still grow into one is held back until it cannot (then
-    it is emitted) or it does (then the text is cut where the stop string starts). Text
-    stops at the first character that completes any stop string.
-    ``flush()`` returns the held-back tail once generation ends for another reason.
-    """
-
-    def __init__(self, stop: Sequence[str]) -> None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not all(isinstance(s, str) and s for s in stop):
-            raise ValueError(f"stop must be a list of non-empty strings, got {stop!r}")
-        self.stop = tuple(stop)
-        self.stopped = False
-        self._held = ""
-        self._longest = max((len(s) for s in self.stop), default=0)
-
-    def check(self, delta: str) -> tuple[bool, str]:
-        if self.stopped:
-            return True, ""
-        if not self.stop:
-            return False, delta
-        text = self._held + delta
-        # Generation stops at the first character that completes a stop string, however
-        # the text was split into deltas: the earliest end wins, then the longest.
-        hits = [(i + len(s), i) for s in self.stop if (i := text.find(s)) >= 0]
-        if hits:
-            self.stopped, self._held = True, ""
-            return True, text[:min(hits)[1]]
-        keep = self._partial_match(text)
-        self._held = text[len(text) - keep:]
-        return False, text[:len(text) - keep]
-
-    def flush(self) -> str:
-        held, self._held = self._held, ""
-        return held
-
-    def _partial_match(self, text: str) -> int:
-        """Length of the longest tail of `text` that starts some stop string."""
-        for length in range(min(len(text), self._longest - 1), 0, -1):
-            tail = text[-length:]
-            if any(s.startswith(tail) for s in self.stop):
-                return length
-        return 0
