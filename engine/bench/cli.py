@@ -1,7 +1,8 @@
 """``folio bench WORKLOAD``: Folio's speed and memory next to transformers, on this machine.
 
-Workloads (``engine/bench/workloads.py``), each measured against Hugging Face transformers
-running the same float32 weights on the same threads, in one run:
+Workloads, one module each in ``engine/bench/`` (``chat.py``, ``candidates.py``, ...), each
+measured against Hugging Face transformers running the same float32 weights on the same
+threads, in one run:
 
 - ``chat``: an 8-turn chat (``--turns``); time to first token and prompt tokens computed
   per turn, for Folio, transformers recomputing the history and transformers on a cache.
@@ -21,56 +22,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 
-from engine.bench.setup import BenchContext, BenchSettings, Target
-from engine.core.block_manager import BlockManager
-from engine.core.scheduler import Scheduler
-from engine.sampling_params import SamplingParams
+from engine.bench.candidates import bench_candidates
+from engine.bench.chat import bench_chat
+from engine.bench.concurrent import bench_concurrent
+from engine.bench.decode import bench_decode
+from engine.bench.scheduler import bench_scheduler
+from engine.bench.setup import BenchContext, BenchSettings
+from engine.bench.waste import bench_waste
 
-
-def bench_scheduler(num_seqs: int = 64, prompt_len: int = 200, steps: int = 400) -> dict:
-    """Median time of one decode step's scheduling and bookkeeping."""
-    block_size = 16
-    blocks_per_seq = (prompt_len + steps) // block_size + 2
-    bm = BlockManager(num_seqs * blocks_per_seq, block_size, bytes_per_block=1)
-    sched = Scheduler(bm, max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
-    params = SamplingParams(max_tokens=steps + 10, temperature=0)
-    for i in range(num_seqs):
-        sched.add_request(f"r{i}", [(i * 7919 + j) % 32000 for j in range(prompt_len)], params)
-    out = sched.schedule()  # the prefill of every prompt, not timed
-    sched.mark_computed(out)
-    for item in out.scheduled:
-        item.seq.append_token(1)
-    times = []
-    for step in range(steps):
-        t0 = time.perf_counter()
-        out = sched.schedule()
-        sched.mark_computed(out)
-        for item in out.scheduled:
-            item.seq.append_token(step % 32000)
-        times.append(time.perf_counter() - t0)
-        assert len(out.scheduled) == num_seqs
-    median_ms = round(statistics.median(times) * 1e3, 4)
-    row = {"running_seqs": num_seqs, "steps": steps, "median_ms": median_ms,
-           "p90_ms": round(sorted(times)[int(0.9 * len(times))] * 1e3, 4)}
-    return {"workload": "scheduler", "setup": {"model": "none"}, "rows": [row], "summary": {},
-            "targets": [Target("scheduler step (ms)", median_ms, 1.0, "<=").as_dict()],
-            "notes": []}
-
-
-def _workloads() -> dict[str, Callable[[BenchContext], dict]]:
-    from engine.bench import workloads as w
-
-    return {"chat": w.bench_chat, "candidates": w.bench_candidates, "decode": w.bench_decode,
-            "concurrent": w.bench_concurrent, "waste": w.bench_waste,
-            "scheduler": lambda ctx: bench_scheduler()}
-
+# Workload name -> function, in the order ``all`` runs them.
+WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
+    "chat": bench_chat,
+    "candidates": bench_candidates,
+    "decode": bench_decode,
+    "concurrent": bench_concurrent,
+    "waste": bench_waste,
+    "scheduler": lambda ctx: bench_scheduler(),
+}
 
 EPILOG = """workloads:
   chat        TTFT and prompt tokens computed per turn of a multi-turn chat
@@ -83,7 +56,7 @@ EPILOG = """workloads:
 llama.cpp joins chat and decode when llama-cpp-python is installed;
 --plot needs matplotlib (pip install 'folio[plot]')."""
 
-WORKLOAD_NAMES = ("chat", "candidates", "decode", "concurrent", "waste", "scheduler")
+WORKLOAD_NAMES = tuple(WORKLOADS)
 
 
 def run(names: list[str], settings: BenchSettings,
@@ -94,11 +67,10 @@ def run(names: list[str], settings: BenchSettings,
         raise ValueError(f"workload must be one of {WORKLOAD_NAMES}, got {unknown}")
     threads_before = torch.get_num_threads()
     ctx = BenchContext.create(settings)  # sets torch's thread count for both sides
-    workloads = _workloads()
     results = {}
     try:
         for name in names:
-            results[name] = workloads[name](ctx)
+            results[name] = WORKLOADS[name](ctx)
             if report is not None:
                 report(results[name])
     finally:

@@ -136,7 +136,7 @@ class BenchContext:
     @property
     def hf_model(self) -> torch.nn.Module:
         if self._hf_model is None:
-            from engine.loaders.base import load_model_files
+            from engine.loaders import load_model_files
 
             self._hf_model = build_transformers_model(load_model_files(self.model_path))
         return self._hf_model

@@ -11,15 +11,14 @@ import pytest
 import torch
 
 from engine.bench.baselines import Reply, mean_rate, median_rate
-from engine.bench.cli import bench_scheduler, format_result, format_table, main, run
+from engine.bench.candidates import bench_candidates
+from engine.bench.chat import bench_chat
+from engine.bench.cli import format_result, format_table, main, run
+from engine.bench.concurrent import bench_concurrent
+from engine.bench.decode import bench_decode
+from engine.bench.scheduler import bench_scheduler
 from engine.bench.setup import BenchContext, BenchSettings, Target, filler_prompt, user_messages
-from engine.bench.workloads import (
-    bench_candidates,
-    bench_chat,
-    bench_concurrent,
-    bench_decode,
-    bench_waste,
-)
+from engine.bench.waste import bench_waste
 from tests.engine.tiny_models import save_tiny_model
 
 BLOCK = 16

@@ -1,0 +1,90 @@
+"""``folio bench chat``: time to first token and prompt tokens computed per turn of a
+multi-turn chat (``--turns``, default 8).
+
+Fixed user messages, greedy replies of ``reply_tokens`` tokens (end of sequence ignored).
+Folio answers through ``LLM.chat`` and finds the earlier turns in its prefix cache;
+transformers answers twice, once with ``generate`` over the whole history each turn (what a
+naive app does) and once continuing one ``DynamicCache`` (only the new tokens are fed);
+llama.cpp joins when it can run the model. Every side is fed the prompt ids Folio's
+tokenizer makes of the messages, and the summary says whether its greedy replies match
+Folio's. Folio's chat is repeated on fresh engines and each turn's TTFT is the median.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from engine.bench.baselines import HFCached, HFRecompute, LlamaCppChat, Reply
+from engine.bench.common import bench_result, ms, run_chat, warm_up
+from engine.bench.setup import BenchContext, FolioChat, Target, user_messages
+
+
+class _ByIds:
+    """A baseline side fed the prompt ids that Folio's tokenizer makes of the messages."""
+
+    def __init__(self, side, tokenizer, reply_tokens: int) -> None:
+        self.side, self.tokenizer, self.reply_tokens = side, tokenizer, reply_tokens
+        self.label = side.label
+
+    def reply(self, messages: list[dict]) -> Reply:
+        return self.side.reply(self.tokenizer.encode_chat(messages), self.reply_tokens)
+
+
+def bench_chat(ctx: BenchContext) -> dict:
+    s = ctx.settings
+    llm = ctx.new_llm()
+    tok = llm.tokenizer
+    texts = user_messages(tok, s.turns, s.user_tokens)
+    sides = {"folio": FolioChat(llm, s.reply_tokens),
+             "hf_recompute": _ByIds(HFRecompute(ctx.hf_model), tok, s.reply_tokens),
+             "hf_cache": _ByIds(HFCached(ctx.hf_model), tok, s.reply_tokens)}
+    notes = []
+    llama = None
+    note = ctx.llama_cpp_note()
+    if note is None:
+        context = 2 * s.turns * (s.user_tokens + s.reply_tokens + 64) + 256
+        llama = LlamaCppChat(ctx.model_path, ctx.threads, context)
+        sides["llama_cpp"] = _ByIds(llama, tok, s.reply_tokens)
+    else:
+        notes.append(note)
+    warm_up(llm, ctx, llama)
+    results = {key: run_chat(side, tok, texts) for key, side in sides.items()}
+    # Folio's turns are short, so one stall of the shared machine moves a single run's
+    # ratio: repeat Folio's chat on fresh engines and take per-turn medians.
+    folio_runs = [results["folio"]] + [
+        run_chat(FolioChat(ctx.new_llm(), s.reply_tokens), tok, texts)
+        for _ in range(s.chat_repeats - 1)]
+    folio_ttft = [statistics.median(run[turn].ttft_s for run in folio_runs)
+                  for turn in range(s.turns)]
+    rows = _rows(results, folio_ttft, s.turns)
+    summary = _summary(results, len(folio_runs))
+    first, last = folio_ttft[0], folio_ttft[-1]
+    recompute_last = results["hf_recompute"][-1].ttft_s
+    targets = [
+        Target(f"Folio turn-{s.turns} TTFT / turn-1 TTFT", round(last / first, 3), 1.3, "<="),
+        Target(f"transformers-recompute / Folio TTFT at turn {s.turns}",
+               round(recompute_last / last, 2), 5.0, ">="),
+    ]
+    return bench_result("chat", ctx, rows, summary, targets, notes)
+
+
+def _rows(results: dict[str, list[Reply]], folio_ttft: list[float], turns: int) -> list[dict]:
+    rows = []
+    for turn in range(turns):
+        row = {"turn": turn + 1, "prompt_tokens": results["folio"][turn].prompt_tokens}
+        for key, replies in results.items():
+            ttft = folio_ttft[turn] if key == "folio" else replies[turn].ttft_s
+            row[f"{key}_ttft_ms"] = ms(ttft)
+            row[f"{key}_computed"] = replies[turn].computed_prompt_tokens
+        rows.append(row)
+    return rows
+
+
+def _summary(results: dict[str, list[Reply]], folio_runs: int) -> dict:
+    summary = {f"{key}_decode_tok_s": round(statistics.median(r.mean_tok_s for r in replies), 1)
+               for key, replies in results.items()}
+    summary["same_replies_as_folio"] = {
+        key: [r.token_ids for r in replies] == [r.token_ids for r in results["folio"]]
+        for key, replies in results.items() if key != "folio"}
+    summary["folio_chat_runs"] = folio_runs
+    return summary
