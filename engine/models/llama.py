@@ -118,7 +118,7 @@ class LlamaForCausalLM(nn.Module):
         q/k/v and gate/up land in their stacked matrices. Raises ValueError for a name the
         config does not expect, a shape that does not match the config, or missing names.
         """
-        targets = self._checkpoint_targets()
+        targets = self.checkpoint_targets()
         loaded: set[str] = set()
         with torch.no_grad():
             for name, tensor in weights:
@@ -149,7 +149,7 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, StackedLinear):
                 module.prepare()
 
-    def _checkpoint_targets(self) -> dict[str, torch.Tensor]:
+    def checkpoint_targets(self) -> dict[str, torch.Tensor]:
         """Each Hugging Face parameter name -> the tensor (or stacked slice) it fills."""
         targets: dict[str, torch.Tensor] = {
             "model.embed_tokens.weight": self.embed_tokens.data,

@@ -1,40 +1,67 @@
-"""Which model class builds which Hugging Face architecture."""
+"""The model families Folio runs: the one table that the loaders, the GGUF reader, the
+models catalog and the memory estimates read.
+
+A family is declared once, here: the names it goes by in a Hugging Face config
+(``architectures``, ``model_type``) and in a GGUF file (``general.architecture``), how
+llama.cpp stored its Q/K rows, the traits that shape its DecoderSpec, and the model class
+that builds it (which also knows its checkpoint's parameter names and shapes).
+``docs/ADDING_A_MODEL_FAMILY.md`` walks through adding one.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from engine.dtypes import resolve_dtype
 from engine.models.llama import LlamaForCausalLM
 from engine.models.spec import FamilyTraits, spec_from_hf_config
 
-_FAMILIES: dict[str, FamilyTraits] = {
-    "LlamaForCausalLM": FamilyTraits(mlp_bias_from_config=True),
-    "MistralForCausalLM": FamilyTraits(o_bias_from_config=False),
-    "Qwen2ForCausalLM": FamilyTraits(qkv_bias_always=True, o_bias_from_config=False),
-    "Qwen3ForCausalLM": FamilyTraits(qk_norm=True),
-}
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_FAMILIES)
-# Configs without an `architectures` list (hand-written ones) still name a model_type.
-_MODEL_TYPES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+@dataclass(slots=True, frozen=True)
+class ModelFamily:
+    architecture: str  # the Hugging Face class name, e.g. "LlamaForCausalLM"
+    model_type: str  # config.json's model_type, e.g. "llama"
+    # GGUF general.architecture values that hold this family (Mistral and SmolLM files
+    # say "llama", so they load as the llama family).
+    gguf_architectures: tuple[str, ...]
+    # llama.cpp reorders Q/K rows for its rope kernel in these files ("llama" only; Qwen
+    # runs NEOX-style rope and keeps Hugging Face's order).
+    gguf_rope_permuted: bool
+    traits: FamilyTraits
+    model_class: type[LlamaForCausalLM]
 
 
-def resolve_architecture(hf_config: Any) -> str:
-    """The supported architecture a config describes; ValueError naming it otherwise."""
+FAMILIES: tuple[ModelFamily, ...] = (
+    ModelFamily("LlamaForCausalLM", "llama", ("llama",), True,
+                FamilyTraits(mlp_bias_from_config=True), LlamaForCausalLM),
+    ModelFamily("MistralForCausalLM", "mistral", (), True,
+                FamilyTraits(o_bias_from_config=False), LlamaForCausalLM),
+    ModelFamily("Qwen2ForCausalLM", "qwen2", ("qwen2",), False,
+                FamilyTraits(qkv_bias_always=True, o_bias_from_config=False), LlamaForCausalLM),
+    ModelFamily("Qwen3ForCausalLM", "qwen3", ("qwen3",), False,
+                FamilyTraits(qk_norm=True), LlamaForCausalLM),
+)
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
+GGUF_ARCHITECTURES: tuple[str, ...] = tuple(a for f in FAMILIES for a in f.gguf_architectures)
+_BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES}
+_BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES}
+_BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_architectures}
+
+
+def family_of(hf_config: Any) -> ModelFamily:
+    """The family a config describes; ValueError naming it and the supported ones."""
     architectures = list(getattr(hf_config, "architectures", None) or [])
     for name in architectures:
-        if name in _FAMILIES:
-            return name
+        if name in _BY_ARCHITECTURE:
+            return _BY_ARCHITECTURE[name]
+    # Configs without an `architectures` list (hand-written ones) still name a model_type.
     model_type = getattr(hf_config, "model_type", None)
-    if not architectures and model_type in _MODEL_TYPES:
-        return _MODEL_TYPES[model_type]
+    if not architectures and model_type in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[model_type]
     described = ", ".join(architectures) if architectures else f"model_type {model_type!r}"
     raise ValueError(
         f"unsupported model architecture {described}; supported: "
@@ -42,12 +69,13 @@ def resolve_architecture(hf_config: Any) -> str:
     )
 
 
-def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+def gguf_family(gguf_architecture: object) -> ModelFamily | None:
+    """The family of a GGUF file's general.architecture, or None when Folio has none."""
+    return _BY_GGUF.get(gguf_architecture) if isinstance(gguf_architecture, str) else None
+
+
+def resolve_architecture(hf_config: Any) -> str:
+    return family_of(hf_config).architecture
 
 
 def build_model(
@@ -56,6 +84,13 @@ def build_model(
     device: torch.device | str = "cpu",
 ) -> LlamaForCausalLM:
     """An empty (uninitialized) model for `hf_config`; fill it with load_weights."""
-    architecture = resolve_architecture(hf_config)
-    spec = spec_from_hf_config(hf_config, architecture, _FAMILIES[architecture])
-    return LlamaForCausalLM(spec, resolve_dtype(dtype), device)
+    family = family_of(hf_config)
+    spec = spec_from_hf_config(hf_config, family.architecture, family.traits)
+    return family.model_class(spec, resolve_dtype(dtype), device)
+
+
+def checkpoint_shapes(hf_config: Any) -> dict[str, tuple[int, ...]]:
+    """Each parameter name a checkpoint for `hf_config` must hold -> its shape, as the
+    model itself expects them (built on the meta device: no memory, no weights)."""
+    model = build_model(hf_config, torch.float32, "meta")
+    return {name: tuple(t.shape) for name, t in model.checkpoint_targets().items()}

@@ -62,7 +62,7 @@ def spec_from_hf_config(hf_config: Any, architecture: str, traits: FamilyTraits)
     num_heads = int(_field(hf_config, "num_attention_heads"))
     hidden_size = int(_field(hf_config, "hidden_size"))
     num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
-    head_dim = getattr(hf_config, "head_dim", None) or hidden_size // num_heads
+    head_dim = head_dim_of(getattr(hf_config, "head_dim", None), hidden_size, num_heads)
     attention_bias = bool(getattr(hf_config, "attention_bias", False))
     rope_theta, rope_scaling = _rope_settings(hf_config)
     return DecoderSpec(
@@ -85,6 +85,18 @@ def spec_from_hf_config(hf_config: Any, architecture: str, traits: FamilyTraits)
         qk_norm=traits.qk_norm,
         sliding_window=_sliding_window(hf_config),
     )
+
+
+def head_dim_of(head_dim: int | None, hidden_size: int, num_heads: int) -> int:
+    """A config's head size: its own head_dim when it states one (Qwen3, Gemma), else
+    hidden_size / num_attention_heads, as transformers assumes."""
+    return int(head_dim or hidden_size // num_heads)
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
+                       itemsize: int) -> int:
+    """KV cache bytes one token takes: a key and a value per layer and KV head."""
+    return 2 * num_layers * num_kv_heads * head_dim * itemsize
 
 
 def _field(hf_config: Any, name: str) -> Any:

@@ -15,6 +15,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.scheduler import SchedulerOutput
+from engine.models.spec import kv_bytes_per_token
 from kernels import AttentionBackend, AttentionMetadata, allocate_kv_cache
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,8 @@ class KVShape:
 
     @property
     def bytes_per_token(self) -> int:
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_size * elem
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_size,
+                                  self.dtype.itemsize)
 
     @property
     def bytes_per_block(self) -> int:

@@ -12,14 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from engine.loaders.base import FolioLoadError
+from engine.models import GGUF_ARCHITECTURES, gguf_family
+from engine.models.spec import head_dim_of
 
-# general.architecture -> (HF model_type, HF class, Q/K rows permuted by llama.cpp for rope).
-# llama.cpp permutes only the "llama" family (Llama, Mistral, SmolLM); Qwen runs NEOX rope.
-GGUF_ARCHITECTURES = {
-    "llama": ("llama", "LlamaForCausalLM", True),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
-}
 ROPE_FREQS = "rope_freqs.weight"  # llama 3 rope scaling, folded into the config
 
 
@@ -27,10 +22,10 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
                      rope_freqs: np.ndarray | None, where: Path) -> dict[str, object]:
     """A config.json-style dict from GGUF metadata (arrays given as their lengths)."""
     arch = metadata.get("general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
+    family = gguf_family(arch)
+    if family is None:
         raise FolioLoadError(f"{where}: architecture {arch!r} is not supported; Folio runs "
-                             f"Llama-family GGUF files ({', '.join(GGUF_ARCHITECTURES)})")
-    model_type, hf_class, _ = GGUF_ARCHITECTURES[arch]
+                             f"these GGUF architectures: {', '.join(GGUF_ARCHITECTURES)}")
 
     def key(name: str, default: object = None) -> object:
         value = metadata.get(f"{arch}.{name}", default)
@@ -40,7 +35,7 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
         return value
 
     heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
-    head_dim = int(key("attention.key_length", hidden // heads))
+    head_dim = int(key("attention.key_length", head_dim_of(None, hidden, heads)))
     vocab = metadata.get(f"{arch}.vocab_size") or metadata.get("tokenizer.ggml.tokens")
     if not vocab:
         raise FolioLoadError(f"{where}: no vocabulary size in the metadata; the file is "
@@ -48,7 +43,8 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
     if int(key("rope.dimension_count", head_dim)) != head_dim:
         raise FolioLoadError(f"{where}: partial rotary embeddings are not supported")
     config: dict[str, object] = {
-        "model_type": model_type, "architectures": [hf_class], "vocab_size": int(vocab),
+        "model_type": family.model_type, "architectures": [family.architecture],
+        "vocab_size": int(vocab),
         "hidden_size": hidden, "intermediate_size": int(key("feed_forward_length")),
         "num_hidden_layers": int(key("block_count")), "num_attention_heads": heads,
         "num_key_value_heads": int(key("attention.head_count_kv", heads)), "head_dim": head_dim,

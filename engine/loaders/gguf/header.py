@@ -37,13 +37,27 @@ class GGUFHeader:
     tensors: list[GGUFTensorInfo]
 
 
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf_magic(path: Path) -> None:
+    """ValueError unless the file starts with GGUF's magic bytes."""
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    _check_magic_bytes(magic)
+
+
+def _check_magic_bytes(magic: bytes) -> None:
+    if magic != GGUF_MAGIC:
+        raise ValueError(f"it starts with {magic!r}, not {GGUF_MAGIC!r}")
+
+
 def parse_gguf_header(path: Path) -> GGUFHeader:
     """The header of the GGUF at `path`. Raises OSError, or ValueError saying what is wrong
     with the file; callers phrase the user's message."""
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0,
                                                access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"it starts with {bytes(buf[:4])!r}, not b'GGUF'")
+        _check_magic_bytes(bytes(buf[:4]))
         cursor = _Cursor(buf, 4)
         version = cursor.take("<I")
         if version not in (2, 3):

@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp's format) to a transformers config, tokenizer and HF-named weights.
 
-The first load reads the file's header with engine.loaders.gguf.header (tens of
-milliseconds) and has transformers convert the tokenizer (several seconds: it parses the file with gguf.GGUFReader).
+The first load reads the file's header with engine.loaders.gguf.header and has transformers
+convert the tokenizer (slow: it parses the whole file with gguf.GGUFReader).
 The config and tokenizer, with the tensor directory (names, shapes, quant types, byte offsets),
 are cached under the user cache dir, keyed by the file's path, size and mtime, so a later load
 reads one JSON file and a saved tokenizer and then dequantizes each tensor straight from a
@@ -32,8 +32,9 @@ from engine.loaders.base import (
     check_weight_shapes,
     display_name,
 )
-from engine.loaders.gguf.config import GGUF_ARCHITECTURES, ROPE_FREQS, gguf_config_dict
-from engine.loaders.gguf.header import parse_gguf_header
+from engine.loaders.gguf.config import ROPE_FREQS, gguf_config_dict
+from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
+from engine.models import gguf_family
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +122,11 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None) -> Lo
 
 
 def _check_magic(path: Path) -> None:
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
-    if magic != b"GGUF":
-        raise FolioLoadError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
-                             "download or convert the model again")
+    try:
+        check_gguf_magic(path)
+    except (OSError, ValueError) as exc:
+        raise FolioLoadError(f"{path}: not a GGUF file ({exc}); download or convert the model "
+                             "again") from exc
 
 
 def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
@@ -147,7 +148,7 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
         raise FolioLoadError(f"{path}: unreadable GGUF file ({exc}); it is truncated or "
                              "corrupt, download or convert it again") from exc
     config = gguf_config_dict(metadata, {t[0] for t in directory}, rope_freqs, path)
-    permute = GGUF_ARCHITECTURES[metadata["general.architecture"]][2]
+    permute = gguf_family(metadata["general.architecture"]).gguf_rope_permuted
     size = path.stat().st_size
     tensors, known_qtypes = [], set()
     for gguf_name, shape, qtype, offset, n_bytes in directory:

@@ -12,12 +12,12 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from engine.loaders import load_model_files
 from engine.loaders.base import (
     FolioLoadError,
     WeightStream,
     check_weight_shapes,
     display_name,
-    load_model_files,
 )
 
 VOCAB = {"<s>": 0, "</s>": 1, "h": 2, "e": 3, "l": 4, "o": 5, "he": 6, "ll": 7, "hell": 8,
@@ -227,7 +227,7 @@ def test_shape_check_covers_qwen2_biases_and_skips_other_families():
     config = types.SimpleNamespace(
         model_type="qwen2", hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
         head_dim=None, intermediate_size=16, vocab_size=10, num_hidden_layers=1,
-        tie_word_embeddings=True)
+        tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=64)
     shapes = {"model.embed_tokens.weight": (10, 8), "model.norm.weight": (8,),
               "model.layers.0.self_attn.q_proj.weight": (8, 8),
               "model.layers.0.self_attn.k_proj.weight": (4, 8),

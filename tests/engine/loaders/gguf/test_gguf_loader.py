@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.loaders.base import FolioLoadError, load_model_files
+from engine.loaders import FolioLoadError, load_model_files
 from engine.loaders.gguf import loader as gguf_loader
 from engine.loaders.gguf.loader import hf_tensor_name, unpermute_rows
 

@@ -1,0 +1,124 @@
+"""Hugging Face model folders: config.json, a tokenizer and safetensors shards.
+
+The shards' headers are read first (shapes checked against the config, truncated files
+caught) and the tensors only when the weight stream is iterated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from engine.loaders.base import (
+    FolioLoadError,
+    LoadedModel,
+    ProgressFn,
+    WeightStream,
+    check_weight_shapes,
+    display_name,
+)
+
+
+def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None) -> LoadedModel:
+    from transformers import AutoConfig, AutoTokenizer
+
+    report = progress or (lambda stage, fraction: None)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FolioLoadError(f"{config_path}: missing; a Hugging Face model folder needs "
+                             "config.json (for a GGUF model pass the .gguf file itself)")
+    report("config", 0.0)
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a bad config
+        raise FolioLoadError(f"{config_path}: cannot be read as a model config ({exc})") from exc
+    report("config", 1.0)
+    report("tokenizer", 0.0)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+    except Exception as exc:
+        raise FolioLoadError(f"{folder}: no usable tokenizer (tokenizer.json or "
+                             f"tokenizer.model with tokenizer_config.json): {exc}") from exc
+    report("tokenizer", 1.0)
+    report("index", 0.0)
+    shards = safetensors_shards(folder)
+    shapes: dict[str, tuple[int, ...]] = {}
+    origin: dict[str, Path] = {}
+    for shard in shards:
+        for name, shape in read_safetensors_header(shard).items():
+            shapes[name] = shape
+            origin[name] = shard
+    check_weight_shapes(config, shapes, lambda name: str(origin[name]), str(folder))
+    report("index", 1.0)
+
+    def opener() -> Iterator[tuple[str, torch.Tensor]]:
+        from safetensors import SafetensorError, safe_open
+
+        for shard in shards:
+            try:
+                with safe_open(str(shard), framework="pt") as handle:
+                    for name in handle.keys():
+                        tensor = handle.get_tensor(name)
+                        yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
+            except SafetensorError as exc:
+                raise FolioLoadError(f"{shard}: unreadable safetensors data ({exc}); "
+                                     "download the file again") from exc
+
+    return LoadedModel(config=config, tokenizer=tokenizer,
+                       weights=WeightStream(shapes, opener, progress), source=folder,
+                       format="hf", name=display_name(folder))
+
+
+def safetensors_shards(folder: Path) -> list[Path]:
+    """The folder's safetensors files, in index order; raises when there are none."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise FolioLoadError(f"{index}: not a valid safetensors index ({exc})") from exc
+        shards = [folder / name for name in dict.fromkeys(weight_map.values())]
+        for shard in shards:
+            if not shard.is_file():
+                raise FolioLoadError(f"{shard}: missing, but {index.name} lists it; "
+                                     "download the model again")
+        return shards
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(folder.glob("*.safetensors"))
+    if found:
+        return found
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pth")):
+        raise FolioLoadError(f"{folder}: only PyTorch .bin/.pth weights; Folio needs "
+                             "safetensors (download the repo's safetensors files, or convert)")
+    raise FolioLoadError(f"{folder}: no weights (model.safetensors or "
+                         "model.safetensors.index.json); download the model's weights")
+
+
+def read_safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from a safetensors header, after checking the file holds all the data."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise ValueError("shorter than the 8-byte header length")
+            header_len = int.from_bytes(prefix, "little")
+            if header_len > size - 8:
+                raise ValueError(f"header of {header_len} bytes in a {size}-byte file")
+            header = json.loads(handle.read(header_len))
+        header.pop("__metadata__", None)
+        shapes = {name: tuple(int(d) for d in info["shape"]) for name, info in header.items()}
+        data_end = max((int(info["data_offsets"][1]) for info in header.values()), default=0)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise FolioLoadError(f"{path}: not a valid safetensors file ({exc}); "
+                             "download it again") from exc
+    needed = 8 + header_len + data_end
+    if needed > size:
+        raise FolioLoadError(f"{path}: truncated ({size} bytes, its header needs {needed}); "
+                             "the download is incomplete, download it again")
+    return shapes
