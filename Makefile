@@ -19,11 +19,14 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/folio-app
 
-test: $(STAMP)
+# CI runs `make test`, so the lint (ruff and the import contracts) gates the tests.
+test: $(STAMP) lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
 
+# lint-imports checks the layering contracts in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine kernels desktop_app tests
+	$(VENV)/bin/lint-imports --no-logo
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .import_linter_cache

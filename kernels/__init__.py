@@ -1,100 +1,31 @@
 """Attention and KV-cache operations over a paged KV cache.
 
 `get_backend` picks the implementation: Triton kernels on CUDA, the PyTorch reference
-elsewhere. This package knows nothing of `engine`; the seam is `AttentionMetadata`
-plus the four backend methods documented in `docs/INTERNALS.md`.
+elsewhere. This package knows nothing of `engine`; the seam is `kernels.interface`
+(`AttentionMetadata`, `allocate_kv_cache` and the four `AttentionBackend` methods
+documented in `docs/INTERNALS.md`), re-exported here. Backends import the interface from
+`kernels.interface`, never from this package, so that importing flows one way.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
+from kernels.interface import AttentionBackend, AttentionMetadata, allocate_kv_cache
+
+__all__ = [
+    "BACKEND_ENV",
+    "BACKEND_NAMES",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "allocate_kv_cache",
+    "get_backend",
+]
+
 BACKEND_ENV = "FOLIO_ATTENTION_BACKEND"
 BACKEND_NAMES = ("torch", "triton")
-
-
-@dataclass(slots=True)
-class AttentionMetadata:
-    """The varlen batch of one step; see docs/INTERNALS.md for each field."""
-
-    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
-    seq_lens: torch.Tensor  # int32 [num_seqs]
-    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
-    slot_mapping: torch.Tensor  # int64 [num_tokens]
-    max_query_len: int
-    max_seq_len: int
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.seq_lens.shape[0])
-
-    @property
-    def is_decode_only(self) -> bool:
-        return self.max_query_len == 1
-
-
-class AttentionBackend(Protocol):
-    name: str
-    # How the pool this backend reads best is laid out in memory (allocate_kv_cache).
-    head_major_kv: bool
-
-    def write_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None: ...
-
-    def attention(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor: ...
-
-    def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None: ...
-
-    def swap_blocks(
-        self,
-        src_cache: torch.Tensor,
-        dst_cache: torch.Tensor,
-        src_ids: torch.Tensor,
-        dst_ids: torch.Tensor,
-    ) -> None: ...
-
-
-def allocate_kv_cache(
-    num_layers: int,
-    num_blocks: int,
-    block_size: int,
-    num_kv_heads: int,
-    head_size: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    head_major: bool,
-    pin_memory: bool = False,
-) -> torch.Tensor:
-    """A zeroed KV pool, always indexed [num_layers, 2, num_blocks, block_size, nkv, hd].
-
-    Memory order is the backend's choice. Block-contiguous (head_major=False) keeps each
-    block in one piece, which the Triton block-copy kernel needs. Head-major stores each KV
-    head of a layer as one run of slots over the whole pool, so a sequence whose blocks
-    are consecutive reads every head's keys as one contiguous [seq_len, hd] matrix (the
-    layout the CPU attention streams fastest) and a gather yields [nkv, seq_len, hd]."""
-    if not head_major:
-        return torch.zeros((num_layers, 2, num_blocks, block_size, num_kv_heads, head_size),
-                           dtype=dtype, device=device, pin_memory=pin_memory)
-    storage = torch.zeros((num_layers, 2, num_kv_heads, num_blocks, block_size, head_size),
-                          dtype=dtype, device=device, pin_memory=pin_memory)
-    return storage.permute(0, 1, 3, 4, 2, 5)
 
 
 def get_backend(device: torch.device | str, name: str | None = None) -> AttentionBackend:

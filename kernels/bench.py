@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import AttentionMetadata
+from kernels.interface import AttentionMetadata
 
 # Peak HBM/GDDR bandwidth in GB/s by a substring of torch.cuda.get_device_name(),
 # the more specific names first.

@@ -7,7 +7,7 @@ backend on CPU) are that single-token (decode) sequences run as one batched SDPA
 instead of a Python loop over sequences, gathers use index_select (or a view, when a
 sequence's blocks are consecutive) and yield each KV head's tokens as one matrix, and
 TorchBackend plans a step (what depends on the metadata alone) once instead of once per
-layer. Any pool layout works (kernels.allocate_kv_cache); TorchBackend asks for the
+layer. Any pool layout works (kernels.interface.allocate_kv_cache); TorchBackend asks for the
 head-major one, which its attention reads fastest.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels import AttentionMetadata
+from kernels.interface import AttentionMetadata
 
 
 def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -67,7 +67,7 @@ def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
     """The first `num_tokens` (default: all) tokens of blocks `ids` of a
     [num_blocks, bs, nkv, hd] cache, per KV head: [nkv, num_tokens, hd]. A view for a
     slice; for a head-major pool each head's rows are then one contiguous run
-    (kernels.allocate_kv_cache)."""
+    (kernels.interface.allocate_kv_cache)."""
     if isinstance(ids, slice):
         start = ids.start * cache.shape[1]
         stop = ids.stop * cache.shape[1] if num_tokens is None else start + num_tokens
@@ -275,7 +275,7 @@ def swap_blocks_ref(src_cache: torch.Tensor, dst_cache: torch.Tensor, src_ids: t
 
 
 class TorchBackend:
-    """The AttentionBackend protocol (kernels/__init__.py) on plain PyTorch ops.
+    """The AttentionBackend protocol (kernels/interface.py) on plain PyTorch ops.
 
     A step calls write_kv and attention once per layer with the same metadata, so what
     depends on the metadata alone (valid slots, the StepPlan) is computed for the first

@@ -1,4 +1,4 @@
-"""The Triton attention backend: `kernels.AttentionBackend` over the Triton kernels."""
+"""The Triton attention backend: `kernels.interface.AttentionBackend` over the Triton kernels."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from kernels import AttentionMetadata
+from kernels.interface import AttentionMetadata
 from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
 from kernels.triton.decode import paged_decode
 from kernels.triton.prefill import paged_prefill

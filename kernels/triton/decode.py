@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import AttentionMetadata
+from kernels.interface import AttentionMetadata
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 64

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import AttentionMetadata
+from kernels.interface import AttentionMetadata
 from kernels.triton.decode import LOG2E, check_inputs, dot_precision, paged_token_offsets
 
 TILE_ROWS = 64

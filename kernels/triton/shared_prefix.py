@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import AttentionMetadata
+from kernels.interface import AttentionMetadata
 from kernels.triton.decode import (
     LOG2E,
     attend_range,

@@ -1,0 +1,97 @@
+"""The seam between the engine and the attention backends.
+
+The engine describes each step's varlen batch with `AttentionMetadata`, allocates the KV
+pool with `allocate_kv_cache` and calls the four `AttentionBackend` methods (documented in
+`docs/INTERNALS.md`); the backends (`kernels.reference`, `kernels.triton`) implement them.
+This module imports nothing else from `kernels`, so every backend can import it while
+`kernels.get_backend` imports the backends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+__all__ = ["AttentionBackend", "AttentionMetadata", "allocate_kv_cache"]
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """The varlen batch of one step; see docs/INTERNALS.md for each field."""
+
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionBackend(Protocol):
+    name: str
+    # How the pool this backend reads best is laid out in memory (allocate_kv_cache).
+    head_major_kv: bool
+
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None: ...
+
+    def attention(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+    def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None: ...
+
+    def swap_blocks(
+        self,
+        src_cache: torch.Tensor,
+        dst_cache: torch.Tensor,
+        src_ids: torch.Tensor,
+        dst_ids: torch.Tensor,
+    ) -> None: ...
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    head_major: bool,
+    pin_memory: bool = False,
+) -> torch.Tensor:
+    """A zeroed KV pool, always indexed [num_layers, 2, num_blocks, block_size, nkv, hd].
+
+    Memory order is the backend's choice. Block-contiguous (head_major=False) keeps each
+    block in one piece, which the Triton block-copy kernel needs. Head-major stores each KV
+    head of a layer as one run of slots over the whole pool, so a sequence whose blocks
+    are consecutive reads every head's keys as one contiguous [seq_len, hd] matrix (the
+    layout the CPU attention streams fastest) and a gather yields [nkv, seq_len, hd]."""
+    if not head_major:
+        return torch.zeros((num_layers, 2, num_blocks, block_size, num_kv_heads, head_size),
+                           dtype=dtype, device=device, pin_memory=pin_memory)
+    storage = torch.zeros((num_layers, 2, num_kv_heads, num_blocks, block_size, head_size),
+                          dtype=dtype, device=device, pin_memory=pin_memory)
+    return storage.permute(0, 1, 3, 4, 2, 5)
