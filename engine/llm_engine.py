@@ -28,8 +28,9 @@ from engine.outputs import (
     RequestOutput,
     TokenEvent,
 )
+from engine.runner.kv_cache import KVShape, num_blocks_for
 from engine.runner.memory import MemoryStats, memory_stats
-from engine.runner.model_runner import KVShape, ModelRunner, num_blocks_for
+from engine.runner.model_runner import ModelRunner
 from engine.runner.sampler import Sampler, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
 from engine.text.chat_template import ChatTokenizer

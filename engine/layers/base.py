@@ -11,10 +11,9 @@ class Layer(nn.Module):
     """An nn.Module whose call is its forward.
 
     nn.Module.__call__ runs the hook machinery (forward hooks, tracing state) on every
-    call, about 1.5 us here; a decode step of the 30-layer starter model makes 270 layer
-    calls (about 1 ms, 2-3% of the step on the 2-core CPU), and the engine registers no
-    hooks. Each subclass's forward becomes its __call__ itself, so a call costs no extra
-    Python frame either.
+    call; a decode step of the 30-layer starter model makes 270 layer calls, a few
+    percent of a CPU step, and the engine registers no hooks. Each subclass's forward
+    becomes its __call__ itself, so a call costs no extra Python frame either.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -95,8 +95,8 @@ class StackedLinear(Layer):
 
 
 # Without oneDNN, below this many rows (decode steps) CPU fp32 matmuls run faster as
-# W @ x.T than as F.linear: measured on the 2-core dev machine over the starter's 30
-# layers, 1.5-2x faster at 2-16 rows. One row is padded to two, which beats both at batch 1.
+# W @ x.T than as F.linear (README, "Performance"). One row is padded to two, which beats
+# both at batch 1.
 SMALL_BATCH = 64
 
 

@@ -2,20 +2,11 @@
 
 PyTorch ships oneDNN (formerly MKL-DNN) for its own compiler and exposes the two ops used
 here: one reorders a [out, in] matrix into oneDNN's blocked layout, the other multiplies by
-it. Measured on the 2-core AVX2 development machine (shared/PERF-NOTES.md), the starter's 30
-layers of q/k/v, o, gate/up and down matmuls per step, median of interleaved runs:
-
-    rows   (W @ x.T).T, one row padded to two   oneDNN packed
-    1      28.5 ms                               26.0 ms
-    2      32.2 ms                               31.2 ms
-    16     60.4 ms                               56.8 ms
-    64     222.9 ms (F.linear)                   139.3 ms
-    512    938.7 ms (F.linear)                   877.3 ms
-
-(4 rows is the exception: 33.9 vs 42.2 ms.) It is also one op returning a contiguous
-[T, out] result where the padded product needed five, which matters as much at one row:
-a decode step on CPU pays a fixed cost per op, 120 matmuls over. The LM head gains at 8
-rows and more (49,152 x 576: 9.0 vs 15.3 ms at 8 rows) and ties at one.
+it. On the CPUs we measured, the packed multiply beats both the plain F.linear and the
+padded (W @ x.T).T product at most batch sizes of a decode or prefill step (README,
+"Performance", has the figures). It is also one op returning a contiguous [T, out]
+result where the padded product needed five, which matters as much at one row: a decode
+step on CPU pays a fixed cost per op, 120 matmuls over.
 
 The packed copy holds the same bytes as the matrix, so a layer keeps only the packed one.
 The ops are private to PyTorch: everything here falls back to None (callers keep the

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.runner.model_runner import CPU_DEFAULT_KV_BYTES, KVShape, num_blocks_for
+from engine.runner.kv_cache import CPU_DEFAULT_KV_BYTES, KVShape, num_blocks_for
 
 CPU = torch.device("cpu")
 # The starter's shape: 30 layers, 3 KV heads of 64, fp32 -> 737,280 bytes per 16-token block.
