@@ -17,8 +17,11 @@ class EngineConfig:
     block_size: int = 16
     # KV pool size: either a block count, or derived from a memory budget.
     num_gpu_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None  # CPU budget; None = default (see model_runner)
-    gpu_memory_utilization: float = 0.85  # CUDA: share of free memory after weights
+    # KV pool budget in bytes on any device; None = the default (runner/kv_cache.py).
+    kv_cache_memory_bytes: int | None = None
+    # CUDA without a budget: the pool fills this share of the card's total memory, less
+    # what is already in use (the weights, other processes).
+    gpu_memory_utilization: float = 0.85
     num_host_blocks: int = 0  # host pool for swap preemption; 0 = recompute
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512  # per-step token budget (prefill chunk size)

@@ -302,5 +302,6 @@ def _active(group: SequenceGroup) -> list[Sequence]:
 
 
 def _has_parked(group: SequenceGroup) -> bool:
-    """Whether some candidate of a running group still waits for its blocks."""
-    return any(s.status is SequenceStatus.PARKED for s in group.seqs)
+    """Whether some candidate of a running group still waits for its blocks (never so
+    with one sequence, the common case, checked first: it is the leader)."""
+    return len(group.seqs) > 1 and any(s.status is SequenceStatus.PARKED for s in group.seqs)
