@@ -1,4 +1,4 @@
-"""The ``folio`` command: ``folio chat``, ``folio models``, ``folio bench``."""
+"""The ``folio`` command: ``folio chat``, ``folio serve``, ``folio models``, ``folio bench``."""
 
 from __future__ import annotations
 
@@ -112,6 +112,28 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
             print(f"error: {exc}")
 
 
+def cmd_serve(args) -> int:
+    from engine.llm import LLM
+    from engine.serve.app import ServeSettings
+    from engine.serve.server import UnsafeHostError, check_host, serve_forever
+    from engine.worker import EngineWorker
+
+    try:
+        check_host(args.host, args.api_key)  # before minutes of loading, not after
+    except UnsafeHostError as exc:
+        print(f"folio serve: error: {exc}", file=sys.stderr)
+        return 2
+    llm = LLM(args.model, progress=_progress)
+    worker = EngineWorker(llm).start()
+    print(f"Serving {llm.model_name} at http://{args.host}:{args.port}/v1 "
+          f"(OpenAI API; Ctrl+C stops)", file=sys.stderr)
+    try:
+        serve_forever(worker, args.host, args.port, ServeSettings(api_key=args.api_key))
+    finally:
+        worker.shutdown()
+    return 0
+
+
 def cmd_models(args) -> int:
     from engine.loaders.catalog import list_local_models
 
@@ -147,12 +169,22 @@ def _run_command(argv: list[str]) -> int:
     chat.add_argument("--temperature", type=float, default=0.7)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--seed", type=int, default=None)
+    serve = sub.add_parser("serve", help="an OpenAI-compatible API on this machine")
+    serve.add_argument("--model", default="starter", help="'starter', a folder or a .gguf file")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: this machine only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None,
+                       help="clients must send 'Authorization: Bearer KEY'; required "
+                       "for a host other than loopback")
     models = sub.add_parser("models", help="list local models")
     models.add_argument("path", nargs="*", help="extra folders or .gguf files")
     sub.add_parser("bench", help="benchmarks: folio bench WORKLOAD --help")
     args = parser.parse_args(argv)
     if args.command == "chat":
         return cmd_chat(args)
+    if args.command == "serve":
+        return cmd_serve(args)
     return cmd_models(args)
 
 

@@ -56,6 +56,9 @@ class FinishedEvent:
 class ErrorEvent:
     request_id: str
     message: str
+    # The request itself was refused (a prompt longer than the context, bad token ids):
+    # the caller's fault, nothing ran. False for a failure while generating.
+    rejected: bool = False
 
 
 Event = TokenEvent | FinishedEvent | ErrorEvent

@@ -60,9 +60,12 @@ class EngineWorker:
         return self
 
     def submit(
-        self, prompt: Prompt, params: SamplingParams | None, on_event: EventCallback
+        self, prompt: Prompt, params: SamplingParams | None, on_event: EventCallback,
+        label: str = "chat",
     ) -> RequestHandle:
-        request_id = f"chat-{next(self._ids)}"
+        """Queue a request; ``label`` starts its id ("chat-3", "api-7"), which the memory
+        panel shows as the owner of its blocks."""
+        request_id = f"{label}-{next(self._ids)}"
         self._commands.put(("submit", request_id, prompt, params or SamplingParams(), on_event))
         return RequestHandle(request_id, self)
 
@@ -117,7 +120,8 @@ class EngineWorker:
             try:
                 self._steps.add(prompt, params, _Guarded(on_event, self), request_id)
             except Exception as exc:  # a bad request must not stop the worker
-                _Guarded(on_event, self)(ErrorEvent(request_id, str(exc)))
+                rejected = isinstance(exc, ValueError)
+                _Guarded(on_event, self)(ErrorEvent(request_id, str(exc), rejected))
         elif kind == "cancel":
             self._steps.cancel(command[1])
 

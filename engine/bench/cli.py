@@ -13,6 +13,7 @@ threads, in one run:
 - ``waste``: internal KV waste sampled during the chat.
 - ``scheduler``: one schedule step plus the block bookkeeping with 64 running sequences,
   without a model.
+- ``serve``: the OpenAI-compatible API through the openai client, 16 clients at once.
 - ``all``: every one of the above; ``kernels``: the attention kernels (CUDA).
 
 The table goes to stdout; ``--json PATH`` writes the results, ``--plot DIR`` PNG charts.
@@ -32,6 +33,7 @@ from engine.bench.chat import bench_chat
 from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
 from engine.bench.scheduler import bench_scheduler
+from engine.bench.serve import bench_serve
 from engine.bench.setup import BenchContext, BenchSettings
 from engine.bench.waste import bench_waste
 
@@ -43,6 +45,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "concurrent": bench_concurrent,
     "waste": bench_waste,
     "scheduler": lambda ctx: bench_scheduler(),
+    "serve": bench_serve,
 }
 
 EPILOG = """workloads:
@@ -52,6 +55,7 @@ EPILOG = """workloads:
   concurrent  8 chats at once through the EngineWorker: total tokens/s, each TTFT
   waste       internal KV waste sampled during the chat
   scheduler   one scheduling step with 64 running sequences, no model
+  serve       the OpenAI API: 16 clients at once against one, TTFT across a 4-turn chat
   all         all of the above; kernels: the attention kernels (CUDA only)
 llama.cpp joins chat and decode when llama-cpp-python is installed;
 --plot needs matplotlib (pip install 'folio[plot]')."""

@@ -66,13 +66,15 @@ class BenchSettings:
     decode_tokens: int = 32
     decode_rounds: int = 3  # each side decodes this many fresh prompts, taking turns
     concurrent_chats: int = 8
+    serve_clients: int = 16  # concurrent API clients (serve)
+    serve_turns: int = 4  # turns of the API chat (serve)
     kv_blocks: int | None = None  # None = the engine's default KV budget
     seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("turns", "chat_repeats", "user_tokens", "reply_tokens",
                      "candidate_prompt_tokens", "candidate_tokens", "decode_tokens",
-                     "decode_rounds", "concurrent_chats"):
+                     "decode_rounds", "concurrent_chats", "serve_clients", "serve_turns"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

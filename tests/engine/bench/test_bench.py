@@ -38,7 +38,7 @@ def ctx(tiny_dir):
         model=str(tiny_dir), threads=1, turns=2, chat_repeats=2, user_tokens=12, reply_tokens=6,
         candidate_prompt_tokens=48, candidate_tokens=6, candidate_ns=(1, 2, 4),
         decode_contexts=(16, 128), decode_tokens=5, decode_rounds=2, concurrent_chats=3,
-        kv_blocks=256,
+        serve_clients=4, serve_turns=3, kv_blocks=256,
     )
     yield BenchContext.create(settings)
     torch.set_num_threads(threads)
@@ -120,6 +120,24 @@ def test_concurrent_chats_all_finish(ctx):
     hf = [row["hf_sequential_ttft_ms"] for row in rows]
     assert hf == sorted(hf) and len(set(hf)) == 3
     assert result["targets"] == []
+
+
+def test_serve_runs_clients_at_once_and_a_chat_through_the_api(ctx):
+    from engine.bench.serve import bench_serve
+
+    result = bench_serve(ctx)
+    alone, together, *turns = result["rows"]
+    assert (alone["clients"], together["clients"]) == (1, 4)
+    assert alone["total_tok_s"] > 0 and together["total_tok_s"] > 0
+    assert [t["turn"] for t in turns] == [1, 2, 3]
+    # Each turn sends the whole conversation: the earlier turns come from the cache, in
+    # whole 16-token blocks.
+    for before, turn in zip(turns, turns[1:], strict=False):
+        assert turn["cached_tokens"] >= before["prompt_tokens"] // 16 * 16
+    assert [t["prompt_tokens"] for t in turns] == sorted(t["prompt_tokens"] for t in turns)
+    assert _targets(result) == ["4 clients / 1 client total tokens/s",
+                                "p95 TTFT with 4 clients (s)",
+                                "API chat turn-3 TTFT / turn-1 TTFT"]
 
 
 def test_waste_is_sampled_on_every_step_with_blocks(ctx):

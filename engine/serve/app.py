@@ -1,0 +1,180 @@
+"""The OpenAI-compatible HTTP API over one EngineWorker (``create_app``).
+
+Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
+(streamed as server-sent events or not), ``GET /health`` and ``GET /metrics``. Requests
+join the worker's continuous batch like the app's chats do, so they share its prefix
+cache: a client that sends a conversation again finds its earlier turns cached, and
+``usage.prompt_tokens_details.cached_tokens`` says how many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from engine.outputs import ErrorEvent, FinishedEvent
+from engine.serve import responses
+from engine.serve.errors import APIError, install_error_handlers
+from engine.serve.limits import BodySizeLimit
+from engine.serve.metrics import CONTENT_TYPE, ServerMetrics
+from engine.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    UnsupportedField,
+)
+from engine.serve.streaming import RequestStream
+from engine.worker import EngineWorker
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass(slots=True)
+class ServeSettings:
+    api_key: str | None = None  # None: no key asked (loopback only, see server.py)
+    max_body_bytes: int = 4 << 20
+    # Requests submitted but not yet streaming; past it new ones get 429, so a flood
+    # queues in the clients, not in this process's memory.
+    max_waiting: int = 64
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.max_waiting < 1:
+            raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+
+
+def create_app(worker: EngineWorker, settings: ServeSettings | None = None) -> FastAPI:
+    settings = settings or ServeSettings()
+    llm = worker.llm
+    metrics = ServerMetrics(worker)
+    app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine")
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    app.state.metrics = metrics
+
+    def check_key(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        expected = settings.api_key.encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer "
+                           "<key>' with the key the server was started with",
+                           "invalid_api_key")
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": llm.model_name}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models", dependencies=[Depends(check_key)])
+    async def models() -> dict:
+        return {"object": "list", "data": [responses.model_card(llm)]}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        params = _params(body, llm, llm.max_model_len)
+        return await _complete(body, body.engine_messages(), params, "chat", request)
+
+    @app.post("/v1/completions", dependencies=[Depends(check_key)])
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        params = _params(body, llm, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        return await _complete(body, body.prompt, params, "text", request)
+
+    async def _complete(body, prompt, params, kind: str, request: Request) -> Response:
+        if metrics.waiting >= settings.max_waiting:
+            metrics.requests.labels(kind, "rejected_busy").inc()
+            raise APIError(429, f"the server has {metrics.waiting} requests waiting; retry "
+                           "shortly", "server_busy",
+                           headers={"Retry-After": str(settings.retry_after_s)})
+        stream = RequestStream(worker, prompt, params)
+        await stream.__aenter__()
+        watch = _Disconnect(request)
+        metrics.waiting += 1
+        try:
+            first = await watch.wait_for(stream.next_event())
+        except BaseException:
+            watch.close()
+            await stream.__aexit__(None, None, None)
+            raise
+        finally:
+            metrics.waiting -= 1
+        if isinstance(first, ErrorEvent):
+            watch.close()
+            metrics.requests.labels(kind, "rejected" if first.rejected else "failed").inc()
+            raise APIError(400 if first.rejected else 500, first.message)
+        shape = responses.Shape(kind, stream.request_id, llm.model_name, int(time.time()))
+        if body.stream:
+            # The streaming response watches the connection itself.
+            watch.close()
+            return responses.EventStream(stream, first, shape, body.include_usage,
+                                         lambda out: metrics.finished(kind, out), metrics)
+        metrics.running += 1
+        try:
+            output = await _collect(stream, first, watch)
+        finally:
+            metrics.running -= 1
+            watch.close()
+            await stream.__aexit__(None, None, None)
+        metrics.finished(kind, output)
+        return JSONResponse(responses.completion_body(shape, output))
+
+    return app
+
+
+def _params(body: SamplingFields, llm, max_tokens_default: int):
+    if body.model != llm.model_name:
+        raise APIError(404, f"model {body.model!r} is not served here; this server serves "
+                       f"{llm.model_name!r} (GET /v1/models)", "model_not_found", "model")
+    try:
+        return body.sampling_params(max_tokens_default)
+    except UnsupportedField as exc:
+        raise APIError(400, str(exc), "unsupported_parameter") from exc
+    except ValueError as exc:
+        raise APIError(422, str(exc), "invalid_value") from exc
+
+
+async def _collect(stream: RequestStream, first, watch: _Disconnect):
+    event = first
+    while not isinstance(event, FinishedEvent):
+        if isinstance(event, ErrorEvent):
+            raise APIError(500, event.message)
+        event = await watch.wait_for(stream.next_event())
+    return event.output
+
+
+class _Disconnect:
+    """Watches the client's connection while a handler awaits the engine: a client that
+    leaves raises CancelledError in the handler, whose cleanup cancels the request."""
+
+    def __init__(self, request: Request) -> None:
+        self._task = asyncio.ensure_future(_disconnected(request))
+
+    async def wait_for(self, awaitable):
+        task = asyncio.ensure_future(awaitable)
+        done, _ = await asyncio.wait({task, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        raise asyncio.CancelledError("client disconnected")
+
+    def close(self) -> None:
+        self._task.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,136 @@
+"""Response bodies and server-sent event chunks in OpenAI's shapes.
+
+``Shape`` holds what every body of one request repeats (its id, kind, model, creation
+time); ``completion_body`` builds the one-piece answer, ``EventStream`` the streamed one:
+``data: {chunk}`` lines, each candidate's final chunk with its finish reason, optionally a
+usage chunk, then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from starlette.responses import StreamingResponse
+
+from engine.outputs import ErrorEvent, FinishedEvent, RequestOutput, TokenEvent
+
+
+@dataclass(slots=True, frozen=True)
+class Shape:
+    kind: str  # "chat" or "text"
+    request_id: str
+    model: str
+    created: int
+
+    @property
+    def id(self) -> str:
+        return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + self.request_id
+
+    def chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.kind == "chat"
+                else "text_completion", "created": self.created, "model": self.model,
+                "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+    def delta(self, index: int, text: str, first: bool) -> dict:
+        if self.kind == "text":
+            return {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+
+    def last(self, index: int, reason: str | None) -> dict:
+        if self.kind == "text":
+            return {"index": index, "text": "", "logprobs": None,
+                    "finish_reason": finish_reason(reason)}
+        return {"index": index, "delta": {}, "logprobs": None,
+                "finish_reason": finish_reason(reason)}
+
+
+def finish_reason(reason: str | None) -> str:
+    # The engine says "stop" (end of text, stop string or token), "length" (max_tokens or
+    # the context's end) or "abort"; OpenAI knows "stop" and "length".
+    return "length" if reason == "length" else "stop"
+
+
+def usage(output: RequestOutput) -> dict:
+    m = output.metrics
+    completion = sum(len(c.token_ids) for c in output.outputs)
+    return {"prompt_tokens": m.num_prompt_tokens, "completion_tokens": completion,
+            "total_tokens": m.num_prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": m.num_cached_tokens}}
+
+
+def model_card(llm) -> dict:
+    return {"id": llm.model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "folio", "max_model_len": llm.max_model_len}
+
+
+def completion_body(shape: Shape, output: RequestOutput) -> dict:
+    if shape.kind == "chat":
+        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": None, "finish_reason": finish_reason(c.finish_reason)}
+                   for c in output.outputs]
+        kind = "chat.completion"
+    else:
+        choices = [{"index": c.index, "text": c.text, "logprobs": None,
+                    "finish_reason": finish_reason(c.finish_reason)} for c in output.outputs]
+        kind = "text_completion"
+    return {"id": shape.id, "object": kind, "created": shape.created, "model": shape.model,
+            "choices": choices, "usage": usage(output)}
+
+
+def sse(body: dict | str) -> bytes:
+    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+class EventStream(StreamingResponse):
+    """A streamed completion. However the response ends (done, client gone, error), the
+    request is cancelled in the engine if it still runs, so no block stays held."""
+
+    def __init__(self, stream, first, shape: Shape, include_usage: bool,
+                 on_finished: Callable[[RequestOutput], None], metrics) -> None:
+        self._stream = stream
+        self._metrics = metrics
+        metrics.running += 1
+        super().__init__(_chunks(stream, first, shape, include_usage, on_finished),
+                         media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._metrics.running -= 1
+            await self._stream.__aexit__(None, None, None)
+
+
+async def _chunks(stream, first, shape: Shape, include_usage: bool,
+                  on_finished: Callable[[RequestOutput], None]) -> AsyncIterator[bytes]:
+    started: set[int] = set()
+    event = first
+    while True:
+        if isinstance(event, TokenEvent):
+            yield sse(shape.chunk([shape.delta(event.index, event.text,
+                                               event.index not in started)]))
+            started.add(event.index)
+        elif isinstance(event, FinishedEvent):
+            output = event.output
+            on_finished(output)
+            yield sse(shape.chunk([shape.last(c.index, c.finish_reason)
+                                   for c in output.outputs]))
+            if include_usage:
+                yield sse(shape.chunk([], usage(output)))
+            break
+        elif isinstance(event, ErrorEvent):
+            # Headers are sent already: the error travels as an event, as OpenAI does.
+            yield sse({"error": {"message": event.message, "type": "server_error",
+                                 "param": None, "code": None}})
+            break
+        event = await stream.next_event()
+    yield sse("[DONE]")

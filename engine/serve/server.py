@@ -1,0 +1,119 @@
+"""Running the API: the loopback-only default, and uvicorn in the foreground (``folio
+serve``) or on a background thread (the desktop app's "serve" switch, tests, the bench).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from engine.serve.app import ServeSettings, create_app
+from engine.worker import EngineWorker
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+class UnsafeHostError(ValueError):
+    """A server reachable from other machines, with no API key to keep strangers out."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def check_host(host: str, api_key: str | None) -> None:
+    """Refuse to listen beyond this machine without a key."""
+    if not is_loopback(host) and not api_key:
+        raise UnsafeHostError(
+            f"--host {host} makes the API reachable from other machines, and without "
+            "--api-key anyone who reaches it can use the model; pass --api-key KEY "
+            f"(clients then send 'Authorization: Bearer KEY'), or keep {DEFAULT_HOST}")
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _uvicorn_server(worker: EngineWorker, host: str, port: int, settings: ServeSettings):
+    import uvicorn
+
+    config = uvicorn.Config(create_app(worker, settings), host=host, port=port,
+                            log_level="warning", access_log=False, lifespan="off")
+    return uvicorn.Server(config)
+
+
+def serve_forever(worker: EngineWorker, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                  settings: ServeSettings | None = None) -> None:
+    """Serve until interrupted (Ctrl+C ends uvicorn cleanly)."""
+    settings = settings or ServeSettings()
+    check_host(host, settings.api_key)
+    _uvicorn_server(worker, host, port, settings).run()
+
+
+@dataclass(slots=True)
+class BackgroundServer:
+    """uvicorn on a daemon thread; ``stop`` shuts it down and waits for the thread."""
+
+    host: str
+    port: int
+    _server: object
+    _thread: threading.Thread
+
+    @property
+    def app(self):
+        """The FastAPI app (its ``state.metrics`` holds the server's counters)."""
+        return self._server.config.app
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout)
+
+
+def start_in_background(worker: EngineWorker, host: str = DEFAULT_HOST, port: int = 0,
+                        settings: ServeSettings | None = None,
+                        timeout: float = 30.0) -> BackgroundServer:
+    """Start serving on a thread and return once the port accepts connections; port 0
+    picks a free one. Raises OSError when the port cannot be bound."""
+    settings = settings or ServeSettings()
+    check_host(host, settings.api_key)
+    port = port or free_port(host)
+    server = _uvicorn_server(worker, host, port, settings)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            server.run()
+        except BaseException as exc:  # SystemExit when uvicorn cannot bind
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="folio-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if errors or not thread.is_alive():
+            raise OSError(f"cannot serve on {host}:{port}: "
+                          f"{errors[0] if errors else 'the server stopped'}")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise OSError(f"the server on {host}:{port} did not start in {timeout:.0f} s")
+        time.sleep(0.02)
+    return BackgroundServer(host, port, server, thread)

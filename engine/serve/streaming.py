@@ -1,0 +1,60 @@
+"""One API request's events, from the engine's thread to the server's event loop.
+
+The EngineWorker calls back on its own thread; ``RequestStream`` hands each event to the
+asyncio loop with ``call_soon_threadsafe`` and the handler awaits them in order. Leaving
+the ``async with`` before the request finished (the client went away, the handler
+failed) cancels it in the engine, so its blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from engine.outputs import ErrorEvent, Event, FinishedEvent, TokenEvent
+from engine.sampling_params import SamplingParams
+from engine.worker import EngineWorker
+
+
+class RequestStream:
+    def __init__(self, worker: EngineWorker, prompt, params: SamplingParams) -> None:
+        self._worker = worker
+        self._prompt = prompt
+        self._params = params
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._handle = None
+        self.finished = False
+        self.submitted_at = 0.0
+        self.first_token_at: float | None = None
+
+    async def __aenter__(self) -> RequestStream:
+        loop = asyncio.get_running_loop()
+
+        def on_event(event: Event) -> None:  # the worker's thread
+            loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+        self.submitted_at = time.perf_counter()
+        self._handle = self._worker.submit(self._prompt, self._params, on_event, label="api")
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        if not self.finished and self._handle is not None:
+            self._handle.cancel()
+
+    @property
+    def request_id(self) -> str:
+        return self._handle.request_id if self._handle else ""
+
+    async def next_event(self) -> Event:
+        event = await self._queue.get()
+        if isinstance(event, TokenEvent) and self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        if isinstance(event, FinishedEvent | ErrorEvent):
+            self.finished = True
+        return event
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Every event up to and including the FinishedEvent or ErrorEvent."""
+        while not self.finished:
+            yield await self.next_event()
