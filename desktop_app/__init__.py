@@ -6,8 +6,10 @@
 - ``widgets``: the pieces of the window and the theme; they import no other layer and
   read the store's records and the engine's snapshots only through the objects they
   are handed.
-- ``services``: the GUI's links to the outside: the engine (``engine_bridge``) and the
-  Hugging Face hub (``downloads``).
+- ``services``: the GUI's links to the outside: the engine (``engine_bridge``), remote
+  OpenAI-compatible servers as a model source (``remote``, ``remote_request``,
+  ``remote_client``, ``remote_metrics``), the app's own API on localhost
+  (``api_server``) and the Hugging Face hub (``downloads``).
 - ``data``: chats in SQLite and settings in JSON. No Qt, so the store and the settings
   load in scripts and tests without a display.
 """

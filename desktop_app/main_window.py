@@ -20,15 +20,18 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.controllers.chat_controller import ChatController
+from desktop_app.controllers.serve_switch import ServeSwitch
 from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, save_settings
 from desktop_app.dialogs import error_dialog
 from desktop_app.dialogs.settings_dialog import SettingsDialog
+from desktop_app.services import sources
 from desktop_app.widgets import theme
 from desktop_app.widgets.chat_list import ChatList
 from desktop_app.widgets.conversation_view import ConversationView
 from desktop_app.widgets.vram_panel import VramPanel
 
-STARTER = "starter"
+STARTER = sources.STARTER
+_display_name = sources.display_name
 
 
 class MainWindow(QMainWindow):
@@ -46,6 +49,14 @@ class MainWindow(QMainWindow):
         self.chat_list = ChatList()
         self.conversation = ConversationView()
         self.controller = ChatController(store, bridge, self.conversation, settings, self)
+        sources.register_remembered_keys(bridge, settings)
+        self.serve = ServeSwitch(bridge, settings, persist, self)  # the API on localhost
+        self.serve_label = QLabel("")
+        self.serve_label.setObjectName("serveStatus")
+        self.serve_label.setAccessibleName("API server")
+        self.statusBar().addPermanentWidget(self.serve_label)
+        self.serve.statusChanged.connect(self.serve_label.setText)
+        self.serve.errorRaised.connect(lambda t, m: error_dialog.show_error(self, t, m))
         splitter = QSplitter()
         splitter.setObjectName("mainSplitter")
         splitter.addWidget(self.chat_list)
@@ -90,6 +101,7 @@ class MainWindow(QMainWindow):
         self.controller.open_chat(chats[0].id if chats else None)
         self.vram_panel.refresh()
         self.conversation.composer.setFocus()
+        self.serve.start()
 
     # -- construction --------------------------------------------------------------------
     def _build_toolbar(self) -> None:
@@ -148,12 +160,9 @@ class MainWindow(QMainWindow):
         stop.activated.connect(self.controller.stop)
 
     def _fill_model_picker(self) -> None:
-        sources = [STARTER] + [p for p in self.settings.model_paths if p != STARTER]
-        if self._current_source and self._current_source not in sources:
-            sources.insert(0, self._current_source)
         self.model_picker.blockSignals(True)
         self.model_picker.clear()
-        for source in sources:
+        for source in sources.picker_sources(self.settings, self._current_source):
             self.model_picker.addItem(_display_name(source), source)
         if self._current_source is None:
             self.model_picker.insertItem(0, "No model loaded", None)
@@ -222,7 +231,7 @@ class MainWindow(QMainWindow):
         self.load_progress_action.setVisible(False)
         if source:
             self.settings.last_model = source
-            if source != STARTER:
+            if source != STARTER and not self.bridge.is_remote:
                 self.settings.remember_model_path(source)
             self._persist(self.settings)
         self._fill_model_picker()
@@ -236,11 +245,8 @@ class MainWindow(QMainWindow):
         still = (f"Folio keeps using {self.bridge.model_name}." if self.bridge.is_loaded
                  else "No model is loaded now.")
         self.statusBar().showMessage(f"Could not load {_display_name(source)}")
-        error_dialog.show_error(
-            self, "Could not load the model",
-            f"{_display_name(source)} did not load:\n\n{message}\n\n{still} Check that "
-            "the folder holds config.json, a tokenizer and .safetensors weights (or "
-            "pick a .gguf file), then load it again from the model manager.")
+        error_dialog.show_error(self, "Could not load the model",
+                                sources.load_failure_text(source, message, still))
 
     def _on_model_unloaded(self) -> None:
         self._current_source = None
@@ -263,7 +269,8 @@ class MainWindow(QMainWindow):
     def open_settings(self) -> SettingsDialog:
         chat = self.store.get_chat(self.controller.chat_id) if self.controller.chat_id else None
         dialog = SettingsDialog(chat.settings if chat else None, self.settings.chat_defaults,
-                                parent=self)
+                                parent=self, serve=(self.settings.serve_enabled,
+                                                    self.settings.serve_port))
         dialog.accepted.connect(lambda: self.apply_settings(dialog))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
@@ -275,6 +282,8 @@ class MainWindow(QMainWindow):
         if dialog.result_defaults is not None:
             self.settings.chat_defaults = dialog.result_defaults
             self._persist(self.settings)
+        if dialog.result_serve is not None:
+            self.serve.apply(*dialog.result_serve)
         self._on_chat_opened(self.controller.chat_id or 0)
 
     def retheme(self) -> None:
@@ -301,11 +310,7 @@ class MainWindow(QMainWindow):
         self.settings.dock_state = bytes(self.saveState().toBase64()).decode()
         self._persist(self.settings)
         self.vram_panel.timer.stop()
+        self.serve.shutdown()
         self.bridge.shutdown()
         super().closeEvent(event)
 
-
-def _display_name(source: str) -> str:
-    if source == STARTER:
-        return "SmolLM2-135M-Instruct (starter)"
-    return source.rstrip("/").rsplit("/", 1)[-1] or source

@@ -243,7 +243,8 @@ class ChatController(QObject):
             done = by_index.get(i)
             text = done.text if done is not None and (done.text or not stream.texts[i]) \
                 else stream.texts[i]
-            token_ids = list(done.token_ids) if done is not None else None
+            # A remote server sends text only: no ids, so the next turn re-tokenizes it.
+            token_ids = list(done.token_ids) if done is not None and done.token_ids else None
             reason = done.finish_reason if done is not None else "abort"
             self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason})
             if stream.chat_id == self.chat_id:
@@ -268,9 +269,12 @@ class ChatController(QObject):
         if stream.chat_id == self.chat_id:
             self.render()
         self.chatsChanged.emit()
+        advice = ("Check that the server is running, then regenerate the reply or send "
+                  "again." if getattr(self.bridge, "is_remote", False) else
+                  "Shorten the message, start a new chat, or load a model with a longer "
+                  "context, then try again.")
         self.errorRaised.emit("The reply failed", f"{message}\n\nYour chat is saved: nothing "
-                              "was lost. Shorten the message, start a new chat, or load a "
-                              "model with a longer context, then try again.")
+                              f"was lost. {advice}")
 
     def _set_generating(self) -> None:
         self.view.set_generating(self.generating)

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
+from desktop_app.data.servers import ServerEntry
+
 if TYPE_CHECKING:
     from engine.sampling_params import SamplingParams
 
@@ -118,10 +120,17 @@ class AppSettings:
     # Qt's saveGeometry()/saveState() as base64 text: opaque to everything but the GUI.
     window_geometry: str = ""
     dock_state: str = ""
+    # Remote OpenAI-compatible servers added as model sources.
+    servers: list[ServerEntry] = field(default_factory=list)
+    # "Serve the loaded model on localhost:PORT" (the app's own OpenAI-compatible API).
+    serve_enabled: bool = False
+    serve_port: int = 8000
 
     def __post_init__(self) -> None:
         if isinstance(self.chat_defaults, dict):
             self.chat_defaults = ChatSettings.from_dict(self.chat_defaults)
+        if isinstance(self.servers, list):
+            self.servers = [ServerEntry.from_dict(s) for s in self.servers]
         check = _checker("AppSettings")
         check(isinstance(self.chat_defaults, ChatSettings), "chat_defaults",
               self.chat_defaults, "a ChatSettings")
@@ -133,6 +142,11 @@ class AppSettings:
         check(isinstance(self.window_geometry, str), "window_geometry", self.window_geometry,
               "a string")
         check(isinstance(self.dock_state, str), "dock_state", self.dock_state, "a string")
+        check(isinstance(self.servers, list), "servers", self.servers, "a list of servers")
+        check(isinstance(self.serve_enabled, bool), "serve_enabled", self.serve_enabled,
+              "true or false")
+        check(_is_int(self.serve_port) and 1 <= self.serve_port <= 65535, "serve_port",
+              self.serve_port, "a port number in [1, 65535]")
 
     def remember_model_path(self, path: str) -> None:
         """Add a model path (most recent first, no duplicates)."""
@@ -140,6 +154,13 @@ class AppSettings:
             raise ValueError(f"AppSettings.model_paths entries must be non-empty strings, "
                              f"got {path!r}")
         self.model_paths = [path] + [p for p in self.model_paths if p != path]
+
+    def add_server(self, entry: ServerEntry) -> None:
+        """Add a server (most recent first; the same URL and model replaces the old one)."""
+        self.servers = [entry] + [s for s in self.servers if s.source != entry.source]
+
+    def server_for(self, source: str) -> ServerEntry | None:
+        return next((s for s in self.servers if s.source == source), None)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

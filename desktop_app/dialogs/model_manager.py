@@ -1,4 +1,5 @@
-"""The model manager: local models with what they need, load/unload, add, and download.
+"""The model manager: local models with what they need, remote servers, load/unload, add,
+and download.
 
 Listing reads only model headers (engine.loaders.catalog), so it runs on the GUI thread.
 Loading goes through the bridge (a background thread, progress in the dialog). A download
@@ -32,33 +33,19 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.dialogs import error_dialog
+from desktop_app.dialogs.model_rows import (  # noqa: F401 - tests import them from here
+    COLUMNS,
+    ServerRow,
+    download_advice,
+    format_parameters,
+    list_local_models,
+    memory_needed,
+    source_for,
+)
+from desktop_app.dialogs.server_dialog import AddServerDialog
 from desktop_app.services import downloads
 from desktop_app.widgets import theme
 from desktop_app.widgets.vram_panel import format_bytes
-
-COLUMNS = ("Name", "Format", "Architecture", "Parameters", "Context", "On disk",
-           "Memory needed", "Status")
-
-
-def format_parameters(n: int) -> str:
-    if n >= 10**9:
-        return f"{n / 10**9:.1f} B"
-    if n >= 10**6:
-        return f"{n / 10**6:.1f} M"
-    return str(n)
-
-
-def source_for(info) -> str:
-    """What to hand LLM(...) for a listed model."""
-    return "starter" if info.name == "starter" else str(info.path)
-
-
-def memory_needed(info, engine_config) -> int:
-    """Weights plus the KV cache at the configured context (the model's own by default)."""
-    dtype = getattr(engine_config, "dtype", "float32")
-    limit = getattr(engine_config, "max_model_len", None)
-    context = min(limit, info.context_length) if limit else info.context_length
-    return info.memory_bytes(dtype, context)
 
 
 class ModelManagerDialog(QDialog):
@@ -72,7 +59,7 @@ class ModelManagerDialog(QDialog):
         self.setWindowTitle("Models")
         self.resize(940, 520)
         self.bridge, self.settings, self._persist = bridge, settings, persist
-        self._list_models = list_models or _list_local_models
+        self._list_models = list_models or list_local_models
         self.infos: list = []
         self._cancel: threading.Event | None = None
         self._download_event.connect(self._on_download_event,
@@ -99,11 +86,17 @@ class ModelManagerDialog(QDialog):
         add_folder.clicked.connect(self._pick_folder)
         add_file = QPushButton(theme.icon("file"), "Add .gguf file…")
         add_file.clicked.connect(self._pick_file)
+        add_server = QPushButton(theme.icon("model"), "Add a server…")
+        add_server.setObjectName("addServerButton")
+        add_server.setAccessibleName("Add a remote server")
+        add_server.setToolTip("An OpenAI-compatible server (vLLM, SGLang, folio serve) "
+                              "as a model source")
+        add_server.clicked.connect(self.open_add_server)
         self.load_progress = QProgressBar()
         self.load_progress.setObjectName("managerLoadProgress")
         self.load_progress.setVisible(False)
         actions = QHBoxLayout()
-        for w in (self.load_button, self.unload_button, add_folder, add_file):
+        for w in (self.load_button, self.unload_button, add_folder, add_file, add_server):
             actions.addWidget(w)
         actions.addWidget(self.load_progress, 1)
 
@@ -151,12 +144,15 @@ class ModelManagerDialog(QDialog):
 
     # -- the list --------------------------------------------------------------------------
     def refresh(self) -> None:
-        self.infos = self._list_models(self.settings.model_paths)
+        self.infos = list(self._list_models(self.settings.model_paths))
+        self.infos += [ServerRow(entry) for entry in self.settings.servers]
         loaded = self.bridge.source if self.bridge.is_loaded else None
         self.table.setRowCount(len(self.infos))
         config = self.bridge.engine_config
         for row, info in enumerate(self.infos):
-            if info.error:
+            if isinstance(info, ServerRow):
+                cells = info.cells(loaded == info.source)
+            elif info.error:
                 cells = (info.name, info.format, "", "", "", "", "", info.error)
             else:
                 status = "● loaded" if loaded and loaded == source_for(info) else ""
@@ -187,6 +183,23 @@ class ModelManagerDialog(QDialog):
         self._persist(self.settings)
         self.refresh()
         self.select_source(str(Path(path).expanduser()))
+
+    def open_add_server(self) -> AddServerDialog:
+        dialog = AddServerDialog(self)
+        dialog.accepted.connect(lambda: self.add_server(dialog.entry, dialog.api_key))
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        self.server_dialog = dialog
+        return dialog
+
+    def add_server(self, entry, api_key: str) -> None:
+        """Keep the server as a model source; the key reaches the bridge, and the settings
+        only when the entry carries it (the user ticked "Remember the key")."""
+        self.settings.add_server(entry)
+        self.bridge.set_server_key(entry.source, api_key)
+        self._persist(self.settings)
+        self.refresh()
+        self.select_source(entry.source)
 
     def _pick_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Add a model folder")
@@ -272,22 +285,4 @@ class ModelManagerDialog(QDialog):
             self.download_status.setText("Download cancelled; nothing was kept.")
         else:
             self.download_status.setText(payload.message)
-            error_dialog.show_error(self, "Download failed", _download_advice(payload))
-
-
-def _download_advice(err) -> str:
-    advice = {
-        "offline": "Check your internet connection (or proxy), then try again.",
-        "not_found": "Check the repo id on huggingface.co: it looks like owner/name.",
-        "gated": "Accept the model's license on huggingface.co and log in with "
-                 "`hf auth login`, then try again.",
-        "no_weights": "Pick one of the repo's .gguf files in the second field.",
-        "disk_full": "Free some disk space, then try again.",
-    }.get(err.kind, "Try again later.")
-    return f"{err.message[:1].upper()}{err.message[1:]}.\n\n{advice} Nothing was half-written."
-
-
-def _list_local_models(extra_paths):
-    from engine.loaders.catalog import list_local_models
-
-    return list_local_models(extra_paths)
+            error_dialog.show_error(self, "Download failed", download_advice(payload))

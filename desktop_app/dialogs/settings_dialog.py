@@ -1,4 +1,5 @@
-"""The settings dialog: this chat's sampling settings, and the defaults for new chats."""
+"""The settings dialog: this chat's sampling settings, the defaults for new chats, and the
+switch that serves the loaded model to other programs on this machine."""
 
 from __future__ import annotations
 
@@ -103,11 +104,47 @@ class ChatSettingsForm(QWidget):
         )
 
 
+class ServeForm(QWidget):
+    """The "Serve the loaded model on localhost:PORT" switch and its port."""
+
+    def __init__(self, enabled: bool, port: int, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.enabled = QCheckBox()
+        self.enabled.setObjectName("serveSetting")
+        self.enabled.setAccessibleName("Serve the loaded model")
+        self.port = _int(1, 65535)
+        self.port.setObjectName("servePort")
+        self.port.setAccessibleName("Port to serve on")
+        self.port.valueChanged.connect(self._label)
+        note = QLabel("Other programs on this computer (scripts, editors, the openai "
+                      "client) can then use the loaded model through an OpenAI-compatible "
+                      "API. Only this machine can reach it (127.0.0.1). API requests "
+                      "share the model and its KV cache with your chats and show in the "
+                      "memory panel's block map as \"API request\".")
+        note.setObjectName("mutedLabel")
+        note.setWordWrap(True)
+        form = QFormLayout(self)
+        form.addRow(self.enabled)
+        form.addRow("Port", self.port)
+        form.addRow(note)
+        self.enabled.setChecked(enabled)
+        self.port.setValue(port)
+        self._label(port)
+
+    def _label(self, port: int) -> None:
+        self.enabled.setText(f"Serve the loaded model on localhost:{port}")
+        self.enabled.setToolTip(f"Clients use http://127.0.0.1:{port}/v1 as the base URL")
+
+    def value(self) -> tuple[bool, int]:
+        return self.enabled.isChecked(), self.port.value()
+
+
 class SettingsDialog(QDialog):
-    """Two tabs: the open chat (absent when none is open) and the new-chat defaults."""
+    """Tabs: the open chat (absent when none is open), the new-chat defaults, serving."""
 
     def __init__(self, chat_settings: ChatSettings | None, defaults: ChatSettings,
-                 max_tokens_limit: int = 32768, parent: QWidget | None = None) -> None:
+                 max_tokens_limit: int = 32768, parent: QWidget | None = None,
+                 serve: tuple[bool, int] = (False, 8000)) -> None:
         super().__init__(parent)
         self.setObjectName("settingsDialog")
         self.setWindowTitle("Settings")
@@ -119,6 +156,8 @@ class SettingsDialog(QDialog):
             self.tabs.addTab(self.chat_form, "This chat")
         self.defaults_form = ChatSettingsForm(defaults, max_tokens_limit)
         self.tabs.addTab(self.defaults_form, "Defaults for new chats")
+        self.serve_form = ServeForm(*serve)
+        self.tabs.addTab(self.serve_form, "Serving")
         self.error_label = QLabel("")
         self.error_label.setObjectName("settingsError")
         self.error_label.setWordWrap(True)
@@ -133,6 +172,7 @@ class SettingsDialog(QDialog):
         layout.addWidget(buttons)
         self.result_chat: ChatSettings | None = None
         self.result_defaults: ChatSettings | None = None
+        self.result_serve: tuple[bool, int] | None = None
 
     def accept(self) -> None:
         try:
@@ -144,4 +184,5 @@ class SettingsDialog(QDialog):
             self.error_label.setVisible(True)
             return
         self.result_chat, self.result_defaults = chat, defaults
+        self.result_serve = self.serve_form.value()
         super().accept()

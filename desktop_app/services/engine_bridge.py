@@ -1,7 +1,9 @@
 """The one QObject between the GUI and the engine.
 
 It owns the `engine.EngineWorker` (whose step loop runs on its own thread), loads models
-on a background thread, and turns worker callbacks into Qt signals. Worker callbacks
+on a background thread, and turns worker callbacks into Qt signals. A ``remote:`` source
+(a server the user added, see desktop_app.data.servers) loads a RemoteLLM / RemoteWorker
+(services.remote) instead: same surface, same events, the model on another machine. Worker callbacks
 run on the worker thread, so they only post the event object to the GUI thread through a
 queued connection; every public signal is therefore emitted on the GUI thread and views
 may connect to it directly.
@@ -15,6 +17,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
+from desktop_app.data.servers import is_remote_source, parse_server_source
 from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 
 LlmFactory = Callable[..., Any]  # (name_or_path, config=..., progress=...) -> LLM
@@ -31,6 +34,15 @@ def _default_worker_factory(llm):
     from engine import EngineWorker
 
     return EngineWorker(llm)
+
+
+def _remote_factory(source: str, api_key: str, progress=None):
+    """(RemoteLLM, RemoteWorker) for a ``remote:`` source; raises RemoteError (an OSError)."""
+    from desktop_app.services.remote import RemoteLLM, RemoteWorker
+
+    base_url, model = parse_server_source(source)
+    llm = RemoteLLM.connect(base_url, model, api_key, progress=progress)
+    return llm, RemoteWorker(llm)
 
 
 def describe_error(exc: BaseException) -> str:
@@ -50,6 +62,7 @@ class EngineBridge(QObject):
     modelLoaded = Signal(str)  # model name
     modelLoadFailed = Signal(str, str)  # model name or path, message
     modelUnloaded = Signal()
+    workerRetired = Signal()  # the worker stops (unload, switch, exit): let go of it
     busyChanged = Signal(bool)  # whether any request is in flight
 
     # Internal: carries objects from other threads to the GUI thread (queued).
@@ -57,10 +70,13 @@ class EngineBridge(QObject):
 
     def __init__(self, llm_factory: LlmFactory | None = None,
                  worker_factory: WorkerFactory | None = None, engine_config=None,
-                 parent: QObject | None = None) -> None:
+                 parent: QObject | None = None, remote_factory=None) -> None:
         super().__init__(parent)
         self._llm_factory = llm_factory or _default_llm_factory
         self._worker_factory = worker_factory or _default_worker_factory
+        self._remote_factory = remote_factory or _remote_factory
+        # API keys of remote sources, in memory only (settings keep the remembered ones).
+        self._server_keys: dict[str, str] = {}
         self.engine_config = engine_config
         self._llm = None
         self._worker = None
@@ -108,6 +124,25 @@ class EngineBridge(QObject):
         return None if self._llm is None else self._llm.tokenizer
 
     @property
+    def worker(self):
+        """The running worker (an EngineWorker, or a RemoteWorker), None when unloaded."""
+        return self._worker
+
+    @property
+    def is_remote(self) -> bool:
+        return bool(getattr(self._llm, "is_remote", False))
+
+    def set_server_key(self, source: str, api_key: str) -> None:
+        """The API key to send when ``source`` (a remote server) loads."""
+        self._server_keys[source] = api_key
+
+    def remote_status(self):
+        """The server's figures (services.remote_metrics.RemoteStatus) for a remote model,
+        None for a local one."""
+        status = getattr(self._worker, "remote_status", None)
+        return status() if status is not None else None
+
+    @property
     def busy(self) -> bool:
         return bool(self._handles)
 
@@ -132,8 +167,12 @@ class EngineBridge(QObject):
                 self._posted.emit(token, ("progress", stage, float(frac)))
 
             try:
-                llm = self._llm_factory(name_or_path, config=cfg, progress=progress)
-                worker = self._worker_factory(llm)
+                if is_remote_source(name_or_path):
+                    llm, worker = self._remote_factory(
+                        name_or_path, self._server_keys.get(name_or_path, ""), progress)
+                else:
+                    llm = self._llm_factory(name_or_path, config=cfg, progress=progress)
+                    worker = self._worker_factory(llm)
             except BaseException as exc:  # noqa: BLE001 - any failure goes to the dialog
                 self._posted.emit(token, ("failed", name_or_path, describe_error(exc)))
                 return
@@ -164,6 +203,7 @@ class EngineBridge(QObject):
         self._llm = None
         self._source = None
         self.busyChanged.emit(False)
+        self.workerRetired.emit()
         if wait:
             old.shutdown()
         else:

@@ -2,7 +2,9 @@
 
 A QTimer polls the bridge's `kv_stats()` / `memory_stats()` (cheap snapshots taken under
 the worker's lock) on the GUI thread, so the panel never sits on the generation path. It
-polls twice a second or faster while a reply streams, and slowly when idle.
+polls twice a second or faster while a reply streams, and slowly when idle. For a model
+on a remote server the source's `remote_status()` (a snapshot its own thread refreshes)
+replaces them, shown by widgets.remote_view.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from PySide6.QtWidgets import QFormLayout, QLabel, QScrollArea, QVBoxLayout, QWi
 
 from desktop_app.widgets import theme
 from desktop_app.widgets.block_map import BlockMap, Legend
+from desktop_app.widgets.remote_view import RemoteView
 
 BUSY_INTERVAL_MS = 400
 IDLE_INTERVAL_MS = 1500
 HISTORY_SECONDS = 300.0
+API_PREFIX = "api-"  # requests that came through the app's own API (the serve switch)
 
 
 def format_bytes(n: int | None) -> str:
@@ -160,8 +164,17 @@ class VramPanel(QScrollArea):
 
         body = QWidget()
         body.setObjectName("vramPanel")
-        layout = QVBoxLayout(body)
-        layout.setContentsMargins(12, 8, 12, 12)
+        outer = QVBoxLayout(body)
+        outer.setContentsMargins(12, 8, 12, 12)
+        self.remote_view = RemoteView()
+        self.remote_view.setVisible(False)
+        outer.addWidget(self.remote_view)
+        self.local_view = QWidget()
+        self.local_view.setObjectName("localView")
+        outer.addWidget(self.local_view)
+        outer.addStretch(1)
+        layout = QVBoxLayout(self.local_view)
+        layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(4)
         self._memory_form = self._section(layout, "Device memory", [
             ("device", "Device"), ("total", "Total"), ("used", "Used"), ("free", "Free"),
@@ -181,7 +194,6 @@ class VramPanel(QScrollArea):
         layout.addWidget(self._heading("KV usage, last 5 minutes"))
         self.sparkline = Sparkline()
         layout.addWidget(self.sparkline)
-        layout.addStretch(1)
         self.setWidget(body)
 
         self.timer = QTimer(self)
@@ -224,10 +236,25 @@ class VramPanel(QScrollArea):
         self.refresh()
 
     def _describe_owner(self, owner: str) -> str:
-        chat = self.chat_of_owner(owner)
+        chat = self._owner_name(owner)
         return f"{chat} ({owner})" if chat else owner
 
+    def _owner_name(self, owner: str) -> str | None:
+        """A chat's title, "API request" for the app's API, None for anything else."""
+        chat = self.chat_of_owner(owner)
+        if chat is None and owner.startswith(API_PREFIX):
+            return "API request"
+        return chat
+
     def refresh(self) -> None:
+        remote = getattr(self.source, "remote_status", None)
+        status = remote() if remote is not None else None
+        self.remote_view.setVisible(status is not None)
+        self.local_view.setVisible(status is None)
+        if status is not None:
+            self.last_kv = self.last_memory = None
+            self.remote_view.show_status(status)
+            return
         kv = self.source.kv_stats()
         mem = self.source.memory_stats()
         self.last_kv, self.last_memory = kv, mem
@@ -243,7 +270,7 @@ class VramPanel(QScrollArea):
         self._memory_form.setRowVisible(self._values["rss"], not cuda)
         room = headroom_tokens(kv, self.source.max_model_len, self.current_chat_tokens())
         texts["headroom"] = f"This chat can grow about {room} more tokens"
-        per_chat = blocks_per_chat(kv, self.chat_of_owner)
+        per_chat = blocks_per_chat(kv, self._owner_name)
         texts["per_chat"] = "\n".join(
             f"{chat}: {n} block{'s' if n != 1 else ''}" for chat, n in sorted(
                 per_chat.items(), key=lambda item: -item[1])) or "No chat holds blocks now"

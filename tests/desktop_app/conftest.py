@@ -235,6 +235,14 @@ def make_window(qtbot, qapp, store):
 
 
 # --------------------------------------------------------------------------- real engine
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """A tiny random Llama folder (byte tokenizer, ChatML): the whole engine in seconds."""
+    from tests.engine.tiny_models import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
 STARTER_CONFIG = dict(num_gpu_blocks=384, max_model_len=2048, block_size=16)
 
 

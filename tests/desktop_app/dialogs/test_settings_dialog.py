@@ -36,7 +36,9 @@ def test_dialog_returns_both_settings(qtbot):
 def test_dialog_without_chat_has_only_defaults(qtbot):
     dialog = SettingsDialog(None, CUSTOM)
     qtbot.addWidget(dialog)
-    assert dialog.tabs.count() == 1 and dialog.chat_form is None
+    assert [dialog.tabs.tabText(i) for i in range(dialog.tabs.count())] == [
+        "Defaults for new chats", "Serving"]
+    assert dialog.chat_form is None
     dialog.accept()
     assert dialog.result_chat is None and dialog.result_defaults == CUSTOM
 
@@ -62,3 +64,21 @@ def test_spin_box_ranges_match_the_validation(qtbot, value):
     assert form.settings().temperature == value
     form.temperature.setValue(9.0)  # clamped by the box to the valid range
     assert form.settings().temperature == 5.0
+
+
+def test_serving_tab_returns_the_switch_and_port(qtbot):
+    from PySide6.QtWidgets import QCheckBox, QSpinBox
+
+    dialog = SettingsDialog(None, ChatSettings(), serve=(False, 8000))
+    qtbot.addWidget(dialog)
+    assert dialog.tabs.tabText(dialog.tabs.count() - 1) == "Serving"
+    switch = dialog.findChild(QCheckBox, "serveSetting")
+    port = dialog.findChild(QSpinBox, "servePort")
+    assert not switch.isChecked() and port.value() == 8000
+    assert switch.text() == "Serve the loaded model on localhost:8000"
+    assert switch.accessibleName() and port.accessibleName()
+    port.setValue(8123)
+    assert switch.text() == "Serve the loaded model on localhost:8123"
+    switch.setChecked(True)
+    dialog.accept()
+    assert dialog.result_serve == (True, 8123)

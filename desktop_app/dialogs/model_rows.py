@@ -1,0 +1,78 @@
+"""What the model manager's table shows: a row per local model (engine.loaders.catalog's
+ModelInfo) or added server (``ServerRow``), and the words around downloads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from desktop_app.data.servers import ServerEntry
+
+
+@dataclass(slots=True)
+class ServerRow:
+    """A server in the model manager's table (beside the local models' ModelInfo)."""
+
+    entry: ServerEntry
+    error: str = ""
+
+    @property
+    def source(self) -> str:
+        return self.entry.source
+
+    @property
+    def name(self) -> str:
+        return self.entry.model
+
+    @property
+    def path(self) -> str:  # the table's tooltip
+        return self.entry.base_url
+
+    def cells(self, loaded: bool) -> tuple[str, ...]:
+        context = str(self.entry.max_model_len or "")
+        return (self.entry.model, "remote", self.entry.host, "", context, "",
+                "on the server", "● loaded" if loaded else "")
+
+
+COLUMNS = ("Name", "Format", "Architecture", "Parameters", "Context", "On disk",
+           "Memory needed", "Status")
+
+
+def format_parameters(n: int) -> str:
+    if n >= 10**9:
+        return f"{n / 10**9:.1f} B"
+    if n >= 10**6:
+        return f"{n / 10**6:.1f} M"
+    return str(n)
+
+
+def source_for(info) -> str:
+    """What to load for a listed model (a server's row knows its own source)."""
+    if isinstance(info, ServerRow):
+        return info.source
+    return "starter" if info.name == "starter" else str(info.path)
+
+
+def memory_needed(info, engine_config) -> int:
+    """Weights plus the KV cache at the configured context (the model's own by default)."""
+    dtype = getattr(engine_config, "dtype", "float32")
+    limit = getattr(engine_config, "max_model_len", None)
+    context = min(limit, info.context_length) if limit else info.context_length
+    return info.memory_bytes(dtype, context)
+
+
+def download_advice(err) -> str:
+    advice = {
+        "offline": "Check your internet connection (or proxy), then try again.",
+        "not_found": "Check the repo id on huggingface.co: it looks like owner/name.",
+        "gated": "Accept the model's license on huggingface.co and log in with "
+                 "`hf auth login`, then try again.",
+        "no_weights": "Pick one of the repo's .gguf files in the second field.",
+        "disk_full": "Free some disk space, then try again.",
+    }.get(err.kind, "Try again later.")
+    return f"{err.message[:1].upper()}{err.message[1:]}.\n\n{advice} Nothing was half-written."
+
+
+def list_local_models(extra_paths):
+    from engine.loaders.catalog import list_local_models as list_models
+
+    return list_models(extra_paths)
