@@ -13,7 +13,13 @@ import os
 
 import torch
 
-from kernels.interface import AttentionBackend, AttentionMetadata, allocate_kv_cache
+from kernels.interface import (
+    AttentionBackend,
+    AttentionMetadata,
+    allocate_kv_cache,
+    check_attention_options,
+    effective_window,
+)
 
 __all__ = [
     "BACKEND_ENV",
@@ -21,6 +27,8 @@ __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
     "allocate_kv_cache",
+    "check_attention_options",
+    "effective_window",
     "get_backend",
 ]
 

@@ -4,7 +4,9 @@ Decode attention is bound by reading K and V, so each kernel is scored as K/V by
 read per second and as a share of the device's peak bandwidth. The L2 cache is flushed
 (a 256 MB write) before every timed run so no run reads K/V left over from the last one.
 Baselines: torch SDPA over contiguous K/V, and FlashInfer's or flash-attn's paged decode
-when they import.
+when they import. With --window W (default Gemma 2's 4096; 0: off) a context longer than
+the window also gets a "triton-wW" cell: the sliding-window decode, scored by the
+window's K/V bytes, which is all it reads.
 """
 
 from __future__ import annotations
@@ -161,11 +163,15 @@ def _bench_config(shape: Shape, batch: int, context: int, args, flush, peak: flo
                                                   dtype, device)
     scale = shape.head_size**-0.5
     splits = choose_num_splits(batch, shape.num_kv_heads, context, device)
-    builders = (
+    builders = [
         ("triton", lambda *_: lambda: paged_decode(query, k_cache, v_cache, meta, scale)),
         ("sdpa", _sdpa_runner), ("flashinfer", _flashinfer_runner),
         ("flash-attn", _flash_attn_runner),
-    )
+    ]
+    window = args.window
+    if 0 < window < context:
+        builders.insert(1, (f"triton-w{window}", lambda *_: lambda: paged_decode(
+            query, k_cache, v_cache, meta, scale, sliding_window=window)))
     cells = []
     # One runner at a time: each baseline's own copy of K/V is freed before the next.
     for name, build in builders:
@@ -182,7 +188,8 @@ def _bench_config(shape: Shape, batch: int, context: int, args, flush, peak: flo
         finally:
             del fn
             torch.cuda.empty_cache()
-        gbps = kv_bytes / seconds / 1e9
+        read = kv_bytes * window // context if name.startswith("triton-w") else kv_bytes
+        gbps = read / seconds / 1e9
         cells.append(f"{name}: {seconds * 1e6:8.1f} us {gbps:7.0f} GB/s {100 * gbps / peak:5.1f}%")
     print(f"{shape.name:24} {batch:>5} {context:>7} {splits:>6}  " + " | ".join(cells), flush=True)
 
@@ -196,12 +203,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--window", type=int, default=4096,
+                        help="sliding window of the extra triton-wW cell (0: none)")
     args = parser.parse_args(argv)
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown:
         parser.error(f"unknown shapes {unknown}; choose from {', '.join(SHAPES)}")
     if args.reps < 1 or args.block_size < 1:
         parser.error("--reps and --block-size must be >= 1")
+    if args.window < 0:
+        parser.error("--window must be >= 0")
     return args
 
 

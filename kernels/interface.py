@@ -9,12 +9,19 @@ This module imports nothing else from `kernels`, so every backend can import it 
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "allocate_kv_cache"]
+__all__ = [
+    "AttentionBackend",
+    "AttentionMetadata",
+    "allocate_kv_cache",
+    "check_attention_options",
+    "effective_window",
+]
 
 
 @dataclass(slots=True)
@@ -58,6 +65,8 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
     ) -> torch.Tensor: ...
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None: ...
@@ -69,6 +78,30 @@ class AttentionBackend(Protocol):
         src_ids: torch.Tensor,
         dst_ids: torch.Tensor,
     ) -> None: ...
+
+
+def check_attention_options(sliding_window: int | None, logit_softcap: float | None) -> None:
+    """The ValueError for a window or soft-cap no backend can honour.
+
+    sliding_window W: the query at position p sees keys p - W + 1 .. p (W keys, its own
+    included), as transformers' masking_utils.sliding_window_overlay (kv_idx > q_idx - W)
+    and flash-attn's window_size=(W - 1, 0). logit_softcap c: scores become
+    c * tanh(score / c) after the scale and before the mask (Gemma 2's eager attention)."""
+    if sliding_window is not None and (isinstance(sliding_window, bool)
+                                       or not isinstance(sliding_window, numbers.Integral)
+                                       or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
+    if logit_softcap is not None and not logit_softcap > 0:
+        raise ValueError(f"logit_softcap must be > 0 or None, got {logit_softcap!r}")
+
+
+def effective_window(sliding_window: int | None, max_seq_len: int) -> int | None:
+    """The window, or None when it hides nothing: a query at position p < max_seq_len
+    with W >= max_seq_len already sees every key 0..p, so the backends take their plain
+    (unwindowed) path."""
+    if sliding_window is None or sliding_window >= max_seq_len:
+        return None
+    return sliding_window
 
 
 def allocate_kv_cache(

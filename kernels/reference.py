@@ -9,6 +9,11 @@ sequence's blocks are consecutive) and yield each KV head's tokens as one matrix
 TorchBackend plans a step (what depends on the metadata alone) once instead of once per
 layer. Any pool layout works (kernels.interface.allocate_kv_cache); TorchBackend asks for the
 head-major one, which its attention reads fastest.
+
+Two options of `attention` (kernels.interface.check_attention_options has the exact rules):
+a sliding window trims what is read to the window's blocks (blocks wholly before a
+query's window are never read, not even through their block-table entry), and a logit
+soft-cap, which SDPA lacks, switches to an explicit fp32 softmax (`_explicit_attention`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels.interface import AttentionMetadata
+from kernels.interface import AttentionMetadata, check_attention_options, effective_window
 
 
 def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -63,42 +68,55 @@ def block_ids(block_table: torch.Tensor, num_blocks: int,
 
 
 def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
-                    num_tokens: int | None = None) -> torch.Tensor:
-    """The first `num_tokens` (default: all) tokens of blocks `ids` of a
-    [num_blocks, bs, nkv, hd] cache, per KV head: [nkv, num_tokens, hd]. A view for a
-    slice; for a head-major pool each head's rows are then one contiguous run
-    (kernels.interface.allocate_kv_cache)."""
+                    num_tokens: int | None = None, skip: int = 0) -> torch.Tensor:
+    """`num_tokens` (default: all the rest) tokens of blocks `ids` of a
+    [num_blocks, bs, nkv, hd] cache, after the first `skip` of them, per KV head:
+    [nkv, num_tokens, hd]. A view for a slice; for a head-major pool each head's rows
+    are then one contiguous run (kernels.interface.allocate_kv_cache)."""
     if isinstance(ids, slice):
-        start = ids.start * cache.shape[1]
+        start = ids.start * cache.shape[1] + skip
         stop = ids.stop * cache.shape[1] if num_tokens is None else start + num_tokens
         # [num_blocks * bs, nkv, hd] is a view in either pool layout.
         return cache.flatten(0, 1).permute(1, 0, 2)[:, start:stop]
     blocks = cache.permute(2, 0, 1, 3).index_select(1, ids).flatten(1, 2)
-    return blocks if num_tokens is None else blocks[:, :num_tokens]
+    if num_tokens is None:
+        return blocks[:, skip:] if skip else blocks
+    return blocks[:, skip:skip + num_tokens]
 
 
 def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                        meta: AttentionMetadata, scale: float,
+                        sliding_window: int | None = None,
+                        logit_softcap: float | None = None) -> torch.Tensor:
     """Attention of a varlen batch over the paged cache; returns [num_tokens, nq, hd].
 
     Sequence i's rows query_start_loc[i]:query_start_loc[i+1] are its newest tokens: they
     see every cached position before them and, causally, each other. K/V of the new tokens
-    must already be in the cache (write_kv first).
+    must already be in the cache (write_kv first). sliding_window W: the token at position
+    p sees only keys p - W + 1 .. p. logit_softcap c: scores are c * tanh(score / c)
+    (after the scale, before the mask).
     """
     _check_heads(query, k_cache)
-    plan = StepPlan.build(meta, k_cache.shape[1], k_cache.device)
-    return _attention(query, k_cache, v_cache, plan, scale)
+    check_attention_options(sliding_window, logit_softcap)
+    plan = StepPlan.build(meta, k_cache.shape[1], k_cache.device, sliding_window)
+    return _attention(query, k_cache, v_cache, plan, scale, logit_softcap)
 
 
 @dataclass(slots=True)
 class DecodePlan:
-    """Sequences with one new token each, attended together in one batched call."""
+    """Sequences with one new token each, attended together in one batched call.
 
-    seq_len: int  # the longest context; keys beyond it are never read
-    mask: torch.Tensor | None  # bool [num_seqs, 1, 1, max_blocks * block_size]; None: 1 seq
+    With a sliding window each sequence reads only the blocks from the one holding its
+    window's first position: one sequence reads exactly its window (`skip` drops the
+    positions before it in that block); a batch reads the same number of blocks per
+    sequence (padded with its own last block) and masks what lies outside each window."""
+
+    seq_len: int  # one sequence: the keys read (its context or window); beyond are never read
+    mask: torch.Tensor | None  # bool [num_seqs, 1, 1, blocks_per_seq * block_size]; None: 1 seq
     # Every sequence's blocks, flattened, for heads_of_blocks (a slice: one sequence whose
     # blocks are consecutive).
     ids: torch.Tensor | slice
+    skip: int = 0  # one sequence: positions of its first block read that are before the window
     # SDPA turns a bool mask into an additive one on every call; layers reuse this one.
     additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
 
@@ -112,9 +130,12 @@ class DecodePlan:
 
     @classmethod
     def build(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int,
-              block_size: int, device: torch.device) -> DecodePlan:
+              block_size: int, device: torch.device, window: int | None = None) -> DecodePlan:
         max_blocks = -(-max_seq_len // block_size)
         tables = block_tables[:, :max_blocks].to(device=device, dtype=torch.int64)
+        window = effective_window(window, max_seq_len)
+        if window is not None:
+            return cls._windowed(tables, seq_lens, max_seq_len, block_size, device, window)
         num_seqs = tables.shape[0]
         mask = None
         if num_seqs == 1:
@@ -127,6 +148,32 @@ class DecodePlan:
             mask = (positions[None, :] < lengths[:, None]).view(num_seqs, 1, 1, padded_len)
         return cls(max_seq_len, mask, ids)
 
+    @classmethod
+    def _windowed(cls, tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int,
+                  block_size: int, device: torch.device, window: int) -> DecodePlan:
+        # The query sits at position seq_len - 1 and sees keys seq_len - W .. seq_len - 1.
+        num_seqs = tables.shape[0]
+        if num_seqs == 1:
+            first_pos = max(0, max_seq_len - window)
+            first_block = first_pos // block_size
+            ids = block_ids(tables[0, first_block:], -(-max_seq_len // block_size) - first_block,
+                            device)
+            return cls(max_seq_len - first_pos, None, ids, first_pos - first_block * block_size)
+        lengths = seq_lens.to(device=device, dtype=torch.int64)
+        first_pos = lengths - window  # may be negative: the whole context is in the window
+        num_blocks = (lengths + block_size - 1) // block_size
+        first_block = first_pos.clamp(min=0) // block_size
+        per_seq = int((num_blocks - first_block).max())
+        columns = first_block[:, None] + torch.arange(per_seq, device=device)
+        # A sequence with fewer window blocks than the longest pads with its own last
+        # block (masked): neither the entries before its window nor the table's padding
+        # are read.
+        ids = tables.gather(1, torch.minimum(columns, num_blocks[:, None] - 1)).flatten()
+        positions = (columns[:, :, None] * block_size
+                     + torch.arange(block_size, device=device)).flatten(1)
+        mask = (positions >= first_pos[:, None]) & (positions < lengths[:, None])
+        return cls(max_seq_len, mask.view(num_seqs, 1, 1, -1), ids)
+
 
 @dataclass(slots=True)
 class ChunkPlan:
@@ -134,9 +181,28 @@ class ChunkPlan:
 
     start: int  # its rows in the query
     end: int
-    ids: torch.Tensor | slice  # its blocks, for heads_of_blocks
-    seq_len: int
-    mask: torch.Tensor  # bool [q_len, seq_len], from causal_mask
+    ids: torch.Tensor | slice  # its blocks read (from the first holding a visible key)
+    num_keys: int  # keys read: the context, or from the first query's window start on
+    mask: torch.Tensor  # bool [q_len, num_keys], from causal_mask or sliding_window_mask
+    skip: int = 0  # positions of the first block read that precede every query's window
+
+    @classmethod
+    def build(cls, start: int, end: int, block_table: torch.Tensor, seq_len: int,
+              block_size: int, device: torch.device, window: int | None) -> ChunkPlan:
+        q_len = end - start
+        num_blocks = -(-seq_len // block_size)
+        window = effective_window(window, seq_len)
+        if window is None:
+            mask = causal_mask(q_len, seq_len, device)
+            assert mask is not None
+            return cls(start, end, block_ids(block_table, num_blocks, device), seq_len, mask)
+        # The earliest query (position seq_len - q_len) sees back to seq_len - q_len - W + 1.
+        first_pos = max(0, seq_len - q_len - window + 1)
+        first_block = first_pos // block_size
+        ids = block_ids(block_table[first_block:], num_blocks - first_block, device)
+        mask = sliding_window_mask(q_len, seq_len, window, first_pos, device)
+        return cls(start, end, ids, seq_len - first_pos, mask,
+                   first_pos - first_block * block_size)
 
 
 @dataclass(slots=True)
@@ -149,10 +215,11 @@ class StepPlan:
     chunks: list[ChunkPlan]
 
     @classmethod
-    def build(cls, meta: AttentionMetadata, block_size: int, device: torch.device) -> StepPlan:
+    def build(cls, meta: AttentionMetadata, block_size: int, device: torch.device,
+              window: int | None = None) -> StepPlan:
         if meta.max_query_len == 1:
             decode = DecodePlan.build(meta.block_tables, meta.seq_lens, meta.max_seq_len,
-                                      block_size, device)
+                                      block_size, device, window)
             return cls(decode, None, [])
         starts = meta.query_start_loc.tolist()
         seq_lens = meta.seq_lens.tolist()
@@ -167,16 +234,14 @@ class StepPlan:
             if end - start == 1:
                 decode_seqs.append(i)
             elif end > start:
-                mask = causal_mask(end - start, seq_len, device)
-                assert mask is not None
-                ids = block_ids(meta.block_tables[i], -(-seq_len // block_size), device)
-                chunks.append(ChunkPlan(start, end, ids, seq_len, mask))
+                chunks.append(ChunkPlan.build(start, end, meta.block_tables[i], seq_len,
+                                              block_size, device, window))
         if not decode_seqs:
             return cls(None, None, chunks)
         index = torch.tensor(decode_seqs, device=meta.seq_lens.device)
         decode = DecodePlan.build(
             meta.block_tables.index_select(0, index), meta.seq_lens.index_select(0, index),
-            max(seq_lens[i] for i in decode_seqs), block_size, device,
+            max(seq_lens[i] for i in decode_seqs), block_size, device, window,
         )
         rows = torch.tensor([starts[i] for i in decode_seqs], dtype=torch.int64, device=device)
         return cls(decode, rows, chunks)
@@ -193,42 +258,73 @@ def _check_heads(query: torch.Tensor, k_cache: torch.Tensor) -> None:
 
 
 def _attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               plan: StepPlan, scale: float) -> torch.Tensor:
+               plan: StepPlan, scale: float, softcap: float | None = None) -> torch.Tensor:
     if plan.decode is not None and plan.decode_rows is None:
-        return _decode_attention(query, k_cache, v_cache, plan.decode, scale)
+        return _decode_attention(query, k_cache, v_cache, plan.decode, scale, softcap)
     out = torch.empty_like(query)
     if plan.decode is not None and plan.decode_rows is not None:
         rows = plan.decode_rows
-        out[rows] = _decode_attention(query[rows], k_cache, v_cache, plan.decode, scale)
+        out[rows] = _decode_attention(query[rows], k_cache, v_cache, plan.decode, scale,
+                                      softcap)
     for chunk in plan.chunks:
         # Batched 4-D inputs: with 3-D ones and enable_gqa, SDPA on CPU takes its unfused
         # math path, 3x slower on a 512-token chunk.
-        keys = heads_of_blocks(k_cache, chunk.ids, chunk.seq_len)[None]
-        values = heads_of_blocks(v_cache, chunk.ids, chunk.seq_len)[None]
+        keys = heads_of_blocks(k_cache, chunk.ids, chunk.num_keys, chunk.skip)[None]
+        values = heads_of_blocks(v_cache, chunk.ids, chunk.num_keys, chunk.skip)[None]
         chunk_query = query[None, chunk.start:chunk.end].transpose(1, 2)  # [1, nq, q_len, hd]
-        out[chunk.start:chunk.end] = F.scaled_dot_product_attention(
-            chunk_query, keys, values, attn_mask=chunk.mask, scale=scale, enable_gqa=True
-        )[0].transpose(0, 1)
+        if softcap is None:
+            chunk_out = F.scaled_dot_product_attention(
+                chunk_query, keys, values, attn_mask=chunk.mask, scale=scale, enable_gqa=True)
+        else:
+            chunk_out = _explicit_attention(chunk_query, keys, values, chunk.mask[None, None],
+                                            scale, softcap)
+        out[chunk.start:chunk.end] = chunk_out[0].transpose(0, 1)
     return out
 
 
 def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      plan: DecodePlan, scale: float) -> torch.Tensor:
+                      plan: DecodePlan, scale: float, softcap: float | None = None
+                      ) -> torch.Tensor:
     """One new token per sequence: every sequence's blocks, padded to the longest, in a
     single SDPA over the batch with a length mask."""
     num_seqs, num_q_heads, head_size = query.shape
-    if plan.mask is None:  # one sequence: its exact context, [1, nkv, seq_len, hd]
-        keys = heads_of_blocks(k_cache, plan.ids, plan.seq_len)[None]
-        values = heads_of_blocks(v_cache, plan.ids, plan.seq_len)[None]
-    else:  # [nkv, B * max_blocks * bs, hd] -> [B, nkv, max_blocks * bs, hd]
+    if plan.mask is None:  # one sequence: its exact context or window, [1, nkv, seq_len, hd]
+        keys = heads_of_blocks(k_cache, plan.ids, plan.seq_len, plan.skip)[None]
+        values = heads_of_blocks(v_cache, plan.ids, plan.seq_len, plan.skip)[None]
+    else:  # [nkv, B * blocks * bs, hd] -> [B, nkv, blocks * bs, hd]
         num_kv_heads = k_cache.shape[2]
         keys = heads_of_blocks(k_cache, plan.ids).view(num_kv_heads, num_seqs, -1, head_size)
         values = heads_of_blocks(v_cache, plan.ids).view(num_kv_heads, num_seqs, -1, head_size)
         keys, values = keys.transpose(0, 1), values.transpose(0, 1)
-    out = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values,
-                                         attn_mask=plan.mask_for(query.dtype), scale=scale,
-                                         enable_gqa=True)
+    if softcap is None:
+        out = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values,
+                                             attn_mask=plan.mask_for(query.dtype), scale=scale,
+                                             enable_gqa=True)
+    else:
+        out = _explicit_attention(query.unsqueeze(2), keys, values, plan.mask, scale, softcap)
     return out.view(num_seqs, num_q_heads, head_size)
+
+
+def _explicit_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                        mask: torch.Tensor | None, scale: float, softcap: float
+                        ) -> torch.Tensor:
+    """SDPA's contract with a soft-cap, which SDPA lacks: query [B, nq, q_len, hd], keys
+    and values [B, nkv, n, hd], mask bool broadcastable to [B, 1, q_len, n] (True = seen)
+    or None. As Gemma 2's eager attention: scale, then c * tanh(score / c), then the mask,
+    then softmax, all in fp32; returns [B, nq, q_len, hd] in query's dtype."""
+    batch, num_q_heads, q_len, head_size = query.shape
+    num_kv_heads = keys.shape[1]
+    group = num_q_heads // num_kv_heads
+    # Query head h uses KV head h // group: heads split as (nkv, group).
+    q = query.float().reshape(batch, num_kv_heads, group * q_len, head_size)
+    scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scale  # [B, nkv, G*q, n]
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.view(batch, num_kv_heads, group, q_len, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    probs = scores.softmax(-1).view(batch, num_kv_heads, group * q_len, -1)
+    out = torch.matmul(probs, values.float())
+    return out.view(batch, num_q_heads, q_len, head_size).to(query.dtype)
 
 
 def causal_mask(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor | None:
@@ -239,6 +335,18 @@ def causal_mask(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor 
     query_pos = torch.arange(seq_len - q_len, seq_len, device=device)
     key_pos = torch.arange(seq_len, device=device)
     return key_pos[None, :] <= query_pos[:, None]
+
+
+def sliding_window_mask(q_len: int, seq_len: int, window: int, first_key: int,
+                        device: torch.device) -> torch.Tensor:
+    """Bool [q_len, seq_len - first_key] over keys first_key .. seq_len - 1: query row j
+    (position p = seq_len - q_len + j) sees key k iff p - window < k <= p. That is
+    transformers' masking_utils.sliding_window_causal_mask_function (the overlay
+    sliding_window_overlay: kv_idx > q_idx - sliding_window, and causal kv_idx <= q_idx):
+    W keys, the query's own included, as flash-attn's window_size=(W - 1, 0)."""
+    query_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+    key_pos = torch.arange(first_key, seq_len, device=device)[None, :]
+    return (key_pos <= query_pos) & (key_pos > query_pos - window)
 
 
 def copy_blocks_ref(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -291,7 +399,8 @@ class TorchBackend:
         self._slots: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self._plan_key: tuple[AttentionMetadata | None, int, torch.device | None] = (
             None, 0, None)
-        self._plan: StepPlan | None = None
+        # One plan per window size: sliding and global layers alternate within a step.
+        self._plans: dict[int | None, StepPlan] = {}
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -302,15 +411,22 @@ class TorchBackend:
         _write_kv(key, value, k_cache, v_cache, self._slots)
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                  meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
+                  logit_softcap: float | None = None) -> torch.Tensor:
         block_size, device = k_cache.shape[1], k_cache.device
-        if (self._plan is None or self._plan_key[0] is not meta
-                or self._plan_key[1:] != (block_size, device)):
-            # The first layer of a step: the checks and the plan hold for the later layers.
+        if self._plan_key[0] is not meta or self._plan_key[1:] != (block_size, device):
+            # The first layer of a step: the checks and plans hold for the later layers.
             _check_heads(query, k_cache)
-            self._plan = StepPlan.build(meta, block_size, device)
+            self._plans = {}
             self._plan_key = (meta, block_size, device)
-        return _attention(query, k_cache, v_cache, self._plan, scale)
+        plan = self._plans.get(sliding_window)
+        if plan is None:
+            check_attention_options(sliding_window, None)
+            plan = StepPlan.build(meta, block_size, device, sliding_window)
+            self._plans[sliding_window] = plan
+        if logit_softcap is not None:
+            check_attention_options(None, logit_softcap)
+        return _attention(query, k_cache, v_cache, plan, scale, logit_softcap)
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         copy_blocks_ref(kv_cache, src, dst)

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from kernels.interface import AttentionMetadata
+from kernels.interface import AttentionMetadata, check_attention_options, effective_window
 from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
 from kernels.triton.decode import paged_decode
 from kernels.triton.prefill import paged_prefill
@@ -23,6 +23,11 @@ class TritonBackend:
     """Decode-only batches go to the split-K decode kernel (or the shared-prefix decode
     when enabled and some sequences share prompt blocks); any batch with a longer chunk
     goes to the varlen prefill kernel, which also handles its one-token rows.
+
+    A sliding window that hides something (W < max_seq_len) always takes the plain
+    decode kernel: it starts each sequence's loop at its window, whereas the cascade
+    kernel reads the shared blocks whole, and those may lie before a member's window (and
+    be freed); a window covering every context is dropped, so it keeps the cascade.
 
     shared_prefix: None reads $FOLIO_SHARED_PREFIX ("1" turns it on).
     min_shared_blocks: the fewest shared blocks worth a group of their own.
@@ -50,15 +55,20 @@ class TritonBackend:
                  slot_mapping)
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                  meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
+                  logit_softcap: float | None = None) -> torch.Tensor:
         query = _heads_contiguous(query)
+        check_attention_options(sliding_window, logit_softcap)
+        window = effective_window(sliding_window, meta.max_seq_len)
+        options = dict(sliding_window=window, logit_softcap=logit_softcap)
         if not meta.is_decode_only:
-            return paged_prefill(query, k_cache, v_cache, meta, scale)
-        if self.shared_prefix:
+            return paged_prefill(query, k_cache, v_cache, meta, scale, **options)
+        if self.shared_prefix and window is None:
             groups = self._shared_groups(meta, k_cache.shape[1])
             if groups:
-                return shared_prefix_decode(query, k_cache, v_cache, meta, scale, groups)
-        return paged_decode(query, k_cache, v_cache, meta, scale)
+                return shared_prefix_decode(query, k_cache, v_cache, meta, scale, groups,
+                                            logit_softcap=logit_softcap)
+        return paged_decode(query, k_cache, v_cache, meta, scale, **options)
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         copy_blocks(kv_cache, src, dst)

@@ -5,8 +5,19 @@ of one tile, so each K/V tile is loaded once for the whole group. A long context
 into splits (flash-decoding) whose partial outputs and base-2 log-sum-exps are merged by
 a second small kernel; with one split the first kernel writes the output directly.
 
-The helpers `paged_token_offsets`, `attend_range` and `merge_partials` are shared with
-the shared-prefix (cascade) decode and the prefill kernel.
+The helpers `paged_token_offsets`, `attend_range`, `tanh` and `merge_partials` are shared
+with the shared-prefix (cascade) decode and the prefill kernel.
+
+Options (kernels.interface.check_attention_options), both constexpr-specialized so that a
+launch without them compiles to the plain kernel:
+
+- SLIDING (window W): the query at position seq_len - 1 sees keys seq_len - W ..
+  seq_len - 1 only (transformers' sliding_window_overlay: kv_idx > q_idx - W). The
+  token loop starts at that first key, so blocks wholly before the window are never
+  read, not even their block-table entries, and the split-K partition covers the
+  window's W tokens only.
+- SOFTCAP (c): scores become c * tanh(score * scale / c) before the softmax; qk_scale
+  is then scale / c and softcap_log2 = c * log2(e) carries the scores to base 2.
 """
 
 from __future__ import annotations
@@ -18,9 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.interface import AttentionMetadata
+from kernels.interface import AttentionMetadata, check_attention_options, effective_window
 
 LOG2E = 1.4426950408889634
+_NEG_TWO_LOG2E = tl.constexpr(-2.0 * LOG2E)
 MAX_SPLITS = 64
 MIN_TOKENS_PER_SPLIT = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -43,6 +55,13 @@ def paged_token_offsets(
 
 
 @triton.jit
+def tanh(x):
+    """tanh from exp2 (libdevice's tanh does not run in the interpreter): 2 sigmoid(2x) - 1,
+    exactly +-1 once exp2 saturates, never NaN."""
+    return 2.0 / (1.0 + tl.exp2(x * _NEG_TWO_LOG2E)) - 1.0
+
+
+@triton.jit
 def attend_range(
     q,  # [ROWS, HEAD_PAD] query tile, rows = query heads (of one or more sequences)
     acc,  # fp32 [ROWS, HEAD_PAD] running numerator
@@ -57,10 +76,12 @@ def attend_range(
     stride_slot,
     offs_d,  # int32 [HEAD_PAD]
     d_mask,  # bool [HEAD_PAD]: real head dims
-    qk_scale,  # softmax scale times log2(e)
+    qk_scale,  # softmax scale times log2(e); with SOFTCAP, scale / softcap
+    softcap_log2,  # SOFTCAP: softcap times log2(e)
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Online softmax over tokens [lo, hi), every row seeing every token."""
     for n0 in range(lo, hi, BLOCK_N):
@@ -71,6 +92,8 @@ def attend_range(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + tok[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if SOFTCAP:  # c * tanh(score / c), in base 2
+            s = tanh(s) * softcap_log2
         s = tl.where(n_mask[None, :], s, float("-inf"))
         # Every tile holds at least one real token (n0 < hi), so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -96,7 +119,9 @@ def _decode_kernel(
     part_lse_ptr,  # fp32 [num_seqs, nq, num_slots] per-split base-2 log-sum-exp
     slot_offset,  # first partial slot this launch writes
     tokens_per_split,
-    qk_scale,
+    qk_scale,  # scale * log2(e); with SOFTCAP, scale / softcap
+    softcap_log2,  # SOFTCAP: softcap * log2(e)
+    window,  # SLIDING: keys seen by the query, its own included
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_bts,
@@ -112,6 +137,8 @@ def _decode_kernel(
     HAS_START: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -121,6 +148,10 @@ def _decode_kernel(
     start = 0
     if HAS_START:
         start = tl.load(start_ptr + seq)
+    if SLIDING:
+        # The query (position seq_len - 1) sees keys seq_len - window .. seq_len - 1:
+        # the splits cover those alone, and nothing before them is loaded.
+        start = tl.maximum(start, seq_len - window)
     lo = start + split * tokens_per_split
     hi = tl.minimum(lo + tokens_per_split, seq_len)
 
@@ -138,7 +169,7 @@ def _decode_kernel(
     acc, m_i, l_i = attend_range(
         q, acc, m_i, l_i, bt_ptr + seq * stride_bts, lo, hi,
         k_ptr + kvh * stride_kh, v_ptr + kvh * stride_kh, stride_kb, stride_kt,
-        offs_d, d_mask, qk_scale, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+        offs_d, d_mask, qk_scale, softcap_log2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, SOFTCAP,
     )
     # An empty split (lo >= hi) leaves l_i == 0: it stores lse = -inf and a zero output,
     # which the merge weighs by zero.
@@ -234,6 +265,13 @@ def tile_tokens(head_pad: int) -> int:
     return 32 if head_pad > 128 else 64
 
 
+def score_scales(scale: float, softcap: float | None) -> tuple[float, float]:
+    """(qk_scale, softcap_log2) for the kernels: scores in base 2, soft-capped or not."""
+    if softcap is None:
+        return scale * LOG2E, 0.0
+    return scale / softcap, softcap * LOG2E
+
+
 def check_inputs(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     """Shapes and dtypes a user of the kernels can get wrong."""
     if query.dim() != 3 or k_cache.dim() != 4:
@@ -255,9 +293,11 @@ def launch_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                   seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, *,
                   max_tokens: int, num_splits: int, out: torch.Tensor | None = None,
                   partials: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  start: torch.Tensor | None = None, slot_offset: int = 0) -> None:
+                  start: torch.Tensor | None = None, slot_offset: int = 0,
+                  window: int | None = None, softcap: float | None = None) -> None:
     """Launch the split decode kernel: into `out` with one split, or else into slots
-    [slot_offset, slot_offset + num_splits) of partials = (part_out, part_lse)."""
+    [slot_offset, slot_offset + num_splits) of partials = (part_out, part_lse).
+    max_tokens: the most keys one sequence attends (with a window, at most the window)."""
     num_seqs, nq, head_size = query.shape
     nkv = k_cache.shape[2]
     head_pad = triton.next_power_of_2(head_size)
@@ -267,10 +307,11 @@ def launch_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     # The branch a launch does not take never touches its pointers: pass query there.
     o = out if final else query
     part_out, part_lse = (query, query[:, :, 0]) if final else partials
+    qk_scale, softcap_log2 = score_scales(scale, softcap)
     _decode_kernel[(num_seqs, nkv, num_splits)](
         query, k_cache, v_cache, block_tables, seq_lens,
         start if start is not None else seq_lens, o, part_out, part_lse,
-        slot_offset, tokens_per_split, scale * LOG2E,
+        slot_offset, tokens_per_split, qk_scale, softcap_log2, window or 0,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
@@ -278,7 +319,8 @@ def launch_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         G=nq // nkv, HEAD_SIZE=head_size, BLOCK_SIZE=k_cache.shape[1],
         G_PAD=max(16, triton.next_power_of_2(nq // nkv)), HEAD_PAD=head_pad, BLOCK_N=block_n,
         HAS_START=start is not None, WRITE_FINAL=final,
-        DOT_PRECISION=dot_precision(query.dtype), num_warps=4, num_stages=2,
+        DOT_PRECISION=dot_precision(query.dtype), SLIDING=window is not None,
+        SOFTCAP=softcap is not None, num_warps=4, num_stages=2,
     )
 
 
@@ -298,18 +340,22 @@ def merge_partials(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Te
 
 def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMetadata, scale: float, *, num_splits: int | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, sliding_window: int | None = None,
+                 logit_softcap: float | None = None) -> torch.Tensor:
     """Decode attention for a batch with one new token per sequence.
 
     query [num_seqs, nq, hd]; returns [num_seqs, nq, hd] in query's dtype. `num_splits`
-    None picks from the batch and context length (choose_num_splits)."""
+    None picks from the batch and the keys attended (choose_num_splits). sliding_window
+    and logit_softcap as in kernels.interface.check_attention_options."""
     check_inputs(query, k_cache, v_cache)
+    check_attention_options(sliding_window, logit_softcap)
     num_seqs, nq, head_size = query.shape
     if num_seqs != meta.num_seqs:
         raise ValueError(f"decode query has {num_seqs} rows for {meta.num_seqs} sequences")
+    window = effective_window(sliding_window, meta.max_seq_len)
+    max_tokens = meta.max_seq_len if window is None else window
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, k_cache.shape[2], meta.max_seq_len,
-                                       query.device)
+        num_splits = choose_num_splits(num_seqs, k_cache.shape[2], max_tokens, query.device)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     if out is None:
@@ -318,14 +364,15 @@ def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     if num_splits == 1:
         launch_decode(query, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale,
-                      max_tokens=meta.max_seq_len, num_splits=1, out=out)
+                      max_tokens=max_tokens, num_splits=1, out=out, window=window,
+                      softcap=logit_softcap)
         return out
     part_out = torch.empty((num_seqs, nq, num_splits, head_size), dtype=torch.float32,
                            device=query.device)
     part_lse = torch.empty((num_seqs, nq, num_splits), dtype=torch.float32,
                            device=query.device)
     launch_decode(query, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale,
-                  max_tokens=meta.max_seq_len, num_splits=num_splits,
-                  partials=(part_out, part_lse))
+                  max_tokens=max_tokens, num_splits=num_splits,
+                  partials=(part_out, part_lse), window=window, softcap=logit_softcap)
     merge_partials(part_out, part_lse, out, k_cache.shape[2])
     return out

@@ -9,6 +9,11 @@ rows (chunks of one token) mixed into the same batch.
 One program per (sequence, KV head, tile of BLOCK_Q new tokens). The tile's rows are
 its tokens times the GQA group's query heads (row = token * G_PAD + head), so each K/V
 tile is read once for all the query heads that share it.
+
+Options, constexpr-specialized as in kernels/triton/decode.py: SLIDING (window W) lets the
+token at position p see keys p - W + 1 .. p only (transformers' sliding_window_overlay);
+each tile's key loop starts at its first query's window start, so blocks wholly before
+every query of the tile are never read. SOFTCAP (c): c * tanh(score / c) before the mask.
 """
 
 from __future__ import annotations
@@ -17,8 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.interface import AttentionMetadata
-from kernels.triton.decode import LOG2E, check_inputs, dot_precision, paged_token_offsets
+from kernels.interface import AttentionMetadata, check_attention_options, effective_window
+from kernels.triton.decode import (
+    check_inputs,
+    dot_precision,
+    paged_token_offsets,
+    score_scales,
+    tanh,
+)
 
 TILE_ROWS = 64
 
@@ -32,7 +43,9 @@ def _prefill_kernel(
     seq_lens_ptr,  # int32 [num_seqs]: context length after this step
     qsl_ptr,  # int32 [num_seqs + 1]: query_start_loc
     out_ptr,  # [num_tokens, nq, hd]
-    qk_scale,  # softmax scale times log2(e)
+    qk_scale,  # softmax scale times log2(e); with SOFTCAP, scale / softcap
+    softcap_log2,  # SOFTCAP: softcap times log2(e)
+    window,  # SLIDING: keys each token sees, its own included
     stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_bts,
@@ -45,6 +58,8 @@ def _prefill_kernel(
     HEAD_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -71,6 +86,11 @@ def _prefill_kernel(
     # Keys up to the tile's last token; a tile past this sequence's chunk reads nothing.
     hi = tl.minimum(prefix_len + (tile + 1) * BLOCK_Q, seq_len)
     hi = tl.where(tile * BLOCK_Q < q_len, hi, 0)
+    lo = 0
+    if SLIDING:
+        # The tile's first token (position prefix_len + tile * BLOCK_Q) sees keys from
+        # window - 1 before it; the later tokens' windows start later still.
+        lo = tl.maximum(prefix_len + tile * BLOCK_Q - window + 1, 0)
 
     bt_row = bt_ptr + seq * stride_bts
     k_head = k_ptr + kvh * stride_kh
@@ -78,18 +98,22 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_Q * G_PAD, HEAD_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_Q * G_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q * G_PAD], dtype=tl.float32)
-    for n0 in range(0, hi, BLOCK_N):
+    for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
         kv_off = paged_token_offsets(bt_row, offs_n, n_mask, stride_kb, stride_kt, BLOCK_SIZE)
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_head + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if SOFTCAP:  # c * tanh(score / c), in base 2
+            s = tanh(s) * softcap_log2
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if SLIDING:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        # Position 0 is visible to every row, so after the first tile m_new is finite;
-        # the guard keeps exp2(-inf - -inf) from ever producing NaN regardless.
+        # A row may see nothing in a tile (keys past it; with a window, keys before its
+        # own window): the guard keeps exp2(-inf - -inf) from producing NaN.
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
@@ -115,12 +139,15 @@ def tile_shape(group: int, head_size: int) -> tuple[int, int, int]:
 
 def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float, *,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, sliding_window: int | None = None,
+                  logit_softcap: float | None = None) -> torch.Tensor:
     """Attention for a varlen batch of new-token chunks (any q_len >= 1 per sequence).
 
     query [num_tokens, nq, hd]; the new tokens' K/V must already be in the cache (the
-    caller runs write_kv first). Returns [num_tokens, nq, hd] in query's dtype."""
+    caller runs write_kv first). Returns [num_tokens, nq, hd] in query's dtype.
+    sliding_window and logit_softcap as in kernels.interface.check_attention_options."""
     check_inputs(query, k_cache, v_cache)
+    check_attention_options(sliding_window, logit_softcap)
     num_tokens, nq, head_size = query.shape
     if meta.query_start_loc.shape[0] != meta.num_seqs + 1:
         raise ValueError("query_start_loc must have num_seqs + 1 entries, got "
@@ -134,16 +161,19 @@ def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     nkv = k_cache.shape[2]
     g_pad, block_q, block_n = tile_shape(nq // nkv, head_size)
     grid = (meta.num_seqs, nkv, triton.cdiv(meta.max_query_len, block_q))
+    window = effective_window(sliding_window, meta.max_seq_len)
+    qk_scale, softcap_log2 = score_scales(scale, logit_softcap)
     _prefill_kernel[grid](
         query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
-        scale * LOG2E,
+        qk_scale, softcap_log2, window or 0,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         meta.block_tables.stride(0),
         out.stride(0), out.stride(1),
         G=nq // nkv, HEAD_SIZE=head_size, BLOCK_SIZE=k_cache.shape[1], G_PAD=g_pad,
         BLOCK_Q=block_q, HEAD_PAD=triton.next_power_of_2(head_size), BLOCK_N=block_n,
-        DOT_PRECISION=dot_precision(query.dtype), num_stages=2,
+        DOT_PRECISION=dot_precision(query.dtype), SLIDING=window is not None,
+        SOFTCAP=logit_softcap is not None, num_stages=2,
         # 64 rows x 128+ head dims: 4 warps would need ~200 registers a thread.
         num_warps=8 if head_size > 64 else 4,
     )

@@ -7,6 +7,11 @@ member's query heads (rows = member * G_PAD + head), writing a partial output an
 base-2 log-sum-exp per member. The plain decode kernel then covers each sequence's
 private tail (from its group's shared length on) into further partial slots, and the
 split-K merge combines all slots.
+
+A logit soft-cap applies to both parts (SOFTCAP, as in kernels/triton/decode.py). A
+sliding window has no place here: members of a group have different windows, and a
+window that starts past the shared blocks makes them irrelevant, so TritonBackend sends
+windowed decode batches to the plain decode kernel (whose loop starts at each window).
 """
 
 from __future__ import annotations
@@ -18,15 +23,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.interface import AttentionMetadata
+from kernels.interface import AttentionMetadata, check_attention_options
 from kernels.triton.decode import (
-    LOG2E,
     attend_range,
     check_inputs,
     choose_num_splits,
     dot_precision,
     launch_decode,
     merge_partials,
+    score_scales,
     tile_tokens,
 )
 
@@ -53,7 +58,8 @@ def _shared_prefix_kernel(
     part_out_ptr,  # fp32 [num_seqs, nq, num_slots, hd]
     part_lse_ptr,  # fp32 [num_seqs, nq, num_slots] base-2
     tokens_per_split,
-    qk_scale,
+    qk_scale,  # scale * log2(e); with SOFTCAP, scale / softcap
+    softcap_log2,  # SOFTCAP: softcap * log2(e)
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_bts,
@@ -67,6 +73,7 @@ def _shared_prefix_kernel(
     HEAD_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     group = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -94,7 +101,7 @@ def _shared_prefix_kernel(
     acc, m_i, l_i = attend_range(
         q, acc, m_i, l_i, bt_ptr + leader * stride_bts, lo, hi,
         k_ptr + kvh * stride_kh, v_ptr + kvh * stride_kh, stride_kb, stride_kt,
-        offs_d, d_mask, qk_scale, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
+        offs_d, d_mask, qk_scale, softcap_log2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, SOFTCAP,
     )
     has_tokens = l_i > 0
     l_safe = tl.where(has_tokens, l_i, 1.0)
@@ -169,13 +176,14 @@ def _pack_groups(groups: list[SharedPrefixGroup], g_pad: int, num_seqs: int, blo
 
 def shared_prefix_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          meta: AttentionMetadata, scale: float,
-                         groups: list[SharedPrefixGroup], *, num_splits: int | None = None
-                         ) -> torch.Tensor:
+                         groups: list[SharedPrefixGroup], *, num_splits: int | None = None,
+                         logit_softcap: float | None = None) -> torch.Tensor:
     """Decode attention equal to paged_decode, reading each group's shared blocks once.
 
     Sequences in no group are decoded as usual. `num_splits` (None = automatic) applies
-    to both the shared and the private parts."""
+    to both the shared and the private parts. No sliding window (see the module doc)."""
     check_inputs(query, k_cache, v_cache)
+    check_attention_options(None, logit_softcap)
     num_seqs, nq, head_size = query.shape
     if num_seqs != meta.num_seqs:
         raise ValueError(f"decode query has {num_seqs} rows for {meta.num_seqs} sequences")
@@ -213,19 +221,20 @@ def shared_prefix_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         _shared_prefix_kernel[(len(members), nkv, shared_splits)](
             query, k_cache, v_cache, meta.block_tables, table.to(device),
             torch.tensor(shared_len, dtype=torch.int32, device=device), part_out, part_lse,
-            tokens_per_split, scale * LOG2E,
+            tokens_per_split, *score_scales(scale, logit_softcap),
             query.stride(0), query.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             meta.block_tables.stride(0),
             *part_out.stride()[:3], *part_lse.stride()[:2],
             G=group_size, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, G_PAD=g_pad,
             MEMBERS_PAD=members_pad, HEAD_PAD=head_pad, BLOCK_N=block_n,
-            DOT_PRECISION=dot_precision(query.dtype), num_warps=4, num_stages=2,
+            DOT_PRECISION=dot_precision(query.dtype), SOFTCAP=logit_softcap is not None,
+            num_warps=4, num_stages=2,
         )
     launch_decode(query, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale,
                   max_tokens=meta.max_seq_len, num_splits=private_splits,
                   partials=(part_out, part_lse),
                   start=torch.tensor(start, dtype=torch.int32, device=device),
-                  slot_offset=shared_splits)
+                  slot_offset=shared_splits, softcap=logit_softcap)
     merge_partials(part_out, part_lse, out, nkv)
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import glob
 import os
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import numpy
 import torch
 
-from kernels import AttentionMetadata
+from kernels import AttentionMetadata, allocate_kv_cache
 from kernels.reference import TorchBackend
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -59,14 +60,27 @@ def build_tables(seq_lens: list[int], block_size: int, num_blocks: int,
 def make_case(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, group: int,
               head_size: int, block_size: int, dtype: torch.dtype = torch.float32,
               shared: dict[int, tuple[int, int]] | None = None, spare_blocks: int = 7,
-              seed: int = 0) -> PagedCase:
-    """q_lens[i] new tokens at the end of a context of seq_lens[i] tokens."""
+              seed: int = 0, consecutive: bool = False, head_major: bool = False) -> PagedCase:
+    """q_lens[i] new tokens at the end of a context of seq_lens[i] tokens.
+
+    consecutive: each sequence's blocks are consecutive ids (the reference reads them in
+    place); head_major: the pool in allocate_kv_cache's head-major memory order."""
     gen = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-n // block_size) for n in seq_lens) + spare_blocks
     tables = build_tables(seq_lens, block_size, num_blocks, shared, gen)
+    if consecutive:
+        assert not shared
+        counts = [-(-n // block_size) for n in seq_lens]
+        for i, count in enumerate(counts):
+            first = spare_blocks // 2 + sum(counts[:i])
+            tables[i, :count] = torch.arange(first, first + count, dtype=torch.int32)
     shape = (num_blocks, block_size, num_kv_heads, head_size)
     k_cache = torch.randn(shape, generator=gen).to(DEVICE, dtype)
     v_cache = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+    if head_major:
+        pools = allocate_kv_cache(1, num_blocks, block_size, num_kv_heads, head_size, dtype,
+                                  DEVICE, head_major=True)[0]
+        k_cache, v_cache = pools[0].copy_(k_cache), pools[1].copy_(v_cache)
     num_tokens = sum(q_lens)
     num_q_heads = num_kv_heads * group
     # As the attention layer passes it: a view of the fused q/k/v projection output.
@@ -85,9 +99,77 @@ def make_case(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, grou
     return PagedCase(query, k_cache, v_cache, meta, head_size**-0.5)
 
 
-def reference_attention(case: PagedCase) -> torch.Tensor:
+def reference_attention(case: PagedCase, sliding_window: int | None = None,
+                        logit_softcap: float | None = None) -> torch.Tensor:
     return TorchBackend().attention(case.query, case.k_cache, case.v_cache, case.meta,
-                                    case.scale)
+                                    case.scale, sliding_window=sliding_window,
+                                    logit_softcap=logit_softcap)
+
+
+def naive_attention(case: PagedCase, sliding_window: int | None = None,
+                    logit_softcap: float | None = None) -> torch.Tensor:
+    """The oracle of the options, in float64, one sequence at a time: K/V gathered token by
+    token through the block table, the full [q_len, seq_len] score matrix, scale, then
+    c * tanh(score / c), then an explicit mask (causal; with a window W, key k is seen by
+    the query at position p iff p - W < k <= p, as transformers' sliding_window_overlay),
+    then softmax."""
+    meta, block_size = case.meta, case.k_cache.shape[1]
+    starts = meta.query_start_loc.tolist()
+    outs = []
+    for i, seq_len in enumerate(meta.seq_lens.tolist()):
+        q_len = starts[i + 1] - starts[i]
+        positions = torch.arange(seq_len, device=case.query.device)
+        blocks = meta.block_tables[i].long()[positions // block_size]
+        k = case.k_cache[blocks, positions % block_size].double()  # [seq_len, nkv, hd]
+        v = case.v_cache[blocks, positions % block_size].double()
+        group = case.query.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        query = case.query[starts[i]:starts[i + 1]].double()
+        scores = torch.einsum("qhd,khd->hqk", query, k) * case.scale
+        if logit_softcap is not None:
+            scores = logit_softcap * torch.tanh(scores / logit_softcap)
+        query_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
+        seen = positions[None, :] <= query_pos
+        if sliding_window is not None:
+            seen &= positions[None, :] > query_pos - sliding_window
+        scores = scores.masked_fill(~seen, float("-inf"))
+        outs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v))
+    return torch.cat(outs).to(case.query.dtype)
+
+
+def poison_before_window(case: PagedCase, window: int,
+                         placeholder: int | None = None) -> tuple[PagedCase, int]:
+    """A copy of the case in which every block wholly before its sequence's window (the
+    window of the sequence's earliest new token) is filled with NaN and its block-table
+    entry points at `placeholder`, standing for what the engine leaves there once it frees
+    such blocks: by default a NaN block no sequence uses, so a kernel that reads any of
+    them (a masked key still multiplies its NaN value) returns NaN; an id past the pool
+    makes any gather of it raise. Returns the copy and how many entries were poisoned."""
+    meta, block_size = case.meta, case.k_cache.shape[1]
+    tables = meta.block_tables.cpu().clone()
+    starts = meta.query_start_loc.tolist()
+    seq_lens = meta.seq_lens.tolist()
+    # Blocks before a window may still be inside another sequence's (shared blocks).
+    needed: set[int] = set()
+    before: list[tuple[int, int]] = []
+    for i, seq_len in enumerate(seq_lens):
+        first_pos = max(0, seq_len - (starts[i + 1] - starts[i]) - window + 1)
+        count = -(-seq_len // block_size)
+        before += [(i, j) for j in range(first_pos // block_size)]
+        needed.update(tables[i, first_pos // block_size:count].tolist())
+    if placeholder is None:
+        placeholder = min(set(range(case.k_cache.shape[0])) - set(tables.flatten().tolist()))
+    k_cache, v_cache = case.k_cache.clone(), case.v_cache.clone()
+    nan_blocks = {int(tables[i, j]) for i, j in before} - needed
+    if placeholder < case.k_cache.shape[0]:
+        nan_blocks.add(placeholder)
+    for block in nan_blocks:
+        k_cache[block] = float("nan")
+        v_cache[block] = float("nan")
+    for i, j in before:
+        tables[i, j] = placeholder
+    meta = dataclasses.replace(meta, block_tables=tables.to(meta.block_tables.device))
+    return dataclasses.replace(case, k_cache=k_cache, v_cache=v_cache, meta=meta), len(before)
 
 
 def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -141,7 +223,7 @@ def compile_for_hopper(kernel, pointer_dtypes: dict[str, str], constants: dict[s
             signature[name] = "constexpr"
         elif name in pointer_dtypes:
             signature[name] = "*" + pointer_dtypes[name]
-        elif name == "qk_scale":
+        elif name in ("qk_scale", "softcap_log2"):
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
@@ -156,7 +238,8 @@ def compile_for_hopper(kernel, pointer_dtypes: dict[str, str], constants: dict[s
 
 def compile_every_kernel_for_hopper() -> list[str]:
     """bf16 builds of each kernel in the shapes the launchers pick for a Llama-8B-like
-    model (group 4, head 128) and the starter (group 3, head 64); returns their names."""
+    model (group 4, head 128) and the starter (group 3, head 64), without the attention
+    options; returns their names."""
     from kernels.triton import cache as triton_cache
     from kernels.triton import decode as triton_decode
     from kernels.triton import prefill as triton_prefill
@@ -168,18 +251,19 @@ def compile_every_kernel_for_hopper() -> list[str]:
     built = []
     for group, head in ((4, 128), (3, 64)):
         shape = dict(G=group, HEAD_SIZE=head, BLOCK_SIZE=16, HEAD_PAD=head,
-                     DOT_PRECISION="tf32")
+                     DOT_PRECISION="tf32", SOFTCAP=False)
         for final in (True, False):
             compile_for_hopper(
                 triton_decode._decode_kernel, dict(attn, seq_lens_ptr="i32", start_ptr="i32"),
-                dict(shape, G_PAD=16, BLOCK_N=64, HAS_START=not final, WRITE_FINAL=final))
+                dict(shape, G_PAD=16, BLOCK_N=64, HAS_START=not final, WRITE_FINAL=final,
+                     SLIDING=False))
         compile_for_hopper(
             triton_decode._merge_kernel, attn,
             dict(G=group, HEAD_SIZE=head, G_PAD=4, HEAD_PAD=head, SLOT_PAD=64))
         g_pad, block_q, block_n = triton_prefill.tile_shape(group, head)
         compile_for_hopper(
             triton_prefill._prefill_kernel, dict(attn, seq_lens_ptr="i32", qsl_ptr="i32"),
-            dict(shape, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n),
+            dict(shape, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n, SLIDING=False),
             num_warps=8 if head > 64 else 4)
         compile_for_hopper(
             triton_shared_prefix._shared_prefix_kernel,
@@ -196,3 +280,31 @@ def compile_every_kernel_for_hopper() -> list[str]:
         dict(src_ptr=bf16, dst_ptr=bf16, src_ids_ptr="i64", dst_ids_ptr="i64"),
         dict(BLOCK_NUMEL=16 * 8 * 128, CHUNK=triton_cache.COPY_CHUNK))
     return built + ["copy_blocks"]
+
+
+def compile_option_kernels_for_hopper() -> list[str]:
+    """bf16 builds of the attention kernels with a sliding window and a logit soft-cap
+    (SLIDING, SOFTCAP) in a Gemma-2-like shape (group 2, head 256); returns their names."""
+    from kernels.triton import decode as triton_decode
+    from kernels.triton import prefill as triton_prefill
+    from kernels.triton import shared_prefix as triton_shared_prefix
+
+    bf16 = "bf16"
+    attn = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, bt_ptr="i32", out_ptr=bf16,
+                part_out_ptr="fp32", part_lse_ptr="fp32")
+    shape = dict(G=2, HEAD_SIZE=256, BLOCK_SIZE=16, HEAD_PAD=256, DOT_PRECISION="tf32",
+                 SOFTCAP=True)
+    for final in (True, False):
+        compile_for_hopper(
+            triton_decode._decode_kernel, dict(attn, seq_lens_ptr="i32", start_ptr="i32"),
+            dict(shape, G_PAD=16, BLOCK_N=32, HAS_START=not final, WRITE_FINAL=final,
+                 SLIDING=True))
+    g_pad, block_q, block_n = triton_prefill.tile_shape(2, 256)
+    compile_for_hopper(
+        triton_prefill._prefill_kernel, dict(attn, seq_lens_ptr="i32", qsl_ptr="i32"),
+        dict(shape, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n, SLIDING=True), num_warps=8)
+    compile_for_hopper(
+        triton_shared_prefix._shared_prefix_kernel,
+        dict(attn, members_ptr="i32", shared_len_ptr="i32"),
+        dict(shape, G_PAD=2, MEMBERS_PAD=8, BLOCK_N=32))
+    return ["decode/prefill/shared with sliding window and soft-cap g2 h256"]
