@@ -5,8 +5,10 @@ Tiny models (seconds to build, nothing downloaded):
 
 - Families (the params of the `tiny_family` fixture): "llama" (SmolLM-like, tied
   embeddings), "llama3_rope" (rope_scaling llama3), "llama_linear_rope" (rope_scaling
-  linear), "mistral", "qwen2" (q/k/v bias, tied), "qwen3" (q/k RMSNorm, head_dim 32 !=
-  hidden / heads).
+  linear), "mistral", "mistral_window" (a 16-token window on every layer), "qwen2" (q/k/v
+  bias, tied), "qwen3" (q/k RMSNorm, head_dim 32 !=
+  hidden / heads), "gemma2" (sliding window 16 every other layer, soft-caps), "gemma3"
+  (q/k norms, a rope per layer kind, window 16).
 - `tiny_hf_config(family, **overrides)`: the transformers config (hidden 64, 2 layers, 4 query
   heads / 2 KV heads, vocab 256, max_position_embeddings 512, eager attention, no EOS).
 - `tiny_hf_model(family, seed=0, **overrides)`: a seeded transformers model, fp32, eval mode,
@@ -51,7 +53,8 @@ import transformers  # noqa: E402  (after the environment above)
 
 from kernels import AttentionMetadata
 
-TINY_FAMILIES = ("llama", "llama3_rope", "llama_linear_rope", "mistral", "qwen2", "qwen3")
+TINY_FAMILIES = ("llama", "llama3_rope", "llama_linear_rope", "mistral", "mistral_window",
+                 "qwen2", "qwen3", "gemma2", "gemma3")
 
 _COMMON: dict[str, Any] = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -69,14 +72,27 @@ _FAMILY_FIELDS: dict[str, tuple[str, dict[str, Any]]] = {
         rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 4.0},
     )),
     "mistral": ("MistralConfig", dict(rope_theta=1000000.0, sliding_window=4096)),
+    # Mistral v0.1: every layer attends to the last 16 tokens only.
+    "mistral_window": ("MistralConfig", dict(rope_theta=10000.0, sliding_window=16)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
     "qwen3": ("Qwen3Config", dict(head_dim=32, rope_theta=1000000.0)),
+    # A window of 16 tokens, so prompts cross it; caps low enough that they bite.
+    "gemma2": ("Gemma2Config", dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=16, attn_logit_softcapping=3.0,
+        final_logit_softcapping=8.0, rope_theta=10000.0,
+        layer_types=["sliding_attention", "full_attention"])),
+    "gemma3": ("Gemma3TextConfig", dict(
+        head_dim=32, query_pre_attn_scalar=32, sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_scaling={"rope_type": "linear", "factor": 4.0})),
 }
 _MODEL_CLASSES = {
     "LlamaConfig": "LlamaForCausalLM",
     "MistralConfig": "MistralForCausalLM",
     "Qwen2Config": "Qwen2ForCausalLM",
     "Qwen3Config": "Qwen3ForCausalLM",
+    "Gemma2Config": "Gemma2ForCausalLM",
+    "Gemma3TextConfig": "Gemma3ForCausalLM",
 }
 
 

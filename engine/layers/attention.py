@@ -7,6 +7,8 @@ and on Triton kernels on CUDA.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.layers.base import Layer
@@ -28,8 +30,17 @@ class PagedSelfAttention(Layer):
         qk_norm_eps: float | None,
         dtype: torch.dtype,
         device: torch.device | str,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
+        norm_class: type[RMSNorm] = RMSNorm,
+        rotate: Callable[..., torch.Tensor] = apply_rotary,
     ) -> None:
-        """qk_norm_eps: set for Qwen3-style per-head RMSNorm of q and k before rope."""
+        """qk_norm_eps: set for Qwen3/Gemma 3-style per-head norms of q and k before rope
+        (of ``norm_class``). scale: the score scale (default head_dim ** -0.5; Gemma's
+        query_pre_attn_scalar sets its own). sliding_window: attend to the last W tokens
+        only. logit_softcap: Gemma 2's tanh cap on the scores. rotate: the rotary step
+        (Phi-4-mini's turns only the leading dims of each head)."""
         super().__init__()
         if num_heads % num_kv_heads != 0:
             raise ValueError(
@@ -39,15 +50,22 @@ class PagedSelfAttention(Layer):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.rotate = rotate
+        # Passed to the backend only when set, so the plain path stays the plain call.
+        self.attention_options = {}
+        if sliding_window is not None:
+            self.attention_options["sliding_window"] = sliding_window
+        if logit_softcap is not None:
+            self.attention_options["logit_softcap"] = logit_softcap
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.qkv_proj = StackedLinear(hidden_size, (q_size, kv_size, kv_size), qkv_bias,
                                       dtype, device)
         self.o_proj = StackedLinear(q_size, (hidden_size,), o_bias, dtype, device)
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
-            self.q_norm = RMSNorm(head_dim, qk_norm_eps, dtype, device)
-            self.k_norm = RMSNorm(head_dim, qk_norm_eps, dtype, device)
+            self.q_norm = norm_class(head_dim, qk_norm_eps, dtype, device)
+            self.k_norm = norm_class(head_dim, qk_norm_eps, dtype, device)
 
     def forward(
         self,
@@ -66,13 +84,14 @@ class PagedSelfAttention(Layer):
         qk_heads = self.num_heads + self.num_kv_heads
         if self.q_norm is None:
             # q and k sit side by side in the stacked output: one rotary call covers both.
-            qk = apply_rotary(qkv[:, :qk_heads], cos, sin)
+            qk = self.rotate(qkv[:, :qk_heads], cos, sin)
             query, key = qk[:, : self.num_heads], qk[:, self.num_heads:]
         else:
             assert self.k_norm is not None
-            query = apply_rotary(self.q_norm(qkv[:, : self.num_heads]), cos, sin)
-            key = apply_rotary(self.k_norm(qkv[:, self.num_heads:qk_heads]), cos, sin)
+            query = self.rotate(self.q_norm(qkv[:, : self.num_heads]), cos, sin)
+            key = self.rotate(self.k_norm(qkv[:, self.num_heads:qk_heads]), cos, sin)
         value = qkv[:, qk_heads:]
         backend.write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
-        out = backend.attention(query, k_cache, v_cache, meta, self.scale)
+        out = backend.attention(query, k_cache, v_cache, meta, self.scale,
+                                **self.attention_options)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))

@@ -1,4 +1,5 @@
-"""The gated SiLU feed-forward block of the Llama family."""
+"""The gated feed-forward block: SiLU for the Llama family, tanh-approximated GELU
+(GeGLU) for Gemma."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ import torch.nn.functional as F
 from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
 
+# Config names of the activations (hidden_act / hidden_activation) -> the function.
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
 
 class GatedMLP(Layer):
-    """down(silu(gate(x)) * up(x)), with gate and up stacked into one matmul."""
+    """down(act(gate(x)) * up(x)), with gate and up stacked into one matmul."""
 
     def __init__(
         self,
@@ -19,8 +27,13 @@ class GatedMLP(Layer):
         bias: bool,
         dtype: torch.dtype,
         device: torch.device | str,
+        activation: str = "silu",
     ) -> None:
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"hidden activation {activation!r} is not supported; supported: "
+                             f"{', '.join(ACTIVATIONS)}")
+        self.act = ACTIVATIONS[activation]
         self.intermediate_size = intermediate_size
         self.gate_up_proj = StackedLinear(hidden_size, (intermediate_size, intermediate_size),
                                           bias, dtype, device)
@@ -30,4 +43,4 @@ class GatedMLP(Layer):
         gate_up = self.gate_up_proj(x)
         size = self.intermediate_size
         # Slices and an in-place multiply: a decode step pays a fixed cost per op, per layer.
-        return self.down_proj(F.silu(gate_up[..., :size]).mul_(gate_up[..., size:]))
+        return self.down_proj(self.act(gate_up[..., :size]).mul_(gate_up[..., size:]))

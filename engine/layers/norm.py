@@ -1,4 +1,4 @@
-"""RMSNorm as the Llama family defines it."""
+"""RMSNorm as the Llama family defines it, and Gemma's variant."""
 
 from __future__ import annotations
 
@@ -30,3 +30,16 @@ class RMSNorm(Layer):
         x32 = x.float()
         variance = x32.pow(2).mean(-1, keepdim=True)
         return self.weight * (x32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the checkpoint stores weight - 1 (the scale is 1 + weight), and the
+    scale is applied in float32 before the cast back, where Llama casts first."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 1.0 + self.weight.float()
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, scale, self.eps)
+        x32 = x.float()
+        variance = x32.pow(2).mean(-1, keepdim=True)
+        return (x32 * torch.rsqrt(variance + self.eps) * scale).to(x.dtype)

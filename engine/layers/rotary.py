@@ -1,18 +1,26 @@
-"""Rotary position embedding (rotate-half layout) with default, linear and llama3 scaling.
+"""Rotary position embedding (rotate-half layout) with default, linear and llama3 scaling,
+and Phi-3's partial rotary and LongRoPE.
 
 The cos/sin tables cover every position up to max_position_embeddings, built once, so a
 step only indexes them; the model looks them up once per forward and every layer reuses
 them.
+
+LongRoPE (``LongRopeEmbedding``) keeps two tables, short and long factors, and picks one
+per sequence of a step, as transformers' ``dynamic_rope_update`` picks one per forward:
+see ``LongRopeEmbedding.lookup`` for the rule.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from kernels import AttentionMetadata
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -75,6 +83,29 @@ def _require(scaling: Mapping[str, Any], key: str) -> Any:
     return scaling[key]
 
 
+def rope_tables(
+    inv_freq: torch.Tensor,
+    num_positions: int,
+    attention_factor: float,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin [num_positions, 2 * len(inv_freq)] for positions 0.. in ``dtype``.
+
+    Angles in float32 (as the reference models compute them), scaled by
+    ``attention_factor`` (LongRoPE's; 1.0 elsewhere) in float32, then one cast to the
+    activation dtype, which is where the reference casts them too. The width is the
+    rotated width, with the sign of the rotate-half pairing folded into sin, so that
+    apply_rotary is two multiplies and one add: x * cos + swap_halves(x) * sin, where the
+    first half of sin is negated."""
+    angles = torch.outer(torch.arange(num_positions, dtype=torch.float32), inv_freq)
+    cos, sin = angles.cos(), angles.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return (torch.cat((cos, cos), dim=-1).to(dtype=dtype, device=device),
+            torch.cat((-sin, sin), dim=-1).to(dtype=dtype, device=device))
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(
         self,
@@ -90,19 +121,11 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"head_dim must be even for rotary embedding, got {head_dim}")
         self.max_position = max_position
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
-        # Angles in float32 (as the reference models compute them), then one cast to the
-        # activation dtype, which is where the reference casts them too.
-        angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        cos, sin = angles.cos(), angles.sin()
-        # Full head width, with the sign of the rotate-half pairing folded into sin, so that
-        # apply_rotary is two multiplies and one add on the whole head: x * cos +
-        # swap_halves(x) * sin, where the first half of sin is negated.
+        cos, sin = rope_tables(inv_freq, max_position, 1.0, dtype, device)
         self.cos: torch.Tensor
         self.sin: torch.Tensor
-        self.register_buffer("cos", torch.cat((cos, cos), dim=-1).to(dtype=dtype, device=device),
-                             persistent=False)
-        self.register_buffer("sin", torch.cat((-sin, sin), dim=-1).to(dtype=dtype, device=device),
-                             persistent=False)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, signed sin for each position, shaped [T, 1, head_dim] to broadcast over heads."""
@@ -117,3 +140,101 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     arithmetic, is what a decode step pays, 30 layers over."""
     swapped = x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)
     return torch.addcmul(x * cos, swapped, sin)
+
+
+def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Partial rotary (Phi-4-mini's partial_rotary_factor): only the first
+    ``rotary_dim = cos.shape[-1]`` dims of each head rotate, rotate-half paired within them
+    (element i with i + rotary_dim // 2); the rest pass through unchanged, as transformers'
+    apply_rotary_pos_emb does with narrow cos/sin. A full-width table is apply_rotary."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return apply_rotary(x, cos, sin)
+    return torch.cat((apply_rotary(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
+
+
+def longrope_inv_freq(rotary_dim: int, theta: float, factors: Sequence[float]) -> torch.Tensor:
+    """LongRoPE's inverse frequencies [rotary_dim // 2] in float32: each pair's base
+    frequency divided by its rescale factor, computed in transformers' order
+    (1 / (factor * theta ** (2i / rotary_dim)))."""
+    if len(factors) != rotary_dim // 2:
+        raise ValueError(f"LongRoPE needs {rotary_dim // 2} rescale factors (rotary dims / 2), "
+                         f"got {len(factors)}")
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    return 1.0 / (torch.tensor(list(factors), dtype=torch.float32) * theta**exponents)
+
+
+def longrope_attention_factor(max_position: int, original_max_position: int,
+                              factor: float | None = None,
+                              attention_factor: float | None = None) -> float:
+    """The scale LongRoPE applies to cos and sin (so to the rotated dims of q and k), short
+    and long alike: the config's attention_factor, else sqrt(1 + ln(s) / ln(original)) with
+    s = the config's factor, else max_position / original (1.0 when s <= 1), as
+    transformers' _compute_longrope_parameters."""
+    if attention_factor is not None:
+        return float(attention_factor)
+    scale = max_position / original_max_position if factor is None else float(factor)
+    if scale <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(scale) / math.log(original_max_position))
+
+
+class LongRopeEmbedding(nn.Module):
+    """Phi-3's LongRoPE: short factors while a sequence is within the pretraining length,
+    long factors once it is longer; both tables scaled by the attention factor.
+
+    One table holds both: rows [0, short_rows) are the short table (a sequence of length
+    <= original has positions < original only), rows from short_rows on are the long
+    table for positions 0 .. max_position - 1, so a lookup is one gather at position +
+    offset, offset = short_rows for tokens of long sequences."""
+
+    def __init__(
+        self,
+        rotary_dim: int,
+        max_position: int,
+        theta: float,
+        short_factor: Sequence[float],
+        long_factor: Sequence[float],
+        original_max_position: int,
+        attention_factor: float,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        if rotary_dim % 2 != 0:
+            raise ValueError(f"the rotary width must be even, got {rotary_dim}")
+        self.max_position = max_position
+        self.original_max_position = original_max_position
+        self.short_rows = min(original_max_position, max_position)
+        short = rope_tables(longrope_inv_freq(rotary_dim, theta, short_factor), self.short_rows,
+                            attention_factor, dtype, device)
+        long = rope_tables(longrope_inv_freq(rotary_dim, theta, long_factor), max_position,
+                           attention_factor, dtype, device)
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
+        self.register_buffer("cos", torch.cat((short[0], long[0])), persistent=False)
+        self.register_buffer("sin", torch.cat((short[1], long[1])), persistent=False)
+
+    def lookup(self, positions: torch.Tensor,
+               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin [T, 1, rotary_dim] for a step's tokens.
+
+        The rule, per sequence of the step: all of sequence i's tokens in this step use
+        the long factors when seq_lens[i] (its length after the step, i.e. its largest
+        position + 1) exceeds original_max_position, else the short ones. That is
+        transformers' dynamic_rope_update (seq_len = max(position_ids) + 1, one choice per
+        forward) applied to each sequence as its own forward over a cache. Unlike a
+        per-token rule (position p long iff p >= original), a step that ends past the
+        pretraining length rotates its earlier positions with long factors too, and keys
+        cached by earlier, shorter steps keep their short rotation: the result depends on
+        how the sequence was chunked (transformers' generate() instead drops its cache
+        and recomputes everything with long factors when a sequence first crosses)."""
+        if meta.max_seq_len <= self.original_max_position:
+            index = positions
+        else:
+            offsets = (meta.seq_lens > self.original_max_position).to(positions.dtype)
+            offsets = offsets * self.short_rows
+            q_lens = meta.query_start_loc[1:] - meta.query_start_loc[:-1]
+            index = positions + torch.repeat_interleave(offsets, q_lens,
+                                                        output_size=positions.shape[0])
+        return self.cos[index].unsqueeze(1), self.sin[index].unsqueeze(1)

@@ -36,7 +36,7 @@ class DecoderLayer(Layer):
             spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
             qkv_bias=spec.qkv_bias, o_bias=spec.o_bias,
             qk_norm_eps=spec.rms_norm_eps if spec.qk_norm else None,
-            dtype=dtype, device=device,
+            dtype=dtype, device=device, sliding_window=spec.sliding_window,
         )
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype,
                                                 device)
@@ -113,41 +113,7 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy a full checkpoint given as (Hugging Face name, tensor) pairs, in one call.
-
-        q/k/v and gate/up land in their stacked matrices. Raises ValueError for a name the
-        config does not expect, a shape that does not match the config, or missing names.
-        """
-        targets = self.checkpoint_targets()
-        loaded: set[str] = set()
-        with torch.no_grad():
-            for name, tensor in weights:
-                if name.endswith(_IGNORED_SUFFIXES):
-                    continue
-                if name == "lm_head.weight" and self.spec.tie_word_embeddings:
-                    # Some tied checkpoints store the shared matrix twice.
-                    continue
-                target = targets.get(name)
-                if target is None:
-                    raise ValueError(
-                        f"unexpected parameter {name!r} for {self.spec.architecture} "
-                        f"with {self.spec.num_layers} layers"
-                    )
-                if tuple(tensor.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"parameter {name!r} has shape {tuple(tensor.shape)} in the checkpoint "
-                        f"but the config expects {tuple(target.shape)}"
-                    )
-                target.copy_(tensor)
-                loaded.add(name)
-        missing = sorted(set(targets) - loaded)
-        if missing:
-            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if
-                                               len(missing) > 8 else "")
-            raise ValueError(f"checkpoint is missing {len(missing)} parameter(s): {shown}")
-        for module in self.modules():
-            if isinstance(module, StackedLinear):
-                module.prepare()
+        copy_checkpoint(self, weights)
 
     def checkpoint_targets(self) -> dict[str, torch.Tensor]:
         """Each Hugging Face parameter name -> the tensor (or stacked slice) it fills."""
@@ -163,21 +129,65 @@ class LlamaForCausalLM(nn.Module):
             targets[prefix + "post_attention_layernorm.weight"] = (
                 layer.post_attention_layernorm.weight.data
             )
-            attn, mlp = layer.self_attn, layer.mlp
-            kinds = ("weight", "bias") if self.spec.qkv_bias else ("weight",)
-            for index, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-                for kind in kinds:
-                    targets[f"{prefix}self_attn.{proj}.{kind}"] = attn.qkv_proj.block(index, kind)
-            kinds = ("weight", "bias") if self.spec.o_bias else ("weight",)
-            for kind in kinds:
-                targets[f"{prefix}self_attn.o_proj.{kind}"] = attn.o_proj.block(0, kind)
-            if attn.q_norm is not None and attn.k_norm is not None:
-                targets[prefix + "self_attn.q_norm.weight"] = attn.q_norm.weight.data
-                targets[prefix + "self_attn.k_norm.weight"] = attn.k_norm.weight.data
-            kinds = ("weight", "bias") if self.spec.mlp_bias else ("weight",)
-            for index, proj in enumerate(("gate_proj", "up_proj")):
-                for kind in kinds:
-                    targets[f"{prefix}mlp.{proj}.{kind}"] = mlp.gate_up_proj.block(index, kind)
-            for kind in kinds:
-                targets[f"{prefix}mlp.down_proj.{kind}"] = mlp.down_proj.block(0, kind)
+            targets |= projection_targets(prefix, layer.self_attn, layer.mlp, self.spec)
         return targets
+
+
+def projection_targets(prefix: str, attn: PagedSelfAttention, mlp: GatedMLP,
+                       spec: DecoderSpec) -> dict[str, torch.Tensor]:
+    """One layer's attention and MLP parameters by Hugging Face name: q/k/v and gate/up land
+    in blocks of their stacked matrices."""
+    targets: dict[str, torch.Tensor] = {}
+    kinds = ("weight", "bias") if spec.qkv_bias else ("weight",)
+    for index, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+        for kind in kinds:
+            targets[f"{prefix}self_attn.{proj}.{kind}"] = attn.qkv_proj.block(index, kind)
+    kinds = ("weight", "bias") if spec.o_bias else ("weight",)
+    for kind in kinds:
+        targets[f"{prefix}self_attn.o_proj.{kind}"] = attn.o_proj.block(0, kind)
+    if attn.q_norm is not None and attn.k_norm is not None:
+        targets[prefix + "self_attn.q_norm.weight"] = attn.q_norm.weight.data
+        targets[prefix + "self_attn.k_norm.weight"] = attn.k_norm.weight.data
+    kinds = ("weight", "bias") if spec.mlp_bias else ("weight",)
+    for index, proj in enumerate(("gate_proj", "up_proj")):
+        for kind in kinds:
+            targets[f"{prefix}mlp.{proj}.{kind}"] = mlp.gate_up_proj.block(index, kind)
+    for kind in kinds:
+        targets[f"{prefix}mlp.down_proj.{kind}"] = mlp.down_proj.block(0, kind)
+    return targets
+
+
+def copy_checkpoint(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy a full checkpoint given as (Hugging Face name, tensor) pairs into ``model``'s
+    checkpoint targets, in one call, then let stacked linears pack their matrices.
+
+    Raises ValueError for a name the config does not expect, a shape that does not match
+    the config, or missing names."""
+    spec = model.spec
+    targets = model.checkpoint_targets()
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for name, tensor in weights:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if name == "lm_head.weight" and spec.tie_word_embeddings:
+                # Some tied checkpoints store the shared matrix twice.
+                continue
+            target = targets.get(name)
+            if target is None:
+                raise ValueError(f"unexpected parameter {name!r} for {spec.architecture} "
+                                 f"with {spec.num_layers} layers")
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"parameter {name!r} has shape {tuple(tensor.shape)} in the checkpoint "
+                    f"but the config expects {tuple(target.shape)}")
+            target.copy_(tensor)
+            loaded.add(name)
+    missing = sorted(set(targets) - loaded)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if
+                                           len(missing) > 8 else "")
+        raise ValueError(f"checkpoint is missing {len(missing)} parameter(s): {shown}")
+    for module in model.modules():
+        if isinstance(module, StackedLinear):
+            module.prepare()

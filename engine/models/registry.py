@@ -10,14 +10,20 @@ that builds it (which also knows its checkpoint's parameter names and shapes).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from engine.dtypes import resolve_dtype
+from engine.models.gemma import GemmaForCausalLM, gemma_spec
 from engine.models.llama import LlamaForCausalLM
-from engine.models.spec import FamilyTraits, spec_from_hf_config
+from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
+from engine.models.spec import DecoderSpec, FamilyTraits, spec_from_hf_config
+
+SpecBuilder = Callable[[Any, str, FamilyTraits], DecoderSpec]
 
 
 @dataclass(slots=True, frozen=True)
@@ -31,7 +37,9 @@ class ModelFamily:
     # runs NEOX-style rope and keeps Hugging Face's order).
     gguf_rope_permuted: bool
     traits: FamilyTraits
-    model_class: type[LlamaForCausalLM]
+    model_class: type[nn.Module]
+    # Reads the config into the spec the model class takes.
+    build_spec: SpecBuilder = spec_from_hf_config
 
 
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -43,6 +51,14 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 FamilyTraits(qkv_bias_always=True, o_bias_from_config=False), LlamaForCausalLM),
     ModelFamily("Qwen3ForCausalLM", "qwen3", ("qwen3",), False,
                 FamilyTraits(qk_norm=True), LlamaForCausalLM),
+    ModelFamily("Gemma2ForCausalLM", "gemma2", ("gemma2",), False,
+                FamilyTraits(), GemmaForCausalLM, gemma_spec),
+    ModelFamily("Gemma3ForCausalLM", "gemma3_text", ("gemma3",), False,
+                FamilyTraits(qk_norm=True), GemmaForCausalLM, gemma_spec),
+    # llama.cpp keeps Phi-3's fused qkv in HF row order (NEOX rope): not permuted. No GGUF
+    # architecture until the reader maps attn_qkv, the fused ffn_up and the rope factors.
+    ModelFamily("Phi3ForCausalLM", "phi3", (), False, FamilyTraits(), Phi3ForCausalLM,
+                phi3_spec),
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
@@ -82,10 +98,10 @@ def build_model(
     hf_config: Any,
     dtype: torch.dtype | str = torch.float32,
     device: torch.device | str = "cpu",
-) -> LlamaForCausalLM:
+) -> nn.Module:
     """An empty (uninitialized) model for `hf_config`; fill it with load_weights."""
     family = family_of(hf_config)
-    spec = spec_from_hf_config(hf_config, family.architecture, family.traits)
+    spec = family.build_spec(hf_config, family.architecture, family.traits)
     return family.model_class(spec, resolve_dtype(dtype), device)
 
 

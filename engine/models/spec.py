@@ -43,28 +43,38 @@ class DecoderSpec:
     o_bias: bool
     mlp_bias: bool
     qk_norm: bool
-    # Mistral-style sliding-window attention is not implemented: attention is full, which
-    # is exact for contexts up to the window. None = no window.
+    # Mistral v0.1-style sliding-window attention on every layer; None = no window.
     sliding_window: int | None
+    hidden_act: str = "silu"
 
     @property
     def max_context_len(self) -> int:
-        """The longest context this model computes exactly."""
-        if self.sliding_window is None:
-            return self.max_position_embeddings
-        return min(self.max_position_embeddings, self.sliding_window)
+        """The longest context this model computes exactly (a sliding window limits what
+        each token sees, not how long the context may grow)."""
+        return self.max_position_embeddings
 
 
 def spec_from_hf_config(hf_config: Any, architecture: str, traits: FamilyTraits) -> DecoderSpec:
-    hidden_act = getattr(hf_config, "hidden_act", "silu")
-    if hidden_act != "silu":
-        raise ValueError(f"hidden_act {hidden_act!r} is not supported; the decoder uses 'silu'")
+    spec = base_spec(hf_config, architecture, traits)
+    if spec.hidden_act != "silu":
+        raise ValueError(f"hidden_act {spec.hidden_act!r} is not supported; the decoder uses "
+                         "'silu'")
+    return spec
+
+
+def base_spec(hf_config: Any, architecture: str, traits: FamilyTraits,
+              act_field: str = "hidden_act", read_rope: bool = True) -> DecoderSpec:
+    """The fields every family's spec shares; ``act_field`` names the config's activation
+    (Gemma calls it hidden_activation). ``read_rope=False`` leaves the rope fields plain
+    (theta 10000, no scaling) for a family that reads its own rope (Phi-3's partial rotary
+    and LongRoPE, which the shared reader refuses)."""
+    hidden_act = getattr(hf_config, act_field, None) or "silu"
     num_heads = int(_field(hf_config, "num_attention_heads"))
     hidden_size = int(_field(hf_config, "hidden_size"))
     num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
     head_dim = head_dim_of(getattr(hf_config, "head_dim", None), hidden_size, num_heads)
     attention_bias = bool(getattr(hf_config, "attention_bias", False))
-    rope_theta, rope_scaling = _rope_settings(hf_config)
+    rope_theta, rope_scaling = _rope_settings(hf_config) if read_rope else (10000.0, None)
     return DecoderSpec(
         architecture=architecture,
         vocab_size=int(_field(hf_config, "vocab_size")),
@@ -84,6 +94,7 @@ def spec_from_hf_config(hf_config: Any, architecture: str, traits: FamilyTraits)
         mlp_bias=traits.mlp_bias_from_config and bool(getattr(hf_config, "mlp_bias", False)),
         qk_norm=traits.qk_norm,
         sliding_window=_sliding_window(hf_config),
+        hidden_act=str(hidden_act),
     )
 
 
@@ -111,10 +122,19 @@ def _rope_settings(hf_config: Any) -> tuple[float, dict[str, Any] | None]:
     if not isinstance(params, dict):
         params = getattr(hf_config, "rope_scaling", None)
     params = dict(params) if isinstance(params, dict) else {}
-    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if "rope_theta" not in params and getattr(hf_config, "rope_theta", None) is not None:
+        params["rope_theta"] = hf_config.rope_theta
+    params.setdefault("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+    return rope_from_params(params)
+
+
+def rope_from_params(params: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(theta, scaling or None) from one rope_parameters dict."""
+    params = dict(params)
+    theta = params.get("rope_theta")
     if theta is None:
         theta = 10000.0
-    partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+    partial = params.get("partial_rotary_factor", 1.0)
     if partial not in (None, 1.0):
         raise ValueError(f"partial_rotary_factor {partial} is not supported; only 1.0 is")
     scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+)
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
@@ -47,11 +53,32 @@ def tiny_llama_config(**overrides) -> LlamaConfig:
     return LlamaConfig(**fields)
 
 
+def tiny_gemma_config(version: int, **overrides):
+    """Gemma 2 or Gemma 3 (text) with the byte-level vocabulary: a 16-token window on every
+    sliding layer, so prompts cross it; Gemma 2's soft-caps low enough to bite."""
+    fields = dict(
+        vocab_size=len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIALS),
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+        max_position_embeddings=1024, rms_norm_eps=1e-6, sliding_window=16,
+        bos_token_id=256, eos_token_id=258, pad_token_id=256,
+    )
+    if version == 2:
+        fields |= dict(attn_logit_softcapping=3.0, final_logit_softcapping=8.0)
+        config_class = Gemma2Config
+    else:
+        fields |= dict(layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                       rope_scaling={"rope_type": "linear", "factor": 4.0})
+        config_class = Gemma3TextConfig
+    fields.update(overrides)
+    return config_class(**fields)
+
+
 def save_tiny_model(path: Path, config=None, seed: int = 0) -> Path:
     """A random model folder: config.json, model.safetensors, tokenizer files."""
     config = config or tiny_llama_config()
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = AutoModelForCausalLM.from_config(config).eval()
     # Larger weights than the default init give peaked logits, so greedy decoding is
     # not decided by float noise between implementations.
     with torch.no_grad():

@@ -224,8 +224,9 @@ def test_unsupported_architecture_names_it_and_the_supported_ones():
     assert "GPT2LMHeadModel" in message
     for name in SUPPORTED_ARCHITECTURES:
         assert name in message
-    assert SUPPORTED_ARCHITECTURES == ("LlamaForCausalLM", "MistralForCausalLM",
-                                       "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+    assert SUPPORTED_ARCHITECTURES[:4] == ("LlamaForCausalLM", "MistralForCausalLM",
+                                           "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+    assert {"Gemma2ForCausalLM", "Gemma3ForCausalLM"} <= set(SUPPORTED_ARCHITECTURES)
 
 
 def test_architecture_falls_back_to_model_type(tiny_hf_config):
@@ -274,11 +275,14 @@ def test_unsupported_rope_type_is_named(tiny_hf_config):
         build_model(config, torch.float32, "cpu")
 
 
-def test_sliding_window_caps_the_exact_context(tiny_hf_config):
+def test_a_sliding_window_reaches_attention_and_leaves_the_context_whole(tiny_hf_config):
     mistral = build_model(tiny_hf_config("mistral", sliding_window=128), torch.float32, "cpu")
-    assert mistral.max_context_len == 128
+    assert mistral.max_context_len == 512
+    assert all(layer.self_attn.attention_options == {"sliding_window": 128}
+               for layer in mistral.layers)
     qwen2 = build_model(tiny_hf_config("qwen2", sliding_window=128), torch.float32, "cpu")
     assert qwen2.max_context_len == 512  # use_sliding_window is off
+    assert all(layer.self_attn.attention_options == {} for layer in qwen2.layers)
 
 
 def test_logits_agree_across_batch_layouts_and_dtypes(tiny_hf_model, load_into_ours):

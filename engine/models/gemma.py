@@ -1,0 +1,175 @@
+"""Gemma 2 and Gemma 3 (text) decoders over the paged KV cache.
+
+What sets them apart from the Llama family, each read from the config in ``gemma_spec``:
+- sandwich norms: RMSNorm before and after attention and before and after the MLP;
+- GemmaRMSNorm (scale 1 + weight), embeddings multiplied by sqrt(hidden_size), GeGLU;
+- the score scale query_pre_attn_scalar ** -0.5 instead of head_dim ** -0.5;
+- sliding-window layers (``layer_types``): Gemma 2 alternates them with global ones,
+  Gemma 3 has five to one;
+- Gemma 2's tanh soft-caps on attention scores and final logits;
+- Gemma 3's q/k norms and a rope per layer kind (a local base for sliding layers, the
+  global base with its scaling for full ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers.attention import PagedSelfAttention
+from engine.layers.base import Layer
+from engine.layers.linear import StackedLinear
+from engine.layers.lm_head import LMHead
+from engine.layers.mlp import GatedMLP
+from engine.layers.norm import GemmaRMSNorm
+from engine.layers.rotary import RotaryEmbedding
+from engine.models.llama import copy_checkpoint, projection_targets
+from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_params
+from kernels import AttentionBackend, AttentionMetadata
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@dataclass(slots=True)
+class GemmaSpec(DecoderSpec):
+    embed_scale: float = 1.0
+    attn_scale: float = 1.0
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    layer_types: tuple[str, ...] = ()
+    window: int | None = None  # of the sliding layers
+    # Rope per layer kind: (theta, scaling) for sliding and for full layers.
+    rope: dict[str, tuple[float, dict[str, Any] | None]] = field(default_factory=dict)
+
+
+def gemma_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> GemmaSpec:
+    base = base_spec(hf_config, architecture, traits, act_field="hidden_activation")
+    num_layers = base.num_layers
+    layer_types = tuple(getattr(hf_config, "layer_types", None) or
+                        [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)])
+    if len(layer_types) != num_layers or set(layer_types) - {SLIDING, FULL}:
+        raise ValueError(f"layer_types must name {num_layers} layers as {SLIDING!r} or "
+                         f"{FULL!r}, got {list(layer_types)!r}")
+    window = getattr(hf_config, "sliding_window", None)
+    if SLIDING in layer_types and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
+    scalar = getattr(hf_config, "query_pre_attn_scalar", None) or base.head_dim
+    shared = {f.name: getattr(base, f.name) for f in fields(DecoderSpec)}
+    shared["sliding_window"] = None  # Gemma's window is per layer kind: `window` below
+    return GemmaSpec(
+        **shared,
+        embed_scale=float(base.hidden_size) ** 0.5,
+        attn_scale=float(scalar) ** -0.5,
+        attn_logit_softcap=getattr(hf_config, "attn_logit_softcapping", None),
+        final_logit_softcap=getattr(hf_config, "final_logit_softcapping", None),
+        layer_types=layer_types,
+        window=window if SLIDING in layer_types else None,
+        rope=_rope_by_kind(hf_config),
+    )
+
+
+def _rope_by_kind(hf_config: Any) -> dict[str, tuple[float, dict[str, Any] | None]]:
+    params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and SLIDING in params:  # Gemma 3: one entry per kind
+        return {kind: rope_from_params(params[kind]) for kind in (SLIDING, FULL)}
+    shared = rope_from_params(params if isinstance(params, dict) else {
+        "rope_theta": getattr(hf_config, "rope_theta", 10000.0)})
+    return {SLIDING: shared, FULL: shared}
+
+
+class GemmaDecoderLayer(Layer):
+    def __init__(self, spec: GemmaSpec, kind: str, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        super().__init__()
+        hidden, eps = spec.hidden_size, spec.rms_norm_eps
+        self.kind = kind
+        self.input_layernorm = GemmaRMSNorm(hidden, eps, dtype, device)
+        self.post_attention_layernorm = GemmaRMSNorm(hidden, eps, dtype, device)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps, dtype, device)
+        self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps, dtype, device)
+        self.self_attn = PagedSelfAttention(
+            hidden, spec.num_heads, spec.num_kv_heads, spec.head_dim, qkv_bias=spec.qkv_bias,
+            o_bias=spec.o_bias, qk_norm_eps=eps if spec.qk_norm else None, dtype=dtype,
+            device=device, scale=spec.attn_scale, logit_softcap=spec.attn_logit_softcap,
+            sliding_window=spec.window if kind == SLIDING else None, norm_class=GemmaRMSNorm)
+        self.mlp = GatedMLP(hidden, spec.intermediate_size, spec.mlp_bias, dtype, device,
+                            spec.hidden_act)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache, v_cache, meta,
+                              backend)
+        hidden = hidden + self.post_attention_layernorm(attn)
+        mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
+        return hidden + self.post_feedforward_layernorm(mlp)
+
+
+class GemmaForCausalLM(nn.Module):
+    def __init__(self, spec: GemmaSpec, dtype: torch.dtype, device: torch.device | str) -> None:
+        """Parameters are allocated uninitialized; load_weights fills every one of them."""
+        super().__init__()
+        self.spec = spec
+        self.dtype = dtype
+        self.embed_tokens = nn.Parameter(
+            torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device),
+            requires_grad=False)
+        # The reference rounds the scale to the activation dtype before multiplying.
+        self.register_buffer("embed_scale", torch.tensor(spec.embed_scale, dtype=dtype,
+                                                         device=device), persistent=False)
+        self.rotary = nn.ModuleDict({
+            kind: RotaryEmbedding(spec.head_dim, spec.max_position_embeddings, theta, scaling,
+                                  dtype, device)
+            for kind, (theta, scaling) in spec.rope.items()})
+        self.layers = nn.ModuleList(GemmaDecoderLayer(spec, kind, dtype, device)
+                                    for kind in spec.layer_types)
+        self.norm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        tied = self.embed_tokens if spec.tie_word_embeddings else None
+        self.lm_head = LMHead(spec.hidden_size, spec.vocab_size, dtype, device, tied)
+
+    @property
+    def max_context_len(self) -> int:
+        return self.spec.max_position_embeddings
+
+    def weight_bytes(self) -> int:
+        params = sum(p.numel() * p.element_size() for p in self.parameters())
+        return params + sum(m.derived_bytes for m in self.modules()
+                            if isinstance(m, StackedLinear))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+        hidden = F.embedding(input_ids, self.embed_tokens) * self.embed_scale
+        tables = {kind: rotary.lookup(positions) for kind, rotary in self.rotary.items()}
+        for index, layer in enumerate(self.layers):
+            cos, sin = tables[layer.kind]
+            hidden = layer(hidden, cos, sin, kv_cache[index, 0], kv_cache[index, 1], meta,
+                           backend)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        cap = self.spec.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        copy_checkpoint(self, weights)
+
+    def checkpoint_targets(self) -> dict[str, torch.Tensor]:
+        targets: dict[str, torch.Tensor] = {
+            "model.embed_tokens.weight": self.embed_tokens.data,
+            "model.norm.weight": self.norm.weight.data,
+        }
+        if not self.spec.tie_word_embeddings:
+            targets["lm_head.weight"] = self.lm_head.block(0, "weight")
+        for i, layer in enumerate(self.layers):
+            prefix = f"model.layers.{i}."
+            for name in ("input_layernorm", "post_attention_layernorm",
+                         "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                targets[f"{prefix}{name}.weight"] = getattr(layer, name).weight.data
+            targets |= projection_targets(prefix, layer.self_attn, layer.mlp, self.spec)
+        return targets
