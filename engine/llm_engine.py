@@ -215,10 +215,10 @@ class LLMEngine:
             stopped, delta = cand.stop.check(cand.detokenizer.add(token))
             if stopped:
                 reason = "stop"
-        if reason is None and (
-            seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len
-        ):
+        if reason is None and seq.num_output_tokens >= params.max_tokens:
             reason = "length"
+        elif reason is None and seq.num_tokens >= self.max_model_len:
+            reason = "context"
         if reason is not None and not cand.stop.stopped:
             delta += _drain(cand)
         cand.text += delta

@@ -24,7 +24,9 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop", "length", "abort"
+    # "stop" (end of text, a stop string or token), "length" (max_tokens), "context" (the
+    # context, or the KV pool, is full) or "abort" (cancelled).
+    finish_reason: str | None = None
 
 
 @dataclass(slots=True)

@@ -187,9 +187,10 @@ class Scheduler:
         while not self.bm.can_append(seqs):
             victim = self.running[-1]
             if victim is group and len(self.running) == 1:
-                # Alone and still out of room: the request has outgrown the pool.
+                # Alone and still out of room: the request has outgrown the pool, the
+                # context that fits in memory is full.
                 for seq in group.live_seqs:
-                    self.finish_seq(seq, "length")
+                    self.finish_seq(seq, "context")
                 out.finished.append(group)
                 self.running.remove(group)
                 return False

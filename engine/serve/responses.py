@@ -52,9 +52,9 @@ class Shape:
 
 
 def finish_reason(reason: str | None) -> str:
-    # The engine says "stop" (end of text, stop string or token), "length" (max_tokens or
-    # the context's end) or "abort"; OpenAI knows "stop" and "length".
-    return "length" if reason == "length" else "stop"
+    # The engine says "stop" (end of text, stop string or token), "length" (max_tokens),
+    # "context" (the context's end) or "abort"; OpenAI knows "stop" and "length".
+    return "length" if reason in ("length", "context") else "stop"
 
 
 def usage(output: RequestOutput) -> dict:

@@ -171,7 +171,7 @@ def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(tiny_dir, hf
 def test_generation_stops_at_the_context_length(tiny_dir):
     llm = LLM(str(tiny_dir), num_gpu_blocks=64, max_model_len=48)
     [out] = llm.generate([PROMPT], GREEDY)
-    assert out.outputs[0].finish_reason == "length"
+    assert out.outputs[0].finish_reason == "context"  # not max_tokens: the context is full
     assert len(out.outputs[0].token_ids) == 48 - len(PROMPT)
 
 
