@@ -18,7 +18,7 @@ import torch
 
 from engine.dtypes import dtype_itemsize
 from engine.loaders.base import FolioLoadError, display_name
-from engine.loaders.gguf.config import ROPE_FREQS, gguf_config_dict
+from engine.loaders.gguf.config import CONFIG_TENSORS, gguf_config_dict
 from engine.loaders.gguf.header import read_gguf_header
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
 from engine.models import SUPPORTED_MODEL_TYPES
@@ -158,7 +158,7 @@ def gguf_info(path: Path, name: str) -> ModelInfo:
     metadata, tensors = read_gguf_header(path)
     config = gguf_config_dict(metadata, set(tensors), None, path)
     num_parameters = sum(math.prod(shape) for tensor, shape in tensors.items()
-                         if tensor != ROPE_FREQS)
+                         if tensor not in CONFIG_TENSORS)
     return ModelInfo(name, path, "gguf", config["model_type"], num_parameters,
                      config["max_position_embeddings"], path.stat().st_size,
                      config["num_hidden_layers"], config["num_key_value_heads"],

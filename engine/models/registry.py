@@ -10,8 +10,9 @@ that builds it (which also knows its checkpoint's parameter names and shapes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -24,6 +25,39 @@ from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
 from engine.models.spec import DecoderSpec, FamilyTraits, spec_from_hf_config
 
 SpecBuilder = Callable[[Any, str, FamilyTraits], DecoderSpec]
+
+# llama.cpp's per-layer tensor names (blk.N.<part>.weight|bias, the parts of
+# gguf.constants.TENSOR_NAMES) -> the Hugging Face names under model.layers.N. The Llama
+# map, which Mistral and Qwen files use too:
+GGUF_LLAMA_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+})
+# Gemma 2 (MODEL_TENSORS[GEMMA2]): sandwich norms. llama.cpp's post_attention_norm is HF's
+# post_attention_layernorm (after attention), and its ffn_norm is pre_feedforward_layernorm
+# (before the MLP), not Llama's post_attention_layernorm.
+GGUF_GEMMA2_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+})
+# Gemma 3 (MODEL_TENSORS[GEMMA3]): Gemma 2's, and q/k norms.
+GGUF_GEMMA3_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    **GGUF_GEMMA2_BLOCK_NAMES,
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+})
+# Phi-3 (MODEL_TENSORS[PHI3]): the fused matrices as HF stores them, q/k/v rows in one
+# attn_qkv, and ffn_up holding gate then up rows (2 * intermediate_size of them).
+GGUF_PHI3_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+    "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+})
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,6 +74,12 @@ class ModelFamily:
     model_class: type[nn.Module]
     # Reads the config into the spec the model class takes.
     build_spec: SpecBuilder = spec_from_hf_config
+    # GGUF block tensor parts -> HF names under model.layers.N (the GGUF_*_BLOCK_NAMES
+    # above); a tensor whose part is not here fails the load, naming it.
+    gguf_block_names: Mapping[str, str] = field(default_factory=lambda: GGUF_LLAMA_BLOCK_NAMES)
+    # llama.cpp's converter added this to every tensor whose HF name ends in "norm.weight"
+    # (Gemma's RMSNorm scales by 1 + weight; llama.cpp's by weight); the loader subtracts it.
+    gguf_norm_offset: float = 0.0
 
 
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -51,14 +91,18 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 FamilyTraits(qkv_bias_always=True, o_bias_from_config=False), LlamaForCausalLM),
     ModelFamily("Qwen3ForCausalLM", "qwen3", ("qwen3",), False,
                 FamilyTraits(qk_norm=True), LlamaForCausalLM),
+    # llama.cpp keeps Gemma's Q/K rows in HF order (NEOX rope) and adds 1 to every norm
+    # weight, q/k norms included (Gemma2Model / Gemma3Model in convert_hf_to_gguf.py).
     ModelFamily("Gemma2ForCausalLM", "gemma2", ("gemma2",), False,
-                FamilyTraits(), GemmaForCausalLM, gemma_spec),
+                FamilyTraits(), GemmaForCausalLM, gemma_spec,
+                gguf_block_names=GGUF_GEMMA2_BLOCK_NAMES, gguf_norm_offset=1.0),
     ModelFamily("Gemma3ForCausalLM", "gemma3_text", ("gemma3",), False,
-                FamilyTraits(qk_norm=True), GemmaForCausalLM, gemma_spec),
-    # llama.cpp keeps Phi-3's fused qkv in HF row order (NEOX rope): not permuted. No GGUF
-    # architecture until the reader maps attn_qkv, the fused ffn_up and the rope factors.
-    ModelFamily("Phi3ForCausalLM", "phi3", (), False, FamilyTraits(), Phi3ForCausalLM,
-                phi3_spec),
+                FamilyTraits(qk_norm=True), GemmaForCausalLM, gemma_spec,
+                gguf_block_names=GGUF_GEMMA3_BLOCK_NAMES, gguf_norm_offset=1.0),
+    # llama.cpp keeps Phi-3's fused qkv in HF row order (NEOX rope): not permuted. Its
+    # rope_factors_long/short tensors are LongRoPE's factors, read into the config.
+    ModelFamily("Phi3ForCausalLM", "phi3", ("phi3",), False, FamilyTraits(), Phi3ForCausalLM,
+                phi3_spec, gguf_block_names=GGUF_PHI3_BLOCK_NAMES),
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)

@@ -13,6 +13,7 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     LlamaConfig,
+    Phi3Config,
     PreTrainedTokenizerFast,
 )
 
@@ -72,6 +73,19 @@ def tiny_gemma_config(version: int, **overrides):
         config_class = Gemma3TextConfig
     fields.update(overrides)
     return config_class(**fields)
+
+
+def tiny_phi3_config(**overrides):
+    """Phi-3 with the byte-level vocabulary (Phi-4-mini's partial rotary with
+    partial_rotary_factor=0.75)."""
+    fields = dict(
+        vocab_size=len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIALS),
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5,
+        bos_token_id=256, eos_token_id=258, pad_token_id=256, tie_word_embeddings=False,
+    )
+    fields.update(overrides)
+    return Phi3Config(**fields)
 
 
 def save_tiny_model(path: Path, config=None, seed: int = 0) -> Path:

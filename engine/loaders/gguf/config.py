@@ -1,38 +1,56 @@
 """GGUF metadata (llama.cpp's keys) to a Hugging Face config.json-style dict.
 
 Shared by the loader, which builds the model's config from it, and the models catalog, which
-reads sizes from it without loading anything.
+reads sizes from it without loading anything. The keys each family reads are the ones
+llama.cpp's convert_hf_to_gguf.py writes for it (gguf.constants.Keys); a family's quirks are
+in its reader below (`_FAMILY_KEYS`), its tensor names in engine.models.registry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from engine.loaders.base import FolioLoadError
 from engine.models import GGUF_ARCHITECTURES, gguf_family
+from engine.models.gemma import FULL, SLIDING
 from engine.models.spec import head_dim_of
 
 ROPE_FREQS = "rope_freqs.weight"  # llama 3 rope scaling, folded into the config
+# Phi-3's LongRoPE factors (rotary dims / 2 each), folded into the config's rope_scaling.
+ROPE_FACTORS_LONG = "rope_factors_long.weight"
+ROPE_FACTORS_SHORT = "rope_factors_short.weight"
+CONFIG_TENSORS = (ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT)  # all, any family
+
+
+def config_tensor_names(model_type: str) -> tuple[str, ...]:
+    """The tensors of a family's GGUF files that are config, not weights: the loader reads
+    them for gguf_config_dict and does not hand them to the model."""
+    if model_type == "phi3":
+        return ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT
+    if model_type in ("gemma2", "gemma3_text"):
+        return ()
+    return (ROPE_FREQS,)
 
 
 def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
-                     rope_freqs: np.ndarray | None, where: Path) -> dict[str, object]:
-    """A config.json-style dict from GGUF metadata (arrays given as their lengths)."""
+                     config_tensors: Mapping[str, np.ndarray] | None,
+                     where: Path) -> dict[str, object]:
+    """A config.json-style dict from GGUF metadata (arrays given as their lengths).
+
+    `config_tensors` holds the values of the file's config tensors (config_tensor_names);
+    None when they were not read (the catalog, which wants sizes only): rope scaling that
+    lives in tensors is then left out."""
     arch = metadata.get("general.architecture")
     family = gguf_family(arch)
     if family is None:
         raise FolioLoadError(f"{where}: architecture {arch!r} is not supported; Folio runs "
                              f"these GGUF architectures: {', '.join(GGUF_ARCHITECTURES)}")
-
-    def key(name: str, default: object = None) -> object:
-        value = metadata.get(f"{arch}.{name}", default)
-        if value is None:
-            raise FolioLoadError(f"{where}: metadata {arch}.{name} is missing; the file is "
-                                 "incomplete, download or convert it again")
-        return value
+    keys = _Keys(metadata, str(arch), where)
+    key = keys.get
 
     heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
     head_dim = int(key("attention.key_length", head_dim_of(None, hidden, heads)))
@@ -40,7 +58,8 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
     if not vocab:
         raise FolioLoadError(f"{where}: no vocabulary size in the metadata; the file is "
                              "incomplete, download or convert it again")
-    if int(key("rope.dimension_count", head_dim)) != head_dim:
+    if family.model_type not in _PARTIAL_ROTARY and int(
+            key("rope.dimension_count", head_dim)) != head_dim:
         raise FolioLoadError(f"{where}: partial rotary embeddings are not supported")
     config: dict[str, object] = {
         "model_type": family.model_type, "architectures": [family.architecture],
@@ -63,9 +82,162 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
                                   "factor": _f32(key("rope.scaling.factor"))}
     elif scaling != "none":
         raise FolioLoadError(f"{where}: rope scaling {scaling!r} is not supported")
-    if rope_freqs is not None:
-        config["rope_scaling"] = _llama3_scaling(rope_freqs, config, metadata, where)
+    tensors = config_tensors or {}
+    if tensors.get(ROPE_FREQS) is not None:
+        config["rope_scaling"] = _llama3_scaling(tensors[ROPE_FREQS], config, metadata, where)
+    reader = _FAMILY_KEYS.get(family.model_type)
+    if reader is not None:
+        reader(keys, config, config_tensors)
     return config
+
+
+class _Keys:
+    """The file's `{arch}.*` keys, each read or rejected by name."""
+
+    def __init__(self, metadata: Mapping[str, object], arch: str, where: Path) -> None:
+        self.metadata, self.arch, self.where = metadata, arch, where
+
+    def optional(self, name: str) -> object:
+        return self.metadata.get(f"{self.arch}.{name}")
+
+    def get(self, name: str, default: object = None) -> object:
+        value = self.metadata.get(f"{self.arch}.{name}", default)
+        if value is None:
+            raise FolioLoadError(f"{self.where}: metadata {self.arch}.{name} is missing; the "
+                                 "file is incomplete, download or convert it again")
+        return value
+
+    def bad(self, name: str, value: object, expected: str) -> FolioLoadError:
+        shown = f"{len(value)} flags" if isinstance(value, tuple) else repr(value)
+        return FolioLoadError(f"{self.where}: metadata {self.arch}.{name} is {shown}, not "
+                              f"{expected}; the file is damaged, download or convert it again")
+
+    def count(self, name: str, default: object = None, minimum: int = 1) -> int:
+        """An integer key >= minimum (a GGUF uint32); bools and floats are malformed."""
+        value = self.get(name, default)
+        if type(value) is not int or value < minimum:
+            raise self.bad(name, value, "a positive integer" if minimum == 1 else
+                           f"an integer >= {minimum}")
+        return value
+
+    def positive(self, name: str, default: object = None) -> float:
+        """A finite number > 0 (a GGUF float32), as stored."""
+        value = self.get(name, default)
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or value <= 0):
+            raise self.bad(name, value, "a positive number")
+        return float(value)
+
+
+def _gemma_layers(keys: _Keys, config: dict[str, object], default_pattern: int) -> None:
+    """Sliding and full layers, the window, and the attention score scale of Gemma 2 / 3."""
+    layers = int(config["num_hidden_layers"])
+    name = "attention.sliding_window_pattern"
+    pattern = keys.optional(name)
+    if pattern is None:  # llama.cpp's default: Gemma 2 alternates, Gemma 3 is 5 local : 1
+        pattern = default_pattern
+    if isinstance(pattern, tuple):  # one flag per layer, true for a sliding one
+        if len(pattern) != layers:
+            raise keys.bad(name, pattern, f"one flag per layer ({layers})")
+        sliding = list(pattern)
+    elif type(pattern) is int and pattern >= 0:
+        # llama.cpp's set_swa_pattern: in every run of n layers the last is full; n = 0
+        # makes every layer sliding, n = 1 none.
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    else:
+        raise keys.bad(name, pattern, "a layer period (an integer >= 0) or per-layer flags")
+    config["layer_types"] = [SLIDING if s else FULL for s in sliding]
+    # A file of full layers only (Gemma 3 with pattern 1) has no window key.
+    config["sliding_window"] = keys.count("attention.sliding_window") if any(sliding) else None
+    # llama.cpp stores no query_pre_attn_scalar: it scales scores by 1/sqrt(head_dim), except
+    # for the 27B models (46 Gemma 2 layers, 62 Gemma 3 layers), scaled by 1/sqrt(hidden /
+    # heads) as Google's configs say (query_pre_attn_scalar 144 and 168). Same rule here.
+    is_27b = layers == (46 if config["model_type"] == "gemma2" else 62)
+    config["query_pre_attn_scalar"] = (
+        int(config["hidden_size"]) // int(config["num_attention_heads"]) if is_27b
+        else int(config["head_dim"]))
+
+
+def _gemma2_keys(keys: _Keys, config: dict[str, object],
+                 tensors: Mapping[str, np.ndarray] | None) -> None:
+    # Gemma2Model writes both caps and the window; Gemma2Config's defaults (50, 30, 4096)
+    # are not silently assumed for a file that lacks them.
+    config["attn_logit_softcapping"] = _f32(keys.positive("attn_logit_softcapping"))
+    config["final_logit_softcapping"] = _f32(keys.positive("final_logit_softcapping"))
+    _gemma_layers(keys, config, default_pattern=2)
+
+
+def _gemma3_keys(keys: _Keys, config: dict[str, object],
+                 tensors: Mapping[str, np.ndarray] | None) -> None:
+    # Gemma 3 has no attention soft-cap; a final one only when its config sets one.
+    cap = keys.optional("final_logit_softcapping")
+    config["final_logit_softcapping"] = (
+        None if cap is None else _f32(keys.positive("final_logit_softcapping")))
+    _gemma_layers(keys, config, default_pattern=6)
+    # rope.freq_base and rope.scaling.* are the full (global) layers'; llama.cpp runs the
+    # sliding layers at base 10000 without scaling (hard-coded, as Gemma3TextConfig's
+    # rope_local_base_freq default), unless the file states rope.freq_base_swa.
+    full = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
+    scaling = config.pop("rope_scaling", None)
+    if isinstance(scaling, dict):
+        full.update(scaling)
+    local = _f32(keys.positive("rope.freq_base_swa", 10000.0))
+    config["rope_parameters"] = {SLIDING: {"rope_type": "default", "rope_theta": local},
+                                 FULL: full}
+
+
+def _phi3_keys(keys: _Keys, config: dict[str, object],
+               tensors: Mapping[str, np.ndarray] | None) -> None:
+    if "rope_scaling" in config:
+        raise FolioLoadError(f"{keys.where}: rope scaling {config['rope_scaling']['rope_type']!r}"
+                             " is not supported for phi3; Phi-3 runs plain rope or LongRoPE")
+    head_dim = int(config["head_dim"])
+    # Phi3MiniModel writes int(partial_rotary_factor * hidden) // heads: Phi-4-mini rotates
+    # 96 of 128 dims.
+    rotary = keys.count("rope.dimension_count", head_dim)
+    if rotary > head_dim or rotary % 2:
+        raise keys.bad("rope.dimension_count", rotary,
+                       f"an even number of dims of the {head_dim}-dim heads")
+    if rotary != head_dim:
+        factor = rotary / head_dim
+        if int(head_dim * factor) != rotary:  # the spec computes int(head_dim * factor)
+            raise keys.bad("rope.dimension_count", rotary, "a rotary width Folio can express")
+        config["partial_rotary_factor"] = factor
+    # 0 is the converter's "no window" (Phi-4-mini); Phi-3-mini-4k has 2047.
+    config["sliding_window"] = keys.count("attention.sliding_window", 0, minimum=0) or None
+    config["original_max_position_embeddings"] = keys.count(
+        "rope.scaling.original_context_length", config["max_position_embeddings"])
+    if tensors is None:
+        return
+    long, short = tensors.get(ROPE_FACTORS_LONG), tensors.get(ROPE_FACTORS_SHORT)
+    if long is None and short is None:
+        return
+    for name, values in ((ROPE_FACTORS_LONG, long), (ROPE_FACTORS_SHORT, short)):
+        if values is None:
+            other = ROPE_FACTORS_SHORT if name == ROPE_FACTORS_LONG else ROPE_FACTORS_LONG
+            raise FolioLoadError(f"{keys.where}: tensor {name} is missing while {other} is "
+                                 "there; LongRoPE needs both, convert the model again")
+        if values.shape != (rotary // 2,) or not np.all(np.isfinite(values)):
+            raise FolioLoadError(f"{keys.where}: tensor {name} has shape {list(values.shape)},"
+                                 f" but {keys.arch}.rope.dimension_count {rotary} implies "
+                                 f"[{rotary // 2}] finite factors; the file is damaged")
+    scaling: dict[str, object] = {
+        "rope_type": "longrope",
+        # float32 in the file; its exact values (often already float32 in config.json).
+        "short_factor": [float(v) for v in np.asarray(short, np.float32)],
+        "long_factor": [float(v) for v in np.asarray(long, np.float32)]}
+    if keys.optional("rope.scaling.attn_factor") is not None:
+        # The converter computes it (sqrt(1 + ln(s) / ln(original))); its float32 as is.
+        scaling["attention_factor"] = keys.positive("rope.scaling.attn_factor")
+    config["rope_scaling"] = scaling
+
+
+_FamilyKeys = Callable[[_Keys, dict[str, object], Mapping[str, np.ndarray] | None], None]
+# Families whose config needs more than the shared Llama keys, by model_type.
+_FAMILY_KEYS: dict[str, _FamilyKeys] = {
+    "gemma2": _gemma2_keys, "gemma3_text": _gemma3_keys, "phi3": _phi3_keys,
+}
+_PARTIAL_ROTARY = ("phi3",)  # families whose rope.dimension_count may be < head_dim
 
 
 def llama3_rope_factors(theta: float, head_dim: int, scaling: Mapping[str, float]) -> np.ndarray:

@@ -18,7 +18,7 @@ from engine.loaders.base import FolioLoadError
 # GGUF value type ids (the format's spec) -> struct format; 8 is a string, 9 an array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
+_STRING, _ARRAY, _BOOL = 8, 9, 7
 _DEFAULT_ALIGNMENT = 32  # the spec's, when general.alignment is absent
 _TRUNCATED = "the header runs past the end of the file: it is truncated"
 
@@ -33,7 +33,9 @@ class GGUFTensorInfo:
 
 @dataclass(slots=True)
 class GGUFHeader:
-    metadata: dict[str, object]  # arrays (vocabulary, merges) are given as their lengths
+    # Arrays (vocabulary, merges) are given as their lengths, except arrays of bools
+    # (per-layer flags), given as tuples.
+    metadata: dict[str, object]
     tensors: list[GGUFTensorInfo]
 
 
@@ -85,8 +87,8 @@ def parse_gguf_header(path: Path) -> GGUFHeader:
 
 
 def read_gguf_header(path: Path) -> tuple[dict[str, object], dict[str, tuple[int, ...]]]:
-    """A GGUF's key/values (arrays as their lengths) and tensor shapes (Hugging Face order);
-    FolioLoadError when the file is not a readable GGUF."""
+    """A GGUF's key/values (arrays as their lengths, bool arrays as tuples) and tensor
+    shapes (Hugging Face order); FolioLoadError when the file is not a readable GGUF."""
     try:
         header = parse_gguf_header(path)
     except (OSError, ValueError) as exc:
@@ -136,6 +138,11 @@ class _Cursor:
                 raise ValueError(f"unknown value type {kind}")
             return self.take(_SCALARS[kind])
         item, count = self.take("<I"), self.take("<Q")
+        if item == _BOOL:  # per-layer flags (sliding_window_pattern): kept, they are short
+            if self.pos + count > len(self.buf):
+                raise ValueError(_TRUNCATED)
+            self.pos += count
+            return tuple(byte != 0 for byte in self.buf[self.pos - count:self.pos])
         if item in _SCALARS:
             self.pos += count * struct.calcsize(_SCALARS[item])
         else:  # strings and nested arrays have per-item lengths to walk

@@ -18,7 +18,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -32,22 +32,18 @@ from engine.loaders.base import (
     check_weight_shapes,
     display_name,
 )
-from engine.loaders.gguf.config import ROPE_FREQS, gguf_config_dict
+from engine.loaders.gguf.config import config_tensor_names, gguf_config_dict
 from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
-from engine.models import gguf_family
+from engine.models import ModelFamily, gguf_family
+from engine.models.registry import GGUF_LLAMA_BLOCK_NAMES
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+# 2: each tensor entry gained the norm offset to subtract.
+CACHE_VERSION = 2
+# Every family's; the per-layer names (blk.N.<part>) are the family's gguf_block_names.
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
                  "output": "lm_head"}
-_BLOCK_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
 
 
 def cache_root() -> Path:
@@ -56,16 +52,19 @@ def cache_root() -> Path:
     return Path(os.environ.get("FOLIO_CACHE_DIR") or platformdirs.user_cache_dir("folio"))
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The Hugging Face parameter name of a GGUF tensor, or None when it has none."""
+def hf_tensor_name(gguf_name: str, family: ModelFamily | None = None) -> str | None:
+    """The Hugging Face parameter name of a GGUF tensor in `family`'s files (the Llama names
+    when None), or None when it has none."""
+    block_names: Mapping[str, str] = (GGUF_LLAMA_BLOCK_NAMES if family is None
+                                      else family.gguf_block_names)
     stem, dot, kind = gguf_name.rpartition(".")
     if not dot or kind not in ("weight", "bias"):
         return None
     if stem in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[stem]}.{kind}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{kind}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in block_names:
+        return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{kind}"
     return None
 
 
@@ -99,7 +98,11 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None) -> Lo
         _write_cache(entry, meta, tokenizer)
         report("cache", 1.0)
     config_dict = dict(meta["config"])
-    config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+    try:
+        config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+    except (ValueError, TypeError) as exc:  # transformers' own validation of the values
+        raise FolioLoadError(f"{path}: its metadata gives a config transformers rejects "
+                             f"({exc}); the file is damaged or not supported") from exc
     tensors = meta["tensors"]
     shapes = {t[0]: tuple(t[1]) for t in tensors}
     check_weight_shapes(config, shapes, lambda name: str(path), str(path))
@@ -108,10 +111,12 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None) -> Lo
         data = np.memmap(path, dtype=np.uint8, mode="r")
         if data.size != meta["size"]:
             raise FolioLoadError(f"{path}: the file changed after it was opened; load it again")
-        for name, shape, qtype_id, offset, n_bytes, permute_heads in tensors:
+        for name, shape, qtype_id, offset, n_bytes, permute_heads, shift in tensors:
             weight = _dequantize_at(data, shape, qtype_id, offset, n_bytes)
             if permute_heads:
                 weight = unpermute_rows(weight, permute_heads)
+            if shift:  # a new array, so never a view of the file
+                weight = weight - np.float32(shift)
             elif np.may_share_memory(weight, data):  # F32 comes back as a view of the file
                 weight = weight.copy()
             yield name, torch.from_numpy(weight).to(dtype)
@@ -141,23 +146,28 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
             block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.qtype)]
             n_bytes = math.prod(tensor.shape) * block_bytes // block
             directory.append((tensor.name, tensor.shape, tensor.qtype, tensor.offset, n_bytes))
-        rope_entry = next((entry for entry in directory if entry[0] == ROPE_FREQS), None)
-        rope_freqs = None if rope_entry is None else np.array(_dequantize_at(
-            np.memmap(path, dtype=np.uint8, mode="r"), *rope_entry[1:]), dtype=np.float32)
-    except (OSError, ValueError, KeyError) as exc:
+        family = gguf_family(metadata.get("general.architecture"))
+        config_names = () if family is None else config_tensor_names(family.model_type)
+        config_tensors = {
+            entry[0]: np.array(_dequantize_at(np.memmap(path, dtype=np.uint8, mode="r"),
+                                              *entry[1:]), dtype=np.float32)
+            for entry in directory if entry[0] in config_names}
+    except (OSError, ValueError, KeyError, NotImplementedError) as exc:
         raise FolioLoadError(f"{path}: unreadable GGUF file ({exc}); it is truncated or "
                              "corrupt, download or convert it again") from exc
-    config = gguf_config_dict(metadata, {t[0] for t in directory}, rope_freqs, path)
-    permute = gguf_family(metadata["general.architecture"]).gguf_rope_permuted
+    config = gguf_config_dict(metadata, {t[0] for t in directory}, config_tensors, path)
+    assert family is not None  # gguf_config_dict rejects the architectures Folio lacks
+    permute = family.gguf_rope_permuted
     size = path.stat().st_size
     tensors, known_qtypes = [], set()
     for gguf_name, shape, qtype, offset, n_bytes in directory:
-        if gguf_name == ROPE_FREQS:
+        if gguf_name in config_names:
             continue
-        hf_name = hf_tensor_name(gguf_name)
+        hf_name = hf_tensor_name(gguf_name, family)
         if hf_name is None:
-            raise FolioLoadError(f"{path}: tensor {gguf_name} has no Llama counterpart; "
-                                 "this GGUF is not a supported Llama-family model")
+            raise FolioLoadError(f"{path}: tensor {gguf_name} has no counterpart in "
+                                 f"{family.architecture}; this GGUF is not a model Folio "
+                                 "supports")
         if qtype not in known_qtypes:
             _check_dequantizable(qtype, gguf_name, path)
             known_qtypes.add(qtype)
@@ -169,7 +179,9 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
             heads = config["num_attention_heads"]
         elif permute and ".attn_k." in gguf_name:
             heads = config["num_key_value_heads"]
-        tensors.append([hf_name, list(shape), qtype, offset, n_bytes, heads])
+        # llama.cpp's converter added the offset to these (the name test is its own).
+        shift = family.gguf_norm_offset if hf_name.endswith("norm.weight") else 0.0
+        tensors.append([hf_name, list(shape), qtype, offset, n_bytes, heads, shift])
     report("open", 1.0)
     report("tokenizer", 0.0)
     try:

@@ -447,7 +447,7 @@ def test_registered_as_the_phi3_family():
     assert (family.architecture, family.model_type) == ("Phi3ForCausalLM", "phi3")
     # llama.cpp keeps Phi-3's fused qkv rows in Hugging Face order (NEOX rope), but Folio's
     # GGUF reader has no phi3 tensor names yet, so no GGUF architecture is claimed.
-    assert family.gguf_architectures == () and not family.gguf_rope_permuted
+    assert family.gguf_architectures == ("phi3",) and not family.gguf_rope_permuted
     model = build_model(config, "float32", "meta")
     assert isinstance(model, Phi3ForCausalLM) and model.spec.rotary_dim == 12
     expected = {name: tuple(t.shape) for name, t in phi3_hf_model("phi4_longrope").state_dict()
