@@ -5,18 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
     QSizePolicy,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from desktop_app.widgets import theme
-from desktop_app.widgets.markdown import MarkdownLabel
+from desktop_app.widgets.markdown import MarkdownView
 
 
 def format_metrics(metrics: dict | None) -> str:
@@ -46,27 +48,49 @@ def status_note(status: str, finish_reason: str | None) -> str:
         return "Stopped"
     if finish_reason == "length":
         return "Cut off at the max tokens setting"
+    if finish_reason == "context":
+        return "Context full"
     return ""
 
 
 class CandidateColumn(QFrame):
+    """One candidate: title and copy button, the reply, its metrics line, "Keep".
+
+    Side by side in a row, a column's height comes from its size hint, which ignores
+    word wrapping; the column therefore asks its layout for the height its wrapped text
+    needs at its width (heightForWidth), and the metrics line, a label that wraps too,
+    sits in that layout under the reply, so it is never drawn over the text.
+    """
+
     keepClicked = Signal(int)  # message id
 
     def __init__(self, message_id: int, index: int, text: str = "",
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("candidateColumn")
+        self.setAccessibleName(f"Candidate {index + 1}")
         self.message_id = message_id
         self.index = index
         self.finished = False
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
+        header = QHBoxLayout()
+        header.setSpacing(4)
         title = QLabel(f"Candidate {index + 1}")
         title.setObjectName("roleLabel")
-        layout.addWidget(title)
-        self.body = MarkdownLabel(text)
-        self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        header.addWidget(title)
+        header.addStretch(1)
+        self.copy_button = QToolButton()
+        self.copy_button.setObjectName("candidateCopyButton")
+        self.copy_button.setIcon(theme.icon("copy", theme.current().muted))
+        self.copy_button.setToolTip("Copy this candidate as Markdown")
+        self.copy_button.setAccessibleName(f"Copy candidate {index + 1}")
+        self.copy_button.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.copy_button.clicked.connect(self.copy_to_clipboard)
+        header.addWidget(self.copy_button)
+        layout.addLayout(header)
+        self.body = MarkdownView(text)
         layout.addWidget(self.body)
         layout.addStretch(1)
         self.metrics_label = QLabel("")
@@ -74,19 +98,35 @@ class CandidateColumn(QFrame):
         self.metrics_label.setWordWrap(True)
         self.metrics_label.setSizePolicy(QSizePolicy.Policy.Preferred,
                                          QSizePolicy.Policy.Minimum)
+        self.metrics_label.setVisible(False)
         layout.addWidget(self.metrics_label)
         self.keep_button = QPushButton(theme.icon("keep", theme.current().accent_text), "Keep")
         self.keep_button.setObjectName("keepButton")
         self.keep_button.setToolTip("Make this the reply and continue the chat from it")
+        self.keep_button.setAccessibleName(f"Keep candidate {index + 1}")
         self.keep_button.setEnabled(False)
         self.keep_button.clicked.connect(lambda: self.keepClicked.emit(self.message_id))
         layout.addWidget(self.keep_button, 0, Qt.AlignmentFlag.AlignRight)
+        policy = QSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        policy.setHeightForWidth(True)
+        self.setSizePolicy(policy)
 
     def text(self) -> str:
         return self.body.markdown()
 
     def append(self, delta: str) -> None:
         self.body.append(delta)
+
+    def copy_to_clipboard(self) -> None:
+        QGuiApplication.clipboard().setText(self.text())
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt override
+        return True
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802 - Qt override
+        # totalHeightForWidth, not heightForWidth: it counts the column's own frame too
+        # (the style sheet's 1px border), else the last line of a wrapped label is clipped.
+        return self.layout().totalHeightForWidth(width)
 
     def event(self, event: QEvent) -> bool:
         handled = super().event(event)
@@ -95,19 +135,19 @@ class CandidateColumn(QFrame):
         return handled
 
     def _fit_height(self) -> None:
-        """Side by side in a row, the columns get their height from their size hints,
-        which ignore word wrapping: ask the layout for the height the wrapped text needs
-        at the current width. totalHeightForWidth, not heightForWidth: it counts the
-        column's own margins too (the style sheet's 1px border), else each side loses a
-        pixel and the last line of a wrapped label is clipped."""
-        height = self.layout().totalHeightForWidth(self.width())
+        """A box layout of columns side by side gives them all the row's height, the
+        tallest one's heightForWidth; a minimum height of its own at its current width
+        keeps a column whole when its container does not ask for heightForWidth."""
+        height = self.heightForWidth(self.width())
         if height > 0 and height != self.minimumHeight():
             self.setMinimumHeight(height)
 
     def finish(self, text: str, metrics: dict | None, status: str = "complete") -> None:
         self.finished = True
         self.body.set_markdown(text)
-        self.metrics_label.setText(footer_line(metrics, status))
+        line = footer_line(metrics, status)
+        self.metrics_label.setText(line)
+        self.metrics_label.setVisible(bool(line))
         self.keep_button.setEnabled(True)
 
 

@@ -1,16 +1,21 @@
-"""Markdown to rich-text HTML for QLabel / QTextBrowser, with boxed monospace code blocks.
+"""Markdown rendering of messages: a reply is a column of segments, text and code.
 
-Qt's own CommonMark/GitHub importer (QTextDocument.setMarkdown) does the parsing; we only
-restyle what it produced: each run of fenced or indented code lines becomes a one-cell
-table (padding and a background, which plain blocks cannot have) in the fixed-pitch font,
-and inline code gets the same font and a tint.
+`split_segments` cuts a reply at its top-level fenced code blocks. Text segments are rich
+text in a word-wrapped QLabel: Qt's own CommonMark/GitHub importer
+(QTextDocument.setMarkdown) does the parsing and we only restyle what it produced (inline
+code gets the fixed-pitch font and a tint; code that is not a top-level fence, indented
+or in a quote, becomes a one-cell table with padding and a background). Fenced code
+segments are `CodeBlock`s: highlighted, with a copy button, scrolling sideways.
+`MarkdownView` shows the segments and re-renders a streaming reply at most every
+RENDER_INTERVAL_MS, touching only the segments that changed.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import (
     QColor,
     QTextBlock,
@@ -22,9 +27,10 @@ from PySide6.QtGui import (
     QTextLength,
     QTextTableFormat,
 )
-from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
+from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from desktop_app.widgets import theme
+from desktop_app.widgets.code_block import THEME_EVENTS, CodeBlock
 
 _BODY_STYLE = re.compile(r"<body style=\"[^\"]*\">")
 
@@ -188,3 +194,176 @@ class MarkdownLabel(QLabel):
 
     def _render(self) -> None:
         self.setText(markdown_to_html(self._markdown) if self._markdown else "")
+
+
+# -- segments: text and fenced code -------------------------------------------------------
+@dataclass(slots=True, frozen=True)
+class Segment:
+    """A piece of a reply: Markdown text, or the code of a fenced block (fences and
+    language tag left out). `closed` is False for a fence still open (a streaming reply)."""
+
+    kind: str  # "text" or "code"
+    text: str
+    language: str = ""
+    closed: bool = True
+
+
+_OPEN_FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})(.*)$")
+
+
+def _closes(line: str, char: str, length: int) -> bool:
+    stripped = line.strip(" ")
+    return (len(line) - len(line.lstrip(" ")) <= 3 and len(stripped) >= length
+            and stripped == char * len(stripped))
+
+
+def split_segments(markdown: str) -> list[Segment]:
+    """Cut `markdown` at its top-level fenced code blocks (CommonMark fences: 3+ backticks
+    or tildes, indented at most 3 spaces). A fence left open runs to the end, so a
+    streaming reply shows its code so far. Blank text between blocks is dropped."""
+    segments: list[Segment] = []
+    text: list[str] = []
+
+    def flush_text() -> None:
+        joined = "\n".join(text)
+        if joined.strip():
+            segments.append(Segment("text", joined))
+        text.clear()
+
+    lines = markdown.split("\n")
+    i = 0
+    while i < len(lines):
+        match = _OPEN_FENCE.match(lines[i])
+        info = match.group(3) if match else ""
+        if match is None or (match.group(2)[0] == "`" and "`" in info):
+            text.append(lines[i])
+            i += 1
+            continue
+        flush_text()
+        indent, fence = len(match.group(1)), match.group(2)
+        language = info.strip().split(" ", 1)[0] if info.strip() else ""
+        code: list[str] = []
+        i += 1
+        closed = False
+        while i < len(lines):
+            if _closes(lines[i], fence[0], len(fence)):
+                closed = True
+                i += 1
+                break
+            line = lines[i]
+            strip = min(indent, len(line) - len(line.lstrip(" ")))
+            code.append(line[strip:])
+            i += 1
+        segments.append(Segment("code", "\n".join(code), language, closed))
+    flush_text()
+    return segments
+
+
+class MarkdownView(QWidget):
+    """A message body: its segments top to bottom, text as MarkdownLabels, fenced code as
+    CodeBlocks.
+
+    While a reply streams, `append()` only marks the text dirty; a single-shot timer
+    re-renders at most every RENDER_INTERVAL_MS, so a fast token stream costs one layout
+    per interval instead of one per token and the event loop stays responsive. A render
+    re-parses the segments and updates only those that changed (usually the last one).
+    """
+
+    RENDER_INTERVAL_MS = MarkdownLabel.RENDER_INTERVAL_MS
+
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("markdownView")
+        self.setAccessibleName("Message text")
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(6)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Minimum)
+        self._markdown = ""
+        self._dark = theme.current().dark
+        self._segments: list[Segment] = []
+        self._widgets: list[QWidget] = []
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(self.RENDER_INTERVAL_MS)
+        self._timer.timeout.connect(self._render)
+        self.set_markdown(text)
+
+    def markdown(self) -> str:
+        return self._markdown
+
+    def set_markdown(self, text: str) -> None:
+        """Show `text` now, fully highlighted (a finished reply, or one loaded)."""
+        self._markdown = text
+        self._timer.stop()
+        self._render(streaming=False)
+
+    def append(self, delta: str) -> None:
+        self._markdown += delta
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def flush(self) -> None:
+        """Render now if an append is pending (before measuring or grabbing)."""
+        if self._timer.isActive():
+            self._timer.stop()
+            self._render()
+
+    def segments(self) -> list[Segment]:
+        """The segments shown now."""
+        return list(self._segments)
+
+    def segment_widgets(self) -> list[QWidget]:
+        return list(self._widgets)
+
+    def code_blocks(self) -> list[CodeBlock]:
+        return [w for w in self._widgets if isinstance(w, CodeBlock)]
+
+    def text_labels(self) -> list[MarkdownLabel]:
+        return [w for w in self._widgets if isinstance(w, MarkdownLabel)]
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt override
+        """On a light/dark switch, re-render the text (its inline code tint); the code
+        blocks re-highlight themselves."""
+        super().changeEvent(event)
+        if event.type() in THEME_EVENTS and theme.current().dark != self._dark:
+            self._dark = theme.current().dark
+            for label in self.text_labels():
+                label.set_markdown(label.markdown())
+
+    def _render(self, streaming: bool = True) -> None:
+        new = split_segments(self._markdown)
+        keep = 0
+        while (keep < min(len(new), len(self._segments))
+               and new[keep].kind == self._segments[keep].kind):
+            keep += 1
+        for widget in self._widgets[keep:]:
+            self._layout.removeWidget(widget)
+            widget.hide()
+            widget.setParent(None)
+            widget.deleteLater()
+        del self._widgets[keep:]
+        for index, segment in enumerate(new):
+            if index < keep:
+                if segment != self._segments[index] or not streaming:
+                    self._update(self._widgets[index], segment, streaming)
+                continue
+            widget = self._make(segment)
+            self._widgets.append(widget)
+            self._layout.addWidget(widget)
+        self._segments = new
+
+    @staticmethod
+    def _make(segment: Segment) -> QWidget:
+        if segment.kind == "code":
+            return CodeBlock(segment.text, segment.language)
+        label = MarkdownLabel(segment.text)
+        label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        return label
+
+    @staticmethod
+    def _update(widget: QWidget, segment: Segment, streaming: bool) -> None:
+        if isinstance(widget, CodeBlock):
+            widget.set_code(segment.text, segment.language, streaming)
+        elif widget.markdown() != segment.text:
+            widget.set_markdown(segment.text)

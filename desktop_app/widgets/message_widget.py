@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
 
 from desktop_app.widgets import theme
 from desktop_app.widgets.candidates import footer_line
-from desktop_app.widgets.markdown import MarkdownLabel
+from desktop_app.widgets.markdown import MarkdownView
 
 
 @dataclass(slots=True)
@@ -37,6 +37,7 @@ def _flat_button(icon_name: str, tip: str, object_name: str = "flatButton") -> Q
     button.setObjectName(object_name)
     button.setIcon(theme.icon(icon_name, theme.current().muted))
     button.setToolTip(tip)
+    button.setAccessibleName(tip.split(":")[0])
     button.setCursor(Qt.CursorShape.PointingHandCursor)
     return button
 
@@ -90,7 +91,7 @@ class MessageWidget(QFrame):
             header.addWidget(self.regen_button)
         outer.addLayout(header)
 
-        self.body = MarkdownLabel(msg.content)
+        self.body = MarkdownView(msg.content)
         outer.addWidget(self.body)
         self.editor: QPlainTextEdit | None = None
         self._edit_row: QWidget | None = None
