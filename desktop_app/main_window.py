@@ -23,6 +23,7 @@ from desktop_app.controllers.chat_controller import ChatController
 from desktop_app.controllers.serve_switch import ServeSwitch
 from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, save_settings
 from desktop_app.dialogs import error_dialog
+from desktop_app.dialogs.chat_files import ChatFileActions
 from desktop_app.dialogs.settings_dialog import SettingsDialog
 from desktop_app.services import sources
 from desktop_app.widgets import theme
@@ -77,6 +78,7 @@ class MainWindow(QMainWindow):
 
         self._build_toolbar()
         self._build_shortcuts()
+        self._build_file_menu()
         self.statusBar().showMessage(f"{bridge.model_name} ready" if bridge.is_loaded
                                      else "No model loaded")
 
@@ -86,6 +88,8 @@ class MainWindow(QMainWindow):
         self.chat_list.deleteRequested.connect(self.controller.delete_chat)
         self.chat_list.searchChanged.connect(lambda _text: self.refresh_chats())
         self.controller.chatsChanged.connect(self.refresh_chats)
+        self.controller.streamsChanged.connect(
+            lambda: self.chat_list.set_generating(self.controller.generating_chats()))
         self.controller.chatOpened.connect(self._on_chat_opened)
         self.controller.errorRaised.connect(lambda t, m: error_dialog.show_error(self, t, m))
         bridge.busyChanged.connect(self.vram_panel.set_busy)
@@ -116,6 +120,7 @@ class MainWindow(QMainWindow):
         self.addAction(self.new_chat_action)
         self.model_picker = QComboBox()
         self.model_picker.setObjectName("modelPicker")
+        self.model_picker.setAccessibleName("Model")
         self.model_picker.setMinimumWidth(240)
         self.model_picker.setToolTip("The model replies come from; pick one to load it")
         self.model_picker.activated.connect(self._on_picker_activated)
@@ -148,6 +153,21 @@ class MainWindow(QMainWindow):
         self.settings_action = bar.addAction(theme.icon("settings"), "Settings",
                                              self.open_settings)
         self._fill_model_picker()
+
+    def _build_file_menu(self) -> None:
+        """File ▸ Export chat… / Import chat… (dialogs.chat_files does the work)."""
+        self.chat_files = ChatFileActions(self.store, lambda: self.controller.chat_id, self)
+        self.chat_files.chatImported.connect(self._on_chat_imported)
+        self.export_chat_action = self.chat_files.export_action
+        self.import_chat_action = self.chat_files.import_action
+        menu = self.menuBar().addMenu("&File")
+        menu.setObjectName("fileMenu")
+        menu.addAction(self.export_chat_action)
+        menu.addAction(self.import_chat_action)
+
+    def _on_chat_imported(self, chat_id: int) -> None:
+        self.refresh_chats()
+        self.open_chat(chat_id)
 
     def _build_shortcuts(self) -> None:
         self.new_chat_action.setShortcut(QKeySequence.StandardKey.New)
@@ -270,7 +290,8 @@ class MainWindow(QMainWindow):
         chat = self.store.get_chat(self.controller.chat_id) if self.controller.chat_id else None
         dialog = SettingsDialog(chat.settings if chat else None, self.settings.chat_defaults,
                                 parent=self, serve=(self.settings.serve_enabled,
-                                                    self.settings.serve_port))
+                                                    self.settings.serve_port),
+                                theme=self.settings.theme)
         dialog.accepted.connect(lambda: self.apply_settings(dialog))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
@@ -284,7 +305,16 @@ class MainWindow(QMainWindow):
             self._persist(self.settings)
         if dialog.result_serve is not None:
             self.serve.apply(*dialog.result_serve)
+        if dialog.result_theme is not None and dialog.result_theme != self.settings.theme:
+            self.set_theme(dialog.result_theme)
         self._on_chat_opened(self.controller.chat_id or 0)
+
+    def set_theme(self, choice: str) -> None:
+        """Settings ▸ Theme (system, light, dark): applied at once and kept."""
+        self.settings.theme = choice
+        self._persist(self.settings)
+        theme.apply_theme(None, choice)
+        self.retheme()
 
     def retheme(self) -> None:
         """The system switched light/dark: icons are tinted per theme, so redo them."""
@@ -305,7 +335,7 @@ class MainWindow(QMainWindow):
             self.restoreState(QByteArray.fromBase64(self.settings.dock_state.encode()))
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
-        self.controller.stop()
+        self.controller.stop_all()
         self.settings.window_geometry = bytes(self.saveGeometry().toBase64()).decode()
         self.settings.dock_state = bytes(self.saveState().toBase64()).decode()
         self._persist(self.settings)

@@ -5,6 +5,12 @@ active branch (with the exact token ids of earlier replies, so the engine's pref
 finds their blocks) through the bridge, streams tokens into the view, saves partial text
 a few times a second (a crash loses little), and stores the final text, token ids and
 metrics. Alternates (candidates, regenerations, edits) are siblings in the chat tree.
+
+Several chats may stream at once (the engine batches them): each stream belongs to its
+chat, the view shows the one open (its partial text keeps growing when you switch to it),
+and Stop stops the chat in view only. What is sent must fit the model's context: the
+chat's overflow policy (data.context_policy) picks the messages, measured with the loaded
+model's tokenizer (controllers.context_window); the stored chat is never shortened.
 """
 
 from __future__ import annotations
@@ -12,13 +18,16 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
+from desktop_app.controllers import context_window
+from desktop_app.data.context_policy import ContextPlan, plan_context
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.conversation_view import ConversationView, GroupItem
 from desktop_app.widgets.message_widget import TurnItem
 
 SAVE_INTERVAL_S = 0.25
+GAUGE_DELAY_MS = 150
 DEFAULT_TITLE = "New chat"
 TITLE_LENGTH = 48
 
@@ -31,6 +40,7 @@ class Stream:
     message_ids: list[int]
     texts: list[str]
     last_saved: float = 0.0
+    prompt_tokens: int = 0  # as measured when it was sent (the gauge, while streaming)
 
 
 def metrics_dict(metrics) -> dict:
@@ -46,7 +56,8 @@ def title_from(text: str) -> str:
 class ChatController(QObject):
     chatOpened = Signal(int)  # chat id (0: none)
     chatsChanged = Signal()  # titles or activity order changed
-    generatingChanged = Signal(bool)
+    generatingChanged = Signal(bool)  # whether the chat in view is generating
+    streamsChanged = Signal()  # a chat started or stopped generating (generating_chats)
     errorRaised = Signal(str, str)  # title, text
     turnFinished = Signal(int)  # chat id
 
@@ -62,6 +73,10 @@ class ChatController(QObject):
         # chat id -> candidate group whose columns wait for "Keep" (view state only: after
         # a restart the kept, or first, candidate shows with its "‹ i/n ›" navigator).
         self.pending_group: dict[int, int] = {}
+        # chat id -> (id of the first message kept after the last cut, turns it dropped):
+        # the next prompt keeps the same start while it fits, so the prefix cache hits.
+        self._cuts: dict[int, tuple[int, int]] = {}
+        self._cut_note: dict[int, str] = {}  # chat id -> what the last cut left out
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
@@ -71,11 +86,27 @@ class ChatController(QObject):
         bridge.tokenArrived.connect(self._on_token)
         bridge.requestFinished.connect(self._on_finished)
         bridge.requestFailed.connect(self._on_failed)
+        for signal in (bridge.modelLoaded, bridge.modelUnloaded):
+            signal.connect(lambda *_: self.update_gauge())
+        # The gauge counts the draft too: re-measured once typing pauses.
+        self._gauge_timer = QTimer(self)
+        self._gauge_timer.setSingleShot(True)
+        self._gauge_timer.setInterval(GAUGE_DELAY_MS)
+        self._gauge_timer.timeout.connect(lambda: self.update_gauge(recount=False))
+        self._gauge_base = 0  # tokens the chat in view holds, as last counted
+        view.composer.textChanged.connect(self._gauge_timer.start)
 
     # -- chats -----------------------------------------------------------------------------
     @property
     def generating(self) -> bool:
+        """Whether any chat is generating."""
         return bool(self.streams)
+
+    def is_generating(self, chat_id: int | None) -> bool:
+        return chat_id is not None and any(s.chat_id == chat_id for s in self.streams.values())
+
+    def generating_chats(self) -> set[int]:
+        return {s.chat_id for s in self.streams.values()}
 
     def new_chat(self) -> int:
         defaults = ChatSettings.from_dict(self.app_settings.chat_defaults.to_dict())
@@ -95,6 +126,8 @@ class ChatController(QObject):
             del self.streams[stream.request_id]
         self.store.delete_chat(chat_id)
         self.pending_group.pop(chat_id, None)
+        self._cuts.pop(chat_id, None)
+        self._cut_note.pop(chat_id, None)
         self._set_generating()
         if self.chat_id == chat_id:
             self.open_chat(None)
@@ -106,7 +139,8 @@ class ChatController(QObject):
         else:
             leaf = self.store.active_leaf(self.chat_id)
             self.view.show_items(self.branch_items(leaf) if leaf is not None else [])
-        self.view.set_generating(self.generating)
+        self.view.set_generating(self.is_generating(self.chat_id))
+        self.update_gauge()
 
     def branch_items(self, leaf_id: int) -> list:
         live = {mid: s.texts[i] for s in self.streams.values()
@@ -130,7 +164,7 @@ class ChatController(QObject):
     # -- turns -----------------------------------------------------------------------------
     def send(self, text: str) -> None:
         text = text.strip()
-        if not text or self.generating:
+        if not text or self.is_generating(self.chat_id):
             return
         if not self.bridge.is_loaded:
             self.errorRaised.emit("No model loaded", "Load a model from the model picker in "
@@ -140,27 +174,35 @@ class ChatController(QObject):
             self.new_chat()
         chat = self.store.get_chat(self.chat_id)
         leaf = self.store.active_leaf(chat.id)
+        plan = self._plan(chat.id, leaf, text)
+        if plan is None:
+            return  # refused: nothing stored, the draft stays in the composer
         self.pending_group.pop(chat.id, None)  # continuing keeps the candidate on screen
         user = self.store.add_message(chat.id, leaf, "user", text)
         if chat.title == DEFAULT_TITLE and leaf is None:
             self.store.rename_chat(chat.id, title_from(text))
         self.view.clear_composer()
-        self._generate(chat.id, user.id)
+        self._generate(chat.id, user.id, plan)
         self.chatsChanged.emit()
 
     def edit(self, message_id: int, text: str) -> None:
         """A new user message beside the edited one: a new branch from that point."""
-        if self.generating or not self.bridge.is_loaded:
+        if not self.bridge.is_loaded:
             return
         old = self.store.get_message(message_id)
+        if self.is_generating(old.chat_id):
+            return
+        plan = self._plan(old.chat_id, old.parent_id, text)
+        if plan is None:
+            return
         self.pending_group.pop(old.chat_id, None)
         new = self.store.add_message(old.chat_id, old.parent_id, "user", text)
-        self._generate(old.chat_id, new.id)
+        self._generate(old.chat_id, new.id, plan)
 
     def regenerate(self, message_id: int = 0) -> None:
         """Add alternates to a reply (0: the last one); the prompt is submitted again and
         the engine's prefix cache shares its blocks instead of recomputing them."""
-        if self.generating or self.chat_id is None or not self.bridge.is_loaded:
+        if self.is_generating(self.chat_id) or self.chat_id is None or not self.bridge.is_loaded:
             return
         if message_id:
             target = self.store.get_message(message_id)
@@ -172,8 +214,11 @@ class ChatController(QObject):
         parent_id = target.parent_id if target.role == "assistant" else target.id
         if parent_id is None:
             return
+        plan = self._plan(self.chat_id, parent_id)
+        if plan is None:
+            return
         self.pending_group.pop(self.chat_id, None)
-        self._generate(self.chat_id, parent_id)
+        self._generate(self.chat_id, parent_id, plan)
 
     def keep(self, message_id: int) -> None:
         msg = self.store.get_message(message_id)
@@ -184,7 +229,7 @@ class ChatController(QObject):
 
     def switch(self, message_id: int, step: int) -> None:
         """Show the previous / next alternate of a turn, with that branch's later turns."""
-        if self.generating:
+        if self.is_generating(self.chat_id):
             return
         siblings = self.store.siblings(message_id)
         ids = [m.id for m in siblings]
@@ -195,15 +240,83 @@ class ChatController(QObject):
         self.render()
 
     def stop(self) -> None:
+        """Stop the replies of the chat in view (other chats keep generating)."""
+        for stream in list(self.streams.values()):
+            if stream.chat_id == self.chat_id:
+                self.bridge.cancel(stream.request_id)
+
+    def stop_all(self) -> None:
         for stream in list(self.streams.values()):
             self.bridge.cancel(stream.request_id)
 
-    def _generate(self, chat_id: int, parent_id: int) -> None:
+    # -- the context window ----------------------------------------------------------------
+    def _plan(self, chat_id: int, leaf_id: int | None, new_text: str | None = None
+              ) -> ContextPlan | None:
+        """What to send for a reply after `leaf_id` (plus a new user message `new_text`),
+        under the chat's overflow policy; None when it is refused (the user is told)."""
+        chat = self.store.get_chat(chat_id)
+        if leaf_id is not None:
+            messages = self.store.messages_for_engine(leaf_id)
+            ids: list[int | None] = [m.id for m in self.store.path_to(leaf_id)]
+        else:
+            prompt = chat.settings.system_prompt
+            messages = [{"role": "system", "content": prompt}] if prompt else []
+            ids = []
+        ids = [None] * (len(messages) - len(ids)) + ids  # the system prompt has no id
+        if new_text is not None:
+            messages.append({"role": "user", "content": new_text})
+            ids.append(None)
+        context = self.bridge.max_model_len
+        if not context:
+            return ContextPlan(messages, 0, 0, 0)
+        anchor, dropped = self._cuts.get(chat_id, (None, 0))
+        plan = plan_context(messages, chat.settings.overflow_policy, int(context),
+                            chat.settings.max_tokens,
+                            context_window.prompt_counter(self.bridge.tokenizer),
+                            min_dropped=dropped if anchor in ids else 0)
+        if plan.refused:
+            self.errorRaised.emit("Context full", plan.refused)
+            return None
+        if plan.cut:
+            after = max(plan.dropped) + 1
+            self._cuts[chat_id] = (ids[after] if after < len(ids) and ids[after] is not None
+                                   else -1, plan.dropped_turns)
+            self._cut_note[chat_id] = (
+                f"{plan.dropped_turns} older turn{'s' if plan.dropped_turns != 1 else ''} "
+                f"left out of what was sent (the saved chat is whole)")
+        else:
+            self._cuts.pop(chat_id, None)
+            self._cut_note.pop(chat_id, None)
+        return plan
+
+    def update_gauge(self, recount: bool = True) -> None:
+        """The context gauge: what the engine counted for the chat in view (its last
+        reply's prompt and reply tokens), plus the draft being typed. recount=False (while
+        typing) reuses the last count instead of reading the store."""
+        total = self.bridge.max_model_len if self.bridge.is_loaded else None
+        if recount:
+            live = [s for s in self.streams.values() if s.chat_id == self.chat_id]
+            self._gauge_base = (0 if self.chat_id is None else live[0].prompt_tokens if live
+                                else self.current_chat_tokens())
+        used, notes = self._gauge_base, []
+        if self._cut_note.get(self.chat_id):
+            notes.append(self._cut_note[self.chat_id])
+        draft = self.view.composer.toPlainText().strip() if total else ""
+        if draft:
+            extra = context_window.text_tokens(self.bridge.tokenizer, draft)
+            used += extra
+            notes.append(f"including about {extra:,} tokens of your draft")
+        self.view.set_context(used, total, "\n".join(notes))
+
+    def _generate(self, chat_id: int, parent_id: int, plan: ContextPlan | None = None) -> None:
         chat = self.store.get_chat(chat_id)
         try:
             params = chat.settings.to_sampling_params()
-            messages = self.store.messages_for_engine(parent_id)
-            request_id = self.bridge.submit(messages, params)
+            if plan is None:
+                plan = self._plan(chat_id, parent_id)
+                if plan is None:
+                    return
+            request_id = self.bridge.submit(plan.messages, params)
         except (RuntimeError, ValueError) as exc:
             self.render()
             self.errorRaised.emit("Could not start the reply", str(exc))
@@ -214,7 +327,7 @@ class ChatController(QObject):
             self.pending_group[chat_id] = replies[0].candidate_group
         self.streams[request_id] = Stream(request_id, chat_id, parent_id,
                                           [m.id for m in replies], [""] * len(replies),
-                                          time.monotonic())
+                                          time.monotonic(), plan.prompt_tokens)
         self._set_generating()
         if chat_id == self.chat_id:
             self.render()
@@ -250,6 +363,7 @@ class ChatController(QObject):
             if stream.chat_id == self.chat_id:
                 self.view.finish_message(self.store.get_message(mid))
         self._set_generating()
+        self.update_gauge()
         self.chatsChanged.emit()
         self.turnFinished.emit(stream.chat_id)
 
@@ -277,8 +391,10 @@ class ChatController(QObject):
                               f"was lost. {advice}")
 
     def _set_generating(self) -> None:
-        self.view.set_generating(self.generating)
-        self.generatingChanged.emit(self.generating)
+        here = self.is_generating(self.chat_id)
+        self.view.set_generating(here)
+        self.generatingChanged.emit(here)
+        self.streamsChanged.emit()
 
     # -- for the VRAM panel ------------------------------------------------------------------
     def chat_of_owner(self, owner: str) -> str | None:
@@ -299,5 +415,7 @@ class ChatController(QObject):
             return 0
         for msg in reversed(self.store.path_to(leaf)):
             if msg.role == "assistant" and "num_prompt_tokens" in msg.metrics:
-                return int(msg.metrics["num_prompt_tokens"]) + len(msg.token_ids or [])
+                generated = (len(msg.token_ids) if msg.token_ids is not None
+                             else int(msg.metrics.get("num_generated_tokens", 0)))
+                return int(msg.metrics["num_prompt_tokens"]) + generated
         return 0

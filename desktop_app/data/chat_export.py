@@ -1,17 +1,28 @@
 """A chat as Markdown (one branch, for reading) or JSON (every branch, for keeping).
 
 Pure formatting: ChatStore.export_markdown / export_json fetch the records and call these.
+chat_import reads the JSON back (the format marker and version below are its contract).
+
+The JSON never carries a secret: API keys live only in the app settings' server entries,
+never in a chat, and a model name that is a URL has any ``user:password@`` part removed,
+as has any metrics entry whose name looks like a credential.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
+from typing import Any
 
 from desktop_app.data.chat_schema import Chat, Message
 
 JSON_FORMAT = "folio-chat"
 JSON_VERSION = 1
+
+# "scheme://user:secret@host" -> "scheme://host"
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s#]*@")
+_SECRET_KEY = re.compile(r"(api[_-]?key|authorization|secret|password|bearer)", re.IGNORECASE)
 
 
 def branch_markdown(chat: Chat, branch: list[Message]) -> str:
@@ -28,4 +39,25 @@ def branch_markdown(chat: Chat, branch: list[Message]) -> str:
 def chat_json(chat: Chat, messages: list[Message]) -> str:
     """messages: all of the chat's messages, in creation order."""
     return json.dumps({"format": JSON_FORMAT, "version": JSON_VERSION, "chat": asdict(chat),
-                       "messages": [asdict(m) for m in messages]}, indent=2)
+                       "messages": [_message_dict(m) for m in messages]}, indent=2)
+
+
+def strip_credentials(text: str | None) -> str | None:
+    """A URL's ``user:password@`` part removed (model names of remote servers)."""
+    return None if text is None else _USERINFO.sub(r"\g<scheme>", text)
+
+
+def _message_dict(msg: Message) -> dict[str, Any]:
+    data = asdict(msg)
+    data["model"] = strip_credentials(msg.model)
+    data["metrics"] = _scrub(msg.metrics)
+    return data
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _scrub(v) for k, v in value.items()
+                if not (isinstance(k, str) and _SECRET_KEY.search(k))}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value

@@ -19,7 +19,8 @@ then ``set_active_leaf(chat_id, leaf_of(sibling_id))`` shows that branch's later
 
 Every write is its own short transaction (WAL, synchronous=NORMAL): a crash loses at most
 the last partial update, and the next open turns 'streaming' messages into 'interrupted'.
-Tables, migrations and row records live in chat_schema; Markdown/JSON exports in chat_export.
+Tables, migrations and row records live in chat_schema; Markdown/JSON exports in chat_export,
+the JSON import in chat_import.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from desktop_app.data import chat_import
 from desktop_app.data import chat_schema as schema
 from desktop_app.data.chat_export import branch_markdown, chat_json
 from desktop_app.data.chat_schema import DB_FILE as DB_FILE  # re-exported from before the split
@@ -273,6 +275,15 @@ class ChatStore:
         rows = self._conn.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY id",
                                   (chat_id,))
         return chat_json(chat, [schema.message_from_row(r) for r in rows])
+
+    def import_json(self, text: str) -> Chat:
+        """An export_json text back in as a new chat, every id new. The whole file is
+        checked first and written in one transaction: a bad file raises
+        chat_import.ChatImportError (a ValueError naming the problem) and writes nothing."""
+        parsed = chat_import.parse_chat_json(text)
+        with self._tx() as c:
+            chat_id = chat_import.insert_chat(c, parsed, self._stamp())
+        return self.get_chat(chat_id)
 
     # ---- internals ---------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
+from desktop_app.data.context_policy import DEFAULT_POLICY, POLICIES
 from desktop_app.data.servers import ServerEntry
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SETTINGS_FILE = "settings.json"
+THEMES = ("system", "light", "dark")
 MAX_CANDIDATES = 4
 
 
@@ -55,6 +57,9 @@ class ChatSettings:
     max_tokens: int = 512
     seed: int | None = None
     num_candidates: int = 1
+    # What is sent once the chat outgrows the model's context (data.context_policy):
+    # "keep_latest", "truncate_middle" or "stop". The stored chat is never shortened.
+    overflow_policy: str = DEFAULT_POLICY
 
     def __post_init__(self) -> None:
         check = _checker("ChatSettings")
@@ -76,6 +81,8 @@ class ChatSettings:
               "an integer >= 0 or None")
         check(_is_int(self.num_candidates) and 1 <= self.num_candidates <= MAX_CANDIDATES,
               "num_candidates", self.num_candidates, f"an integer in [1, {MAX_CANDIDATES}]")
+        check(self.overflow_policy in POLICIES, "overflow_policy", self.overflow_policy,
+              f"one of {', '.join(POLICIES)}")
 
     def to_sampling_params(self, n: int | None = None) -> SamplingParams:
         """Engine sampling params for one turn; n defaults to num_candidates."""
@@ -125,6 +132,8 @@ class AppSettings:
     # "Serve the loaded model on localhost:PORT" (the app's own OpenAI-compatible API).
     serve_enabled: bool = False
     serve_port: int = 8000
+    # The look: "system" (follow the desktop; FOLIO_THEME overrides it), "light" or "dark".
+    theme: str = "system"
 
     def __post_init__(self) -> None:
         if isinstance(self.chat_defaults, dict):
@@ -147,6 +156,7 @@ class AppSettings:
               "true or false")
         check(_is_int(self.serve_port) and 1 <= self.serve_port <= 65535, "serve_port",
               self.serve_port, "a port number in [1, 65535]")
+        check(self.theme in THEMES, "theme", self.theme, f"one of {', '.join(THEMES)}")
 
     def remember_model_path(self, path: str) -> None:
         """Add a model path (most recent first, no duplicates)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import (
     QCheckBox,
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
@@ -18,7 +19,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_app.data.settings import MAX_CANDIDATES, ChatSettings
+from desktop_app.data.context_policy import POLICIES, POLICY_LABELS
+from desktop_app.data.settings import MAX_CANDIDATES, THEMES, ChatSettings
 
 MAX_SEED = 2**31 - 1
 
@@ -61,6 +63,12 @@ class ChatSettingsForm(QWidget):
         self.fixed_seed.toggled.connect(self.seed.setEnabled)
         self.num_candidates = _int(1, MAX_CANDIDATES)
         self.num_candidates.setToolTip("Replies generated side by side for each message")
+        self.overflow_policy = QComboBox()
+        self.overflow_policy.setObjectName("overflowPolicy")
+        self.overflow_policy.setToolTip("What is sent once the chat is longer than the "
+                                        "model's context (the saved chat stays whole)")
+        for policy in POLICIES:
+            self.overflow_policy.addItem(POLICY_LABELS[policy], policy)
 
         seed_row = QHBoxLayout()
         seed_row.addWidget(self.fixed_seed)
@@ -75,6 +83,7 @@ class ChatSettingsForm(QWidget):
         form.addRow("Max tokens", self.max_tokens)
         form.addRow("Seed", seed_row)
         form.addRow("Candidates", self.num_candidates)
+        form.addRow("When the context is full", self.overflow_policy)
         self.set_settings(settings)
 
     def set_settings(self, s: ChatSettings) -> None:
@@ -89,6 +98,8 @@ class ChatSettingsForm(QWidget):
         self.seed.setEnabled(s.seed is not None)
         self.seed.setValue(s.seed or 0)
         self.num_candidates.setValue(s.num_candidates)
+        self.overflow_policy.setCurrentIndex(max(0, self.overflow_policy.findData(
+            s.overflow_policy)))
 
     def settings(self) -> ChatSettings:
         return ChatSettings(
@@ -101,6 +112,7 @@ class ChatSettingsForm(QWidget):
             max_tokens=self.max_tokens.value(),
             seed=self.seed.value() if self.fixed_seed.isChecked() else None,
             num_candidates=self.num_candidates.value(),
+            overflow_policy=self.overflow_policy.currentData(),
         )
 
 
@@ -139,12 +151,16 @@ class ServeForm(QWidget):
         return self.enabled.isChecked(), self.port.value()
 
 
+THEME_LABELS = {"system": "System", "light": "Light", "dark": "Dark"}
+
+
 class SettingsDialog(QDialog):
-    """Tabs: the open chat (absent when none is open), the new-chat defaults, serving."""
+    """Tabs: the open chat (absent when none is open), the new-chat defaults, serving;
+    under them the app's theme (System / Light / Dark)."""
 
     def __init__(self, chat_settings: ChatSettings | None, defaults: ChatSettings,
                  max_tokens_limit: int = 32768, parent: QWidget | None = None,
-                 serve: tuple[bool, int] = (False, 8000)) -> None:
+                 serve: tuple[bool, int] = (False, 8000), theme: str = "system") -> None:
         super().__init__(parent)
         self.setObjectName("settingsDialog")
         self.setWindowTitle("Settings")
@@ -158,6 +174,15 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(self.defaults_form, "Defaults for new chats")
         self.serve_form = ServeForm(*serve)
         self.tabs.addTab(self.serve_form, "Serving")
+        self.theme = QComboBox()
+        self.theme.setObjectName("themeSetting")
+        self.theme.setAccessibleName("Theme")
+        self.theme.setToolTip("System follows the desktop's light or dark setting")
+        for value in THEMES:
+            self.theme.addItem(THEME_LABELS[value], value)
+        self.theme.setCurrentIndex(max(0, self.theme.findData(theme)))
+        theme_row = QFormLayout()
+        theme_row.addRow("Theme", self.theme)
         self.error_label = QLabel("")
         self.error_label.setObjectName("settingsError")
         self.error_label.setWordWrap(True)
@@ -168,11 +193,13 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
+        layout.addLayout(theme_row)
         layout.addWidget(self.error_label)
         layout.addWidget(buttons)
         self.result_chat: ChatSettings | None = None
         self.result_defaults: ChatSettings | None = None
         self.result_serve: tuple[bool, int] | None = None
+        self.result_theme: str | None = None
 
     def accept(self) -> None:
         try:
@@ -185,4 +212,5 @@ class SettingsDialog(QDialog):
             return
         self.result_chat, self.result_defaults = chat, defaults
         self.result_serve = self.serve_form.value()
+        self.result_theme = self.theme.currentData()
         super().accept()

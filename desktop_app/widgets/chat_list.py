@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -22,6 +23,7 @@ from PySide6.QtWidgets import (
 from desktop_app.widgets import theme
 
 ChatIdRole = Qt.ItemDataRole.UserRole + 1
+GeneratingRole = Qt.ItemDataRole.UserRole + 2  # True while a reply streams in that chat
 
 
 def confirm(parent: QWidget, title: str, text: str) -> bool:
@@ -61,11 +63,27 @@ class ChatListModel(QAbstractListModel):
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self._rows: list[ChatRow] = []
+        self._generating: set[int] = set()
+        self._bold = QFont()
+        self._bold.setBold(True)
 
     def set_chats(self, chats: Sequence) -> None:
         self.beginResetModel()
         self._rows = [ChatRow(c.id, c.title, c.updated_at) for c in chats]
         self.endResetModel()
+
+    def set_generating(self, chat_ids) -> None:
+        """Mark the chats whose replies are streaming (bold, with a dot)."""
+        chat_ids = set(chat_ids)
+        changed = chat_ids ^ self._generating
+        self._generating = chat_ids
+        for i, row in enumerate(self._rows):
+            if row.chat_id in changed:
+                index = self.index(i)
+                self.dataChanged.emit(index, index)
+
+    def is_generating(self, chat_id: int) -> bool:
+        return chat_id in self._generating
 
     def rowCount(self, parent: QModelIndex | QPersistentModelIndex | None = None) -> int:  # noqa: N802
         return 0 if parent is not None and parent.isValid() else len(self._rows)
@@ -74,12 +92,20 @@ class ChatListModel(QAbstractListModel):
         if not index.isValid():
             return None
         row = self._rows[index.row()]
-        if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
+        generating = row.chat_id in self._generating
+        if role == Qt.ItemDataRole.DisplayRole:
+            return ("● " if generating else "") + (row.title or "Untitled")
+        if role == Qt.ItemDataRole.EditRole:
             return row.title or "Untitled"
         if role == Qt.ItemDataRole.ToolTipRole:
-            return f"{row.title}\nLast activity: {relative_time(row.updated_at)}"
+            note = "\nWriting a reply…" if generating else ""
+            return f"{row.title}\nLast activity: {relative_time(row.updated_at)}{note}"
+        if role == Qt.ItemDataRole.FontRole and generating:
+            return self._bold
         if role == ChatIdRole:
             return row.chat_id
+        if role == GeneratingRole:
+            return generating
         return None
 
     def flags(self, index):
@@ -135,6 +161,7 @@ class ChatList(QWidget):
 
         self.view = QListView()
         self.view.setObjectName("chatList")
+        self.view.setAccessibleName("Chats")
         self.view.setModel(self.model)
         self.view.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed)
         self.view.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -182,6 +209,10 @@ class ChatList(QWidget):
         finally:
             self._quiet = False
 
+    def set_generating(self, chat_ids) -> None:
+        """Mark the chats whose replies are streaming."""
+        self.model.set_generating(chat_ids)
+
     def select(self, chat_id: int | None) -> None:
         row = self.model.row_of(chat_id) if chat_id is not None else -1
         if row < 0:
@@ -203,7 +234,7 @@ class ChatList(QWidget):
         chat_id = self.current_chat_id()
         if chat_id is None:
             return
-        title = self.view.currentIndex().data(Qt.ItemDataRole.DisplayRole)
+        title = self.view.currentIndex().data(Qt.ItemDataRole.EditRole)
         if confirm(self, "Delete chat", f"Delete “{title}” and all its messages? "
                    "This cannot be undone."):
             self.deleteRequested.emit(chat_id)

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QScrollArea,
     QSizePolicy,
@@ -28,6 +29,7 @@ from desktop_app.widgets.message_widget import MessageWidget
 
 MAX_COLUMN_WIDTH = 980
 _STICK_THRESHOLD_PX = 24
+GAUGE_WARN_FRACTION = 0.85  # the context gauge turns amber from here
 
 
 @dataclass(slots=True)
@@ -45,6 +47,7 @@ class Composer(QPlainTextEdit):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("composer")
+        self.setAccessibleName("Message to the model")
         self.setPlaceholderText("Message the model  (Enter to send, Shift+Enter for a new line)")
         self.setTabChangesFocus(True)
         self.setFixedHeight(72)
@@ -104,6 +107,7 @@ class ConversationView(QWidget):
         self.composer.submitted.connect(self._send)
         self.send_button = QPushButton(theme.icon("send", theme.current().accent_text), "Send")
         self.send_button.setObjectName("sendButton")
+        self.send_button.setAccessibleName("Send the message")
         self.send_button.clicked.connect(self._send)
         self.stop_button = QPushButton(theme.icon("stop", "#ffffff"), "Stop")
         self.stop_button.setObjectName("stopButton")
@@ -114,11 +118,22 @@ class ConversationView(QWidget):
         self.regenerate_button.setObjectName("regenerateButton")
         self.regenerate_button.setToolTip("Add alternates to the last reply (Ctrl+R)")
         self.regenerate_button.clicked.connect(lambda: self.regenerateRequested.emit(0))
+        self.context_gauge = QProgressBar()
+        self.context_gauge.setObjectName("contextGauge")
+        self.context_gauge.setAccessibleName("Context used")
+        self.context_gauge.setFixedHeight(12)
+        self.context_gauge.setVisible(False)
+        self.context_gauge.setProperty("nearFull", False)
+        self._style_gauge()
 
         bottom = QHBoxLayout()
         bottom.setContentsMargins(20, 8, 20, 16)
         bottom.setSpacing(8)
-        bottom.addWidget(self.composer, 1)
+        composer_column = QVBoxLayout()
+        composer_column.setSpacing(4)
+        composer_column.addWidget(self.composer)
+        composer_column.addWidget(self.context_gauge)
+        bottom.addLayout(composer_column, 1)
         buttons = QVBoxLayout()
         buttons.setSpacing(6)
         buttons.addWidget(self.send_button)
@@ -137,6 +152,36 @@ class ConversationView(QWidget):
     def retheme(self) -> None:
         self.send_button.setIcon(theme.icon("send", theme.current().accent_text))
         self.regenerate_button.setIcon(theme.icon("regenerate"))
+        self._style_gauge()
+
+    # -- the context gauge -----------------------------------------------------------------
+    def set_context(self, used: int, total: int | None, detail: str = "") -> None:
+        """Show `used` of `total` context tokens ("1,234 / 8,192 tokens"); total None (no
+        model) hides the gauge. Amber (the "nearFull" property) from 85 %."""
+        gauge = self.context_gauge
+        if not total:
+            gauge.setVisible(False)
+            return
+        used = max(0, int(used))
+        gauge.setRange(0, int(total))
+        gauge.setValue(min(used, int(total)))
+        gauge.setFormat(f"{used:,} / {int(total):,} tokens")
+        near = used >= GAUGE_WARN_FRACTION * total
+        if bool(gauge.property("nearFull")) != near:
+            gauge.setProperty("nearFull", near)
+            gauge.style().unpolish(gauge)
+            gauge.style().polish(gauge)
+        tip = f"Context used: {used:,} of {int(total):,} tokens"
+        gauge.setToolTip(f"{tip}\n{detail}" if detail else tip)
+        gauge.setVisible(True)
+
+    def _style_gauge(self) -> None:
+        # Local to the gauge, on top of the theme's QProgressBar rules: amber near the end.
+        c = theme.current()
+        self.context_gauge.setStyleSheet(
+            "QProgressBar#contextGauge { font-size: 10px; max-height: 12px; }"
+            f"QProgressBar#contextGauge[nearFull=\"true\"]::chunk "
+            f"{{ background: {c.block_shared}; }}")
 
     # -- showing a branch --------------------------------------------------------------------
     def show_items(self, items: list) -> None:

@@ -1,15 +1,21 @@
 """Light and dark looks that follow the system palette, the style sheet, and themed icons.
 
 The app uses the Fusion style everywhere so that the palette we pick is the palette the
-user sees, whatever the platform's native style would do. `FOLIO_THEME=light|dark`
-forces a look (screenshots, tests); otherwise the system's color scheme decides and a
-change of it at run time re-applies the theme.
+user sees, whatever the platform's native style would do. The user's choice in Settings
+(AppSettings.theme: "system", "light" or "dark", see set_preference) wins; with "system",
+`FOLIO_THEME=light|dark` forces a look (screenshots, tests), and otherwise the system's
+color scheme decides and a change of it at run time re-applies the theme.
+
+Icons and the desktop entry are package data, `desktop_app/assets/`, read through
+importlib.resources, so an installed wheel finds them as well as a source checkout.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QRectF, QSize, Qt
@@ -26,8 +32,12 @@ from PySide6.QtGui import (
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QApplication
 
-# The repo's assets/ folder, two levels above this package (desktop_app/widgets/).
-ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
+from desktop_app.data.settings import THEMES
+
+# desktop_app/assets/, wherever the package is installed (package data in pyproject.toml).
+ASSETS: Traversable = resources.files("desktop_app").joinpath("assets")
+# The same as a path on disk (a wheel or checkout installs the package as plain files).
+ASSETS_DIR = Path(str(ASSETS))
 # The color our SVGs are drawn in; icon() swaps it for the palette's text color.
 _SVG_INK = "#1f2430"
 _ICON_SIZES = (16, 20, 24, 32, 48, 64)
@@ -69,11 +79,32 @@ DARK = Colors(
 )
 
 _current: Colors = LIGHT
+_preference = "system"
 
 
 def current() -> Colors:
     """The colors in use now (light until apply_theme has run)."""
     return _current
+
+
+def set_preference(choice: str) -> None:
+    """The user's theme: "system" (FOLIO_THEME, else the desktop), "light" or "dark".
+    apply_theme uses it from then on."""
+    global _preference
+    if choice not in THEMES:
+        raise ValueError(f"theme must be one of {', '.join(THEMES)}, got {choice!r}")
+    _preference = choice
+
+
+def preference() -> str:
+    return _preference
+
+
+def wants_dark() -> bool:
+    """Dark or light, from the user's choice, else FOLIO_THEME, else the system."""
+    if _preference != "system":
+        return _preference == "dark"
+    return system_prefers_dark()
 
 
 def system_prefers_dark() -> bool:
@@ -165,14 +196,17 @@ QScrollBar::add-page, QScrollBar::sub-page {{ background: none; }}
 """
 
 
-def apply_theme(app: QApplication | None = None) -> Colors:
-    """Set style, palette and style sheet from the system scheme; returns the colors."""
+def apply_theme(app: QApplication | None = None, choice: str | None = None) -> Colors:
+    """Set style, palette and style sheet; returns the colors. choice (optional) is first
+    stored with set_preference; see wants_dark for what decides."""
     global _current
     app = app or QApplication.instance()
     if app is None:
         raise RuntimeError("apply_theme needs a QApplication")
+    if choice is not None:
+        set_preference(choice)
     app.setStyle("Fusion")
-    _current = DARK if system_prefers_dark() else LIGHT
+    _current = DARK if wants_dark() else LIGHT
     app.setPalette(palette_for(_current))
     app.setStyleSheet(style_sheet(_current))
     _icon_cache.clear()
@@ -201,16 +235,14 @@ _icon_cache: dict[tuple[str, str], QIcon] = {}
 
 
 def icon(name: str, color: str | None = None) -> QIcon:
-    """A themed icon from assets/<name>.svg, drawn in `color` (default: the text color)."""
+    """A themed icon from desktop_app/assets/<name>.svg, drawn in `color` (default: the
+    text color)."""
     ink = color or _current.text
     key = (name, ink)
     cached = _icon_cache.get(key)
     if cached is not None:
         return cached
-    path = ASSETS_DIR / f"{name}.svg"
-    if not path.is_file():
-        raise FileNotFoundError(f"no icon named {name!r} in {ASSETS_DIR}")
-    svg = path.read_text(encoding="utf-8").replace(_SVG_INK, ink)
+    svg = asset_text(f"{name}.svg", f"no icon named {name!r}").replace(_SVG_INK, ink)
     renderer = QSvgRenderer(QByteArray(svg.encode("utf-8")))
     result = QIcon()
     for size in _ICON_SIZES:
@@ -221,7 +253,37 @@ def icon(name: str, color: str | None = None) -> QIcon:
 
 def app_icon() -> QIcon:
     """The application icon, in its own colors."""
-    return QIcon(str(ASSETS_DIR / "folio.svg"))
+    renderer = QSvgRenderer(QByteArray(asset_text("folio.svg").encode("utf-8")))
+    result = QIcon()
+    for size in (*_ICON_SIZES, 128, 256):
+        result.addPixmap(_render(renderer, size))
+    return result
+
+
+def asset_text(filename: str, missing: str | None = None) -> str:
+    """The text of desktop_app/assets/<filename>; FileNotFoundError names the folder."""
+    item = ASSETS.joinpath(filename)
+    if not item.is_file():
+        raise FileNotFoundError(f"{missing or f'no asset {filename!r}'} in {ASSETS}")
+    return item.read_text(encoding="utf-8")
+
+
+def icon_names() -> list[str]:
+    """Every icon the assets hold (the app icon included), sorted."""
+    return sorted(item.name[:-4] for item in ASSETS.iterdir() if item.name.endswith(".svg"))
+
+
+def check_assets() -> list[tuple[str, str, bool]]:
+    """(name, where it was read from, whether it rendered) for every icon: what
+    `folio-app --check-assets` prints."""
+    out = []
+    for name in icon_names():
+        renderer = QSvgRenderer(QByteArray(asset_text(f"{name}.svg").encode("utf-8")))
+        image = _render(renderer, 24).toImage()
+        inked = renderer.isValid() and any(image.pixelColor(x, y).alpha() > 0
+                                           for x in range(24) for y in range(24))
+        out.append((name, str(ASSETS.joinpath(f"{name}.svg")), inked))
+    return out
 
 
 def _render(renderer: QSvgRenderer, size: int) -> QPixmap:

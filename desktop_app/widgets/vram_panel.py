@@ -154,6 +154,7 @@ class VramPanel(QScrollArea):
     def __init__(self, source, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("vramPanel")
+        self.setAccessibleName("Memory panel")
         self.setWidgetResizable(True)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.source = source

@@ -240,21 +240,22 @@ def test_prompt_longer_than_the_context_is_explained_and_the_chat_kept(
     window = make_window(make_starter_bridge(), settings(max_tokens=6))
     long_text = "word " * 2100  # more tokens than the 2048-token context
     window.conversation.composer.setPlainText(long_text)
+    submitted = []
+    real_submit = window.bridge.worker.submit
+    window.bridge.worker.submit = lambda *a: submitted.append(a) or real_submit(*a)
     window.conversation.send_button.click()
     qtbot.waitUntil(lambda: captured_errors != [], timeout=TURN_TIMEOUT_MS)
     [(title, text)] = captured_errors
-    assert title == "The reply failed"
-    assert "context holds 2048" in text
-    assert "Your chat is saved" in text
-    [user] = active_branch(store, window.controller.chat_id)
-    assert user.content == long_text.strip()
+    # Measured before sending: refused up front, nothing stored, the draft kept to shorten.
+    assert title == "Context full"
+    assert "context holds 2,048" in text and "Shorten the message" in text
+    assert submitted == []
+    assert store.active_leaf(window.controller.chat_id) is None
+    assert window.conversation.composer.toPlainText() == long_text
     assert not window.controller.generating
-    # The way out the dialog suggests: edit the message shorter (a new branch).
-    row = window.conversation.rows()[0]
-    row.start_edit()
-    row.editor.setPlainText("Short one.")
+    window.conversation.composer.setPlainText("Short one.")
     with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
-        row._submit_edit()
+        window.conversation.send_button.click()
     path = active_branch(store, window.controller.chat_id)
     assert [m.role for m in path] == ["user", "assistant"]
     assert path[0].content == "Short one." and path[1].content

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
+from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.services.engine_bridge import EngineBridge
 from tests.engine.tiny_models import save_tiny_model, tiny_gemma_config, tiny_phi3_config
 
@@ -40,7 +41,10 @@ def send(qtbot, window, text: str) -> None:
 
 
 def test_two_turns_in_the_window(qtbot, family_bridge, make_window, store):
-    window = make_window(family_bridge)
+    # Short greedy replies: two turns fit the 512-token context whatever the random
+    # weights say, and the test takes seconds.
+    settings = AppSettings(chat_defaults=ChatSettings(max_tokens=24, temperature=0.0))
+    window = make_window(family_bridge, settings)
     send(qtbot, window, "Hello, who are you?")
     send(qtbot, window, "And what can you do for me today?")
     path = store.path_to(store.active_leaf(window.controller.chat_id))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from PySide6.QtGui import QPalette
 
@@ -44,5 +46,31 @@ def test_unknown_icon_raises(qapp):
 
 def test_app_icon_and_desktop_entry_exist(qapp):
     assert not theme.app_icon().pixmap(64, 64).isNull()
-    entry = (theme.ASSETS_DIR.parent / "packaging" / "folio.desktop").read_text()
+    entry = theme.asset_text("folio.desktop")
     assert "Exec=folio-app" in entry.splitlines()
+    assert "Icon=folio" in entry.splitlines()
+
+
+def test_assets_are_package_data_read_through_importlib_resources(qapp):
+    import desktop_app
+
+    assert theme.ASSETS_DIR == Path(desktop_app.__file__).parent / "assets"
+    assert set(ICONS) | {"folio"} <= set(theme.icon_names())
+    checked = theme.check_assets()
+    assert [name for name, _, _ in checked] == theme.icon_names()
+    assert all(ok and Path(where).is_file() for _, where, ok in checked)
+
+
+@pytest.mark.parametrize("choice, env, expected", [
+    ("dark", "light", theme.DARK), ("light", "dark", theme.LIGHT),
+    ("system", "dark", theme.DARK), ("system", "light", theme.LIGHT)])
+def test_the_users_choice_wins_over_folio_theme(qapp, monkeypatch, choice, env, expected):
+    monkeypatch.setenv("FOLIO_THEME", env)
+    try:
+        assert theme.apply_theme(qapp, choice) is expected
+        assert theme.preference() == choice
+    finally:
+        monkeypatch.setenv("FOLIO_THEME", "light")
+        theme.apply_theme(qapp, "system")
+    with pytest.raises(ValueError, match="theme must be one of system, light, dark"):
+        theme.set_preference("blue")

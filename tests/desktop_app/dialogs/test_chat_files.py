@@ -1,0 +1,127 @@
+"""File ▸ Export chat… / Import chat… through the main window's actions (file dialogs
+replaced by the test)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtWidgets import QMenu
+
+from desktop_app.dialogs import chat_files
+from tests.desktop_app.data.test_chat_import import branchy_chat, tree
+
+
+@pytest.fixture
+def window(make_window, fake_bridge, store):
+    return make_window(fake_bridge)
+
+
+def answer_save(monkeypatch, path, chosen):
+    asked = []
+
+    def fake(parent, title, suggested, filters):
+        asked.append((title, suggested, filters))
+        return str(path), chosen
+
+    monkeypatch.setattr(chat_files, "save_file_name", fake)
+    return asked
+
+
+def answer_open(monkeypatch, path):
+    monkeypatch.setattr(chat_files, "open_file_name", lambda parent, title, filters: (
+        str(path), ""))
+
+
+def test_actions_are_in_the_file_menu(window):
+    menu = window.menuBar().findChild(QMenu, "fileMenu")
+    names = [a.objectName() for a in menu.actions()]
+    assert names == ["exportChatAction", "importChatAction"]
+
+
+def test_json_export_then_import_through_the_actions_round_trips(
+        qtbot, window, store, monkeypatch, tmp_path, captured_errors):
+    chat_id = branchy_chat(store)
+    window.refresh_chats()
+    window.open_chat(chat_id)
+    # The JSON filter picks the format; the extension is added.
+    asked = answer_save(monkeypatch, tmp_path / "saved", chat_files.JSON_FILTER)
+    window.export_chat_action.trigger()
+    assert asked[0][1] == "Branches.md"
+    saved = tmp_path / "saved.json"
+    assert json.loads(saved.read_text())["format"] == "folio-chat"
+
+    answer_open(monkeypatch, saved)
+    with qtbot.waitSignal(window.chat_files.chatImported) as imported:
+        window.import_chat_action.trigger()
+    new_id = imported.args[0]
+    assert captured_errors == []
+    assert new_id != chat_id and len(store.list_chats()) == 2
+    assert tree(store, new_id) == tree(store, chat_id)
+    # The imported chat is open and listed.
+    assert window.controller.chat_id == new_id
+    assert window.chat_list.view.model().rowCount() == 2
+
+
+def test_markdown_export_is_the_open_branch(window, store, monkeypatch, tmp_path):
+    chat_id = branchy_chat(store)
+    window.open_chat(chat_id)
+    answer_save(monkeypatch, tmp_path / "notes.md", chat_files.MARKDOWN_FILTER)
+    window.export_chat_action.trigger()
+    text = (tmp_path / "notes.md").read_text()
+    assert text == store.export_markdown(chat_id)
+    assert text.startswith("# Branches\n\n**System:** Be brief.\n")
+    assert "Rome 1" in text and "Rome 0" not in text and "Rome 2" not in text
+    assert "It is Par" not in text and "A second root" not in text
+
+
+def test_json_chosen_by_extension_when_no_filter(window, store, monkeypatch, tmp_path):
+    chat_id = branchy_chat(store)
+    window.open_chat(chat_id)
+    answer_save(monkeypatch, tmp_path / "x.json", "")
+    window.export_chat_action.trigger()
+    assert json.loads((tmp_path / "x.json").read_text())["chat"]["title"] == "Branches"
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("truncated", "not valid JSON (the file looks truncated)"),
+    ('{"conversations": [{"title": "hi"}], "app": "OtherChat"}',
+     'no "format" marker'),
+    ('{"format": "folio-chat", "version": 99, "chat": {}, "messages": []}', "newer Folio"),
+])
+def test_bad_file_shows_a_clear_error_and_adds_no_chat(window, store, monkeypatch, tmp_path,
+                                                        captured_errors, content, expected):
+    chat_id = branchy_chat(store)
+    good = store.export_json(chat_id)
+    path = tmp_path / "in.json"
+    path.write_text(good[: len(good) // 2] if content == "truncated" else content)
+    answer_open(monkeypatch, path)
+    before = store.list_chats()
+    assert window.chat_files.import_chat() is None
+    assert store.list_chats() == before
+    [(title, text)] = captured_errors
+    assert title == "Could not import the chat"
+    assert expected in text and "in.json" in text and "Nothing was imported" in text
+
+
+def test_unreadable_and_binary_files_are_reported(window, monkeypatch, tmp_path,
+                                                   captured_errors, store):
+    answer_open(monkeypatch, tmp_path / "missing.json")
+    window.import_chat_action.trigger()
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00garbage")
+    answer_open(monkeypatch, tmp_path / "bin.json")
+    window.import_chat_action.trigger()
+    assert [t for t, _ in captured_errors] == ["Could not import the chat"] * 2
+    assert "Could not read" in captured_errors[0][1]
+    assert "not UTF-8" in captured_errors[1][1]
+    assert store.list_chats() == []
+
+
+def test_cancel_and_no_chat(window, monkeypatch, tmp_path, captured_errors, store):
+    answer_open(monkeypatch, "")
+    window.import_chat_action.trigger()
+    assert window.controller.chat_id is None
+    window.export_chat_action.trigger()
+    assert captured_errors == [("Nothing to export",
+                                "Open or start a chat first, then export it.")]
+    assert not list(tmp_path.glob("*.md"))
