@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from desktop_app.controllers import context_window
-from desktop_app.data.context_policy import ContextPlan, plan_context
+from desktop_app.controllers.context_window import ContextTracker, branch_tokens
+from desktop_app.data.context_policy import ContextPlan
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.conversation_view import ConversationView, GroupItem
 from desktop_app.widgets.message_widget import TurnItem
@@ -75,8 +76,7 @@ class ChatController(QObject):
         self.pending_group: dict[int, int] = {}
         # chat id -> (id of the first message kept after the last cut, turns it dropped):
         # the next prompt keeps the same start while it fits, so the prefix cache hits.
-        self._cuts: dict[int, tuple[int, int]] = {}
-        self._cut_note: dict[int, str] = {}  # chat id -> what the last cut left out
+        self.context = ContextTracker()
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
@@ -126,8 +126,7 @@ class ChatController(QObject):
             del self.streams[stream.request_id]
         self.store.delete_chat(chat_id)
         self.pending_group.pop(chat_id, None)
-        self._cuts.pop(chat_id, None)
-        self._cut_note.pop(chat_id, None)
+        self.context.forget(chat_id)
         self._set_generating()
         if self.chat_id == chat_id:
             self.open_chat(None)
@@ -254,39 +253,10 @@ class ChatController(QObject):
               ) -> ContextPlan | None:
         """What to send for a reply after `leaf_id` (plus a new user message `new_text`),
         under the chat's overflow policy; None when it is refused (the user is told)."""
-        chat = self.store.get_chat(chat_id)
-        if leaf_id is not None:
-            messages = self.store.messages_for_engine(leaf_id)
-            ids: list[int | None] = [m.id for m in self.store.path_to(leaf_id)]
-        else:
-            prompt = chat.settings.system_prompt
-            messages = [{"role": "system", "content": prompt}] if prompt else []
-            ids = []
-        ids = [None] * (len(messages) - len(ids)) + ids  # the system prompt has no id
-        if new_text is not None:
-            messages.append({"role": "user", "content": new_text})
-            ids.append(None)
-        context = self.bridge.max_model_len
-        if not context:
-            return ContextPlan(messages, 0, 0, 0)
-        anchor, dropped = self._cuts.get(chat_id, (None, 0))
-        plan = plan_context(messages, chat.settings.overflow_policy, int(context),
-                            chat.settings.max_tokens,
-                            context_window.prompt_counter(self.bridge.tokenizer),
-                            min_dropped=dropped if anchor in ids else 0)
+        plan = self.context.plan(self.store, self.bridge, chat_id, leaf_id, new_text)
         if plan.refused:
             self.errorRaised.emit("Context full", plan.refused)
             return None
-        if plan.cut:
-            after = max(plan.dropped) + 1
-            self._cuts[chat_id] = (ids[after] if after < len(ids) and ids[after] is not None
-                                   else -1, plan.dropped_turns)
-            self._cut_note[chat_id] = (
-                f"{plan.dropped_turns} older turn{'s' if plan.dropped_turns != 1 else ''} "
-                f"left out of what was sent (the saved chat is whole)")
-        else:
-            self._cuts.pop(chat_id, None)
-            self._cut_note.pop(chat_id, None)
         return plan
 
     def update_gauge(self, recount: bool = True) -> None:
@@ -299,8 +269,8 @@ class ChatController(QObject):
             self._gauge_base = (0 if self.chat_id is None else live[0].prompt_tokens if live
                                 else self.current_chat_tokens())
         used, notes = self._gauge_base, []
-        if self._cut_note.get(self.chat_id):
-            notes.append(self._cut_note[self.chat_id])
+        if self.context.note(self.chat_id):
+            notes.append(self.context.note(self.chat_id))
         draft = self.view.composer.toPlainText().strip() if total else ""
         if draft:
             extra = context_window.text_tokens(self.bridge.tokenizer, draft)
@@ -408,14 +378,4 @@ class ChatController(QObject):
 
     def current_chat_tokens(self) -> int:
         """Tokens of the open branch as of its last reply (what the context holds)."""
-        if self.chat_id is None:
-            return 0
-        leaf = self.store.active_leaf(self.chat_id)
-        if leaf is None:
-            return 0
-        for msg in reversed(self.store.path_to(leaf)):
-            if msg.role == "assistant" and "num_prompt_tokens" in msg.metrics:
-                generated = (len(msg.token_ids) if msg.token_ids is not None
-                             else int(msg.metrics.get("num_generated_tokens", 0)))
-                return int(msg.metrics["num_prompt_tokens"]) + generated
-        return 0
+        return branch_tokens(self.store, self.chat_id)

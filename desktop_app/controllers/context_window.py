@@ -1,4 +1,5 @@
-"""Measuring prompts for the context policy (data.context_policy) with the loaded model.
+"""The context window of a chat: measuring prompts with the loaded model, applying the
+chat's overflow policy (data.context_policy) and remembering where it last cut.
 
 A local model's tokenizer is the engine's ``ChatTokenizer`` (``EngineBridge.tokenizer``):
 ``encode_chat`` is exactly what ``LLMEngine.encode`` runs on the messages the app submits
@@ -14,7 +15,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from desktop_app.data.context_policy import CHARS_PER_TOKEN, Counter, estimate_tokens
+from desktop_app.data.context_policy import (
+    CHARS_PER_TOKEN,
+    ContextPlan,
+    Counter,
+    estimate_tokens,
+    plan_context,
+)
 
 logger = logging.getLogger(__name__)
 _wrapped: list[Any] = [None, None]  # the last HF tokenizer wrapped, and its ChatTokenizer
@@ -61,3 +68,73 @@ def text_tokens(tokenizer: Any, text: str) -> int:
         return len(chat.encode(text, add_special_tokens=False))
     except Exception:  # noqa: BLE001
         return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+class ContextTracker:
+    """Per chat, where the last cut was made (the id of the first message kept after it,
+    and how many turns it dropped): the next prompts cut at the same place, so they start
+    the same way and the prefix cache hits again; and what the cut left out, for the
+    gauge's tooltip."""
+
+    def __init__(self) -> None:
+        self._cuts: dict[int, tuple[int, int]] = {}
+        self._notes: dict[int, str] = {}
+
+    def forget(self, chat_id: int) -> None:
+        self._cuts.pop(chat_id, None)
+        self._notes.pop(chat_id, None)
+
+    def note(self, chat_id: int | None) -> str:
+        return self._notes.get(chat_id, "") if chat_id is not None else ""
+
+    def plan(self, store, bridge, chat_id: int, leaf_id: int | None,
+             new_text: str | None = None) -> ContextPlan:
+        """What to send for a reply after `leaf_id` (plus a new user message `new_text`)
+        under the chat's policy; ``plan.refused`` says why when nothing may be sent."""
+        chat = store.get_chat(chat_id)
+        if leaf_id is not None:
+            messages = store.messages_for_engine(leaf_id)
+            ids: list[int | None] = [m.id for m in store.path_to(leaf_id)]
+        else:
+            prompt = chat.settings.system_prompt
+            messages = [{"role": "system", "content": prompt}] if prompt else []
+            ids = []
+        ids = [None] * (len(messages) - len(ids)) + ids  # the system prompt has no id
+        if new_text is not None:
+            messages.append({"role": "user", "content": new_text})
+            ids.append(None)
+        context = bridge.max_model_len
+        if not context:
+            return ContextPlan(messages, 0, 0, 0)
+        anchor, dropped = self._cuts.get(chat_id, (None, 0))
+        plan = plan_context(messages, chat.settings.overflow_policy, int(context),
+                            chat.settings.max_tokens, prompt_counter(bridge.tokenizer),
+                            min_dropped=dropped if anchor in ids else 0)
+        if plan.refused:
+            return plan
+        if plan.cut:
+            after = max(plan.dropped) + 1
+            self._cuts[chat_id] = (ids[after] if after < len(ids) and ids[after] is not None
+                                   else -1, plan.dropped_turns)
+            self._notes[chat_id] = (
+                f"{plan.dropped_turns} older turn{'s' if plan.dropped_turns != 1 else ''} "
+                f"left out of what was sent (the saved chat is whole)")
+        else:
+            self.forget(chat_id)
+        return plan
+
+
+def branch_tokens(store, chat_id: int | None) -> int:
+    """Tokens of a chat's open branch as of its last reply (what the context holds): the
+    engine's count of that reply's prompt plus the reply."""
+    if chat_id is None:
+        return 0
+    leaf = store.active_leaf(chat_id)
+    if leaf is None:
+        return 0
+    for msg in reversed(store.path_to(leaf)):
+        if msg.role == "assistant" and "num_prompt_tokens" in msg.metrics:
+            generated = (len(msg.token_ids) if msg.token_ids is not None
+                         else int(msg.metrics.get("num_generated_tokens", 0)))
+            return int(msg.metrics["num_prompt_tokens"]) + generated
+    return 0
