@@ -13,7 +13,6 @@ What sets them apart from the Llama family, each read from the config in ``gemma
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -23,12 +22,11 @@ from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
 from engine.layers.base import Layer
-from engine.layers.linear import StackedLinear
-from engine.layers.lm_head import LMHead
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding
-from engine.models.llama import copy_checkpoint, projection_targets
+from engine.models.base import CausalLM
+from engine.models.llama import projection_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_params
 from kernels import AttentionBackend, AttentionMetadata
 
@@ -110,15 +108,10 @@ class GemmaDecoderLayer(Layer):
         return hidden + self.post_feedforward_layernorm(mlp)
 
 
-class GemmaForCausalLM(nn.Module):
+class GemmaForCausalLM(CausalLM):
     def __init__(self, spec: GemmaSpec, dtype: torch.dtype, device: torch.device | str) -> None:
-        """Parameters are allocated uninitialized; load_weights fills every one of them."""
-        super().__init__()
-        self.spec = spec
-        self.dtype = dtype
-        self.embed_tokens = nn.Parameter(
-            torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device),
-            requires_grad=False)
+        super().__init__(spec, dtype, device,
+                         GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device))
         # The reference rounds the scale to the activation dtype before multiplying.
         self.register_buffer("embed_scale", torch.tensor(spec.embed_scale, dtype=dtype,
                                                          device=device), persistent=False)
@@ -128,18 +121,6 @@ class GemmaForCausalLM(nn.Module):
             for kind, (theta, scaling) in spec.rope.items()})
         self.layers = nn.ModuleList(GemmaDecoderLayer(spec, kind, dtype, device)
                                     for kind in spec.layer_types)
-        self.norm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
-        tied = self.embed_tokens if spec.tie_word_embeddings else None
-        self.lm_head = LMHead(spec.hidden_size, spec.vocab_size, dtype, device, tied)
-
-    @property
-    def max_context_len(self) -> int:
-        return self.spec.max_position_embeddings
-
-    def weight_bytes(self) -> int:
-        params = sum(p.numel() * p.element_size() for p in self.parameters())
-        return params + sum(m.derived_bytes for m in self.modules()
-                            if isinstance(m, StackedLinear))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
@@ -152,20 +133,12 @@ class GemmaForCausalLM(nn.Module):
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
+        logits = super().compute_logits(hidden)
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        copy_checkpoint(self, weights)
-
     def checkpoint_targets(self) -> dict[str, torch.Tensor]:
-        targets: dict[str, torch.Tensor] = {
-            "model.embed_tokens.weight": self.embed_tokens.data,
-            "model.norm.weight": self.norm.weight.data,
-        }
-        if not self.spec.tie_word_embeddings:
-            targets["lm_head.weight"] = self.lm_head.block(0, "weight")
+        targets = self.shared_targets()
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
             for name in ("input_layernorm", "post_attention_layernorm",

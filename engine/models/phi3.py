@@ -26,7 +26,7 @@ optionally tied LM head); what sets it apart, each matched to transformers'
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -37,7 +37,6 @@ from torch import nn
 from engine.layers.attention import PagedSelfAttention
 from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
-from engine.layers.lm_head import LMHead
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import (
@@ -46,7 +45,7 @@ from engine.layers.rotary import (
     apply_partial_rotary,
     longrope_attention_factor,
 )
-from engine.models.llama import copy_checkpoint
+from engine.models.base import CausalLM
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec
 from kernels import AttentionBackend, AttentionMetadata
 
@@ -63,11 +62,6 @@ class Phi3Spec(DecoderSpec):
     long_factor: tuple[float, ...] | None = None
     original_max_position_embeddings: int | None = None
     attention_factor: float = 1.0
-
-    @property
-    def max_context_len(self) -> int:
-        """The whole context: the sliding window (when set) is applied, not approximated."""
-        return self.max_position_embeddings
 
 
 def phi3_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Phi3Spec:
@@ -154,15 +148,10 @@ class Phi3DecoderLayer(Layer):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Phi3ForCausalLM(nn.Module):
+class Phi3ForCausalLM(CausalLM):
     def __init__(self, spec: Phi3Spec, dtype: torch.dtype, device: torch.device | str) -> None:
-        """Parameters are allocated uninitialized; load_weights fills every one of them."""
-        super().__init__()
-        self.spec = spec
-        self.dtype = dtype
-        self.embed_tokens = nn.Parameter(
-            torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device),
-            requires_grad=False)
+        super().__init__(spec, dtype, device,
+                         RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device))
         self.rotary: RotaryEmbedding | LongRopeEmbedding
         if spec.long_factor is None or spec.short_factor is None:
             self.rotary = RotaryEmbedding(spec.rotary_dim, spec.max_position_embeddings,
@@ -175,20 +164,6 @@ class Phi3ForCausalLM(nn.Module):
                 spec.attention_factor, dtype, device)
         self.layers = nn.ModuleList(Phi3DecoderLayer(spec, dtype, device)
                                     for _ in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
-        tied = self.embed_tokens if spec.tie_word_embeddings else None
-        self.lm_head = LMHead(spec.hidden_size, spec.vocab_size, dtype, device, tied)
-
-    @property
-    def max_context_len(self) -> int:
-        """The longest context (prompt + output) this model computes exactly."""
-        return self.spec.max_context_len
-
-    def weight_bytes(self) -> int:
-        """Bytes of all weights, in whichever layout holds them (packed linears)."""
-        params = sum(p.numel() * p.element_size() for p in self.parameters())
-        return params + sum(m.derived_bytes for m in self.modules()
-                            if isinstance(m, StackedLinear))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
@@ -204,22 +179,10 @@ class Phi3ForCausalLM(nn.Module):
                            backend)
         return self.norm(hidden)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""
-        return self.lm_head(hidden)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        copy_checkpoint(self, weights)
-
     def checkpoint_targets(self) -> dict[str, torch.Tensor]:
         """Each Hugging Face parameter name -> the tensor it fills; the fused qkv_proj and
         gate_up_proj fill their stacked matrices whole."""
-        targets: dict[str, torch.Tensor] = {
-            "model.embed_tokens.weight": self.embed_tokens.data,
-            "model.norm.weight": self.norm.weight.data,
-        }
-        if not self.spec.tie_word_embeddings:
-            targets["lm_head.weight"] = self.lm_head.block(0, "weight")
+        targets = self.shared_targets()
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
             attn, mlp = layer.self_attn, layer.mlp

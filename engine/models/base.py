@@ -1,0 +1,102 @@
+"""What every model class shares: the input embedding, the LM head (tied or not), the
+final norm's place, weight accounting and checkpoint loading.
+
+A family's class builds its layers, rotary tables and forward; the checkpoint's names
+come from its ``checkpoint_targets`` (the one source of names and shapes, which the
+loaders' shape check reads too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from engine.layers.linear import StackedLinear
+from engine.layers.lm_head import LMHead
+from engine.models.spec import DecoderSpec
+
+# Checkpoints written by older transformers versions carry these buffers; they are
+# recomputed from the config, never loaded.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str,
+                 norm: nn.Module) -> None:
+        """Parameters are allocated uninitialized; load_weights fills every one of them.
+        ``norm`` is the final norm (the family's kind)."""
+        super().__init__()
+        self.spec = spec
+        self.dtype = dtype
+        self.embed_tokens = nn.Parameter(
+            torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device),
+            requires_grad=False)
+        self.norm = norm
+        tied = self.embed_tokens if spec.tie_word_embeddings else None
+        self.lm_head = LMHead(spec.hidden_size, spec.vocab_size, dtype, device, tied)
+
+    @property
+    def max_context_len(self) -> int:
+        """The longest context (prompt + output) this model computes exactly."""
+        return self.spec.max_context_len
+
+    def weight_bytes(self) -> int:
+        """Bytes of all weights, in whichever layout holds them (packed linears)."""
+        params = sum(p.numel() * p.element_size() for p in self.parameters())
+        return params + sum(m.derived_bytes for m in self.modules()
+                            if isinstance(m, StackedLinear))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        copy_checkpoint(self, weights)
+
+    def shared_targets(self) -> dict[str, torch.Tensor]:
+        """The embedding, final norm and (untied) LM head by Hugging Face name."""
+        targets: dict[str, torch.Tensor] = {
+            "model.embed_tokens.weight": self.embed_tokens.data,
+            "model.norm.weight": self.norm.weight.data,
+        }
+        if not self.spec.tie_word_embeddings:
+            targets["lm_head.weight"] = self.lm_head.block(0, "weight")
+        return targets
+
+
+def copy_checkpoint(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy a full checkpoint given as (Hugging Face name, tensor) pairs into ``model``'s
+    checkpoint targets, in one call, then let stacked linears pack their matrices.
+
+    Raises ValueError for a name the config does not expect, a shape that does not match
+    the config, or missing names."""
+    spec = model.spec
+    targets = model.checkpoint_targets()
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for name, tensor in weights:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if name == "lm_head.weight" and spec.tie_word_embeddings:
+                # Some tied checkpoints store the shared matrix twice.
+                continue
+            target = targets.get(name)
+            if target is None:
+                raise ValueError(f"unexpected parameter {name!r} for {spec.architecture} "
+                                 f"with {spec.num_layers} layers")
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"parameter {name!r} has shape {tuple(tensor.shape)} in the checkpoint "
+                    f"but the config expects {tuple(target.shape)}")
+            target.copy_(tensor)
+            loaded.add(name)
+    missing = sorted(set(targets) - loaded)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if
+                                           len(missing) > 8 else "")
+        raise ValueError(f"checkpoint is missing {len(missing)} parameter(s): {shown}")
+    for module in model.modules():
+        if isinstance(module, StackedLinear):
+            module.prepare()
