@@ -7,7 +7,7 @@ backend on CPU) are that single-token (decode) sequences run as one batched SDPA
 instead of a Python loop over sequences, gathers use index_select (or a view, when a
 sequence's blocks are consecutive) and yield each KV head's tokens as one matrix, and
 TorchBackend plans a step (what depends on the metadata alone) once instead of once per
-layer. Any pool layout works (kernels.interface.allocate_kv_cache); TorchBackend asks for the
+layer (kernels/step_plan.py). Any pool layout works (kernels.interface.allocate_kv_cache); TorchBackend asks for the
 head-major one, which its attention reads fastest.
 
 Two options of `attention` (kernels.interface.check_attention_options has the exact rules):
@@ -18,12 +18,11 @@ soft-cap, which SDPA lacks, switches to an explicit fp32 softmax (`_explicit_att
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 
-from kernels.interface import AttentionMetadata, check_attention_options, effective_window
+from kernels.interface import AttentionMetadata, check_attention_options
+from kernels.step_plan import DecodePlan, StepPlan
 
 
 def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -54,17 +53,6 @@ def _write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
     k_cache.view(flat_shape).index_copy_(0, slots, key)
     v_cache.view(flat_shape).index_copy_(0, slots, value)
-
-
-def block_ids(block_table: torch.Tensor, num_blocks: int,
-              device: torch.device) -> torch.Tensor | slice:
-    """A sequence's first num_blocks physical blocks: a slice when the ids are consecutive
-    (fresh sequences get consecutive blocks from the free queue), so the blocks are read in
-    place instead of gathered; otherwise an int64 index tensor."""
-    ids = block_table[:num_blocks].tolist()
-    if ids == list(range(ids[0], ids[0] + num_blocks)):
-        return slice(ids[0], ids[0] + num_blocks)
-    return torch.tensor(ids, dtype=torch.int64, device=device)
 
 
 def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
@@ -100,151 +88,6 @@ def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     check_attention_options(sliding_window, logit_softcap)
     plan = StepPlan.build(meta, k_cache.shape[1], k_cache.device, sliding_window)
     return _attention(query, k_cache, v_cache, plan, scale, logit_softcap)
-
-
-@dataclass(slots=True)
-class DecodePlan:
-    """Sequences with one new token each, attended together in one batched call.
-
-    With a sliding window each sequence reads only the blocks from the one holding its
-    window's first position: one sequence reads exactly its window (`skip` drops the
-    positions before it in that block); a batch reads the same number of blocks per
-    sequence (padded with its own last block) and masks what lies outside each window."""
-
-    seq_len: int  # one sequence: the keys read (its context or window); beyond are never read
-    mask: torch.Tensor | None  # bool [num_seqs, 1, 1, blocks_per_seq * block_size]; None: 1 seq
-    # Every sequence's blocks, flattened, for heads_of_blocks (a slice: one sequence whose
-    # blocks are consecutive).
-    ids: torch.Tensor | slice
-    skip: int = 0  # one sequence: positions of its first block read that are before the window
-    # SDPA turns a bool mask into an additive one on every call; layers reuse this one.
-    additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
-
-    def mask_for(self, dtype: torch.dtype) -> torch.Tensor | None:
-        if self.mask is None:
-            return None
-        if dtype not in self.additive:
-            zeros = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
-            self.additive[dtype] = zeros.masked_fill(~self.mask, float("-inf"))
-        return self.additive[dtype]
-
-    @classmethod
-    def build(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int,
-              block_size: int, device: torch.device, window: int | None = None) -> DecodePlan:
-        max_blocks = -(-max_seq_len // block_size)
-        tables = block_tables[:, :max_blocks].to(device=device, dtype=torch.int64)
-        window = effective_window(window, max_seq_len)
-        if window is not None:
-            return cls._windowed(tables, seq_lens, max_seq_len, block_size, device, window)
-        num_seqs = tables.shape[0]
-        mask = None
-        if num_seqs == 1:
-            ids = block_ids(tables[0], max_blocks, device)
-        else:
-            ids = tables.flatten()
-            padded_len = max_blocks * block_size
-            positions = torch.arange(padded_len, device=device)
-            lengths = seq_lens.to(device=device)
-            mask = (positions[None, :] < lengths[:, None]).view(num_seqs, 1, 1, padded_len)
-        return cls(max_seq_len, mask, ids)
-
-    @classmethod
-    def _windowed(cls, tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int,
-                  block_size: int, device: torch.device, window: int) -> DecodePlan:
-        # The query sits at position seq_len - 1 and sees keys seq_len - W .. seq_len - 1.
-        num_seqs = tables.shape[0]
-        if num_seqs == 1:
-            first_pos = max(0, max_seq_len - window)
-            first_block = first_pos // block_size
-            ids = block_ids(tables[0, first_block:], -(-max_seq_len // block_size) - first_block,
-                            device)
-            return cls(max_seq_len - first_pos, None, ids, first_pos - first_block * block_size)
-        lengths = seq_lens.to(device=device, dtype=torch.int64)
-        first_pos = lengths - window  # may be negative: the whole context is in the window
-        num_blocks = (lengths + block_size - 1) // block_size
-        first_block = first_pos.clamp(min=0) // block_size
-        per_seq = int((num_blocks - first_block).max())
-        columns = first_block[:, None] + torch.arange(per_seq, device=device)
-        # A sequence with fewer window blocks than the longest pads with its own last
-        # block (masked): neither the entries before its window nor the table's padding
-        # are read.
-        ids = tables.gather(1, torch.minimum(columns, num_blocks[:, None] - 1)).flatten()
-        positions = (columns[:, :, None] * block_size
-                     + torch.arange(block_size, device=device)).flatten(1)
-        mask = (positions >= first_pos[:, None]) & (positions < lengths[:, None])
-        return cls(max_seq_len, mask.view(num_seqs, 1, 1, -1), ids)
-
-
-@dataclass(slots=True)
-class ChunkPlan:
-    """One sequence with several new tokens (a prefill chunk)."""
-
-    start: int  # its rows in the query
-    end: int
-    ids: torch.Tensor | slice  # its blocks read (from the first holding a visible key)
-    num_keys: int  # keys read: the context, or from the first query's window start on
-    mask: torch.Tensor  # bool [q_len, num_keys], from causal_mask or sliding_window_mask
-    skip: int = 0  # positions of the first block read that precede every query's window
-
-    @classmethod
-    def build(cls, start: int, end: int, block_table: torch.Tensor, seq_len: int,
-              block_size: int, device: torch.device, window: int | None) -> ChunkPlan:
-        q_len = end - start
-        num_blocks = -(-seq_len // block_size)
-        window = effective_window(window, seq_len)
-        if window is None:
-            mask = causal_mask(q_len, seq_len, device)
-            assert mask is not None
-            return cls(start, end, block_ids(block_table, num_blocks, device), seq_len, mask)
-        # The earliest query (position seq_len - q_len) sees back to seq_len - q_len - W + 1.
-        first_pos = max(0, seq_len - q_len - window + 1)
-        first_block = first_pos // block_size
-        ids = block_ids(block_table[first_block:], num_blocks - first_block, device)
-        mask = sliding_window_mask(q_len, seq_len, window, first_pos, device)
-        return cls(start, end, ids, seq_len - first_pos, mask,
-                   first_pos - first_block * block_size)
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """How one step's batch splits into batched decode tokens and per-sequence chunks; it
-    depends on the metadata alone, so every layer of a step can share it."""
-
-    decode: DecodePlan | None
-    decode_rows: torch.Tensor | None  # int64 query rows of the decode tokens; None: all rows
-    chunks: list[ChunkPlan]
-
-    @classmethod
-    def build(cls, meta: AttentionMetadata, block_size: int, device: torch.device,
-              window: int | None = None) -> StepPlan:
-        if meta.max_query_len == 1:
-            decode = DecodePlan.build(meta.block_tables, meta.seq_lens, meta.max_seq_len,
-                                      block_size, device, window)
-            return cls(decode, None, [])
-        starts = meta.query_start_loc.tolist()
-        seq_lens = meta.seq_lens.tolist()
-        decode_seqs: list[int] = []
-        chunks: list[ChunkPlan] = []
-        for i, seq_len in enumerate(seq_lens):
-            start, end = starts[i], starts[i + 1]
-            if end - start > seq_len:
-                raise ValueError(
-                    f"sequence {i}: query length {end - start} exceeds its seq_len {seq_len}"
-                )
-            if end - start == 1:
-                decode_seqs.append(i)
-            elif end > start:
-                chunks.append(ChunkPlan.build(start, end, meta.block_tables[i], seq_len,
-                                              block_size, device, window))
-        if not decode_seqs:
-            return cls(None, None, chunks)
-        index = torch.tensor(decode_seqs, device=meta.seq_lens.device)
-        decode = DecodePlan.build(
-            meta.block_tables.index_select(0, index), meta.seq_lens.index_select(0, index),
-            max(seq_lens[i] for i in decode_seqs), block_size, device, window,
-        )
-        rows = torch.tensor([starts[i] for i in decode_seqs], dtype=torch.int64, device=device)
-        return cls(decode, rows, chunks)
 
 
 def _check_heads(query: torch.Tensor, k_cache: torch.Tensor) -> None:
@@ -325,28 +168,6 @@ def _explicit_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.T
     probs = scores.softmax(-1).view(batch, num_kv_heads, group * q_len, -1)
     out = torch.matmul(probs, values.float())
     return out.view(batch, num_q_heads, q_len, head_size).to(query.dtype)
-
-
-def causal_mask(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor | None:
-    """Bool [q_len, seq_len]: the new tokens are the last q_len positions, so query row j
-    (position seq_len - q_len + j) sees keys 0..seq_len - q_len + j. None = no masking."""
-    if q_len == 1:
-        return None
-    query_pos = torch.arange(seq_len - q_len, seq_len, device=device)
-    key_pos = torch.arange(seq_len, device=device)
-    return key_pos[None, :] <= query_pos[:, None]
-
-
-def sliding_window_mask(q_len: int, seq_len: int, window: int, first_key: int,
-                        device: torch.device) -> torch.Tensor:
-    """Bool [q_len, seq_len - first_key] over keys first_key .. seq_len - 1: query row j
-    (position p = seq_len - q_len + j) sees key k iff p - window < k <= p. That is
-    transformers' masking_utils.sliding_window_causal_mask_function (the overlay
-    sliding_window_overlay: kv_idx > q_idx - sliding_window, and causal kv_idx <= q_idx):
-    W keys, the query's own included, as flash-attn's window_size=(W - 1, 0)."""
-    query_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
-    key_pos = torch.arange(first_key, seq_len, device=device)[None, :]
-    return (key_pos <= query_pos) & (key_pos > query_pos - window)
 
 
 def copy_blocks_ref(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -11,13 +11,8 @@ import pytest
 import torch
 
 from kernels import AttentionMetadata, allocate_kv_cache, get_backend
-from kernels.reference import (
-    TorchBackend,
-    block_ids,
-    causal_mask,
-    heads_of_blocks,
-    paged_attention_ref,
-)
+from kernels.reference import TorchBackend, heads_of_blocks, paged_attention_ref
+from kernels.step_plan import block_ids, causal_mask
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
