@@ -7,8 +7,8 @@ backend on CPU) are that single-token (decode) sequences run as one batched SDPA
 instead of a Python loop over sequences, gathers use index_select (or a view, when a
 sequence's blocks are consecutive) and yield each KV head's tokens as one matrix, and
 TorchBackend plans a step (what depends on the metadata alone) once instead of once per
-layer (kernels/step_plan.py). Any pool layout works (kernels.interface.allocate_kv_cache); TorchBackend asks for the
-head-major one, which its attention reads fastest.
+layer (kernels/step_plan.py). Any pool layout works (kernels.interface.allocate_kv_cache);
+TorchBackend asks for the head-major one, which its attention reads fastest.
 
 Two options of `attention` (kernels.interface.check_attention_options has the exact rules):
 a sliding window trims what is read to the window's blocks (blocks wholly before a
