@@ -148,24 +148,16 @@ def _mono_families() -> list[str]:
     return [family] if family == "monospace" else [family, "monospace"]
 
 
-class MarkdownLabel(QLabel):
-    """A selectable, word-wrapped label showing Markdown.
-
-    While a reply streams, `append()` only marks the text dirty; a single-shot timer
-    re-renders at most every RENDER_INTERVAL_MS, so a fast token stream costs one layout
-    per interval instead of one per token and the event loop stays responsive.
-    """
+class ThrottledMarkdown:
+    """Markdown text that streams in: `append()` only marks it dirty and a single-shot
+    timer re-renders at most every RENDER_INTERVAL_MS, so a fast token stream costs one
+    layout per interval instead of one per token and the event loop stays responsive.
+    `set_markdown` and `flush` render at once. A widget mixes it in, calls `_start_text`
+    from its constructor and implements `_render(streaming)`."""
 
     RENDER_INTERVAL_MS = 60
 
-    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("messageText")
-        self.setWordWrap(True)
-        self.setTextFormat(Qt.TextFormat.RichText)
-        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
-        self.setOpenExternalLinks(True)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Minimum)
+    def _start_text(self, text: str) -> None:
         self._markdown = ""
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
@@ -177,9 +169,10 @@ class MarkdownLabel(QLabel):
         return self._markdown
 
     def set_markdown(self, text: str) -> None:
+        """Show `text` now, fully rendered (a finished reply, or one loaded)."""
         self._markdown = text
         self._timer.stop()
-        self._render()
+        self._render(streaming=False)
 
     def append(self, delta: str) -> None:
         self._markdown += delta
@@ -192,7 +185,21 @@ class MarkdownLabel(QLabel):
             self._timer.stop()
             self._render()
 
-    def _render(self) -> None:
+
+class MarkdownLabel(ThrottledMarkdown, QLabel):
+    """A selectable, word-wrapped label showing Markdown."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("messageText")
+        self.setWordWrap(True)
+        self.setTextFormat(Qt.TextFormat.RichText)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        self.setOpenExternalLinks(True)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Minimum)
+        self._start_text(text)
+
+    def _render(self, streaming: bool = True) -> None:
         self.setText(markdown_to_html(self._markdown) if self._markdown else "")
 
 
@@ -259,17 +266,10 @@ def split_segments(markdown: str) -> list[Segment]:
     return segments
 
 
-class MarkdownView(QWidget):
+class MarkdownView(ThrottledMarkdown, QWidget):
     """A message body: its segments top to bottom, text as MarkdownLabels, fenced code as
-    CodeBlocks.
-
-    While a reply streams, `append()` only marks the text dirty; a single-shot timer
-    re-renders at most every RENDER_INTERVAL_MS, so a fast token stream costs one layout
-    per interval instead of one per token and the event loop stays responsive. A render
-    re-parses the segments and updates only those that changed (usually the last one).
-    """
-
-    RENDER_INTERVAL_MS = MarkdownLabel.RENDER_INTERVAL_MS
+    CodeBlocks. Streaming text is throttled (ThrottledMarkdown); a render re-parses the
+    segments and updates only those that changed (usually the last one)."""
 
     def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -279,35 +279,10 @@ class MarkdownView(QWidget):
         self._layout.setContentsMargins(0, 0, 0, 0)
         self._layout.setSpacing(6)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Minimum)
-        self._markdown = ""
         self._dark = theme.current().dark
         self._segments: list[Segment] = []
         self._widgets: list[QWidget] = []
-        self._timer = QTimer(self)
-        self._timer.setSingleShot(True)
-        self._timer.setInterval(self.RENDER_INTERVAL_MS)
-        self._timer.timeout.connect(self._render)
-        self.set_markdown(text)
-
-    def markdown(self) -> str:
-        return self._markdown
-
-    def set_markdown(self, text: str) -> None:
-        """Show `text` now, fully highlighted (a finished reply, or one loaded)."""
-        self._markdown = text
-        self._timer.stop()
-        self._render(streaming=False)
-
-    def append(self, delta: str) -> None:
-        self._markdown += delta
-        if not self._timer.isActive():
-            self._timer.start()
-
-    def flush(self) -> None:
-        """Render now if an append is pending (before measuring or grabbing)."""
-        if self._timer.isActive():
-            self._timer.stop()
-            self._render()
+        self._start_text(text)
 
     def segments(self) -> list[Segment]:
         """The segments shown now."""
