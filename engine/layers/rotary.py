@@ -127,8 +127,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, signed sin for each position, shaped [T, 1, head_dim] to broadcast over heads."""
+    def lookup(self, positions: torch.Tensor,
+               meta: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin for each position, shaped [T, 1, head_dim] to broadcast over heads.
+        ``meta`` (the step's AttentionMetadata) is not needed: every sequence turns by the
+        same angles; LongRopeEmbedding.lookup, which takes the same arguments, needs it."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 

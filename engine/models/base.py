@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.linear import StackedLinear
 from engine.layers.lm_head import LMHead
 from engine.models.spec import DecoderSpec
+from kernels import AttentionBackend, AttentionMetadata
 
 # Checkpoints written by older transformers versions carry these buffers; they are
 # recomputed from the config, never loaded.
@@ -47,6 +49,20 @@ class CausalLM(nn.Module):
         params = sum(p.numel() * p.element_size() for p in self.parameters())
         return params + sum(m.derived_bytes for m in self.modules()
                             if isinstance(m, StackedLinear))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+        """input_ids, positions: int64 [T]; kv_cache [L, 2, blocks, block_size, nkv, hd].
+        Returns the final-norm hidden states [T, hidden_size].
+
+        For a model with one rotary table (``self.rotary``) shared by its ``self.layers``;
+        a family with more (Gemma's per layer kind) overrides this."""
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        cos, sin = self.rotary.lookup(positions, meta)
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden, cos, sin, kv_cache[index, 0], kv_cache[index, 1], meta,
+                           backend)
+        return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""

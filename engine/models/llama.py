@@ -8,7 +8,6 @@ caller picks the rows to turn into logits.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
@@ -63,23 +62,6 @@ class LlamaForCausalLM(CausalLM):
         self.layers = nn.ModuleList(
             DecoderLayer(spec, dtype, device) for _ in range(spec.num_layers)
         )
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        backend: AttentionBackend,
-    ) -> torch.Tensor:
-        """input_ids, positions: int64 [T]; kv_cache [L, 2, blocks, block_size, nkv, hd].
-        Returns the final-norm hidden states [T, hidden_size]."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
-        cos, sin = self.rotary.lookup(positions)
-        for index, layer in enumerate(self.layers):
-            hidden = layer(hidden, cos, sin, kv_cache[index, 0], kv_cache[index, 1], meta,
-                           backend)
-        return self.norm(hidden)
 
     def checkpoint_targets(self) -> dict[str, torch.Tensor]:
         """Each Hugging Face parameter name -> the tensor (or stacked slice) it fills."""

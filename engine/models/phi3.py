@@ -31,7 +31,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
@@ -164,20 +163,6 @@ class Phi3ForCausalLM(CausalLM):
                 spec.attention_factor, dtype, device)
         self.layers = nn.ModuleList(Phi3DecoderLayer(spec, dtype, device)
                                     for _ in range(spec.num_layers))
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
-        """input_ids, positions: int64 [T]; kv_cache [L, 2, blocks, block_size, nkv, hd].
-        Returns the final-norm hidden states [T, hidden_size]."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
-        if isinstance(self.rotary, LongRopeEmbedding):
-            cos, sin = self.rotary.lookup(positions, meta)
-        else:
-            cos, sin = self.rotary.lookup(positions)
-        for index, layer in enumerate(self.layers):
-            hidden = layer(hidden, cos, sin, kv_cache[index, 0], kv_cache[index, 1], meta,
-                           backend)
-        return self.norm(hidden)
 
     def checkpoint_targets(self) -> dict[str, torch.Tensor]:
         """Each Hugging Face parameter name -> the tensor it fills; the fused qkv_proj and
