@@ -115,12 +115,13 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
 def cmd_serve(args) -> int:
     from engine.llm import LLM
     from engine.serve.app import ServeSettings
-    from engine.serve.server import UnsafeHostError, check_host, serve_forever
+    from engine.serve.server import check_host, check_port_free, serve_forever
     from engine.worker import EngineWorker
 
-    try:
-        check_host(args.host, args.api_key)  # before minutes of loading, not after
-    except UnsafeHostError as exc:
+    try:  # before minutes of loading, not after
+        check_host(args.host, args.api_key)
+        check_port_free(args.port, args.host)
+    except (ValueError, OSError) as exc:
         print(f"folio serve: error: {exc}", file=sys.stderr)
         return 2
     llm = LLM(args.model, progress=_progress)

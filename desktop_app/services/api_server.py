@@ -11,23 +11,11 @@ to the GUI thread through a queued signal.
 
 from __future__ import annotations
 
-import socket
 import threading
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
 HOST = "127.0.0.1"
-
-
-def check_port_free(port: int, host: str = HOST) -> None:
-    """Raise OSError naming the port when something already listens on it."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise OSError(f"port {port} on {host} is already in use ({exc.strerror or exc})"
-                          ) from None
 
 
 class ApiServer(QObject):
@@ -103,7 +91,6 @@ class ApiServer(QObject):
 
         def run() -> None:
             try:
-                check_port_free(port)
                 from engine.serve.server import start_in_background
 
                 server = start_in_background(worker, host=HOST, port=port)

@@ -42,6 +42,18 @@ def check_host(host: str, api_key: str | None) -> None:
             f"(clients then send 'Authorization: Bearer KEY'), or keep {DEFAULT_HOST}")
 
 
+def check_port_free(port: int, host: str = DEFAULT_HOST) -> None:
+    """Raise OSError naming the port when something already listens on it (uvicorn itself
+    would only log the failure and exit)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise OSError(f"port {port} on {host} is already in use ({exc.strerror or exc})"
+                          ) from None
+
+
 def free_port(host: str = DEFAULT_HOST) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -61,6 +73,7 @@ def serve_forever(worker: EngineWorker, host: str = DEFAULT_HOST, port: int = DE
     """Serve until interrupted (Ctrl+C ends uvicorn cleanly)."""
     settings = settings or ServeSettings()
     check_host(host, settings.api_key)
+    check_port_free(port, host)
     _uvicorn_server(worker, host, port, settings).run()
 
 
@@ -92,9 +105,11 @@ def start_in_background(worker: EngineWorker, host: str = DEFAULT_HOST, port: in
                         settings: ServeSettings | None = None,
                         timeout: float = 30.0) -> BackgroundServer:
     """Start serving on a thread and return once the port accepts connections; port 0
-    picks a free one. Raises OSError when the port cannot be bound."""
+    picks a free one. Raises OSError, naming the port, when it cannot be bound."""
     settings = settings or ServeSettings()
     check_host(host, settings.api_key)
+    if port:
+        check_port_free(port, host)
     port = port or free_port(host)
     server = _uvicorn_server(worker, host, port, settings)
     errors: list[BaseException] = []

@@ -121,6 +121,17 @@ def test_loopback_only_without_a_key():
         check_host("0.0.0.0", None)
 
 
+def test_folio_serve_refuses_a_port_in_use_before_loading(capsys):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--model", "/no/such/model"]) == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in capsys.readouterr().err
+
+
 def test_folio_serve_refuses_an_open_host_before_loading(capsys):
     # No model is loaded: the refusal comes first, in well under a second.
     assert main(["serve", "--host", "0.0.0.0", "--model", "/no/such/model"]) == 2
