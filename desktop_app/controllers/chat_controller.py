@@ -74,8 +74,8 @@ class ChatController(QObject):
         # chat id -> candidate group whose columns wait for "Keep" (view state only: after
         # a restart the kept, or first, candidate shows with its "‹ i/n ›" navigator).
         self.pending_group: dict[int, int] = {}
-        # chat id -> (id of the first message kept after the last cut, turns it dropped):
-        # the next prompt keeps the same start while it fits, so the prefix cache hits.
+        # Where each chat's overflow policy last cut, so the next prompts start the same
+        # way and the prefix cache hits again.
         self.context = ContextTracker()
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
