@@ -7,11 +7,16 @@ Baselines: torch SDPA over contiguous K/V, and FlashInfer's or flash-attn's page
 when they import. With --window W (default Gemma 2's 4096; 0: off) a context longer than
 the window also gets a "triton-wW" cell: the sliding-window decode, scored by the
 window's K/V bytes, which is all it reads.
+
+A second table (--quant, default Q4_K,Q6_K; "" skips it) times quant_matmul, the matmul
+reading GGUF-quantized weights, at Llama-3-8B's projection shapes and batch 1: decode
+is bound by reading the weight, so it is scored as quantized weight bytes per second.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 from collections.abc import Callable
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.interface import AttentionMetadata
+from kernels.quant.formats import BY_NAME
 
 # Peak HBM/GDDR bandwidth in GB/s by a substring of torch.cuda.get_device_name(),
 # the more specific names first.
@@ -194,10 +200,57 @@ def _bench_config(shape: Shape, batch: int, context: int, args, flush, peak: flo
     print(f"{shape.name:24} {batch:>5} {context:>7} {splits:>6}  " + " | ".join(cells), flush=True)
 
 
+# Llama-3-8B's matmuls as (name, N, K).
+QUANT_SHAPES = (
+    ("q/o proj", 4096, 4096), ("k/v proj", 1024, 4096), ("gate/up", 14336, 4096),
+    ("down", 4096, 14336), ("lm head", 128256, 4096),
+)
+NEEDS_CUDA = ("folio bench kernels needs a CUDA GPU: the Triton kernels only run compiled "
+              "there (on CPU they run under TRITON_INTERPRET=1 in the tests).")
+
+
+def bench_quant_matmul(type_names: tuple[str, ...] = ("Q4_K", "Q6_K"), reps: int = 20,
+                       dtype: torch.dtype = torch.bfloat16, flush: torch.Tensor | None = None,
+                       peak: float | None = None) -> int:
+    """Prints quant_matmul's time and weight bandwidth at batch 1 per type and shape;
+    returns 2 (after saying why) without CUDA."""
+    unknown = [t for t in type_names if t not in BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown quant types {unknown}; choose from {', '.join(BY_NAME)}")
+    if not torch.cuda.is_available():
+        print(NEEDS_CUDA, file=sys.stderr)
+        return 2
+    from kernels.triton.quant_matmul import quant_matmul
+
+    device = torch.device("cuda")
+    if peak is None:
+        peak, source = peak_bandwidth_gbps(device)
+        print(f"peak bandwidth: {source}")
+    if flush is None:
+        flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    print(f"quant_matmul, batch 1, {dtype}: quantized weight bytes read per second, "
+          f"median of {reps}, L2 flushed before each run")
+    print(f"{'type':5} {'matmul':9} {'N':>6} {'K':>6} {'MB':>7} {'us':>8} {'GB/s':>6} {'peak':>6}")
+    for name in type_names:
+        fmt = BY_NAME[name]
+        for label, n, k in QUANT_SHAPES:
+            # Random bytes time like real blocks: the kernel never branches on values.
+            qweight = torch.randint(0, 256, (n, fmt.row_bytes(k)), dtype=torch.uint8,
+                                    device=device)
+            x = torch.randn((1, k), dtype=dtype, device=device)
+            run = functools.partial(quant_matmul, x, qweight, fmt.type_id, n, k)
+            seconds = time_median(run, flush, reps)
+            gbps = qweight.numel() / seconds / 1e9
+            print(f"{name:5} {label:9} {n:>6} {k:>6} {qweight.numel() / 1e6:7.1f} "
+                  f"{seconds * 1e6:8.1f} {gbps:6.0f} {100 * gbps / peak:5.1f}%", flush=True)
+            del run, qweight  # the next shape's weight may need the room
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="folio bench kernels", description=__doc__)
     parser.add_argument("--shapes", default="llama8b,starter",
-                        help=f"comma-separated, from {', '.join(SHAPES)}")
+                        help=f"comma-separated, from {', '.join(SHAPES)} (\"\": none)")
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--contexts", default="512,4096,32768")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
@@ -205,22 +258,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--window", type=int, default=4096,
                         help="sliding window of the extra triton-wW cell (0: none)")
+    parser.add_argument("--quant", default="Q4_K,Q6_K",
+                        help="GGUF types of the quant_matmul table (\"\": no table)")
     args = parser.parse_args(argv)
-    unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
+    unknown = [s for s in args.shapes.split(",") if s and s not in SHAPES]
     if unknown:
         parser.error(f"unknown shapes {unknown}; choose from {', '.join(SHAPES)}")
     if args.reps < 1 or args.block_size < 1:
         parser.error("--reps and --block-size must be >= 1")
     if args.window < 0:
         parser.error("--window must be >= 0")
+    args.quant_types = tuple(t for t in args.quant.split(",") if t)
+    if any(t not in BY_NAME for t in args.quant_types):
+        parser.error(f"unknown --quant types; choose from {', '.join(BY_NAME)}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
-        print("folio bench kernels needs a CUDA GPU: the Triton kernels only run compiled "
-              "there (on CPU they run under TRITON_INTERPRET=1 in the tests).", file=sys.stderr)
+        print(NEEDS_CUDA, file=sys.stderr)
         return 2
     device = torch.device("cuda")
     peak, source = peak_bandwidth_gbps(device)
@@ -229,10 +286,13 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {args.reps}, L2 flushed before each run")
     print(f"{'shape':24} {'batch':>5} {'context':>7} {'splits':>6}  kernels")
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
-    for key in args.shapes.split(","):
+    for key in filter(None, args.shapes.split(",")):  # --shapes "": quant table only
         for batch in (int(b) for b in args.batches.split(",")):
             for context in (int(c) for c in args.contexts.split(",")):
                 _bench_config(SHAPES[key], batch, context, args, flush, peak)
+    if args.quant_types:
+        print()
+        bench_quant_matmul(args.quant_types, args.reps, getattr(torch, args.dtype), flush, peak)
     return 0
 
 
