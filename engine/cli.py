@@ -90,11 +90,18 @@ class TerminalChat:
         )
 
 
+def engine_config(args):
+    """The EngineConfig of `--device` / `--weights` (the rest stays at its defaults)."""
+    from engine.config import EngineConfig
+
+    return EngineConfig(device=args.device, weights=args.weights)
+
+
 def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
 
-    llm = LLM(args.model, progress=_progress)
+    llm = LLM(args.model, engine_config(args), progress=_progress)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             seed=args.seed)
     chat = TerminalChat(llm, params)
@@ -124,7 +131,7 @@ def cmd_serve(args) -> int:
     except (ValueError, OSError) as exc:
         print(f"folio serve: error: {exc}", file=sys.stderr)
         return 2
-    llm = LLM(args.model, progress=_progress)
+    llm = LLM(args.model, engine_config(args), progress=_progress)
     worker = EngineWorker(llm).start()
     print(f"Serving {llm.model_name} at http://{args.host}:{args.port}/v1 "
           f"(OpenAI API; Ctrl+C stops)", file=sys.stderr)
@@ -147,15 +154,30 @@ def cmd_models(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs a subcommand; a model that cannot be found or loaded ends it with the loader's
+    """Runs a subcommand; a model that cannot be found or loaded, or an engine setting
+    that cannot run here (`--device cuda:3`, a KV budget too small), ends it with the
     message on stderr and exit status 2, not a traceback."""
     from engine.loaders.base import FolioLoadError
 
     try:
         return _run_command(sys.argv[1:] if argv is None else argv)
-    except FolioLoadError as exc:
+    except (FolioLoadError, ValueError) as exc:
+        # Settings errors name their field ("EngineConfig.device must be ..."); any other
+        # ValueError is a bug and keeps its traceback.
+        if not isinstance(exc, FolioLoadError) and not str(exc).startswith("EngineConfig."):
+            raise
         print(f"folio: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _engine_options(parser: argparse.ArgumentParser) -> None:
+    from engine.config import WEIGHTS
+
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda, cuda:N or mps (default: CUDA when available)")
+    parser.add_argument("--weights", default="stored", choices=WEIGHTS,
+                        help="stored: quantized GGUF weights stay quantized; bfloat16 or "
+                        "float32: dense weights in that dtype (float32 is the exact path)")
 
 
 def _run_command(argv: list[str]) -> int:
@@ -170,6 +192,7 @@ def _run_command(argv: list[str]) -> int:
     chat.add_argument("--temperature", type=float, default=0.7)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--seed", type=int, default=None)
+    _engine_options(chat)
     serve = sub.add_parser("serve", help="an OpenAI-compatible API on this machine")
     serve.add_argument("--model", default="starter", help="'starter', a folder or a .gguf file")
     serve.add_argument("--host", default="127.0.0.1",
@@ -178,6 +201,7 @@ def _run_command(argv: list[str]) -> int:
     serve.add_argument("--api-key", default=None,
                        help="clients must send 'Authorization: Bearer KEY'; required "
                        "for a host other than loopback")
+    _engine_options(serve)
     models = sub.add_parser("models", help="list local models")
     models.add_argument("path", nargs="*", help="extra folders or .gguf files")
     sub.add_parser("bench", help="benchmarks: folio bench WORKLOAD --help")

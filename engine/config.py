@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from engine.dtypes import DTYPE_NAMES
 from engine.validation import FieldChecker
 
 BLOCK_SIZES = (8, 16, 32, 64)
+# "stored": quantized GGUF tensors stay quantized (dense ones run in the compute dtype);
+# a dtype name: every weight dense in that dtype, the exact path.
+WEIGHTS = ("stored", "bfloat16", "float32")
+# Only the form is checked here (no torch); runner/device.py checks that the device exists.
+_DEVICE_FORM = re.compile(r"cpu|mps|cuda(:\d+)?")
 
 _check = FieldChecker("EngineConfig")
 
@@ -19,16 +25,18 @@ class EngineConfig:
     num_gpu_blocks: int | None = None
     # KV pool budget in bytes on any device; None = the default (runner/kv_cache.py).
     kv_cache_memory_bytes: int | None = None
-    # CUDA without a budget: the pool fills this share of the card's total memory, less
-    # what is already in use (the weights, other processes).
-    gpu_memory_utilization: float = 0.85
+    # Server-style sizing, CUDA only and only without a budget: the pool fills this share
+    # of the card's total memory, less what is already in use. None = desktop sizing (a few
+    # full contexts, runner/kv_cache.py).
+    gpu_memory_utilization: float | None = None
     num_host_blocks: int = 0  # host pool for swap preemption; 0 = recompute
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512  # per-step token budget (prefill chunk size)
     max_model_len: int | None = None  # None = the model's context length
     enable_prefix_caching: bool = True
-    dtype: str = "float32"
-    device: str = "cpu"
+    dtype: str | None = None  # compute and KV dtype; None = the device's (runner/device.py)
+    device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
+    weights: str = "stored"  # one of WEIGHTS
     attention_backend: str | None = None  # None = auto (triton on CUDA, torch elsewhere)
     num_threads: int | None = None  # torch CPU threads; None = torch's default
     seed: int = 0
@@ -47,15 +55,24 @@ class EngineConfig:
                self.num_gpu_blocks, ">= 1 or None")
         _check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
                "kv_cache_memory_bytes", self.kv_cache_memory_bytes, "> 0 or None")
-        _check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
-               self.gpu_memory_utilization, "in (0, 1]")
+        _check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
+               "gpu_memory_utilization", self.gpu_memory_utilization, "in (0, 1] or None")
         _check(self.num_host_blocks >= 0, "num_host_blocks", self.num_host_blocks, ">= 0")
         _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, ">= 1")
         _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
                self.max_num_batched_tokens, ">= 1")
         _check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len",
                self.max_model_len, ">= 1 or None")
-        _check(self.dtype in DTYPE_NAMES, "dtype", self.dtype, f"one of {DTYPE_NAMES}")
+        _check(self.dtype is None or self.dtype in DTYPE_NAMES, "dtype", self.dtype,
+               f"one of {DTYPE_NAMES} or None")
+        _check(self.device is None or (isinstance(self.device, str)
+                                       and _DEVICE_FORM.fullmatch(self.device) is not None),
+               "device", self.device, "'cpu', 'cuda', 'cuda:N', 'mps' or None")
+        _check(self.weights in WEIGHTS, "weights", self.weights, f"one of {WEIGHTS}")
+        # Layers compute in their weights' dtype: dense weights in one dtype and compute in
+        # another would need a cast per matmul, which no layer does.
+        _check(self.weights == "stored" or self.dtype in (None, self.weights), "weights",
+               self.weights, f"'stored' or the same as dtype ({self.dtype!r}) when both are set")
         _check(self.attention_backend in (None, "torch", "triton"), "attention_backend",
                self.attention_backend, "'torch', 'triton' or None")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",

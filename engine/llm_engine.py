@@ -28,6 +28,7 @@ from engine.outputs import (
     RequestOutput,
     TokenEvent,
 )
+from engine.runner.device import resolve_device
 from engine.runner.kv_cache import KVShape, num_blocks_for
 from engine.runner.memory import MemoryStats, memory_stats
 from engine.runner.model_runner import ModelRunner
@@ -62,7 +63,6 @@ class LLMEngine:
         config: EngineConfig | None = None,
         progress: Callable[[str, float], None] | None = None,
     ) -> None:
-        from engine.dtypes import resolve_dtype
         from engine.loaders import load_model_files
         from engine.loaders.catalog import resolve_model
         from engine.models import build_model
@@ -71,10 +71,12 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        device = torch.device(config.device)
-        dtype = resolve_dtype(config.dtype)
+        # Device, compute dtype and attention backend: one decision (runner/device.py).
+        self.resolved_device = resolved = resolve_device(config)
+        device, dtype = resolved.device, resolved.dtype
         path = resolve_model(str(model))
-        loaded = load_model_files(path, dtype=dtype, progress=progress)
+        loaded = load_model_files(path, dtype=dtype, progress=progress,
+                                  keep_quantized=config.weights == "stored")
         self.model_name = loaded.name
         self.hf_config = loaded.config
         self.tokenizer = ChatTokenizer(loaded.tokenizer)
@@ -87,7 +89,7 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or context, context)
         shape = KVShape.from_spec(net.spec, config.block_size, dtype)
         num_blocks = num_blocks_for(config, shape, device, self.max_model_len)
-        backend = get_backend(device, config.attention_backend)
+        backend = get_backend(device, resolved.backend)
         self.runner = ModelRunner(net, shape, num_blocks, config.num_host_blocks, backend, device)
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.num_host_blocks,
@@ -270,7 +272,8 @@ class LLMEngine:
         return self.block_manager.stats(holders, with_blocks)
 
     def memory_stats(self) -> MemoryStats:
-        return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_pool_bytes)
+        return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_pool_bytes,
+                            self.resolved_device.label)
 
 
 def _drain(cand: _Candidate) -> str:

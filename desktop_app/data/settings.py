@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import platformdirs
 
 from desktop_app.data.context_policy import DEFAULT_POLICY, POLICIES
+from desktop_app.data.engine_settings import EngineSettings
 from desktop_app.data.servers import ServerEntry
 
 if TYPE_CHECKING:
@@ -134,10 +135,14 @@ class AppSettings:
     serve_port: int = 8000
     # The look: "system" (follow the desktop; FOLIO_THEME overrides it), "light" or "dark".
     theme: str = "system"
+    # Device, weights and memory for chats (data.engine_settings); changing them reloads.
+    engine: EngineSettings = field(default_factory=EngineSettings)
 
     def __post_init__(self) -> None:
         if isinstance(self.chat_defaults, dict):
             self.chat_defaults = ChatSettings.from_dict(self.chat_defaults)
+        if isinstance(self.engine, dict):
+            self.engine = EngineSettings.from_dict(self.engine)
         if isinstance(self.servers, list):
             self.servers = [ServerEntry.from_dict(s) for s in self.servers]
         check = _checker("AppSettings")
@@ -157,6 +162,8 @@ class AppSettings:
         check(_is_int(self.serve_port) and 1 <= self.serve_port <= 65535, "serve_port",
               self.serve_port, "a port number in [1, 65535]")
         check(self.theme in THEMES, "theme", self.theme, f"one of {', '.join(THEMES)}")
+        check(isinstance(self.engine, EngineSettings), "engine", self.engine,
+              "an EngineSettings")
 
     def remember_model_path(self, path: str) -> None:
         """Add a model path (most recent first, no duplicates)."""
@@ -191,6 +198,12 @@ class AppSettings:
             data["chat_defaults"] = ChatSettings.from_dict(chat, strict=False, dropped=inner)
             if dropped is not None:
                 dropped.extend(f"chat_defaults.{name}" for name in inner)
+        engine = data.get("engine")
+        if isinstance(engine, dict):
+            inner = []
+            data["engine"] = EngineSettings(**_valid_subset(EngineSettings, engine, inner))
+            if dropped is not None:
+                dropped.extend(f"engine.{name}" for name in inner)
         return cls(**_valid_subset(cls, data, dropped))
 
 

@@ -148,7 +148,8 @@ class ModelManagerDialog(QDialog):
         self.infos += [ServerRow(entry) for entry in self.settings.servers]
         loaded = self.bridge.source if self.bridge.is_loaded else None
         self.table.setRowCount(len(self.infos))
-        config = self.bridge.engine_config
+        # The bridge's config once Settings ▸ Engine applied one, else the stored settings'.
+        config = self.bridge.engine_config or self.settings.engine.to_engine_config()
         for row, info in enumerate(self.infos):
             if isinstance(info, ServerRow):
                 cells = info.cells(loaded == info.source)

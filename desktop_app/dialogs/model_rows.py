@@ -53,11 +53,11 @@ def source_for(info) -> str:
 
 
 def memory_needed(info, engine_config) -> int:
-    """Weights plus the KV cache at the configured context (the model's own by default)."""
-    dtype = getattr(engine_config, "dtype", "float32")
-    limit = getattr(engine_config, "max_model_len", None)
-    context = min(limit, info.context_length) if limit else info.context_length
-    return info.memory_bytes(dtype, context)
+    """Weights plus the KV pool the engine would allocate for this model under
+    `engine_config`: the engine's own figures (engine.runner.kv_cache.estimate_memory)."""
+    from engine.runner.kv_cache import estimate_memory
+
+    return estimate_memory(info, engine_config).total_bytes
 
 
 def download_advice(err) -> str:

@@ -1,5 +1,6 @@
-"""The settings dialog: this chat's sampling settings, the defaults for new chats, and the
-switch that serves the loaded model to other programs on this machine."""
+"""The settings dialog: this chat's sampling settings, the defaults for new chats, the
+switch that serves the loaded model to other programs on this machine, and the engine's
+device, weights and memory for chats."""
 
 from __future__ import annotations
 
@@ -20,7 +21,14 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.data.context_policy import POLICIES, POLICY_LABELS
+from desktop_app.data.engine_settings import (
+    MAX_CHAT_MEMORY_MIB,
+    WEIGHT_LABELS,
+    EngineSettings,
+)
 from desktop_app.data.settings import MAX_CANDIDATES, THEMES, ChatSettings
+from desktop_app.services.devices import device_choices
+from engine.runner.kv_cache import CONCURRENT_CONTEXTS, DEFAULT_KV_BUDGET_BYTES
 
 MAX_SEED = 2**31 - 1
 
@@ -151,16 +159,71 @@ class ServeForm(QWidget):
         return self.enabled.isChecked(), self.port.value()
 
 
+class EngineForm(QWidget):
+    """Device, weights and memory for chats; `settings()` raises ValueError naming a bad
+    field. Applying a change reloads the model (EngineBridge.apply_engine_settings)."""
+
+    def __init__(self, settings: EngineSettings, cuda_names: list[str] | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.device = QComboBox()
+        self.device.setObjectName("deviceSetting")
+        self.device.setAccessibleName("Device")
+        self.device.setToolTip("Auto uses the first GPU when there is one, else the CPU")
+        for label, value in device_choices(cuda_names):
+            self.device.addItem(label, value)
+        if self.device.findData(settings.device) < 0:  # kept, not silently changed
+            self.device.addItem(f"{settings.device} (not found on this computer)",
+                                settings.device)
+        self.weights = QComboBox()
+        self.weights.setObjectName("weightsSetting")
+        self.weights.setAccessibleName("Weights")
+        self.weights.setToolTip("As stored: quantized GGUF weights stay quantized (least "
+                                "memory). bfloat16 / float32: dense weights in that type; "
+                                "float32 is the exact path and the most memory.")
+        for value, label in WEIGHT_LABELS.items():
+            self.weights.addItem(label, value)
+        self.chat_memory = _int(0, MAX_CHAT_MEMORY_MIB)
+        self.chat_memory.setObjectName("chatMemorySetting")
+        self.chat_memory.setAccessibleName("Memory for chats")
+        self.chat_memory.setSpecialValueText("Automatic")  # shown for 0
+        self.chat_memory.setSuffix(" MiB")
+        self.chat_memory.setSingleStep(256)
+        note = QLabel(f"Memory for chats is the KV cache: what the model remembers of every "
+                      f"open conversation. Automatic: {CONCURRENT_CONTEXTS} full contexts of "
+                      f"the loaded model, at most {DEFAULT_KV_BUDGET_BYTES >> 30} GiB but "
+                      f"never less than one context. Less than one full context cannot load "
+                      f"the model. Changing any of these reloads the model.")
+        note.setObjectName("mutedLabel")
+        note.setWordWrap(True)
+        form = QFormLayout(self)
+        form.addRow("Device", self.device)
+        form.addRow("Weights", self.weights)
+        form.addRow("Memory for chats", self.chat_memory)
+        form.addRow(note)
+        self.device.setCurrentIndex(self.device.findData(settings.device))
+        self.weights.setCurrentIndex(max(0, self.weights.findData(settings.weights)))
+        self.chat_memory.setValue(settings.chat_memory_mib or 0)
+
+    def settings(self) -> EngineSettings:
+        mib = self.chat_memory.value()
+        return EngineSettings(device=self.device.currentData(),
+                              weights=self.weights.currentData(),
+                              chat_memory_mib=mib or None)
+
+
 THEME_LABELS = {"system": "System", "light": "Light", "dark": "Dark"}
 
 
 class SettingsDialog(QDialog):
-    """Tabs: the open chat (absent when none is open), the new-chat defaults, serving;
-    under them the app's theme (System / Light / Dark)."""
+    """Tabs: the open chat (absent when none is open), the new-chat defaults, serving, the
+    engine (when `engine` is given); under them the app's theme (System / Light / Dark)."""
 
     def __init__(self, chat_settings: ChatSettings | None, defaults: ChatSettings,
                  max_tokens_limit: int = 32768, parent: QWidget | None = None,
-                 serve: tuple[bool, int] = (False, 8000), theme: str = "system") -> None:
+                 serve: tuple[bool, int] = (False, 8000), theme: str = "system",
+                 engine: EngineSettings | None = None,
+                 cuda_names: list[str] | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("settingsDialog")
         self.setWindowTitle("Settings")
@@ -174,6 +237,10 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(self.defaults_form, "Defaults for new chats")
         self.serve_form = ServeForm(*serve)
         self.tabs.addTab(self.serve_form, "Serving")
+        self.engine_form = None
+        if engine is not None:
+            self.engine_form = EngineForm(engine, cuda_names)
+            self.tabs.addTab(self.engine_form, "Engine")
         self.theme = QComboBox()
         self.theme.setObjectName("themeSetting")
         self.theme.setAccessibleName("Theme")
@@ -200,11 +267,13 @@ class SettingsDialog(QDialog):
         self.result_defaults: ChatSettings | None = None
         self.result_serve: tuple[bool, int] | None = None
         self.result_theme: str | None = None
+        self.result_engine: EngineSettings | None = None
 
     def accept(self) -> None:
         try:
             chat = self.chat_form.settings() if self.chat_form is not None else None
             defaults = self.defaults_form.settings()
+            engine = self.engine_form.settings() if self.engine_form is not None else None
         except ValueError as exc:
             # Spin box ranges make this rare; say which field is wrong and stay open.
             self.error_label.setText(str(exc))
@@ -213,4 +282,5 @@ class SettingsDialog(QDialog):
         self.result_chat, self.result_defaults = chat, defaults
         self.result_serve = self.serve_form.value()
         self.result_theme = self.theme.currentData()
+        self.result_engine = engine
         super().accept()

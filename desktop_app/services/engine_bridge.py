@@ -18,6 +18,8 @@ from typing import Any
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
 from desktop_app.data.servers import is_remote_source, parse_server_source
+from desktop_app.services.devices import describe_memory_error, engine_config_for
+from engine.config import EngineConfig
 from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 
 LlmFactory = Callable[..., Any]  # (name_or_path, config=..., progress=...) -> LLM
@@ -47,6 +49,9 @@ def _remote_factory(source: str, api_key: str, progress=None):
 
 def describe_error(exc: BaseException) -> str:
     """A one-paragraph message for a dialog: user errors say what to do already."""
+    memory = describe_memory_error(exc)
+    if memory is not None:
+        return memory
     text = str(exc).strip()
     if isinstance(exc, (ValueError, FileNotFoundError, OSError)) and text:
         return text
@@ -148,6 +153,19 @@ class EngineBridge(QObject):
 
     def in_flight(self) -> list[str]:
         return list(self._handles)
+
+    def apply_engine_settings(self, settings) -> bool:
+        """Settings ▸ Engine (a data.engine_settings.EngineSettings): the config later loads
+        use; a local model already loaded is reloaded with it when it changed (the current
+        one keeps serving until then). Returns whether a reload started."""
+        config = engine_config_for(settings)
+        # No config yet means the engine's defaults, which automatic settings equal.
+        changed = config != (self.engine_config or EngineConfig())
+        self.engine_config = config
+        if not changed or self._source is None or self.is_remote:
+            return False
+        self.load_model(self._source)
+        return True
 
     # -- models ----------------------------------------------------------------------
     def load_model(self, name_or_path: str, config=None) -> None:

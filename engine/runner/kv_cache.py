@@ -1,5 +1,26 @@
-"""The KV pool's shape and size: how many bytes a token and a block take, and how many
-blocks the engine allocates for a given configuration and device."""
+"""The KV pool's shape and size: how many bytes a token and a block take, how many blocks
+the engine allocates for a configuration and device, and the memory estimate the model
+list shows (the same figures, from the same functions).
+
+The sizing rule, first match wins (`num_blocks_for`):
+
+1. ``num_gpu_blocks`` set: exactly that many blocks (tests, benchmarks).
+2. ``kv_cache_memory_bytes`` set (the app's "Memory for chats"): the pool holds
+   ``CONCURRENT_CONTEXTS`` full contexts (``max_model_len`` tokens each), bounded by the
+   budget. A budget smaller than one full context is a `KVBudgetError` (a ValueError)
+   naming the setting and what one context needs. ``gpu_memory_utilization`` is ignored.
+3. ``gpu_memory_utilization`` set, on CUDA (server-style sizing, e.g. ``folio serve`` on a
+   card of its own): the pool fills that share of the card's total memory, less what is
+   already in use (weights, other processes); no cap in contexts.
+4. Neither (the default on every device): ``CONCURRENT_CONTEXTS`` full contexts, capped at
+   ``DEFAULT_KV_BUDGET_BYTES`` but never below one full context, so any model loads with its
+   whole context usable.
+
+On CUDA every result of 2-4 is then capped by the memory still free after the weights,
+less ``CUDA_RESERVE_BYTES`` for activations; when that cannot hold one full context the
+engine refuses to start (a `KVBudgetError` naming ``max_model_len``) instead of failing on
+the first long chat.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +29,38 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
+from engine.dtypes import resolve_dtype
 from engine.models.spec import kv_bytes_per_token
+from engine.runner.device import estimate_dtype
 
-CPU_DEFAULT_KV_BYTES = 1 << 30  # 1 GiB: ~23k tokens of the starter model in fp32
-# With the default CPU budget, a small model needs no more than this many full contexts.
-CPU_DEFAULT_MAX_CONTEXTS = 8
+# Full contexts the pool holds by default: a chat and its candidates (they share the
+# prompt's blocks) beside a few other chats streaming at once. When more is asked, the
+# scheduler preempts and recomputes; nothing fails.
+CONCURRENT_CONTEXTS = 4
+# Without a budget the pool stays under this (unless one context needs more): a desktop
+# shares memory with everything else, and 2 GiB holds four 8k contexts of the starter in
+# fp32 (360 MiB each) or two of an 8B Llama 3 in bf16 (1 GiB each).
+DEFAULT_KV_BUDGET_BYTES = 2 << 30
+# Left free on CUDA for activations, logits and allocator slack: a 512-token prefill step of
+# an 8B model needs well under this.
+CUDA_RESERVE_BYTES = 512 << 20
+MIB = 1 << 20
+
+
+class KVBudgetError(ValueError):
+    """The pool cannot hold one full context. `setting` names what to change:
+    ``kv_cache_memory_bytes``, ``gpu_memory_utilization`` or ``max_model_len``."""
+
+    def __init__(self, setting: str, available: int, needed: int, tokens: int) -> None:
+        self.setting, self.available, self.needed, self.tokens = setting, available, needed, tokens
+        if setting == "max_model_len":
+            what = f"only {available / MIB:.0f} MiB of device memory is free for it"
+            fix = "lower max_model_len or free memory on the device"
+        else:
+            what = f"{setting} leaves {available / MIB:.0f} MiB for it"
+            fix = f"raise {setting} or lower max_model_len"
+        super().__init__(f"EngineConfig.{setting}: one full context ({tokens} tokens) needs "
+                         f"{needed / MIB:.0f} MiB of KV cache, but {what}; {fix}")
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,30 +85,83 @@ class KVShape:
     def bytes_per_block(self) -> int:
         return self.bytes_per_token * self.block_size
 
+    def context_blocks(self, max_model_len: int) -> int:
+        """Blocks one full context takes."""
+        return -(-max_model_len // self.block_size)
+
+
+def planned_blocks(config: EngineConfig, shape: KVShape, max_model_len: int) -> int:
+    """The pool by rules 1, 2 and 4 of the module doc: what the engine allocates on the CPU,
+    and on CUDA before the free-memory cap. The model list's estimate reads it too."""
+    if config.num_gpu_blocks is not None:
+        return config.num_gpu_blocks
+    per_block = shape.bytes_per_block
+    one = shape.context_blocks(max_model_len)
+    want = CONCURRENT_CONTEXTS * one
+    budget = config.kv_cache_memory_bytes
+    if budget is None:
+        return max(one, min(want, DEFAULT_KV_BUDGET_BYTES // per_block))
+    if budget // per_block < one:
+        raise KVBudgetError("kv_cache_memory_bytes", budget, one * per_block, max_model_len)
+    return min(want, budget // per_block)
+
 
 def num_blocks_for(
     config: EngineConfig, shape: KVShape, device: torch.device, max_model_len: int
 ) -> int:
-    """The KV pool size: an explicit block count, a byte budget, or (CUDA) a share of
-    the memory still free once the weights are loaded. The CPU default budget is capped
-    at a few full contexts, so a small model does not reserve a gigabyte it never uses."""
+    """The KV pool size in blocks (see the module doc for the rule)."""
     if config.num_gpu_blocks is not None:
         return config.num_gpu_blocks
-    budget = config.kv_cache_memory_bytes
-    if budget is None and device.type == "cuda":
+    per_block = shape.bytes_per_block
+    one = shape.context_blocks(max_model_len)
+    server_style = (config.kv_cache_memory_bytes is None
+                    and config.gpu_memory_utilization is not None and device.type == "cuda")
+    if server_style:
         free, total = torch.cuda.mem_get_info(device)
-        in_use = total - free
-        budget = int(total * config.gpu_memory_utilization) - in_use
-    capped = budget is None
-    if budget is None:
-        budget = CPU_DEFAULT_KV_BYTES
-    num_blocks = budget // shape.bytes_per_block
-    if capped:
-        num_blocks = min(num_blocks, -(-CPU_DEFAULT_MAX_CONTEXTS * max_model_len
-                                       // shape.block_size))
-    if num_blocks < 1:
-        raise ValueError(
-            f"kv_cache_memory_bytes: {budget} bytes hold no KV block of "
-            f"{shape.bytes_per_block} bytes; give the KV cache more memory"
-        )
+        share = int(total * config.gpu_memory_utilization) - (total - free)
+        if share // per_block < one:
+            raise KVBudgetError("gpu_memory_utilization", max(0, share), one * per_block,
+                                max_model_len)
+        num_blocks = share // per_block
+    else:
+        num_blocks = planned_blocks(config, shape, max_model_len)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        room = max(0, free - CUDA_RESERVE_BYTES)
+        if room // per_block < one:
+            raise KVBudgetError("max_model_len", room, one * per_block, max_model_len)
+        num_blocks = min(num_blocks, room // per_block)
     return int(num_blocks)
+
+
+@dataclass(slots=True, frozen=True)
+class MemoryEstimate:
+    weights_bytes: int
+    kv_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes
+
+
+def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
+    """What loading `info` (engine.loaders.catalog's ModelInfo) with `config` takes: the
+    weights, plus the KV pool of `planned_blocks` for the model's context (the engine's
+    ``max_model_len`` rule). A budget too small for one context still shows what one
+    context needs, the least that loads. Quantized GGUF weights kept as stored count as
+    their file size (the tensor blocks; small tensors may be dequantized, so it is close,
+    not exact); dense weights count parameters times the dtype's bytes."""
+    dtype = estimate_dtype(config)
+    context = info.context_length
+    max_model_len = max(1, min(config.max_model_len or context, context))
+    shape = KVShape(info.num_layers, info.num_kv_heads, info.head_dim, config.block_size, dtype)
+    try:
+        blocks = planned_blocks(config, shape, max_model_len)
+    except KVBudgetError:
+        blocks = shape.context_blocks(max_model_len)
+    if config.weights == "stored" and info.format == "gguf":
+        weights = info.size_bytes
+    else:
+        weight_dtype = dtype if config.weights == "stored" else resolve_dtype(config.weights)
+        weights = info.num_parameters * weight_dtype.itemsize
+    return MemoryEstimate(weights, blocks * shape.bytes_per_block)

@@ -11,7 +11,7 @@ import torch
 
 @dataclass(slots=True, frozen=True)
 class MemoryStats:
-    device: str
+    device: str  # for people: "CUDA 0: NVIDIA H200", "CPU" (runner/device.py)
     weights_bytes: int
     kv_pool_bytes: int
     device_total_bytes: int | None  # CUDA only
@@ -36,10 +36,12 @@ def process_rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def memory_stats(device: torch.device, weights_bytes: int, kv_pool_bytes: int) -> MemoryStats:
+def memory_stats(device: torch.device, weights_bytes: int, kv_pool_bytes: int,
+                 label: str | None = None) -> MemoryStats:
+    """`label` names the device for the memory panel; without it, torch's name."""
     total = used = free = None
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         used = total - free
-    return MemoryStats(str(device), weights_bytes, kv_pool_bytes, total, used, free,
+    return MemoryStats(label or str(device), weights_bytes, kv_pool_bytes, total, used, free,
                        process_rss_bytes())

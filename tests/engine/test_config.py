@@ -19,7 +19,8 @@ def test_engine_config_defaults() -> None:
     assert config.max_num_seqs == 64
     assert config.max_num_batched_tokens == 512
     assert config.enable_prefix_caching is True
-    assert config.dtype == "float32"
+    assert config.dtype is None and config.device is None  # auto: engine/runner/device.py
+    assert config.weights == "stored" and config.gpu_memory_utilization is None
     assert config.preemption_mode == "recompute"
 
 
@@ -47,6 +48,11 @@ def test_engine_config_swap_mode_follows_host_blocks() -> None:
         ("dtype", "float64"),
         ("dtype", "fp16"),
         ("attention_backend", "cuda"),
+        ("device", "gpu"),
+        ("device", "cuda:x"),
+        ("device", 0),
+        ("weights", "q4"),
+        ("weights", None),
         ("num_threads", 0),
     ],
 )
@@ -66,6 +72,10 @@ def test_engine_config_rejects_bad_field(field: str, value: object) -> None:
         ("num_host_blocks", 0),
         ("max_model_len", 1),
         ("dtype", "bfloat16"),
+        ("dtype", None),
+        ("device", "cuda:1"),
+        ("device", "mps"),
+        ("weights", "float32"),
         ("attention_backend", "triton"),
         ("attention_backend", "torch"),
         ("num_threads", 2),

@@ -26,6 +26,7 @@ STARTER_KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4
 @pytest.fixture
 def dialog(qtbot, fake_bridge, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # an empty HF cache
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU figures everywhere
     fake_bridge.engine_config = EngineConfig(max_model_len=2048)
     saved = []
     dlg = ModelManagerDialog(fake_bridge, AppSettings(), saved.append)
@@ -54,10 +55,13 @@ def test_lists_the_starter_with_what_it_needs(dialog):
     assert row["Parameters"] == format_parameters(info.num_parameters) == "134.5 M"
     assert row["Context"] == "8192"
     assert row["On disk"] == format_bytes(info.size_bytes)
-    # weights in fp32 plus the KV cache for the configured 2048-token context
-    expected = info.num_parameters * 4 + 2048 * STARTER_KV_BYTES_PER_TOKEN
+    # The engine's figures (engine.runner.kv_cache.estimate_memory) on the CPU: quantized
+    # weights as stored (the file), plus a KV pool of four full 2048-token contexts in fp32.
+    expected = info.size_bytes + 4 * 2048 * STARTER_KV_BYTES_PER_TOKEN
     assert memory_needed(info, EngineConfig(max_model_len=2048)) == expected
     assert row["Memory needed"] == format_bytes(expected)
+    dense = EngineConfig(max_model_len=2048, weights="float32")
+    assert memory_needed(info, dense) == info.num_parameters * 4 + 4 * 2048 * 46_080
     assert row["Status"] == "● loaded"  # the fake bridge was loaded from "starter"
 
 

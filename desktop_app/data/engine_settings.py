@@ -1,0 +1,82 @@
+"""The engine settings the app keeps (Settings ▸ Engine): the device, how weights are held,
+and the memory for chats (the KV cache budget). No Qt and no torch here: whether a stored
+CUDA device still exists is checked when the engine config is built
+(services.engine_bridge.engine_config_for).
+
+In settings.json, under ``"engine"``::
+
+    {"device": "auto", "weights": "stored", "chat_memory_mib": null}
+
+- ``device``: ``"auto"`` (the GPU when there is one, else the CPU), ``"cpu"``,
+  ``"cuda:N"`` or ``"mps"``.
+- ``weights``: ``"stored"`` (quantized GGUF weights stay quantized), ``"bfloat16"`` or
+  ``"float32"`` (dense weights in that dtype; float32 is the exact path).
+- ``chat_memory_mib``: the KV cache budget in MiB; null is automatic: the engine's default,
+  four full contexts of the loaded model but at most 2 GiB, and never less than one context
+  (engine.runner.kv_cache). That suits a desktop: a small model's chats all fit, and a large
+  model does not take gigabytes it may never use away from the rest of the machine.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from engine.config import WEIGHTS
+from engine.validation import FieldChecker
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+DEVICE_AUTO = "auto"
+WEIGHT_LABELS = {"stored": "As stored in the file", "bfloat16": "bfloat16",
+                 "float32": "float32"}
+MIN_CHAT_MEMORY_MIB = 16
+MAX_CHAT_MEMORY_MIB = 1 << 20  # 1 TiB: a typo guard, not a limit anyone meets
+_DEVICE_FORM = re.compile(r"auto|cpu|mps|cuda:\d+")
+
+_check = FieldChecker("EngineSettings")
+
+
+@dataclass(slots=True)
+class EngineSettings:
+    device: str = DEVICE_AUTO
+    weights: str = "stored"
+    chat_memory_mib: int | None = None  # None = automatic (see the module doc)
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.device, str) and _DEVICE_FORM.fullmatch(self.device) is not None,
+               "device", self.device, "'auto', 'cpu', 'cuda:N' or 'mps'")
+        _check(self.weights in WEIGHTS, "weights", self.weights, f"one of {', '.join(WEIGHTS)}")
+        mib = self.chat_memory_mib
+        ok = mib is None or (isinstance(mib, int) and not isinstance(mib, bool)
+                             and MIN_CHAT_MEMORY_MIB <= mib <= MAX_CHAT_MEMORY_MIB)
+        _check(ok, "chat_memory_mib", mib,
+               f"null (automatic) or an integer in [{MIN_CHAT_MEMORY_MIB}, "
+               f"{MAX_CHAT_MEMORY_MIB}]")
+
+    @property
+    def kv_cache_memory_bytes(self) -> int | None:
+        return None if self.chat_memory_mib is None else self.chat_memory_mib << 20
+
+    def to_engine_config(self) -> EngineConfig:
+        from engine.config import EngineConfig
+
+        device = None if self.device == DEVICE_AUTO else self.device
+        return EngineConfig(device=device, weights=self.weights,
+                            kv_cache_memory_bytes=self.kv_cache_memory_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineSettings:
+        """Strict: unknown keys and bad values raise ValueError (AppSettings.from_dict is
+        the lenient reader of the settings file)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"EngineSettings must be a JSON object, got {data!r}")
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"EngineSettings has no field(s) {', '.join(unknown)}")
+        return cls(**data)

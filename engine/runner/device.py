@@ -1,0 +1,123 @@
+"""Which device, compute dtype and attention backend an EngineConfig runs on.
+
+`resolve_device(config)` is the one place these are decided; the engine, the memory panel's
+label and the model list's memory estimate all read its answer.
+
+Rules:
+
+- **device**: None -> ``cuda`` (device 0) when ``torch.cuda.is_available()``, else ``cpu``.
+  ``cuda`` means ``cuda:0``; ``cuda:N`` must exist (ValueError naming ``device``). ``mps``
+  is accepted when ``torch.backends.mps.is_available()`` and runs the torch attention path.
+  Nothing here has been verified on a Mac: MPS is only resolved, never tested.
+- **dtype** (compute and KV cache): ``config.dtype`` when set; else, when ``weights`` is a
+  dtype name, that dtype on any device (layers compute in their weights' dtype, so
+  ``weights="bfloat16"`` on the CPU computes in bfloat16 and ``weights="float32"`` on CUDA
+  is the exact path); else bfloat16 on CUDA when ``torch.cuda.is_bf16_supported()``,
+  float16 on older cards, float32 on the CPU and on MPS. The KV cache is in the compute
+  dtype. The CPU keeps float32: measured on the starter's shape (one thread, 4 sequences
+  of 2048 tokens), kernels/reference.py decodes 2.6x faster from a bfloat16 cache but
+  prefills 2x slower (SDPA's bfloat16 CPU path), and the matmuls lose precision.
+- **attention backend**: ``config.attention_backend``, else $FOLIO_ATTENTION_BACKEND, else
+  ``triton`` on CUDA and ``torch`` elsewhere (as kernels.get_backend decides).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EngineConfig
+from engine.dtypes import resolve_dtype
+from kernels import BACKEND_ENV, BACKEND_NAMES
+
+
+@dataclass(slots=True, frozen=True)
+class ResolvedDevice:
+    device: torch.device
+    dtype: torch.dtype  # compute dtype; dense weights and the KV cache use it too
+    backend: str  # attention backend name: "torch" or "triton"
+    label: str  # for people: "CUDA 0: NVIDIA H200", "CPU", "Apple GPU (MPS)"
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV cache holds what attention computes: the compute dtype."""
+        return self.dtype
+
+
+def resolve_device(config: EngineConfig) -> ResolvedDevice:
+    device = _device(config.device)
+    return ResolvedDevice(device, _dtype(config, device), _backend(config, device),
+                          _label(device))
+
+
+def estimate_dtype(config: EngineConfig) -> torch.dtype:
+    """The compute dtype for estimates made before loading (the model list): a device
+    this machine lacks counts as the default one instead of raising."""
+    try:
+        device = _device(config.device)
+    except ValueError:
+        device = torch.device(default_device_name())
+    return _dtype(config, device)
+
+
+def default_device_name() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cuda_device_names() -> list[str]:
+    """The name of each CUDA device, by index (empty without CUDA): for device pickers."""
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def _device(name: str | None) -> torch.device:
+    device = torch.device(name or default_device_name())
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = 0 if device.index is None else device.index
+        if index >= count:
+            have = f"devices 0..{count - 1}" if count else "no CUDA device"
+            raise ValueError(f"EngineConfig.device must be a CUDA device this machine has "
+                             f"({have}), got {name!r}")
+        return torch.device("cuda", index)
+    if device.type == "mps" and not _mps_available():
+        raise ValueError(f"EngineConfig.device must be a device this machine has: MPS is "
+                         f"not available, got {name!r}")
+    return device
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def _dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    if config.dtype is not None:
+        return resolve_dtype(config.dtype)
+    if config.weights != "stored":
+        return resolve_dtype(config.weights)
+    if device.type == "cuda":
+        # is_bf16_supported asks the current device; pickers rarely mix card generations.
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def _backend(config: EngineConfig, device: torch.device) -> str:
+    choice = config.attention_backend or os.environ.get(BACKEND_ENV) or None
+    if choice is None:
+        return "triton" if device.type == "cuda" else "torch"
+    if choice not in BACKEND_NAMES:
+        raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(BACKEND_NAMES)}, "
+                         f"got {choice!r}")
+    return choice
+
+
+def _label(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"CUDA {device.index}: {torch.cuda.get_device_name(device.index)}"
+    if device.type == "mps":
+        return "Apple GPU (MPS)"
+    return device.type.upper()

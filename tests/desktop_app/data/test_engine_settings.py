@@ -1,0 +1,79 @@
+"""Settings ▸ Engine in settings.json: defaults, round trip, bad stored values."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from desktop_app.data.engine_settings import EngineSettings
+from desktop_app.data.settings import AppSettings, load_settings, save_settings, settings_path
+from engine.config import WEIGHTS, EngineConfig
+
+
+def test_defaults_are_automatic():
+    s = AppSettings().engine
+    assert (s.device, s.weights, s.chat_memory_mib) == ("auto", "stored", None)
+    assert s.to_engine_config() == EngineConfig()
+    assert AppSettings().to_dict()["engine"] == {"device": "auto", "weights": "stored",
+                                                 "chat_memory_mib": None}
+
+
+def test_to_engine_config():
+    config = EngineSettings("cuda:1", "float32", 1536).to_engine_config()
+    assert (config.device, config.weights, config.kv_cache_memory_bytes) == (
+        "cuda:1", "float32", 1536 << 20)
+
+
+def test_round_trip_through_the_file():
+    settings = AppSettings(engine=EngineSettings("cpu", "bfloat16", 3072))
+    save_settings(settings)
+    assert json.loads(settings_path().read_text())["engine"] == {
+        "device": "cpu", "weights": "bfloat16", "chat_memory_mib": 3072}
+    assert load_settings().engine == EngineSettings("cpu", "bfloat16", 3072)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("device", "gpu"), ("device", "cuda"), ("device", 0), ("weights", "q4_k"),
+    ("weights", None), ("chat_memory_mib", 0), ("chat_memory_mib", 8),
+    ("chat_memory_mib", 2.5), ("chat_memory_mib", True), ("chat_memory_mib", "2 GiB"),
+])
+def test_bad_values_name_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"^EngineSettings\.{field} must be"):
+        EngineSettings(**{field: value})
+
+
+def test_weights_choices_are_the_engines():
+    for value in WEIGHTS:
+        assert EngineSettings(weights=value).to_engine_config().weights == value
+
+
+def test_bad_stored_values_fall_back_with_a_warning(caplog):
+    path = settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"theme": "dark", "engine": {
+        "device": "tpu", "weights": "float32", "chat_memory_mib": -5, "extra": 1}}))
+    with caplog.at_level(logging.WARNING):
+        settings = load_settings()
+    assert settings.theme == "dark"
+    assert settings.engine == EngineSettings(weights="float32")  # the good value stays
+    assert "ignoring setting device" in caplog.text
+    assert "ignoring setting chat_memory_mib" in caplog.text
+    assert path.with_name("settings.json.bak").exists()  # what the user wrote is kept
+
+
+@pytest.mark.parametrize("stored", [5, "cpu", [1], None])
+def test_an_engine_entry_that_is_not_an_object_falls_back(stored):
+    path = settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"engine": stored, "serve_port": 9000}))
+    settings = load_settings()
+    assert settings.engine == EngineSettings() and settings.serve_port == 9000
+
+
+def test_strict_from_dict_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="no field"):
+        EngineSettings.from_dict({"device": "cpu", "gpu": True})
+    with pytest.raises(ValueError, match="no field"):
+        AppSettings(engine={"extra": 1})

@@ -1,0 +1,42 @@
+"""`folio chat` / `folio serve`: --device and --weights reach the EngineConfig."""
+
+from __future__ import annotations
+
+import pytest
+
+import engine.llm
+from engine.cli import main
+from engine.loaders.base import FolioLoadError
+
+
+@pytest.fixture
+def configs(monkeypatch):
+    seen = []
+
+    def fake_llm(model, config=None, progress=None):
+        seen.append(config)
+        raise FolioLoadError("stop here")  # the config is all this test wants
+
+    monkeypatch.setattr(engine.llm, "LLM", fake_llm)
+    return seen
+
+
+@pytest.mark.parametrize("command", [["chat"], ["serve", "--port", "0"]])
+def test_device_and_weights_reach_the_config(configs, command, monkeypatch):
+    monkeypatch.setattr("engine.serve.server.check_port_free", lambda *a: None)
+    assert main([*command, "--device", "cuda:1", "--weights", "float32"]) == 2
+    assert (configs[-1].device, configs[-1].weights) == ("cuda:1", "float32")
+    assert main(command) == 2
+    assert (configs[-1].device, configs[-1].weights) == (None, "stored")  # auto
+
+
+def test_a_bad_device_is_a_message_not_a_traceback(configs, capsys):
+    assert main(["chat", "--device", "gpu"]) == 2
+    assert "folio: error: EngineConfig.device must be" in capsys.readouterr().err
+    assert configs == []
+
+
+def test_weights_are_one_of_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        main(["chat", "--weights", "q4"])
+    assert "invalid choice: 'q4'" in capsys.readouterr().err

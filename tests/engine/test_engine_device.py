@@ -1,0 +1,33 @@
+"""LLMEngine picks its device, dtype and KV pool through runner/device.py and kv_cache.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.runner.kv_cache import CONCURRENT_CONTEXTS, KVBudgetError
+from tests.engine.tiny_models import save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def test_defaults_on_a_machine_without_cuda(tiny_dir, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    engine = LLMEngine(str(tiny_dir), EngineConfig())
+    r = engine.resolved_device
+    assert (r.device.type, r.dtype, r.backend, r.label) == ("cpu", torch.float32, "torch", "CPU")
+    assert engine.memory_stats().device == "CPU"
+    # The default pool: a few full contexts of the model (1024 tokens, 16-token blocks).
+    assert engine.kv_stats(with_blocks=False).num_blocks == CONCURRENT_CONTEXTS * 1024 // 16
+
+
+def test_a_budget_below_one_context_stops_the_load(tiny_dir):
+    # The tiny model: 2 layers x 2 KV heads x 16 dims x 2 (K, V) x 4 bytes = 512 B a token.
+    with pytest.raises(KVBudgetError, match=r"kv_cache_memory_bytes: one full context "
+                                            r"\(1024 tokens\)"):
+        LLMEngine(str(tiny_dir), EngineConfig(device="cpu", kv_cache_memory_bytes=1000))
