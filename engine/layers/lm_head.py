@@ -1,16 +1,17 @@
 """The output projection to vocabulary logits.
 
 It is a StackedLinear with one block (so CPU float32 gets oneDNN's packed layout, see
-engine/layers/onednn.py) that may share its matrix with the input embedding, and that
-always returns float32 logits.
+engine/layers/onednn.py, and GGUF blocks stay quantized) that may share its matrix with the
+input embedding, and that always returns float32 logits.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
+from engine.layers.embedding import Embedding
 from engine.layers.linear import StackedLinear
+from kernels.quant.matrix import for_product, shares_layout
 
 
 class LMHead(StackedLinear):
@@ -20,15 +21,34 @@ class LMHead(StackedLinear):
         vocab_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
-        tied_weight: nn.Parameter | None = None,
+        tied: Embedding | None = None,
     ) -> None:
-        """tied_weight: the input embedding's [vocab, hidden] matrix, shared, not copied; the
-        embedding lookup needs it as is, so a packed layout is kept beside it."""
-        super().__init__(hidden_size, (vocab_size,), False, dtype,
-                         device if tied_weight is None else "meta")
-        if tied_weight is not None:
-            self.weight = tied_weight
+        """tied: the input embedding whose [vocab, hidden] matrix this head multiplies,
+        shared, not copied; the lookup needs it as is, so a packed layout is kept beside
+        it (float), or one quantized layout serves both where it can (see prepare)."""
+        super().__init__(hidden_size, (vocab_size,), False, dtype, device)
+        self.tied = tied
+        if tied is not None:
+            self.weight = tied.weight
             self.keeps_dense_weight = True
+
+    def prepare(self) -> None:
+        tied = self.tied
+        if tied is None or tied.quantized is None:
+            super().prepare()
+            if tied is not None:
+                tied.prepare()
+            return
+        product = for_product(tied.quantized, self.device)
+        self._runs = [product]
+        tied.prepare(shared=product if shares_layout(product) else None)
+
+    @property
+    def derived_bytes(self) -> int:
+        # A layout shared with the tied embedding is counted there.
+        if self.tied is not None and self._runs and self.tied.table is self._runs[0]:
+            return 0
+        return super().derived_bytes
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab]."""

@@ -19,12 +19,14 @@ __all__ = ["FolioLoadError", "LoadedModel", "WeightStream", "load_model_files"]
 
 
 def load_model_files(source: str | Path, dtype: torch.dtype = torch.float32,
-                     progress: ProgressFn | None = None) -> LoadedModel:
+                     progress: ProgressFn | None = None,
+                     keep_quantized: bool = False) -> LoadedModel:
     """Load a Hugging Face model folder or a .gguf file (see the module docstring).
 
     `progress(stage, fraction)` hears each stage start at 0.0 and end at 1.0; stages are
     "config", "tokenizer", "index" (folders) or "open", "tokenizer", "cache" (GGUF), then
-    "weights" while `weights` is iterated.
+    "weights" while `weights` is iterated. keep_quantized: a GGUF file's quantized
+    matrices come out as `kernels.quant.formats.QuantizedTensor` (folders are unaffected).
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
@@ -34,7 +36,7 @@ def load_model_files(source: str | Path, dtype: torch.dtype = torch.float32,
                              "config.json and safetensors weights, or a .gguf file")
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return load_gguf(path, dtype, progress)
+            return load_gguf(path, dtype, progress, keep_quantized)
         raise FolioLoadError(f"{path}: not a model; pass its folder (with config.json) "
                              "or a .gguf file")
     return load_hf_folder(path, dtype, progress)

@@ -11,13 +11,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from engine.layers.linear import StackedLinear
+from engine.layers.embedding import Embedding
+from engine.layers.linear import StackedLinear, WeightSlot
 from engine.layers.lm_head import LMHead
 from engine.models.spec import DecoderSpec
 from kernels import AttentionBackend, AttentionMetadata
+from kernels.quant.formats import QuantizedTensor
+from kernels.quant.matrix import dequantize_cpu
+
+# A checkpoint tensor's destination: a float tensor (norms, biases) or a weight slot.
+Target = torch.Tensor | WeightSlot
 
 # Checkpoints written by older transformers versions carry these buffers; they are
 # recomputed from the config, never loaded.
@@ -32,9 +37,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.dtype = dtype
-        self.embed_tokens = nn.Parameter(
-            torch.empty(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device),
-            requires_grad=False)
+        self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
         self.norm = norm
         tied = self.embed_tokens if spec.tie_word_embeddings else None
         self.lm_head = LMHead(spec.hidden_size, spec.vocab_size, dtype, device, tied)
@@ -45,10 +48,11 @@ class CausalLM(nn.Module):
         return self.spec.max_context_len
 
     def weight_bytes(self) -> int:
-        """Bytes of all weights, in whichever layout holds them (packed linears)."""
-        params = sum(p.numel() * p.element_size() for p in self.parameters())
+        """Bytes of all weights, in whichever layout holds them (packed or quantized)."""
+        params = sum(p.numel() * p.element_size() for p in self.parameters()
+                     if p.device.type != "meta")
         return params + sum(m.derived_bytes for m in self.modules()
-                            if isinstance(m, StackedLinear))
+                            if isinstance(m, StackedLinear | Embedding))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
@@ -57,7 +61,7 @@ class CausalLM(nn.Module):
 
         For a model with one rotary table (``self.rotary``) shared by its ``self.layers``;
         a family with more (Gemma's per layer kind) overrides this."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary.lookup(positions, meta)
         for index, layer in enumerate(self.layers):
             hidden = layer(hidden, cos, sin, kv_cache[index, 0], kv_cache[index, 1], meta,
@@ -71,18 +75,19 @@ class CausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         copy_checkpoint(self, weights)
 
-    def shared_targets(self) -> dict[str, torch.Tensor]:
+    def shared_targets(self) -> dict[str, Target]:
         """The embedding, final norm and (untied) LM head by Hugging Face name."""
-        targets: dict[str, torch.Tensor] = {
-            "model.embed_tokens.weight": self.embed_tokens.data,
+        targets: dict[str, Target] = {
+            "model.embed_tokens.weight": self.embed_tokens.slot(),
             "model.norm.weight": self.norm.weight.data,
         }
         if not self.spec.tie_word_embeddings:
-            targets["lm_head.weight"] = self.lm_head.block(0, "weight")
+            targets["lm_head.weight"] = self.lm_head.slot(0)
         return targets
 
 
-def copy_checkpoint(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+def copy_checkpoint(model: nn.Module,
+                    weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]]) -> None:
     """Copy a full checkpoint given as (Hugging Face name, tensor) pairs into ``model``'s
     checkpoint targets, in one call, then let stacked linears pack their matrices.
 
@@ -106,6 +111,9 @@ def copy_checkpoint(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
                 raise ValueError(
                     f"parameter {name!r} has shape {tuple(tensor.shape)} in the checkpoint "
                     f"but the config expects {tuple(target.shape)}")
+            if isinstance(tensor, QuantizedTensor) and isinstance(target, torch.Tensor):
+                # A quantized matrix where the model keeps floats (a norm, a fused part).
+                tensor = dequantize_cpu(tensor.data, tensor.type_id)
             target.copy_(tensor)
             loaded.add(name)
     missing = sorted(set(targets) - loaded)
@@ -113,6 +121,10 @@ def copy_checkpoint(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if
                                            len(missing) > 8 else "")
         raise ValueError(f"checkpoint is missing {len(missing)} parameter(s): {shown}")
+    # Linears first: a tied LM head decides the layout its embedding shares.
     for module in model.modules():
         if isinstance(module, StackedLinear):
+            module.prepare()
+    for module in model.modules():
+        if isinstance(module, Embedding):
             module.prepare()

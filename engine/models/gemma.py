@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
@@ -25,7 +24,7 @@ from engine.layers.base import Layer
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding
-from engine.models.base import CausalLM
+from engine.models.base import CausalLM, Target
 from engine.models.llama import projection_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_params
 from kernels import AttentionBackend, AttentionMetadata
@@ -124,7 +123,7 @@ class GemmaForCausalLM(CausalLM):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
-        hidden = F.embedding(input_ids, self.embed_tokens) * self.embed_scale
+        hidden = self.embed_tokens(input_ids) * self.embed_scale
         tables = {kind: rotary.lookup(positions) for kind, rotary in self.rotary.items()}
         for index, layer in enumerate(self.layers):
             cos, sin = tables[layer.kind]
@@ -137,7 +136,7 @@ class GemmaForCausalLM(CausalLM):
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def checkpoint_targets(self) -> dict[str, torch.Tensor]:
+    def checkpoint_targets(self) -> dict[str, Target]:
         targets = self.shared_targets()
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."

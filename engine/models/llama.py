@@ -12,10 +12,11 @@ from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
 from engine.layers.base import Layer
+from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
-from engine.models.base import CausalLM
+from engine.models.base import CausalLM, Target
 from engine.models.spec import DecoderSpec
 from kernels import AttentionBackend, AttentionMetadata
 
@@ -63,7 +64,7 @@ class LlamaForCausalLM(CausalLM):
             DecoderLayer(spec, dtype, device) for _ in range(spec.num_layers)
         )
 
-    def checkpoint_targets(self) -> dict[str, torch.Tensor]:
+    def checkpoint_targets(self) -> dict[str, Target]:
         """Each Hugging Face parameter name -> the tensor (or stacked slice) it fills."""
         targets = self.shared_targets()
         for i, layer in enumerate(self.layers):
@@ -77,24 +78,28 @@ class LlamaForCausalLM(CausalLM):
 
 
 def projection_targets(prefix: str, attn: PagedSelfAttention, mlp: GatedMLP,
-                       spec: DecoderSpec) -> dict[str, torch.Tensor]:
+                       spec: DecoderSpec) -> dict[str, Target]:
     """One layer's attention and MLP parameters by Hugging Face name: q/k/v and gate/up land
     in blocks of their stacked matrices."""
-    targets: dict[str, torch.Tensor] = {}
+    targets: dict[str, Target] = {}
     kinds = ("weight", "bias") if spec.qkv_bias else ("weight",)
     for index, proj in enumerate(("q_proj", "k_proj", "v_proj")):
         for kind in kinds:
-            targets[f"{prefix}self_attn.{proj}.{kind}"] = attn.qkv_proj.block(index, kind)
+            targets[f"{prefix}self_attn.{proj}.{kind}"] = _target(attn.qkv_proj, index, kind)
     kinds = ("weight", "bias") if spec.o_bias else ("weight",)
     for kind in kinds:
-        targets[f"{prefix}self_attn.o_proj.{kind}"] = attn.o_proj.block(0, kind)
+        targets[f"{prefix}self_attn.o_proj.{kind}"] = _target(attn.o_proj, 0, kind)
     if attn.q_norm is not None and attn.k_norm is not None:
         targets[prefix + "self_attn.q_norm.weight"] = attn.q_norm.weight.data
         targets[prefix + "self_attn.k_norm.weight"] = attn.k_norm.weight.data
     kinds = ("weight", "bias") if spec.mlp_bias else ("weight",)
     for index, proj in enumerate(("gate_proj", "up_proj")):
         for kind in kinds:
-            targets[f"{prefix}mlp.{proj}.{kind}"] = mlp.gate_up_proj.block(index, kind)
+            targets[f"{prefix}mlp.{proj}.{kind}"] = _target(mlp.gate_up_proj, index, kind)
     for kind in kinds:
-        targets[f"{prefix}mlp.down_proj.{kind}"] = mlp.down_proj.block(0, kind)
+        targets[f"{prefix}mlp.down_proj.{kind}"] = _target(mlp.down_proj, 0, kind)
     return targets
+
+
+def _target(linear: StackedLinear, index: int, kind: str) -> Target:
+    return linear.slot(index) if kind == "weight" else linear.block(index, kind)

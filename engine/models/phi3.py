@@ -35,7 +35,6 @@ from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
 from engine.layers.base import Layer
-from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import (
@@ -44,7 +43,7 @@ from engine.layers.rotary import (
     apply_partial_rotary,
     longrope_attention_factor,
 )
-from engine.models.base import CausalLM
+from engine.models.base import CausalLM, Target
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec
 from kernels import AttentionBackend, AttentionMetadata
 
@@ -164,7 +163,7 @@ class Phi3ForCausalLM(CausalLM):
         self.layers = nn.ModuleList(Phi3DecoderLayer(spec, dtype, device)
                                     for _ in range(spec.num_layers))
 
-    def checkpoint_targets(self) -> dict[str, torch.Tensor]:
+    def checkpoint_targets(self) -> dict[str, Target]:
         """Each Hugging Face parameter name -> the tensor it fills; the fused qkv_proj and
         gate_up_proj fill their stacked matrices whole."""
         targets = self.shared_targets()
@@ -175,16 +174,11 @@ class Phi3ForCausalLM(CausalLM):
                 prefix + "input_layernorm.weight": layer.input_layernorm.weight.data,
                 prefix + "post_attention_layernorm.weight":
                     layer.post_attention_layernorm.weight.data,
-                prefix + "self_attn.qkv_proj.weight": whole_matrix(attn.qkv_proj),
-                prefix + "self_attn.o_proj.weight": attn.o_proj.block(0, "weight"),
-                prefix + "mlp.gate_up_proj.weight": whole_matrix(mlp.gate_up_proj),
-                prefix + "mlp.down_proj.weight": mlp.down_proj.block(0, "weight"),
+                # Fused in the checkpoint, in the order of our stacked blocks.
+                prefix + "self_attn.qkv_proj.weight": attn.qkv_proj.slot(),
+                prefix + "self_attn.o_proj.weight": attn.o_proj.slot(0),
+                prefix + "mlp.gate_up_proj.weight": mlp.gate_up_proj.slot(),
+                prefix + "mlp.down_proj.weight": mlp.down_proj.slot(0),
             }
         return targets
 
-
-def whole_matrix(linear: StackedLinear) -> torch.Tensor:
-    """The whole stacked [sum(out_sizes), in] weight of ``linear`` as one target: a fused
-    checkpoint matrix holds its blocks in the same order."""
-    linear.block(0, "weight")  # brings the plain matrix back if the layer packed it
-    return linear.weight.data

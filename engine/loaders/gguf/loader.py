@@ -36,6 +36,7 @@ from engine.loaders.gguf.config import config_tensor_names, gguf_config_dict
 from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
 from engine.models import ModelFamily, gguf_family
 from engine.models.registry import GGUF_LLAMA_BLOCK_NAMES
+from kernels.quant.formats import QuantizedTensor, quant_format
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,10 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return split.swapaxes(1, 2).reshape(weight.shape)
 
 
-def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None) -> LoadedModel:
+def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
+              keep_quantized: bool = False) -> LoadedModel:
+    """keep_quantized: matrices of the block types in kernels.quant.formats come out as
+    QuantizedTensor (their bytes, rows in Hugging Face order), the rest as `dtype`."""
     from transformers import AutoConfig, AutoTokenizer
 
     report = progress or (lambda stage, fraction: None)
@@ -112,6 +116,13 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None) -> Lo
         if data.size != meta["size"]:
             raise FolioLoadError(f"{path}: the file changed after it was opened; load it again")
         for name, shape, qtype_id, offset, n_bytes, permute_heads, shift in tensors:
+            if keep_quantized and len(shape) == 2 and not shift and quant_format(qtype_id):
+                rows = data[offset:offset + n_bytes].reshape(shape[0], -1)
+                if permute_heads:  # whole rows move, so the blocks move as they are
+                    rows = unpermute_rows(rows, permute_heads)
+                yield name, QuantizedTensor(qtype_id, tuple(shape),
+                                            torch.from_numpy(np.array(rows)))
+                continue
             weight = _dequantize_at(data, shape, qtype_id, offset, n_bytes)
             if permute_heads:
                 weight = unpermute_rows(weight, permute_heads)
@@ -136,15 +147,13 @@ def _check_magic(path: Path) -> None:
 
 def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     """Read the header (metadata and tensor directory) and convert the tokenizer."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from transformers import AutoTokenizer
 
     try:
         header = parse_gguf_header(path)
         metadata, directory = header.metadata, []
         for tensor in header.tensors:
-            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.qtype)]
-            n_bytes = math.prod(tensor.shape) * block_bytes // block
+            n_bytes = _tensor_bytes(tensor.name, tensor.shape, tensor.qtype, path)
             directory.append((tensor.name, tensor.shape, tensor.qtype, tensor.offset, n_bytes))
         family = gguf_family(metadata.get("general.architecture"))
         config_names = () if family is None else config_tensor_names(family.model_type)
@@ -196,6 +205,25 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     meta = {"version": CACHE_VERSION, "source": str(path.resolve()), "size": stat.st_size,
             "mtime_ns": stat.st_mtime_ns, "config": config, "tensors": tensors}
     return meta, tokenizer
+
+
+def _tensor_bytes(name: str, shape: tuple[int, ...], qtype_id: int, path: Path) -> int:
+    """The bytes of one tensor, or FolioLoadError naming it: an unknown block type, or a
+    row that is not a whole number of blocks (its bytes would be misread)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype_id)]
+    except (ValueError, KeyError):
+        raise FolioLoadError(f"{path}: tensor {name} has block type {qtype_id}, which is not "
+                             "a GGUF type Folio knows; use another quantization of the "
+                             "model") from None
+    # shape is Hugging Face's order, so the row (GGUF's first dimension) is the last.
+    if shape and shape[-1] % block:
+        raise FolioLoadError(f"{path}: tensor {name} has rows of {shape[-1]} values, not a "
+                             f"multiple of its {GGMLQuantizationType(qtype_id).name} block of "
+                             f"{block}; the file is damaged")
+    return math.prod(shape) * block_bytes // block
 
 
 def _dequantize_at(data: np.ndarray, shape: tuple[int, ...], qtype_id: int, offset: int,

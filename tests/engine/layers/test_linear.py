@@ -24,7 +24,8 @@ def test_small_batch_linear_equals_f_linear(rows, bias):
 
 def test_stacked_linear_takes_the_small_batch_path_only_for_small_fp32_batches(monkeypatch):
     layer = StackedLinear(8, (4, 4), bias=False, dtype=torch.float32, device="cpu")
-    layer.weight.data.normal_()
+    layer.block(0, "weight").normal_()
+    layer.block(1, "weight").normal_()
     calls = []
     monkeypatch.setattr("engine.layers.linear.small_batch_linear",
                         lambda *a: calls.append(a[0].shape[0]) or F.linear(*a))

@@ -169,7 +169,7 @@ def test_greedy_generation_matches_transformers_generate(models, make_harness):
 def test_bfloat16_model_tracks_float32_logits(tiny_hf_model, load_into_ours, make_harness):
     hf_model = tiny_hf_model("llama")
     ours = load_into_ours(hf_model, dtype=torch.bfloat16)
-    assert ours.embed_tokens.dtype == torch.bfloat16
+    assert ours.embed_tokens.weight.dtype == torch.bfloat16
     harness = make_harness(ours)
     prompt = random_tokens(30, 10)
     (logits,) = harness.step([("a", prompt)])
@@ -210,9 +210,9 @@ def test_a_loaded_model_loads_new_weights_again(tiny_hf_model, load_into_ours):
 
 def test_tied_embeddings_share_one_matrix(tiny_hf_model, load_into_ours):
     ours = load_into_ours(tiny_hf_model("llama"))
-    assert ours.lm_head.weight is ours.embed_tokens
+    assert ours.lm_head.weight is ours.embed_tokens.weight
     untied = load_into_ours(tiny_hf_model("mistral"))
-    assert untied.lm_head.weight is not untied.embed_tokens
+    assert untied.lm_head.weight is not untied.embed_tokens.weight
 
 
 def test_unsupported_architecture_names_it_and_the_supported_ones():

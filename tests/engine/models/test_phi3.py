@@ -351,7 +351,7 @@ def test_fused_matrices_load_whole_into_the_stacked_layers():
                        hf_layer.self_attn.qkv_proj.weight)
     assert torch.equal(layer.mlp.gate_up_proj.dense_weight(), hf_layer.mlp.gate_up_proj.weight)
     assert layer.self_attn.qkv_proj.bias is None and layer.mlp.down_proj.bias is None
-    assert ours.lm_head.weight is ours.embed_tokens
+    assert ours.lm_head.weight is ours.embed_tokens.weight
 
 
 def test_a_loaded_model_loads_new_weights_again():

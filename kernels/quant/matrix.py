@@ -1,0 +1,99 @@
+"""A quantized matrix ready to multiply on its device, in the layout that device runs
+fastest, plus the row lookups an embedding table needs.
+
+    layout       device  product                         rows (embedding lookup)
+    RawBlocks    CUDA    Triton fused dequantize + GEMV   Triton dequantize of the rows
+                         / dequantize-in-tile GEMM
+    RawBlocks    CPU     dequantize, then F.linear        gguf's dequantize of the rows
+                         (exact, slow: tests and odd cases)
+    Int4Packed   CPU     aten int4pack (Q4_0/Q4_1/Q4_K,   the rows' nibbles read out of
+                         and Q8_0 as two 4-bit halves)     the packed layout
+    Int8Rows     CPU     aten int8pack / F.linear         int8 rows times their scale
+
+`for_product` and `for_rows` pick the layout; a tied embedding shares its LM head's
+(`shares_layout`), so it is held once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kernels.quant.cpu import INT4_TYPES, Int4Packed, Int8Rows, tile_rows
+from kernels.quant.formats import QuantizedTensor
+
+
+@dataclass(slots=True)
+class RawBlocks:
+    """The file's blocks as they are, uint8 [n, row_bytes] on the device."""
+
+    tensor: QuantizedTensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tensor.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.nbytes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [m, k] -> x @ W.T [m, n] in x's dtype."""
+        n, k = self.tensor.shape
+        if x.device.type == "cuda":
+            from kernels.triton.quant_matmul import quant_matmul
+
+            return quant_matmul(x, self.tensor.data, self.tensor.type_id, n, k)
+        return F.linear(x, self.rows(None, x.dtype))
+
+    def rows(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` of W (all rows for None), dequantized to `dtype`."""
+        data = self.tensor.data if ids is None else self.tensor.data[ids]
+        k = self.tensor.shape[1]
+        if data.device.type == "cuda":
+            from kernels.triton.quant_dequant import dequantize_rows
+
+            return dequantize_rows(data, self.tensor.type_id, k, dtype)
+        return dequantize_cpu(data, self.tensor.type_id).to(dtype)
+
+
+QuantMatrix = RawBlocks | Int4Packed | Int8Rows
+
+
+def dequantize_cpu(data: torch.Tensor, type_id: int) -> torch.Tensor:
+    """uint8 [r, row_bytes] CPU blocks -> float32 [r, k], with gguf's reference code."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    array = np.ascontiguousarray(data.numpy())
+    return torch.from_numpy(dequantize(array, GGMLQuantizationType(type_id)))
+
+
+def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
+    """The layout that multiplies fastest on `device` (the tensor's data is on the CPU)."""
+    if device.type != "cpu":
+        return RawBlocks(_moved(tensor, device))
+    if tensor.type_id in INT4_TYPES:
+        return Int4Packed.from_blocks(tensor)
+    return Int8Rows.from_float(dequantize_cpu(tensor.data, tensor.type_id))
+
+
+def for_rows(tensor: QuantizedTensor, device: torch.device) -> RawBlocks:
+    """The layout for an embedding table that only looks rows up."""
+    return RawBlocks(_moved(tensor, device))
+
+
+def shares_layout(product: QuantMatrix) -> bool:
+    """Whether a product layout also answers row lookups (so a tied table keeps one)."""
+    if isinstance(product, Int4Packed):
+        try:
+            tile_rows()
+        except ValueError:  # an int4pack layout we cannot read: keep the file's rows too
+            return False
+    return True
+
+
+def _moved(tensor: QuantizedTensor, device: torch.device) -> QuantizedTensor:
+    return QuantizedTensor(tensor.type_id, tensor.shape, tensor.data.to(device))
