@@ -106,7 +106,10 @@ def build_window(store=None, settings=None, bridge=None):
 
     store = store if store is not None else ChatStore()
     settings = settings if settings is not None else load_settings()
-    bridge = bridge if bridge is not None else EngineBridge()
+    if bridge is None:
+        from desktop_app.services.devices import engine_config_for
+
+        bridge = EngineBridge(engine_config=engine_config_for(settings.engine))
     return MainWindow(store, bridge, settings)
 
 

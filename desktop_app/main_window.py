@@ -291,7 +291,7 @@ class MainWindow(QMainWindow):
         dialog = SettingsDialog(chat.settings if chat else None, self.settings.chat_defaults,
                                 parent=self, serve=(self.settings.serve_enabled,
                                                     self.settings.serve_port),
-                                theme=self.settings.theme)
+                                theme=self.settings.theme, engine=self.settings.engine)
         dialog.accepted.connect(lambda: self.apply_settings(dialog))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
@@ -307,6 +307,10 @@ class MainWindow(QMainWindow):
             self.serve.apply(*dialog.result_serve)
         if dialog.result_theme is not None and dialog.result_theme != self.settings.theme:
             self.set_theme(dialog.result_theme)
+        if dialog.result_engine is not None and dialog.result_engine != self.settings.engine:
+            self.settings.engine = dialog.result_engine
+            self._persist(self.settings)
+            self.bridge.apply_engine_settings(dialog.result_engine)  # reloads a local model
         self._on_chat_opened(self.controller.chat_id or 0)
 
     def set_theme(self, choice: str) -> None:
