@@ -4,9 +4,10 @@ The first load reads the file's header with engine.loaders.gguf.header and has t
 convert the tokenizer (slow: it parses the whole file with gguf.GGUFReader).
 The config and tokenizer, with the tensor directory (names, shapes, quant types, byte offsets),
 are cached under the user cache dir, keyed by the file's path, size and mtime, so a later load
-reads one JSON file and a saved tokenizer and then dequantizes each tensor straight from a
-memory map. Dequantized weights are never cached: they are four to eight times the size of
-the file.
+reads one JSON file and a saved tokenizer and then reads each tensor straight from a memory
+map: quantized matrices as their blocks (`keep_quantized`, what weights="stored" asks for),
+everything else dequantized. Dequantized weights are never cached: they are four to eight
+times the size of the file.
 """
 
 from __future__ import annotations
