@@ -31,6 +31,8 @@ class RawBlocks:
     """The file's blocks as they are, uint8 [n, row_bytes] on the device."""
 
     tensor: QuantizedTensor
+    # Triton kernels (CUDA; tests run them interpreted on CPU) or gguf's reference code.
+    triton: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -43,7 +45,7 @@ class RawBlocks:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [m, k] -> x @ W.T [m, n] in x's dtype."""
         n, k = self.tensor.shape
-        if x.device.type == "cuda":
+        if self.triton:
             from kernels.triton.quant_matmul import quant_matmul
 
             return quant_matmul(x, self.tensor.data, self.tensor.type_id, n, k)
@@ -53,11 +55,12 @@ class RawBlocks:
         """Rows `ids` of W (all rows for None), dequantized to `dtype`."""
         data = self.tensor.data if ids is None else self.tensor.data[ids]
         k = self.tensor.shape[1]
-        if data.device.type == "cuda":
+        if self.triton:
             from kernels.triton.quant_dequant import dequantize_rows
 
             return dequantize_rows(data, self.tensor.type_id, k, dtype)
-        return dequantize_cpu(data, self.tensor.type_id).to(dtype)
+        # Other devices (MPS) dequantize on the CPU: correct, not fast.
+        return dequantize_cpu(data.cpu(), self.tensor.type_id).to(data.device, dtype)
 
 
 QuantMatrix = RawBlocks | Int4Packed | Int8Rows
@@ -74,7 +77,7 @@ def dequantize_cpu(data: torch.Tensor, type_id: int) -> torch.Tensor:
 def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
     """The layout that multiplies fastest on `device` (the tensor's data is on the CPU)."""
     if device.type != "cpu":
-        return RawBlocks(_moved(tensor, device))
+        return RawBlocks(_moved(tensor, device), triton=device.type == "cuda")
     if tensor.type_id in INT4_TYPES:
         return Int4Packed.from_blocks(tensor)
     return Int8Rows.from_float(dequantize_cpu(tensor.data, tensor.type_id))
@@ -82,7 +85,7 @@ def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
 
 def for_rows(tensor: QuantizedTensor, device: torch.device) -> RawBlocks:
     """The layout for an embedding table that only looks rows up."""
-    return RawBlocks(_moved(tensor, device))
+    return RawBlocks(_moved(tensor, device), triton=device.type == "cuda")
 
 
 def shares_layout(product: QuantMatrix) -> bool:
