@@ -132,6 +132,7 @@ class StackedLinear(Layer):
     def _prepare_quantized(self) -> None:
         pending = sorted(self._pending, key=lambda part: part[0])
         self._pending = []
+        self._packed = None  # a float matrix packed by an earlier load is stale now
         rows = sum(t.shape[0] for _, t in pending)
         if rows != self.shape[0] or self.weight.shape == self.shape:
             # Float and quantized rows in one stack (rare in real files): all float.

@@ -52,4 +52,22 @@ class LMHead(StackedLinear):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab]."""
-        return super().forward(hidden).float().contiguous()
+        logits = super().forward(hidden).float()
+        if self._runs and hidden.shape[0]:
+            refine_top_logits(logits, hidden, self._runs[0])
+        return logits.contiguous()
+
+
+# The quantized products round their output to 16 bits (the CPU ops return bf16; CUDA
+# computes in the model's 16-bit dtype): logits near 20 move in steps of 0.125, so tokens
+# a float32 head tells apart tie, and greedy decoding breaks the tie by token id. The top
+# logits, where sampling's mass is, are recomputed in float32 from the dequantized rows.
+REFINED_LOGITS = 32
+
+
+def refine_top_logits(logits: torch.Tensor, hidden: torch.Tensor, matrix) -> None:
+    """Overwrite each row's top REFINED_LOGITS logits with float32 products, in place."""
+    top = logits.topk(min(REFINED_LOGITS, logits.shape[1]), dim=1).indices  # [n, k]
+    rows = matrix.rows(top.reshape(-1), torch.float32).view(*top.shape, -1)  # [n, k, hidden]
+    exact = torch.bmm(rows, hidden.float().unsqueeze(2)).squeeze(2)  # [n, k]
+    logits.scatter_(1, top, exact)

@@ -11,13 +11,15 @@ Two layouts, chosen by block type (`INT4_TYPES` or not):
       Q4_K: d*sc_j * q - dmin*m_j     scale = d*sc_j,  zero = 8*d*sc_j - dmin*m_j
       Q8_0: d * q, q = 16*hi + lo     two 4-bit matrices side by side (see split_q8_0)
 
-  so the nibbles move over unchanged; only the scales round, from fp16 to bf16. The op's
+  so the nibbles move over unchanged; only the scales and zeros round, from the values the
+  file's fp16 fields make to bf16 (2^-9 typical, 2^-8 at most, relative). The op's
   vectorized x86 kernel takes bf16 activations and returns bf16, so products carry bf16
-  rounding (about 2^-9 relative) on top of the file's own quantization. 4 bits per weight
-  plus 2 bf16 per 32 weights: 5 bits, the same as Q4_1, 11% more than Q4_0 and Q4_K, and
-  for Q8_0 10 bits against its 8.5 (the starter's embedding). The layout depends on the
-  CPU it was packed on: it is built at load, never saved. Rows are read back out of it
-  for embedding lookups (`unpack_packed_rows`), so a tied table is held once.
+  rounding on top of the file's own quantization (the LM head recomputes its top logits
+  in float32, engine/layers/lm_head.py). 4 bits per weight plus 2 bf16 per 32 weights:
+  5 bits, the same as Q4_1, 11% more than Q4_0 and Q4_K, and for Q8_0 10 bits against its
+  8.5 (the starter's embedding). The layout depends on the CPU it was packed on: it is
+  built at load, never saved. Rows are read back out of it for embedding lookups
+  (`unpack_packed_rows`), so a tied table is held once.
 
 - ``Int8Rows`` (Q5_0, Q5_1 and the other K-quants). No PyTorch op multiplies those blocks,
   so they are dequantized at load and requantized to int8 with one scale per row
@@ -88,15 +90,18 @@ class Int4Packed:
         return out.to(x.dtype)
 
     def rows(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        """Rows `ids` of W (all rows for None) as `dtype`: the embedding lookup."""
+        """Rows `ids` of W (all rows for None) as `dtype`: the embedding lookup, and the
+        whole matrix for prefill-sized products."""
         if ids is None:
-            ids = torch.arange(self.shape[0])
-        ids = ids.to(torch.int64)
-        q = unpack_packed_rows(self.packed, ids)  # [t, k'] in 0..15
-        sz = self.scales_zeros[:, ids].float()  # [k' / 32, t, 2]
-        scale = sz[..., 0].t().repeat_interleave(GROUP, dim=1)
-        zero = sz[..., 1].t().repeat_interleave(GROUP, dim=1)
-        w = (q.float() - 8) * scale + zero
+            q = unpack_all_rows(self.packed)[:self.shape[0]]
+            sz = self.scales_zeros[:, :self.shape[0]].float()
+        else:
+            ids = ids.to(torch.int64)
+            q = unpack_packed_rows(self.packed, ids)  # [t, k'] in 0..15
+            sz = self.scales_zeros[:, ids].float()  # [k' / 32, t, 2]
+        t, k2 = q.shape
+        groups = q.view(t, k2 // GROUP, GROUP).float()
+        w = ((groups - 8) * sz[..., 0].t()[..., None] + sz[..., 1].t()[..., None]).view(t, k2)
         if self.halves:
             k = self.shape[1]
             w = w[:, :k] + w[:, k:]
@@ -195,6 +200,16 @@ def _unpack_with(packed: torch.Tensor, ids: torch.Tensor, tile: int) -> torch.Te
     index = base[:, None] + torch.arange(k)[None, :] * (tile // 2)  # [t, k]
     shift = ((ids % tile) // (tile // 2) * 4).to(torch.uint8)[:, None]
     return (flat[index] >> shift) & 0x0F
+
+
+def unpack_all_rows(packed: torch.Tensor) -> torch.Tensor:
+    """Every row of the 4-bit values, uint8 [n, k]: the tiles of unpack_packed_rows read
+    whole, by reshaping instead of gathering."""
+    tile = tile_rows()
+    rows, half_k = packed.shape
+    tiles = packed.view(rows // tile, half_k * 2, tile // 2)  # [tiles, k, tile/2]
+    nibbles = torch.stack([tiles & 0x0F, tiles >> 4], dim=1)  # [tiles, 2, k, tile/2]
+    return nibbles.transpose(2, 3).reshape(rows, half_k * 2)
 
 
 @functools.cache
