@@ -28,5 +28,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check engine kernels desktop_app tests
 	$(VENV)/bin/lint-imports --no-logo
 
+# The checks that need a CUDA GPU (compiled Triton kernel tests, folio bench kernels, the
+# starter on CUDA), within 8 minutes; on a machine without CUDA it says so and stops.
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(PY) scripts/gpu_check.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .import_linter_cache

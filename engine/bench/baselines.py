@@ -169,7 +169,7 @@ def llama_cpp_status(model_path: Path) -> str | None:
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        return "llama.cpp skipped: llama_cpp is not installed (pip install llama-cpp-python)"
+        return "llama.cpp skipped: llama_cpp is not installed (pip install -e '.[bench]')"
     if model_path.suffix.lower() != ".gguf":
         return "llama.cpp skipped: it needs a .gguf file, the model is a folder"
     return None

@@ -14,9 +14,15 @@ threads, in one run:
 - ``scheduler``: one schedule step plus the block bookkeeping with 64 running sequences,
   without a model.
 - ``serve``: the OpenAI-compatible API through the openai client, 16 clients at once.
-- ``all``: every one of the above; ``kernels``: the attention kernels (CUDA).
+- ``memory``: peak RSS after one short chat with an 8,192-token context, each side in a
+  fresh process (Folio stored, Folio float32, llama.cpp); Folio's weight bytes / GGUF bytes.
+- ``8b``: a synthetic Llama-3-8B-shaped Q4_K_M file (written once into the cache): does it
+  load, and decode tok/s next to llama.cpp.
+- ``all``: every one of the above, then the issue's targets in one table (``targets.py``);
+  ``kernels``: the attention and quantized kernels (CUDA).
 
-The table goes to stdout; ``--json PATH`` writes the results, ``--plot DIR`` PNG charts.
+The table goes to stdout; ``--json PATH`` writes the results (with ``all``, the targets
+table under ``"issue_targets"``), ``--plot DIR`` PNG charts.
 """
 
 from __future__ import annotations
@@ -32,9 +38,12 @@ from engine.bench.candidates import bench_candidates
 from engine.bench.chat import bench_chat
 from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
+from engine.bench.eight_b import bench_8b
+from engine.bench.memory import bench_memory
 from engine.bench.scheduler import bench_scheduler
 from engine.bench.serve import bench_serve
 from engine.bench.setup import BenchContext, BenchSettings
+from engine.bench.targets import format_targets, llama_cpp_installed, targets_table
 from engine.bench.waste import bench_waste
 
 # Workload name -> function, in the order ``all`` runs them.
@@ -46,6 +55,8 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "waste": bench_waste,
     "scheduler": lambda ctx: bench_scheduler(),
     "serve": bench_serve,
+    "memory": bench_memory,
+    "8b": bench_8b,
 }
 
 EPILOG = """workloads:
@@ -56,8 +67,12 @@ EPILOG = """workloads:
   waste       internal KV waste sampled during the chat
   scheduler   one scheduling step with 64 running sequences, no model
   serve       the OpenAI API: 16 clients at once against one, TTFT across a 4-turn chat
-  all         all of the above; kernels: the attention kernels (CUDA only)
-llama.cpp joins chat and decode when llama-cpp-python is installed;
+  memory      peak RSS after one chat, 8,192-token context, each side in a fresh process
+  8b          synthetic 8B Q4_K_M (written once to the cache): loads? decode tok/s
+  all         all of the above, then the issue's targets table
+  kernels     the attention and quantized kernels (CUDA only)
+llama.cpp joins chat, decode, memory and 8b when llama-cpp-python is installed
+(pip install -e '.[bench]');
 --plot needs matplotlib (pip install 'folio[plot]')."""
 
 WORKLOAD_NAMES = tuple(WORKLOADS)
@@ -135,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="CPU threads for every side (default: torch's)")
     parser.add_argument("--kv-blocks", type=int, default=None,
                         help="Folio's KV pool in blocks (default: the engine's memory budget)")
+    parser.add_argument("--weights", choices=("stored", "float32"), default="stored",
+                        help="Folio's weights: kept quantized (stored) or float32")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--plot", metavar="DIR", help="also write PNG charts into DIR")
     args, rest = parser.parse_known_args(argv)
@@ -146,15 +163,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         settings = BenchSettings(model=args.model, threads=args.threads, turns=args.turns,
-                                 kv_blocks=args.kv_blocks)
+                                 kv_blocks=args.kv_blocks, weights=args.weights)
     except ValueError as exc:
         parser.error(str(exc))
     names = list(WORKLOAD_NAMES) if args.workload == "all" else [args.workload]
     results = run(names, settings, report=lambda r: print(format_result(r) + "\n",
                                                            flush=True))
+    output: dict = dict(results)
+    if args.workload == "all":
+        table = targets_table(results, llama_cpp_installed())
+        print(format_targets(table), flush=True)
+        output["issue_targets"] = table
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump(output, f, indent=2)
     if args.plot:
         from engine.bench.plot import plot_results
 

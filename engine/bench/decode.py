@@ -50,9 +50,38 @@ def bench_decode(ctx: BenchContext) -> dict:
         if context == 128:
             targets.append(Target("Folio tok/s at context 128", row["folio_tok_s"], 20.0,
                                   ">="))
+        targets += _llama_targets(row)
     summary = {"decode_tokens": s.decode_tokens, "rounds": s.decode_rounds,
                "rate": "1 / median gap between consecutive tokens, over all rounds"}
     return bench_result("decode", ctx, rows, summary, targets, notes)
+
+
+def llama_decode_target(context: int) -> str:
+    return f"Folio / llama.cpp decode tok/s at context {context}"
+
+
+def llama_ttft_target(context: int) -> str:
+    return f"Folio / llama.cpp TTFT of a {context}-token prompt"
+
+
+# The bars against llama.cpp, per context: decode rate (Folio / llama.cpp at least
+# this) and, for the long prompt, TTFT (Folio / llama.cpp at most this).
+LLAMA_DECODE_LIMITS = {128: 0.8, 2048: 1.0}
+LLAMA_TTFT_LIMITS = {2048: 0.5}
+
+
+def _llama_targets(row: dict) -> list[Target]:
+    context = row["context"]
+    if "llama_cpp_tok_s" not in row or context not in LLAMA_DECODE_LIMITS:
+        return []
+    targets = [Target(llama_decode_target(context),
+                      round(row["folio_tok_s"] / max(row["llama_cpp_tok_s"], 1e-9), 3),
+                      LLAMA_DECODE_LIMITS[context], ">=")]
+    if context in LLAMA_TTFT_LIMITS:
+        targets.append(Target(llama_ttft_target(context),
+                              round(row["folio_ttft_ms"] / max(row["llama_cpp_ttft_ms"], 1e-9),
+                                    3), LLAMA_TTFT_LIMITS[context], "<="))
+    return targets
 
 
 def _decode_context(tokenizer, sides: dict, context: int, rounds: int) -> dict:

@@ -69,19 +69,30 @@ class BenchSettings:
     serve_clients: int = 16  # concurrent API clients (serve)
     serve_turns: int = 4  # turns of the API chat (serve)
     kv_blocks: int | None = None  # None = the engine's default KV budget
+    weights: str = "stored"  # Folio's EngineConfig.weights: "stored" (quantized) or "float32"
+    memory_context: int = 8192  # memory: every side's context (n_ctx, max_model_len)
+    memory_turns: int = 2  # memory: turns of the short chat before the peak is read
+    eightb_prompt_tokens: int = 32  # 8b: the short context decoded after
+    eightb_tokens: int = 8  # 8b: tokens decoded per round
+    eightb_rounds: int = 2  # 8b: rounds, the sides taking turns to go first
+    eightb_timeout_s: float = 900.0  # 8b: the probe's limit (the load and every round)
     seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("turns", "chat_repeats", "user_tokens", "reply_tokens",
                      "candidate_prompt_tokens", "candidate_tokens", "decode_tokens",
-                     "decode_rounds", "concurrent_chats", "serve_clients", "serve_turns"):
+                     "decode_rounds", "concurrent_chats", "serve_clients", "serve_turns",
+                     "memory_context", "memory_turns", "eightb_prompt_tokens", "eightb_tokens",
+                     "eightb_rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("reply_tokens", "candidate_tokens", "decode_tokens"):
+        for name in ("reply_tokens", "candidate_tokens", "decode_tokens", "eightb_tokens"):
             if getattr(self, name) < 2:
                 raise ValueError(f"{name} must be >= 2 (a decode rate needs two tokens), "
                                  f"got {getattr(self, name)!r}")
+        if self.weights not in ("stored", "float32"):
+            raise ValueError(f"weights must be 'stored' or 'float32', got {self.weights!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads!r}")
         if self.kv_blocks is not None and self.kv_blocks < 1:
@@ -127,13 +138,12 @@ class BenchContext:
         return cls(settings, resolve_model(settings.model), threads)
 
     def new_llm(self):
-        """A fresh Folio engine: empty prefix cache, same threads and dtype as transformers."""
-        from engine.config import EngineConfig
+        """A fresh Folio engine: empty prefix cache, same threads, device and compute dtype as
+        transformers; its weights as ``settings.weights`` says."""
         from engine.llm import LLM
 
-        config = EngineConfig(num_threads=self.threads, num_gpu_blocks=self.settings.kv_blocks,
-                              dtype="float32")
-        return LLM(str(self.model_path), config)
+        return LLM(str(self.model_path), folio_config(self.threads, self.settings.weights,
+                                                      num_gpu_blocks=self.settings.kv_blocks))
 
     @property
     def hf_model(self) -> torch.nn.Module:
@@ -148,7 +158,16 @@ class BenchContext:
 
     def describe(self) -> dict:
         return {"model": str(self.model_path), "threads": self.threads, "dtype": "float32",
-                "torch": torch.__version__}
+                "weights": self.settings.weights, "torch": torch.__version__}
+
+
+def folio_config(threads: int, weights: str, **overrides):
+    """Folio's EngineConfig for a bench side: the CPU (the other sides run there, on the same
+    threads) and float32 compute, whatever the machine's default device is."""
+    from engine.config import EngineConfig
+
+    return EngineConfig(num_threads=threads, dtype="float32", device="cpu", weights=weights,
+                        **overrides)
 
 
 def user_messages(tokenizer, turns: int, max_tokens: int) -> list[str]:

@@ -75,7 +75,7 @@ def test_chat_counts_what_each_side_computes(ctx):
                                 "transformers-recompute / Folio TTFT at turn 2"]
     if importlib.util.find_spec("llama_cpp") is None:
         assert result["notes"] == ["llama.cpp skipped: llama_cpp is not installed "
-                                   "(pip install llama-cpp-python)"]
+                                   "(pip install -e '.[bench]')"]
     else:  # a model folder is no GGUF file
         assert result["notes"] == ["llama.cpp skipped: it needs a .gguf file, the model is "
                                    "a folder"]

@@ -1,0 +1,175 @@
+"""A synthetic 8B-shaped Q4_K_M GGUF for ``folio bench 8b``: Llama-3-8B's shapes with random
+weights, so the bench can check that an 8B model loads and decodes on a 24 GiB machine
+without downloading one.
+
+The file has the starter's vocabulary and its tokenizer keys (``tokenizer.*``), so both
+Folio and llama.cpp tokenize with the starter's tokenizer, an untied ``output.weight``, and
+llama.cpp's Q4_K_M mix: Q4_K for most matrices, Q6_K for ``output.weight`` and for
+``attn_v`` / ``ffn_down`` of about half the layers, F32 norms. Block bytes are random except
+the fp16 super-block scales, set to small finite values: random scales would hold NaNs and
+infinities, and large ones would overflow the activations somewhere in 32 layers.
+
+It is written once into ``cache_root() / "bench"`` tensor by tensor (GGUFWriter's
+header-then-``write_tensor_data`` mode), so at most one tensor is in memory, to a temporary
+name renamed into place at the end; later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Where the fp16 scales sit in a block (ggml's block_q4_K: d, dmin, scales[12], qs[128];
+# block_q6_K: ql[128], qh[64], scales[16], d), as (first byte, count of fp16 values).
+_SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208, 1)}
+# Ranges of the super-block scale d per type, chosen so a random weight's spread is a few
+# hundredths (a trained model's 1/sqrt(hidden)) and 32 layers of residual sums stay far from
+# float16's limits. Q4_K's dmin is 7.5 d, near the mean of d * scale * q, so its weights
+# centre on zero instead of all leaning one way.
+SCALE_RANGE = {"Q4_K": (1e-4, 3e-4), "Q6_K": (3e-5, 1e-4)}
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    layers: int = 32
+    hidden: int = 4096
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    intermediate: int = 14336
+    context: int = 8192
+    rope_base: float = 500000.0
+
+    @property
+    def label(self) -> str:
+        return (f"llama-{self.layers}l-{self.hidden}h-{self.heads}q{self.kv_heads}kv-"
+                f"{self.intermediate}ff")
+
+
+LLAMA3_8B = Shape()
+
+
+def use_more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's rule for the layers whose attn_v and ffn_down Q4_K_M stores as Q6_K:
+    the first and last eighth, and every third layer in between."""
+    return (layer < layers // 8 or layer >= 7 * layers // 8
+            or (layer - layers // 8) % 3 == 2)
+
+
+def tensor_plan(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(GGUF name, shape outermost first, type name) of every tensor, in file order."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    plan = [("token_embd.weight", (vocab, h), "Q4_K")]
+    for i in range(shape.layers):
+        more = "Q6_K" if use_more_bits(i, shape.layers) else "Q4_K"
+        plan += [
+            (f"blk.{i}.attn_norm.weight", (h,), "F32"),
+            (f"blk.{i}.attn_q.weight", (q, h), "Q4_K"),
+            (f"blk.{i}.attn_k.weight", (kv, h), "Q4_K"),
+            (f"blk.{i}.attn_v.weight", (kv, h), more),
+            (f"blk.{i}.attn_output.weight", (h, q), "Q4_K"),
+            (f"blk.{i}.ffn_norm.weight", (h,), "F32"),
+            (f"blk.{i}.ffn_gate.weight", (shape.intermediate, h), "Q4_K"),
+            (f"blk.{i}.ffn_up.weight", (shape.intermediate, h), "Q4_K"),
+            (f"blk.{i}.ffn_down.weight", (h, shape.intermediate), more),
+        ]
+    return plan + [("output_norm.weight", (h,), "F32"), ("output.weight", (vocab, h), "Q6_K")]
+
+
+def tensor_nbytes(dims: tuple[int, ...], type_name: str) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    count = int(np.prod(dims))
+    if count % block:
+        raise ValueError(f"{dims} does not split into {type_name} blocks of {block}")
+    return count // block * block_bytes
+
+
+def synthetic_path(shape: Shape = LLAMA3_8B, root: Path | None = None) -> Path:
+    if root is None:
+        from engine.loaders.gguf.loader import cache_root
+
+        root = cache_root() / "bench"
+    return root / f"synthetic-{shape.label}-Q4_K_M.gguf"
+
+
+def ensure_synthetic_gguf(tokenizer_gguf: Path, shape: Shape = LLAMA3_8B,
+                          root: Path | None = None, rebuild: bool = False,
+                          seed: int = 0) -> tuple[Path, bool]:
+    """The synthetic file's path and whether this call wrote it (False: reused)."""
+    path = synthetic_path(shape, root)
+    if path.exists() and not rebuild:
+        return path, False
+    write_synthetic_gguf(path, tokenizer_gguf, shape, seed)
+    return path, True
+
+
+def write_synthetic_gguf(path: Path, tokenizer_gguf: Path, shape: Shape = LLAMA3_8B,
+                         seed: int = 0) -> None:
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(tokenizer_gguf)
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    plan = tensor_plan(shape, vocab)
+    total = sum(tensor_nbytes(dims, kind) for _, dims, kind in plan)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path.parent).free
+    if free < total + (1 << 30):
+        raise OSError(f"writing {path} needs {total / 2**30:.1f} GiB and 1 GiB to spare; "
+                      f"{free / 2**30:.1f} GiB are free there")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writer = GGUFWriter(tmp, "llama")
+    try:
+        writer.add_name(f"synthetic {shape.label} (random Q4_K_M weights, folio bench)")
+        writer.add_file_type(15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+        writer.add_quantization_version(2)
+        for key, value in (("block_count", shape.layers), ("context_length", shape.context),
+                           ("embedding_length", shape.hidden),
+                           ("feed_forward_length", shape.intermediate),
+                           ("attention.head_count", shape.heads),
+                           ("attention.head_count_kv", shape.kv_heads),
+                           ("rope.dimension_count", shape.head_dim), ("vocab_size", vocab)):
+            writer.add_uint32(f"llama.{key}", value)
+        writer.add_float32("llama.rope.freq_base", shape.rope_base)
+        writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        for name, field in reader.fields.items():
+            if name.startswith("tokenizer."):
+                kind = field.types[0]
+                sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
+                writer.add_key_value(name, field.contents(), kind, sub_type=sub)
+        for name, dims, kind in plan:
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), tensor_nbytes(dims, kind),
+                                   raw_dtype=None if kind == "F32" else GGMLQuantizationType[kind])
+        del reader  # its memory maps of the starter are no longer needed
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        rng = np.random.default_rng(seed)
+        for _, dims, kind in plan:
+            writer.write_tensor_data(random_tensor(rng, dims, kind))
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+
+
+def random_tensor(rng: np.random.Generator, dims: tuple[int, ...], kind: str) -> np.ndarray:
+    """F32: ones (norm weights). Quantized: the tensor's bytes, random but for the scales."""
+    if kind == "F32":
+        return np.ones(dims, np.float32)
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]
+    data = rng.integers(0, 256, tensor_nbytes(dims, kind), dtype=np.uint8)
+    blocks = data.reshape(-1, block_bytes)
+    first, count = _SCALE_FIELDS[kind]
+    d = rng.uniform(*SCALE_RANGE[kind], size=(len(blocks), 1))
+    scales = np.concatenate([d, 7.5 * d], axis=1)[:, :count].astype(np.float16)
+    blocks[:, first:first + 2 * count] = scales.view(np.uint8)
+    return data

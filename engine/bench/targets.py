@@ -1,0 +1,91 @@
+"""The issue's targets in one table at the end of ``folio bench all``: each row's value as
+measured in this run, its bar, and met / not met / n/a (with why).
+
+Each workload already reports its targets (``result["targets"]``); this table only picks
+the issue's rows out of them by name, so a figure and its verdict are computed in one place.
+A row is n/a when its workload did not run, when it needs llama.cpp and llama.cpp did not
+run, or when the workload could not measure it (the workload's notes say why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.bench.decode import llama_decode_target, llama_ttft_target
+from engine.bench.eight_b import DECODE_TARGET, LOADS_TARGET
+from engine.bench.memory import RSS_TARGET, WEIGHTS_TARGET
+
+LLAMA_MISSING = "n/a: llama.cpp not installed"
+
+
+@dataclass(frozen=True, slots=True)
+class IssueTarget:
+    label: str  # as the issue words it
+    workload: str
+    name: str  # the Target's name in that workload's result
+    needs_llama: bool
+
+
+ISSUE_TARGETS = (
+    IssueTarget("decode tok/s at context 128, Folio / llama.cpp", "decode",
+                llama_decode_target(128), True),
+    IssueTarget("decode tok/s at context 2,048, Folio / llama.cpp", "decode",
+                llama_decode_target(2048), True),
+    IssueTarget("TTFT of a 2,048-token prompt, Folio / llama.cpp", "decode",
+                llama_ttft_target(2048), True),
+    IssueTarget("peak RSS after one chat, 8,192-token context, Folio / llama.cpp", "memory",
+                RSS_TARGET, True),
+    IssueTarget("resident weight bytes / GGUF tensor bytes", "memory", WEIGHTS_TARGET, False),
+    IssueTarget("synthetic 8B Q4_K_M loads on this machine", "8b", LOADS_TARGET, False),
+    IssueTarget("synthetic 8B Q4_K_M decode, Folio / llama.cpp", "8b", DECODE_TARGET, True),
+    IssueTarget("candidates n=4 wall / n=1 wall (512-token prompt, 64 tokens)", "candidates",
+                "Folio n=4 wall / n=1 wall", False),
+)
+
+
+def targets_table(results: dict[str, dict], llama_installed: bool) -> list[dict]:
+    """One row per issue target: ``target``, ``value``, ``want``, ``status``."""
+    rows = []
+    for spec in ISSUE_TARGETS:
+        row = {"target": spec.label, "value": "", "want": "", "status": ""}
+        result = results.get(spec.workload)
+        found = None
+        if result is not None:
+            found = next((t for t in result["targets"] if t["name"] == spec.name), None)
+        if found is not None:
+            row["want"] = f"{found['op']} {found['limit']:g}"
+            if spec.name == LOADS_TARGET:
+                row["value"] = "loads" if found["met"] else "does not load"
+            else:
+                row["value"] = f"{found['value']:g}"
+            row["status"] = "met" if found["met"] else "not met"
+        elif result is None:
+            row["status"] = f"n/a: {spec.workload} did not run"
+        elif spec.needs_llama and not llama_installed:
+            row["status"] = LLAMA_MISSING
+        else:
+            row["status"] = "n/a: not measured (see the workload's notes)"
+        rows.append(row)
+    return rows
+
+
+def llama_cpp_installed() -> bool:
+    """Whether llama_cpp imports (a package missing a dependency counts as not installed,
+    as the workloads' own check does)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def format_targets(rows: list[dict]) -> str:
+    """The table as aligned text (left-aligned labels, the verdict last)."""
+    heads = ("target", "value", "want", "status")
+    widths = [max(len(h), *(len(str(row[h])) for row in rows)) for h in heads]
+    lines = ["== targets (this run) =="]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)).rstrip())
+    for row in rows:
+        lines.append("  ".join(str(row[h]).ljust(w)
+                               for h, w in zip(heads, widths, strict=True)).rstrip())
+    return "\n".join(lines)
