@@ -9,6 +9,8 @@ This module imports nothing else from `kernels`, so every backend can import it 
 
 from __future__ import annotations
 
+import math
+import mmap
 import numbers
 from dataclasses import dataclass
 from typing import Protocol
@@ -121,10 +123,30 @@ def allocate_kv_cache(
     block in one piece, which the Triton block-copy kernel needs. Head-major stores each KV
     head of a layer as one run of slots over the whole pool, so a sequence whose blocks
     are consecutive reads every head's keys as one contiguous [seq_len, hd] matrix (the
-    layout the CPU attention streams fastest) and a gather yields [nkv, seq_len, hd]."""
-    if not head_major:
-        return torch.zeros((num_layers, 2, num_blocks, block_size, num_kv_heads, head_size),
-                           dtype=dtype, device=device, pin_memory=pin_memory)
-    storage = torch.zeros((num_layers, 2, num_kv_heads, num_blocks, block_size, head_size),
-                          dtype=dtype, device=device, pin_memory=pin_memory)
-    return storage.permute(0, 1, 3, 4, 2, 5)
+    layout the CPU attention streams fastest) and a gather yields [nkv, seq_len, hd].
+
+    On the CPU the pool is an anonymous memory map: zeroed pages the OS backs on first
+    write, so a pool costs resident memory only for the blocks that hold tokens, where
+    torch.zeros writes every page up front."""
+    if head_major:
+        shape = (num_layers, 2, num_kv_heads, num_blocks, block_size, head_size)
+    else:
+        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_size)
+    if torch.device(device).type == "cpu" and not pin_memory:
+        storage = _lazy_zeros(shape, dtype)
+    else:
+        storage = torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin_memory)
+    return storage.permute(0, 1, 3, 4, 2, 5) if head_major else storage
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros in an anonymous mapping (the tensor keeps the mapping alive). Transparent huge
+    pages are turned off for it: with them one token written per KV head would commit
+    2 MiB per head and layer, which for a small model is the whole pool."""
+    count = math.prod(shape) * dtype.itemsize
+    if count == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buffer = mmap.mmap(-1, count)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
+        buffer.madvise(mmap.MADV_NOHUGEPAGE)
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).view(shape)

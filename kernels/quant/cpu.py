@@ -44,6 +44,7 @@ from kernels.quant.formats import BY_NAME, QuantizedTensor
 INT4_TYPES = frozenset(BY_NAME[name].type_id for name in ("Q4_0", "Q4_1", "Q4_K", "Q8_0"))
 GROUP = 32
 ROW_MULTIPLE = 64  # the op needs 16; whole 64-row tiles keep rows() simple
+PACK_ROWS = 4096  # a multiple of ROW_MULTIPLE: slices pack into whole tiles
 # Above this many rows int8pack's per-row kernel loses to dequantize-then-multiply.
 INT8_OP_MAX_ROWS = 16
 
@@ -58,21 +59,25 @@ class Int4Packed:
 
     @classmethod
     def from_blocks(cls, tensor: QuantizedTensor) -> Int4Packed:
-        if tensor.format.name == "Q8_0":
-            return cls._pack(*split_q8_0(tensor), tensor.shape, halves=True)
-        return cls._pack(*unpack_int4(tensor), tensor.shape)
-
-    @classmethod
-    def _pack(cls, q: np.ndarray, scale: np.ndarray, zero: np.ndarray,
-              shape: tuple[int, int], halves: bool = False) -> Int4Packed:
-        # Whole tiles of rows (see unpack_packed_rows): pad with zero-scale rows, cut after
-        # the product.
-        pad = -q.shape[0] % ROW_MULTIPLE
-        q, scale, zero = (np.pad(a, ((0, pad), (0, 0))) for a in (q, scale, zero))
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            torch.from_numpy(q.astype(np.int32)), 1)
-        scales_zeros = torch.from_numpy(np.stack([scale.T, zero.T], axis=-1))
-        return cls(packed, scales_zeros.to(torch.bfloat16).contiguous(), shape, halves)
+        # Packed a slice of rows at a time: the op wants int32 values, 8 times the nibbles'
+        # bytes, which for a whole embedding table would be a load-time peak of its own.
+        halves = tensor.format.name == "Q8_0"
+        unpack = split_q8_0 if halves else unpack_int4
+        packed, scales_zeros = [], []
+        for start in range(0, tensor.shape[0], PACK_ROWS):
+            rows = tensor.data[start:start + PACK_ROWS]
+            q, scale, zero = unpack(QuantizedTensor(tensor.type_id,
+                                                    (rows.shape[0], tensor.shape[1]), rows))
+            # Whole tiles of rows (see unpack_packed_rows): pad with zero-scale rows, cut
+            # after the product.
+            pad = -q.shape[0] % ROW_MULTIPLE
+            q, scale, zero = (np.pad(a, ((0, pad), (0, 0))) for a in (q, scale, zero))
+            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                torch.from_numpy(q.astype(np.int32)), 1))
+            sz = torch.from_numpy(np.stack([scale.T, zero.T], axis=-1))
+            scales_zeros.append(sz.to(torch.bfloat16))
+        return cls(torch.cat(packed), torch.cat(scales_zeros, dim=1).contiguous(),
+                   tensor.shape, halves)
 
     @property
     def nbytes(self) -> int:
