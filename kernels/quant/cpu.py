@@ -45,8 +45,9 @@ INT4_TYPES = frozenset(BY_NAME[name].type_id for name in ("Q4_0", "Q4_1", "Q4_K"
 GROUP = 32
 ROW_MULTIPLE = 64  # the op needs 16; whole 64-row tiles keep rows() simple
 PACK_ROWS = 4096  # a multiple of ROW_MULTIPLE: slices pack into whole tiles
-# Above this many rows int8pack's per-row kernel loses to dequantize-then-multiply.
-INT8_OP_MAX_ROWS = 16
+# Above this many rows int8pack (whose time grows with every row) loses to dequantizing
+# the matrix for the call and one float product (a Llama-8B ffn_down: even at 128 rows).
+INT8_OP_MAX_ROWS = 128
 
 
 @dataclass(slots=True)
