@@ -19,10 +19,35 @@ class BlockInfo:
     owners: tuple[str, ...]  # "request_id:index" of each sequence holding the block
 
 
+@dataclass(slots=True, frozen=True)
+class KVGroupStats:
+    """One KV group's pool (engine/core/kv_groups.py): its layers and its blocks."""
+
+    name: str  # "global", "sliding (window 64)"
+    num_layers: int
+    num_blocks: int
+    num_used: int
+    num_cached: int  # part of num_free
+    num_free: int
+    bytes_per_block: int  # of this group's layers only
+
+    @property
+    def used_bytes(self) -> int:
+        return self.num_used * self.bytes_per_block
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+
 @dataclass(slots=True)
 class KVStats:
     """Counts: ``num_used`` (ref count >= 1) + ``num_free`` (ref count 0) = ``num_blocks``;
-    ``num_shared`` is part of ``num_used`` and ``num_cached`` part of ``num_free``."""
+    ``num_shared`` is part of ``num_used`` and ``num_cached`` part of ``num_free``.
+
+    With several KV groups the counts add up every group's blocks, block ids in
+    ``blocks`` run on from one group to the next, ``bytes_per_block`` and the headroom
+    are the first (global) group's, and ``groups`` has each group's own figures."""
 
     block_size: int
     num_blocks: int
@@ -41,13 +66,18 @@ class KVStats:
     num_host_used: int = 0
     blocks: list[BlockInfo] = field(default_factory=list)
     blocks_per_owner: dict[str, int] = field(default_factory=dict)
+    groups: list[KVGroupStats] = field(default_factory=list)  # empty with one group
 
     @property
     def used_bytes(self) -> int:
+        if self.groups:
+            return sum(g.used_bytes for g in self.groups)
         return self.num_used * self.bytes_per_block
 
     @property
     def pool_bytes(self) -> int:
+        if self.groups:
+            return sum(g.pool_bytes for g in self.groups)
         return self.num_blocks * self.bytes_per_block
 
     @property
@@ -64,5 +94,8 @@ class KVStats:
         return self.prefix_hit_tokens / self.prefix_query_tokens
 
     def headroom_tokens(self) -> int:
-        """Tokens that fit in the free blocks (cached blocks can be evicted)."""
+        """Tokens that fit in the free blocks (cached blocks can be evicted); with groups,
+        in the first group's, which holds every token (a sliding group only a window)."""
+        if self.groups:
+            return self.groups[0].num_free * self.block_size
         return self.num_free * self.block_size
