@@ -168,7 +168,8 @@ class ModelRunner:
             seq = item.seq
             table = seq.block_tables[g]
             start = seq.num_computed_tokens
-            slots += [table[p // bs] * bs + p % bs for p in range(start, start + item.num_new_tokens)]
+            end = start + item.num_new_tokens
+            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
             tables.append([max(b, 0) for b in table] if sliding else table)
         width = max(len(t) for t in tables)
         return [t + [0] * (width - len(t)) for t in tables], slots
