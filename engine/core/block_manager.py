@@ -180,11 +180,11 @@ class BlockManager:
         return sum(self._blocks_to_append(s) for s in seqs) <= self.num_free_blocks
 
     def _blocks_to_append(self, seq: Sequence) -> int:
+        """Exactly what append_slots takes: new blocks, and a copy of each shared block
+        it writes (for a decode, at most one of the two)."""
         table = self._table(seq)
-        if len(table) < self.blocks_needed(seq.num_tokens):
-            return 1
-        last = self.blocks[table[(seq.num_tokens - 1) // self.block_size]]
-        return 1 if last.ref_count > 1 else 0
+        missing = max(0, self.blocks_needed(self._append_target(seq)) - len(table))
+        return missing + len(self._shared_to_write(seq, table))
 
     def _append_target(self, seq: Sequence) -> int:
         """Tokens ``append_slots`` gives room for: all of them (a sliding group: fewer)."""

@@ -76,11 +76,6 @@ class SlidingBlockManager(BlockManager):
         # The scheduler computes at most `lookahead` tokens of a sequence per step.
         return min(seq.num_tokens, seq.num_computed_tokens + self.lookahead)
 
-    def _blocks_to_append(self, seq: Sequence) -> int:
-        table = self._table(seq)
-        missing = max(0, self.blocks_needed(self._append_target(seq)) - len(table))
-        return missing + len(self._shared_to_write(seq, table))
-
     # ----------------------------------------------------------------- release
     def commit_computed(self, seq: Sequence) -> None:
         super().commit_computed(seq)  # hash first: released full blocks stay cached
