@@ -23,12 +23,10 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
 from engine.core.free_block_queue import Block, FreeBlockQueue
-from engine.core.kv_stats import CACHED, FREE, SHARED, USED, BlockInfo, KVStats
-from engine.core.sequence import Sequence
+from engine.core.kv_stats import KVStats, pool_stats
+from engine.core.sequence import NO_BLOCK, Sequence
 
-# A sliding group's table entry for a block released once it fell out of the window
-# (engine/core/sliding_blocks.py); the runner sends block 0 there, which no kernel reads.
-NO_BLOCK = -1
+__all__ = ["NO_BLOCK", "BlockManager", "hash_block"]
 
 
 def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
@@ -336,54 +334,8 @@ class BlockManager:
 
     # ------------------------------------------------------------------- stats
     def stats(self, holders: Iterable[Sequence] = (), with_blocks: bool = True) -> KVStats:
-        """The pool as the memory panel shows it. ``holders`` are the sequences that hold
-        device blocks (the engine's request table knows them; this class keeps no
-        registry of its own): they label each block's owners and measure the slots in use.
-        """
-        owners: dict[int, list[str]] = {}
-        fill: dict[int, int] = {}
-        per_owner: dict[str, int] = {}
-        bs = self.block_size
-        for seq in holders:
-            table = seq.block_tables[self.group] if self.group < len(seq.block_tables) else []
-            held = [(i, b) for i, b in enumerate(table) if b != NO_BLOCK]
-            if not held:
-                continue
-            per_owner[seq.label] = len(held)
-            for i, block_id in held:
-                owners.setdefault(block_id, []).append(seq.label)
-                tokens = max(0, min(bs, seq.num_tokens - i * bs))
-                fill[block_id] = max(fill.get(block_id, 0), tokens)
-        num_used = num_shared = num_cached = saved = 0
-        infos = []
-        for block in self.blocks:
-            if block.ref_count > 1:
-                state, num_shared, saved = SHARED, num_shared + 1, saved + block.ref_count - 1
-            elif block.ref_count == 1:
-                state = USED
-            elif block.block_hash is not None:
-                state, num_cached = CACHED, num_cached + 1
-            else:
-                state = FREE
-            num_used += block.ref_count > 0
-            if with_blocks:
-                infos.append(BlockInfo(block.block_id, state, block.ref_count,
-                                       tuple(owners.get(block.block_id, ()))))
-        return KVStats(
-            block_size=bs,
-            num_blocks=self.num_blocks,
-            bytes_per_block=self.bytes_per_block,
-            num_free=self.num_blocks - num_used,
-            num_used=num_used,
-            num_cached=num_cached,
-            num_shared=num_shared,
-            bytes_saved_by_sharing=saved * self.bytes_per_block,
-            allocated_slots=num_used * bs,
-            used_slots=sum(fill.values()),
-            prefix_hit_tokens=self.prefix_hit_tokens,
-            prefix_query_tokens=self.prefix_query_tokens,
-            num_host_blocks=self.num_host_blocks,
-            num_host_used=len(self.host_refs),
-            blocks=infos,
-            blocks_per_owner=per_owner,
-        )
+        """The pool as the memory panel shows it (`kv_stats.pool_stats`). ``holders`` are
+        the sequences that hold device blocks (the engine's request table knows them; this
+        class keeps no registry of its own): they label each block's owners and measure
+        the slots in use."""
+        return pool_stats(self, holders, with_blocks)

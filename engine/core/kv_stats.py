@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from engine.core.sequence import NO_BLOCK, Sequence
 
 # Block states; they partition the pool.
 FREE = "free"  # ref count 0, nothing reusable in it
@@ -99,3 +102,55 @@ class KVStats:
         if self.groups:
             return self.groups[0].num_free * self.block_size
         return self.num_free * self.block_size
+
+
+def pool_stats(manager, holders: Iterable[Sequence] = (), with_blocks: bool = True) -> KVStats:
+    """The snapshot of one BlockManager's pool (``BlockManager.stats``): each block's state
+    and owners; ``holders`` label the owners and measure the slots in use."""
+    owners: dict[int, list[str]] = {}
+    fill: dict[int, int] = {}
+    per_owner: dict[str, int] = {}
+    bs = manager.block_size
+    for seq in holders:
+        table = seq.block_tables[manager.group] if manager.group < len(seq.block_tables) else []
+        held = [(i, b) for i, b in enumerate(table) if b != NO_BLOCK]
+        if not held:
+            continue
+        per_owner[seq.label] = len(held)
+        for i, block_id in held:
+            owners.setdefault(block_id, []).append(seq.label)
+            tokens = max(0, min(bs, seq.num_tokens - i * bs))
+            fill[block_id] = max(fill.get(block_id, 0), tokens)
+    num_used = num_shared = num_cached = saved = 0
+    infos = []
+    for block in manager.blocks:
+        if block.ref_count > 1:
+            state, num_shared, saved = SHARED, num_shared + 1, saved + block.ref_count - 1
+        elif block.ref_count == 1:
+            state = USED
+        elif block.block_hash is not None:
+            state, num_cached = CACHED, num_cached + 1
+        else:
+            state = FREE
+        num_used += block.ref_count > 0
+        if with_blocks:
+            infos.append(BlockInfo(block.block_id, state, block.ref_count,
+                                   tuple(owners.get(block.block_id, ()))))
+    return KVStats(
+        block_size=bs,
+        num_blocks=manager.num_blocks,
+        bytes_per_block=manager.bytes_per_block,
+        num_free=manager.num_blocks - num_used,
+        num_used=num_used,
+        num_cached=num_cached,
+        num_shared=num_shared,
+        bytes_saved_by_sharing=saved * manager.bytes_per_block,
+        allocated_slots=num_used * bs,
+        used_slots=sum(fill.values()),
+        prefix_hit_tokens=manager.prefix_hit_tokens,
+        prefix_query_tokens=manager.prefix_query_tokens,
+        num_host_blocks=manager.num_host_blocks,
+        num_host_used=len(manager.host_refs),
+        blocks=infos,
+        blocks_per_owner=per_owner,
+    )

@@ -9,6 +9,10 @@ from typing import Any
 
 from engine.sampling_params import SamplingParams
 
+# A sliding group's table entry for a block released once it fell out of the window
+# (engine/core/sliding_blocks.py); the runner sends block 0 there, which no kernel reads.
+NO_BLOCK = -1
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # needs (re)prefill: no blocks, or blocks not yet computed
