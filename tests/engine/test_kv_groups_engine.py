@@ -11,6 +11,7 @@ import random
 import pytest
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
+from engine.cli import format_kv_stats
 from engine.core.block_manager import NO_BLOCK
 from engine.core.kv_groups import KVGroups
 from engine.outputs import FinishedEvent
@@ -132,6 +133,8 @@ def test_an_aborted_request_frees_every_group(gemma3_dir):
         engine.step()
     seq = engine.scheduler.groups["long"].seqs[0]
     assert seq.num_computed_tokens > 600 and held(seq.block_tables[SLIDING]) <= SLIDING_BOUND
+    text = format_kv_stats(engine.kv_stats())
+    assert "\n  global: 1 layers" in text and "\n  sliding (window 64): 3 layers" in text
     engine.abort("long")
     assert_all_free(engine)
 
