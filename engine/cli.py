@@ -24,7 +24,11 @@ def format_kv_stats(stats) -> str:
         f"saved by sharing: {stats.bytes_saved_by_sharing / mib:.1f} MiB; "
         f"internal waste: {stats.waste_fraction:.1%}; prefix-cache hits: "
         f"{stats.prefix_hit_tokens}/{stats.prefix_query_tokens} tokens ({stats.hit_rate:.0%})"
-    )
+    ) + "".join(  # a line per KV group (Gemma's global and sliding layers), if several
+        f"\n  {g.name}: {g.num_layers} layer{'s' if g.num_layers != 1 else ''}, "
+        f"{g.num_used} used, {g.num_free} free of {g.num_blocks}, "
+        f"{g.bytes_per_block / mib:.2f} MiB each"
+        for g in (stats.groups if len(stats.groups) > 1 else ()))
 
 
 class TerminalChat:

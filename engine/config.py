@@ -34,6 +34,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # per-step token budget (prefill chunk size)
     max_model_len: int | None = None  # None = the model's context length
     enable_prefix_caching: bool = True
+    # A block pool and table per attention kind, so sliding-window layers hold only their
+    # window (engine/core/kv_groups.py); False: one pool for every layer, as before.
+    kv_groups: bool = True
     dtype: str | None = None  # compute and KV dtype; None = the device's (runner/device.py)
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
     weights: str = "stored"  # one of WEIGHTS
@@ -75,6 +78,7 @@ class EngineConfig:
                self.weights, f"'stored' or the same as dtype ({self.dtype!r}) when both are set")
         _check(self.attention_backend in (None, "torch", "triton"), "attention_backend",
                self.attention_backend, "'torch', 'triton' or None")
+        _check(isinstance(self.kv_groups, bool), "kv_groups", self.kv_groups, "True or False")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",
                self.num_threads, ">= 1 or None")
 

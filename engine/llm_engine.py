@@ -17,9 +17,11 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
+from engine.core.kv_groups import KVGroups, KVGroupSpec, group_layers
 from engine.core.kv_stats import KVStats
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.sliding_blocks import SlidingBlockManager
 from engine.outputs import (
     CompletionOutput,
     Event,
@@ -29,7 +31,7 @@ from engine.outputs import (
     TokenEvent,
 )
 from engine.runner.device import resolve_device
-from engine.runner.kv_cache import KVShape, num_blocks_for
+from engine.runner.kv_cache import KVShape, group_blocks, num_blocks_for
 from engine.runner.memory import MemoryStats, memory_stats
 from engine.runner.model_runner import ModelRunner
 from engine.runner.sampler import Sampler, SamplingRow, make_generator
@@ -90,11 +92,17 @@ class LLMEngine:
         shape = KVShape.from_spec(net.spec, config.block_size, dtype)
         num_blocks = num_blocks_for(config, shape, device, self.max_model_len)
         backend = get_backend(device, resolved.backend)
-        self.runner = ModelRunner(net, shape, num_blocks, config.num_host_blocks, backend, device)
-        self.block_manager = BlockManager(
-            num_blocks, config.block_size, config.num_host_blocks,
-            config.enable_prefix_caching, shape.bytes_per_block,
-        )
+        windows = net.layer_windows()
+        self.kv_groups = (group_layers(windows, self.max_model_len) if config.kv_groups
+                          else [KVGroupSpec(tuple(range(len(windows))))])
+        counts = group_blocks(config, shape, num_blocks, self.kv_groups)
+        self.runner = ModelRunner(net, shape, counts, config.num_host_blocks, backend, device,
+                                  self.kv_groups)
+        managers = [self._block_manager(g, spec, n, shape.bytes_per_block // shape.num_layers)
+                    for g, (spec, n) in enumerate(zip(self.kv_groups, counts, strict=True))]
+        # One group (most models): its block manager itself, no facade in between.
+        self.block_manager: BlockManager | KVGroups = (
+            managers[0] if len(managers) == 1 else KVGroups(managers, self.kv_groups))
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
             self.max_model_len,
@@ -108,6 +116,16 @@ class LLMEngine:
         self._ids = itertools.count()
         if progress:
             progress("ready", 1.0)
+
+    def _block_manager(self, g: int, spec: KVGroupSpec, num_blocks: int,
+                       layer_bytes: int) -> BlockManager:
+        config = self.config
+        args = (config.num_host_blocks, config.enable_prefix_caching,
+                layer_bytes * len(spec.layers), g)
+        if spec.window is None:
+            return BlockManager(num_blocks, config.block_size, *args)
+        return SlidingBlockManager(num_blocks, config.block_size, spec.window,
+                                   config.max_num_batched_tokens, *args)
 
     # ---------------------------------------------------------------- requests
     def encode(self, prompt: Prompt) -> list[int]:

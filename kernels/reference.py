@@ -210,41 +210,45 @@ class TorchBackend:
     depends on the metadata alone (valid slots, the StepPlan) is computed for the first
     layer and reused while the same metadata object comes back: build a new
     AttentionMetadata (and slot_mapping) per step rather than editing one in place.
+    A model with KV groups passes one metadata per group (each window's layers one), so
+    the plans are kept per window along with the metadata they were built for.
     """
 
     name = "torch"
     head_major_kv = True
 
     def __init__(self) -> None:
-        self._slots_key: torch.Tensor | None = None
-        self._slots: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        self._plan_key: tuple[AttentionMetadata | None, int, torch.device | None] = (
-            None, 0, None)
-        # One plan per window size: sliding and global layers alternate within a step.
-        self._plans: dict[int | None, StepPlan] = {}
+        # The valid slots of the last slot mappings (one per KV group), holding each
+        # mapping so that its id is not reused by a new tensor.
+        self._slots: list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]] = []
+        # One plan per window size: sliding and global layers alternate within a step;
+        # each with the metadata, block size and device it was built for.
+        self._plans: dict[int | None, tuple[tuple, StepPlan]] = {}
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        # Holding the last tensor keeps its id from being reused by a new one.
-        if slot_mapping is not self._slots_key or self._slots is None:
-            self._slots = _valid_slots(slot_mapping, k_cache.device)
-            self._slots_key = slot_mapping
-        _write_kv(key, value, k_cache, v_cache, self._slots)
+        slots = next((valid for mapping, valid in self._slots if mapping is slot_mapping),
+                     None)
+        if slots is None:
+            slots = _valid_slots(slot_mapping, k_cache.device)
+            self._slots = [*self._slots[-3:], (slot_mapping, slots)]
+        _write_kv(key, value, k_cache, v_cache, slots)
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
                   logit_softcap: float | None = None) -> torch.Tensor:
         block_size, device = k_cache.shape[1], k_cache.device
-        if self._plan_key[0] is not meta or self._plan_key[1:] != (block_size, device):
-            # The first layer of a step: the checks and plans hold for the later layers.
+        key = (meta, block_size, device)
+        cached = self._plans.get(sliding_window)
+        if cached is not None and cached[0][0] is meta and cached[0][1:] == key[1:]:
+            plan = cached[1]
+        else:
+            # The first layer of a step (of this window): the checks and the plan hold
+            # for the later layers.
             _check_heads(query, k_cache)
-            self._plans = {}
-            self._plan_key = (meta, block_size, device)
-        plan = self._plans.get(sliding_window)
-        if plan is None:
             check_attention_options(sliding_window, None)
             plan = StepPlan.build(meta, block_size, device, sliding_window)
-            self._plans[sliding_window] = plan
+            self._plans[sliding_window] = (key, plan)
         if logit_softcap is not None:
             check_attention_options(None, logit_softcap)
         return _attention(query, k_cache, v_cache, plan, scale, logit_softcap)

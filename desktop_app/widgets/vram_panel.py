@@ -74,6 +74,17 @@ def kv_rows(kv) -> dict[str, str]:
     }
 
 
+def group_rows(kv) -> list[str]:
+    """A line per KV group (global, sliding) when the model has several, else none."""
+    groups = getattr(kv, "groups", None) or []
+    if len(groups) < 2:
+        return []
+    return [f"{g.name}: {g.num_layers} layer{'s' if g.num_layers != 1 else ''}, "
+            f"{g.num_used} / {g.num_blocks} blocks used ({g.num_cached} cached, "
+            f"{g.num_free} free), {format_bytes(g.used_bytes)} of {format_bytes(g.pool_bytes)}"
+            for g in groups]
+
+
 def blocks_per_chat(kv, chat_of_owner: Callable[[str], str | None]) -> dict[str, int]:
     """Distinct blocks each chat holds now (a block shared by candidates counts once)."""
     counts: dict[str, int] = {}
@@ -186,6 +197,17 @@ class VramPanel(QScrollArea):
             ("blocks_cached", "Cached"), ("blocks_free", "Free"), ("block_size", "Block"),
             ("saved_by_sharing", "Saved by sharing"), ("waste", "Internal waste"),
             ("hit_rate", "Prefix-cache hits"), ("headroom", "Headroom")])
+        # A line per KV group, shown only for a model with several (Gemma's global and
+        # sliding layers); labels are made as the group count asks.
+        self._groups_heading = self._heading("KV groups")
+        layout.addWidget(self._groups_heading)
+        self._groups_box = QWidget()
+        self._groups_box.setObjectName("vramGroups")
+        self._groups_layout = QVBoxLayout(self._groups_box)
+        self._groups_layout.setContentsMargins(0, 0, 0, 0)
+        self._group_labels: list[QLabel] = []
+        layout.addWidget(self._groups_box)
+        self._show_groups([])
         self._section(layout, "Blocks per chat", [("per_chat", "")])
         layout.addWidget(self._heading("Block map"))
         self.block_map = BlockMap()
@@ -228,6 +250,24 @@ class VramPanel(QScrollArea):
         layout.addLayout(form)
         return form
 
+    def _show_groups(self, lines: list[str]) -> None:
+        while len(self._group_labels) < len(lines):
+            label = QLabel()
+            label.setObjectName(f"vram_group_{len(self._group_labels)}")
+            label.setWordWrap(True)
+            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            self._groups_layout.addWidget(label)
+            self._group_labels.append(label)
+        for i, label in enumerate(self._group_labels):
+            label.setVisible(i < len(lines))
+            label.setText(lines[i] if i < len(lines) else "")
+        self._groups_heading.setVisible(bool(lines))
+        self._groups_box.setVisible(bool(lines))
+
+    def group_lines(self) -> list[str]:
+        """The KV group lines shown (tests read them)."""
+        return [label.text() for label in self._group_labels if not label.isHidden()]
+
     def value(self, key: str) -> str:
         """The text shown for a row (tests and accessibility read it)."""
         return self._values[key].text()
@@ -263,6 +303,7 @@ class VramPanel(QScrollArea):
             for label in self._values.values():
                 label.setText("–")
             self.block_map.set_blocks([])
+            self._show_groups([])
             return
         texts = {**memory_rows(mem), **kv_rows(kv)}
         cuda = mem.device_total_bytes is not None
@@ -277,5 +318,6 @@ class VramPanel(QScrollArea):
                 per_chat.items(), key=lambda item: -item[1])) or "No chat holds blocks now"
         for key, label in self._values.items():
             label.setText(texts.get(key, "–"))
+        self._show_groups(group_rows(kv))
         self.block_map.set_blocks(kv.blocks)
         self.sparkline.add(kv.num_used / kv.num_blocks if kv.num_blocks else 0.0)

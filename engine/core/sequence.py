@@ -9,6 +9,10 @@ from typing import Any
 
 from engine.sampling_params import SamplingParams
 
+# A sliding group's table entry for a block released once it fell out of the window
+# (engine/core/sliding_blocks.py); the runner sends block 0 there, which no kernel reads.
+NO_BLOCK = -1
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # needs (re)prefill: no blocks, or blocks not yet computed
@@ -34,7 +38,10 @@ class Sequence:
     token_ids: list[int]
     num_prompt_tokens: int
     num_computed_tokens: int = 0
-    block_table: list[int] = field(default_factory=list)
+    # One block table per KV group (engine/core/kv_groups.py); most models have one group.
+    # A sliding group's table keeps its length: entries that fell out of the window hold
+    # NO_BLOCK (engine/core/block_manager.py).
+    block_tables: list[list[int]] = field(default_factory=lambda: [[]])
     # Chained hash of each full block, computed once and kept across preemption.
     block_hashes: list[bytes] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -47,6 +54,15 @@ class Sequence:
     @property
     def label(self) -> str:
         return f"{self.request_id}:{self.index}"
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first group's table: the only one of a model with one KV group."""
+        return self.block_tables[0]
+
+    @block_table.setter
+    def block_table(self, table: list[int]) -> None:
+        self.block_tables[0] = table
 
     @property
     def num_tokens(self) -> int:

@@ -8,7 +8,7 @@ loaders' shape check reads too).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -23,6 +23,21 @@ from kernels.quant.matrix import dequantize_cpu
 
 # A checkpoint tensor's destination: a float tensor (norms, biases) or a weight slot.
 Target = torch.Tensor | WeightSlot
+
+# One layer's KV cache and the metadata of its KV group: (k_cache, v_cache, meta).
+LayerKV = tuple[torch.Tensor, torch.Tensor, AttentionMetadata]
+# What a forward gets: the pool of a model with one KV group (every layer, one metadata),
+# or with several groups (engine/core/kv_groups.py) a LayerKV per layer.
+KVCaches = torch.Tensor | Sequence[LayerKV]
+
+
+def layer_kv(kv_cache: KVCaches, meta: AttentionMetadata, index: int) -> LayerKV:
+    """Layer ``index``'s cache and metadata; ``meta`` is the one metadata of a single
+    pool (the shared fields, positions and lengths, are every group's)."""
+    if isinstance(kv_cache, torch.Tensor):
+        return kv_cache[index, 0], kv_cache[index, 1], meta
+    return kv_cache[index]
+
 
 # Checkpoints written by older transformers versions carry these buffers; they are
 # recomputed from the config, never loaded.
@@ -54,9 +69,10 @@ class CausalLM(nn.Module):
         return params + sum(m.derived_bytes for m in self.modules()
                             if isinstance(m, StackedLinear | Embedding))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCaches,
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
-        """input_ids, positions: int64 [T]; kv_cache [L, 2, blocks, block_size, nkv, hd].
+        """input_ids, positions: int64 [T]; kv_cache [L, 2, blocks, block_size, nkv, hd]
+        (with several KV groups, a (k, v, meta) per layer: `layer_kv`).
         Returns the final-norm hidden states [T, hidden_size].
 
         For a model with one rotary table (``self.rotary``) shared by its ``self.layers``;
@@ -64,9 +80,13 @@ class CausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary.lookup(positions, meta)
         for index, layer in enumerate(self.layers):
-            hidden = layer(hidden, cos, sin, kv_cache[index, 0], kv_cache[index, 1], meta,
-                           backend)
+            k_cache, v_cache, layer_meta = layer_kv(kv_cache, meta, index)
+            hidden = layer(hidden, cos, sin, k_cache, v_cache, layer_meta, backend)
         return self.norm(hidden)
+
+    def layer_windows(self) -> list[int | None]:
+        """Each layer's sliding window (None: full attention), which groups the KV cache."""
+        return [self.spec.sliding_window] * self.spec.num_layers
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""

@@ -24,7 +24,7 @@ from engine.layers.base import Layer
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding
-from engine.models.base import CausalLM, Target
+from engine.models.base import CausalLM, KVCaches, Target, layer_kv
 from engine.models.llama import projection_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_params
 from kernels import AttentionBackend, AttentionMetadata
@@ -121,15 +121,18 @@ class GemmaForCausalLM(CausalLM):
         self.layers = nn.ModuleList(GemmaDecoderLayer(spec, kind, dtype, device)
                                     for kind in spec.layer_types)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCaches,
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) * self.embed_scale
         tables = {kind: rotary.lookup(positions) for kind, rotary in self.rotary.items()}
         for index, layer in enumerate(self.layers):
             cos, sin = tables[layer.kind]
-            hidden = layer(hidden, cos, sin, kv_cache[index, 0], kv_cache[index, 1], meta,
-                           backend)
+            k_cache, v_cache, layer_meta = layer_kv(kv_cache, meta, index)
+            hidden = layer(hidden, cos, sin, k_cache, v_cache, layer_meta, backend)
         return self.norm(hidden)
+
+    def layer_windows(self) -> list[int | None]:
+        return [self.spec.window if kind == SLIDING else None for kind in self.spec.layer_types]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)

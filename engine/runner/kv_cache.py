@@ -20,6 +20,14 @@ On CUDA every result of 2-4 is then capped by the memory still free after the we
 less ``CUDA_RESERVE_BYTES`` for activations; when that cannot hold one full context the
 engine refuses to start (a `KVBudgetError` naming ``max_model_len``) instead of failing on
 the first long chat.
+
+With several KV groups (engine/core/kv_groups.py: Gemma's global and sliding layers) the
+pool's bytes, ``num_blocks * bytes_per_block`` of the rule above, split between them
+(`group_blocks`): a sliding group (window W) gets what ``max_num_seqs`` sequences can hold
+at once, ``ceil((W + max_num_batched_tokens) / block_size) + 1`` blocks each (the window,
+one step's chunk, the partial block), but never more than ``num_blocks`` (as many as the
+single pool had: the whole context); the full-attention group gets every byte left, so
+it holds at least ``num_blocks`` blocks and more contexts fit than with one pool.
 """
 
 from __future__ import annotations
@@ -132,6 +140,29 @@ def num_blocks_for(
             raise KVBudgetError("max_model_len", room, one * per_block, max_model_len)
         num_blocks = min(num_blocks, room // per_block)
     return int(num_blocks)
+
+
+def group_blocks(config: EngineConfig, shape: KVShape, num_blocks: int,
+                 groups: list) -> list[int]:
+    """Blocks per KV group (``groups``: KVGroupSpecs, full attention first) out of the
+    bytes of a ``num_blocks`` pool of ``shape`` (the module doc has the rule)."""
+    if len(groups) == 1:
+        return [num_blocks]
+    layer_block = shape.bytes_per_block // shape.num_layers  # one layer's share of a block
+    budget = num_blocks * shape.bytes_per_block
+    counts = []
+    for group in groups:
+        if group.window is None:
+            counts.append(0)
+            continue
+        per_seq = shape.context_blocks(group.window + config.max_num_batched_tokens) + 1
+        counts.append(min(num_blocks, config.max_num_seqs * per_seq))
+        budget -= counts[-1] * len(group.layers) * layer_block
+    full = [g for g, group in enumerate(groups) if group.window is None]
+    full_layers = sum(len(groups[g].layers) for g in full)
+    for g in full:
+        counts[g] = max(num_blocks, budget // (full_layers * layer_block))
+    return counts
 
 
 @dataclass(slots=True, frozen=True)
