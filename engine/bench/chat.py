@@ -35,7 +35,8 @@ def bench_chat(ctx: BenchContext) -> dict:
     llm = ctx.new_llm()
     tok = llm.tokenizer
     texts = user_messages(tok, s.turns, s.user_tokens)
-    sides = {"folio": FolioChat(llm, s.reply_tokens),
+    folio = FolioChat(llm, s.reply_tokens, track_kv=True)
+    sides = {"folio": folio,
              "hf_recompute": _ByIds(HFRecompute(ctx.hf_model), tok, s.reply_tokens),
              "hf_cache": _ByIds(HFCached(ctx.hf_model), tok, s.reply_tokens)}
     notes = []
@@ -58,6 +59,8 @@ def bench_chat(ctx: BenchContext) -> dict:
                   for turn in range(s.turns)]
     rows = _rows(results, folio_ttft, s.turns)
     summary = _summary(results, len(folio_runs))
+    # Per KV group for a model mixing sliding and global layers (Gemma 2 and 3).
+    summary["folio_kv_peak_bytes"] = folio.kv_peak_bytes
     first, last = folio_ttft[0], folio_ttft[-1]
     recompute_last = results["hf_recompute"][-1].ttft_s
     targets = [

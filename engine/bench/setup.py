@@ -229,12 +229,24 @@ class FolioChat:
 
     label = "Folio"
 
-    def __init__(self, llm, reply_tokens: int, sample_waste: bool = False) -> None:
+    def __init__(self, llm, reply_tokens: int, sample_waste: bool = False,
+                 track_kv: bool = False) -> None:
         self.llm = llm
         self.params = SamplingParams(max_tokens=reply_tokens, temperature=0, ignore_eos=True)
         self.waste: list[float] = []
+        # Peak KV bytes in use per KV group ("all layers" for a model with one pool).
+        self.kv_peak_bytes: dict[str, int] = {}
         if sample_waste:
             llm.loop.add_hook(self._sample_waste)
+        if track_kv:
+            llm.loop.add_hook(self._track_kv)
+
+    def _track_kv(self, report: StepReport) -> None:
+        stats = self.llm.kv_stats(with_blocks=False)
+        used = ({g.name: g.used_bytes for g in stats.groups} if stats.groups
+                else {"all layers": stats.used_bytes})
+        for name, value in used.items():
+            self.kv_peak_bytes[name] = max(self.kv_peak_bytes.get(name, 0), value)
 
     def _sample_waste(self, report: StepReport) -> None:
         stats = self.llm.kv_stats(with_blocks=False)
