@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.interface import AttentionMetadata, check_attention_options
+from kernels.shared_prefix_ref import shared_prefix_decode
 from kernels.step_plan import DecodePlan, StepPlan
 
 
@@ -131,6 +132,8 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     """One new token per sequence: every sequence's blocks, padded to the longest, in a
     single SDPA over the batch with a length mask."""
     num_seqs, num_q_heads, head_size = query.shape
+    if plan.shared is not None:
+        return shared_prefix_decode(query, k_cache, v_cache, plan.shared, scale, softcap)
     if plan.mask is None:  # one sequence: its exact context or window, [1, nkv, seq_len, hd]
         keys = heads_of_blocks(k_cache, plan.ids, plan.seq_len, plan.skip)[None]
         values = heads_of_blocks(v_cache, plan.ids, plan.seq_len, plan.skip)[None]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.interface import AttentionMetadata, effective_window
+from kernels.shared_prefix_ref import SharedPrefix
 
 
 def block_ids(block_table: torch.Tensor, num_blocks: int,
@@ -38,6 +39,8 @@ class DecodePlan:
     # blocks are consecutive).
     ids: torch.Tensor | slice
     skip: int = 0  # one sequence: positions of its first block read that are before the window
+    # Several sequences starting with the same blocks (candidates): read those once.
+    shared: SharedPrefix | None = None
     # SDPA turns a bool mask into an additive one on every call; layers reuse this one.
     additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
 
@@ -67,6 +70,8 @@ class DecodePlan:
             positions = torch.arange(padded_len, device=device)
             lengths = seq_lens.to(device=device)
             mask = (positions[None, :] < lengths[:, None]).view(num_seqs, 1, 1, padded_len)
+            shared = SharedPrefix.find(tables, lengths, block_size, device)
+            return cls(max_seq_len, mask, ids, shared=shared)
         return cls(max_seq_len, mask, ids)
 
     @classmethod
