@@ -14,9 +14,8 @@ Rules:
   ``weights="bfloat16"`` on the CPU computes in bfloat16 and ``weights="float32"`` on CUDA
   is the exact path); else bfloat16 on CUDA when ``torch.cuda.is_bf16_supported()``,
   float16 on older cards, float32 on the CPU and on MPS. The KV cache is in the compute
-  dtype. The CPU keeps float32: measured on the starter's shape (one thread, 4 sequences
-  of 2048 tokens), kernels/reference.py decodes 2.6x faster from a bfloat16 cache but
-  prefills 2x slower (SDPA's bfloat16 CPU path), and the matmuls lose precision.
+  dtype. The CPU keeps float32: a bfloat16 cache decodes faster there but prefills
+  slower through SDPA's bfloat16 CPU path (README, "Latest results"), and loses precision.
 - **attention backend**: ``config.attention_backend``, else $FOLIO_ATTENTION_BACKEND, else
   ``triton`` on CUDA and ``torch`` elsewhere (as kernels.get_backend decides).
 """
