@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.block_reads import heads_of_blocks
 from kernels.interface import AttentionMetadata, check_attention_options
 from kernels.shared_prefix_ref import shared_prefix_decode
 from kernels.step_plan import DecodePlan, StepPlan
@@ -54,23 +55,6 @@ def _write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
     k_cache.view(flat_shape).index_copy_(0, slots, key)
     v_cache.view(flat_shape).index_copy_(0, slots, value)
-
-
-def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
-                    num_tokens: int | None = None, skip: int = 0) -> torch.Tensor:
-    """`num_tokens` (default: all the rest) tokens of blocks `ids` of a
-    [num_blocks, bs, nkv, hd] cache, after the first `skip` of them, per KV head:
-    [nkv, num_tokens, hd]. A view for a slice; for a head-major pool each head's rows
-    are then one contiguous run (kernels.interface.allocate_kv_cache)."""
-    if isinstance(ids, slice):
-        start = ids.start * cache.shape[1] + skip
-        stop = ids.stop * cache.shape[1] if num_tokens is None else start + num_tokens
-        # [num_blocks * bs, nkv, hd] is a view in either pool layout.
-        return cache.flatten(0, 1).permute(1, 0, 2)[:, start:stop]
-    blocks = cache.permute(2, 0, 1, 3).index_select(1, ids).flatten(1, 2)
-    if num_tokens is None:
-        return blocks[:, skip:] if skip else blocks
-    return blocks[:, skip:skip + num_tokens]
 
 
 def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

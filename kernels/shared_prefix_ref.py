@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.block_reads import block_ids, heads_of_blocks
+
 
 @dataclass(slots=True)
 class SharedPrefix:
@@ -31,8 +33,6 @@ class SharedPrefix:
              device: torch.device) -> SharedPrefix | None:
         """The leading blocks every table holds, or None when there are none. Each
         sequence keeps at least its newest token in its tail, so no tail is empty."""
-        from kernels.step_plan import block_ids
-
         same = (tables == tables[0]).all(dim=0).to(torch.int64)
         leading = int(same.cumprod(0).sum())
         shared = min(leading, (int(lengths.min()) - 1) // block_size)
@@ -50,8 +50,6 @@ def shared_prefix_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                          shared: SharedPrefix, scale: float,
                          softcap: float | None = None) -> torch.Tensor:
     """query [num_seqs, nq, hd] -> [num_seqs, nq, hd]; caches [blocks, bs, nkv, hd]."""
-    from kernels.reference import heads_of_blocks
-
     num_seqs, num_q_heads, head_size = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads

@@ -9,19 +9,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.block_reads import block_ids
 from kernels.interface import AttentionMetadata, effective_window
 from kernels.shared_prefix_ref import SharedPrefix
-
-
-def block_ids(block_table: torch.Tensor, num_blocks: int,
-              device: torch.device) -> torch.Tensor | slice:
-    """A sequence's first num_blocks physical blocks: a slice when the ids are consecutive
-    (fresh sequences get consecutive blocks from the free queue), so the blocks are read in
-    place instead of gathered; otherwise an int64 index tensor."""
-    ids = block_table[:num_blocks].tolist()
-    if ids == list(range(ids[0], ids[0] + num_blocks)):
-        return slice(ids[0], ids[0] + num_blocks)
-    return torch.tensor(ids, dtype=torch.int64, device=device)
 
 
 @dataclass(slots=True)

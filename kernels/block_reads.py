@@ -1,0 +1,35 @@
+"""Reading a sequence's blocks out of a paged KV pool for the PyTorch reference: which
+physical blocks (`block_ids`: a slice when they are consecutive, so they are read in
+place) and their keys or values per KV head (`heads_of_blocks`)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def block_ids(block_table: torch.Tensor, num_blocks: int,
+              device: torch.device) -> torch.Tensor | slice:
+    """A sequence's first num_blocks physical blocks: a slice when the ids are consecutive
+    (fresh sequences get consecutive blocks from the free queue), so the blocks are read in
+    place instead of gathered; otherwise an int64 index tensor."""
+    ids = block_table[:num_blocks].tolist()
+    if ids == list(range(ids[0], ids[0] + num_blocks)):
+        return slice(ids[0], ids[0] + num_blocks)
+    return torch.tensor(ids, dtype=torch.int64, device=device)
+
+
+def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
+                    num_tokens: int | None = None, skip: int = 0) -> torch.Tensor:
+    """`num_tokens` (default: all the rest) tokens of blocks `ids` of a
+    [num_blocks, bs, nkv, hd] cache, after the first `skip` of them, per KV head:
+    [nkv, num_tokens, hd]. A view for a slice; for a head-major pool each head's rows
+    are then one contiguous run (kernels.interface.allocate_kv_cache)."""
+    if isinstance(ids, slice):
+        start = ids.start * cache.shape[1] + skip
+        stop = ids.stop * cache.shape[1] if num_tokens is None else start + num_tokens
+        # [num_blocks * bs, nkv, hd] is a view in either pool layout.
+        return cache.flatten(0, 1).permute(1, 0, 2)[:, start:stop]
+    blocks = cache.permute(2, 0, 1, 3).index_select(1, ids).flatten(1, 2)
+    if num_tokens is None:
+        return blocks[:, skip:] if skip else blocks
+    return blocks[:, skip:skip + num_tokens]
