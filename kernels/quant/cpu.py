@@ -45,6 +45,9 @@ INT4_TYPES = frozenset(BY_NAME[name].type_id for name in ("Q4_0", "Q4_1", "Q4_K"
 GROUP = 32
 ROW_MULTIPLE = 64  # the op needs 16; whole 64-row tiles keep rows() simple
 PACK_ROWS = 4096  # a multiple of ROW_MULTIPLE: slices pack into whole tiles
+# From this many rows on, int4pack (whose time grows with every row) loses to dequantizing
+# W slice by slice and one float product: prefill chunks take that path.
+INT4_OP_MAX_ROWS = 256
 # Above this many rows int8pack (whose time grows with every row) loses to dequantizing
 # the matrix for the call and one float product (a Llama-8B ffn_down: even at 128 rows).
 INT8_OP_MAX_ROWS = 128
@@ -86,6 +89,8 @@ class Int4Packed:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [m, k] -> x @ W.T [m, n] in x's dtype."""
+        if x.shape[0] >= INT4_OP_MAX_ROWS:
+            return self._float_matmul(x)
         xb = x.to(torch.bfloat16, memory_format=torch.contiguous_format)
         if self.halves:
             xb = torch.cat([xb, xb], dim=1)
@@ -95,17 +100,35 @@ class Int4Packed:
             out = out[:, :self.shape[0]]
         return out.to(x.dtype)
 
+    def _float_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """Prefill-sized batches: PACK_ROWS rows of W at a time dequantized and multiplied
+        in x's dtype, so the float copy never exceeds one slice."""
+        n = self.shape[0]
+        out = x.new_empty(x.shape[0], n)
+        for start in range(0, n, PACK_ROWS):
+            stop = min(start + PACK_ROWS, n)
+            out[:, start:stop] = F.linear(x, self._slice(start, stop, x.dtype))
+        return out
+
     def rows(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        """Rows `ids` of W (all rows for None) as `dtype`: the embedding lookup, and the
-        whole matrix for prefill-sized products."""
+        """Rows `ids` of W (all rows for None) as `dtype`: the embedding lookup."""
         if ids is None:
-            q = unpack_all_rows(self.packed)[:self.shape[0]]
-            sz = self.scales_zeros[:, :self.shape[0]].float()
-        else:
-            ids = ids.to(torch.int64)
-            q = unpack_packed_rows(self.packed, ids)  # [t, k'] in 0..15
-            sz = self.scales_zeros[:, ids].float()  # [k' / 32, t, 2]
+            return self._slice(0, self.shape[0], dtype)
+        ids = ids.to(torch.int64)
+        q = unpack_packed_rows(self.packed, ids)  # [t, k'] in 0..15
+        return self._weights(q, self.scales_zeros[:, ids], dtype)
+
+    def _slice(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows start:stop of W; start is a multiple of the tile height (PACK_ROWS is)."""
+        padded = -(-stop // ROW_MULTIPLE) * ROW_MULTIPLE
+        q = unpack_all_rows(self.packed[start:padded])[:stop - start]
+        return self._weights(q, self.scales_zeros[:, start:stop], dtype)
+
+    def _weights(self, q: torch.Tensor, scales_zeros: torch.Tensor,
+                 dtype: torch.dtype) -> torch.Tensor:
+        """q uint8 [t, k'] and their scales_zeros [k' / 32, t, 2] -> W rows [t, k]."""
         t, k2 = q.shape
+        sz = scales_zeros.float()
         groups = q.view(t, k2 // GROUP, GROUP).float()
         w = ((groups - 8) * sz[..., 0].t()[..., None] + sz[..., 1].t()[..., None]).view(t, k2)
         if self.halves:

@@ -16,8 +16,13 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from kernels import allocate_kv_cache
+from kernels.quant.cpu import INT4_OP_MAX_ROWS
 
 pytestmark = pytest.mark.slow
+# Chunks this short keep every product on int4pack (bf16 in and out), the path decode
+# takes; prefill-sized chunks multiply dequantized float slices instead (cpu.py).
+CHUNK = 32
+assert CHUNK < INT4_OP_MAX_ROWS
 
 TOKENS = 512
 # Public domain: Charles Dickens, A Tale of Two Cities (1859), book 1, chapter 1, and Jane
@@ -89,21 +94,27 @@ def text_ids(models) -> list[int]:
     return ids[:TOKENS]
 
 
-def teacher_forced_logits(llm: LLM, ids: list[int], build_attention_metadata) -> torch.Tensor:
-    """float32 logits [len(ids), vocab] of one prefill of `ids` through the engine's own
-    model and attention backend, into a KV pool of its own (the engine's block manager
-    owns the engine's pool)."""
+def teacher_forced_logits(llm: LLM, ids: list[int], build_attention_metadata,
+                          chunk: int = CHUNK) -> torch.Tensor:
+    """float32 logits [len(ids), vocab] of a prefill of `ids` in chunks of `chunk` tokens
+    through the engine's own model and attention backend, into a KV pool of its own (the
+    engine's block manager owns the engine's pool)."""
     runner = llm.engine.runner
     s = runner.shape
     blocks = -(-len(ids) // s.block_size)
     kv_cache = allocate_kv_cache(s.num_layers, blocks, s.block_size, s.num_kv_heads,
                                  s.head_size, s.dtype, runner.device,
                                  head_major=runner.backend.head_major_kv)
-    meta = build_attention_metadata([list(range(blocks))], [0], [len(ids)], s.block_size)
+    logits = []
     with torch.inference_mode():
-        hidden = runner.model(torch.tensor(ids), torch.arange(len(ids)), kv_cache, meta,
-                              runner.backend)
-        return runner.model.compute_logits(hidden)
+        for start in range(0, len(ids), chunk):
+            stop = min(start + chunk, len(ids))
+            meta = build_attention_metadata([list(range(blocks))], [start], [stop - start],
+                                            s.block_size)
+            hidden = runner.model(torch.tensor(ids[start:stop]), torch.arange(start, stop),
+                                  kv_cache, meta, runner.backend)
+            logits.append(runner.model.compute_logits(hidden))
+    return torch.cat(logits)
 
 
 def test_stored_weights_track_float32_teacher_forced(models, text_ids, build_attention_metadata):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from kernels.quant.cpu import (
+    INT4_OP_MAX_ROWS,
     INT4_TYPES,
     INT8_OP_MAX_ROWS,
     Int4Packed,
@@ -34,7 +35,7 @@ INT4_NAMES = [name for name in TYPE_NAMES if BY_NAME[name].type_id in INT4_TYPES
 INT8_NAMES = [name for name in TYPE_NAMES if BY_NAME[name].type_id not in INT4_TYPES]
 # 1 (decode), 3, the int8pack op's last batch and the first past it (Int8Rows switches to
 # dequantize-then-F.linear), and a prefill-sized 200.
-BATCHES = (1, 3, 16, INT8_OP_MAX_ROWS, INT8_OP_MAX_ROWS + 1, 200)
+BATCHES = (1, 3, 16, INT8_OP_MAX_ROWS, INT8_OP_MAX_ROWS + 1, 200, INT4_OP_MAX_ROWS)
 # Odd N (the int4 layout pads rows to whole 64-row tiles: 33 -> one padded tile, 65 -> a
 # full tile and a padded one), and K of a few blocks and of many.
 SHAPES = [(33, 3), (65, 16)]  # (N, blocks per row)
