@@ -122,10 +122,11 @@ def num_blocks_for(
         return config.num_gpu_blocks
     per_block = shape.bytes_per_block
     one = shape.context_blocks(max_model_len)
+    on_cuda = device.type == "cuda"
+    free, total = torch.cuda.mem_get_info(device) if on_cuda else (0, 0)
     server_style = (config.kv_cache_memory_bytes is None
-                    and config.gpu_memory_utilization is not None and device.type == "cuda")
+                    and config.gpu_memory_utilization is not None and on_cuda)
     if server_style:
-        free, total = torch.cuda.mem_get_info(device)
         share = int(total * config.gpu_memory_utilization) - (total - free)
         if share // per_block < one:
             raise KVBudgetError("gpu_memory_utilization", max(0, share), one * per_block,
@@ -133,8 +134,7 @@ def num_blocks_for(
         num_blocks = share // per_block
     else:
         num_blocks = planned_blocks(config, shape, max_model_len)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+    if on_cuda:
         room = max(0, free - CUDA_RESERVE_BYTES)
         if room // per_block < one:
             raise KVBudgetError("max_model_len", room, one * per_block, max_model_len)

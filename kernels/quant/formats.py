@@ -20,10 +20,6 @@ class QuantFormat:
     block_size: int  # weights per block
     block_bytes: int
 
-    @property
-    def bits_per_weight(self) -> float:
-        return self.block_bytes * 8 / self.block_size
-
     def row_bytes(self, k: int) -> int:
         """Bytes of one row of k weights; raises ValueError when k is not a whole number of
         blocks."""
