@@ -183,6 +183,15 @@ def single_torch_thread():
     torch.set_num_threads(previous)
 
 
+@pytest.fixture
+def without_native_cpu(monkeypatch):
+    """The CPU path as it runs where the native library is not built: PyTorch's
+    weight-only ops (kernels.cpu.available() answers False)."""
+    import kernels.cpu
+
+    monkeypatch.setattr(kernels.cpu, "available", lambda: False)
+
+
 @pytest.fixture(scope="session", params=TINY_FAMILIES)
 def tiny_family(request: pytest.FixtureRequest) -> str:
     return request.param

@@ -9,8 +9,8 @@ from torch import nn
 
 from engine.layers.base import Layer
 from engine.layers.linear import WeightSlot
+from engine.layers.weights import WeightStorage, lookup_storage
 from kernels.quant.formats import QuantizedTensor
-from kernels.quant.matrix import QuantMatrix, for_rows
 
 
 class Embedding(Layer):
@@ -24,7 +24,7 @@ class Embedding(Layer):
         self.weight = nn.Parameter(torch.empty(0, dtype=dtype, device=device),
                                    requires_grad=False)
         self.quantized: QuantizedTensor | None = None  # as loaded, until prepare
-        self.table: QuantMatrix | None = None  # what lookups read when quantized
+        self.storage: WeightStorage | None = None  # what lookups read when quantized
 
     def slot(self) -> WeightSlot:
         return WeightSlot(self, 0, *self.shape)
@@ -33,25 +33,25 @@ class Embedding(Layer):
         if isinstance(tensor, QuantizedTensor):
             self.quantized = tensor
             return
-        self.quantized = self.table = None
+        self.quantized = self.storage = None
         if self.weight.shape != self.shape:
             self.weight.data = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         self.weight.data[start:stop].copy_(tensor)
 
-    def prepare(self, shared: QuantMatrix | None = None) -> None:
-        """Once loaded: a quantized table takes `shared` (the tied LM head's layout, when
+    def prepare(self, shared: WeightStorage | None = None) -> None:
+        """Once loaded: a quantized table takes `shared` (the tied LM head's storage, when
         it answers lookups too) or its own row layout."""
         if self.quantized is None:
             return
-        self.table = shared if shared is not None else for_rows(self.quantized, self.device)
+        self.storage = shared or lookup_storage(self.quantized, self.device)
         self.quantized = None
 
     @property
     def derived_bytes(self) -> int:
-        return 0 if self.table is None else self.table.nbytes
+        return 0 if self.storage is None else self.storage.nbytes
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """int64 [T] -> [T, hidden] in the model's dtype."""
-        if self.table is not None:
-            return self.table.rows(input_ids, self.dtype)
+        if self.storage is not None:
+            return self.storage.rows(input_ids, self.dtype)
         return F.embedding(input_ids, self.weight)

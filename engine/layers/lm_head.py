@@ -11,7 +11,8 @@ import torch
 
 from engine.layers.embedding import Embedding
 from engine.layers.linear import StackedLinear
-from kernels.quant.matrix import for_product, shares_layout
+from engine.layers.weights import DenseWeight, QuantizedRuns, quantized_storage
+from kernels.quant.matrix import shares_layout
 
 
 class LMHead(StackedLinear):
@@ -25,11 +26,12 @@ class LMHead(StackedLinear):
     ) -> None:
         """tied: the input embedding whose [vocab, hidden] matrix this head multiplies,
         shared, not copied; the lookup needs it as is, so a packed layout is kept beside
-        it (float), or one quantized layout serves both where it can (see prepare)."""
+        it (float), or one quantized storage serves both where it can (see prepare)."""
         super().__init__(hidden_size, (vocab_size,), False, dtype, device)
         self.tied = tied
         if tied is not None:
             self.weight = tied.weight
+            self.storage = DenseWeight(self.weight, self.shape)
             self.keeps_dense_weight = True
 
     def prepare(self) -> None:
@@ -39,29 +41,29 @@ class LMHead(StackedLinear):
             if tied is not None:
                 tied.prepare()
             return
-        product = for_product(tied.quantized, self.device)
-        self._runs = [product]
-        tied.prepare(shared=product if shares_layout(product) else None)
+        self.storage = quantized_storage([tied.quantized], self.device)
+        (layout,) = self.storage.runs
+        tied.prepare(shared=self.storage if shares_layout(layout) else None)
 
     @property
     def derived_bytes(self) -> int:
-        # A layout shared with the tied embedding is counted there.
-        if self.tied is not None and self._runs and self.tied.table is self._runs[0]:
+        # A storage shared with the tied embedding is counted there.
+        if self.tied is not None and self.tied.storage is self.storage:
             return 0
         return super().derived_bytes
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab]."""
         logits = super().forward(hidden).float()
-        if self._runs and hidden.shape[0]:
-            refine_top_logits(logits, hidden, self._runs[0])
+        if isinstance(self.storage, QuantizedRuns) and hidden.shape[0]:
+            refine_top_logits(logits, hidden, self.storage)
         return logits.contiguous()
 
 
-# The quantized products round their output to 16 bits (the CPU ops return bf16; CUDA
-# computes in the model's 16-bit dtype): logits near 20 move in steps of 0.125, so tokens
-# a float32 head tells apart tie, and greedy decoding breaks the tie by token id. The top
-# logits, where sampling's mass is, are recomputed in float32 from the dequantized rows.
+# The quantized products carry rounding the float32 path lacks (the CPU's 8-bit
+# activations or bf16 outputs, CUDA's 16-bit dtype): tokens a float32 head tells apart
+# tie or swap, and greedy decoding breaks a tie by token id. The top logits, where
+# sampling's mass is, are recomputed in float32 from the dequantized rows.
 REFINED_LOGITS = 32
 
 

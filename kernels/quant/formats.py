@@ -1,4 +1,4 @@
-"""The GGUF (llama.cpp) block types Folio keeps quantized in memory.
+"""The GGUF (llama.cpp) block types Folio keeps quantized in memory (sizes from gguf).
 
 A quantized [N, K] matrix is stored row by row; each row is K / block_size blocks of
 block_bytes bytes, so the whole matrix is a uint8 tensor [N, K / block_size * block_bytes]
@@ -29,18 +29,16 @@ class QuantFormat:
         return k // self.block_size * self.block_bytes
 
 
-_FORMATS = (
-    QuantFormat("Q4_0", 2, 32, 18),
-    QuantFormat("Q4_1", 3, 32, 20),
-    QuantFormat("Q5_0", 6, 32, 22),
-    QuantFormat("Q5_1", 7, 32, 24),
-    QuantFormat("Q8_0", 8, 32, 34),
-    QuantFormat("Q2_K", 10, 256, 84),
-    QuantFormat("Q3_K", 11, 256, 110),
-    QuantFormat("Q4_K", 12, 256, 144),
-    QuantFormat("Q5_K", 13, 256, 176),
-    QuantFormat("Q6_K", 14, 256, 210),
-)
+def _formats() -> tuple[QuantFormat, ...]:
+    # Block sizes and type ids come from gguf's own table, never a copy of it.
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    names = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+    types = (GGMLQuantizationType[name] for name in names)
+    return tuple(QuantFormat(t.name, int(t), *GGML_QUANT_SIZES[t]) for t in types)
+
+
+_FORMATS = _formats()
 QUANT_FORMATS: dict[int, QuantFormat] = {f.type_id: f for f in _FORMATS}
 BY_NAME: dict[str, QuantFormat] = {f.name: f for f in _FORMATS}
 
@@ -52,11 +50,15 @@ def quant_format(type_id: int) -> QuantFormat | None:
 
 @dataclass(slots=True, frozen=True)
 class QuantizedTensor:
-    """A [n, k] matrix as its GGUF blocks: `data` is uint8 [n, row_bytes] on any device."""
+    """A [n, k] matrix as its GGUF blocks: `data` is uint8 [n, row_bytes] on any device,
+    often a view of the mapped file. `row_order`, when set, is int64 [n]: row i of the
+    matrix is stored row row_order[i] (llama.cpp's rope order of Q/K rows, undone without
+    moving the bytes)."""
 
     type_id: int
     shape: tuple[int, int]
     data: object  # torch.Tensor; typed loosely so this table needs no torch import
+    row_order: object | None = None  # torch.Tensor int64 [n]
 
     @property
     def format(self) -> QuantFormat:
@@ -65,3 +67,9 @@ class QuantizedTensor:
     @property
     def nbytes(self) -> int:
         return self.data.numel()
+
+    def in_order(self) -> QuantizedTensor:
+        """The same matrix with its rows moved into order (a copy when row_order is set)."""
+        if self.row_order is None:
+            return self
+        return QuantizedTensor(self.type_id, self.shape, self.data[self.row_order])

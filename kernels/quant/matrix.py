@@ -2,6 +2,9 @@
 fastest, plus the row lookups an embedding table needs.
 
     layout       device  product                         rows (embedding lookup)
+    NativeBlocks CPU     folio_cpu integer dot products   folio_cpu dequantize of the rows
+                         on the file's blocks (8-bit
+                         activations), kernels/cpu
     RawBlocks    CUDA    Triton fused dequantize + GEMV   Triton dequantize of the rows
                          / dequantize-in-tile GEMM
     RawBlocks    CPU     dequantize, then F.linear        gguf's dequantize of the rows
@@ -10,6 +13,9 @@ fastest, plus the row lookups an embedding table needs.
                          and Q8_0 as two 4-bit halves)     the packed layout
     Int8Rows     CPU     aten int8pack / F.linear         int8 rows times their scale
 
+NativeBlocks reads the blocks where they lie (a map of the GGUF file) and keeps the file's
+row order; the other layouts are built at load from the blocks in order. Without the
+native library (not built, or FOLIO_NATIVE_CPU=0) the CPU takes Int4Packed / Int8Rows.
 `for_product` and `for_rows` pick the layout; a tied embedding shares its LM head's
 (`shares_layout`), so it is held once.
 """
@@ -63,7 +69,39 @@ class RawBlocks:
         return dequantize_cpu(data.cpu(), self.tensor.type_id).to(data.device, dtype)
 
 
-QuantMatrix = RawBlocks | Int4Packed | Int8Rows
+@dataclass(slots=True)
+class NativeBlocks:
+    """The file's blocks multiplied in place by the native CPU library (kernels/cpu)."""
+
+    tensor: QuantizedTensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tensor.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.nbytes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x float32 [m, k], or its 8-bit blocks (quantize_activations), -> float32 [m, n]."""
+        from kernels.cpu import quant
+
+        t = self.tensor
+        return quant.quant_matmul(x, t.data, t.type_id, t.shape[1], t.row_order)
+
+    def rows(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        from kernels.cpu import quant
+
+        t = self.tensor
+        if ids is None:
+            ids = torch.arange(t.shape[0])
+        if t.row_order is not None:
+            ids = t.row_order[ids]
+        return quant.dequantize_rows(t.data, ids, t.type_id, t.shape[1]).to(dtype)
+
+
+QuantMatrix = RawBlocks | Int4Packed | Int8Rows | NativeBlocks
 
 
 def dequantize_cpu(data: torch.Tensor, type_id: int) -> torch.Tensor:
@@ -74,8 +112,18 @@ def dequantize_cpu(data: torch.Tensor, type_id: int) -> torch.Tensor:
     return torch.from_numpy(dequantize(array, GGMLQuantizationType(type_id)))
 
 
+def native_cpu(device: torch.device) -> bool:
+    """Whether quantized products on `device` run the native CPU library."""
+    from kernels import cpu
+
+    return device.type == "cpu" and cpu.available()
+
+
 def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
     """The layout that multiplies fastest on `device` (the tensor's data is on the CPU)."""
+    if native_cpu(device):
+        return NativeBlocks(tensor)
+    tensor = tensor.in_order()
     if device.type != "cpu":
         return RawBlocks(_moved(tensor, device), triton=device.type == "cuda")
     if tensor.type_id in INT4_TYPES:
@@ -85,6 +133,9 @@ def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
 
 def for_rows(tensor: QuantizedTensor, device: torch.device) -> RawBlocks:
     """The layout for an embedding table that only looks rows up."""
+    if native_cpu(device):
+        return NativeBlocks(tensor)
+    tensor = tensor.in_order()
     return RawBlocks(_moved(tensor, device), triton=device.type == "cuda")
 
 

@@ -5,9 +5,11 @@ convert the tokenizer (slow: it parses the whole file with gguf.GGUFReader).
 The config and tokenizer, with the tensor directory (names, shapes, quant types, byte offsets),
 are cached under the user cache dir, keyed by the file's path, size and mtime, so a later load
 reads one JSON file and a saved tokenizer and then reads each tensor straight from a memory
-map: quantized matrices as their blocks (`keep_quantized`, what weights="stored" asks for),
-everything else dequantized. Dequantized weights are never cached: they are four to eight
-times the size of the file.
+map: quantized matrices as views of the map (`keep_quantized`, what weights="stored" asks
+for; llama.cpp's Q/K row order is undone by an index, `QuantizedTensor.row_order`, so the
+bytes are never copied), everything else dequantized. Every tensor's extent is checked
+against the file's size before any is read. Dequantized weights are never cached: they are
+four to eight times the size of the file.
 """
 
 from __future__ import annotations
@@ -113,16 +115,19 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
     check_weight_shapes(config, shapes, lambda name: str(path), str(path))
 
     def opener() -> Iterator[tuple[str, torch.Tensor]]:
-        data = np.memmap(path, dtype=np.uint8, mode="r")
+        # Copy-on-write: the arrays are writable for torch, and nothing reaches the file.
+        data = np.memmap(path, dtype=np.uint8, mode="c")
         if data.size != meta["size"]:
             raise FolioLoadError(f"{path}: the file changed after it was opened; load it again")
         for name, shape, qtype_id, offset, n_bytes, permute_heads, shift in tensors:
             if keep_quantized and len(shape) == 2 and not shift and quant_format(qtype_id):
-                rows = data[offset:offset + n_bytes].reshape(shape[0], -1)
-                if permute_heads:  # whole rows move, so the blocks move as they are
-                    rows = unpermute_rows(rows, permute_heads)
-                yield name, QuantizedTensor(qtype_id, tuple(shape),
-                                            torch.from_numpy(np.array(rows)))
+                # A view of the map: pages are read when a product first touches them.
+                rows = torch.from_numpy(data[offset:offset + n_bytes].reshape(shape[0], -1))
+                order = None
+                if permute_heads:  # whole rows move: said by an index, the bytes stay
+                    order = torch.from_numpy(unpermute_rows(np.arange(shape[0]),
+                                                            permute_heads))
+                yield name, QuantizedTensor(qtype_id, tuple(shape), rows, order)
                 continue
             weight = _dequantize_at(data, shape, qtype_id, offset, n_bytes)
             if permute_heads:
@@ -153,8 +158,13 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     try:
         header = parse_gguf_header(path)
         metadata, directory = header.metadata, []
+        size = path.stat().st_size
         for tensor in header.tensors:
             n_bytes = _tensor_bytes(tensor.name, tensor.shape, tensor.qtype, path)
+            # Checked before anything is read, so no tensor is read past the end.
+            if tensor.offset + n_bytes > size:
+                raise FolioLoadError(f"{path}: truncated (tensor {tensor.name} ends past the "
+                                     "end of the file); download it again")
             directory.append((tensor.name, tensor.shape, tensor.qtype, tensor.offset, n_bytes))
         family = gguf_family(metadata.get("general.architecture"))
         config_names = () if family is None else config_tensor_names(family.model_type)
@@ -168,7 +178,6 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     config = gguf_config_dict(metadata, {t[0] for t in directory}, config_tensors, path)
     assert family is not None  # gguf_config_dict rejects the architectures Folio lacks
     permute = family.gguf_rope_permuted
-    size = path.stat().st_size
     tensors, known_qtypes = [], set()
     for gguf_name, shape, qtype, offset, n_bytes in directory:
         if gguf_name in config_names:
@@ -181,9 +190,6 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
         if qtype not in known_qtypes:
             _check_dequantizable(qtype, gguf_name, path)
             known_qtypes.add(qtype)
-        if offset + n_bytes > size:
-            raise FolioLoadError(f"{path}: truncated (tensor {gguf_name} ends past the end of "
-                                 "the file); download it again")
         heads = 0
         if permute and ".attn_q." in gguf_name:
             heads = config["num_attention_heads"]

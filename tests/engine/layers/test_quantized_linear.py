@@ -1,7 +1,9 @@
 """StackedLinear, Embedding and LMHead holding GGUF-quantized checkpoint matrices: how
 stacked slots become runs of one block type, the float fallback, biases, byte accounting,
 and the tied embedding sharing its LM head's layout. The layouts' own error bounds are
-tests/kernels/quant/test_quant_cpu.py's; here the layer must compose them exactly."""
+tests/kernels/quant/test_quant_cpu.py's; here the layer must compose them exactly. These
+are the storages without the native CPU library (TorchQuantized); the native one is
+tests/engine/layers/test_native_storage.py's."""
 
 from __future__ import annotations
 
@@ -13,12 +15,15 @@ from engine.layers import onednn
 from engine.layers.embedding import Embedding
 from engine.layers.linear import StackedLinear
 from engine.layers.lm_head import LMHead
+from engine.layers.weights import TorchQuantized
 from kernels.quant.cpu import Int4Packed, Int8Rows
 from kernels.quant.formats import BY_NAME, QuantizedTensor
 from kernels.quant.matrix import RawBlocks, for_product
 from tests.kernels.quant_cases import oracle_weights, random_quantized
 
 CPU = torch.device("cpu")
+
+pytestmark = pytest.mark.usefixtures("without_native_cpu")
 K = 256  # one K-quant block per row
 SIZES = (64, 32, 32)  # q, k, v rows
 # Relative error of a layer's part against the oracle (test_quant_cpu.py measures and
@@ -75,8 +80,8 @@ def _merged(parts: list[tuple[QuantizedTensor, torch.Tensor]]) -> QuantizedTenso
 
 def test_one_type_becomes_one_run():
     layer, parts, _ = _layer(("Q4_K", "Q4_K", "Q4_K"))
-    assert layer.quantized and len(layer._runs) == 1
-    (run,) = layer._runs
+    assert layer.quantized and len(layer.storage.runs) == 1
+    (run,) = layer.storage.runs
     assert isinstance(run, Int4Packed) and run.shape == (128, K)
     assert layer.weight.numel() == 0
     expected = for_product(_merged(parts), CPU)
@@ -94,8 +99,8 @@ def test_one_type_becomes_one_run():
 def test_q4_k_m_mix_multiplies_per_run_and_concatenates(order):
     # llama.cpp's Q4_K_M: Q4_K q/k with a Q6_K v. Slots may arrive in any order.
     layer, parts, _ = _layer(("Q4_K", "Q4_K", "Q6_K"), order=order)
-    assert [type(r) for r in layer._runs] == [Int4Packed, Int8Rows]
-    assert [r.shape for r in layer._runs] == [(96, K), (32, K)]
+    assert [type(r) for r in layer.storage.runs] == [Int4Packed, Int8Rows]
+    assert [r.shape for r in layer.storage.runs] == [(96, K), (32, K)]
     assert layer.weight.numel() == 0
     qk = for_product(_merged(parts[:2]), CPU)
     v = for_product(parts[2][0], CPU)
@@ -111,7 +116,7 @@ def test_q4_k_m_mix_multiplies_per_run_and_concatenates(order):
 
 def test_same_types_apart_stay_separate_runs():
     layer, parts, _ = _layer(("Q4_K", "Q6_K", "Q4_K"))
-    assert [type(r) for r in layer._runs] == [Int4Packed, Int8Rows, Int4Packed]
+    assert [type(r) for r in layer.storage.runs] == [Int4Packed, Int8Rows, Int4Packed]
     x = _x(3)
     expected = torch.cat([for_product(t, CPU).matmul(x) for t, _ in parts], dim=1)
     assert torch.equal(layer(x), expected)
@@ -152,7 +157,7 @@ def test_float_and_quantized_rows_fall_back_to_float(float_first):
         layer.slot(index).copy_(tensor)
     layer.bias.data.copy_(b)
     layer.prepare()
-    assert not layer.quantized and layer._runs == []
+    assert not layer.quantized and not isinstance(layer.storage, TorchQuantized)
     dense = torch.cat([q_float, k_weights, v_weights])
     assert torch.equal(layer.dense_weight(), dense)
     for rows in (1, 3, 70):
@@ -203,18 +208,18 @@ def _tied(name: str, dtype=torch.float32):
 
 def test_tied_q8_0_table_is_one_layout_for_lookup_and_product():
     embed, head, table, weights = _tied("Q8_0")
-    assert head._runs[0] is embed.table
-    assert isinstance(embed.table, Int4Packed) and embed.table.halves
+    assert head.storage is embed.storage
+    assert isinstance(embed.storage.runs[0], Int4Packed) and embed.storage.runs[0].halves
     assert embed.weight.numel() == 0 and head.weight.numel() == 0
     # Counted once, by the embedding.
-    assert embed.derived_bytes == embed.table.nbytes and head.derived_bytes == 0
-    assert embed.table.nbytes == for_product(table, CPU).nbytes
+    assert embed.derived_bytes == embed.storage.runs[0].nbytes and head.derived_bytes == 0
+    assert embed.storage.runs[0].nbytes == for_product(table, CPU).nbytes
     # Lookups: Q8_0's weight d * q with d rounded to bf16, so within 2**-8 of each weight.
     looked_up = embed(IDS)
     assert looked_up.shape == (len(IDS), HIDDEN) and looked_up.dtype == torch.float32
     err = (looked_up.double() - weights[IDS].double()).abs()
     assert (err <= 2.0 ** -8 * weights[IDS].double().abs() + 1e-12).all()
-    assert torch.equal(looked_up, embed.table.rows(IDS, torch.float32))
+    assert torch.equal(looked_up, embed.storage.runs[0].rows(IDS, torch.float32))
     hidden = _x(5, k=HIDDEN)
     logits = head(hidden)
     assert logits.dtype == torch.float32 and logits.shape == (5, VOCAB)
@@ -224,8 +229,8 @@ def test_tied_q8_0_table_is_one_layout_for_lookup_and_product():
 
 def test_tied_int8_rows_table_is_shared_too():
     embed, head, _, weights = _tied("Q6_K")
-    assert isinstance(head._runs[0], Int8Rows) and head._runs[0] is embed.table
-    assert head.derived_bytes == 0 and embed.derived_bytes == embed.table.nbytes
+    assert isinstance(head.storage.runs[0], Int8Rows) and head.storage is embed.storage
+    assert head.derived_bytes == 0 and embed.derived_bytes == embed.storage.runs[0].nbytes
     step = weights.double().abs().amax(dim=1, keepdim=True) * (1 + 2.0 ** -8) / 254
     assert ((embed(IDS).double() - weights[IDS].double()).abs() <= step[IDS]).all()
 
@@ -246,7 +251,7 @@ def test_untied_quantized_embedding_looks_up_the_oracle_rows(name, dtype):
     embed.slot().copy_(table)
     assert embed.weight.numel() == 0
     embed.prepare()
-    assert isinstance(embed.table, RawBlocks) and embed.derived_bytes == table.nbytes
+    assert isinstance(embed.storage.runs[0], RawBlocks) and embed.derived_bytes == table.nbytes
     out = embed(IDS)
     assert out.dtype == dtype
     assert torch.equal(out, weights[IDS].to(dtype))
@@ -270,7 +275,7 @@ def test_float_embedding_after_a_quantized_one():
     dense = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(5))
     embed.slot().copy_(dense)
     embed.prepare()
-    assert embed.table is None and embed.derived_bytes == 0
+    assert embed.storage is None and embed.derived_bytes == 0
     assert torch.equal(embed(IDS), dense[IDS])
 
 

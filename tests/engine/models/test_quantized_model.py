@@ -11,9 +11,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, dequantize, quantize
 
-import engine.layers.embedding as embedding_module
-import engine.layers.linear as linear_module
-import engine.layers.lm_head as lm_head_module
+import engine.layers.weights as weights_module
 from engine.models import build_model
 from kernels import allocate_kv_cache
 from kernels.quant.formats import QuantizedTensor
@@ -80,26 +78,30 @@ def test_the_triton_path_equals_the_dequantized_model(checkpoint, build_attentio
                                                       monkeypatch):
     config, quantized, floats = checkpoint
     triton_layout = lambda tensor, device: RawBlocks(tensor, triton=True)  # noqa: E731
-    for module in (linear_module, lm_head_module):
-        monkeypatch.setattr(module, "for_product", triton_layout)
-    monkeypatch.setattr(embedding_module, "for_rows", triton_layout)
+    monkeypatch.setattr(weights_module, "for_product", triton_layout)
+    monkeypatch.setattr(weights_module, "for_rows", triton_layout)
+    monkeypatch.setattr(weights_module, "_quantized_kind",
+                        lambda device: weights_module.TritonQuantized)
     model = build(config, quantized)
-    assert all(isinstance(run, RawBlocks) and run.triton
-               for run in model.layers[0].self_attn.qkv_proj._runs)
-    assert model.embed_tokens.table is model.lm_head._runs[0]  # tied: one copy
+    qkv = model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv.storage, weights_module.TritonQuantized)
+    assert all(isinstance(run, RawBlocks) and run.triton for run in qkv.storage.runs)
+    assert model.embed_tokens.storage is model.lm_head.storage  # tied: one copy
     tokens = list(range(3, 40))
     expected = logits(build(config, floats), build_attention_metadata, tokens)
     assert relative(logits(model, build_attention_metadata, tokens), expected) < 1e-4
 
 
-def test_the_cpu_layouts_track_the_dequantized_model(checkpoint, build_attention_metadata):
+def test_the_torch_cpu_layouts_track_the_dequantized_model(checkpoint,
+                                                           build_attention_metadata,
+                                                           without_native_cpu):
     config, quantized, floats = checkpoint
     model = build(config, quantized)
     qkv = model.layers[0].self_attn.qkv_proj
-    assert [type(run).__name__ for run in qkv._runs] == ["Int4Packed", "Int4Packed"]
-    assert [type(run).__name__ for run in model.layers[0].mlp.gate_up_proj._runs] == [
+    assert [type(run).__name__ for run in qkv.storage.runs] == ["Int4Packed", "Int4Packed"]
+    assert [type(run).__name__ for run in model.layers[0].mlp.gate_up_proj.storage.runs] == [
         "Int4Packed", "Int8Rows"]
-    assert model.embed_tokens.table is model.lm_head._runs[0]
+    assert model.embed_tokens.storage is model.lm_head.storage
     reference = build(config, floats)
     # Every float weight is gone: the model holds the quantized layouts only.
     assert all(p.numel() == 0 for name, p in model.named_parameters()

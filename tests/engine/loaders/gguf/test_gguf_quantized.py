@@ -90,7 +90,26 @@ def test_quantized_matrices_come_out_as_blocks(quantized_load):
     assert loaded.config.tie_word_embeddings
 
 
-def test_quantized_model_holds_about_the_files_bytes(quantized_load, starter):
+def test_quantized_matrices_are_views_of_the_mapped_file(quantized_load, starter):
+    """No byte of a quantized matrix is copied at load: each is the file's own bytes,
+    Q/K included (their llama.cpp row order is an index, not a move)."""
+    _, weights = quantized_load
+    header = {t.name: t for t in parse_gguf_header(starter).tensors}
+    raw = np.memmap(starter, dtype=np.uint8, mode="r")
+    q = weights["model.layers.3.self_attn.q_proj.weight"]
+    entry = header["blk.3.attn_q.weight"]
+    assert q.row_order is not None and sorted(q.row_order.tolist()) == list(range(HIDDEN))
+    assert torch.equal(q.data.flatten(), torch.from_numpy(
+        np.array(raw[entry.offset:entry.offset + q.data.numel()])))
+    v = weights["model.layers.3.self_attn.v_proj.weight"]
+    assert v.row_order is None
+    # One mapping holds them all: their addresses lie as far apart as their offsets.
+    v_entry = header["blk.3.attn_v.weight"]
+    assert v.data.data_ptr() - q.data.data_ptr() == v_entry.offset - entry.offset
+
+
+def test_quantized_model_holds_about_the_files_bytes(quantized_load, starter,
+                                                     without_native_cpu):
     loaded, weights = quantized_load
     model = build_model(loaded.config, torch.float32, "cpu")
     model.load_weights(weights.items())
@@ -100,13 +119,14 @@ def test_quantized_model_holds_about_the_files_bytes(quantized_load, starter):
     # the Q8_0 table as two 4-bit halves, 10 bits a weight for 8.5: ~1.055x in all.
     assert held <= 1.1 * file_bytes, (held, file_bytes)
     assert held < 0.2 * 4 * 134_515_008  # far below the float32 model
-    assert model.embed_tokens.table is model.lm_head._runs[0]  # one table, counted once
+    assert model.embed_tokens.storage is model.lm_head.storage  # one table, counted once
     for layer in model.layers:
         assert layer.self_attn.qkv_proj.quantized
         assert layer.self_attn.qkv_proj.weight.numel() == 0
 
 
-def test_q_and_k_byte_rows_are_unpermuted(quantized_load, starter, module_cache):
+def test_q_and_k_byte_rows_are_unpermuted(quantized_load, starter, module_cache,
+                                          without_native_cpu):
     """The float path dequantizes then un-permutes rows; the quantized path un-permutes
     the byte rows. Dequantized, the blocks must be the float path's matrices bit for bit,
     and the model's stacked q/k/v layout must hold them in that row order."""
@@ -117,7 +137,7 @@ def test_q_and_k_byte_rows_are_unpermuted(quantized_load, starter, module_cache)
               if name in wanted}
     assert set(floats) == wanted
     for name in sorted(wanted):
-        block = weights[name]
+        block = weights[name].in_order()
         assert torch.equal(dequantize_cpu(block.data, block.type_id), floats[name]), name
     # Into the model: q, k, v (all Q4_1) merge into one int4pack run; its rows are the
     # float path's within the bf16 rounding of each group's scale and zero (2**-8 of
@@ -127,7 +147,7 @@ def test_q_and_k_byte_rows_are_unpermuted(quantized_load, starter, module_cache)
     model.load_weights(weights.items())
     for index in (0, 13, LAYERS - 1):
         qkv = model.layers[index].self_attn.qkv_proj
-        (run,) = qkv._runs
+        (run,) = qkv.storage.runs
         assert isinstance(run, Int4Packed) and run.shape == (HIDDEN + 2 * 192, HIDDEN)
         rows = run.rows(None, torch.float32).double()
         dense = torch.cat([floats[f"model.layers.{index}.self_attn.{p}_proj.weight"]

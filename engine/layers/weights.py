@@ -1,0 +1,184 @@
+"""How a layer's matrix is held and multiplied: one storage object per layer, chosen once
+when its weights are loaded (`StackedLinear.prepare`, `Embedding.prepare`).
+
+    storage           device  holds                                   product
+    DenseWeight       any     the float matrix, or oneDNN's packed    F.linear / oneDNN
+                              copy of it on CPU float32
+    NativeQuantized   CPU     the file's blocks where they lie (a     folio_cpu: 8-bit
+                              map of the GGUF file), kernels/cpu      activations, integer dots
+    TritonQuantized   CUDA    the file's blocks on the card           Triton GEMV / GEMM
+    TorchQuantized    CPU     PyTorch's int4pack / int8-rows layouts  aten weight-only ops
+                              (the native library is not built)
+
+Every storage multiplies (`matmul`, x [m, k] -> [m, n]) and reads rows back (`rows`: an
+embedding lookup, the LM head's float32 refinement), so a tied embedding and LM head share
+one object. A quantized storage holds the stacked checkpoint matrices as runs of rows
+(`kernels.quant.matrix` layouts) and multiplies run by run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers import onednn
+from kernels.quant.formats import QuantizedTensor
+from kernels.quant.matrix import QuantMatrix, for_product, for_rows, native_cpu
+
+# Without oneDNN, below this many rows (decode steps) CPU fp32 matmuls run faster as
+# W @ x.T than as F.linear (README, "Performance"). One row is padded to two, which beats
+# both at batch 1.
+SMALL_BATCH = 64
+
+
+class WeightStorage(Protocol):
+    shape: tuple[int, int]  # [n, k]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held outside the layer's parameters (packed or quantized copies)."""
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [m, k] -> x @ W.T [m, n] in x's dtype."""
+
+    def rows(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` of W (every row for None) as `dtype`."""
+
+
+@dataclass(slots=True)
+class DenseWeight:
+    """The float matrix: the layer's parameter itself (read live, so a reload is seen), or
+    oneDNN's packed copy, which then holds the only bytes unless the parameter is shared."""
+
+    weight: nn.Parameter
+    shape: tuple[int, int]
+    packed: torch.Tensor | None = None
+
+    @classmethod
+    def packing(cls, weight: nn.Parameter, keep_plain: bool) -> DenseWeight:
+        """A CPU float32 matrix swapped for its packed copy where oneDNN is there; the plain
+        one is emptied unless `keep_plain` (a matrix shared with the embedding)."""
+        packed = onednn.pack(weight)
+        if packed is not None and not keep_plain:
+            weight.data = weight.data.new_empty(0)
+        return cls(weight, tuple(packed.shape if packed is not None else weight.shape),
+                   packed)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.packed is None else self.packed.numel() * self.packed.element_size()
+
+    def dense(self) -> torch.Tensor:
+        if self.packed is not None and self.weight.numel() == 0:
+            return onednn.unpack(self.packed)
+        return self.weight.detach()
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return onednn.LINEAR_OP(x, self.packed, None, *onednn.NO_POST_OP)
+        if x.device.type == "cpu" and x.dtype == torch.float32 and x.shape[0] < SMALL_BATCH:
+            return small_batch_linear(x, self.weight)
+        return F.linear(x, self.weight)
+
+    def rows(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        w = self.dense()
+        return (w if ids is None else w[ids]).to(dtype)
+
+
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T computed as (weight @ x.T).T. The result is a transposed view, not
+    contiguous: callers reshape it (or let the next op copy it), which saves a copy per
+    matmul."""
+    rows = x.shape[0]
+    columns = (torch.cat([x, x]) if rows == 1 else x).t()
+    return torch.mm(weight, columns).t()[:rows]
+
+
+@dataclass(slots=True)
+class QuantizedRuns:
+    """A matrix as runs of quantized rows in row order (a stack of checkpoint matrices,
+    each run one block type), multiplied run by run."""
+
+    runs: list[QuantMatrix]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(run.shape[0] for run in self.runs), self.runs[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(run.nbytes for run in self.runs)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._prepared(x)
+        outs = [run.matmul(x) for run in self.runs]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    def _prepared(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def rows(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        if len(self.runs) == 1:
+            return self.runs[0].rows(ids, dtype)
+        every = torch.cat([run.rows(None, dtype) for run in self.runs])
+        return every if ids is None else every[ids]
+
+
+class NativeQuantized(QuantizedRuns):
+    """The native CPU library's products; one input feeds every run, so it is quantized
+    to 8-bit blocks once for all of them."""
+
+    __slots__ = ()
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return super().matmul(x.float()).to(x.dtype)
+
+    def _prepared(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.runs) == 1:
+            return x
+        from kernels.cpu import quant
+
+        return quant.quantize_activations(x)
+
+
+class TritonQuantized(QuantizedRuns):
+    __slots__ = ()
+
+
+class TorchQuantized(QuantizedRuns):
+    __slots__ = ()
+
+
+def quantized_storage(parts: Sequence[QuantizedTensor],
+                      device: torch.device) -> QuantizedRuns:
+    """The storage for a matrix loaded as quantized parts (in row order) on `device`.
+
+    The native path keeps each part as it lies in the file (no copy); the others join
+    adjacent parts of one block type into one layout, built from the blocks in order."""
+    kind = _quantized_kind(device)
+    if kind is NativeQuantized:
+        return NativeQuantized([for_product(part, device) for part in parts])
+    merged: list[QuantizedTensor] = []
+    for part in (p.in_order() for p in parts):
+        if merged and merged[-1].type_id == part.type_id:
+            last = merged.pop()
+            part = QuantizedTensor(part.type_id, (last.shape[0] + part.shape[0], part.shape[1]),
+                                   torch.cat([last.data, part.data]))
+        merged.append(part)
+    return kind([for_product(part, device) for part in merged])
+
+
+def lookup_storage(table: QuantizedTensor, device: torch.device) -> QuantizedRuns:
+    """The storage of an embedding table that only looks rows up (not tied to a head)."""
+    return _quantized_kind(device)([for_rows(table, device)])
+
+
+def _quantized_kind(device: torch.device) -> type[QuantizedRuns]:
+    if native_cpu(device):
+        return NativeQuantized
+    return TritonQuantized if device.type == "cuda" else TorchQuantized
