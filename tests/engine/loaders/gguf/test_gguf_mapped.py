@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 from gguf import GGMLQuantizationType as Q
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.loaders import FolioLoadError, load_model_files
