@@ -291,7 +291,7 @@ class LLMEngine:
 
     def memory_stats(self) -> MemoryStats:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_pool_bytes,
-                            self.resolved_device.label)
+                            self.resolved_device.status_line)
 
 
 def _drain(cand: _Candidate) -> str:

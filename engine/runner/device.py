@@ -40,6 +40,16 @@ class ResolvedDevice:
     label: str  # for people: "CUDA 0: NVIDIA H200", "CPU", "Apple GPU (MPS)"
 
     @property
+    def status_line(self) -> str:
+        """The label with the CPU's kernel path, for the Memory dock: "CPU, native kernels
+        (avx2)", or "CPU, PyTorch kernels (native not built)" where the library is not."""
+        if self.device.type != "cpu":
+            return self.label
+        from kernels import cpu
+
+        return f"{self.label}, {cpu.status()}"
+
+    @property
     def kv_dtype(self) -> torch.dtype:
         """The KV cache holds what attention computes: the compute dtype."""
         return self.dtype

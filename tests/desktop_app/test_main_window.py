@@ -156,7 +156,8 @@ def test_vram_panel_shows_the_snapshot(qtbot, make_starter_bridge, make_window):
     assert panel.value("blocks_free") == str(kv.num_free) == "384"
     for key, text in {**kv_rows(kv), **memory_rows(mem)}.items():
         assert panel.value(key) == text
-    assert panel.value("device") == "CPU"  # the resolved label (engine/runner/device.py)
+    # The resolved label and the kernel path (engine/runner/device.py, status_line).
+    assert panel.value("device") == mem.device and mem.device.startswith("CPU, ")
     assert len(panel.block_map.blocks) == kv.num_blocks
     assert sum(b.state == "cached" for b in panel.block_map.blocks) == kv.num_cached
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels.cpu
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runner.kv_cache import CONCURRENT_CONTEXTS, KVBudgetError
@@ -21,7 +22,8 @@ def test_defaults_on_a_machine_without_cuda(tiny_dir, monkeypatch):
     engine = LLMEngine(str(tiny_dir), EngineConfig())
     r = engine.resolved_device
     assert (r.device.type, r.dtype, r.backend, r.label) == ("cpu", torch.float32, "torch", "CPU")
-    assert engine.memory_stats().device == "CPU"
+    # The dock's line names the CPU's kernel path.
+    assert engine.memory_stats().device == f"CPU, {kernels.cpu.status()}"
     # The default pool: a few full contexts of the model (1024 tokens, 16-token blocks).
     assert engine.kv_stats(with_blocks=False).num_blocks == CONCURRENT_CONTEXTS * 1024 // 16
 
