@@ -1,0 +1,36 @@
+// The per-ISA kernel table: each ISA file compiles the block unpackers (unpack.h) and the
+// generic integer dot kernel for its instruction set; matmul.cpp picks one at run time.
+#pragma once
+
+#include <cstdint>
+
+#include "isa.h"
+#include "layout.h"
+
+namespace folio_cpu::quant {
+
+// Most activation rows one dot call multiplies (register blocking).
+constexpr int kMaxRows = 4;
+
+struct Kernels {
+  // row: one weight row's file bytes (k weights) -> out[padded_k(k) / 256].
+  void (*unpack_row)(int type, const uint8_t* row, int64_t k, Group* out);
+  // out[i] = sum over `groups` groups of w . x[i] for i < mr <= kMaxRows; signed_q for Q8_0.
+  void (*dot)(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
+              float* out);
+};
+
+const Kernels& portable_kernels();
+const Kernels& avx2_kernels();    // portable_kernels() off x86
+const Kernels& avx512_kernels();  // AVX-512 F/BW/VL; also serves the VNNI path
+
+inline const Kernels& kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512Vnni:
+    case Isa::kAvx512: return avx512_kernels();
+    case Isa::kAvx2: return avx2_kernels();
+    default: return portable_kernels();
+  }
+}
+
+}  // namespace folio_cpu::quant

@@ -1,0 +1,57 @@
+"""Products with GGUF-quantized matrices on the CPU, through the native library's ops.
+
+Thin wrappers over `torch.ops.folio_cpu.*` (kernels/cpu/csrc/quant); call them only when
+`kernels.cpu.available()`. All tensors are on the CPU. A weight `w` is uint8
+[n, row_bytes], row_bytes = k / block_size * block_bytes (the file's own blocks, llama.cpp's
+layouts; unit stride along a row, any row stride, so a view into the mapped file works),
+and `type_id` its GGMLQuantizationType (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K).
+
+Quantized activations, one row of act_row_bytes(k) bytes, with K256 = 256 * ceil(k / 256)
+(zero padding past k, so the kernels only ever see whole groups of 256):
+
+    int8    q[K256]         q_i = clamp(nearbyint(x_i / d_b), -127, 127), ties to even
+    float32 d[K256 / 32]    d_b = max |x| over block b / 127 (q = 0 where d_b = 0)
+    int16   sum[K256 / 16]  the sum of q over each 16 elements
+
+(little-endian, in that order, each part 32-byte aligned in the row; rows are a multiple
+of 64 bytes). A product computes, per 32-element block b, dx_b * (integer dot products of
+the weight's unsigned q with the activations' q, times its integer sub-block scales, minus
+its integer offsets times `sum`), accumulated in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+GROUP = 256  # weights per padded group
+GROUP_BYTES = 320  # act bytes per group: 256 q + 8 float d + 16 int16 sums
+
+
+def act_row_bytes(k: int) -> int:
+    """Bytes of one quantized activation row of k elements (k a multiple of 32)."""
+    return -(-k // GROUP) * GROUP_BYTES
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """float32 [m, k] (k a multiple of 32) -> uint8 [m, act_row_bytes(k)], the layout above.
+
+    Quantize once, multiply by several matrices: every quant_matmul on the result skips
+    this step."""
+    return torch.ops.folio_cpu.quantize_activations(x)
+
+
+def quant_matmul(x: torch.Tensor, w: torch.Tensor, type_id: int, k: int,
+                 rows: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W.T -> float32 [m, n_out], W the dequantized w.
+
+    x: float32 [m, k] (quantized inside) or quantize_activations' uint8 [m, act_row_bytes(k)].
+    rows: optional int64 [n_out]; output column j uses weight row rows[j] (a permutation
+    applied while reading, e.g. llama.cpp's Q/K row order). Without it n_out = w.size(0).
+    """
+    return torch.ops.folio_cpu.quant_matmul(x, w, type_id, k, rows)
+
+
+def dequantize_rows(w: torch.Tensor, ids: torch.Tensor, type_id: int, k: int) -> torch.Tensor:
+    """Rows `ids` (int64 [t]) of W as float32 [t, k], bit-equal to gguf.quants.dequantize:
+    the embedding lookup."""
+    return torch.ops.folio_cpu.dequantize_rows(w, ids, type_id, k)
