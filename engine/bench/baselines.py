@@ -6,6 +6,9 @@ output (config + dequantized, Hugging Face-named weights): both engines then mul
 very same float32 matrices. llama.cpp runs the GGUF file itself (its quantized kernels), so
 its numbers are a reference point, not a like-for-like comparison.
 
+torch is imported where it is used, not at the top: a llama.cpp side in a process of its own
+(``sizes``) drives ``LlamaCppChat`` without torch in its memory.
+
 Every side answers a chat turn through ``reply(prompt_ids, max_tokens) -> Reply``; what a
 side keeps between turns (nothing, a DynamicCache, llama.cpp's context) is its own business.
 """
@@ -15,8 +18,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)
@@ -79,6 +84,7 @@ def build_transformers_model(loaded) -> torch.nn.Module:
     ``loaded``: ``engine.loaders.base.LoadedModel``. Its weight stream is read once more, so the
     two models do not share storage (neither can disturb the other's memory layout).
     """
+    import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(loaded.config).to(torch.float32)
@@ -99,6 +105,8 @@ def hf_generate(model, prompt_ids: list[int], max_tokens: int, cache=None,
                 computed: int | None = None) -> Reply:
     """Greedy ``generate`` of exactly ``max_tokens`` tokens (end-of-sequence suppressed, as
     Folio's ignore_eos). With ``cache``, generate feeds only the tokens it does not hold."""
+    import torch
+
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     clock = _TokenClock()
     kwargs = {"cache": cache} if cache is not None else {}
@@ -152,6 +160,8 @@ class HFCached:
 def hf_candidates(model, prompt_ids: list[int], n: int, max_tokens: int, seed: int) -> float:
     """Wall seconds for ``n`` sampled candidates of ``max_tokens`` via num_return_sequences
     (transformers copies the prompt n times and prefills every copy)."""
+    import torch
+
     torch.manual_seed(seed)
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     start = time.perf_counter()

@@ -65,10 +65,13 @@ def bench_chat(ctx: BenchContext) -> dict:
     recompute_last = results["hf_recompute"][-1].ttft_s
     targets = [
         Target(f"Folio turn-{s.turns} TTFT / turn-1 TTFT", round(last / first, 3), 1.3, "<="),
-        Target(f"transformers-recompute / Folio TTFT at turn {s.turns}",
-               round(recompute_last / last, 2), 5.0, ">="),
+        Target(recompute_target(s.turns), round(recompute_last / last, 2), 10.0, ">="),
     ]
     return bench_result("chat", ctx, rows, summary, targets, notes)
+
+
+def recompute_target(turns: int) -> str:
+    return f"transformers-recompute / Folio TTFT at turn {turns}"
 
 
 def _rows(results: dict[str, list[Reply]], folio_ttft: list[float], turns: int) -> list[dict]:

@@ -18,6 +18,9 @@ threads, in one run:
   fresh process (Folio stored, Folio float32, llama.cpp); Folio's weight bytes / GGUF bytes.
 - ``8b``: a synthetic Llama-3-8B-shaped Q4_K_M file (written once into the cache): does it
   load, and decode tok/s next to llama.cpp.
+- ``sizes``: synthetic 1B-, 3B- and 8B-shaped Q4_K_M files (``--sizes``), each side in a
+  fresh process per size: load time, TTFT of a 512-token prompt and of a follow-up turn,
+  decode tok/s and peak RSS, Folio next to llama.cpp.
 - ``all``: every one of the above, then the issue's targets in one table (``targets.py``);
   ``kernels``: the attention and quantized kernels (CUDA).
 
@@ -42,7 +45,8 @@ from engine.bench.eight_b import bench_8b
 from engine.bench.memory import bench_memory
 from engine.bench.scheduler import bench_scheduler
 from engine.bench.serve import bench_serve
-from engine.bench.setup import BenchContext, BenchSettings
+from engine.bench.setup import BenchContext, BenchSettings, check_sizes
+from engine.bench.sizes import bench_sizes
 from engine.bench.targets import format_targets, llama_cpp_installed, targets_table
 from engine.bench.waste import bench_waste
 
@@ -57,6 +61,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "serve": bench_serve,
     "memory": bench_memory,
     "8b": bench_8b,
+    "sizes": bench_sizes,
 }
 
 EPILOG = """workloads:
@@ -69,9 +74,11 @@ EPILOG = """workloads:
   serve       the OpenAI API: 16 clients at once against one, TTFT across a 4-turn chat
   memory      peak RSS after one chat, 8,192-token context, each side in a fresh process
   8b          synthetic 8B Q4_K_M (written once to the cache): loads? decode tok/s
+  sizes       synthetic 1B / 3B / 8B Q4_K_M (--sizes 1b,3b,8b), a fresh process per side:
+              load, TTFT (512-token prompt, follow-up turn), decode tok/s, peak RSS
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
-llama.cpp joins chat, decode, memory and 8b when llama-cpp-python is installed
+llama.cpp joins chat, decode, memory, 8b and sizes when llama-cpp-python is installed
 (pip install -e '.[bench]');
 --plot needs matplotlib (pip install 'folio[plot]')."""
 
@@ -98,6 +105,16 @@ def run(names: list[str], settings: BenchSettings,
 
 
 # ------------------------------------------------------------------------------ output
+def parse_sizes(text: str) -> tuple[str, ...]:
+    """``--sizes 1b,3b``: the names, checked against ``synthetic.SIZES``."""
+    sizes = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    try:
+        check_sizes(sizes)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return sizes
+
+
 def _cell(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
@@ -125,7 +142,15 @@ def format_result(result: dict) -> str:
     head = f"== {result['workload']}"
     if setup.get("model") != "none":
         head += f" ({setup['model']}, {setup['threads']} threads, {setup['dtype']})"
-    lines = [head + " ==", format_table(result["rows"])]
+    lines = [head + " =="]
+    group = result.get("group_rows_by")
+    if group:  # a table per value of that column (sizes: one per size)
+        for value in dict.fromkeys(row[group] for row in result["rows"]):
+            lines.append(f"-- {group} {value} --")
+            lines.append(format_table([{k: v for k, v in row.items() if k != group}
+                                       for row in result["rows"] if row[group] == value]))
+    else:
+        lines.append(format_table(result["rows"]))
     for key, value in result["summary"].items():
         if isinstance(value, list):  # series are for JSON and charts, not the terminal
             continue
@@ -152,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Folio's KV pool in blocks (default: the engine's memory budget)")
     parser.add_argument("--weights", choices=("stored", "float32"), default="stored",
                         help="Folio's weights: kept quantized (stored) or float32")
+    parser.add_argument("--sizes", type=parse_sizes, default=None, metavar="1b,3b,8b",
+                        help="sizes (and all): the synthetic sizes to run, comma-separated "
+                             "(default: all three)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--plot", metavar="DIR", help="also write PNG charts into DIR")
     args, rest = parser.parse_known_args(argv)
@@ -162,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
+        sizes = {"sizes": args.sizes} if args.sizes else {}
         settings = BenchSettings(model=args.model, threads=args.threads, turns=args.turns,
-                                 kv_blocks=args.kv_blocks, weights=args.weights)
+                                 kv_blocks=args.kv_blocks, weights=args.weights, **sizes)
     except ValueError as exc:
         parser.error(str(exc))
     names = list(WORKLOAD_NAMES) if args.workload == "all" else [args.workload]

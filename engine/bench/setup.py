@@ -76,6 +76,11 @@ class BenchSettings:
     eightb_tokens: int = 8  # 8b: tokens decoded per round
     eightb_rounds: int = 2  # 8b: rounds, the sides taking turns to go first
     eightb_timeout_s: float = 900.0  # 8b: the probe's limit (the load and every round)
+    sizes: tuple[str, ...] = ("1b", "3b", "8b")  # sizes: names in synthetic.SIZES
+    sizes_prompt_tokens: int = 512  # sizes: turn 1's prompt
+    sizes_tokens: int = 64  # sizes: greedy tokens per turn
+    sizes_followup_tokens: int = 64  # sizes: new ids of the follow-up turn
+    sizes_timeout_s: float = 900.0  # sizes: each worker's limit (load, warm-up, two turns)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -83,14 +88,17 @@ class BenchSettings:
                      "candidate_prompt_tokens", "candidate_tokens", "decode_tokens",
                      "decode_rounds", "concurrent_chats", "serve_clients", "serve_turns",
                      "memory_context", "memory_turns", "eightb_prompt_tokens", "eightb_tokens",
-                     "eightb_rounds"):
+                     "eightb_rounds", "sizes_prompt_tokens", "sizes_tokens",
+                     "sizes_followup_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("reply_tokens", "candidate_tokens", "decode_tokens", "eightb_tokens"):
+        for name in ("reply_tokens", "candidate_tokens", "decode_tokens", "eightb_tokens",
+                     "sizes_tokens"):
             if getattr(self, name) < 2:
                 raise ValueError(f"{name} must be >= 2 (a decode rate needs two tokens), "
                                  f"got {getattr(self, name)!r}")
+        check_sizes(self.sizes)
         if self.weights not in ("stored", "float32"):
             raise ValueError(f"weights must be 'stored' or 'float32', got {self.weights!r}")
         if self.threads is not None and self.threads < 1:
@@ -102,6 +110,17 @@ class BenchSettings:
         if not self.decode_contexts or any(c < 1 for c in self.decode_contexts):
             raise ValueError(f"decode_contexts must be integers >= 1, got "
                              f"{self.decode_contexts!r}")
+
+
+def check_sizes(sizes) -> None:
+    """Raise ValueError naming the first size that ``synthetic.SIZES`` does not know."""
+    from engine.bench.synthetic import SIZES
+
+    if not sizes:
+        raise ValueError(f"sizes must name at least one of {', '.join(SIZES)}")
+    for size in sizes:
+        if size not in SIZES:
+            raise ValueError(f"unknown size {size!r}: choose from {', '.join(SIZES)}")
 
 
 @dataclass(slots=True)

@@ -1,8 +1,8 @@
-"""A synthetic 8B-shaped Q4_K_M GGUF for ``folio bench 8b``: Llama-3-8B's shapes with random
-weights, so the bench can check that an 8B model loads and decodes on a 24 GiB machine
-without downloading one.
+"""Synthetic Llama-shaped Q4_K_M GGUF files for ``folio bench 8b`` and ``folio bench sizes``:
+a real model's shapes (``SIZES``: Llama-3.2-1B, Llama-3.2-3B, Llama-3-8B) with random
+weights, so the bench can load and time a model of that size without downloading one.
 
-The file has the starter's vocabulary and its tokenizer keys (``tokenizer.*``), so both
+A file has the starter's vocabulary and its tokenizer keys (``tokenizer.*``), so both
 Folio and llama.cpp tokenize with the starter's tokenizer, an untied ``output.weight``, and
 llama.cpp's Q4_K_M mix: Q4_K for most matrices, Q6_K for ``output.weight`` and for
 ``attn_v`` / ``ffn_down`` of about half the layers, F32 norms. Block bytes are random except
@@ -11,7 +11,8 @@ infinities, and large ones would overflow the activations somewhere in 32 layers
 
 It is written once into ``cache_root() / "bench"`` tensor by tensor (GGUFWriter's
 header-then-``write_tensor_data`` mode), so at most one tensor is in memory, to a temporary
-name renamed into place at the end; later runs reuse it.
+name renamed into place at the end; later runs reuse it. The file name carries the shape
+(``Shape.label``), so each shape has its own file.
 """
 
 from __future__ import annotations
@@ -50,7 +51,16 @@ class Shape:
                 f"{self.intermediate}ff")
 
 
-LLAMA3_8B = Shape()
+# The sizes ``folio bench sizes`` knows, by name (``--sizes 1b,3b,8b``). The vocabulary is
+# the starter's, whatever the size (the writer copies its tokenizer).
+SIZES: dict[str, Shape] = {
+    "1b": Shape(layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64,
+                intermediate=8192),  # Llama-3.2-1B
+    "3b": Shape(layers=28, hidden=3072, heads=24, kv_heads=8, head_dim=128,
+                intermediate=8192),  # Llama-3.2-3B
+    "8b": Shape(),  # Llama-3-8B
+}
+LLAMA3_8B = SIZES["8b"]
 
 
 def use_more_bits(layer: int, layers: int) -> bool:

@@ -3,17 +3,20 @@ measured in this run, its bar, and met / not met / n/a (with why).
 
 Each workload already reports its targets (``result["targets"]``); this table only picks
 the issue's rows out of them by name, so a figure and its verdict are computed in one place.
-A row is n/a when its workload did not run, when it needs llama.cpp and llama.cpp did not
-run, or when the workload could not measure it (the workload's notes say why).
+A row is n/a when its workload did not run, when its size was not among ``--sizes``
+(sizes), when it needs llama.cpp and llama.cpp did not run, or when the workload could not
+measure it (the workload's notes say why).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.bench.chat import recompute_target
 from engine.bench.decode import llama_decode_target, llama_ttft_target
 from engine.bench.eight_b import DECODE_TARGET, LOADS_TARGET
 from engine.bench.memory import RSS_TARGET, WEIGHTS_TARGET
+from engine.bench.sizes import BARS, size_target
 
 LLAMA_MISSING = "n/a: llama.cpp not installed"
 
@@ -24,7 +27,21 @@ class IssueTarget:
     workload: str
     name: str  # the Target's name in that workload's result
     needs_llama: bool
+    size: str | None = None  # sizes: the size the row is about
 
+
+# sizes: how the issue words each figure.
+_SIZE_LABELS = {
+    "decode_tok_s": "decode tok/s after a 512-token prompt",
+    "ttft_s": "TTFT of a 512-token prompt",
+    "followup_ttft_s": "TTFT of a follow-up turn (prompt + reply + 64 tokens)",
+    "load_s": "load time (fresh process)",
+    "peak_rss_bytes": "peak RSS (fresh process)",
+}
+SIZE_TARGETS = tuple(
+    IssueTarget(f"synthetic {size.upper()} Q4_K_M {_SIZE_LABELS[metric]}, Folio / llama.cpp",
+                "sizes", size_target(size, metric), True, size)
+    for size in ("1b", "3b", "8b") for metric in BARS if size in BARS[metric][2])
 
 ISSUE_TARGETS = (
     IssueTarget("decode tok/s at context 128, Folio / llama.cpp", "decode",
@@ -40,6 +57,9 @@ ISSUE_TARGETS = (
     IssueTarget("synthetic 8B Q4_K_M decode, Folio / llama.cpp", "8b", DECODE_TARGET, True),
     IssueTarget("candidates n=4 wall / n=1 wall (512-token prompt, 64 tokens)", "candidates",
                 "Folio n=4 wall / n=1 wall", False),
+    IssueTarget("chat turn-8 TTFT, transformers recomputing / Folio", "chat",
+                recompute_target(8), False),
+    *SIZE_TARGETS,
 )
 
 
@@ -61,6 +81,9 @@ def targets_table(results: dict[str, dict], llama_installed: bool) -> list[dict]
             row["status"] = "met" if found["met"] else "not met"
         elif result is None:
             row["status"] = f"n/a: {spec.workload} did not run"
+        elif spec.size is not None and spec.size not in result["summary"].get("sizes",
+                                                                                (spec.size,)):
+            row["status"] = f"n/a: {spec.size} not run (--sizes)"
         elif spec.needs_llama and not llama_installed:
             row["status"] = LLAMA_MISSING
         else:

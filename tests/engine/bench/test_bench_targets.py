@@ -3,6 +3,7 @@ picked from fabricated workload results (nothing is measured here)."""
 
 from __future__ import annotations
 
+from engine.bench.chat import recompute_target
 from engine.bench.decode import llama_decode_target, llama_ttft_target
 from engine.bench.eight_b import DECODE_TARGET, LOADS_TARGET
 from engine.bench.memory import RSS_TARGET, WEIGHTS_TARGET
@@ -10,6 +11,7 @@ from engine.bench.setup import Target
 from engine.bench.targets import (
     ISSUE_TARGETS,
     LLAMA_MISSING,
+    SIZE_TARGETS,
     format_targets,
     targets_table,
 )
@@ -25,20 +27,23 @@ def _by_label(rows: list[dict]) -> dict[str, dict]:
 
 def test_every_issue_row_is_reported_met_or_not_met():
     results = {
-        "decode": _result(Target(llama_decode_target(128), 0.9, 0.8, ">="),
+        "decode": _result(Target(llama_decode_target(128), 1.1, 1.0, ">="),
                           Target(llama_decode_target(2048), 0.7, 1.0, ">="),
                           Target(llama_ttft_target(2048), 0.4, 0.5, "<=")),
         "memory": _result(Target(RSS_TARGET, 2.5, 2.0, "<="),
                           Target(WEIGHTS_TARGET, 1.05, 1.1, "<=")),
         "8b": _result(Target(LOADS_TARGET, 1.0, 1.0, ">="), Target(DECODE_TARGET, 0.5, 0.8,
                                                                    ">=")),
-        "candidates": _result(Target("Folio n=4 wall / n=1 wall", 1.41, 1.5, "<=")),
+        "candidates": _result(Target("Folio n=4 wall / n=1 wall", 1.39, 1.4, "<=")),
+        "chat": _result(Target(recompute_target(8), 9.0, 10.0, ">=")),
+        "sizes": _result(*(Target(spec.name, 1.0, 1.1, ">=") for spec in SIZE_TARGETS)),
     }
     rows = targets_table(results, llama_installed=True)
-    assert len(rows) == len(ISSUE_TARGETS) == 8
+    assert len(rows) == len(ISSUE_TARGETS) == 9 + len(SIZE_TARGETS)
     assert [row["status"] for row in rows] == ["met", "not met", "met", "not met", "met",
-                                               "met", "not met", "met"]
-    assert rows[0]["value"] == "0.9" and rows[0]["want"] == ">= 0.8"
+                                               "met", "not met", "met", "not met"] + [
+        "not met"] * len(SIZE_TARGETS)
+    assert rows[0]["value"] == "1.1" and rows[0]["want"] == ">= 1"
     assert rows[3]["want"] == "<= 2"
     assert rows[5]["value"] == "loads"
     text = format_targets(rows)
@@ -65,6 +70,8 @@ def test_rows_without_a_figure_say_why():
     assert rows["synthetic 8B Q4_K_M decode, Folio / llama.cpp"]["status"] == LLAMA_MISSING
     candidates = rows["candidates n=4 wall / n=1 wall (512-token prompt, 64 tokens)"]
     assert candidates["status"] == "n/a: candidates did not run"
+    assert rows["chat turn-8 TTFT, transformers recomputing / Folio"]["status"] == (
+        "n/a: chat did not run")
     # llama.cpp installed but its figure missing (it failed, the model is a folder):
     rows = _by_label(targets_table(results, llama_installed=True))
     assert rows[peak]["status"].startswith("n/a: not measured")
@@ -76,7 +83,7 @@ def test_all_ends_with_the_table_and_writes_it_to_json(monkeypatch, tmp_path, ca
     from engine.bench import cli
 
     def fake(name: str):
-        targets = [Target("Folio n=4 wall / n=1 wall", 1.2, 1.5, "<=")] if (
+        targets = [Target("Folio n=4 wall / n=1 wall", 1.2, 1.4, "<=")] if (
             name == "candidates") else []
         return lambda ctx: {"workload": name, "setup": {"model": "none"}, "rows": [],
                             "summary": {}, "targets": [t.as_dict() for t in targets],
@@ -91,7 +98,8 @@ def test_all_ends_with_the_table_and_writes_it_to_json(monkeypatch, tmp_path, ca
     assert printed.rstrip().splitlines()[-len(ISSUE_TARGETS) - 2] == "== targets (this run) =="
     saved = json.loads(out.read_text())
     assert set(saved) == {*cli.WORKLOAD_NAMES, "issue_targets"}
-    assert {"memory", "8b"} <= set(cli.WORKLOAD_NAMES)
+    assert {"memory", "8b", "sizes"} <= set(cli.WORKLOAD_NAMES)
     statuses = [row["status"] for row in saved["issue_targets"]]
-    assert statuses[-1] == "met" and statuses[0] == LLAMA_MISSING
+    assert statuses[7] == "met" and statuses[0] == LLAMA_MISSING
     assert statuses[4] == "n/a: not measured (see the workload's notes)"
+    assert statuses[-len(SIZE_TARGETS):] == [LLAMA_MISSING] * len(SIZE_TARGETS)
