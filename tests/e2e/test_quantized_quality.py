@@ -1,26 +1,27 @@
-"""The starter with its weights kept quantized (weights="stored": int4pack for the Q4_1
-matrices, the tied Q8_0 table as two 4-bit halves, bf16 activations into those ops)
-against the same file dequantized to float32 (weights="float32", the exact path): the
-next-token distributions over a fixed 512-token English text, and greedy chat replies.
+"""The starter with its weights kept quantized (weights="stored") against the same file
+dequantized to float32 (weights="float32", the exact path): the next-token distributions
+over a fixed 512-token English text, and greedy chat replies.
 
-Both models read the same blocks, so what differs is only what the CPU layouts add on top
-of the file's quantization: bf16 rounding of the group scales, of the activations going
-into each quantized product and of its output (kernels/quant/cpu.py); the LM head
-recomputes its top logits in float32 (engine/layers/lm_head.py)."""
+Both models read the same blocks, so what differs is only what the CPU path adds on top of
+the file's quantization. On the native path (kernels/cpu) that is the 8-bit rounding of
+each activation block going into a product; without the library (PyTorch's weight-only
+ops, kernels/quant/cpu.py) it is bf16 rounding of the group scales, the activations and
+the outputs. The LM head recomputes its top logits in float32 (engine/layers/lm_head.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import kernels.cpu
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from kernels import allocate_kv_cache
 from kernels.quant.cpu import INT4_OP_MAX_ROWS
 
 pytestmark = pytest.mark.slow
-# Chunks this short keep every product on int4pack (bf16 in and out), the path decode
-# takes; prefill-sized chunks multiply dequantized float slices instead (cpu.py).
+# Decode-sized chunks (the GEMV path; on the PyTorch path int4pack, bf16 in and out) and
+# one prefill-sized chunk (the tiled GEMM; PyTorch's dequantized float slices).
 CHUNK = 32
 assert CHUNK < INT4_OP_MAX_ROWS
 
@@ -83,7 +84,13 @@ def _llm(weights: str) -> LLM:
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, LLM]:
-    return {"float32": _llm("float32"), "stored": _llm("stored")}
+    """float32; "stored" on the default path (native where built); "torch": stored on
+    PyTorch's ops, the path where the library is not built."""
+    found = {"float32": _llm("float32"), "stored": _llm("stored")}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernels.cpu, "available", lambda: False)  # chosen at load
+        found["torch"] = _llm("stored")
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +124,25 @@ def teacher_forced_logits(llm: LLM, ids: list[int], build_attention_metadata,
     return torch.cat(logits)
 
 
-def test_stored_weights_track_float32_teacher_forced(models, text_ids, build_attention_metadata):
-    exact = teacher_forced_logits(models["float32"], text_ids, build_attention_metadata)
-    stored = teacher_forced_logits(models["stored"], text_ids, build_attention_metadata)
+# (path, chunk, mean KL bound in nats, top-1 agreement bound). The native path is held
+# to the issue's bars; the PyTorch path to what its bf16 roundings allow.
+QUALITY = [("stored", CHUNK, 0.005, 0.98), ("stored", TOKENS, 0.005, 0.98),
+           ("torch", CHUNK, 0.01, 0.97)]
+
+
+@pytest.fixture(scope="module")
+def exact_logits(models, text_ids, build_attention_metadata) -> torch.Tensor:
+    return teacher_forced_logits(models["float32"], text_ids, build_attention_metadata)
+
+
+@pytest.mark.parametrize(("path", "chunk", "max_kl", "min_agree"), QUALITY)
+def test_stored_weights_track_float32_teacher_forced(models, text_ids, exact_logits,
+                                                     build_attention_metadata, path, chunk,
+                                                     max_kl, min_agree):
+    if path == "stored" and not kernels.cpu.available():
+        pytest.skip("the native library is not built (the torch row measures that path)")
+    exact = exact_logits
+    stored = teacher_forced_logits(models[path], text_ids, build_attention_metadata, chunk)
     assert exact.shape == stored.shape == (TOKENS, 49152)
     log_p = torch.log_softmax(exact.double(), dim=-1)
     log_q = torch.log_softmax(stored.double(), dim=-1)
@@ -127,18 +150,20 @@ def test_stored_weights_track_float32_teacher_forced(models, text_ids, build_att
     agree = (exact.argmax(dim=-1) == stored.argmax(dim=-1)).double().mean().item()
     # The float32 model really reads the text (not noise): it predicts many of the tokens.
     hits = (exact[:-1].argmax(dim=-1) == torch.tensor(text_ids[1:])).double().mean().item()
-    print(f"\nmean KL {kl.mean().item():.5f} nats (max {kl.max().item():.4f}), "
-          f"top-1 agreement {agree:.4f}, float32 next-token accuracy {hits:.3f}")
+    print(f"\n{path} in chunks of {chunk}: mean KL {kl.mean().item():.5f} nats "
+          f"(max {kl.max().item():.4f}), top-1 agreement {agree:.4f}, float32 next-token "
+          f"accuracy {hits:.3f}")
     assert hits > 0.3
-    assert kl.mean().item() <= 0.01
-    assert agree >= 0.97
+    assert kl.mean().item() <= max_kl
+    assert agree >= min_agree
 
 
 @pytest.fixture(scope="module")
 def greedy_replies(models) -> dict[str, list]:
     params = SamplingParams(max_tokens=32, temperature=0)
     conversations = [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
-    replies = {name: llm.generate(conversations, params) for name, llm in models.items()}
+    replies = {name: models[name].generate(conversations, params)
+               for name in ("float32", "stored")}
     for prompt, a, b in zip(PROMPTS, replies["float32"], replies["stored"], strict=True):
         print(f"\n{prompt!r}\n  float32: {a.outputs[0].text!r}\n  stored:  {b.outputs[0].text!r}")
     return replies
