@@ -102,9 +102,9 @@ class GemmaDecoderLayer(Layer):
                 backend: AttentionBackend) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache, v_cache, meta,
                               backend)
-        hidden = hidden + self.post_attention_layernorm(attn)
-        mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
-        return hidden + self.post_feedforward_layernorm(mlp)
+        normed, hidden = self.pre_feedforward_layernorm.add_and_norm(
+            self.post_attention_layernorm(attn), hidden)
+        return hidden + self.post_feedforward_layernorm(self.mlp(normed))
 
 
 class GemmaForCausalLM(CausalLM):

@@ -8,6 +8,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runner.kv_cache import CONCURRENT_CONTEXTS, KVBudgetError
+from kernels import default_backend_name
 from tests.engine.tiny_models import save_tiny_model
 
 
@@ -20,7 +21,8 @@ def test_defaults_on_a_machine_without_cuda(tiny_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     engine = LLMEngine(str(tiny_dir), EngineConfig())
     r = engine.resolved_device
-    assert (r.device.type, r.dtype, r.backend, r.label) == ("cpu", torch.float32, "torch", "CPU")
+    assert (r.device.type, r.dtype, r.backend, r.label) == (
+        "cpu", torch.float32, default_backend_name("cpu"), "CPU")
     assert engine.memory_stats().device == "CPU"
     # The default pool: a few full contexts of the model (1024 tokens, 16-token blocks).
     assert engine.kv_stats(with_blocks=False).num_blocks == CONCURRENT_CONTEXTS * 1024 // 16

@@ -24,13 +24,14 @@ struct GeluTanh {  // transformers' gelu_pytorch_tanh
 template <typename Act>
 at::Tensor gated(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.scalar_type() == at::kFloat && gate_up.dim() == 2 &&
-                  gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
-              "gate_up must be float32 [tokens, 2 * intermediate] with contiguous rows");
+                  gate_up.size(1) % 2 == 0,
+              "gate_up must be float32 [tokens, 2 * intermediate]");
   const int64_t tokens = gate_up.size(0), inter = gate_up.size(1) / 2;
   auto out = at::empty({tokens, inter}, gate_up.options());
   const float* src = gate_up.data_ptr<float>();
   float* dst = out.data_ptr<float>();
-  const int64_t row_stride = gate_up.stride(0);
+  // Any strides: a small-batch matmul returns a transposed view (engine/layers/linear.py).
+  const int64_t row_stride = gate_up.stride(0), col_stride = gate_up.stride(1);
   // Parallel over rows and over chunks of a row: decode has one row of a few thousand.
   constexpr int64_t kChunk = 1024;
   const int64_t chunks = (inter + kChunk - 1) / kChunk;
@@ -39,10 +40,16 @@ at::Tensor gated(const at::Tensor& gate_up) {
       const int64_t t = i / chunks, c0 = (i % chunks) * kChunk;
       const int64_t c1 = c0 + kChunk < inter ? c0 + kChunk : inter;
       const float* __restrict gate = src + t * row_stride;
-      const float* __restrict up = gate + inter;
+      const float* __restrict up = gate + inter * col_stride;
       float* __restrict o = dst + t * inter;
+      if (col_stride == 1) {
 #pragma omp simd
-      for (int64_t j = c0; j < c1; ++j) o[j] = Act::apply(gate[j]) * up[j];
+        for (int64_t j = c0; j < c1; ++j) o[j] = Act::apply(gate[j]) * up[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = c0; j < c1; ++j)
+          o[j] = Act::apply(gate[j * col_stride]) * up[j * col_stride];
+      }
     }
   });
   return out;
