@@ -108,9 +108,7 @@ class PagedSelfAttention(Layer):
                             meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
         """The native CPU path: q and k rotated in place in the projection's output (this
         call's own tensor) and K/V written, in one op where the backend offers it."""
-        qk_heads = self.num_heads + self.num_kv_heads
-        query, key = qkv[:, : self.num_heads], qkv[:, self.num_heads:qk_heads]
-        value = qkv[:, qk_heads:]
+        query, key, value = qkv.split((self.num_heads, self.num_kv_heads, self.num_kv_heads), 1)
         if self.q_norm is not None:
             assert self.k_norm is not None
             query, key = self.q_norm(query), self.k_norm(key)
