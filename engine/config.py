@@ -40,7 +40,7 @@ class EngineConfig:
     dtype: str | None = None  # compute and KV dtype; None = the device's (runner/device.py)
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
     weights: str = "stored"  # one of WEIGHTS
-    attention_backend: str | None = None  # None = auto (triton on CUDA, torch elsewhere)
+    attention_backend: str | None = None  # None = auto (runner/device.py: triton, cpu, torch)
     num_threads: int | None = None  # torch CPU threads; None = torch's default
     seed: int = 0
 
@@ -76,8 +76,8 @@ class EngineConfig:
         # another would need a cast per matmul, which no layer does.
         _check(self.weights == "stored" or self.dtype in (None, self.weights), "weights",
                self.weights, f"'stored' or the same as dtype ({self.dtype!r}) when both are set")
-        _check(self.attention_backend in (None, "torch", "triton"), "attention_backend",
-               self.attention_backend, "'torch', 'triton' or None")
+        _check(self.attention_backend in (None, "torch", "triton", "cpu"), "attention_backend",
+               self.attention_backend, "'torch', 'triton', 'cpu' or None")
         _check(isinstance(self.kv_groups, bool), "kv_groups", self.kv_groups, "True or False")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",
                self.num_threads, ">= 1 or None")

@@ -13,8 +13,9 @@ import torch
 
 from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
+from engine.layers.native import fused_cpu, native_ops
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import apply_rotary
+from engine.layers.rotary import apply_partial_rotary, apply_rotary
 from kernels import AttentionBackend, AttentionMetadata
 
 
@@ -82,6 +83,12 @@ class PagedSelfAttention(Layer):
         heads = self.num_heads + 2 * self.num_kv_heads
         qkv = self.qkv_proj(hidden).unflatten(-1, (heads, self.head_dim))
         qk_heads = self.num_heads + self.num_kv_heads
+        if (self.rotate in _ROTATE_HALF and qkv.stride(-1) == 1
+                and fused_cpu(qkv, cos, sin, k_cache)):
+            query = self._fused_rotary_write(qkv, cos, sin, k_cache, v_cache, meta, backend)
+            out = backend.attention(query, k_cache, v_cache, meta, self.scale,
+                                    **self.attention_options)
+            return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
         if self.q_norm is None:
             # q and k sit side by side in the stacked output: one rotary call covers both.
             qk = self.rotate(qkv[:, :qk_heads], cos, sin)
@@ -95,3 +102,24 @@ class PagedSelfAttention(Layer):
         out = backend.attention(query, k_cache, v_cache, meta, self.scale,
                                 **self.attention_options)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+    def _fused_rotary_write(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                            k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+        """The native CPU path: q and k rotated in place in the projection's output (this
+        call's own tensor) and K/V written, in one op where the backend offers it."""
+        query, key, value = qkv.split((self.num_heads, self.num_kv_heads, self.num_kv_heads), 1)
+        if self.q_norm is not None:
+            assert self.k_norm is not None
+            query, key = self.q_norm(query), self.k_norm(key)
+        rotary_write_kv = getattr(backend, "rotary_write_kv", None)
+        if rotary_write_kv is not None:
+            rotary_write_kv(query, key, value, cos, sin, k_cache, v_cache, meta.slot_mapping)
+        else:
+            native_ops().rotary(query, key, cos, sin)
+            backend.write_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        return query
+
+
+# The rotary steps the native op implements (rotate-half over cos.shape[-1] leading dims).
+_ROTATE_HALF = (apply_rotary, apply_partial_rotary)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
+from engine.layers.native import fused_cpu, native_ops
 
 # Config names of the activations (hidden_act / hidden_activation) -> the function.
 ACTIVATIONS = {
@@ -15,6 +16,9 @@ ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
 }
+# The fused native CPU op of each activation: act(gate) * up in one op.
+FUSED_OPS = {"silu": "silu_mul", "gelu_pytorch_tanh": "gelu_tanh_mul",
+             "gelu_tanh": "gelu_tanh_mul"}
 
 
 class GatedMLP(Layer):
@@ -34,6 +38,7 @@ class GatedMLP(Layer):
             raise ValueError(f"hidden activation {activation!r} is not supported; supported: "
                              f"{', '.join(ACTIVATIONS)}")
         self.act = ACTIVATIONS[activation]
+        self.fused_op = FUSED_OPS[activation]
         self.intermediate_size = intermediate_size
         self.gate_up_proj = StackedLinear(hidden_size, (intermediate_size, intermediate_size),
                                           bias, dtype, device)
@@ -41,6 +46,8 @@ class GatedMLP(Layer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
+        if gate_up.dim() == 2 and fused_cpu(gate_up):
+            return self.down_proj(getattr(native_ops(), self.fused_op)(gate_up))
         size = self.intermediate_size
         # Slices and an in-place multiply: a decode step pays a fixed cost per op, per layer.
         return self.down_proj(self.act(gate_up[..., :size]).mul_(gate_up[..., size:]))

@@ -24,7 +24,7 @@ from engine.layers.base import Layer
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding
-from engine.models.base import CausalLM, KVCaches, Target, layer_kv
+from engine.models.base import CausalLM, KVCaches, Target, layer_kvs
 from engine.models.llama import projection_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_params
 from kernels import AttentionBackend, AttentionMetadata
@@ -102,9 +102,9 @@ class GemmaDecoderLayer(Layer):
                 backend: AttentionBackend) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache, v_cache, meta,
                               backend)
-        hidden = hidden + self.post_attention_layernorm(attn)
-        mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
-        return hidden + self.post_feedforward_layernorm(mlp)
+        normed, hidden = self.pre_feedforward_layernorm.add_and_norm(
+            self.post_attention_layernorm(attn), hidden)
+        return hidden + self.post_feedforward_layernorm(self.mlp(normed))
 
 
 class GemmaForCausalLM(CausalLM):
@@ -125,9 +125,10 @@ class GemmaForCausalLM(CausalLM):
                 meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) * self.embed_scale
         tables = {kind: rotary.lookup(positions) for kind, rotary in self.rotary.items()}
-        for index, layer in enumerate(self.layers):
+        for layer, (k_cache, v_cache, layer_meta) in zip(self.layers,
+                                                         layer_kvs(kv_cache, meta),
+                                                         strict=True):
             cos, sin = tables[layer.kind]
-            k_cache, v_cache, layer_meta = layer_kv(kv_cache, meta, index)
             hidden = layer(hidden, cos, sin, k_cache, v_cache, layer_meta, backend)
         return self.norm(hidden)
 

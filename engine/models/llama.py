@@ -48,8 +48,8 @@ class DecoderLayer(Layer):
     ) -> torch.Tensor:
         attn_out = self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache, v_cache,
                                   meta, backend)
-        hidden = hidden + attn_out
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        normed, hidden = self.post_attention_layernorm.add_and_norm(attn_out, hidden)
+        return hidden + self.mlp(normed)
 
 
 class LlamaForCausalLM(CausalLM):

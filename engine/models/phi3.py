@@ -141,9 +141,10 @@ class Phi3DecoderLayer(Layer):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                 backend: AttentionBackend) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache,
-                                         v_cache, meta, backend)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn_out = self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache, v_cache,
+                                  meta, backend)
+        normed, hidden = self.post_attention_layernorm.add_and_norm(attn_out, hidden)
+        return hidden + self.mlp(normed)
 
 
 class Phi3ForCausalLM(CausalLM):

@@ -17,7 +17,8 @@ Rules:
   dtype. The CPU keeps float32: a bfloat16 cache decodes faster there but prefills
   slower through SDPA's bfloat16 CPU path (README, "Latest results"), and loses precision.
 - **attention backend**: ``config.attention_backend``, else $FOLIO_ATTENTION_BACKEND, else
-  ``triton`` on CUDA and ``torch`` elsewhere (as kernels.get_backend decides).
+  ``triton`` on CUDA, ``cpu`` (the native C++ kernels) on the CPU when they are built and
+  ``torch`` elsewhere (``kernels.default_backend_name``, which kernels.get_backend uses).
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ import torch
 
 from engine.config import EngineConfig
 from engine.dtypes import resolve_dtype
-from kernels import BACKEND_ENV, BACKEND_NAMES
+from kernels import BACKEND_ENV, BACKEND_NAMES, default_backend_name
 
 
 @dataclass(slots=True, frozen=True)
 class ResolvedDevice:
     device: torch.device
     dtype: torch.dtype  # compute dtype; dense weights and the KV cache use it too
-    backend: str  # attention backend name: "torch" or "triton"
+    backend: str  # attention backend name: "torch", "triton" or "cpu"
     label: str  # for people: "CUDA 0: NVIDIA H200", "CPU", "Apple GPU (MPS)"
 
     @property
@@ -117,7 +118,7 @@ def _dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
 def _backend(config: EngineConfig, device: torch.device) -> str:
     choice = config.attention_backend or os.environ.get(BACKEND_ENV) or None
     if choice is None:
-        return "triton" if device.type == "cuda" else "torch"
+        return default_backend_name(device)
     if choice not in BACKEND_NAMES:
         raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(BACKEND_NAMES)}, "
                          f"got {choice!r}")

@@ -78,6 +78,7 @@ def test_engine_config_rejects_bad_field(field: str, value: object) -> None:
         ("weights", "float32"),
         ("attention_backend", "triton"),
         ("attention_backend", "torch"),
+        ("attention_backend", "cpu"),
         ("num_threads", 2),
     ],
 )

@@ -9,6 +9,7 @@ import kernels.cpu
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runner.kv_cache import CONCURRENT_CONTEXTS, KVBudgetError
+from kernels import default_backend_name
 from tests.engine.tiny_models import save_tiny_model
 
 
@@ -21,7 +22,8 @@ def test_defaults_on_a_machine_without_cuda(tiny_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     engine = LLMEngine(str(tiny_dir), EngineConfig())
     r = engine.resolved_device
-    assert (r.device.type, r.dtype, r.backend, r.label) == ("cpu", torch.float32, "torch", "CPU")
+    assert (r.device.type, r.dtype, r.backend, r.label) == (
+        "cpu", torch.float32, default_backend_name("cpu"), "CPU")
     # The dock's line names the CPU's kernel path.
     assert engine.memory_stats().device == f"CPU, {kernels.cpu.status()}"
     # The default pool: a few full contexts of the model (1024 tokens, 16-token blocks).

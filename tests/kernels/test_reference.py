@@ -298,10 +298,16 @@ def test_query_heads_must_be_a_multiple_of_kv_heads(make_batch):
         paged_attention_ref(query, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
 
 
-def test_get_backend_picks_the_reference_on_cpu(monkeypatch):
+def test_get_backend_picks_the_reference_on_cpu_without_the_native_kernels(monkeypatch):
     monkeypatch.delenv("FOLIO_ATTENTION_BACKEND", raising=False)
+    monkeypatch.setattr("kernels.cpu.available", lambda: False)
     backend = get_backend("cpu")
     assert isinstance(backend, TorchBackend) and backend.name == "torch"
+
+
+def test_the_environment_still_picks_the_reference_on_cpu(monkeypatch):
+    monkeypatch.setenv("FOLIO_ATTENTION_BACKEND", "torch")
+    assert isinstance(get_backend("cpu"), TorchBackend)
 
 
 def test_one_backend_serves_successive_steps_and_layers(make_batch):

@@ -12,8 +12,7 @@ import transformers
 
 from engine.layers import onednn
 from engine.models import SUPPORTED_ARCHITECTURES, build_model
-from kernels import allocate_kv_cache
-from kernels.reference import TorchBackend
+from kernels import allocate_kv_cache, get_backend
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -43,7 +42,8 @@ class PagedHarness:
             self.free = order.tolist()
         self.tables: dict[str, list[int]] = {}
         self.lengths: dict[str, int] = {}
-        self.backend = TorchBackend()
+        # The engine's CPU default: the native kernels when built, else the reference.
+        self.backend = get_backend("cpu")
 
     def share_prefix(self, source: str, target: str, num_blocks: int) -> None:
         """target starts with source's first num_blocks (full) blocks, already computed."""

@@ -7,7 +7,10 @@ import torch
 
 from engine.config import EngineConfig
 from engine.runner.device import cuda_device_names, estimate_dtype, resolve_device
-from kernels import BACKEND_ENV
+from kernels import BACKEND_ENV, cpu
+
+# The CPU's default backend: the native kernels when built, else the reference.
+CPU_BACKEND = "cpu" if cpu.available() else "torch"
 
 
 @pytest.fixture(autouse=True)
@@ -36,11 +39,11 @@ def test_an_older_card_computes_in_float16(monkeypatch):
     assert resolve_device(EngineConfig()).dtype == torch.float16
 
 
-def test_auto_without_cuda_is_the_cpu_in_float32_with_torch(monkeypatch):
+def test_auto_without_cuda_is_the_cpu_in_float32_with_its_backend(monkeypatch):
     fake_cuda(monkeypatch, ())
     r = resolve_device(EngineConfig())
     assert (r.device, r.dtype, r.backend, r.label) == (
-        torch.device("cpu"), torch.float32, "torch", "CPU")
+        torch.device("cpu"), torch.float32, CPU_BACKEND, "CPU")
 
 
 def test_an_explicit_cuda_device_by_index(monkeypatch):
@@ -63,7 +66,7 @@ def test_a_cuda_device_that_does_not_exist_names_the_field(monkeypatch, names):
 def test_cpu_chosen_on_a_gpu_machine(monkeypatch):
     fake_cuda(monkeypatch)
     r = resolve_device(EngineConfig(device="cpu"))
-    assert (r.device.type, r.dtype, r.backend) == ("cpu", torch.float32, "torch")
+    assert (r.device.type, r.dtype, r.backend) == ("cpu", torch.float32, CPU_BACKEND)
 
 
 def test_dense_weights_set_the_compute_dtype_unless_dtype_does(monkeypatch):
@@ -84,6 +87,8 @@ def test_backend_from_the_config_then_the_environment(monkeypatch):
     assert resolve_device(EngineConfig(attention_backend="torch")).backend == "torch"
     monkeypatch.setenv(BACKEND_ENV, "torch")
     assert resolve_device(EngineConfig()).backend == "torch"
+    monkeypatch.setenv(BACKEND_ENV, "cpu")
+    assert resolve_device(EngineConfig()).backend == "cpu"
     monkeypatch.setenv(BACKEND_ENV, "cuda")
     with pytest.raises(ValueError, match=BACKEND_ENV):
         resolve_device(EngineConfig())

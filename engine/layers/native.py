@@ -1,0 +1,23 @@
+"""When a layer runs Folio's fused native CPU ops (kernels/cpu) instead of its PyTorch
+code: float32 tensors on the CPU with the library loaded. Everything else (CUDA,
+bfloat16, the library not built or FOLIO_NATIVE_CPU=0) keeps the PyTorch path.
+
+On the CPU a decode step of a small model is dominated by the fixed cost of each eager
+op, so the fused ops (one per norm, per residual add + norm, per gated activation, per
+rotary + KV write) are what cut a step's time, not their arithmetic."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import cpu
+
+
+def fused_cpu(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and (
+        cpu.available())
+
+
+def native_ops():
+    """torch.ops.folio_cpu; call only where fused_cpu(...) holds."""
+    return cpu.ops()

@@ -1,0 +1,99 @@
+"""The native CPU attention backend ("cpu"): the AttentionBackend protocol
+(kernels/interface.py) on the C++ ops of kernels/cpu/csrc/attention.
+
+`attention` is one op per layer: a varlen batch of prefill chunks and decode tokens read
+in place from the paged pool through the block tables (causal, GQA, sliding window,
+logit soft-cap with the reference's exact semantics), split over sequences, KV heads and,
+when that leaves threads idle, block ranges of the keys. `write_kv` is one scatter op.
+Float32 pools run natively; any other dtype, steps with a prefill chunk longer than
+NATIVE_MAX_QUERY_LEN, and copy_blocks / swap_blocks (whole-block moves, not per step) run
+the PyTorch reference.
+
+`rotary_write_kv` is an extra the attention layer uses when the backend offers it: the
+rotary step on q and k in place and the KV write in one op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu import available, ops, status
+from kernels.interface import AttentionMetadata, check_attention_options, effective_window
+from kernels.reference import TorchBackend, copy_blocks_ref, swap_blocks_ref
+
+# Batches with a chunk longer than this run the reference, whose SDPA (blocked matmuls)
+# prefills long chunks faster than this kernel's row-at-a-time dot products (512 x 512
+# causal: ~1.6x); decode and short chunks, where per-op overhead dominates, stay native.
+NATIVE_MAX_QUERY_LEN = 64
+
+
+class CpuBackend:
+    name = "cpu"
+    head_major_kv = True
+
+    def __init__(self) -> None:
+        if not available():  # loads the library on first use
+            raise RuntimeError(f"the native CPU kernels are unavailable: {status()}")
+        # Non-float32 pools (bfloat16) take the reference path.
+        self._fallback = TorchBackend()
+
+    @staticmethod
+    def _native(*tensors: torch.Tensor) -> bool:
+        return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        if not self._native(key, value, k_cache, v_cache):
+            self._fallback.write_kv(key, value, k_cache, v_cache, slot_mapping)
+            return
+        ops().write_kv(key, value, k_cache, v_cache, _int64(slot_mapping))
+
+    def rotary_write_kv(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Rotate query [T, nq, hd] and key [T, nkv, hd] in place (rotate-half over the
+        first cos.shape[-1] dims, cos/sin as RotaryEmbedding.lookup gives them), then
+        write key and value to their slots. Float32 on the CPU only."""
+        ops().rotary_write_kv(query, key, value, cos, sin, k_cache, v_cache,
+                              _int64(slot_mapping))
+
+    def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
+                  logit_softcap: float | None = None) -> torch.Tensor:
+        if (not self._native(query, k_cache, v_cache)
+                or meta.max_query_len > NATIVE_MAX_QUERY_LEN):
+            return self._fallback.attention(query, k_cache, v_cache, meta, scale,
+                                            sliding_window, logit_softcap)
+        if query.dim() != 3:
+            raise ValueError(f"query must be [num_tokens, nq, hd], got shape {tuple(query.shape)}")
+        if query.shape[1] % k_cache.shape[2] != 0:
+            raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of KV heads "
+                             f"({k_cache.shape[2]})")
+        check_attention_options(sliding_window, logit_softcap)
+        window = effective_window(sliding_window, meta.max_seq_len) or 0
+        if query.stride(2) != 1:
+            query = query.contiguous()
+        return ops().paged_attention(
+            query, k_cache, v_cache, _int32(meta.query_start_loc), _int32(meta.seq_lens),
+            _int32(meta.block_tables), float(scale), int(window),
+            float(logit_softcap or 0.0))
+
+    def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        copy_blocks_ref(kv_cache, src, dst)
+
+    def swap_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
+                    src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+        swap_blocks_ref(src_cache, dst_cache, src_ids, dst_ids)
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    """The metadata as the kernel reads it; the engine's already is (no op then)."""
+    if t.dtype == torch.int32 and t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return t.to(device="cpu", dtype=torch.int32).contiguous()
+
+
+def _int64(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype == torch.int64 and t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return t.to(device="cpu", dtype=torch.int64).contiguous()

@@ -1,0 +1,28 @@
+// The attention kernel's entry point per instruction set (attend_kernel.inc, compiled by
+// attend_portable.cpp, attend_avx2.cpp and attend_avx512.cpp).
+#pragma once
+
+#include "attention/attention_task.h"
+
+namespace folio_cpu::attention {
+
+// scratch: at least scratch_floats(rows, args) floats for the task's rows.
+using RunTask = void (*)(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+
+inline int64_t scratch_floats(int64_t rows, const AttentionArgs& args) {
+  return rows * (args.block_size + args.head_size + 2);
+}
+
+namespace portable {
+void run_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+}
+#if defined(__x86_64__)
+namespace avx2 {
+void run_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+}
+namespace avx512 {
+void run_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+}
+#endif
+
+}  // namespace folio_cpu::attention

@@ -1,0 +1,49 @@
+// Plain data shared by the attention planner (paged_attention.cpp) and the per-ISA
+// kernels (attend_*.cpp): no functions here, so that the ISA files can include it before
+// their `#pragma GCC target` without compiling anything under a foreign target.
+#pragma once
+
+#include <cstdint>
+
+namespace folio_cpu::attention {
+
+// One step's batch as the kernels read it; all strides in elements.
+struct AttentionArgs {
+  const float* query;  // [num_tokens, nq, hd], dim stride 1
+  int64_t q_token_stride, q_head_stride;
+  const float* k_cache;  // [num_blocks, block_size, nkv, hd], dim stride 1
+  const float* v_cache;  // same strides as k_cache
+  int64_t kv_block_stride, kv_slot_stride, kv_head_stride;
+  float* out;  // [num_tokens, nq, hd] contiguous
+  const int32_t* query_start_loc;  // [num_seqs + 1]
+  const int32_t* seq_lens;         // [num_seqs]
+  const int32_t* block_tables;     // [num_seqs, max_blocks]
+  int64_t block_table_stride;
+  int64_t block_size, head_size, num_q_heads, num_kv_heads;
+  float scale;
+  float softcap;   // 0: none
+  int64_t window;  // 0: none; else the query at p sees keys p - window + 1 .. p
+};
+
+// One unit of work: some query tokens of one sequence, the query heads of one KV head,
+// against the keys [key_begin, key_end) of that sequence (one split of its context).
+struct AttentionTask {
+  int32_t seq;
+  int32_t kv_head;
+  int32_t token_begin, token_end;  // rows of the query (absolute)
+  int64_t key_begin, key_end;      // key positions read; each row masks its own range
+  // -1: the task covers every key its rows see, so it writes the normalized output.
+  // Else: the first of its rows' slots in the partial buffers (rows in token-major,
+  // head-minor order), merged by log-sum-exp afterwards.
+  int64_t partial;
+};
+
+// Split-K partial softmax state: for slot i, max score, sum of exp and the unnormalized
+// weighted values [hd].
+struct Partials {
+  float* max_score;  // [slots]
+  float* sum_exp;    // [slots]
+  float* acc;        // [slots, hd]
+};
+
+}  // namespace folio_cpu::attention

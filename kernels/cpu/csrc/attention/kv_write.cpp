@@ -1,0 +1,151 @@
+// write_kv (scatter each new token's K/V to its slot; slot -1 skipped) and
+// rotary_write_kv (the rotary step on q and k in place, then the same scatter), so that
+// a layer's rope and KV write are one op instead of about ten.
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+namespace folio_cpu::attention {
+
+namespace {
+
+// The slots a token's K/V go to, and the pool's geometry, in elements.
+struct Scatter {
+  const int64_t* slots;
+  int64_t block_size, block_stride, slot_stride, head_stride, num_kv_heads, head_size;
+  int64_t elem_bytes;
+  char* k_base;
+  char* v_base;
+
+  // Copy token t's [nkv, hd] key and value rows (dim stride 1) to its slot.
+  void write(int64_t t, const char* key, int64_t key_head_stride, const char* value,
+             int64_t value_head_stride) const {
+    const int64_t slot = slots[t];
+    if (slot < 0) return;
+    const int64_t offset = (slot / block_size) * block_stride + (slot % block_size) * slot_stride;
+    const int64_t bytes = head_size * elem_bytes;
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      const int64_t dst = (offset + h * head_stride) * elem_bytes;
+      std::memcpy(k_base + dst, key + h * key_head_stride * elem_bytes, bytes);
+      std::memcpy(v_base + dst, value + h * value_head_stride * elem_bytes, bytes);
+    }
+  }
+};
+
+Scatter scatter_for(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
+                    at::Tensor& v_cache, const at::Tensor& slot_mapping) {
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes() && key.stride(2) == 1 &&
+                  value.stride(2) == 1,
+              "key and value must be [num_tokens, nkv, hd] with contiguous heads");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.strides() == v_cache.strides() &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.stride(3) == 1 &&
+                  k_cache.size(2) == key.size(1) && k_cache.size(3) == key.size(2),
+              "k_cache and v_cache must be [num_blocks, block_size, nkv, hd] like key");
+  TORCH_CHECK(key.scalar_type() == k_cache.scalar_type() &&
+                  value.scalar_type() == v_cache.scalar_type() &&
+                  key.scalar_type() == value.scalar_type(),
+              "key, value and the caches must share a dtype");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
+                  slot_mapping.numel() == key.size(0),
+              "slot_mapping must be contiguous int64 [num_tokens]");
+  return {slot_mapping.data_ptr<int64_t>(), k_cache.size(1), k_cache.stride(0),
+          k_cache.stride(1), k_cache.stride(2), k_cache.size(2), k_cache.size(3),
+          static_cast<int64_t>(k_cache.element_size()),
+          static_cast<char*>(k_cache.data_ptr()), static_cast<char*>(v_cache.data_ptr())};
+}
+
+void write_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor k_cache,
+              at::Tensor v_cache, const at::Tensor& slot_mapping) {
+  const Scatter scatter = scatter_for(key, value, k_cache, v_cache, slot_mapping);
+  const char* k = static_cast<const char*>(key.data_ptr());
+  const char* v = static_cast<const char*>(value.data_ptr());
+  const int64_t es = key.element_size();
+  at::parallel_for(0, key.size(0), 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      scatter.write(t, k + t * key.stride(0) * es, key.stride(1), v + t * value.stride(0) * es,
+                    value.stride(1));
+  });
+}
+
+// Rotate-half on the leading `rotary` dims of one head in place: x * cos + swap(x) * sin,
+// with sin's first half negated (engine/layers/rotary.py's tables); the rest pass through.
+void rotate_head(float* __restrict x, const float* __restrict cos, const float* __restrict sin,
+                 int64_t rotary) {
+  const int64_t half = rotary / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] + b * sin[i];
+    x[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+void rotate_heads(at::Tensor& x, int64_t t, const float* cos, const float* sin, int64_t rotary) {
+  float* row = x.data_ptr<float>() + t * x.stride(0);
+  for (int64_t h = 0; h < x.size(1); ++h) rotate_head(row + h * x.stride(1), cos, sin, rotary);
+}
+
+void check_rotary(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
+                  const at::Tensor& sin) {
+  TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
+                  query.dim() == 3 && key.dim() == 3 && query.stride(2) == 1 &&
+                  key.stride(2) == 1 && query.size(0) == key.size(0) &&
+                  query.size(2) == key.size(2),
+              "query [T, nq, hd] and key [T, nkv, hd] must be float32 with contiguous heads");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+                  cos.sizes() == sin.sizes() && cos.strides() == sin.strides() &&
+                  cos.stride(-1) == 1 && cos.size(0) == query.size(0) &&
+                  cos.numel() == cos.size(0) * cos.size(-1) && cos.size(-1) <= query.size(2) &&
+                  cos.size(-1) % 2 == 0,
+              "cos and sin must be float32 [T, (1,) rotary_dim] with an even rotary_dim");
+}
+
+// query, key: rotated in place by each token's cos/sin rows ([T, rot] or [T, 1, rot]).
+void rotary(at::Tensor query, at::Tensor key, const at::Tensor& cos, const at::Tensor& sin) {
+  check_rotary(query, key, cos, sin);
+  const float* c = cos.data_ptr<float>();
+  const float* s = sin.data_ptr<float>();
+  const int64_t rot = cos.size(-1), table_stride = cos.stride(0);
+  at::parallel_for(0, query.size(0), 32, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      rotate_heads(query, t, c + t * table_stride, s + t * table_stride, rot);
+      rotate_heads(key, t, c + t * table_stride, s + t * table_stride, rot);
+    }
+  });
+}
+
+void rotary_write_kv(at::Tensor query, at::Tensor key, const at::Tensor& value,
+                     const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache,
+                     at::Tensor v_cache, const at::Tensor& slot_mapping) {
+  check_rotary(query, key, cos, sin);
+  const Scatter scatter = scatter_for(key, value, k_cache, v_cache, slot_mapping);
+  const float* c = cos.data_ptr<float>();
+  const float* s = sin.data_ptr<float>();
+  const int64_t rot = cos.size(-1), table_stride = cos.stride(0);
+  const char* k = static_cast<const char*>(key.data_ptr());
+  const char* v = static_cast<const char*>(value.data_ptr());
+  at::parallel_for(0, query.size(0), 32, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      rotate_heads(query, t, c + t * table_stride, s + t * table_stride, rot);
+      rotate_heads(key, t, c + t * table_stride, s + t * table_stride, rot);
+      scatter.write(t, k + t * key.stride(0) * 4, key.stride(1), v + t * value.stride(0) * 4,
+                    value.stride(1));
+    }
+  });
+}
+
+}  // namespace
+
+}  // namespace folio_cpu::attention
+
+TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
+  m.def("write_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor slot_mapping) -> ()",
+        &folio_cpu::attention::write_kv);
+  m.def("rotary(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin) -> ()",
+        &folio_cpu::attention::rotary);
+  m.def("rotary_write_kv(Tensor(a!) query, Tensor(b!) key, Tensor value, Tensor cos, "
+        "Tensor sin, Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping) -> ()",
+        &folio_cpu::attention::rotary_write_kv);
+}

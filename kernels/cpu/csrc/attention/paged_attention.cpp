@@ -1,0 +1,217 @@
+// paged_attention: a varlen batch (prefill chunks and decode tokens mixed) over the
+// paged KV pool, read in place through the block tables; the semantics of
+// kernels/reference.py (causal, GQA, sliding window, logit soft-cap).
+//
+// The batch becomes tasks (attention_task.h): per sequence, per KV head, tiles of query
+// tokens; when that gives too few tasks to keep every thread busy (a decode step of one
+// sequence has num_kv_heads of them), each tile's keys split into block-aligned ranges
+// whose partial softmaxes merge by log-sum-exp. Threads pull tasks from a shared counter
+// (costs differ: causal tiles late in a chunk see more keys).
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "attention/attend_isa.h"
+#include "isa.h"
+
+namespace folio_cpu::attention {
+
+namespace {
+
+// A split holds at least this many keys: below it the merge costs more than it saves.
+constexpr int64_t kMinSplitKeys = 128;
+// Rows (tokens x query heads) per prefill tile: scores and acc stay in L1/L2.
+constexpr int64_t kTileRows = 64;
+// Below this many multiply-adds a step runs on the calling thread (fork/join costs more).
+constexpr int64_t kSerialWork = int64_t{1} << 16;
+
+struct SplitTile {  // a tile whose keys were split: merged after the tasks ran
+  int64_t token_begin, rows, kv_head, first_slot, splits;
+};
+
+RunTask kernel_for_active_isa() {
+#if defined(__x86_64__)
+  switch (active_isa()) {
+    case Isa::kAvx512Vnni:
+    case Isa::kAvx512: return &avx512::run_task;
+    case Isa::kAvx2: return &avx2::run_task;
+    case Isa::kPortable: break;
+  }
+#endif
+  return &portable::run_task;
+}
+
+struct Plan {
+  std::vector<AttentionTask> tasks;
+  std::vector<int64_t> costs;
+  std::vector<SplitTile> split_tiles;
+  int64_t partial_slots = 0;
+  int64_t max_rows = 1;
+};
+
+Plan plan_tasks(const AttentionArgs& a, int64_t num_seqs, int64_t threads) {
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  const int64_t tile_tokens = std::max<int64_t>(1, kTileRows / group);
+  struct Tile { int32_t seq; int64_t token_begin, token_end, key_begin, key_end; };
+  std::vector<Tile> tiles;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t start = a.query_start_loc[s], end = a.query_start_loc[s + 1];
+    const int64_t seq_len = a.seq_lens[s];
+    TORCH_CHECK(end - start <= seq_len, "sequence ", s, ": query length ", end - start,
+                " exceeds its seq_len ", seq_len);
+    for (int64_t t = start; t < end; t += tile_tokens) {
+      const int64_t t_end = std::min(end, t + tile_tokens);
+      const int64_t first_pos = seq_len - (end - start) + (t - start);
+      const int64_t key_begin = a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : 0;
+      tiles.push_back({static_cast<int32_t>(s), t, t_end, key_begin,
+                       seq_len - (end - t_end)});
+    }
+  }
+  const int64_t base_tasks = static_cast<int64_t>(tiles.size()) * a.num_kv_heads;
+  const int64_t wanted = threads > 1 ? 4 * threads : 1;
+  Plan plan;
+  for (const Tile& tile : tiles) {
+    const int64_t rows = (tile.token_end - tile.token_begin) * group;
+    plan.max_rows = std::max(plan.max_rows, rows);
+    const int64_t keys = tile.key_end - tile.key_begin;
+    int64_t splits = 1;
+    if (base_tasks < wanted) {
+      splits = std::min((wanted + base_tasks - 1) / base_tasks,
+                        std::max<int64_t>(1, keys / kMinSplitKeys));
+    }
+    // Block-aligned split boundaries, so that no block is read by two splits.
+    const int64_t first_block = tile.key_begin / a.block_size;
+    const int64_t num_blocks = (tile.key_end - 1) / a.block_size + 1 - first_block;
+    splits = std::min(splits, num_blocks);
+    const int64_t blocks_per_split = (num_blocks + splits - 1) / splits;
+    splits = (num_blocks + blocks_per_split - 1) / blocks_per_split;
+    for (int64_t h = 0; h < a.num_kv_heads; ++h) {
+      const int64_t first_slot = splits > 1 ? plan.partial_slots : -1;
+      for (int64_t i = 0; i < splits; ++i) {
+        const int64_t begin = std::max(tile.key_begin, (first_block + i * blocks_per_split) * a.block_size);
+        const int64_t end = std::min(tile.key_end,
+                                     (first_block + (i + 1) * blocks_per_split) * a.block_size);
+        plan.tasks.push_back({tile.seq, static_cast<int32_t>(h),
+                              static_cast<int32_t>(tile.token_begin),
+                              static_cast<int32_t>(tile.token_end), begin, end,
+                              splits > 1 ? first_slot + i * rows : -1});
+        plan.costs.push_back((end - begin) * rows * a.head_size);
+      }
+      if (splits > 1) {
+        plan.split_tiles.push_back({tile.token_begin, rows, h, first_slot, splits});
+        plan.partial_slots += splits * rows;
+      }
+    }
+  }
+  return plan;
+}
+
+// Each split-K tile's rows: out = sum_i acc_i * e^(m_i - M) / sum_i l_i * e^(m_i - M).
+void merge_splits(const AttentionArgs& a, const Plan& plan, const Partials& p) {
+  const int64_t hd = a.head_size;
+  const int64_t group = a.num_q_heads / a.num_kv_heads;
+  for (const SplitTile& tile : plan.split_tiles) {
+    for (int64_t r = 0; r < tile.rows; ++r) {
+      float top = -INFINITY;
+      for (int64_t i = 0; i < tile.splits; ++i)
+        top = std::max(top, p.max_score[tile.first_slot + i * tile.rows + r]);
+      const int64_t token = tile.token_begin + r / group;
+      float* out = a.out + (token * a.num_q_heads + tile.kv_head * group + r % group) * hd;
+      std::fill(out, out + hd, 0.0f);
+      float total = 0.0f;
+      for (int64_t i = 0; i < tile.splits; ++i) {
+        const int64_t slot = tile.first_slot + i * tile.rows + r;
+        if (p.sum_exp[slot] == 0.0f) continue;  // a split outside this row's window
+        const float weight = std::exp(p.max_score[slot] - top);
+        total += p.sum_exp[slot] * weight;
+        const float* acc = p.acc + slot * hd;
+        for (int64_t d = 0; d < hd; ++d) out[d] += acc[d] * weight;
+      }
+      const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+      for (int64_t d = 0; d < hd; ++d) out[d] *= inv;
+    }
+  }
+}
+
+void check_int32(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kInt && t.is_contiguous(), name,
+              " must be a contiguous int32 CPU tensor");
+}
+
+at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& query_start_loc,
+                           const at::Tensor& seq_lens, const at::Tensor& block_tables,
+                           double scale, int64_t window, double softcap) {
+  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1,
+              "query must be float32 [num_tokens, nq, hd] with contiguous heads");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat &&
+                  k_cache.stride(3) == 1 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.strides() == v_cache.strides() &&
+                  v_cache.scalar_type() == at::kFloat,
+              "k_cache and v_cache must be float32 [num_blocks, block_size, nkv, hd] with "
+              "the same strides");
+  check_int32(query_start_loc, "query_start_loc");
+  check_int32(seq_lens, "seq_lens");
+  check_int32(block_tables, "block_tables");
+  const int64_t num_tokens = query.size(0), nq = query.size(1), hd = query.size(2);
+  const int64_t nkv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == hd && nq % nkv == 0, "query heads (", nq,
+              ") must be a multiple of KV heads (", nkv, ") with the same head size");
+  const int64_t num_seqs = seq_lens.size(0);
+  TORCH_CHECK(query_start_loc.size(0) == num_seqs + 1 && block_tables.size(0) == num_seqs,
+              "query_start_loc, seq_lens and block_tables disagree on the number of sequences");
+  auto out = at::empty({num_tokens, nq, hd}, query.options());
+  if (num_tokens == 0 || num_seqs == 0) return out;
+
+  AttentionArgs args{query.data_ptr<float>(), query.stride(0), query.stride(1),
+                     k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                     k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                     out.data_ptr<float>(), query_start_loc.data_ptr<int32_t>(),
+                     seq_lens.data_ptr<int32_t>(), block_tables.data_ptr<int32_t>(),
+                     block_tables.stride(0), k_cache.size(1), hd, nq, nkv,
+                     static_cast<float>(scale), static_cast<float>(softcap), window};
+  const int64_t threads = at::get_num_threads();
+  Plan plan = plan_tasks(args, num_seqs, threads);
+  std::vector<float> partial_buffer(plan.partial_slots * (hd + 2));
+  Partials partials{partial_buffer.data(), partial_buffer.data() + plan.partial_slots,
+                    partial_buffer.data() + 2 * plan.partial_slots};
+  const RunTask run = kernel_for_active_isa();
+  const int64_t scratch_size = scratch_floats(plan.max_rows, args);
+  const int64_t num_tasks = static_cast<int64_t>(plan.tasks.size());
+  int64_t total_cost = 0;
+  for (int64_t c : plan.costs) total_cost += c;
+
+  if (threads == 1 || num_tasks == 1 || total_cost < kSerialWork) {
+    std::vector<float> scratch(scratch_size);
+    for (const AttentionTask& task : plan.tasks) run(args, task, partials, scratch.data());
+  } else {
+    // Costliest first, so that the last tasks pulled are short ones.
+    std::vector<int64_t> order(num_tasks);
+    for (int64_t i = 0; i < num_tasks; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t x, int64_t y) { return plan.costs[x] > plan.costs[y]; });
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, std::min(threads, num_tasks), 1, [&](int64_t, int64_t) {
+      std::vector<float> scratch(scratch_size);
+      for (int64_t i = next.fetch_add(1); i < num_tasks; i = next.fetch_add(1))
+        run(args, plan.tasks[order[i]], partials, scratch.data());
+    });
+  }
+  merge_splits(args, plan, partials);
+  return out;
+}
+
+}  // namespace
+
+}  // namespace folio_cpu::attention
+
+TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
+  m.def("paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
+        "Tensor seq_lens, Tensor block_tables, float scale, int window, float softcap) -> Tensor",
+        &folio_cpu::attention::paged_attention);
+}

@@ -1,0 +1,65 @@
+// silu_mul and gelu_tanh_mul: the gated MLP's act(gate) * up from the stacked gate_up
+// projection [tokens, 2 * inter] in one op (the layers ran slice, act, slice, mul).
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "fused/fast_math.h"
+
+namespace folio_cpu {
+
+namespace {
+
+struct Silu {
+  static float apply(float g) { return g / (1.0f + exp_approx(-g)); }
+};
+
+struct GeluTanh {  // transformers' gelu_pytorch_tanh
+  static float apply(float g) {
+    const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
+    return 0.5f * g * (1.0f + tanh_approx(inner));
+  }
+};
+
+template <typename Act>
+at::Tensor gated(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.scalar_type() == at::kFloat && gate_up.dim() == 2 &&
+                  gate_up.size(1) % 2 == 0,
+              "gate_up must be float32 [tokens, 2 * intermediate]");
+  const int64_t tokens = gate_up.size(0), inter = gate_up.size(1) / 2;
+  auto out = at::empty({tokens, inter}, gate_up.options());
+  const float* src = gate_up.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  // Any strides: a small-batch matmul returns a transposed view (engine/layers/linear.py).
+  const int64_t row_stride = gate_up.stride(0), col_stride = gate_up.stride(1);
+  // Parallel over rows and over chunks of a row: decode has one row of a few thousand.
+  constexpr int64_t kChunk = 1024;
+  const int64_t chunks = (inter + kChunk - 1) / kChunk;
+  at::parallel_for(0, tokens * chunks, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = i / chunks, c0 = (i % chunks) * kChunk;
+      const int64_t c1 = c0 + kChunk < inter ? c0 + kChunk : inter;
+      const float* __restrict gate = src + t * row_stride;
+      const float* __restrict up = gate + inter * col_stride;
+      float* __restrict o = dst + t * inter;
+      if (col_stride == 1) {
+#pragma omp simd
+        for (int64_t j = c0; j < c1; ++j) o[j] = Act::apply(gate[j]) * up[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = c0; j < c1; ++j)
+          o[j] = Act::apply(gate[j * col_stride]) * up[j * col_stride];
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+}  // namespace folio_cpu
+
+TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
+  m.def("silu_mul(Tensor gate_up) -> Tensor", &folio_cpu::gated<folio_cpu::Silu>);
+  m.def("gelu_tanh_mul(Tensor gate_up) -> Tensor", &folio_cpu::gated<folio_cpu::GeluTanh>);
+}

@@ -1,0 +1,141 @@
+"""The C++ paged attention (CpuBackend) against the PyTorch reference backend: mixed
+prefill/decode batches, GQA, head sizes, lengths at block boundaries, windows, soft-caps,
+shared and shuffled block tables, split-K on few sequences, and the KV write."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import allocate_kv_cache, get_backend
+from kernels.cpu.attention import CpuBackend
+from kernels.reference import TorchBackend, write_kv_ref
+from tests.kernels.paged_cases import make_case, reference_attention
+
+RTOL = ATOL = 1e-5
+
+
+def check(case, window=None, softcap=None):
+    ref = reference_attention(case, window, softcap)
+    out = CpuBackend().attention(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
+                                 sliding_window=window, logit_softcap=softcap)
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_mixed_prefill_and_decode_at_block_boundaries(isa_path, head_size, group):
+    lengths = [15, 16, 17, 32, 33]
+    case = make_case(lengths, [1, 16, 5, 1, 33], num_kv_heads=2, group=group,
+                     head_size=head_size, block_size=16, seed=group)
+    check(case)
+
+
+@pytest.mark.parametrize("lengths", [[15], [16], [17], [32], [33], [15, 16, 17, 32, 33]])
+def test_decode_at_block_boundaries(isa_path, lengths):
+    case = make_case(lengths, [1] * len(lengths), num_kv_heads=3, group=3, head_size=64,
+                     block_size=16)
+    check(case)
+
+
+@pytest.mark.parametrize("window", [1, 7, 16, 17, 40])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_sliding_window_and_softcap(isa_path, window, softcap):
+    case = make_case([33, 100, 17, 64], [1, 30, 17, 1], num_kv_heads=2, group=4, head_size=64,
+                     block_size=16, seed=window)
+    check(case, window, softcap)
+
+
+def test_softcap_alone_on_a_long_prefill(isa_path):
+    case = make_case([300], [120], num_kv_heads=1, group=2, head_size=128, block_size=16)
+    check(case, softcap=2.0)
+
+
+def test_shared_prefix_blocks_and_consecutive_tables(isa_path):
+    shared = make_case([70, 70, 75], [1, 1, 1], num_kv_heads=2, group=3, head_size=64,
+                       block_size=16, shared={1: (0, 4), 2: (0, 4)})
+    check(shared)
+    in_place = make_case([70, 33], [1, 20], num_kv_heads=2, group=3, head_size=64,
+                         block_size=16, consecutive=True, head_major=True)
+    check(in_place)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_split_k_on_one_long_sequence(isa_path, threads):
+    """1 sequence x 3 KV heads: the keys split into block ranges merged by log-sum-exp."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        case = make_case([2049], [1], num_kv_heads=3, group=3, head_size=64, block_size=16,
+                         head_major=True)
+        check(case)
+        check(case, window=700)
+        check(case, softcap=10.0)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_non_float32_pools_run_the_reference():
+    case = make_case([40, 17], [1, 17], num_kv_heads=2, group=2, head_size=64, block_size=16)
+    query, k, v = case.query.bfloat16(), case.k_cache.bfloat16(), case.v_cache.bfloat16()
+    out = CpuBackend().attention(query, k, v, case.meta, case.scale)
+    ref = TorchBackend().attention(query, k, v, case.meta, case.scale)
+    torch.testing.assert_close(out, ref)
+
+
+def test_bad_heads_and_options_raise_value_errors():
+    case = make_case([20], [1], num_kv_heads=2, group=2, head_size=64, block_size=16)
+    backend = CpuBackend()
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        backend.attention(case.query[:, :3], case.k_cache, case.v_cache, case.meta, 1.0)
+    with pytest.raises(ValueError, match="sliding_window"):
+        backend.attention(case.query, case.k_cache, case.v_cache, case.meta, 1.0,
+                          sliding_window=0)
+    with pytest.raises(ValueError, match="logit_softcap"):
+        backend.attention(case.query, case.k_cache, case.v_cache, case.meta, 1.0,
+                          logit_softcap=-1.0)
+
+
+@pytest.mark.parametrize("head_major", [False, True])
+def test_write_kv_matches_the_reference_and_skips_minus_one(head_major):
+    gen = torch.Generator().manual_seed(0)
+    pools = [allocate_kv_cache(1, 6, 16, 2, 64, torch.float32, "cpu", head_major)[0]
+             for _ in range(2)]
+    fused = torch.randn(5, 4 + 2 * 2, 64, generator=gen)  # a q/k/v projection's output
+    key, value = fused[:, 4:6], fused[:, 6:]
+    slots = torch.tensor([3, -1, 40, 95, 16])
+    write_kv_ref(key, value, pools[0][0], pools[0][1], slots)
+    CpuBackend().write_kv(key, value, pools[1][0], pools[1][1], slots)
+    torch.testing.assert_close(pools[1], pools[0], rtol=0, atol=0)
+
+
+def test_rotary_write_kv_rotates_in_place_and_writes(isa_path):
+    from engine.layers.rotary import apply_partial_rotary, apply_rotary
+
+    gen = torch.Generator().manual_seed(1)
+    for rotary_dim in (64, 48):
+        angles = torch.randn(4, rotary_dim // 2, generator=gen)
+        cos = torch.cat((angles.cos(), angles.cos()), -1)[:, None]
+        sin = torch.cat((-angles.sin(), angles.sin()), -1)[:, None]
+        qkv = torch.randn(4, 3 + 2, 64, generator=gen)
+        rotate = apply_rotary if rotary_dim == 64 else apply_partial_rotary
+        want_q, want_k = rotate(qkv[:, :3], cos, sin), rotate(qkv[:, 3:4], cos, sin)
+        pools = allocate_kv_cache(1, 2, 16, 1, 64, torch.float32, "cpu", True)[0]
+        CpuBackend().rotary_write_kv(qkv[:, :3], qkv[:, 3:4], qkv[:, 4:], cos, sin, pools[0],
+                                     pools[1], torch.tensor([0, 5, -1, 31]))
+        torch.testing.assert_close(qkv[:, :3], want_q, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(qkv[:, 3:4], want_k, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(pools[0].flatten(0, 1)[[0, 5, 31]], want_k[[0, 1, 3]])
+        torch.testing.assert_close(pools[1].flatten(0, 1)[[0, 5, 31]], qkv[[0, 1, 3], 4:])
+
+
+def test_get_backend_defaults_to_cpu_and_copies_blocks_like_the_reference(monkeypatch):
+    monkeypatch.delenv("FOLIO_ATTENTION_BACKEND", raising=False)
+    backend = get_backend("cpu")
+    assert isinstance(backend, CpuBackend) and backend.name == "cpu" and backend.head_major_kv
+    pool = torch.randn(2, 2, 5, 4, 1, 8)
+    want = pool.clone()
+    TorchBackend().copy_blocks(want, torch.tensor([0, 3]), torch.tensor([1, 4]))
+    backend.copy_blocks(pool, torch.tensor([0, 3]), torch.tensor([1, 4]))
+    torch.testing.assert_close(pool, want, rtol=0, atol=0)
