@@ -10,7 +10,8 @@
 #include <cstring>
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
+#include "gemv256.h"
 #include "unpack.h"
 
 namespace folio_cpu::quant {
@@ -80,7 +81,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   else dot_signed<false>(w, groups, x, mr, out);
 }
 
-const Kernels kAvx2{unpack_row, dot};
+const Kernels kAvx2{unpack_row, dot, gemv};
 
 }  // namespace
 

@@ -12,7 +12,8 @@
 // GCC 12 flags the deliberately undefined upper lanes of its own cast intrinsics.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#include "gemv256.h"
 #include "unpack.h"
 
 namespace folio_cpu::quant {
@@ -83,7 +84,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   else dot_signed<false>(w, groups, x, mr, out);
 }
 
-const Kernels kAvx512{unpack_row, dot};
+const Kernels kAvx512{unpack_row, dot, gemv};
 
 }  // namespace
 

@@ -9,8 +9,11 @@
 
 namespace folio_cpu::quant {
 
-// Most activation rows one dot call multiplies (register blocking).
+// Most activation rows one dot / gemv call multiplies (register blocking).
 constexpr int kMaxRows = 4;
+// Up to this many activation rows, the products read each weight row straight from the
+// file's blocks (gemv) where the ISA has that kernel; beyond, through unpacked tiles.
+constexpr int64_t kGemvRows = 8;
 
 struct Kernels {
   // row: one weight row's file bytes (k weights) -> out[padded_k(k) / 256].
@@ -18,6 +21,9 @@ struct Kernels {
   // out[i] = sum over `groups` groups of w . x[i] for i < mr <= kMaxRows; signed_q for Q8_0.
   void (*dot)(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
               float* out);
+  // out[i] = w_row . x[i] for i < mr <= kMaxRows, from one weight row's file bytes; null
+  // where the ISA has none (the tiles then serve every m).
+  void (*gemv)(int type, const uint8_t* row, int64_t k, const ActRow* x, int mr, float* out);
 };
 
 const Kernels& portable_kernels();

@@ -25,10 +25,33 @@ constexpr int64_t kTileN = 8;
 constexpr int64_t kTileM = 64;
 constexpr int64_t kChunk = 4;  // groups of 256 weights
 
+// Decode-sized m: each weight row read once from the file's blocks for all m rows.
+void gemv_rows(const Kernels& kern, const uint8_t* act, int64_t act_stride, int64_t m,
+               const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t n, int type,
+               int64_t k, float* out) {
+  ActRow x[kGemvRows];
+  for (int64_t i = 0; i < m; ++i) x[i] = act_row(act + i * act_stride, k);
+  at::parallel_for(0, n, 8, [&](int64_t lo, int64_t hi) {
+    for (int64_t j = lo; j < hi; ++j) {
+      const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
+      for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, m - i0));
+        float part[kMaxRows];
+        kern.gemv(type, row, k, x + i0, mr, part);
+        for (int i = 0; i < mr; ++i) out[(i0 + i) * n + j] = part[i];
+      }
+    }
+  });
+}
+
 void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* w,
               int64_t w_stride, const int64_t* rows, int64_t n, int type, int64_t k,
               float* out) {
   const Kernels& kern = kernels_for(active_isa());
+  if (m <= kGemvRows && kern.gemv != nullptr) {
+    gemv_rows(kern, act, act_stride, m, w, w_stride, rows, n, type, k, out);
+    return;
+  }
   const int64_t groups = padded_k(k) / kGroup;
   const int64_t ntiles = (n + kTileN - 1) / kTileN;
   const int64_t mtiles = (m + kTileM - 1) / kTileM;
