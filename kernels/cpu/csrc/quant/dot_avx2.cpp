@@ -17,6 +17,16 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#define FOLIO_QUANT_F16C 1
+
+namespace folio_cpu::quant {
+namespace {
+inline __m256i dot4(__m256i q, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
+}
+}  // namespace
+}  // namespace folio_cpu::quant
+
 #include "gemv256.h"
 #include "unpack.h"
 

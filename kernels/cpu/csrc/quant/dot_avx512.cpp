@@ -13,9 +13,13 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#define FOLIO_QUANT_F16C 1
 
 namespace folio_cpu::quant {
 namespace {
+inline __m256i dot4(__m256i q, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
+}
 inline __m512i accumulate(__m512i isum, __m512i p16, __m512i sc) {
   return _mm512_add_epi32(isum, _mm512_madd_epi16(p16, sc));
 }

@@ -13,9 +13,13 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#define FOLIO_QUANT_F16C 1
 
 namespace folio_cpu::quant {
 namespace {
+inline __m256i dot4(__m256i q, __m256i x) {
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, x);
+}
 inline __m512i accumulate(__m512i isum, __m512i p16, __m512i sc) {
   return _mm512_dpwssd_epi32(isum, p16, sc);
 }

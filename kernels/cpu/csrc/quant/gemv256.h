@@ -3,6 +3,8 @@
 // 256-bit AVX2 code, included after the ISA pragma by the AVX2 and AVX-512 files (Zen 4
 // and Intel run 256-bit integer ops at full rate; the weights' memory traffic, not the
 // vector width, bounds these shapes). Same arithmetic as the portable dot (layout.h).
+// The including file defines dot4(q u8, x s8): int32 lanes of 4 adjacent products each
+// (maddubs + madd with ones, or VNNI's vpdpbusd).
 #pragma once
 
 #include <immintrin.h>
@@ -10,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels.h"
 #include "layout.h"
 #include "unpack.h"
 
@@ -70,10 +73,9 @@ inline __m256i k_quant_q(const uint8_t* blk, int b) {
   }
 }
 
-// A K-quant super-block's int16 sub-block scales s[16] and offsets o[16], and D, M.
+// A K-quant super-block's int16 sub-block scales sv[16] and offsets ov[16], and D, M.
 template <int T>
-inline void k_quant_scales(const uint8_t* blk, int16_t* s, int16_t* o, float& d, float& m) {
-  __m256i sv, ov;
+inline void k_quant_scales(const uint8_t* blk, __m256i& sv, __m256i& ov, float& d, float& m) {
   if constexpr (T == kQ2_K) {
     const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
     sv = _mm256_and_si256(v, _mm256_set1_epi16(15));
@@ -111,56 +113,75 @@ inline void k_quant_scales(const uint8_t* blk, int16_t* s, int16_t* o, float& d,
     ov = _mm256_slli_epi16(sv, 5);
     d = m = half_to_float(blk + 208);
   }
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(s), sv);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), ov);
 }
 
+// Scales fold into floats: per super-block and row, f_j = dx_(j/2) * D * s_j for the 16
+// sub-blocks, so a block costs one integer dot (dot4: int32 lanes of 4 products, lanes
+// 0-3 the first sub-block) and one fma per row.
 template <int T, int MR>
-void gemv_k_quant(const uint8_t* w, int64_t k, const ActRow* x, float* out) {
+inline void gemv_k_quant(const uint8_t* w, int64_t k, const ActRow* x, float* out) {
   constexpr int kBytes = T == kQ2_K ? 84 : T == kQ3_K ? 110 : T == kQ4_K ? 144 : T == kQ5_K ? 176 : 210;
-  __m256 acc[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
-  alignas(32) int16_t s[16], o[16];
+  constexpr bool kPer32 = T == kQ4_K || T == kQ5_K;  // one scale per 32 weights
+  // Independent fma chains per row (blocks round-robin), so the fma latency, not its
+  // throughput, never bounds a few rows.
+  constexpr int kChains = MR == 1 ? 4 : 2;
+  __m256 acc[MR][kChains];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
+  alignas(32) float f[MR][16];
+  const __m256i pairs_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  const __m256i pairs_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
   for (int64_t g = 0; g < k / kGroup; ++g) {
     const uint8_t* blk = w + g * kBytes;
+    __m256i sv, ov;
     float d, m;
-    k_quant_scales<T>(blk, s, o, d, m);
-    __m256 part[MR];
-    for (int r = 0; r < MR; ++r) part[r] = _mm256_setzero_ps();
+    k_quant_scales<T>(blk, sv, ov, d, m);
+    const __m256 dv = _mm256_set1_ps(d);
+    const __m256 s_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(sv))), dv);
+    const __m256 s_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(sv, 1))), dv);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 dx8 = _mm256_loadu_ps(x[r].d + g * 8);
+      _mm256_store_ps(f[r], _mm256_mul_ps(_mm256_permutevar8x32_ps(dx8, pairs_lo), s_lo));
+      _mm256_store_ps(f[r] + 8, _mm256_mul_ps(_mm256_permutevar8x32_ps(dx8, pairs_hi), s_hi));
+    }
     for (int b = 0; b < 8; ++b) {
       const __m256i q = k_quant_q<T>(blk, b);
-      const __m256i sc = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_set1_epi16(s[2 * b])), _mm_set1_epi16(s[2 * b + 1]), 1);
       for (int r = 0; r < MR; ++r) {
         const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].q + g * kGroup + 32 * b));
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), sc);
-        part[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(x[r].d + g * 8 + b), part[r]);
+        const __m256 fs = kPer32 ? _mm256_broadcast_ss(&f[r][2 * b])
+                                 : _mm256_set_m128(_mm_broadcast_ss(&f[r][2 * b + 1]), _mm_broadcast_ss(&f[r][2 * b]));
+        acc[r][b % kChains] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(q, xq)), fs, acc[r][b % kChains]);
       }
     }
-    const __m256i ov = _mm256_load_si256(reinterpret_cast<const __m256i*>(o));
-    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    const __m256 mv = _mm256_set1_ps(m);
     for (int r = 0; r < MR; ++r) {
+      // Lane b: o_2b * xsum_2b + o_2b+1 * xsum_2b+1 = O_b.
       const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].sum + g * 16));
       const __m256 off = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(ov, xs)),
                                        _mm256_loadu_ps(x[r].d + g * 8));
-      acc[r] = _mm256_fmadd_ps(part[r], dv, acc[r]);
-      acc[r] = _mm256_fnmadd_ps(off, mv, acc[r]);
+      acc[r][0] = _mm256_fnmadd_ps(off, mv, acc[r][0]);
     }
   }
-  for (int r = 0; r < MR; ++r) out[r] = hsum256(acc[r]);
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 1; c < kChains; ++c) acc[r][0] = _mm256_add_ps(acc[r][0], acc[r][c]);
+    out[r] = hsum256(acc[r][0]);
+  }
 }
 
 // 32-weight block types. Q4_0 / Q5_0 / Q8_0 become signed weights (q - 8, q - 16, q) with
 // no offset; Q4_1 / Q5_1 keep unsigned q and add m * sum(x) per block.
 template <int T, int MR>
-void gemv_block32(const uint8_t* w, int64_t k, const ActRow* x, float* out) {
+inline void gemv_block32(const uint8_t* w, int64_t k, const ActRow* x, float* out) {
   constexpr int kBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : T == kQ5_0 ? 22 : T == kQ5_1 ? 24 : 34;
   constexpr bool kSigned = T == kQ4_0 || T == kQ5_0 || T == kQ8_0;
   constexpr int kQs = kBytes - 16;
-  __m256 acc[MR];
+  constexpr int kChains = MR == 1 ? 4 : 2;  // see gemv_k_quant
+  __m256 acc[MR][kChains];
   float off[MR];
-  for (int r = 0; r < MR; ++r) { acc[r] = _mm256_setzero_ps(); off[r] = 0.0f; }
-  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
+    off[r] = 0.0f;
+  }
   for (int64_t i = 0; i < k / 32; ++i) {
     const uint8_t* blk = w + i * kBytes;
     const float d = half_to_float(blk);
@@ -175,44 +196,68 @@ void gemv_block32(const uint8_t* w, int64_t k, const ActRow* x, float* out) {
       if constexpr (T == kQ4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
       if constexpr (T == kQ5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
     }
-    const __m256i qa = kSigned ? _mm256_sign_epi8(q, q) : q;
+    const __m256i qa = kSigned ? _mm256_sign_epi8(q, q) : q;  // |q| (-128 -> 128 as u8)
     const float mn = kSigned ? 0.0f : half_to_float(blk + 2);
     for (int r = 0; r < MR; ++r) {
       __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].q + 32 * i));
       if constexpr (kSigned) xq = _mm256_sign_epi8(xq, q);
-      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, xq), ones);
+      const __m256i p = dot4(qa, xq);
       const float dx = x[r].d[i];
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dx * d), acc[r]);
+      __m256& a = acc[r][i % kChains];
+      a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dx * d), a);
       if constexpr (!kSigned)
         off[r] += dx * mn * static_cast<float>(x[r].sum[2 * i] + x[r].sum[2 * i + 1]);
     }
   }
-  for (int r = 0; r < MR; ++r) out[r] = hsum256(acc[r]) + off[r];
-}
-
-template <int MR>
-void gemv_mr(int type, const uint8_t* w, int64_t k, const ActRow* x, float* out) {
-  switch (type) {
-    case kQ4_0: gemv_block32<kQ4_0, MR>(w, k, x, out); break;
-    case kQ4_1: gemv_block32<kQ4_1, MR>(w, k, x, out); break;
-    case kQ5_0: gemv_block32<kQ5_0, MR>(w, k, x, out); break;
-    case kQ5_1: gemv_block32<kQ5_1, MR>(w, k, x, out); break;
-    case kQ8_0: gemv_block32<kQ8_0, MR>(w, k, x, out); break;
-    case kQ2_K: gemv_k_quant<kQ2_K, MR>(w, k, x, out); break;
-    case kQ3_K: gemv_k_quant<kQ3_K, MR>(w, k, x, out); break;
-    case kQ4_K: gemv_k_quant<kQ4_K, MR>(w, k, x, out); break;
-    case kQ5_K: gemv_k_quant<kQ5_K, MR>(w, k, x, out); break;
-    case kQ6_K: gemv_k_quant<kQ6_K, MR>(w, k, x, out); break;
+  for (int r = 0; r < MR; ++r) {
+    for (int c = 1; c < kChains; ++c) acc[r][0] = _mm256_add_ps(acc[r][0], acc[r][c]);
+    out[r] = hsum256(acc[r][0]) + off[r];
   }
 }
 
-// One weight row (its file bytes, k weights) against mr <= kMaxRows activation rows.
-void gemv(int type, const uint8_t* w, int64_t k, const ActRow* x, int mr, float* out) {
-  switch (mr) {
-    case 1: gemv_mr<1>(type, w, k, x, out); break;
-    case 2: gemv_mr<2>(type, w, k, x, out); break;
-    case 3: gemv_mr<3>(type, w, k, x, out); break;
-    default: gemv_mr<4>(type, w, k, x, out); break;
+// Rows j0..j1 of the output: out[i * n + j] = w_row(j) . x[i] for i < m, w_row(j) the
+// weight row rows[j] (j without rows). One call per thread's share, so the type switch
+// and setup happen once, not per row.
+template <int T, int MR>
+inline void gemv_row(const uint8_t* row, int64_t k, const ActRow* x, float* out) {
+  if constexpr (T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1 || T == kQ8_0)
+    gemv_block32<T, MR>(row, k, x, out);
+  else
+    gemv_k_quant<T, MR>(row, k, x, out);
+}
+
+template <int T>
+void gemv_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
+               int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
+    for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
+      float part[kMaxRows];
+      const int64_t mr = m - i0 < kMaxRows ? m - i0 : kMaxRows;
+      switch (mr) {
+        case 1: gemv_row<T, 1>(row, k, x + i0, part); break;
+        case 2: gemv_row<T, 2>(row, k, x + i0, part); break;
+        case 3: gemv_row<T, 3>(row, k, x + i0, part); break;
+        default: gemv_row<T, 4>(row, k, x + i0, part); break;
+      }
+      for (int64_t i = 0; i < mr; ++i) out[(i0 + i) * n + j] = part[i];
+    }
+  }
+}
+
+void gemv(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
+          int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
+  switch (type) {
+    case kQ4_0: gemv_type<kQ4_0>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
+    case kQ4_1: gemv_type<kQ4_1>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
+    case kQ5_0: gemv_type<kQ5_0>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
+    case kQ5_1: gemv_type<kQ5_1>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
+    case kQ8_0: gemv_type<kQ8_0>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
+    case kQ2_K: gemv_type<kQ2_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
+    case kQ3_K: gemv_type<kQ3_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
+    case kQ4_K: gemv_type<kQ4_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
+    case kQ5_K: gemv_type<kQ5_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
+    case kQ6_K: gemv_type<kQ6_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
   }
 }
 

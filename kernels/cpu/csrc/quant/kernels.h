@@ -21,9 +21,11 @@ struct Kernels {
   // out[i] = sum over `groups` groups of w . x[i] for i < mr <= kMaxRows; signed_q for Q8_0.
   void (*dot)(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
               float* out);
-  // out[i] = w_row . x[i] for i < mr <= kMaxRows, from one weight row's file bytes; null
-  // where the ISA has none (the tiles then serve every m).
-  void (*gemv)(int type, const uint8_t* row, int64_t k, const ActRow* x, int mr, float* out);
+  // out[i * n + j] = w_row(j) . x[i] for j0 <= j < j1, i < m <= kGemvRows, straight from
+  // the weight rows' file bytes (row j is rows[j], or j without rows); null where the ISA
+  // has none (the tiles then serve every m).
+  void (*gemv)(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
+               int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n);
   // The order `dot` wants the 256 q bytes of each group in, applied in place to both the
   // unpacked weights and a copy of the activations (the same permutation of both keeps
   // every dot product); null for the file order.

@@ -37,16 +37,9 @@ void gemv_rows(const Kernels& kern, const uint8_t* act, int64_t act_stride, int6
                int64_t k, float* out) {
   ActRow x[kGemvRows];
   for (int64_t i = 0; i < m; ++i) x[i] = act_row(act + i * act_stride, k);
+  // Grain 8: two threads split even a 16-row matrix; each thread takes one contiguous half.
   at::parallel_for(0, n, 8, [&](int64_t lo, int64_t hi) {
-    for (int64_t j = lo; j < hi; ++j) {
-      const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
-      for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, m - i0));
-        float part[kMaxRows];
-        kern.gemv(type, row, k, x + i0, mr, part);
-        for (int i = 0; i < mr; ++i) out[(i0 + i) * n + j] = part[i];
-      }
-    }
+    kern.gemv(type, w, w_stride, rows, lo, hi, k, x, m, out, n);
   });
 }
 

@@ -14,7 +14,7 @@ namespace {
 
 // IEEE half -> float, exact for every value (subnormals, inf, NaN).
 inline float half_to_float(const uint8_t* p) {
-#if defined(__F16C__)
+#if defined(FOLIO_QUANT_F16C)  // set by the ISA files, whose target includes F16C
   uint16_t hv;
   std::memcpy(&hv, p, 2);
   return _cvtsh_ss(hv);
