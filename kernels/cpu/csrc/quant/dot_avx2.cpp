@@ -1,6 +1,12 @@
-// The AVX2 path: u8 x s8 products with maddubs (pairs to int16: at most 2 * 63 * 127, or
-// 2 * 128 * 127 for Q8_0's |q| through the sign trick, so never saturating), madd with the
-// sub-block scales to int32, and float accumulation per activation block.
+// The AVX2 path: the fused decode kernels (gemv256.h) and the tile kernel.
+//
+// Tile kernel: both operands of a group are first interleaved (interleave()) so that
+// int32 lane b of every 32-byte chunk p holds 4 weights of block b (bytes 4p..4p+3 of
+// it; chunks 0-3 are its first 16-weight sub-block, 4-7 the second). Products then sum
+// in int32 lanes across the whole group, and the float scaling (dx_b * D_b) happens once
+// per group instead of once per block. u8 x s8 pairs via maddubs (at most 2 * 63 * 127,
+// or 2 * 128 * 127 for Q8_0's |q| with the sign trick: never saturating), then madd with
+// the int16 sub-block scales.
 #include "kernels.h"
 
 #if defined(__x86_64__)
@@ -10,7 +16,18 @@
 #include <cstring>
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
+#define FOLIO_QUANT_F16C 1
+
+namespace folio_cpu::quant {
+namespace {
+inline __m256i dot4(__m256i q, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
+}
+}  // namespace
+}  // namespace folio_cpu::quant
+
+#include "gemv256.h"
 #include "unpack.h"
 
 namespace folio_cpu::quant {
@@ -20,48 +37,67 @@ void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
   unpack_row_impl(type, row, k, out);
 }
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+// q[groups][256], in place: dword u of block b moves to dword b of chunk u (an 8 x 8
+// transpose of dwords per group).
+void interleave(uint8_t* q, int64_t groups) {
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i* p = reinterpret_cast<__m256i*>(q + g * kGroup);
+    __m256i r[8], t[8], u[8];
+    for (int b = 0; b < 8; ++b) r[b] = _mm256_loadu_si256(p + b);
+    for (int b = 0; b < 8; b += 2) {
+      t[b] = _mm256_unpacklo_epi32(r[b], r[b + 1]);
+      t[b + 1] = _mm256_unpackhi_epi32(r[b], r[b + 1]);
+    }
+    for (int h = 0; h < 8; h += 4) {
+      u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+      u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+      u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+      u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+      _mm256_storeu_si256(p + c, _mm256_permute2x128_si256(u[c], u[c + 4], 0x20));
+      _mm256_storeu_si256(p + c + 4, _mm256_permute2x128_si256(u[c], u[c + 4], 0x31));
+    }
+  }
 }
 
 template <int MR, bool kSigned>
 void dot_rows(const Group* w, int64_t groups, const ActRow* x, float* out) {
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
-  alignas(32) float fd[MR][8];  // dx_b * D_b of the current group, per row
+  // int16 lane l of a product is int32 lane l / 2 = block l / 2 (in both 128-bit halves).
+  const __m256i even = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+                                        0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+  const __m256i odd = _mm256_add_epi8(even, _mm256_set1_epi8(2));
   for (int64_t g = 0; g < groups; ++g) {
     const Group& wg = w[g];
-    const __m256 d8 = _mm256_load_ps(wg.d);
-    const __m256 m8 = _mm256_load_ps(wg.m);
+    // s = [s0..s7 | s8..s15]: block b's scales s_2b, s_2b+1 sit in the half holding lane b.
+    const __m256i s = _mm256_load_si256(reinterpret_cast<const __m256i*>(wg.s));
+    const __m256i sc[2] = {_mm256_shuffle_epi8(s, even), _mm256_shuffle_epi8(s, odd)};
+    const __m256 d8 = _mm256_load_ps(wg.d), m8 = _mm256_load_ps(wg.m);
     const __m256i o16 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wg.o));
+    __m256i isum[MR];
+    for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      __m256i wq = _mm256_load_si256(reinterpret_cast<const __m256i*>(wg.q + 32 * c));
+      const __m256i wsign = wq;
+      if constexpr (kSigned) wq = _mm256_abs_epi8(wq);
+      for (int r = 0; r < MR; ++r) {
+        __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].q + g * kGroup + 32 * c));
+        if constexpr (kSigned) xq = _mm256_sign_epi8(xq, wsign);
+        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), sc[c / 4]));
+      }
+    }
     for (int r = 0; r < MR; ++r) {
       const __m256 dx8 = _mm256_loadu_ps(x[r].d + g * 8);
-      _mm256_store_ps(fd[r], _mm256_mul_ps(dx8, d8));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(dx8, d8), acc[r]);
       // Lane b: o_2b * xsum_2b + o_2b+1 * xsum_2b+1 = O_b.
       const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].sum + g * 16));
       const __m256 o = _mm256_cvtepi32_ps(_mm256_madd_epi16(o16, xs));
       acc[r] = _mm256_fnmadd_ps(o, _mm256_mul_ps(dx8, m8), acc[r]);
     }
-    for (int b = 0; b < 8; ++b) {
-      __m256i wq = _mm256_load_si256(reinterpret_cast<const __m256i*>(wg.q + 32 * b));
-      // int16 lanes 0-7: s_2b, lanes 8-15: s_2b+1.
-      const __m256i sc = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_set1_epi32(wg.ss[2 * b])), _mm_set1_epi32(wg.ss[2 * b + 1]),
-          1);
-      const __m256i wsign = wq;
-      if constexpr (kSigned) wq = _mm256_abs_epi8(wq);
-      for (int r = 0; r < MR; ++r) {
-        __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].q + g * kGroup + 32 * b));
-        if constexpr (kSigned) xq = _mm256_sign_epi8(xq, wsign);
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), sc);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&fd[r][b]), acc[r]);
-      }
-    }
   }
-  for (int r = 0; r < MR; ++r) out[r] = hsum(acc[r]);
+  for (int r = 0; r < MR; ++r) out[r] = hsum256(acc[r]);
 }
 
 template <bool kSigned>
@@ -80,7 +116,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   else dot_signed<false>(w, groups, x, mr, out);
 }
 
-const Kernels kAvx2{unpack_row, dot};
+const Kernels kAvx2{unpack_row, dot, gemv, interleave};
 
 }  // namespace
 

@@ -40,7 +40,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   }
 }
 
-const Kernels kPortable{unpack_row, dot};
+const Kernels kPortable{unpack_row, dot, nullptr, nullptr};
 
 }  // namespace
 

@@ -9,8 +9,11 @@
 
 namespace folio_cpu::quant {
 
-// Most activation rows one dot call multiplies (register blocking).
+// Most activation rows one dot / gemv call multiplies (register blocking).
 constexpr int kMaxRows = 4;
+// Up to this many activation rows, the products read each weight row straight from the
+// file's blocks (gemv) where the ISA has that kernel; beyond, through unpacked tiles.
+constexpr int64_t kGemvRows = 16;
 
 struct Kernels {
   // row: one weight row's file bytes (k weights) -> out[padded_k(k) / 256].
@@ -18,15 +21,25 @@ struct Kernels {
   // out[i] = sum over `groups` groups of w . x[i] for i < mr <= kMaxRows; signed_q for Q8_0.
   void (*dot)(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
               float* out);
+  // out[i * n + j] = w_row(j) . x[i] for j0 <= j < j1, i < m <= kGemvRows, straight from
+  // the weight rows' file bytes (row j is rows[j], or j without rows); null where the ISA
+  // has none (the tiles then serve every m).
+  void (*gemv)(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
+               int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n);
+  // The order `dot` wants the 256 q bytes of each group in, applied in place to both the
+  // unpacked weights and a copy of the activations (the same permutation of both keeps
+  // every dot product); null for the file order.
+  void (*interleave)(uint8_t* q, int64_t groups);
 };
 
 const Kernels& portable_kernels();
 const Kernels& avx2_kernels();    // portable_kernels() off x86
-const Kernels& avx512_kernels();  // AVX-512 F/BW/VL; also serves the VNNI path
+const Kernels& avx512_kernels();       // AVX-512 F/BW/VL
+const Kernels& avx512_vnni_kernels();  // the same with VNNI's vpdpwssd
 
 inline const Kernels& kernels_for(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512Vnni:
+    case Isa::kAvx512Vnni: return avx512_vnni_kernels();
     case Isa::kAvx512: return avx512_kernels();
     case Isa::kAvx2: return avx2_kernels();
     default: return portable_kernels();

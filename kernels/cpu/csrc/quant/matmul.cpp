@@ -1,16 +1,19 @@
-// quant_matmul: x [m, k] @ W.T for a GGUF-quantized W, one code path from m = 1 to prefill.
+// quant_matmul: x [m, k] @ W.T for a GGUF-quantized W.
 //
-// Work is split into tiles of kTileN weight rows x kTileM activation rows, run in parallel
-// (m-tile major, so a thread's consecutive tiles share their activations). Within a tile,
-// the weights are unpacked chunk by chunk along k (kChunk groups, so the chunk of every
-// tile row plus four activation rows stays in L1) and each unpacked chunk is multiplied
-// by all the tile's activation rows, four at a time: every weight block is read from the
-// file once per tile, and for m <= kTileM (decode) once per call.
+// Up to kGemvRows activation rows (decode), each weight row is read once, straight from
+// its blocks into registers, for all rows (gemv). Beyond, the work is split into tiles of
+// kTileN weight rows x kTileM activation rows run in parallel (m-tile major, so a
+// thread's consecutive tiles share their activations): a tile unpacks its weight rows
+// once (Group, layout.h, in the ISA's interleaved order) and multiplies them by the tile's
+// activation rows four at a time (each set of four interleaved once, for all kTileN
+// weight rows), so unpacking costs 1 / kTileM of the products and no shape falls off a
+// cliff between the two paths.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -21,54 +24,70 @@
 namespace folio_cpu::quant {
 namespace {
 
-constexpr int64_t kTileN = 8;
-constexpr int64_t kTileM = 64;
-constexpr int64_t kChunk = 4;  // groups of 256 weights
+constexpr int64_t kTileN = 16;
+// Activation rows per tile: as many as keep a tile's activations within ~512 KiB (L2),
+// 32 to 256 of them: more rows amortize the weights' unpacking, fewer keep them cached.
+int64_t tile_m(int64_t k) {
+  return std::clamp<int64_t>((int64_t{512} << 10) / act_row_bytes(k), 32, 256) / 4 * 4;
+}
+
+// Decode-sized m: each weight row read once from the file's blocks for all m rows.
+void gemv_rows(const Kernels& kern, const uint8_t* act, int64_t act_stride, int64_t m,
+               const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t n, int type,
+               int64_t k, float* out) {
+  ActRow x[kGemvRows];
+  for (int64_t i = 0; i < m; ++i) x[i] = act_row(act + i * act_stride, k);
+  // Grain 8: two threads split even a 16-row matrix; each thread takes one contiguous half.
+  at::parallel_for(0, n, 8, [&](int64_t lo, int64_t hi) {
+    kern.gemv(type, w, w_stride, rows, lo, hi, k, x, m, out, n);
+  });
+}
 
 void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* w,
               int64_t w_stride, const int64_t* rows, int64_t n, int type, int64_t k,
               float* out) {
   const Kernels& kern = kernels_for(active_isa());
-  const int64_t groups = padded_k(k) / kGroup;
+  if (m <= kGemvRows && kern.gemv != nullptr) {
+    gemv_rows(kern, act, act_stride, m, w, w_stride, rows, n, type, k, out);
+    return;
+  }
+  const int64_t kp = padded_k(k);
+  const int64_t groups = kp / kGroup;
   const int64_t ntiles = (n + kTileN - 1) / kTileN;
+  const int64_t kTileM = tile_m(k);
   const int64_t mtiles = (m + kTileM - 1) / kTileM;
   const bool signed_q = type == kQ8_0;
-  const BlockType bt = block_type(type);
-  // The weight bytes of one chunk: whole blocks (a 32-block type's chunk is 8 * kChunk
-  // blocks, its last chunk possibly fewer).
-  const int64_t chunk_weights = kChunk * kGroup;
-  const int64_t chunk_bytes = chunk_weights / bt.block_size * bt.block_bytes;
   at::parallel_for(0, ntiles * mtiles, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<Group> buf(static_cast<size_t>(kTileN * kChunk));  // [kTileN][kChunk]
-    std::vector<float> acc(static_cast<size_t>(kTileM * kTileN));  // [kTileM][kTileN]
+    std::vector<Group> wbuf(static_cast<size_t>(kTileN * groups));  // [kTileN][groups]
+    std::vector<uint8_t> xbuf;  // [kMaxRows][kp]: the activations' q, interleaved
+    if (kern.interleave) xbuf.resize(static_cast<size_t>(kMaxRows * kp));
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t m0 = t / ntiles * kTileM, n0 = t % ntiles * kTileN;
       const int64_t tm = std::min(kTileM, m - m0), tn = std::min(kTileN, n - n0);
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
-        const int64_t cg = std::min(kChunk, groups - g0);
-        const int64_t ck = std::min(chunk_weights, k - g0 * kGroup);  // weights in chunk
-        for (int64_t r = 0; r < tn; ++r) {
-          const int64_t row = rows ? rows[n0 + r] : n0 + r;
-          kern.unpack_row(type, w + row * w_stride + g0 / kChunk * chunk_bytes, ck,
-                          buf.data() + r * kChunk);
+      for (int64_t r = 0; r < tn; ++r) {
+        Group* g = wbuf.data() + r * groups;
+        kern.unpack_row(type, w + (rows ? rows[n0 + r] : n0 + r) * w_stride, k, g);
+        if (kern.interleave)
+          for (int64_t i = 0; i < groups; ++i) kern.interleave(g[i].q, 1);
+      }
+      for (int64_t i0 = 0; i0 < tm; i0 += kMaxRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, tm - i0));
+        ActRow x[kMaxRows];
+        for (int i = 0; i < mr; ++i) {
+          x[i] = act_row(act + (m0 + i0 + i) * act_stride, k);
+          if (kern.interleave) {
+            uint8_t* q = xbuf.data() + i * kp;
+            std::memcpy(q, x[i].q, static_cast<size_t>(kp));
+            kern.interleave(q, groups);
+            x[i].q = reinterpret_cast<const int8_t*>(q);
+          }
         }
-        for (int64_t i0 = 0; i0 < tm; i0 += kMaxRows) {
-          const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, tm - i0));
-          ActRow x[kMaxRows];
-          for (int i = 0; i < mr; ++i) {
-            const ActRow full = act_row(act + (m0 + i0 + i) * act_stride, k);
-            x[i] = {full.q + g0 * kGroup, full.d + g0 * 8, full.sum + g0 * 16};
-          }
-          for (int64_t r = 0; r < tn; ++r) {
-            float part[kMaxRows];
-            kern.dot(buf.data() + r * kChunk, cg, x, mr, signed_q, part);
-            for (int i = 0; i < mr; ++i) acc[(i0 + i) * kTileN + r] += part[i];
-          }
+        for (int64_t r = 0; r < tn; ++r) {
+          float part[kMaxRows];
+          kern.dot(wbuf.data() + r * groups, groups, x, mr, signed_q, part);
+          for (int i = 0; i < mr; ++i) out[(m0 + i0 + i) * n + n0 + r] = part[i];
         }
       }
-      for (int64_t i = 0; i < tm; ++i)
-        for (int64_t r = 0; r < tn; ++r) out[(m0 + i) * n + n0 + r] = acc[i * kTileN + r];
     }
   });
 }

@@ -14,6 +14,11 @@ namespace {
 
 // IEEE half -> float, exact for every value (subnormals, inf, NaN).
 inline float half_to_float(const uint8_t* p) {
+#if defined(FOLIO_QUANT_F16C)  // set by the ISA files, whose target includes F16C
+  uint16_t hv;
+  std::memcpy(&hv, p, 2);
+  return _cvtsh_ss(hv);
+#endif
   const uint32_t h = static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8);
   const uint32_t sign = (h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1Fu;
@@ -39,6 +44,24 @@ inline void set_scales(Group& g, int j, int s, int o) {
   g.o[j] = static_cast<int16_t>(o);
   const uint32_t u = static_cast<uint16_t>(s);
   g.ss[j] = static_cast<int32_t>(u | (u << 16));
+}
+
+// All 16 sub-blocks' scales and offsets at once (a loop the compiler vectorizes), and a
+// K-quant's one D and M.
+inline void set_all_scales(Group& g, const int16_t* s, const int16_t* o) {
+  for (int j = 0; j < 16; ++j) {
+    g.s[j] = s[j];
+    g.o[j] = o[j];
+    const uint32_t u = static_cast<uint16_t>(s[j]);
+    g.ss[j] = static_cast<int32_t>(u * 0x10001u);
+  }
+}
+
+inline void set_dm(Group& g, float d, float m) {
+  for (int b = 0; b < 8; ++b) {
+    g.d[b] = d;
+    g.m[b] = m;
+  }
 }
 
 // One 32-weight block into slot `b` of g. Q4_0/Q4_1: d, [m], qs[16]; Q5_0/Q5_1: d, [m],
@@ -72,17 +95,6 @@ inline void unpack_block32(int type, const uint8_t* blk, Group& g, int b) {
   g.m[b] = m;
 }
 
-// Q4_K / Q5_K's 12 bytes of 6-bit scales and mins for 32-weight sub-block j.
-inline void k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
-  if (j < 4) {
-    sc = s[j] & 63;
-    mn = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // Q2_K: scales[16] (low nibble s, high nibble m), qs[64], d, dmin. Weight
 // 128h + 32t + l is bits 2t..2t+1 of qs[32h + l].
 inline void unpack_q2_k(const uint8_t* blk, Group& g) {
@@ -91,9 +103,13 @@ inline void unpack_q2_k(const uint8_t* blk, Group& g) {
     for (int t = 0; t < 4; ++t)
       for (int l = 0; l < 32; ++l)
         g.q[128 * h + 32 * t + l] = (qs[32 * h + l] >> (2 * t)) & 3;
-  for (int j = 0; j < 16; ++j) set_scales(g, j, blk[j] & 0x0F, blk[j] >> 4);
-  const float d = half_to_float(blk + 80), dmin = half_to_float(blk + 82);
-  for (int b = 0; b < 8; ++b) { g.d[b] = d; g.m[b] = dmin; }
+  int16_t sc[16], mn[16];
+  for (int j = 0; j < 16; ++j) {
+    sc[j] = blk[j] & 0x0F;
+    mn[j] = blk[j] >> 4;
+  }
+  set_all_scales(g, sc, mn);
+  set_dm(g, half_to_float(blk + 80), half_to_float(blk + 82));
 }
 
 // Q3_K: hmask[32], qs[64], scales[12], d. Low 2 bits as Q2_K; bit 2 of weight 32j + l is
@@ -109,14 +125,16 @@ inline void unpack_q3_k(const uint8_t* blk, Group& g) {
         g.q[32 * j + l] = static_cast<uint8_t>(((qs[32 * h + l] >> (2 * t)) & 3) |
                                                (((hm[l] >> j) & 1) << 2));
     }
+  int16_t s[16], o[16];
   for (int j = 0; j < 16; ++j) {
-    const int lo = j < 8 ? (sc[j] & 0x0F) : (sc[j - 8] >> 4);
+    const int lo = (sc[j % 8] >> (4 * (j / 8))) & 0x0F;
     const int hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-    const int s = (lo | (hi << 4)) - 32;
-    set_scales(g, j, s, 4 * s);
+    s[j] = static_cast<int16_t>((lo | (hi << 4)) - 32);
+    o[j] = static_cast<int16_t>(4 * s[j]);
   }
+  set_all_scales(g, s, o);
   const float d = half_to_float(blk + 108);
-  for (int b = 0; b < 8; ++b) { g.d[b] = d; g.m[b] = d; }
+  set_dm(g, d, d);
 }
 
 // Q4_K: d, dmin, scales[12], qs[128]; Q5_K adds qh[32] before qs. Weight 64c + l (l < 32)
@@ -134,14 +152,16 @@ inline void unpack_q45_k(const uint8_t* blk, Group& g, bool five) {
     for (int j = 0; j < 8; ++j)
       for (int l = 0; l < 32; ++l)
         g.q[32 * j + l] = static_cast<uint8_t>(g.q[32 * j + l] | (((qh[l] >> j) & 1) << 4));
-  for (int j = 0; j < 8; ++j) {
-    int sc, mn;
-    k_scale_min(blk + 4, j, sc, mn);
-    set_scales(g, 2 * j, sc, mn);
-    set_scales(g, 2 * j + 1, sc, mn);
+  const uint8_t* p = blk + 4;
+  int16_t sc[16], mn[16];
+  for (int j = 0; j < 4; ++j) {
+    sc[2 * j] = sc[2 * j + 1] = p[j] & 63;
+    mn[2 * j] = mn[2 * j + 1] = p[j + 4] & 63;
+    sc[2 * j + 8] = sc[2 * j + 9] = static_cast<int16_t>((p[j + 8] & 0x0F) | ((p[j] >> 6) << 4));
+    mn[2 * j + 8] = mn[2 * j + 9] = static_cast<int16_t>((p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4));
   }
-  const float d = half_to_float(blk), dmin = half_to_float(blk + 2);
-  for (int b = 0; b < 8; ++b) { g.d[b] = d; g.m[b] = dmin; }
+  set_all_scales(g, sc, mn);
+  set_dm(g, half_to_float(blk), half_to_float(blk + 2));
 }
 
 // Q6_K: ql[128], qh[64], int8 scales[16], d. Low 4 bits of weight 128h + 64u + l (l < 64)
@@ -160,12 +180,14 @@ inline void unpack_q6_k(const uint8_t* blk, Group& g) {
         g.q[128 * h + 32 * t + l] = static_cast<uint8_t>(
             g.q[128 * h + 32 * t + l] | (((qh[32 * h + l] >> (2 * t)) & 3) << 4));
   }
+  int16_t s[16], o[16];
   for (int j = 0; j < 16; ++j) {
-    const int s = static_cast<int8_t>(blk[192 + j]);
-    set_scales(g, j, s, 32 * s);
+    s[j] = static_cast<int8_t>(blk[192 + j]);
+    o[j] = static_cast<int16_t>(32 * s[j]);
   }
+  set_all_scales(g, s, o);
   const float d = half_to_float(blk + 208);
-  for (int b = 0; b < 8; ++b) { g.d[b] = d; g.m[b] = d; }
+  set_dm(g, d, d);
 }
 
 // One weight row (k weights, the file's bytes) -> padded_k(k) / 256 groups. The padding of

@@ -1,0 +1,53 @@
+// The AVX512-VNNI path: the AVX-512 kernels with vpdpwssd fusing the tile kernel's
+// madd and add (tile512.h), and the fused decode kernels (gemv256.h).
+#include "kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#pragma GCC push_options
+// GCC 12 flags the deliberately undefined upper lanes of its own cast intrinsics.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#define FOLIO_QUANT_F16C 1
+
+namespace folio_cpu::quant {
+namespace {
+inline __m256i dot4(__m256i q, __m256i x) {
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, x);
+}
+inline __m512i accumulate(__m512i isum, __m512i p16, __m512i sc) {
+  return _mm512_dpwssd_epi32(isum, p16, sc);
+}
+}  // namespace
+}  // namespace folio_cpu::quant
+
+#include "gemv256.h"
+#include "tile512.h"
+#include "unpack.h"
+
+namespace folio_cpu::quant {
+namespace {
+
+void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
+  unpack_row_impl(type, row, k, out);
+}
+
+const Kernels kKernels{unpack_row, dot, gemv, interleave};
+
+}  // namespace
+
+const Kernels& avx512_vnni_kernels() { return kKernels; }
+
+}  // namespace folio_cpu::quant
+#pragma GCC pop_options
+
+#else
+namespace folio_cpu::quant {
+const Kernels& avx512_vnni_kernels() { return portable_kernels(); }
+}  // namespace folio_cpu::quant
+#endif

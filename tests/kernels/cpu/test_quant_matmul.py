@@ -1,0 +1,221 @@
+"""torch.ops.folio_cpu.quant_matmul and dequantize_rows (kernels/cpu/quant.py) on random
+GGUF blocks of every type (tests/kernels/quant_cases.py: random bytes, fp16 scale fields
+uniform in [-0.05, 0.05]).
+
+Notation: W the oracle's float32 weights (gguf.quants.dequantize), x float32 activations,
+q_i and dx_b their 8-bit quantization (block b of 32), Y the op's result.
+
+Two checks of each product:
+
+1. Against the float64 product x @ W.T. Rounding x_i to dx_b * q_i moves it by at most
+   dx_b / 2 (round to nearest; |x_i| <= 127 dx_b so the clamp never bites, and the
+   float32 reciprocal 1 / d_b adds a relative 2^-23 at most), so
+       |Y_j - (x @ W.T)_j| <= sum_b (dx_b / 2) sum_{i in b} |W_ji| * (1 + 2^-20) + F_j
+   where F_j bounds the float32 arithmetic (below).
+2. Against the exact value of the integer arithmetic: Y_j = sum_b dx_b sum_{i in b}
+   W*_ji q_i with W* = D s q - M o computed exactly (float64, from gguf's own dequantizer
+   run with the fp16 fields set to 1 and 0, which isolates the integer terms). Only float32
+   accumulation separates the kernels from it: F_j = max(1e-5, (k/32 + 16) 2^-23) * T_j,
+   T_j = sum_i mag_ji |dx_b q_i|, mag a bound on the magnitudes of the separate terms
+   D s q and M o (4 (|D| max|s q| + |M| max|o|) over each 16-weight sub-block). A wrong
+   integer term moves Y by about one term, hundreds of times F for these k.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from kernels.cpu import quant
+from kernels.quant.formats import BY_NAME
+from tests.kernels.quant_cases import FP16_FIELDS, TYPE_NAMES, random_quantized
+
+ROWS = (1, 2, 3, 7, 8, 9, 16, 17, 64)
+LARGE_ROWS = (255, 256, 257, 1000)
+LARGE_TYPES = ("Q4_K", "Q6_K", "Q8_0")
+
+
+def _isas() -> list[str]:
+    import kernels.cpu
+    if not kernels.cpu.available():
+        return ["portable"]
+    order = ["portable", "avx2", "avx512", "avx512vnni"]
+    return order[:order.index(torch.ops.folio_cpu.best_isa()) + 1]
+
+
+def _shapes(name: str) -> list[tuple[int, int]]:
+    ks = (256, 768) if BY_NAME[name].block_size == 256 else (32, 96, 256, 768)
+    return [(n, k) for n in (7, 33) for k in ks]
+
+
+def _set_fields(blocks: np.ndarray, name: str, values: tuple[float, float]) -> np.ndarray:
+    out = blocks.reshape(blocks.shape[0], -1, BY_NAME[name].block_bytes).copy()
+    for offset, value in zip(FP16_FIELDS[name], values, strict=False):
+        out[..., offset:offset + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+    return out.reshape(blocks.shape)
+
+
+@functools.cache
+def _case(name: str, n: int, k: int, seed: int = 0):
+    """(blocks uint8 [n, row_bytes], W float32 [n, k], W* float64 [n, k], mag [n, k])."""
+    fmt, blocks = random_quantized(name, n, k, seed=seed)
+    qtype = GGMLQuantizationType(fmt.type_id)
+    w = dequantize(blocks, qtype)
+    a = dequantize(_set_fields(blocks, name, (1.0, 0.0)), qtype).astype(np.float64)
+    view = blocks.reshape(n, -1, fmt.block_bytes)
+    fields = [np.repeat(view[..., o:o + 2].copy().view(np.float16)[..., 0].astype(np.float64),
+                        fmt.block_size, axis=1) for o in FP16_FIELDS[name]]
+    exact = fields[0] * a
+    b = np.zeros_like(a)
+    if len(fields) == 2:
+        b = dequantize(_set_fields(blocks, name, (0.0, 1.0)), qtype).astype(np.float64)
+        exact += fields[1] * b
+    def sub_max(v):
+        return np.repeat(np.abs(v).reshape(n, -1, 16).max(axis=-1), 16, axis=1)
+    mag = 4 * np.abs(fields[0]) * sub_max(a)
+    if len(fields) == 2:
+        mag += 4 * np.abs(fields[1]) * sub_max(b)
+    return blocks, w, exact, mag
+
+
+def _activations(m: int, k: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(m, k, generator=gen) * (1 + torch.rand(m, 1, generator=gen))
+
+
+def _dequantized_act(act: torch.Tensor, k: int, act_model):
+    """(dx_b * q_i float64 [m, k], dx_b per element float64 [m, k]) from the op's bytes."""
+    q, d, _ = act_model[1](act.numpy(), k)
+    dx = np.repeat(d[:, :k // 32].astype(np.float64), 32, axis=1)
+    return dx * q[:, :k], dx
+
+
+def _float_bound(k: int, xdq: np.ndarray, mag: np.ndarray) -> np.ndarray:
+    return max(1e-5, (k / 32 + 16) * 2.0 ** -23) * (np.abs(xdq) @ mag.T)
+
+
+def _check(name: str, n: int, k: int, m: int, act_model, seed: int = 0) -> None:
+    blocks, w, exact, mag = _case(name, n, k)
+    x = _activations(m, k, seed=seed + m)
+    act = quant.quantize_activations(x)
+    y = quant.quant_matmul(x, torch.from_numpy(blocks), BY_NAME[name].type_id, k)
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    y = y.double().numpy()
+    xdq, dx = _dequantized_act(act, k, act_model)
+    bound_f = _float_bound(k, xdq, mag)
+    # 2. The exact integer arithmetic.
+    err = np.abs(y - xdq @ exact.T)
+    assert (err <= bound_f + 1e-30).all(), f"{name} m={m} n={n} k={k}: {(err / bound_f).max()}"
+    # 1. The float64 product with gguf's weights.
+    ref = x.double().numpy() @ w.astype(np.float64).T
+    bound = 0.5 * (1 + 2.0 ** -20) * (dx @ np.abs(w.astype(np.float64)).T) + 2 * bound_f
+    err = np.abs(y - ref)
+    assert (err <= bound).all(), f"{name} m={m} n={n} k={k}: {(err / bound).max()}"
+
+
+@pytest.mark.parametrize("name", TYPE_NAMES)
+@pytest.mark.parametrize("m", ROWS)
+def test_product(name, m, act_model):
+    for n, k in _shapes(name):
+        _check(name, n, k, m, act_model)
+
+
+@pytest.mark.parametrize("name", LARGE_TYPES)
+@pytest.mark.parametrize("m", LARGE_ROWS)
+def test_product_prefill_rows(name, m, act_model):
+    for n, k in [(33, 256), (7, 768)]:
+        _check(name, n, k, m, act_model)
+
+
+@pytest.mark.parametrize("isa", _isas()[1:])
+@pytest.mark.parametrize("name", TYPE_NAMES)
+def test_isa_paths_match_portable(isa, name, act_model):
+    """Each SIMD path against the portable one: both within the float32 bound of the
+    exact integer arithmetic, so within twice that of each other."""
+    fmt = BY_NAME[name]
+    n, k = 33, 768
+    blocks, _, _, mag = _case(name, n, k)
+    w = torch.from_numpy(blocks)
+    for m in (1, 4, 5, 16, 17, 70):
+        act = quant.quantize_activations(_activations(m, k, seed=m))
+        try:
+            torch.ops.folio_cpu.set_isa("portable")
+            base = quant.quant_matmul(act, w, fmt.type_id, k).double().numpy()
+            torch.ops.folio_cpu.set_isa(isa)
+            got = quant.quant_matmul(act, w, fmt.type_id, k).double().numpy()
+        finally:
+            torch.ops.folio_cpu.set_isa(torch.ops.folio_cpu.best_isa())
+        xdq, _ = _dequantized_act(act, k, act_model)
+        assert (np.abs(got - base) <= 2 * _float_bound(k, xdq, mag) + 1e-30).all(), (isa, m)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("m", [1, 6, 40])
+def test_rows_views_and_quantized_input(name, m):
+    """`rows` reads weight rows in the given order, a row-strided view of w reads like its
+    copy, and pre-quantized activations give the float input's result: all bit-equal."""
+    fmt = BY_NAME[name]
+    n, k = 33, 512
+    blocks, *_ = _case(name, n, k)
+    w = torch.from_numpy(blocks)
+    x = _activations(m, k, seed=7)
+    y = quant.quant_matmul(x, w, fmt.type_id, k)
+    assert torch.equal(quant.quant_matmul(quant.quantize_activations(x), w, fmt.type_id, k), y)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    picked = torch.cat([perm, perm[:5]])  # a permutation, plus repeats
+    assert torch.equal(quant.quant_matmul(x, w, fmt.type_id, k, rows=picked), y[:, picked])
+    wide = torch.cat([w, torch.zeros(n, 40, dtype=torch.uint8)], dim=1)[:, :w.shape[1]]
+    assert wide.stride(0) > w.shape[1]
+    assert torch.equal(quant.quant_matmul(x, wide, fmt.type_id, k), y)
+    assert torch.equal(quant.quant_matmul(x, w[::2], fmt.type_id, k), y[:, ::2])
+
+
+@pytest.mark.parametrize("name", TYPE_NAMES)
+def test_dequantize_rows_bit_equal(name):
+    fmt = BY_NAME[name]
+    for n, k in [(9, 256), (5, 768)] + ([(6, 96)] if fmt.block_size == 32 else []):
+        blocks, w, *_ = _case(name, n, k)
+        ids = torch.tensor([3, 0, n - 1, 3, 1], dtype=torch.int64)
+        got = quant.dequantize_rows(torch.from_numpy(blocks), ids, fmt.type_id, k)
+        np.testing.assert_array_equal(got.numpy().view(np.uint32), w[ids.numpy()].view(np.uint32))
+        strided = torch.from_numpy(blocks)[::2]
+        got = quant.dequantize_rows(strided, torch.tensor([1, 0]), fmt.type_id, k)
+        np.testing.assert_array_equal(got.numpy().view(np.uint32), w[::2][[1, 0]].view(np.uint32))
+
+
+def _bad_calls():
+    fmt = BY_NAME["Q4_K"]
+    blocks, *_ = _case("Q4_K", 7, 256)
+    w = torch.from_numpy(blocks)
+    x = torch.zeros(2, 256)
+    t = fmt.type_id
+    return [
+        (lambda: quant.quant_matmul(x.double(), w, t, 256), "x"),
+        (lambda: quant.quant_matmul(torch.zeros(2, 512), w, t, 256), "x"),
+        (lambda: quant.quant_matmul(torch.zeros(2, 100, dtype=torch.uint8), w, t, 256), "x"),
+        (lambda: quant.quant_matmul(x, w.view(torch.int8), t, 256), "w"),
+        (lambda: quant.quant_matmul(x, w[:, :100], t, 256), "w"),
+        (lambda: quant.quant_matmul(x, w, 99, 256), "type_id"),
+        (lambda: quant.quant_matmul(torch.zeros(2, 96), w, t, 96), "k"),
+        (lambda: quant.quant_matmul(x, w, t, 256, rows=torch.tensor([0, 7])), "rows"),
+        (lambda: quant.quant_matmul(x, w, t, 256, rows=torch.tensor([-1])), "rows"),
+        (lambda: quant.quant_matmul(x, w, t, 256, rows=torch.tensor([0], dtype=torch.int32)),
+         "rows"),
+        (lambda: quant.dequantize_rows(w, torch.tensor([7]), t, 256), "ids"),
+        (lambda: quant.dequantize_rows(w, torch.tensor([0.0]), t, 256), "ids"),
+        (lambda: quant.dequantize_rows(w, torch.tensor([0]), 1, 256), "type_id"),
+        (lambda: quant.dequantize_rows(w, torch.tensor([0]), t, 300), "k"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_bad_calls())))
+def test_bad_arguments(index):
+    call, name = _bad_calls()[index]
+    with pytest.raises((RuntimeError, ValueError)) as info:
+        call()
+    assert str(info.value).startswith(f"{name} "), info.value
