@@ -130,20 +130,21 @@ class QuantizedRuns:
 
 
 class NativeQuantized(QuantizedRuns):
-    """The native CPU library's products; one input feeds every run, so it is quantized
-    to 8-bit blocks once for all of them."""
+    """The native CPU library's products. One input feeds every run, so it is quantized
+    once for all of them, as two 8-bit rows per row (x and its residual,
+    quantize_activations_residual): the weight is read once, and the sum of the two halves
+    keeps about 15 bits of each activation. 8 bits alone moved 2.7% of the starter's
+    teacher-forced greedy tokens off the float32 path's (the issue allows 2%), and its
+    reply to "What is the capital of France?" lost Paris; with the residual, none moved."""
 
     __slots__ = ()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return super().matmul(x.float()).to(x.dtype)
-
-    def _prepared(self, x: torch.Tensor) -> torch.Tensor:
-        if len(self.runs) == 1:
-            return x
         from kernels.cpu import quant
 
-        return quant.quantize_activations(x)
+        m = x.shape[0]
+        both = super().matmul(quant.quantize_activations_residual(x.float()))  # [2m, n]
+        return (both[:m] + both[m:]).to(x.dtype)
 
 
 class TritonQuantized(QuantizedRuns):

@@ -40,6 +40,14 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     return torch.ops.folio_cpu.quantize_activations(x)
 
 
+def quantize_activations_residual(x: torch.Tensor) -> torch.Tensor:
+    """float32 [m, k] -> uint8 [2m, act_row_bytes(k)]: rows 0..m-1 are x's 8-bit blocks
+    (quantize_activations), rows m..2m-1 those of its residual x - d*q. A product over the
+    2m rows reads each weight once and its two halves sum to x @ W.T with about 15 bits of
+    every activation (the residual's own rounding is d/254 of the block's scale)."""
+    return torch.ops.folio_cpu.quantize_activations_residual(x)
+
+
 def quant_matmul(x: torch.Tensor, w: torch.Tensor, type_id: int, k: int,
                  rows: torch.Tensor | None = None) -> torch.Tensor:
     """x @ W.T -> float32 [m, n_out], W the dequantized w.
