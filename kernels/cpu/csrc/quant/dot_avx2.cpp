@@ -28,10 +28,15 @@ inline __m256i dot4(__m256i q, __m256i x) {
 }  // namespace folio_cpu::quant
 
 #include "gemv256.h"
+#include "act_row.h"
 #include "unpack.h"
 
 namespace folio_cpu::quant {
 namespace {
+
+void quantize_row(const float* x, int64_t k, uint8_t* out) {
+  quantize_row_impl(x, k, out);
+}
 
 void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
   unpack_row_impl(type, row, k, out);
@@ -116,7 +121,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   else dot_signed<false>(w, groups, x, mr, out);
 }
 
-const Kernels kAvx2{unpack_row, dot, gemv, interleave};
+const Kernels kAvx2{quantize_row, unpack_row, dot, gemv, interleave};
 
 }  // namespace
 

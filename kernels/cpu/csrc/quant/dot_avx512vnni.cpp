@@ -28,16 +28,21 @@ inline __m512i accumulate(__m512i isum, __m512i p16, __m512i sc) {
 
 #include "gemv256.h"
 #include "tile512.h"
+#include "act_row.h"
 #include "unpack.h"
 
 namespace folio_cpu::quant {
 namespace {
 
+void quantize_row(const float* x, int64_t k, uint8_t* out) {
+  quantize_row_impl(x, k, out);
+}
+
 void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
   unpack_row_impl(type, row, k, out);
 }
 
-const Kernels kKernels{unpack_row, dot, gemv, interleave};
+const Kernels kKernels{quantize_row, unpack_row, dot, gemv, interleave};
 
 }  // namespace
 

@@ -16,6 +16,8 @@ constexpr int kMaxRows = 4;
 constexpr int64_t kGemvRows = 16;
 
 struct Kernels {
+  // x[k] -> out[act_row_bytes(k)] (bit-identical on every ISA).
+  void (*quantize_row)(const float* x, int64_t k, uint8_t* out);
   // row: one weight row's file bytes (k weights) -> out[padded_k(k) / 256].
   void (*unpack_row)(int type, const uint8_t* row, int64_t k, Group* out);
   // out[i] = sum over `groups` groups of w . x[i] for i < mr <= kMaxRows; signed_q for Q8_0.
