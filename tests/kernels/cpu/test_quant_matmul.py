@@ -128,7 +128,12 @@ def test_product(name, m, act_model):
 @pytest.mark.parametrize("name", LARGE_TYPES)
 @pytest.mark.parametrize("m", LARGE_ROWS)
 def test_product_prefill_rows(name, m, act_model):
-    for n, k in [(33, 256), (7, 768)]:
+    """Several tiles of activation rows, and k past one k-chunk of the tiles (2048): 2304
+    ends on a partial chunk, 2080 (32-weight blocks) on a partial group too."""
+    shapes = [(33, 256), (7, 768), (5, 2304)]
+    if BY_NAME[name].block_size == 32:
+        shapes.append((3, 2080))
+    for n, k in shapes:
         _check(name, n, k, m, act_model)
 
 
@@ -141,7 +146,7 @@ def test_isa_paths_match_portable(isa, name, act_model):
     n, k = 33, 768
     blocks, _, _, mag = _case(name, n, k)
     w = torch.from_numpy(blocks)
-    for m in (1, 4, 5, 16, 17, 70):
+    for m in (1, 4, 5, 16, 17, 70):  # the decode path, and tiles
         act = quant.quantize_activations(_activations(m, k, seed=m))
         try:
             torch.ops.folio_cpu.set_isa("portable")
