@@ -136,7 +136,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   else dot_signed<false>(w, groups, x, mr, out);
 }
 
-const Kernels kAvx2{quantize_row, unpack_row, dot, gemv, interleave};
+const Kernels kAvx2{quantize_row, unpack_row, dot, gemv, interleave, 12};
 
 }  // namespace
 

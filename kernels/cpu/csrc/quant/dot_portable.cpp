@@ -45,7 +45,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   }
 }
 
-const Kernels kPortable{quantize_row, unpack_row, dot, nullptr, nullptr};
+const Kernels kPortable{quantize_row, unpack_row, dot, nullptr, nullptr, 0};
 
 }  // namespace
 

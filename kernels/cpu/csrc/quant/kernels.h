@@ -11,8 +11,7 @@ namespace folio_cpu::quant {
 
 // Most activation rows one dot / gemv call multiplies (register blocking).
 constexpr int kMaxRows = 4;
-// Up to this many activation rows, the products read each weight row straight from the
-// file's blocks (gemv) where the ISA has that kernel; beyond, through unpacked tiles.
+// The most activation rows any ISA's gemv takes (each ISA says where its tiles take over).
 constexpr int64_t kGemvRows = 16;
 
 struct Kernels {
@@ -32,6 +31,10 @@ struct Kernels {
   // unpacked weights and a copy of the activations (the same permutation of both keeps
   // every dot product); null for the file order.
   void (*interleave)(uint8_t* q, int64_t groups);
+  // Up to this many activation rows (<= kGemvRows) the products go through gemv, beyond
+  // through the tiles: where the tiles' time per row drops below gemv's (measured on 1
+  // and 2 threads, Zen 4), so time per row never jumps at the switch.
+  int64_t gemv_max_rows;
 };
 
 const Kernels& portable_kernels();

@@ -1,12 +1,12 @@
 // quant_matmul: x [m, k] @ W.T for a GGUF-quantized W.
 //
-// Up to kGemvRows activation rows (decode), each weight row is read once, straight from
+// Up to the ISA's gemv_max_rows activation rows (decode), each weight row is read once, from
 // its blocks into registers, for all rows (gemv). Beyond, the work is split into tiles of
-// kTileN weight rows x kTileM activation rows run in parallel (m-tile major, so a
+// kTileN weight rows x tile_m (<= kMaxTileM) activation rows run in parallel (m-tile major, so a
 // thread's consecutive tiles share their activations): a tile unpacks its weight rows
 // once (Group, layout.h, in the ISA's interleaved order), k-chunk by k-chunk, and
 // multiplies each chunk by the tile's activation rows four at a time (each set of four
-// interleaved once, for all kTileN weight rows), so unpacking costs 1 / kTileM of the
+// interleaved once, for all kTileN weight rows), so unpacking costs 1 / tile_m of the
 // products and no shape falls off a cliff between the two paths.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -28,9 +28,9 @@ constexpr int64_t kTileN = 16;
 // Weights per k-chunk: a tile multiplies chunk by chunk, so the chunk of its kTileN
 // unpacked rows (48 KiB) and of four activation rows stay near L1 whatever k is.
 constexpr int64_t kChunkGroups = 8;
-// Activation rows per tile: as many as keep a tile's activation chunks within ~512 KiB
-// (L2), at most 256: more rows amortize the weights' unpacking.
-constexpr int64_t kTileM = std::min<int64_t>(256, (int64_t{512} << 10) / (kChunkGroups * 320)) / 4 * 4;
+// Most activation rows per tile: as many as keep a tile's activation chunks within
+// ~512 KiB (L2), at most 256: more rows amortize the weights' unpacking.
+constexpr int64_t kMaxTileM = std::min<int64_t>(256, (int64_t{512} << 10) / (kChunkGroups * 320));
 
 // Decode-sized m: each weight row read once from the file's blocks for all m rows.
 void gemv_rows(const Kernels& kern, const uint8_t* act, int64_t act_stride, int64_t m,
@@ -48,13 +48,15 @@ void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* 
               int64_t w_stride, const int64_t* rows, int64_t n, int type, int64_t k,
               float* out) {
   const Kernels& kern = kernels_for(active_isa());
-  if (m <= kGemvRows && kern.gemv != nullptr) {
+  if (m <= kern.gemv_max_rows && kern.gemv != nullptr) {
     gemv_rows(kern, act, act_stride, m, w, w_stride, rows, n, type, k, out);
     return;
   }
   const int64_t groups = padded_k(k) / kGroup;
   const int64_t ntiles = (n + kTileN - 1) / kTileN;
-  const int64_t mtiles = (m + kTileM - 1) / kTileM;
+  // Equal m-tiles (a multiple of 4 rows): a remainder tile would leave a thread idle.
+  const int64_t mtiles = (m + kMaxTileM - 1) / kMaxTileM;
+  const int64_t tile_m = ((m + mtiles - 1) / mtiles + 3) / 4 * 4;
   const bool signed_q = type == kQ8_0;
   // A chunk's bytes in a weight row: whole blocks (a 32-block type's chunk is 8 blocks
   // per group, its last chunk possibly fewer).
@@ -64,10 +66,10 @@ void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* 
     std::vector<Group> wbuf(static_cast<size_t>(kTileN * kChunkGroups));  // [kTileN][chunk]
     std::vector<uint8_t> xbuf;  // [kMaxRows][chunk * 256]: activations' q, interleaved
     if (kern.interleave) xbuf.resize(static_cast<size_t>(kMaxRows * kChunkGroups * kGroup));
-    std::vector<float> acc(static_cast<size_t>(kTileM * kTileN));  // [kTileM][kTileN]
+    std::vector<float> acc(static_cast<size_t>(tile_m * kTileN));  // [tile m][kTileN]
     for (int64_t t = lo; t < hi; ++t) {
-      const int64_t m0 = t / ntiles * kTileM, n0 = t % ntiles * kTileN;
-      const int64_t tm = std::min(kTileM, m - m0), tn = std::min(kTileN, n - n0);
+      const int64_t m0 = t / ntiles * tile_m, n0 = t % ntiles * kTileN;
+      const int64_t tm = std::min(tile_m, m - m0), tn = std::min(kTileN, n - n0);
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
         const int64_t cg = std::min(kChunkGroups, groups - g0);
