@@ -1,13 +1,13 @@
 // quant_matmul: x [m, k] @ W.T for a GGUF-quantized W.
 //
-// Up to the ISA's gemv_max_rows activation rows (decode), each weight row is read once, from
-// its blocks into registers, for all rows (gemv). Beyond, the work is split into tiles of
-// kTileN weight rows x tile_m (<= kMaxTileM) activation rows run in parallel (m-tile major, so a
-// thread's consecutive tiles share their activations): a tile unpacks its weight rows
-// once (Group, layout.h, in the ISA's interleaved order), k-chunk by k-chunk, and
-// multiplies each chunk by the tile's activation rows four at a time (each set of four
-// interleaved once, for all kTileN weight rows), so unpacking costs 1 / tile_m of the
-// products and no shape falls off a cliff between the two paths.
+// Up to the ISA's gemv_max_rows activation rows (decode), each weight row is read once,
+// from its blocks into registers, for all rows (gemv). Beyond, the work is split into
+// tiles of kTileN weight rows x tile_m (<= kMaxTileM) activation rows run in parallel
+// (m-tile major, so a thread's consecutive tiles share their activations): a tile unpacks
+// its weight rows once (Group, layout.h, in the ISA's interleaved order), k-chunk by
+// k-chunk, and multiplies each chunk by the tile's activation rows four at a time (each
+// set of four interleaved once, for all kTileN weight rows), so unpacking costs
+// 1 / tile_m of the products and no shape falls off a cliff between the two paths.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
