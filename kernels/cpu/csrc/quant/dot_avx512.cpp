@@ -14,6 +14,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 #define FOLIO_QUANT_F16C 1
+#define FOLIO_QUANT_AVX2 1
 
 namespace folio_cpu::quant {
 namespace {
@@ -35,7 +36,7 @@ namespace folio_cpu::quant {
 namespace {
 
 void quantize_row(const float* x, int64_t k, uint8_t* out) {
-  quantize_row_impl(x, k, out);
+  quantize_row_avx2(x, k, out);
 }
 
 void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
