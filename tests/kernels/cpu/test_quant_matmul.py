@@ -224,3 +224,19 @@ def test_bad_arguments(index):
     with pytest.raises((RuntimeError, ValueError)) as info:
         call()
     assert str(info.value).startswith(f"{name} "), info.value
+
+
+@pytest.mark.parametrize("m", [1, 40])
+def test_non_finite_activations_propagate(m):
+    """A NaN or infinite activation makes its row's products NaN (its block's scale is NaN)
+    rather than a silently wrong number; the other rows are untouched."""
+    blocks, *_ = _case("Q4_K", 7, 512)
+    w = torch.from_numpy(blocks)
+    x = _activations(m, 512, seed=5)
+    clean = quant.quant_matmul(x, w, 12, 512)
+    x[0, 3] = float("nan")
+    if m > 1:
+        x[m - 1, 300] = float("inf")
+    y = quant.quant_matmul(x, w, 12, 512)
+    assert y[0].isnan().all() and y[m - 1].isnan().all()
+    assert torch.equal(y[1:m - 1], clean[1:m - 1])
