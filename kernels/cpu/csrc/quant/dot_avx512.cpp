@@ -18,6 +18,7 @@
 
 namespace folio_cpu::quant {
 namespace {
+constexpr int64_t kGemvBlockRows = 8;
 inline __m256i dot4(__m256i q, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
 }

@@ -18,6 +18,7 @@
 
 namespace folio_cpu::quant {
 namespace {
+constexpr int64_t kGemvBlockRows = 8;
 inline __m256i dot4(__m256i q, __m256i x) {
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, x);
 }

@@ -4,7 +4,8 @@
 // and Intel run 256-bit integer ops at full rate; the weights' memory traffic, not the
 // vector width, bounds these shapes). Same arithmetic as the portable dot (layout.h).
 // The including file defines dot4(q u8, x s8): int32 lanes of 4 adjacent products each
-// (maddubs + madd with ones, or VNNI's vpdpbusd).
+// (maddubs + madd with ones, or VNNI's vpdpbusd), and kGemvBlockRows: the most rows one
+// pass over a weight row takes (4 with AVX2's 16 registers, 8 with AVX-512's 32).
 #pragma once
 
 #include <immintrin.h>
@@ -121,10 +122,10 @@ template <int T, int MR>
 inline void gemv_k_quant(const uint8_t* w, int64_t k, const ActRow* x, float* out) {
   constexpr int kBytes = T == kQ2_K ? 84 : T == kQ3_K ? 110 : T == kQ4_K ? 144 : T == kQ5_K ? 176 : 210;
   constexpr bool kPer32 = T == kQ4_K || T == kQ5_K;  // one scale per 32 weights
-  // Independent fma chains per row (blocks round-robin), so the fma latency, not its
-  // throughput, bounds one or two rows (more rows are chains of their own, and more
-  // accumulators would spill AVX2's 16 registers).
-  constexpr int kChains = MR == 1 ? 4 : MR == 2 ? 2 : 1;
+  // One row alone gets four independent fma chains (blocks round-robin) so the fma
+  // latency does not bound it; two or more rows are chains of their own (more
+  // accumulators measured slower: spills).
+  constexpr int kChains = MR == 1 ? 4 : 1;
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   alignas(32) int16_t s[16];
@@ -170,7 +171,7 @@ inline void gemv_block32(const uint8_t* w, int64_t k, const ActRow* x, float* ou
   constexpr int kBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : T == kQ5_0 ? 22 : T == kQ5_1 ? 24 : 34;
   constexpr bool kSigned = T == kQ4_0 || T == kQ5_0 || T == kQ8_0;
   constexpr int kQs = kBytes - 16;
-  constexpr int kChains = MR == 1 ? 4 : MR == 2 ? 2 : 1;  // see gemv_k_quant
+  constexpr int kChains = MR == 1 ? 4 : 1;  // see gemv_k_quant
   __m256 acc[MR][kChains];
   float off[MR];
   for (int r = 0; r < MR; ++r) {
@@ -226,14 +227,19 @@ void gemv_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t 
                int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
-    for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
-      float part[kMaxRows];
-      const int64_t mr = m - i0 < kMaxRows ? m - i0 : kMaxRows;
+    for (int64_t i0 = 0; i0 < m; i0 += kGemvBlockRows) {
+      float part[kGemvBlockRows];
+      const int64_t mr = m - i0 < kGemvBlockRows ? m - i0 : kGemvBlockRows;
       switch (mr) {
         case 1: gemv_row<T, 1>(row, k, x + i0, part); break;
         case 2: gemv_row<T, 2>(row, k, x + i0, part); break;
         case 3: gemv_row<T, 3>(row, k, x + i0, part); break;
-        default: gemv_row<T, 4>(row, k, x + i0, part); break;
+        case 4: gemv_row<T, 4>(row, k, x + i0, part); break;
+        // Only where 32 vector registers hold 8 rows' accumulators (AVX-512 files).
+        case 5: if constexpr (kGemvBlockRows >= 8) gemv_row<T, 5>(row, k, x + i0, part); break;
+        case 6: if constexpr (kGemvBlockRows >= 8) gemv_row<T, 6>(row, k, x + i0, part); break;
+        case 7: if constexpr (kGemvBlockRows >= 8) gemv_row<T, 7>(row, k, x + i0, part); break;
+        default: if constexpr (kGemvBlockRows >= 8) gemv_row<T, 8>(row, k, x + i0, part); break;
       }
       for (int64_t i = 0; i < mr; ++i) out[(i0 + i) * n + j] = part[i];
     }
