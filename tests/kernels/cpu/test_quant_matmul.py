@@ -35,7 +35,7 @@ from kernels.cpu import quant
 from kernels.quant.formats import BY_NAME
 from tests.kernels.quant_cases import FP16_FIELDS, TYPE_NAMES, random_quantized
 
-ROWS = (1, 2, 3, 7, 8, 9, 12, 13, 16, 64)
+ROWS = (1, 2, 3, 7, 8, 9, 10, 11, 12, 13, 16, 64)
 LARGE_ROWS = (255, 256, 257, 1000)
 LARGE_TYPES = ("Q4_K", "Q6_K", "Q8_0")
 

@@ -44,7 +44,7 @@ void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
   unpack_row_impl(type, row, k, out);
 }
 
-const Kernels kKernels{quantize_row, unpack_row, dot, gemv, interleave, 8};
+const Kernels kKernels{quantize_row, unpack_row, dot, gemv, interleave, 10};
 
 }  // namespace
 

@@ -227,9 +227,13 @@ void gemv_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t 
                int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
-    for (int64_t i0 = 0; i0 < m; i0 += kGemvBlockRows) {
+    // Passes of equal size (9 rows: 5 + 4, not 8 + 1): a pass costs about as much for one
+    // row as for several.
+    const int64_t passes = (m + kGemvBlockRows - 1) / kGemvBlockRows;
+    const int64_t per_pass = (m + passes - 1) / passes;
+    for (int64_t i0 = 0; i0 < m; i0 += per_pass) {
       float part[kGemvBlockRows];
-      const int64_t mr = m - i0 < kGemvBlockRows ? m - i0 : kGemvBlockRows;
+      const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
       switch (mr) {
         case 1: gemv_row<T, 1>(row, k, x + i0, part); break;
         case 2: gemv_row<T, 2>(row, k, x + i0, part); break;
