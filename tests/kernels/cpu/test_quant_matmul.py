@@ -35,7 +35,7 @@ from kernels.cpu import quant
 from kernels.quant.formats import BY_NAME
 from tests.kernels.quant_cases import FP16_FIELDS, TYPE_NAMES, random_quantized
 
-ROWS = (1, 2, 3, 7, 8, 9, 16, 17, 64)
+ROWS = (1, 2, 3, 7, 8, 9, 10, 11, 12, 13, 16, 64)
 LARGE_ROWS = (255, 256, 257, 1000)
 LARGE_TYPES = ("Q4_K", "Q6_K", "Q8_0")
 
@@ -128,7 +128,12 @@ def test_product(name, m, act_model):
 @pytest.mark.parametrize("name", LARGE_TYPES)
 @pytest.mark.parametrize("m", LARGE_ROWS)
 def test_product_prefill_rows(name, m, act_model):
-    for n, k in [(33, 256), (7, 768)]:
+    """Several tiles of activation rows, and k past one k-chunk of the tiles (2048): 2304
+    ends on a partial chunk, 2080 (32-weight blocks) on a partial group too."""
+    shapes = [(33, 256), (7, 768), (5, 2304)]
+    if BY_NAME[name].block_size == 32:
+        shapes.append((3, 2080))
+    for n, k in shapes:
         _check(name, n, k, m, act_model)
 
 
@@ -141,7 +146,7 @@ def test_isa_paths_match_portable(isa, name, act_model):
     n, k = 33, 768
     blocks, _, _, mag = _case(name, n, k)
     w = torch.from_numpy(blocks)
-    for m in (1, 4, 5, 16, 17, 70):
+    for m in (1, 4, 5, 8, 9, 12, 13, 70):  # the decode path, and tiles
         act = quant.quantize_activations(_activations(m, k, seed=m))
         try:
             torch.ops.folio_cpu.set_isa("portable")
@@ -219,3 +224,19 @@ def test_bad_arguments(index):
     with pytest.raises((RuntimeError, ValueError)) as info:
         call()
     assert str(info.value).startswith(f"{name} "), info.value
+
+
+@pytest.mark.parametrize("m", [1, 40])
+def test_non_finite_activations_propagate(m):
+    """A NaN or infinite activation makes its row's products NaN (its block's scale is NaN)
+    rather than a silently wrong number; the other rows are untouched."""
+    blocks, *_ = _case("Q4_K", 7, 512)
+    w = torch.from_numpy(blocks)
+    x = _activations(m, 512, seed=5)
+    clean = quant.quant_matmul(x, w, 12, 512)
+    x[0, 3] = float("nan")
+    if m > 1:
+        x[m - 1, 300] = float("inf")
+    y = quant.quant_matmul(x, w, 12, 512)
+    assert y[0].isnan().all() and y[m - 1].isnan().all()
+    assert torch.equal(y[1:m - 1], clean[1:m - 1])

@@ -6,45 +6,10 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include <cmath>
-#include <cstring>
-
+#include "kernels.h"
 #include "layout.h"
 
 namespace folio_cpu::quant {
-
-void quantize_row(const float* x, int64_t k, uint8_t* out) {
-  const int64_t kp = padded_k(k);
-  std::memset(out, 0, static_cast<size_t>(act_row_bytes(k)));
-  int8_t* q = reinterpret_cast<int8_t*>(out);               // [kp]
-  float* d = reinterpret_cast<float*>(out + kp);             // [kp / 32]
-  int16_t* sum = reinterpret_cast<int16_t*>(out + kp + kp / 8);  // [kp / 16]
-  // Adding and subtracting 1.5 * 2^23 rounds |v| < 2^22 to the nearest integer, ties to
-  // even (what nearbyint does in the default mode), in a loop the compiler vectorizes.
-  constexpr float kRound = 12582912.0f;
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const float* xb = x + 32 * b;
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) {
-      const float a = std::fabs(xb[i]);
-      amax = a > amax ? a : amax;
-    }
-    const float db = amax / 127.0f;
-    const float inv = db != 0.0f ? 1.0f / db : 0.0f;
-    int8_t* qb = q + 32 * b;
-    for (int i = 0; i < 32; ++i) {
-      float v = (xb[i] * inv + kRound) - kRound;
-      v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-      qb[i] = static_cast<int8_t>(v);
-    }
-    d[b] = db;
-    for (int h = 0; h < 2; ++h) {
-      int s = 0;
-      for (int i = 16 * h; i < 16 * h + 16; ++i) s += qb[i];
-      sum[2 * b + h] = static_cast<int16_t>(s);
-    }
-  }
-}
 
 at::Tensor quantize_activations(const at::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu(), "x must be on the CPU, not ", x.device());
@@ -58,8 +23,9 @@ at::Tensor quantize_activations(const at::Tensor& x) {
   const float* xp = xr.data_ptr<float>();
   const int64_t xstride = xr.stride(0);
   uint8_t* op = out.data_ptr<uint8_t>();
+  const Kernels& kern = kernels_for(active_isa());
   at::parallel_for(0, m, (1 << 15) / k + 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) quantize_row(xp + i * xstride, k, op + i * row_bytes);
+    for (int64_t i = lo; i < hi; ++i) kern.quantize_row(xp + i * xstride, k, op + i * row_bytes);
   });
   return out;
 }

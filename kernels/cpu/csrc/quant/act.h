@@ -7,9 +7,6 @@
 
 namespace folio_cpu::quant {
 
-// x[k] -> out[act_row_bytes(k)].
-void quantize_row(const float* x, int64_t k, uint8_t* out);
-
 // x float32 [m, k] (unit stride along k) -> uint8 [m, act_row_bytes(k)].
 at::Tensor quantize_activations(const at::Tensor& x);
 

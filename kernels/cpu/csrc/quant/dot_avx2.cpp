@@ -18,9 +18,11 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define FOLIO_QUANT_F16C 1
+#define FOLIO_QUANT_AVX2 1
 
 namespace folio_cpu::quant {
 namespace {
+constexpr int64_t kGemvBlockRows = 4;
 inline __m256i dot4(__m256i q, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
 }
@@ -28,10 +30,15 @@ inline __m256i dot4(__m256i q, __m256i x) {
 }  // namespace folio_cpu::quant
 
 #include "gemv256.h"
+#include "act_row.h"
 #include "unpack.h"
 
 namespace folio_cpu::quant {
 namespace {
+
+void quantize_row(const float* x, int64_t k, uint8_t* out) {
+  quantize_row_avx2(x, k, out);
+}
 
 void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
   unpack_row_impl(type, row, k, out);
@@ -78,14 +85,29 @@ void dot_rows(const Group* w, int64_t groups, const ActRow* x, float* out) {
     const __m256i o16 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wg.o));
     __m256i isum[MR];
     for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
-    for (int c = 0; c < 8; ++c) {
-      __m256i wq = _mm256_load_si256(reinterpret_cast<const __m256i*>(wg.q + 32 * c));
-      const __m256i wsign = wq;
-      if constexpr (kSigned) wq = _mm256_abs_epi8(wq);
+    // Chunk pairs share their sub-block scales; unsigned q (<= 63) lets a pair's maddubs
+    // results add in int16 first (at most 4 * 63 * 127 = 32004) and take one madd.
+    for (int c = 0; c < 8; c += 2) {
+      __m256i wq[2], wsign[2];
+      for (int e = 0; e < 2; ++e) {
+        wq[e] = wsign[e] = _mm256_load_si256(reinterpret_cast<const __m256i*>(wg.q + 32 * (c + e)));
+        if constexpr (kSigned) wq[e] = _mm256_abs_epi8(wq[e]);
+      }
       for (int r = 0; r < MR; ++r) {
-        __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].q + g * kGroup + 32 * c));
-        if constexpr (kSigned) xq = _mm256_sign_epi8(xq, wsign);
-        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), sc[c / 4]));
+        const int8_t* xp = x[r].q + g * kGroup + 32 * c;
+        __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
+        __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32));
+        if constexpr (kSigned) {
+          x0 = _mm256_sign_epi8(x0, wsign[0]);
+          x1 = _mm256_sign_epi8(x1, wsign[1]);
+        }
+        const __m256i p0 = _mm256_maddubs_epi16(wq[0], x0), p1 = _mm256_maddubs_epi16(wq[1], x1);
+        if constexpr (kSigned) {
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(p0, sc[c / 4]),
+                                                               _mm256_madd_epi16(p1, sc[c / 4])));
+        } else {
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), sc[c / 4]));
+        }
       }
     }
     for (int r = 0; r < MR; ++r) {
@@ -116,7 +138,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   else dot_signed<false>(w, groups, x, mr, out);
 }
 
-const Kernels kAvx2{unpack_row, dot, gemv, interleave};
+const Kernels kAvx2{quantize_row, unpack_row, dot, gemv, interleave, 12};
 
 }  // namespace
 

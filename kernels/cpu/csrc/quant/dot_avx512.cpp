@@ -14,9 +14,11 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 #define FOLIO_QUANT_F16C 1
+#define FOLIO_QUANT_AVX2 1
 
 namespace folio_cpu::quant {
 namespace {
+constexpr int64_t kGemvBlockRows = 8;
 inline __m256i dot4(__m256i q, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1));
 }
@@ -28,16 +30,21 @@ inline __m512i accumulate(__m512i isum, __m512i p16, __m512i sc) {
 
 #include "gemv256.h"
 #include "tile512.h"
+#include "act_row.h"
 #include "unpack.h"
 
 namespace folio_cpu::quant {
 namespace {
 
+void quantize_row(const float* x, int64_t k, uint8_t* out) {
+  quantize_row_avx2(x, k, out);
+}
+
 void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
   unpack_row_impl(type, row, k, out);
 }
 
-const Kernels kKernels{unpack_row, dot, gemv, interleave};
+const Kernels kKernels{quantize_row, unpack_row, dot, gemv, interleave, 10};
 
 }  // namespace
 

@@ -3,10 +3,15 @@
 // S_b = sum_j s_j * sum_{i in j} q_i x_i and O_b = sum_j o_j * xsum_j over its two
 // 16-weight sub-blocks j.
 #include "kernels.h"
+#include "act_row.h"
 #include "unpack.h"
 
 namespace folio_cpu::quant {
 namespace {
+
+void quantize_row(const float* x, int64_t k, uint8_t* out) {
+  quantize_row_impl(x, k, out);
+}
 
 void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
   unpack_row_impl(type, row, k, out);
@@ -40,7 +45,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   }
 }
 
-const Kernels kPortable{unpack_row, dot, nullptr, nullptr};
+const Kernels kPortable{quantize_row, unpack_row, dot, nullptr, nullptr, 0};
 
 }  // namespace
 

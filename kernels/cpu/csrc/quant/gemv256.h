@@ -4,7 +4,8 @@
 // and Intel run 256-bit integer ops at full rate; the weights' memory traffic, not the
 // vector width, bounds these shapes). Same arithmetic as the portable dot (layout.h).
 // The including file defines dot4(q u8, x s8): int32 lanes of 4 adjacent products each
-// (maddubs + madd with ones, or VNNI's vpdpbusd).
+// (maddubs + madd with ones, or VNNI's vpdpbusd), and kGemvBlockRows: the most rows one
+// pass over a weight row takes (4 with AVX2's 16 registers, 8 with AVX-512's 32).
 #pragma once
 
 #include <immintrin.h>
@@ -115,57 +116,52 @@ inline void k_quant_scales(const uint8_t* blk, __m256i& sv, __m256i& ov, float& 
   }
 }
 
-// Scales fold into floats: per super-block and row, f_j = dx_(j/2) * D * s_j for the 16
-// sub-blocks, so a block costs one integer dot (dot4: int32 lanes of 4 products, lanes
-// 0-3 the first sub-block) and one fma per row.
+// Per block and row: maddubs pairs, madd with the block's int16 sub-block scales (shared
+// by the rows), one fma by dx_b into a per-super-block sum, which D scales once.
 template <int T, int MR>
 inline void gemv_k_quant(const uint8_t* w, int64_t k, const ActRow* x, float* out) {
   constexpr int kBytes = T == kQ2_K ? 84 : T == kQ3_K ? 110 : T == kQ4_K ? 144 : T == kQ5_K ? 176 : 210;
   constexpr bool kPer32 = T == kQ4_K || T == kQ5_K;  // one scale per 32 weights
-  // Independent fma chains per row (blocks round-robin), so the fma latency, not its
-  // throughput, never bounds a few rows.
-  constexpr int kChains = MR == 1 ? 4 : 2;
-  __m256 acc[MR][kChains];
-  for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
-  alignas(32) float f[MR][16];
-  const __m256i pairs_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-  const __m256i pairs_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  // One row alone gets four independent fma chains (blocks round-robin) so the fma
+  // latency does not bound it; two or more rows are chains of their own (more
+  // accumulators measured slower: spills).
+  constexpr int kChains = MR == 1 ? 4 : 1;
+  __m256 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  alignas(32) int16_t s[16];
   for (int64_t g = 0; g < k / kGroup; ++g) {
     const uint8_t* blk = w + g * kBytes;
     __m256i sv, ov;
     float d, m;
     k_quant_scales<T>(blk, sv, ov, d, m);
-    const __m256 dv = _mm256_set1_ps(d);
-    const __m256 s_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(sv))), dv);
-    const __m256 s_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(sv, 1))), dv);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 dx8 = _mm256_loadu_ps(x[r].d + g * 8);
-      _mm256_store_ps(f[r], _mm256_mul_ps(_mm256_permutevar8x32_ps(dx8, pairs_lo), s_lo));
-      _mm256_store_ps(f[r] + 8, _mm256_mul_ps(_mm256_permutevar8x32_ps(dx8, pairs_hi), s_hi));
-    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s), sv);
+    __m256 part[MR][kChains];
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < kChains; ++c) part[r][c] = _mm256_setzero_ps();
     for (int b = 0; b < 8; ++b) {
       const __m256i q = k_quant_q<T>(blk, b);
+      const __m256i sc = kPer32 ? _mm256_set1_epi16(s[2 * b])
+                                : _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s[2 * b])),
+                                                          _mm_set1_epi16(s[2 * b + 1]), 1);
       for (int r = 0; r < MR; ++r) {
         const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].q + g * kGroup + 32 * b));
-        const __m256 fs = kPer32 ? _mm256_broadcast_ss(&f[r][2 * b])
-                                 : _mm256_set_m128(_mm_broadcast_ss(&f[r][2 * b + 1]), _mm_broadcast_ss(&f[r][2 * b]));
-        acc[r][b % kChains] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(q, xq)), fs, acc[r][b % kChains]);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), sc);
+        __m256& a = part[r][b % kChains];
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(x[r].d + g * 8 + b), a);
       }
     }
-    const __m256 mv = _mm256_set1_ps(m);
+    const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
     for (int r = 0; r < MR; ++r) {
+      for (int c = 1; c < kChains; ++c) part[r][0] = _mm256_add_ps(part[r][0], part[r][c]);
+      acc[r] = _mm256_fmadd_ps(part[r][0], dv, acc[r]);
       // Lane b: o_2b * xsum_2b + o_2b+1 * xsum_2b+1 = O_b.
       const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].sum + g * 16));
       const __m256 off = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(ov, xs)),
                                        _mm256_loadu_ps(x[r].d + g * 8));
-      acc[r][0] = _mm256_fnmadd_ps(off, mv, acc[r][0]);
+      acc[r] = _mm256_fnmadd_ps(off, mv, acc[r]);
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    for (int c = 1; c < kChains; ++c) acc[r][0] = _mm256_add_ps(acc[r][0], acc[r][c]);
-    out[r] = hsum256(acc[r][0]);
-  }
+  for (int r = 0; r < MR; ++r) out[r] = hsum256(acc[r]);
 }
 
 // 32-weight block types. Q4_0 / Q5_0 / Q8_0 become signed weights (q - 8, q - 16, q) with
@@ -175,7 +171,7 @@ inline void gemv_block32(const uint8_t* w, int64_t k, const ActRow* x, float* ou
   constexpr int kBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : T == kQ5_0 ? 22 : T == kQ5_1 ? 24 : 34;
   constexpr bool kSigned = T == kQ4_0 || T == kQ5_0 || T == kQ8_0;
   constexpr int kQs = kBytes - 16;
-  constexpr int kChains = MR == 1 ? 4 : 2;  // see gemv_k_quant
+  constexpr int kChains = MR == 1 ? 4 : 1;  // see gemv_k_quant
   __m256 acc[MR][kChains];
   float off[MR];
   for (int r = 0; r < MR; ++r) {
@@ -231,14 +227,23 @@ void gemv_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t 
                int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
-    for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
-      float part[kMaxRows];
-      const int64_t mr = m - i0 < kMaxRows ? m - i0 : kMaxRows;
+    // Passes of equal size (9 rows: 5 + 4, not 8 + 1): a pass costs about as much for one
+    // row as for several.
+    const int64_t passes = (m + kGemvBlockRows - 1) / kGemvBlockRows;
+    const int64_t per_pass = (m + passes - 1) / passes;
+    for (int64_t i0 = 0; i0 < m; i0 += per_pass) {
+      float part[kGemvBlockRows];
+      const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
       switch (mr) {
         case 1: gemv_row<T, 1>(row, k, x + i0, part); break;
         case 2: gemv_row<T, 2>(row, k, x + i0, part); break;
         case 3: gemv_row<T, 3>(row, k, x + i0, part); break;
-        default: gemv_row<T, 4>(row, k, x + i0, part); break;
+        case 4: gemv_row<T, 4>(row, k, x + i0, part); break;
+        // Only where 32 vector registers hold 8 rows' accumulators (AVX-512 files).
+        case 5: if constexpr (kGemvBlockRows >= 8) gemv_row<T, 5>(row, k, x + i0, part); break;
+        case 6: if constexpr (kGemvBlockRows >= 8) gemv_row<T, 6>(row, k, x + i0, part); break;
+        case 7: if constexpr (kGemvBlockRows >= 8) gemv_row<T, 7>(row, k, x + i0, part); break;
+        default: if constexpr (kGemvBlockRows >= 8) gemv_row<T, 8>(row, k, x + i0, part); break;
       }
       for (int64_t i = 0; i < mr; ++i) out[(i0 + i) * n + j] = part[i];
     }

@@ -1,5 +1,6 @@
-// The per-ISA kernel table: each ISA file compiles the block unpackers (unpack.h) and the
-// generic integer dot kernel for its instruction set; matmul.cpp picks one at run time.
+// The per-ISA kernel table: each ISA file compiles, for its instruction set, activation
+// quantization, the block unpackers (unpack.h), the generic integer tile kernel and the
+// decode kernels; act.cpp and matmul.cpp pick one table at run time (active_isa()).
 #pragma once
 
 #include <cstdint>
@@ -9,13 +10,14 @@
 
 namespace folio_cpu::quant {
 
-// Most activation rows one dot / gemv call multiplies (register blocking).
+// Most activation rows one dot call multiplies (register blocking).
 constexpr int kMaxRows = 4;
-// Up to this many activation rows, the products read each weight row straight from the
-// file's blocks (gemv) where the ISA has that kernel; beyond, through unpacked tiles.
+// The most activation rows any ISA's gemv takes (each ISA says where its tiles take over).
 constexpr int64_t kGemvRows = 16;
 
 struct Kernels {
+  // x[k] -> out[act_row_bytes(k)] (bit-identical on every ISA).
+  void (*quantize_row)(const float* x, int64_t k, uint8_t* out);
   // row: one weight row's file bytes (k weights) -> out[padded_k(k) / 256].
   void (*unpack_row)(int type, const uint8_t* row, int64_t k, Group* out);
   // out[i] = sum over `groups` groups of w . x[i] for i < mr <= kMaxRows; signed_q for Q8_0.
@@ -30,6 +32,10 @@ struct Kernels {
   // unpacked weights and a copy of the activations (the same permutation of both keeps
   // every dot product); null for the file order.
   void (*interleave)(uint8_t* q, int64_t groups);
+  // Up to this many activation rows (<= kGemvRows) the products go through gemv, beyond
+  // through the tiles: about where the tiles' time per row drops below gemv's (measured
+  // on 1 and 2 threads, Zen 4, Q4_K and Q6_K), so time per row barely moves at the switch.
+  int64_t gemv_max_rows;
 };
 
 const Kernels& portable_kernels();

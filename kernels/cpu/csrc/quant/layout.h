@@ -43,10 +43,10 @@ struct alignas(64) Group {
   uint8_t q[256];   // Q8_0: int8 bit patterns
   int16_t s[16];    // sub-block scale, per 16 weights
   int16_t o[16];    // sub-block offset, per 16 weights
-  int32_t ss[16];   // s[j] in both 16-bit halves: what the SIMD kernels broadcast
   float d[8];       // D per 32 weights
   float m[8];       // M per 32 weights
 };
+static_assert(sizeof(Group) == 384);  // six cache lines, no padding
 
 enum TypeId : int {
   kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,

@@ -1,13 +1,13 @@
 // quant_matmul: x [m, k] @ W.T for a GGUF-quantized W.
 //
-// Up to kGemvRows activation rows (decode), each weight row is read once, straight from
-// its blocks into registers, for all rows (gemv). Beyond, the work is split into tiles of
-// kTileN weight rows x kTileM activation rows run in parallel (m-tile major, so a
-// thread's consecutive tiles share their activations): a tile unpacks its weight rows
-// once (Group, layout.h, in the ISA's interleaved order) and multiplies them by the tile's
-// activation rows four at a time (each set of four interleaved once, for all kTileN
-// weight rows), so unpacking costs 1 / kTileM of the products and no shape falls off a
-// cliff between the two paths.
+// Up to the ISA's gemv_max_rows activation rows (decode), each weight row is read once,
+// from its blocks into registers, for all rows (gemv). Beyond, the work is split into
+// tiles of kTileN weight rows x tile_m (<= kMaxTileM) activation rows run in parallel
+// (m-tile major, so a thread's consecutive tiles share their activations): a tile unpacks
+// its weight rows once (Group, layout.h, in the ISA's interleaved order), k-chunk by
+// k-chunk, and multiplies each chunk by the tile's activation rows four at a time (each
+// set of four interleaved once, for all kTileN weight rows), so unpacking costs
+// 1 / tile_m of the products and no shape falls off a cliff between the two paths.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -25,11 +25,12 @@ namespace folio_cpu::quant {
 namespace {
 
 constexpr int64_t kTileN = 16;
-// Activation rows per tile: as many as keep a tile's activations within ~512 KiB (L2),
-// 32 to 256 of them: more rows amortize the weights' unpacking, fewer keep them cached.
-int64_t tile_m(int64_t k) {
-  return std::clamp<int64_t>((int64_t{512} << 10) / act_row_bytes(k), 32, 256) / 4 * 4;
-}
+// Weights per k-chunk: a tile multiplies chunk by chunk, so the chunk of its kTileN
+// unpacked rows (48 KiB) and of four activation rows stay near L1 whatever k is.
+constexpr int64_t kChunkGroups = 8;
+// Most activation rows per tile: as many as keep a tile's activation chunks within
+// ~512 KiB (L2), at most 256: more rows amortize the weights' unpacking.
+constexpr int64_t kMaxTileM = std::min<int64_t>(256, (int64_t{512} << 10) / (kChunkGroups * 320));
 
 // Decode-sized m: each weight row read once from the file's blocks for all m rows.
 void gemv_rows(const Kernels& kern, const uint8_t* act, int64_t act_stride, int64_t m,
@@ -47,47 +48,61 @@ void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* 
               int64_t w_stride, const int64_t* rows, int64_t n, int type, int64_t k,
               float* out) {
   const Kernels& kern = kernels_for(active_isa());
-  if (m <= kGemvRows && kern.gemv != nullptr) {
+  if (m <= kern.gemv_max_rows && kern.gemv != nullptr) {
     gemv_rows(kern, act, act_stride, m, w, w_stride, rows, n, type, k, out);
     return;
   }
-  const int64_t kp = padded_k(k);
-  const int64_t groups = kp / kGroup;
+  const int64_t groups = padded_k(k) / kGroup;
   const int64_t ntiles = (n + kTileN - 1) / kTileN;
-  const int64_t kTileM = tile_m(k);
-  const int64_t mtiles = (m + kTileM - 1) / kTileM;
+  // Equal m-tiles (a multiple of 4 rows): a remainder tile would leave a thread idle.
+  const int64_t mtiles = (m + kMaxTileM - 1) / kMaxTileM;
+  const int64_t tile_m = ((m + mtiles - 1) / mtiles + 3) / 4 * 4;
   const bool signed_q = type == kQ8_0;
+  // A chunk's bytes in a weight row: whole blocks (a 32-block type's chunk is 8 blocks
+  // per group, its last chunk possibly fewer).
+  const BlockType bt = block_type(type);
+  const int64_t chunk_bytes = kChunkGroups * kGroup / bt.block_size * bt.block_bytes;
   at::parallel_for(0, ntiles * mtiles, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<Group> wbuf(static_cast<size_t>(kTileN * groups));  // [kTileN][groups]
-    std::vector<uint8_t> xbuf;  // [kMaxRows][kp]: the activations' q, interleaved
-    if (kern.interleave) xbuf.resize(static_cast<size_t>(kMaxRows * kp));
+    std::vector<Group> wbuf(static_cast<size_t>(kTileN * kChunkGroups));  // [kTileN][chunk]
+    std::vector<uint8_t> xbuf;  // [kMaxRows][chunk * 256]: activations' q, interleaved
+    if (kern.interleave) xbuf.resize(static_cast<size_t>(kMaxRows * kChunkGroups * kGroup));
+    std::vector<float> acc(static_cast<size_t>(tile_m * kTileN));  // [tile m][kTileN]
     for (int64_t t = lo; t < hi; ++t) {
-      const int64_t m0 = t / ntiles * kTileM, n0 = t % ntiles * kTileN;
-      const int64_t tm = std::min(kTileM, m - m0), tn = std::min(kTileN, n - n0);
-      for (int64_t r = 0; r < tn; ++r) {
-        Group* g = wbuf.data() + r * groups;
-        kern.unpack_row(type, w + (rows ? rows[n0 + r] : n0 + r) * w_stride, k, g);
-        if (kern.interleave)
-          for (int64_t i = 0; i < groups; ++i) kern.interleave(g[i].q, 1);
-      }
-      for (int64_t i0 = 0; i0 < tm; i0 += kMaxRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, tm - i0));
-        ActRow x[kMaxRows];
-        for (int i = 0; i < mr; ++i) {
-          x[i] = act_row(act + (m0 + i0 + i) * act_stride, k);
-          if (kern.interleave) {
-            uint8_t* q = xbuf.data() + i * kp;
-            std::memcpy(q, x[i].q, static_cast<size_t>(kp));
-            kern.interleave(q, groups);
-            x[i].q = reinterpret_cast<const int8_t*>(q);
+      const int64_t m0 = t / ntiles * tile_m, n0 = t % ntiles * kTileN;
+      const int64_t tm = std::min(tile_m, m - m0), tn = std::min(kTileN, n - n0);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
+        const int64_t cg = std::min(kChunkGroups, groups - g0);
+        const int64_t ck = std::min(kChunkGroups * kGroup, k - g0 * kGroup);  // weights
+        for (int64_t r = 0; r < tn; ++r) {
+          Group* g = wbuf.data() + r * kChunkGroups;
+          const uint8_t* row = w + (rows ? rows[n0 + r] : n0 + r) * w_stride;
+          kern.unpack_row(type, row + g0 / kChunkGroups * chunk_bytes, ck, g);
+          if (kern.interleave)
+            for (int64_t i = 0; i < cg; ++i) kern.interleave(g[i].q, 1);
+        }
+        for (int64_t i0 = 0; i0 < tm; i0 += kMaxRows) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, tm - i0));
+          ActRow x[kMaxRows];
+          for (int i = 0; i < mr; ++i) {
+            const ActRow full = act_row(act + (m0 + i0 + i) * act_stride, k);
+            x[i] = {full.q + g0 * kGroup, full.d + g0 * 8, full.sum + g0 * 16};
+            if (kern.interleave) {
+              uint8_t* q = xbuf.data() + i * kChunkGroups * kGroup;
+              std::memcpy(q, x[i].q, static_cast<size_t>(cg * kGroup));
+              kern.interleave(q, cg);
+              x[i].q = reinterpret_cast<const int8_t*>(q);
+            }
+          }
+          for (int64_t r = 0; r < tn; ++r) {
+            float part[kMaxRows];
+            kern.dot(wbuf.data() + r * kChunkGroups, cg, x, mr, signed_q, part);
+            for (int i = 0; i < mr; ++i) acc[(i0 + i) * kTileN + r] += part[i];
           }
         }
-        for (int64_t r = 0; r < tn; ++r) {
-          float part[kMaxRows];
-          kern.dot(wbuf.data() + r * groups, groups, x, mr, signed_q, part);
-          for (int i = 0; i < mr; ++i) out[(m0 + i0 + i) * n + n0 + r] = part[i];
-        }
       }
+      for (int64_t i = 0; i < tm; ++i)
+        for (int64_t r = 0; r < tn; ++r) out[(m0 + i) * n + n0 + r] = acc[i * kTileN + r];
     }
   });
 }

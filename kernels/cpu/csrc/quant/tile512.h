@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "gemv256.h"  // hsum256
 #include "kernels.h"
 
 namespace folio_cpu::quant {
@@ -42,7 +43,11 @@ inline void interleave(uint8_t* q, int64_t groups) {
 template <int MR, bool kSigned>
 void dot_rows(const Group* w, int64_t groups, const ActRow* x, float* out) {
   __m512 acc[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  __m256 off[MR];  // the offset terms, per block lane
+  for (int r = 0; r < MR; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    off[r] = _mm256_setzero_ps();
+  }
   // int16 lane l is int32 lane l / 2, block l / 4: scale s_2(l/4) (+1 for the second half).
   const __m512i even = _mm512_set_epi16(14, 14, 14, 14, 12, 12, 12, 12, 10, 10, 10, 10, 8, 8, 8, 8,
                                         6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
@@ -57,32 +62,46 @@ void dot_rows(const Group* w, int64_t groups, const ActRow* x, float* out) {
     const __m256i o16 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wg.o));
     __m512i isum[MR];
     for (int r = 0; r < MR; ++r) isum[r] = _mm512_setzero_si512();
-    for (int c = 0; c < 4; ++c) {
-      __m512i wq = _mm512_load_si512(wg.q + 64 * c);
-      __mmask64 neg = 0;
-      if constexpr (kSigned) {
-        neg = _mm512_movepi8_mask(wq);
-        wq = _mm512_abs_epi8(wq);
+    // Chunk pairs (0, 1) and (2, 3) share their sub-block scales. Unsigned q (<= 63) lets a
+    // pair's maddubs results add in int16 first (at most 4 * 63 * 127 = 32004) and take
+    // one madd; Q8_0's |q| <= 128 may not.
+    for (int h = 0; h < 2; ++h) {
+      __m512i wq[2];
+      __mmask64 neg[2] = {0, 0};
+      for (int c = 0; c < 2; ++c) {
+        wq[c] = _mm512_load_si512(wg.q + 128 * h + 64 * c);
+        if constexpr (kSigned) {
+          neg[c] = _mm512_movepi8_mask(wq[c]);
+          wq[c] = _mm512_abs_epi8(wq[c]);
+        }
       }
       for (int r = 0; r < MR; ++r) {
-        __m512i xq = _mm512_loadu_si512(x[r].q + g * kGroup + 64 * c);
-        if constexpr (kSigned) xq = _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq);
-        const __m512i p16 = _mm512_maddubs_epi16(wq, xq);
-        isum[r] = accumulate(isum[r], p16, sc[c / 2]);
+        const int8_t* xp = x[r].q + g * kGroup + 128 * h;
+        __m512i x0 = _mm512_loadu_si512(xp), x1 = _mm512_loadu_si512(xp + 64);
+        if constexpr (kSigned) {
+          x0 = _mm512_mask_sub_epi8(x0, neg[0], _mm512_setzero_si512(), x0);
+          x1 = _mm512_mask_sub_epi8(x1, neg[1], _mm512_setzero_si512(), x1);
+        }
+        const __m512i p0 = _mm512_maddubs_epi16(wq[0], x0), p1 = _mm512_maddubs_epi16(wq[1], x1);
+        if constexpr (kSigned) {
+          isum[r] = accumulate(accumulate(isum[r], p0, sc[h]), p1, sc[h]);
+        } else {
+          isum[r] = accumulate(isum[r], _mm512_add_epi16(p0, p1), sc[h]);
+        }
       }
     }
     for (int r = 0; r < MR; ++r) {
       const __m256 dx8 = _mm256_loadu_ps(x[r].d + g * 8);
       const __m512 fd = _mm512_permutexvar_ps(pair, _mm512_castps256_ps512(_mm256_mul_ps(dx8, d8)));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), fd, acc[r]);
-      // Lane b: o_2b * xsum_2b + o_2b+1 * xsum_2b+1 = O_b, into lanes 0-7.
+      // Lane b: o_2b * xsum_2b + o_2b+1 * xsum_2b+1 = O_b.
       const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].sum + g * 16));
-      const __m256 o = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(o16, xs)),
-                                     _mm256_mul_ps(dx8, m8));
-      acc[r] = _mm512_sub_ps(acc[r], _mm512_zextps256_ps512(o));
+      off[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(o16, xs)),
+                                _mm256_mul_ps(dx8, m8), off[r]);
     }
   }
-  for (int r = 0; r < MR; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+  for (int r = 0; r < MR; ++r)
+    out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(off[r]);
 }
 
 template <bool kSigned>

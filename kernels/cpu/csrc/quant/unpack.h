@@ -42,8 +42,6 @@ inline float half_to_float(const uint8_t* p) {
 inline void set_scales(Group& g, int j, int s, int o) {
   g.s[j] = static_cast<int16_t>(s);
   g.o[j] = static_cast<int16_t>(o);
-  const uint32_t u = static_cast<uint16_t>(s);
-  g.ss[j] = static_cast<int32_t>(u | (u << 16));
 }
 
 // All 16 sub-blocks' scales and offsets at once (a loop the compiler vectorizes), and a
@@ -52,8 +50,6 @@ inline void set_all_scales(Group& g, const int16_t* s, const int16_t* o) {
   for (int j = 0; j < 16; ++j) {
     g.s[j] = s[j];
     g.o[j] = o[j];
-    const uint32_t u = static_cast<uint16_t>(s[j]);
-    g.ss[j] = static_cast<int32_t>(u * 0x10001u);
   }
 }
 
