@@ -130,21 +130,34 @@ class QuantizedRuns:
 
 
 class NativeQuantized(QuantizedRuns):
-    """The native CPU library's products. One input feeds every run, so it is quantized
-    once for all of them, as two 8-bit rows per row (x and its residual,
-    quantize_activations_residual): the weight is read once, and the sum of the two halves
-    keeps about 15 bits of each activation. 8 bits alone moved 2.7% of the starter's
-    teacher-forced greedy tokens off the float32 path's (the issue allows 2%), and its
-    reply to "What is the capital of France?" lost Paris; with the residual, none moved."""
+    """The native CPU library's products, every run in one call (quant_matmul_stack), each
+    multiplied where it lies. The input is quantized once for all runs, as two 8-bit rows
+    per row (x and its residual, quantize_activations_residual): each weight is read once,
+    and the pair's sum keeps about 15 bits of each activation. 8 bits alone moved 2.7% of
+    the starter's teacher-forced greedy tokens off the float32 path's (the issue allows 2%)
+    and lost Paris from its answer to "What is the capital of France?"; with the residual,
+    none moved."""
 
-    __slots__ = ()
+    __slots__ = ("_data", "_type_ids", "_orders", "_k", "pairs")
+
+    def __init__(self, runs: list[QuantMatrix], pairs: bool = True) -> None:
+        super().__init__(runs)
+        self.pairs = pairs
+        tensors = [run.tensor for run in runs]
+        self._data = [t.data for t in tensors]
+        self._type_ids = [t.type_id for t in tensors]
+        self._orders = [t.row_order for t in tensors]
+        self._k = tensors[0].shape[1] if tensors else 0
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         from kernels.cpu import quant
 
-        m = x.shape[0]
-        both = super().matmul(quant.quantize_activations_residual(x.float()))  # [2m, n]
-        return (both[:m] + both[m:]).to(x.dtype)
+        x32 = x.float()
+        act = (quant.quantize_activations_residual(x32) if self.pairs
+               else quant.quantize_activations(x32))
+        out = quant.quant_matmul_stack(act, self._data, self._type_ids, self._k,
+                                       self._orders, self.pairs)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 class TritonQuantized(QuantizedRuns):

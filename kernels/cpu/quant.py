@@ -41,11 +41,22 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_activations_residual(x: torch.Tensor) -> torch.Tensor:
-    """float32 [m, k] -> uint8 [2m, act_row_bytes(k)]: rows 0..m-1 are x's 8-bit blocks
-    (quantize_activations), rows m..2m-1 those of its residual x - d*q. A product over the
-    2m rows reads each weight once and its two halves sum to x @ W.T with about 15 bits of
-    every activation (the residual's own rounding is d/254 of the block's scale)."""
+    """float32 [m, k] -> uint8 [2m, act_row_bytes(k)]: row 2i is x_i's 8-bit blocks
+    (quantize_activations), row 2i + 1 those of its residual x_i - d*q. A product over the
+    pairs (quant_matmul_stack with pairs=True) reads each weight once and sums each pair:
+    x @ W.T with about 15 bits of every activation (the residual's own rounding is 1/254
+    of the block's step)."""
     return torch.ops.folio_cpu.quantize_activations_residual(x)
+
+
+def quant_matmul_stack(x: torch.Tensor, ws: list[torch.Tensor], type_ids: list[int], k: int,
+                       rows: list[torch.Tensor | None], pairs: bool) -> torch.Tensor:
+    """x @ [W_1; W_2; ...].T -> float32 [m, sum of n_j]: each matrix as it lies (its own
+    block type and optional row order, as in quant_matmul) into its columns, in one call.
+
+    x: float32 [m, k], quantized activations [m, ...], or with `pairs` the [2m, ...] rows
+    of quantize_activations_residual, each pair summed into one output row."""
+    return torch.ops.folio_cpu.quant_matmul_stack(x, ws, type_ids, k, rows, pairs)
 
 
 def quant_matmul(x: torch.Tensor, w: torch.Tensor, type_id: int, k: int,

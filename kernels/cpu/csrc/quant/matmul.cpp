@@ -8,6 +8,11 @@
 // k-chunk, and multiplies each chunk by the tile's activation rows four at a time (each
 // set of four interleaved once, for all kTileN weight rows), so unpacking costs
 // 1 / tile_m of the products and no shape falls off a cliff between the two paths.
+//
+// quant_matmul_stack: several matrices (a layer's stacked q/k/v or gate/up, each as it
+// lies in the file) by one set of activations, into the columns of one output; with
+// `pairs`, activation rows come as (x_i, residual_i) pairs (quantize_activations_residual)
+// and output row i is the sum of the pair's products.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -32,21 +37,44 @@ constexpr int64_t kChunkGroups = 8;
 // ~512 KiB (L2), at most 256: more rows amortize the weights' unpacking.
 constexpr int64_t kMaxTileM = std::min<int64_t>(256, (int64_t{512} << 10) / (kChunkGroups * 320));
 
+// Where a product lands: row i, column j at data[i * stride + j]; with pairs, activation
+// rows 2i and 2i + 1 both land in row i, summed.
+struct Out {
+  float* data;
+  int64_t stride;
+  bool pairs;
+};
+
 // Decode-sized m: each weight row read once from the file's blocks for all m rows.
 void gemv_rows(const Kernels& kern, const uint8_t* act, int64_t act_stride, int64_t m,
                const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t n, int type,
-               int64_t k, float* out) {
+               int64_t k, Out out) {
   ActRow x[kGemvRows];
   for (int64_t i = 0; i < m; ++i) x[i] = act_row(act + i * act_stride, k);
+  // gemv writes rows of n; pairs (or a wider output) go through a small buffer.
+  const bool direct = !out.pairs && out.stride == n;
+  std::vector<float> buf(direct ? 0 : static_cast<size_t>(m * n));
+  float* dst = direct ? out.data : buf.data();
   // Grain 8: two threads split even a 16-row matrix; each thread takes one contiguous half.
   at::parallel_for(0, n, 8, [&](int64_t lo, int64_t hi) {
-    kern.gemv(type, w, w_stride, rows, lo, hi, k, x, m, out, n);
+    kern.gemv(type, w, w_stride, rows, lo, hi, k, x, m, dst, n);
   });
+  if (direct) return;
+  const int64_t step = out.pairs ? 2 : 1;
+  for (int64_t i = 0; i < m; i += step) {
+    float* o = out.data + i / step * out.stride;
+    const float* a = buf.data() + i * n;
+    if (out.pairs) {
+      for (int64_t j = 0; j < n; ++j) o[j] = a[j] + a[n + j];
+    } else {
+      std::memcpy(o, a, static_cast<size_t>(n) * sizeof(float));
+    }
+  }
 }
 
 void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* w,
               int64_t w_stride, const int64_t* rows, int64_t n, int type, int64_t k,
-              float* out) {
+              Out out) {
   const Kernels& kern = kernels_for(active_isa());
   if (m <= kern.gemv_max_rows && kern.gemv != nullptr) {
     gemv_rows(kern, act, act_stride, m, w, w_stride, rows, n, type, k, out);
@@ -54,7 +82,8 @@ void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* 
   }
   const int64_t groups = padded_k(k) / kGroup;
   const int64_t ntiles = (n + kTileN - 1) / kTileN;
-  // Equal m-tiles (a multiple of 4 rows): a remainder tile would leave a thread idle.
+  // Equal m-tiles (a multiple of 4 rows, so a pair never straddles two): a remainder tile
+  // would leave a thread idle.
   const int64_t mtiles = (m + kMaxTileM - 1) / kMaxTileM;
   const int64_t tile_m = ((m + mtiles - 1) / mtiles + 3) / 4 * 4;
   const bool signed_q = type == kQ8_0;
@@ -101,42 +130,94 @@ void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* 
           }
         }
       }
-      for (int64_t i = 0; i < tm; ++i)
-        for (int64_t r = 0; r < tn; ++r) out[(m0 + i) * n + n0 + r] = acc[i * kTileN + r];
+      if (out.pairs) {
+        for (int64_t i = 0; i < tm; i += 2)
+          for (int64_t r = 0; r < tn; ++r)
+            out.data[(m0 + i) / 2 * out.stride + n0 + r] =
+                acc[i * kTileN + r] + acc[(i + 1) * kTileN + r];
+      } else {
+        for (int64_t i = 0; i < tm; ++i)
+          for (int64_t r = 0; r < tn; ++r)
+            out.data[(m0 + i) * out.stride + n0 + r] = acc[i * kTileN + r];
+      }
     }
   });
 }
 
-at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& w, int64_t type_id, int64_t k,
-                        const std::optional<at::Tensor>& rows) {
-  const BlockType bt = check_type(type_id, k);
-  check_weight(w, bt, k);
+// x float32 [m, k] (quantized here) or quantized activations -> the uint8 rows to multiply.
+at::Tensor activations(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.device().is_cpu(), "x must be on the CPU, not ", x.device());
   TORCH_CHECK(x.dim() == 2, "x must be 2-D, not ", x.sizes());
-  at::Tensor act;
   if (x.scalar_type() == at::kFloat) {
     TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns but k is ", k);
-    act = quantize_activations(x);
-  } else {
-    TORCH_CHECK(x.scalar_type() == at::kByte, "x must be float32 [m, k] or the uint8 ",
-                "output of quantize_activations, not ", x.scalar_type());
-    TORCH_CHECK(x.size(1) == act_row_bytes(k), "x (quantized activations) has ", x.size(1),
-                " bytes per row; k = ", k, " needs act_row_bytes(k) = ", act_row_bytes(k));
-    act = x.stride(1) == 1 ? x : x.contiguous();
+    return quantize_activations(x);
   }
-  at::Tensor rows_c;
-  int64_t n = w.size(0);
-  if (rows.has_value()) {
-    check_indices(*rows, "rows", w.size(0));
-    rows_c = rows->contiguous();
-    n = rows_c.numel();
-  }
+  TORCH_CHECK(x.scalar_type() == at::kByte, "x must be float32 [m, k] or the uint8 ",
+              "output of quantize_activations, not ", x.scalar_type());
+  TORCH_CHECK(x.size(1) == act_row_bytes(k), "x (quantized activations) has ", x.size(1),
+              " bytes per row; k = ", k, " needs act_row_bytes(k) = ", act_row_bytes(k));
+  return x.stride(1) == 1 ? x : x.contiguous();
+}
+
+// One matrix's output columns (rows given or not), its checks done.
+struct Matrix {
+  const at::Tensor& w;
+  int type;
+  at::Tensor rows;  // int64 [n] or undefined
+  int64_t n;
+};
+
+Matrix checked_matrix(const at::Tensor& w, int64_t type_id, int64_t k,
+                      const std::optional<at::Tensor>& rows) {
+  const BlockType bt = check_type(type_id, k);
+  check_weight(w, bt, k);
+  if (!rows.has_value()) return {w, static_cast<int>(type_id), at::Tensor(), w.size(0)};
+  check_indices(*rows, "rows", w.size(0));
+  at::Tensor rows_c = rows->contiguous();
+  return {w, static_cast<int>(type_id), rows_c, rows_c.numel()};
+}
+
+void multiply_matrix(const at::Tensor& act, const Matrix& mat, int64_t k, Out out) {
+  multiply(act.data_ptr<uint8_t>(), act.stride(0), act.size(0), mat.w.data_ptr<uint8_t>(),
+           mat.w.stride(0), mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr,
+           mat.n, mat.type, k, out);
+}
+
+at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& w, int64_t type_id, int64_t k,
+                        const std::optional<at::Tensor>& rows) {
+  const Matrix mat = checked_matrix(w, type_id, k, rows);
+  const at::Tensor act = activations(x, k);
   const int64_t m = act.size(0);
+  at::Tensor out = at::empty({m, mat.n}, act.options().dtype(at::kFloat));
+  if (m == 0 || mat.n == 0) return out;
+  multiply_matrix(act, mat, k, {out.data_ptr<float>(), mat.n, false});
+  return out;
+}
+
+at::Tensor quant_matmul_stack(const at::Tensor& x, at::TensorList ws,
+                              at::IntArrayRef type_ids, int64_t k,
+                              const c10::List<std::optional<at::Tensor>>& rows, bool pairs) {
+  TORCH_CHECK(!ws.empty(), "ws must hold at least one matrix");
+  TORCH_CHECK(type_ids.size() == ws.size() && rows.size() == ws.size(), "ws, type_ids and ",
+              "rows must have one entry per matrix, not ", ws.size(), ", ", type_ids.size(),
+              " and ", rows.size());
+  std::vector<Matrix> mats;
+  int64_t n = 0;
+  for (size_t j = 0; j < ws.size(); ++j) {
+    mats.push_back(checked_matrix(ws[j], type_ids[j], k, rows.get(j)));
+    n += mats.back().n;
+  }
+  const at::Tensor act = activations(x, k);
+  TORCH_CHECK(!pairs || act.size(0) % 2 == 0, "x must hold whole (x, residual) pairs of ",
+              "rows with pairs, not ", act.size(0), " rows");
+  const int64_t m = pairs ? act.size(0) / 2 : act.size(0);
   at::Tensor out = at::empty({m, n}, act.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return out;
-  multiply(act.data_ptr<uint8_t>(), act.stride(0), m, w.data_ptr<uint8_t>(), w.stride(0),
-           rows.has_value() ? rows_c.data_ptr<int64_t>() : nullptr, n,
-           static_cast<int>(type_id), k, out.data_ptr<float>());
+  int64_t col = 0;
+  for (const Matrix& mat : mats) {
+    multiply_matrix(act, mat, k, {out.data_ptr<float>() + col, n, pairs});
+    col += mat.n;
+  }
   return out;
 }
 
@@ -146,4 +227,7 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& w, int64_t type_i
 TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
   m.def("quant_matmul(Tensor x, Tensor w, int type_id, int k, Tensor? rows=None) -> Tensor",
         &folio_cpu::quant::quant_matmul);
+  m.def("quant_matmul_stack(Tensor x, Tensor[] ws, int[] type_ids, int k, Tensor?[] rows, "
+        "bool pairs) -> Tensor",
+        &folio_cpu::quant::quant_matmul_stack);
 }
