@@ -15,7 +15,8 @@ template), the same ids on both sides (random but fixed, drawn from the vocabula
   (Folio's prefix cache in whole 16-token blocks, llama.cpp's context by longest common
   prefix), so each computes about the new ids and the reply.
 
-The worker emits one JSON line: ``import_s`` (torch and the engine, or llama_cpp),
+The worker emits one JSON line: ``import_s`` (torch, the engine and transformers' config
+classes, or llama_cpp),
 ``load_s`` (the model's constructor, from the start of loading to ready), ``ttft_s`` and
 ``followup_ttft_s`` (from handing over the prompt to the first token), ``decode_tok_s``
 (1 / the median gap between consecutive tokens after the first, over both turns) and
@@ -227,6 +228,12 @@ def _load_folio(model_path: str, threads: int, n_ctx: int, start: float):
     from engine.llm import LLM
 
     torch.set_num_threads(threads)
+    # What the app has imported by the time a user picks a model: transformers' config and
+    # tokenizer machinery (its first config class pulls in torch.distributed, ~1 s once
+    # per process), timed with the imports, as llama.cpp's library import is.
+    import transformers
+
+    transformers.AutoConfig.for_model("llama")
     loading = time.perf_counter()
     # A KV pool of exactly one n_ctx context, as llama.cpp's.
     config = folio_config(threads, "stored", max_model_len=n_ctx, block_size=16,
