@@ -57,6 +57,9 @@ class StackedLinear(Layer):
 
     # A layer whose matrix is shared with another module (the tied LM head) must keep it.
     keeps_dense_weight = False
+    # Whether quantized products keep ~15 bits of each activation (weights.NativeQuantized)
+    # rather than 8: every layer whose output goes on through the model.
+    precise_products = True
 
     def __init__(
         self,
@@ -144,7 +147,8 @@ class StackedLinear(Layer):
                     dequantize_cpu(ordered.data, ordered.type_id))
             self.prepare()
             return
-        self.storage = quantized_storage([tensor for _, tensor in pending], self.device)
+        self.storage = quantized_storage([tensor for _, tensor in pending], self.device,
+                                         self.precise_products)
         self.weight.data = torch.empty(0, dtype=self.weight.dtype, device=self.device)
 
     @property

@@ -16,6 +16,10 @@ from kernels.quant.matrix import shares_layout
 
 
 class LMHead(StackedLinear):
+    # 8-bit activations are enough to find the top logits, which refine_top_logits then
+    # recomputes in float32; the rest only weigh in as the tail of the distribution.
+    precise_products = False
+
     def __init__(
         self,
         hidden_size: int,
@@ -41,7 +45,7 @@ class LMHead(StackedLinear):
             if tied is not None:
                 tied.prepare()
             return
-        self.storage = quantized_storage([tied.quantized], self.device)
+        self.storage = quantized_storage([tied.quantized], self.device, self.precise_products)
         (layout,) = self.storage.runs
         tied.prepare(shared=self.storage if shares_layout(layout) else None)
 

@@ -168,15 +168,17 @@ class TorchQuantized(QuantizedRuns):
     __slots__ = ()
 
 
-def quantized_storage(parts: Sequence[QuantizedTensor],
-                      device: torch.device) -> QuantizedRuns:
+def quantized_storage(parts: Sequence[QuantizedTensor], device: torch.device,
+                      precise: bool = True) -> QuantizedRuns:
     """The storage for a matrix loaded as quantized parts (in row order) on `device`.
 
-    The native path keeps each part as it lies in the file (no copy); the others join
-    adjacent parts of one block type into one layout, built from the blocks in order."""
+    The native path keeps each part as it lies in the file (no copy); `precise` False
+    gives its products 8-bit activations alone (the LM head, whose top logits are
+    recomputed in float32 anyway). The others join adjacent parts of one block type into
+    one layout, built from the blocks in order."""
     kind = _quantized_kind(device)
     if kind is NativeQuantized:
-        return NativeQuantized([for_product(part, device) for part in parts])
+        return NativeQuantized([for_product(part, device) for part in parts], pairs=precise)
     merged: list[QuantizedTensor] = []
     for part in (p.in_order() for p in parts):
         if merged and merged[-1].type_id == part.type_id:

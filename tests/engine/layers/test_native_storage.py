@@ -52,7 +52,7 @@ def _qkv():
 
 def test_each_part_is_a_run_of_its_own_bytes():
     layer, parts = _qkv()
-    assert isinstance(layer.storage, NativeQuantized)
+    assert isinstance(layer.storage, NativeQuantized) and layer.storage.pairs
     runs = layer.storage.runs
     assert all(isinstance(run, NativeBlocks) for run in runs)
     # The very tensors loaded (views of the file in a real load): nothing copied, even for
@@ -95,6 +95,7 @@ def test_tied_embedding_and_head_share_one_storage():
     head.prepare()
     embed.prepare()
     assert isinstance(head.storage, NativeQuantized) and embed.storage is head.storage
+    assert not head.storage.pairs  # 8-bit activations: the top logits are refined below
     assert embed.derived_bytes == table.nbytes and head.derived_bytes == 0
     ids = torch.tensor([0, 63, 64, 129, 7, 7])
     assert torch.equal(embed(ids), weights[ids])  # dequantized exactly as gguf does
@@ -105,4 +106,4 @@ def test_tied_embedding_and_head_share_one_storage():
     top = logits.topk(32, dim=1).indices
     torch.testing.assert_close(logits.gather(1, top).double(), ref.gather(1, top),
                                rtol=1e-5, atol=1e-5)
-    assert ((logits.double() - ref).norm() / ref.norm()).item() < 1e-4
+    assert ((logits.double() - ref).norm() / ref.norm()).item() < 2e-2
