@@ -50,6 +50,16 @@ def _qkv():
     return layer, parts
 
 
+def test_the_native_layout_is_picked_for_every_type():
+    from kernels.quant.formats import QUANT_FORMATS
+    from kernels.quant.matrix import for_product, for_rows
+
+    for fmt in QUANT_FORMATS.values():
+        part, _ = _part(fmt.name, 8, seed=1)
+        assert isinstance(for_product(part, torch.device("cpu")), NativeBlocks), fmt.name
+        assert isinstance(for_rows(part, torch.device("cpu")), NativeBlocks), fmt.name
+
+
 def test_each_part_is_a_run_of_its_own_bytes():
     layer, parts = _qkv()
     assert isinstance(layer.storage, NativeQuantized) and layer.storage.pairs

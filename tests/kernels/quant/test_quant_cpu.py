@@ -1,6 +1,7 @@
 """The CPU layouts of GGUF-quantized matrices (kernels/quant/cpu.py, kernels/quant/matrix.py)
 against gguf's reference dequantizer followed by an exact (float64) product, for every
-block type, with the error bound each layout promises derived and asserted.
+block type, with the error bound each layout promises derived and asserted. They serve a
+CPU without the native library (kernels/cpu, whose own tests are tests/kernels/cpu).
 
 Notation: W is the oracle's float32 matrix, x the activations, ref = x @ W.T in float64.
 u = 2**-8 is bfloat16's unit roundoff (8 significant bits: round to nearest moves a value
@@ -30,6 +31,9 @@ from kernels.quant.matrix import RawBlocks, for_product
 from tests.kernels.quant_cases import TYPE_NAMES, oracle_weights, random_quantized
 
 CPU = torch.device("cpu")
+# These are the layouts of a CPU without the native library (kernels/cpu): for_product
+# picks them only there.
+pytestmark = pytest.mark.usefixtures("without_native_cpu")
 U_BF16 = 2.0 ** -8
 INT4_NAMES = [name for name in TYPE_NAMES if BY_NAME[name].type_id in INT4_TYPES]
 INT8_NAMES = [name for name in TYPE_NAMES if BY_NAME[name].type_id not in INT4_TYPES]
