@@ -23,7 +23,7 @@ def bench_candidates(ctx: BenchContext) -> dict:
     warm_up(llm, ctx)
     per_block = llm.kv_stats(with_blocks=False).bytes_per_block
     per_token = per_block // llm.engine.config.block_size
-    rows = []
+    rows, walls = [], {}
     for n in s.candidate_ns:
         # A new tag per n: no run finds the previous run's prompt in the prefix cache.
         prompt = filler_prompt(llm.tokenizer, s.candidate_prompt_tokens, f"Candidates {n}")
@@ -31,6 +31,7 @@ def bench_candidates(ctx: BenchContext) -> dict:
                                 ignore_eos=True)
         run = run_folio(llm, prompt, params, sample_kv=True)
         folio_wall = run.token_times[-1] - run.start
+        walls[n] = folio_wall  # the target's ratio, unrounded (a tiny model's wall is ms)
         hf_wall = hf_candidates(ctx.hf_model, prompt, n, s.candidate_tokens, s.seed)
         tokens = n * s.candidate_tokens
         rows.append({
@@ -47,10 +48,10 @@ def bench_candidates(ctx: BenchContext) -> dict:
         })
     summary = {"prompt_tokens": s.candidate_prompt_tokens, "new_tokens": s.candidate_tokens,
                "kv_bytes_per_token": per_token}
-    return bench_result("candidates", ctx, rows, summary, _targets(rows), [])
+    return bench_result("candidates", ctx, rows, summary, _targets(rows, walls), [])
 
 
-def _targets(rows: list[dict]) -> list[Target]:
+def _targets(rows: list[dict], walls: dict[int, float]) -> list[Target]:
     """Adds ``separate_copies_kv_bytes`` to each row when n=1 ran; targets need n=1 and n=4."""
     by_n = {row["n"]: row for row in rows}
     if 1 not in by_n:
