@@ -83,19 +83,29 @@ inline __m512i high_bits(__m512i v, int s0, int s1, int mask) {
   return _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(v, cnt),
                                             _mm512_set1_epi8(static_cast<char>(mask))), 4);
 }
-// Eight fp16 values at p, p + stride, ... as floats, each twice (lane l: value l / 2).
-inline __m512 halves_x2(const uint8_t* p, int stride) {
-  alignas(16) uint16_t h[8];
-  for (int i = 0; i < 8; ++i) std::memcpy(&h[i], p + i * stride, 2);
-  const __m256 f = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+// Eight fp16 values at p, p + stride, ... as floats (0 from the nb-th on), each twice
+// (lane l: value l / 2).
+// Gathered in general registers: 8 two-byte stores and one 16-byte load would stall on
+// the store forwarding, once per group.
+inline __m512 halves_x2(const uint8_t* p, int stride, int nb = 8) {
+  uint64_t h[2] = {0, 0};
+  for (int i = 0; i < 8; ++i) {  // a fixed count keeps h in registers
+    uint16_t v = 0;
+    if (i < nb) std::memcpy(&v, p + i * stride, 2);
+    h[i / 4] |= static_cast<uint64_t>(v) << (16 * (i % 4));
+  }
+  const __m256 f = _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(h[1]),
+                                                  static_cast<int64_t>(h[0])));
   const __m512i pair = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   return _mm512_permutexvar_ps(pair, _mm512_castps256_ps512(f));
 }
 
 // One group's weights: src[4] in the type's source order, ds[l] = D_b s_l and
-// mo[l] = M_b o_l as floats.
-template <int T>
-inline void load_group(const uint8_t* blk, __m512i* src, __m512& ds, __m512& mo) {
+// mo[l] = M_b o_l as floats. kTail: a 32-block type's last group of nb < 8 blocks (never
+// read past the row), the missing blocks zero (d = 0); nb is the same for every row, so
+// its branches predict.
+template <int T, bool kTail = false>
+inline void load_group(const uint8_t* blk, int nb, __m512i* src, __m512& ds, __m512& mo) {
   if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) {
     const uint8_t* qs = blk + (T == kQ4_K ? 16 : T == kQ5_K ? 48 : 0);
     const __m512i z0 = _mm512_loadu_si512(qs), z1 = _mm512_loadu_si512(qs + 64);
@@ -121,22 +131,30 @@ inline void load_group(const uint8_t* blk, __m512i* src, __m512& ds, __m512& mo)
     constexpr int kBytes = T == kQ4_0 ? 18 : 20;
     for (int r = 0; r < 4; ++r) {
       const uint8_t* a = blk + 2 * r * kBytes + kBytes - 16;
-      const __m256i ab = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(a + kBytes),
-                                             reinterpret_cast<const __m128i*>(a));
+      __m256i ab;
+      if constexpr (kTail) {
+        const __m128i z = _mm_setzero_si128();
+        ab = _mm256_set_m128i(2 * r + 1 < nb ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + kBytes)) : z,
+                              2 * r < nb ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)) : z);
+      } else {
+        ab = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(a + kBytes),
+                                 reinterpret_cast<const __m128i*>(a));
+      }
       src[r] = lo4z(_mm512_inserti64x4(_mm512_castsi256_si512(ab), _mm256_srli_epi16(ab, 4), 1));
     }
-    ds = halves_x2(blk, kBytes);
+    ds = halves_x2(blk, kBytes, nb);
     // Q4_0: w = d q - 8 d; Q4_1: w = d q + min (unpack.h: M = -min, o = 1).
     mo = T == kQ4_0 ? _mm512_mul_ps(ds, _mm512_set1_ps(8.0f))
-                    : _mm512_sub_ps(_mm512_setzero_ps(), halves_x2(blk + 2, kBytes));
+                    : _mm512_sub_ps(_mm512_setzero_ps(), halves_x2(blk + 2, kBytes, nb));
   } else {  // Q8_0, as unsigned q + 128 with offset 128: w = d (q + 128) - 128 d
     for (int r = 0; r < 4; ++r) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 68 * r + 2));
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 68 * r + 36));
+      const __m256i z = _mm256_setzero_si256();
+      const __m256i a = !kTail || 2 * r < nb ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 68 * r + 2)) : z;
+      const __m256i b = !kTail || 2 * r + 1 < nb ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 68 * r + 36)) : z;
       src[r] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1),
                                 _mm512_set1_epi8(static_cast<char>(0x80)));
     }
-    ds = halves_x2(blk, 34);
+    ds = halves_x2(blk, 34, nb);
     mo = _mm512_mul_ps(ds, _mm512_set1_ps(128.0f));
   }
 }
@@ -168,7 +186,7 @@ constexpr int kRowGroupBytes = T == kQ4_0 ? 144 : T == kQ4_1 ? 160 : T == kQ8_0 
                                : T == kQ4_K ? 144 : T == kQ5_K ? 176 : 210;
 
 // out[r] = w_row . x[r] for r < MR; xl: the rows' lane groups ([MR][groups], stride
-// `groups`). A 32-block type's partial last group is copied into zeroed blocks (d = 0).
+// `groups`).
 template <int T, int MR>
 inline void gemv512_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int64_t groups,
                         float* out) {
@@ -180,19 +198,11 @@ inline void gemv512_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int6
   __m512 acc[MR], off[kSplit ? MR : 1];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   for (int r = 0; r < (kSplit ? MR : 1); ++r) off[r] = _mm512_setzero_ps();
-  const int64_t full = T == kQ4_0 || T == kQ4_1 || T == kQ8_0 ? k / kGroup : groups;
-  alignas(64) uint8_t tail[kRowGroupBytes<T>];
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* blk = row + g * kRowGroupBytes<T>;
-    if (g == full) {  // k % 256 of a 32-block type: the rest of the row, then zeros
-      const int64_t bytes = (k % kGroup) / 32 * (kRowGroupBytes<T> / 8);
-      std::memset(tail, 0, sizeof(tail));
-      std::memcpy(tail, blk, static_cast<size_t>(bytes));
-      blk = tail;
-    }
+  // One group into every row's accumulators.
+  auto step = [&]<bool kTail>(const uint8_t* blk, int nb, const LaneGroup* xg) {
     __m512i src[4], c[4];
     __m512 ds, mo;
-    load_group<T>(blk, src, ds, mo);
+    load_group<T, kTail>(blk, nb, src, ds, mo);
     const __m512i a0 = _mm512_permutex2var_epi32(src[0], l1[0], src[1]);
     const __m512i a1 = _mm512_permutex2var_epi32(src[0], l1[1], src[1]);
     const __m512i b0 = _mm512_permutex2var_epi32(src[2], l1[0], src[3]);
@@ -202,7 +212,7 @@ inline void gemv512_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int6
     c[2] = _mm512_permutex2var_epi32(a1, l2[0], b1);
     c[3] = _mm512_permutex2var_epi32(a1, l2[1], b1);
     for (int r = 0; r < MR; ++r) {
-      const LaneGroup& x = xl[r * groups + g];
+      const LaneGroup& x = xg[r * groups];
       __m512i s = _mm512_setzero_si512();
       for (int u = 0; u < 4; ++u) s = dot16(s, c[u], _mm512_load_si512(x.q + 64 * u));
       const __m512 f = _mm512_mul_ps(_mm512_load_ps(x.dx), ds);
@@ -210,7 +220,14 @@ inline void gemv512_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int6
       __m512& o = kSplit ? off[r] : acc[r];
       o = _mm512_fnmadd_ps(mo, _mm512_load_ps(x.xs), o);
     }
-  }
+  };
+  constexpr bool kBlock32 = T == kQ4_0 || T == kQ4_1 || T == kQ8_0;
+  const int64_t full = kBlock32 ? k / kGroup : groups;
+  for (int64_t g = 0; g < full; ++g)
+    step.template operator()<false>(row + g * kRowGroupBytes<T>, 8, xl + g);
+  if (full < groups)  // k % 256 of a 32-block type
+    step.template operator()<true>(row + full * kRowGroupBytes<T>,
+                                   static_cast<int>(k % kGroup / 32), xl + full);
   for (int r = 0; r < MR; ++r) {
     if constexpr (kSplit) acc[r] = _mm512_add_ps(acc[r], off[r]);
     out[r] = _mm512_reduce_add_ps(acc[r]);
