@@ -5,6 +5,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>  // before the target pragma: gemv512.h uses it

@@ -21,6 +21,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -185,19 +186,20 @@ template <int T>
 constexpr int kRowGroupBytes = T == kQ4_0 ? 144 : T == kQ4_1 ? 160 : T == kQ8_0 ? 272
                                : T == kQ4_K ? 144 : T == kQ5_K ? 176 : 210;
 
-// out[r] = w_row . x[r] for r < MR; xl: the rows' lane groups ([MR][groups], stride
-// `groups`).
+// Groups g0..g1 of out[r] = w_row . x[r] for r < MR; xl: the rows' lane groups ([MR][groups],
+// stride `groups`). Between the chunks of a row the accumulators wait in state[2 * MR]; the
+// last chunk writes out.
 template <int T, int MR>
-inline void gemv512_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int64_t groups,
-                        float* out) {
+inline void gemv512_row(const uint8_t* row, int64_t k, int64_t g0, int64_t g1,
+                        const LaneGroup* xl, int64_t groups, __m512* state, float* out) {
   const Transpose& tp = kTranspose<T>;
   const __m512i l1[2] = {_mm512_loadu_si512(tp.level1[0]), _mm512_loadu_si512(tp.level1[1])};
   const __m512i l2[2] = {_mm512_loadu_si512(tp.level2[0]), _mm512_loadu_si512(tp.level2[1])};
   // Two chains per row (product terms, offset terms) while registers allow.
   constexpr bool kSplit = MR <= 4;
   __m512 acc[MR], off[kSplit ? MR : 1];
-  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
-  for (int r = 0; r < (kSplit ? MR : 1); ++r) off[r] = _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) acc[r] = g0 ? state[r] : _mm512_setzero_ps();
+  for (int r = 0; r < (kSplit ? MR : 1); ++r) off[r] = g0 ? state[MR + r] : _mm512_setzero_ps();
   // One group into every row's accumulators.
   auto step = [&]<bool kTail>(const uint8_t* blk, int nb, const LaneGroup* xg) {
     __m512i src[4], c[4];
@@ -223,11 +225,16 @@ inline void gemv512_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int6
   };
   constexpr bool kBlock32 = T == kQ4_0 || T == kQ4_1 || T == kQ8_0;
   const int64_t full = kBlock32 ? k / kGroup : groups;
-  for (int64_t g = 0; g < full; ++g)
+  for (int64_t g = g0; g < (g1 < full ? g1 : full); ++g)
     step.template operator()<false>(row + g * kRowGroupBytes<T>, 8, xl + g);
-  if (full < groups)  // k % 256 of a 32-block type
+  if (g0 <= full && full < g1)  // k % 256 of a 32-block type
     step.template operator()<true>(row + full * kRowGroupBytes<T>,
                                    static_cast<int>(k % kGroup / 32), xl + full);
+  if (g1 < groups) {
+    for (int r = 0; r < MR; ++r) state[r] = acc[r];
+    for (int r = 0; r < (kSplit ? MR : 1); ++r) state[MR + r] = off[r];
+    return;
+  }
   for (int r = 0; r < MR; ++r) {
     if constexpr (kSplit) acc[r] = _mm512_add_ps(acc[r], off[r]);
     out[r] = _mm512_reduce_add_ps(acc[r]);
@@ -240,26 +247,45 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
   const int64_t groups = padded_k(k) / kGroup;
   std::vector<LaneGroup> xl(static_cast<size_t>(m * groups));  // [m][groups]
   prepare_rows(x, m, groups, xl.data());
-  // Passes of equal size, as gemv256.h's gemv_type.
+  // Passes of equal size, as gemv256.h's gemv_type (m <= kGemvRows: at most 2).
   const int64_t passes = (m + 7) / 8;
   const int64_t per_pass = (m + passes - 1) / passes;
-  for (int64_t j = j0; j < j1; ++j) {
-    const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
-    for (int64_t i0 = 0; i0 < m; i0 += per_pass) {
-      float part[8];
-      const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
-      const LaneGroup* xi = xl.data() + i0 * groups;
-      switch (mr) {
-        case 1: gemv512_row<T, 1>(row, k, xi, groups, part); break;
-        case 2: gemv512_row<T, 2>(row, k, xi, groups, part); break;
-        case 3: gemv512_row<T, 3>(row, k, xi, groups, part); break;
-        case 4: gemv512_row<T, 4>(row, k, xi, groups, part); break;
-        case 5: gemv512_row<T, 5>(row, k, xi, groups, part); break;
-        case 6: gemv512_row<T, 6>(row, k, xi, groups, part); break;
-        case 7: gemv512_row<T, 7>(row, k, xi, groups, part); break;
-        default: gemv512_row<T, 8>(row, k, xi, groups, part); break;
+  // A pass's activations should stay in L1 (48 KiB) over many weight rows: past 32 KiB
+  // (8 rows at k = 8192: 96 KiB, read from L2 for every weight row, cost more than the
+  // products) k is cut into chunks of at most 24 KiB, kJ weight rows at a time, read chunk
+  // by chunk. Smaller chunks measured slower (the weight rows' reads lose their streams).
+  // The accumulators wait in `state` between chunks, so every float operation and its
+  // order are the unchunked loop's: results never depend on kc.
+  const int64_t pass_bytes = int64_t{sizeof(LaneGroup)} * per_pass;
+  const int64_t kc = pass_bytes * groups <= (int64_t{32} << 10)
+                         ? groups : std::max<int64_t>(1, (int64_t{24} << 10) / pass_bytes);
+  constexpr int64_t kJ = 4;
+  __m512 state[kJ][2][16];  // [weight row][pass][2 * MR]
+  for (int64_t jb = j0; jb < j1; jb += kJ) {
+    const int64_t je = std::min(jb + kJ, j1);
+    for (int64_t c0 = 0; c0 < groups; c0 += kc) {
+      const int64_t c1 = std::min(c0 + kc, groups);
+      for (int64_t j = jb; j < je; ++j) {
+        const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
+        for (int64_t i0 = 0, p = 0; i0 < m; i0 += per_pass, ++p) {
+          float part[8];
+          const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
+          const LaneGroup* xi = xl.data() + i0 * groups;
+          __m512* st = state[j - jb][p];
+          switch (mr) {
+            case 1: gemv512_row<T, 1>(row, k, c0, c1, xi, groups, st, part); break;
+            case 2: gemv512_row<T, 2>(row, k, c0, c1, xi, groups, st, part); break;
+            case 3: gemv512_row<T, 3>(row, k, c0, c1, xi, groups, st, part); break;
+            case 4: gemv512_row<T, 4>(row, k, c0, c1, xi, groups, st, part); break;
+            case 5: gemv512_row<T, 5>(row, k, c0, c1, xi, groups, st, part); break;
+            case 6: gemv512_row<T, 6>(row, k, c0, c1, xi, groups, st, part); break;
+            case 7: gemv512_row<T, 7>(row, k, c0, c1, xi, groups, st, part); break;
+            default: gemv512_row<T, 8>(row, k, c0, c1, xi, groups, st, part); break;
+          }
+          if (c1 == groups)
+            for (int64_t i = 0; i < mr; ++i) out[(i0 + i) * n + j] = part[i];
+        }
       }
-      for (int64_t i = 0; i < mr; ++i) out[(i0 + i) * n + j] = part[i];
     }
   }
 }
