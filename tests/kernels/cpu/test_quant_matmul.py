@@ -137,6 +137,21 @@ def test_product_prefill_rows(name, m, act_model):
         _check(name, n, k, m, act_model)
 
 
+@pytest.mark.parametrize("isa", _isas())
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("m", [2, 8, 10])
+def test_decode_rows_long_k(isa, name, m, act_model):
+    """Decode rows (gemv) at long k: 8 or more rows of k = 4096 are past what the AVX-512
+    gemv keeps in L1, so it walks k in chunks, its accumulators waiting between them;
+    4128 (32-weight blocks) ends the last chunk on a partial group."""
+    k = 4096 if BY_NAME[name].block_size == 256 else 4128
+    try:
+        torch.ops.folio_cpu.set_isa(isa)
+        _check(name, 9, k, m, act_model)
+    finally:
+        torch.ops.folio_cpu.set_isa(torch.ops.folio_cpu.best_isa())
+
+
 @pytest.mark.parametrize("isa", _isas()[1:])
 @pytest.mark.parametrize("name", TYPE_NAMES)
 def test_isa_paths_match_portable(isa, name, act_model):

@@ -1,4 +1,4 @@
-// The AVX2 path: the fused decode kernels (gemv256.h) and the tile kernel.
+// The AVX2 path: the fused decode kernels (gemv_lanes256.h, gemv256.h) and the tile kernel.
 //
 // Tile kernel: both operands of a group are first interleaved (interleave()) so that
 // int32 lane b of every 32-byte chunk p holds 4 weights of block b (bytes 4p..4p+3 of
@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>  // before the target pragma: gemv_lanes256.h uses it
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -30,6 +31,7 @@ inline __m256i dot4(__m256i q, __m256i x) {
 }  // namespace folio_cpu::quant
 
 #include "gemv256.h"
+#include "gemv_lanes256.h"
 #include "act_row.h"
 #include "unpack.h"
 
@@ -138,7 +140,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   else dot_signed<false>(w, groups, x, mr, out);
 }
 
-const Kernels kAvx2{quantize_row, unpack_row, dot, gemv, interleave, 12};
+const Kernels kAvx2{quantize_row, unpack_row, dot, gemv_lanes256, interleave, 12};
 
 }  // namespace
 

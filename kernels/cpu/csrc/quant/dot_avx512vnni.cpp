@@ -5,8 +5,10 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>  // before the target pragma: gemv512.h uses it
 
 #pragma GCC push_options
 // GCC 12 flags the deliberately undefined upper lanes of its own cast intrinsics.
@@ -25,10 +27,16 @@ inline __m256i dot4(__m256i q, __m256i x) {
 inline __m512i accumulate(__m512i isum, __m512i p16, __m512i sc) {
   return _mm512_dpwssd_epi32(isum, p16, sc);
 }
+// acc + int32 lanes of 4 u8 x s8 products (gemv512.h).
+inline __m512i dot16(__m512i acc, __m512i q, __m512i x) {
+  return _mm512_dpbusd_epi32(acc, q, x);
+}
+constexpr bool kDot16Wide = true;
 }  // namespace
 }  // namespace folio_cpu::quant
 
 #include "gemv256.h"
+#include "gemv512.h"
 #include "tile512.h"
 #include "act_row.h"
 #include "unpack.h"
@@ -44,7 +52,7 @@ void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
   unpack_row_impl(type, row, k, out);
 }
 
-const Kernels kKernels{quantize_row, unpack_row, dot, gemv, interleave, 10};
+const Kernels kKernels{quantize_row, unpack_row, dot, gemv512, interleave, 10};
 
 }  // namespace
 

@@ -232,7 +232,7 @@ void gemv_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t 
     const int64_t passes = (m + kGemvBlockRows - 1) / kGemvBlockRows;
     const int64_t per_pass = (m + passes - 1) / passes;
     for (int64_t i0 = 0; i0 < m; i0 += per_pass) {
-      float part[kGemvBlockRows];
+      float part[kGemvBlockRows] = {};  // (= {}: GCC cannot see mr <= kGemvBlockRows)
       const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
       switch (mr) {
         case 1: gemv_row<T, 1>(row, k, x + i0, part); break;

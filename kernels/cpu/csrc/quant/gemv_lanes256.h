@@ -1,0 +1,200 @@
+// The AVX2 decode kernels for every type but Q8_0 (whose signed q stays on gemv256.h): the
+// lane layout of gemv512.h in 256-bit registers, for the same reason (gemv256.h pays a
+// madd, conversion, broadcast and fma per block and activation row; here each extra row
+// costs its integer products, one conversion and two fmas per 8 sub-blocks).
+//
+// A group is two halves h of 8 sub-blocks; in half h, int32 lane l of chunk u (u < 4)
+// holds weights 4u..4u+3 of sub-block 8h + kLaneSub[l]. Sources are the 8 blocks as 32
+// bytes (sub-blocks 2b, 2b + 1 in the 128-bit halves: gemv256.h's k_quant_q, or a 32-block
+// type's nibbles); 4 unpacklo/hi_epi32 and 4 unpacklo/hi_epi64 per half put them in lanes.
+// The activations are laid out to match once per call. Arithmetic: gemv512.h's.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gemv256.h"
+
+namespace folio_cpu::quant {
+namespace {
+
+constexpr int kLaneSub[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // what unpack_epi32 / epi64 yield
+
+// One activation row per group: q[2][4][32] (half h, chunk u, lane l: bytes 4u.. of
+// sub-block 8h + kLaneSub[l]), dx[16] and xs[16] (dx_b * xsum) in the same lane order.
+struct alignas(64) Lanes256 {
+  int8_t q[256];
+  float dx[16];
+  float xs[16];
+};
+
+inline void prepare_lanes256(const ActRow* x, int64_t m, int64_t groups, Lanes256* out) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      Lanes256& lg = out[r * groups + g];
+      const int8_t* q = x[r].q + g * kGroup;
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 8; ++l) {
+          const int sb = 8 * h + kLaneSub[l];
+          for (int u = 0; u < 4; ++u) std::memcpy(lg.q + 128 * h + 32 * u + 4 * l, q + 16 * sb + 4 * u, 4);
+          lg.dx[8 * h + l] = x[r].d[g * 8 + sb / 2];
+          lg.xs[8 * h + l] = lg.dx[8 * h + l] * static_cast<float>(x[r].sum[g * 16 + sb]);
+        }
+    }
+}
+
+template <int T>
+constexpr bool kBlock32Type = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1;
+template <int T>
+constexpr int kGroupBytes256 = T == kQ4_0 ? 144 : T == kQ4_1 ? 160 : T == kQ5_0 ? 176
+                               : T == kQ5_1 ? 192 : T == kQ2_K ? 84 : T == kQ3_K ? 110
+                               : T == kQ4_K ? 144 : T == kQ5_K ? 176 : 210;
+
+// Block b of a group as 32 unsigned bytes (0 past nb blocks).
+template <int T>
+inline __m256i block_q256(const uint8_t* blk, int b, int nb) {
+  if constexpr (kBlock32Type<T>) {
+    constexpr int kBytes = kGroupBytes256<T> / 8, kQs = kBytes - 16;
+    if (b >= nb) return _mm256_setzero_si256();
+    const uint8_t* p = blk + b * kBytes;
+    const __m128i n = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kQs));
+    __m256i q = lo4(_mm256_inserti128_si256(_mm256_castsi128_si256(n), _mm_srli_epi16(n, 4), 1));
+    if constexpr (T == kQ5_0 || T == kQ5_1) q = _mm256_or_si256(q, bits32_to16(load32(p + kQs - 4)));
+    return q;
+  } else {
+    return k_quant_q<T>(blk, b);
+  }
+}
+
+// ds[h] lane l = D s of its sub-block, mo[h] = M o, in kLaneSub order.
+template <int T>
+inline void scales256(const uint8_t* blk, int nb, __m256* ds, __m256* mo) {
+  const __m256i lane_sub = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  if constexpr (kBlock32Type<T>) {
+    constexpr int kBytes = kGroupBytes256<T> / 8;
+    float d[8], o[8];  // per block: D and M o (set_ps, not a store and reload: a stall)
+    for (int b = 0; b < 8; ++b) {
+      d[b] = b < nb ? half_to_float(blk + b * kBytes) : 0.0f;
+      // unpack.h: Q4_0 / Q5_0 offset 8 / 16 with M = d; Q4_1 / Q5_1 offset 1, M = -min.
+      o[b] = T == kQ4_0 ? 8.0f * d[b] : T == kQ5_0 ? 16.0f * d[b]
+             : b < nb ? -half_to_float(blk + b * kBytes + 2) : 0.0f;
+    }
+    const __m256 dv = _mm256_setr_ps(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+    const __m256 ov = _mm256_setr_ps(o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]);
+    for (int h = 0; h < 2; ++h) {  // lane l: block (8h + kLaneSub[l]) / 2
+      const __m256i idx = _mm256_srli_epi32(_mm256_add_epi32(lane_sub, _mm256_set1_epi32(8 * h)), 1);
+      ds[h] = _mm256_permutevar8x32_ps(dv, idx);
+      mo[h] = _mm256_permutevar8x32_ps(ov, idx);
+    }
+  } else {
+    __m256i sv, ov;
+    float d, m;
+    k_quant_scales<T>(blk, sv, ov, d, m);
+    for (int h = 0; h < 2; ++h) {
+      const __m128i s = h ? _mm256_extracti128_si256(sv, 1) : _mm256_castsi256_si128(sv);
+      const __m128i o = h ? _mm256_extracti128_si256(ov, 1) : _mm256_castsi256_si128(ov);
+      ds[h] = _mm256_permutevar8x32_ps(
+          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(s)), _mm256_set1_ps(d)), lane_sub);
+      mo[h] = _mm256_permutevar8x32_ps(
+          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(o)), _mm256_set1_ps(m)), lane_sub);
+    }
+  }
+}
+
+template <int T, int MR>
+inline void lanes256_row(const uint8_t* row, int64_t k, const Lanes256* xl, int64_t groups,
+                         float* out) {
+  // Largest q: 4 maddubs sums fit int16 up to q = 31 (4 * 2 * 31 * 127); Q6_K's 63 takes
+  // two madds per half.
+  constexpr bool kSum4 = T != kQ6_K;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  const int64_t full = kBlock32Type<T> ? k / kGroup : groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* blk = row + g * kGroupBytes256<T>;
+    const int nb = g < full ? 8 : static_cast<int>(k % kGroup / 32);
+    __m256 ds[2], mo[2];
+    scales256<T>(blk, nb, ds, mo);
+    for (int h = 0; h < 2; ++h) {
+      __m256i s[4], c[4];
+      for (int i = 0; i < 4; ++i) s[i] = block_q256<T>(blk, 4 * h + i, nb);
+      const __m256i t0 = _mm256_unpacklo_epi32(s[0], s[1]), t1 = _mm256_unpackhi_epi32(s[0], s[1]);
+      const __m256i t2 = _mm256_unpacklo_epi32(s[2], s[3]), t3 = _mm256_unpackhi_epi32(s[2], s[3]);
+      c[0] = _mm256_unpacklo_epi64(t0, t2);
+      c[1] = _mm256_unpackhi_epi64(t0, t2);
+      c[2] = _mm256_unpacklo_epi64(t1, t3);
+      c[3] = _mm256_unpackhi_epi64(t1, t3);
+      for (int r = 0; r < MR; ++r) {
+        const Lanes256& x = xl[r * groups + g];
+        const __m256i* xq = reinterpret_cast<const __m256i*>(x.q + 128 * h);
+        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(c[0], _mm256_load_si256(xq)),
+                                             _mm256_maddubs_epi16(c[1], _mm256_load_si256(xq + 1)));
+        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(c[2], _mm256_load_si256(xq + 2)),
+                                             _mm256_maddubs_epi16(c[3], _mm256_load_si256(xq + 3)));
+        const __m256i si = kSum4 ? _mm256_madd_epi16(_mm256_add_epi16(p01, p23), ones)
+                                 : _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
+        const __m256 f = _mm256_mul_ps(_mm256_load_ps(x.dx + 8 * h), ds[h]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), f, acc[r]);
+        acc[r] = _mm256_fnmadd_ps(mo[h], _mm256_load_ps(x.xs + 8 * h), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) out[r] = hsum256(acc[r]);
+}
+
+template <int T>
+void lanes256_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
+                   int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
+  const int64_t groups = padded_k(k) / kGroup;
+  std::vector<Lanes256> xl(static_cast<size_t>(m * groups));  // [m][groups]
+  prepare_lanes256(x, m, groups, xl.data());
+  const int64_t passes = (m + 3) / 4;  // passes of equal size, as gemv256.h's
+  const int64_t per_pass = (m + passes - 1) / passes;
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
+    for (int64_t i0 = 0; i0 < m; i0 += per_pass) {
+      float part[4];
+      const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
+      const Lanes256* xi = xl.data() + i0 * groups;
+      switch (mr) {
+        case 1: lanes256_row<T, 1>(row, k, xi, groups, part); break;
+        case 2: lanes256_row<T, 2>(row, k, xi, groups, part); break;
+        case 3: lanes256_row<T, 3>(row, k, xi, groups, part); break;
+        default: lanes256_row<T, 4>(row, k, xi, groups, part); break;
+      }
+      for (int64_t i = 0; i < mr; ++i) out[(i0 + i) * n + j] = part[i];
+    }
+  }
+}
+
+void gemv_lanes256(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows,
+                   int64_t j0, int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out,
+                   int64_t n) {
+  // Where gemv256.h measured faster (Zen 5, 1 thread): one Q4_K / Q5_K row (its 4 fma
+  // chains, no transpose), and 1-2 rows past k = 4096, where the lane rows (384 bytes per
+  // group and row, against 256 read straight from the activations) fall out of L1.
+  const bool k_quant45 = type == kQ4_K || type == kQ5_K;
+  if ((m == 1 && k_quant45) || (m <= 2 && padded_k(k) > 4096)) {
+    gemv(type, w, w_stride, rows, j0, j1, k, x, m, out, n);
+    return;
+  }
+  switch (type) {
+    case kQ4_0: lanes256_type<kQ4_0>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
+    case kQ4_1: lanes256_type<kQ4_1>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
+    case kQ5_0: lanes256_type<kQ5_0>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
+    case kQ5_1: lanes256_type<kQ5_1>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
+    case kQ2_K: lanes256_type<kQ2_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
+    case kQ3_K: lanes256_type<kQ3_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
+    case kQ4_K: lanes256_type<kQ4_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
+    case kQ5_K: lanes256_type<kQ5_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
+    case kQ6_K: lanes256_type<kQ6_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
+  }
+  gemv(type, w, w_stride, rows, j0, j1, k, x, m, out, n);
+}
+
+}  // namespace
+}  // namespace folio_cpu::quant
