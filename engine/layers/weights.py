@@ -152,12 +152,11 @@ class NativeQuantized(QuantizedRuns):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         from kernels.cpu import quant
 
-        x32 = x.float()
-        act = (quant.quantize_activations_residual(x32) if self.pairs
-               else quant.quantize_activations(x32))
-        out = quant.quant_matmul_stack(act, self._data, self._type_ids, self._k,
-                                       self._orders, self.pairs)
-        return out if x.dtype == torch.float32 else out.to(x.dtype)
+        if x.dtype != torch.float32:
+            return self.matmul(x.float()).to(x.dtype)
+        # One call: the activations are quantized inside, once for every run.
+        return quant.quant_matmul_stack(x, self._data, self._type_ids, self._k, self._orders,
+                                        self.pairs)
 
 
 class TritonQuantized(QuantizedRuns):

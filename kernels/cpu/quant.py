@@ -54,8 +54,9 @@ def quant_matmul_stack(x: torch.Tensor, ws: list[torch.Tensor], type_ids: list[i
     """x @ [W_1; W_2; ...].T -> float32 [m, sum of n_j]: each matrix as it lies (its own
     block type and optional row order, as in quant_matmul) into its columns, in one call.
 
-    x: float32 [m, k], quantized activations [m, ...], or with `pairs` the [2m, ...] rows
-    of quantize_activations_residual, each pair summed into one output row."""
+    x: float32 [m, k] (quantized inside: with `pairs`, as quantize_activations_residual
+    does), quantized activations [m, ...], or with `pairs` the [2m, ...] rows of
+    quantize_activations_residual; with `pairs` each pair is summed into one output row."""
     return torch.ops.folio_cpu.quant_matmul_stack(x, ws, type_ids, k, rows, pairs)
 
 

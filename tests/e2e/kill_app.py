@@ -21,7 +21,7 @@ from desktop_app.data.settings import AppSettings, ChatSettings  # noqa: E402
 from engine import EngineConfig  # noqa: E402
 
 SHORT = "Say hello in three words."
-LONG = "Write a very long, detailed story about a lighthouse keeper and a storm."
+LONG = "Count from 1 to 300, writing each number in words."
 
 
 def report(**fields) -> None:

@@ -29,7 +29,7 @@ def _streaming_text(db: Path) -> str:
         row = conn.execute(
             "SELECT m.content FROM messages m JOIN messages p ON m.parent_id = p.id"
             " WHERE m.status = 'streaming' AND length(m.content) > 0"
-            " AND p.content LIKE 'Write a very long%'").fetchone()
+            " AND p.content LIKE 'Count from 1 to 300%'").fetchone()
     except sqlite3.OperationalError:  # tables not created yet
         return ""
     finally:
@@ -82,7 +82,7 @@ def test_sigkill_while_streaming_leaves_a_sound_database(tmp_path):
         cut = path[3]
         assert cut.status == "interrupted"
         assert cut.content.startswith(partial)  # at least what the test saw
-        assert path[2].content.startswith("Write a very long")
+        assert path[2].content.startswith("Count from 1 to 300")
     finally:
         store.close()
 

@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "act.h"
 #include "kernels.h"
 #include "layout.h"
 
@@ -26,6 +27,8 @@ void quantize_row_residual(const Kernels& kern, const float* x, int64_t k, uint8
   for (int64_t i = 0; i < k; ++i) residual[i] = x[i] - d[i / 32] * static_cast<float>(q[i]);
   kern.quantize_row(residual, k, low);
 }
+
+}  // namespace
 
 at::Tensor quantize_activations_residual(const at::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu(), "x must be on the CPU, not ", x.device());
@@ -50,8 +53,6 @@ at::Tensor quantize_activations_residual(const at::Tensor& x) {
   });
   return out;
 }
-
-}  // namespace
 
 }  // namespace folio_cpu::quant
 

@@ -144,13 +144,14 @@ void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* 
   });
 }
 
-// x float32 [m, k] (quantized here) or quantized activations -> the uint8 rows to multiply.
-at::Tensor activations(const at::Tensor& x, int64_t k) {
+// x float32 [m, k] (quantized here: as (x, residual) row pairs with pairs) or quantized
+// activations -> the uint8 rows to multiply.
+at::Tensor activations(const at::Tensor& x, int64_t k, bool pairs = false) {
   TORCH_CHECK(x.device().is_cpu(), "x must be on the CPU, not ", x.device());
   TORCH_CHECK(x.dim() == 2, "x must be 2-D, not ", x.sizes());
   if (x.scalar_type() == at::kFloat) {
     TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns but k is ", k);
-    return quantize_activations(x);
+    return pairs ? quantize_activations_residual(x) : quantize_activations(x);
   }
   TORCH_CHECK(x.scalar_type() == at::kByte, "x must be float32 [m, k] or the uint8 ",
               "output of quantize_activations, not ", x.scalar_type());
@@ -207,7 +208,7 @@ at::Tensor quant_matmul_stack(const at::Tensor& x, at::TensorList ws,
     mats.push_back(checked_matrix(ws[j], type_ids[j], k, rows.get(j)));
     n += mats.back().n;
   }
-  const at::Tensor act = activations(x, k);
+  const at::Tensor act = activations(x, k, pairs);
   TORCH_CHECK(!pairs || act.size(0) % 2 == 0, "x must hold whole (x, residual) pairs of ",
               "rows with pairs, not ", act.size(0), " rows");
   const int64_t m = pairs ? act.size(0) / 2 : act.size(0);
