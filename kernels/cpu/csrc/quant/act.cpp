@@ -6,18 +6,15 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "checks.h"
 #include "kernels.h"
 #include "layout.h"
 
 namespace folio_cpu::quant {
 
 at::Tensor quantize_activations(const at::Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu(), "x must be on the CPU, not ", x.device());
-  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32, not ", x.scalar_type());
-  TORCH_CHECK(x.dim() == 2, "x must be 2-D [m, k], not ", x.sizes());
+  const at::Tensor xr = checked_float_rows(x);
   const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(k > 0 && k % 32 == 0, "x's k (", k, ") must be a positive multiple of 32");
-  const at::Tensor xr = x.stride(1) == 1 ? x : x.contiguous();
   const int64_t row_bytes = act_row_bytes(k);
   at::Tensor out = at::empty({m, row_bytes}, x.options().dtype(at::kByte));
   const float* xp = xr.data_ptr<float>();

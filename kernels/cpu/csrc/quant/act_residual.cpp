@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "act.h"
+#include "checks.h"
 #include "kernels.h"
 #include "layout.h"
 
@@ -31,12 +32,8 @@ void quantize_row_residual(const Kernels& kern, const float* x, int64_t k, uint8
 }  // namespace
 
 at::Tensor quantize_activations_residual(const at::Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu(), "x must be on the CPU, not ", x.device());
-  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32, not ", x.scalar_type());
-  TORCH_CHECK(x.dim() == 2, "x must be 2-D [m, k], not ", x.sizes());
+  const at::Tensor xr = checked_float_rows(x);
   const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(k > 0 && k % 32 == 0, "x's k (", k, ") must be a positive multiple of 32");
-  const at::Tensor xr = x.stride(1) == 1 ? x : x.contiguous();
   const int64_t row_bytes = act_row_bytes(k);
   // [2m, row_bytes]: row 2i the 8-bit x_i, row 2i + 1 its 8-bit residual.
   at::Tensor out = at::empty({2 * m, row_bytes}, x.options().dtype(at::kByte));

@@ -28,6 +28,17 @@ inline void check_weight(const at::Tensor& w, const BlockType& bt, int64_t k) {
               w.stride(1), ")");
 }
 
+// x: float32 [m, k] activations on CPU, k a positive multiple of 32; returns x with unit
+// stride along k (a copy only when it had none).
+inline at::Tensor checked_float_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu(), "x must be on the CPU, not ", x.device());
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32, not ", x.scalar_type());
+  TORCH_CHECK(x.dim() == 2, "x must be 2-D [m, k], not ", x.sizes());
+  TORCH_CHECK(x.size(1) > 0 && x.size(1) % 32 == 0, "x's k (", x.size(1),
+              ") must be a positive multiple of 32");
+  return x.stride(1) == 1 ? x : x.contiguous();
+}
+
 // ids / rows: int64 [t] on CPU, every value in [0, n).
 inline void check_indices(const at::Tensor& ids, const char* name, int64_t n) {
   TORCH_CHECK(ids.device().is_cpu(), name, " must be on the CPU, not ", ids.device());
