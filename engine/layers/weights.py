@@ -115,12 +115,8 @@ class QuantizedRuns:
         return sum(run.nbytes for run in self.runs)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        x = self._prepared(x)
         outs = [run.matmul(x) for run in self.runs]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-
-    def _prepared(self, x: torch.Tensor) -> torch.Tensor:
-        return x
 
     def rows(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         if len(self.runs) == 1:
@@ -160,10 +156,14 @@ class NativeQuantized(QuantizedRuns):
 
 
 class TritonQuantized(QuantizedRuns):
+    """CUDA: the file's blocks on the card, through the Triton kernels (RawBlocks)."""
+
     __slots__ = ()
 
 
 class TorchQuantized(QuantizedRuns):
+    """A CPU without the native library: PyTorch's weight-only ops (Int4Packed, Int8Rows)."""
+
     __slots__ = ()
 
 
