@@ -95,10 +95,12 @@ class TerminalChat:
 
 
 def engine_config(args):
-    """The EngineConfig of `--device` / `--weights` (the rest stays at its defaults)."""
+    """The EngineConfig of `--device` / `--weights` / `--cpu-activation-bits` (the rest stays
+    at its defaults)."""
     from engine.config import EngineConfig
 
-    return EngineConfig(device=args.device, weights=args.weights)
+    return EngineConfig(device=args.device, weights=args.weights,
+                        cpu_activation_bits=args.cpu_activation_bits)
 
 
 def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
@@ -182,6 +184,9 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", default="stored", choices=WEIGHTS,
                         help="stored: quantized GGUF weights stay quantized; bfloat16 or "
                         "float32: dense weights in that dtype (float32 is the exact path)")
+    parser.add_argument("--cpu-activation-bits", type=int, default=16, choices=(8, 16),
+                        help="quantized products on the CPU: 16 keeps the float32 path's "
+                        "tokens; 8 (as llama.cpp) prefills about twice as fast")
 
 
 def _run_command(argv: list[str]) -> int:

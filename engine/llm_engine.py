@@ -22,6 +22,7 @@ from engine.core.kv_stats import KVStats
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.sliding_blocks import SlidingBlockManager
+from engine.layers.weights import set_activation_bits
 from engine.outputs import (
     CompletionOutput,
     Event,
@@ -86,6 +87,7 @@ class LLMEngine:
             progress("building the model", 0.0)
         net = build_model(loaded.config, dtype, device)
         net.load_weights(loaded.weights)
+        set_activation_bits(net, config.cpu_activation_bits)
         self.weights_bytes = net.weight_bytes()
         context = net.max_context_len
         self.max_model_len = min(config.max_model_len or context, context)

@@ -188,6 +188,15 @@ def quantized_storage(parts: Sequence[QuantizedTensor], device: torch.device,
     return kind([for_product(part, device) for part in merged])
 
 
+def set_activation_bits(model: nn.Module, bits: int) -> None:
+    """8: every native product of `model` takes one 8-bit row per activation row; 16: the
+    layers that ask for precise products (StackedLinear.precise_products) take pairs."""
+    for module in model.modules():
+        storage = getattr(module, "storage", None)
+        if isinstance(storage, NativeQuantized):
+            storage.pairs = bits == 16 and getattr(module, "precise_products", False)
+
+
 def lookup_storage(table: QuantizedTensor, device: torch.device) -> QuantizedRuns:
     """The storage of an embedding table that only looks rows up (not tied to a head)."""
     return _quantized_kind(device)([for_rows(table, device)])

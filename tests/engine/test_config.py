@@ -175,3 +175,10 @@ def test_sampling_params_accepts_edge_values(field: str, value: object) -> None:
 def test_a_value_of_the_wrong_type_names_its_field(make, field):
     with pytest.raises(ValueError, match=rf"\.{field} must be an? (integer|number)"):
         make()
+
+
+def test_cpu_activation_bits_are_8_or_16():
+    assert EngineConfig().cpu_activation_bits == 16
+    assert EngineConfig(cpu_activation_bits=8).cpu_activation_bits == 8
+    with pytest.raises(ValueError, match="cpu_activation_bits"):
+        EngineConfig(cpu_activation_bits=4)

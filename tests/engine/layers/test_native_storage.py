@@ -113,3 +113,26 @@ def test_tied_embedding_and_head_share_one_storage():
     torch.testing.assert_close(logits.gather(1, top).double(), ref.gather(1, top),
                                rtol=1e-5, atol=1e-5)
     assert ((logits.double() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_eight_bit_activations_are_one_row_each():
+    """EngineConfig(cpu_activation_bits=8): every native product takes plain 8-bit rows
+    (set_activation_bits), llama.cpp's arithmetic; 16 restores the pairs where asked."""
+    from engine.layers.weights import set_activation_bits
+    from kernels.cpu import quant
+
+    layer, parts = _qkv()
+    head = LMHead(K, 24, torch.float32, "cpu")
+    table, _ = _part("Q4_K", 24, seed=9)
+    head.slot(0).copy_(table)
+    head.prepare()
+    model = torch.nn.ModuleList([layer, head])
+    set_activation_bits(model, 8)
+    assert not layer.storage.pairs and not head.storage.pairs
+    x = _x(3, seed=2)
+    single = quant.quantize_activations(x)
+    expected = torch.cat([quant.quant_matmul(single, p.data, p.type_id, K, p.row_order)
+                          for p, _ in parts], dim=1)
+    assert torch.equal(layer(x), expected)
+    set_activation_bits(model, 16)
+    assert layer.storage.pairs and not head.storage.pairs  # the head's top logits refine
