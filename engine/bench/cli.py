@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Folio's KV pool in blocks (default: the engine's memory budget)")
     parser.add_argument("--weights", choices=("stored", "float32"), default="stored",
                         help="Folio's weights: kept quantized (stored) or float32")
+    parser.add_argument("--cpu-activation-bits", type=int, choices=(8, 16), default=16,
+                        help="Folio's quantized CPU products: 16 (the default) or 8 "
+                             "(llama.cpp's arithmetic); the memory and 8b sides keep 16")
     parser.add_argument("--sizes", type=parse_sizes, default=None, metavar="1b,3b,8b",
                         help="sizes (and all): the synthetic sizes to run, comma-separated "
                              "(default: all three)")
@@ -192,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sizes = {"sizes": args.sizes} if args.sizes else {}
         settings = BenchSettings(model=args.model, threads=args.threads, turns=args.turns,
-                                 kv_blocks=args.kv_blocks, weights=args.weights, **sizes)
+                                 kv_blocks=args.kv_blocks, weights=args.weights,
+                                 cpu_activation_bits=args.cpu_activation_bits, **sizes)
     except ValueError as exc:
         parser.error(str(exc))
     names = list(WORKLOAD_NAMES) if args.workload == "all" else [args.workload]

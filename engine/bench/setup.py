@@ -70,6 +70,7 @@ class BenchSettings:
     serve_turns: int = 4  # turns of the API chat (serve)
     kv_blocks: int | None = None  # None = the engine's default KV budget
     weights: str = "stored"  # Folio's EngineConfig.weights: "stored" (quantized) or "float32"
+    cpu_activation_bits: int = 16  # Folio's EngineConfig.cpu_activation_bits: 16 or 8
     memory_context: int = 8192  # memory: every side's context (n_ctx, max_model_len)
     memory_turns: int = 2  # memory: turns of the short chat before the peak is read
     eightb_prompt_tokens: int = 32  # 8b: the short context decoded after
@@ -101,6 +102,9 @@ class BenchSettings:
         check_sizes(self.sizes)
         if self.weights not in ("stored", "float32"):
             raise ValueError(f"weights must be 'stored' or 'float32', got {self.weights!r}")
+        if self.cpu_activation_bits not in (8, 16):
+            raise ValueError(f"cpu_activation_bits must be 8 or 16, got "
+                             f"{self.cpu_activation_bits!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads!r}")
         if self.kv_blocks is not None and self.kv_blocks < 1:
@@ -158,11 +162,13 @@ class BenchContext:
 
     def new_llm(self):
         """A fresh Folio engine: empty prefix cache, same threads, device and compute dtype as
-        transformers; its weights as ``settings.weights`` says."""
+        transformers; its weights and activation bits as ``settings`` says."""
         from engine.llm import LLM
 
-        return LLM(str(self.model_path), folio_config(self.threads, self.settings.weights,
-                                                      num_gpu_blocks=self.settings.kv_blocks))
+        s = self.settings
+        return LLM(str(self.model_path), folio_config(
+            self.threads, s.weights, num_gpu_blocks=s.kv_blocks,
+            cpu_activation_bits=s.cpu_activation_bits))
 
     @property
     def hf_model(self) -> torch.nn.Module:
@@ -177,7 +183,9 @@ class BenchContext:
 
     def describe(self) -> dict:
         return {"model": str(self.model_path), "threads": self.threads, "dtype": "float32",
-                "weights": self.settings.weights, "torch": torch.__version__}
+                "weights": self.settings.weights,
+                "cpu_activation_bits": self.settings.cpu_activation_bits,
+                "torch": torch.__version__}
 
 
 def folio_config(threads: int, weights: str, **overrides):

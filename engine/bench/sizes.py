@@ -96,7 +96,8 @@ def bench_sizes(ctx) -> dict:
             _read_through(path)  # both sides start with the file in the page cache
             kwargs = {"side": side, "model_path": str(path), "threads": ctx.threads,
                       "prompt": prompt, "follow_up": follow_up, "warmup": warm,
-                      "tokens": s.sizes_tokens, "n_ctx": n_ctx}
+                      "tokens": s.sizes_tokens, "n_ctx": n_ctx,
+                      "activation_bits": s.cpu_activation_bits}
             got[side] = run_probe("engine.bench.sizes:worker", kwargs, s.sizes_timeout_s)
             if "error" in got[side]:
                 notes.append(f"{size} {side}: {got[side]['error']}")
@@ -187,7 +188,8 @@ def _read_through(path, chunk: int = 1 << 24) -> None:
 
 # ----------------------------------------------------------------------------- the worker
 def worker(side: str, model_path: str, threads: int, prompt: list[int],
-           follow_up: list[int], warmup: list[int], tokens: int, n_ctx: int) -> None:
+           follow_up: list[int], warmup: list[int], tokens: int, n_ctx: int,
+           activation_bits: int = 16) -> None:
     """Run in a fresh process (``run_probe("engine.bench.sizes:worker", ...)``): load
     ``side`` ("folio" or "llama_cpp") on ``threads`` threads with an ``n_ctx`` context,
     warm up, answer ``prompt`` and then the follow-up (``prompt`` + reply + ``follow_up``)
@@ -199,7 +201,7 @@ def worker(side: str, model_path: str, threads: int, prompt: list[int],
         load, make_reply = _folio_side
     else:
         load, make_reply = _llama_side
-    model, import_s, load_s = load(model_path, threads, n_ctx, start)
+    model, import_s, load_s = load(model_path, threads, n_ctx, start, activation_bits)
     from engine.bench.baselines import median_rate
 
     warm_start = time.perf_counter()
@@ -221,7 +223,8 @@ def worker(side: str, model_path: str, threads: int, prompt: list[int],
     emit(out)
 
 
-def _load_folio(model_path: str, threads: int, n_ctx: int, start: float):
+def _load_folio(model_path: str, threads: int, n_ctx: int, start: float,
+                activation_bits: int):
     import torch
 
     from engine.bench.setup import folio_config
@@ -237,7 +240,7 @@ def _load_folio(model_path: str, threads: int, n_ctx: int, start: float):
     loading = time.perf_counter()
     # A KV pool of exactly one n_ctx context, as llama.cpp's.
     config = folio_config(threads, "stored", max_model_len=n_ctx, block_size=16,
-                          num_gpu_blocks=-(-n_ctx // 16))
+                          num_gpu_blocks=-(-n_ctx // 16), cpu_activation_bits=activation_bits)
     llm = LLM(model_path, config)
     return llm, loading - start, time.perf_counter() - loading
 
@@ -253,7 +256,8 @@ def _folio_reply(llm, prompt: list[int], tokens: int):
                  run.output.metrics.num_computed_prompt_tokens, len(prompt), run.token_times)
 
 
-def _load_llama(model_path: str, threads: int, n_ctx: int, start: float):
+def _load_llama(model_path: str, threads: int, n_ctx: int, start: float,
+                activation_bits: int):  # Folio's setting; llama.cpp's own rows are 8-bit
     import llama_cpp  # noqa: F401  (timed apart from the load)
 
     from engine.bench.baselines import LlamaCppChat

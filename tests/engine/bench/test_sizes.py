@@ -206,3 +206,11 @@ def test_cli_parses_sizes_and_names_an_unknown_one(monkeypatch, capsys):
         BenchSettings(sizes=("70b",))
     assert "sizes" in cli.WORKLOAD_NAMES
 
+
+
+def test_activation_bits_are_a_checked_setting():
+    from engine.bench.setup import BenchSettings
+
+    assert BenchSettings().cpu_activation_bits == 16
+    with pytest.raises(ValueError, match="cpu_activation_bits must be 8 or 16"):
+        BenchSettings(cpu_activation_bits=12)
