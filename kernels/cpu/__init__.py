@@ -29,7 +29,8 @@ def _load() -> str | None:
     else:
         built = sorted(_HERE.glob("_folio_cpu*.so")) + sorted(_HERE.glob("_folio_cpu*.pyd"))
         if not built:
-            reason = "not built (run `make setup`; it needs a C++ compiler)"
+            reason = ("not built (run `make setup`, or `python -m kernels.cpu.build` for an "
+                      "installed Folio; it needs a C++ compiler)")
         else:
             try:
                 torch.ops.load_library(str(built[0]))

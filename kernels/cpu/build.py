@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -42,7 +43,11 @@ def build(verbose: bool = False) -> Path:
         extra_compile_args=flags,
         extra_link_args=["-fopenmp"],
     )
-    build_temp = HERE.parent.parent / "build" / "folio_cpu"
+    root = HERE.parent.parent
+    # A checkout builds under its build/ (make clean removes it); an installed package in
+    # a scratch folder, never inside site-packages.
+    build_temp = (root / "build" / "folio_cpu" if (root / "pyproject.toml").exists()
+                  else Path(tempfile.mkdtemp(prefix="folio-cpu-build-")))
     dist = Distribution({"name": "folio-cpu", "ext_modules": [extension],
                          "cmdclass": {"build_ext": BuildExtension.with_options(
                              use_ninja=shutil.which("ninja") is not None)}})

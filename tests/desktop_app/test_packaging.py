@@ -72,6 +72,11 @@ def test_wheel_installs_and_runs_from_a_fresh_venv(tmp_path, tiny_model_path):
         assert f"desktop_app/assets/{icon}.svg" in names
     assert "desktop_app/assets/folio.desktop" in names
     assert not any(n.startswith("tests/") for n in names)
+    # The native kernels' sources ride along (python -m kernels.cpu.build), never a build.
+    sources = {str(p.relative_to(REPO)) for p in (REPO / "kernels/cpu/csrc").rglob("*")
+               if p.is_file()}
+    assert sources and sources <= names
+    assert not any(n.endswith((".so", ".pyd", ".o")) for n in names)
 
     # A fresh venv with only the wheel; the dependencies (torch, Qt...) come from this
     # venv's site-packages on PYTHONPATH, which holds no copy of Folio's packages (the

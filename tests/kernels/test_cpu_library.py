@@ -51,8 +51,9 @@ def test_not_built_is_said_in_the_status(tmp_path, monkeypatch, caplog):
             assert not kernels.cpu.available() and not kernels.cpu.available()
         assert kernels.cpu.status() == "PyTorch kernels (native not built)"
         assert [r.getMessage() for r in caplog.records] == [
-            "native CPU kernels not built (run `make setup`; it needs a C++ compiler): "
-            "running the slower PyTorch path"]
+            "native CPU kernels not built (run `make setup`, or `python -m "
+            "kernels.cpu.build` for an installed Folio; it needs a C++ compiler): running the "
+            "slower PyTorch path"]
     finally:
         monkeypatch.undo()
         kernels.cpu._load.cache_clear()
