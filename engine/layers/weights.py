@@ -63,11 +63,11 @@ class DenseWeight:
     def packing(cls, weight: nn.Parameter, keep_plain: bool) -> DenseWeight:
         """A CPU float32 matrix swapped for its packed copy where oneDNN is there; the plain
         one is emptied unless `keep_plain` (a matrix shared with the embedding)."""
+        shape = tuple(weight.shape)
         packed = onednn.pack(weight)
         if packed is not None and not keep_plain:
             weight.data = weight.data.new_empty(0)
-        return cls(weight, tuple(packed.shape if packed is not None else weight.shape),
-                   packed)
+        return cls(weight, shape, packed)
 
     @property
     def nbytes(self) -> int:
