@@ -5,12 +5,16 @@ CUDA device still exists is checked when the engine config is built
 
 In settings.json, under ``"engine"``::
 
-    {"device": "auto", "weights": "stored", "chat_memory_mib": null}
+    {"device": "auto", "weights": "stored", "chat_memory_mib": null,
+     "cpu_activation_bits": 16}
 
 - ``device``: ``"auto"`` (the GPU when there is one, else the CPU), ``"cpu"``,
   ``"cuda:N"`` or ``"mps"``.
 - ``weights``: ``"stored"`` (quantized GGUF weights stay quantized), ``"bfloat16"`` or
   ``"float32"`` (dense weights in that dtype; float32 is the exact path).
+- ``cpu_activation_bits``: CPU precision of quantized products (EngineConfig's): 16, exact
+  (the float32 path's tokens), or 8, fast (llama.cpp's arithmetic, prefill about twice as
+  fast, some tokens differ). A settings file without it reads 16.
 - ``chat_memory_mib``: the KV cache budget in MiB; null is automatic: the engine's default,
   four full contexts of the loaded model but at most 2 GiB, and never less than one context
   (engine.runner.kv_cache). That suits a desktop: a small model's chats all fit, and a large
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 DEVICE_AUTO = "auto"
 WEIGHT_LABELS = {"stored": "As stored in the file", "bfloat16": "bfloat16",
                  "float32": "float32"}
+CPU_PRECISION_LABELS = {16: "Exact (16-bit activations)", 8: "Fast (8-bit, as llama.cpp)"}
 MIN_CHAT_MEMORY_MIB = 16
 MAX_CHAT_MEMORY_MIB = 1 << 20  # 1 TiB: a typo guard, not a limit anyone meets
 _DEVICE_FORM = re.compile(r"auto|cpu|mps|cuda:\d+")
@@ -44,6 +49,7 @@ class EngineSettings:
     device: str = DEVICE_AUTO
     weights: str = "stored"
     chat_memory_mib: int | None = None  # None = automatic (see the module doc)
+    cpu_activation_bits: int = 16  # 16 exact or 8 fast (see the module doc)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.device, str) and _DEVICE_FORM.fullmatch(self.device) is not None,
@@ -56,6 +62,10 @@ class EngineSettings:
                f"null (automatic) or an integer in [{MIN_CHAT_MEMORY_MIB}, "
                f"{MAX_CHAT_MEMORY_MIB}]")
 
+        bits = self.cpu_activation_bits
+        _check(bits in CPU_PRECISION_LABELS and not isinstance(bits, bool),
+               "cpu_activation_bits", bits, "16 or 8")
+
     @property
     def kv_cache_memory_bytes(self) -> int | None:
         return None if self.chat_memory_mib is None else self.chat_memory_mib << 20
@@ -65,7 +75,8 @@ class EngineSettings:
 
         device = None if self.device == DEVICE_AUTO else self.device
         return EngineConfig(device=device, weights=self.weights,
-                            kv_cache_memory_bytes=self.kv_cache_memory_bytes)
+                            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                            cpu_activation_bits=self.cpu_activation_bits)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,7 +17,8 @@ def test_defaults_are_automatic():
     assert (s.device, s.weights, s.chat_memory_mib) == ("auto", "stored", None)
     assert s.to_engine_config() == EngineConfig()
     assert AppSettings().to_dict()["engine"] == {"device": "auto", "weights": "stored",
-                                                 "chat_memory_mib": None}
+                                                 "chat_memory_mib": None,
+                                                 "cpu_activation_bits": 16}
 
 
 def test_to_engine_config():
@@ -27,17 +28,27 @@ def test_to_engine_config():
 
 
 def test_round_trip_through_the_file():
-    settings = AppSettings(engine=EngineSettings("cpu", "bfloat16", 3072))
+    settings = AppSettings(engine=EngineSettings("cpu", "bfloat16", 3072, 8))
     save_settings(settings)
     assert json.loads(settings_path().read_text())["engine"] == {
-        "device": "cpu", "weights": "bfloat16", "chat_memory_mib": 3072}
-    assert load_settings().engine == EngineSettings("cpu", "bfloat16", 3072)
+        "device": "cpu", "weights": "bfloat16", "chat_memory_mib": 3072,
+        "cpu_activation_bits": 8}
+    assert load_settings().engine == EngineSettings("cpu", "bfloat16", 3072, 8)
+
+
+def test_cpu_precision_reaches_the_engine_and_old_files_read_exact():
+    assert EngineSettings(cpu_activation_bits=8).to_engine_config().cpu_activation_bits == 8
+    # A settings file written before the field existed.
+    old = EngineSettings.from_dict({"device": "cpu", "weights": "stored",
+                                    "chat_memory_mib": None})
+    assert old.cpu_activation_bits == 16
 
 
 @pytest.mark.parametrize("field, value", [
     ("device", "gpu"), ("device", "cuda"), ("device", 0), ("weights", "q4_k"),
     ("weights", None), ("chat_memory_mib", 0), ("chat_memory_mib", 8),
     ("chat_memory_mib", 2.5), ("chat_memory_mib", True), ("chat_memory_mib", "2 GiB"),
+    ("cpu_activation_bits", 4), ("cpu_activation_bits", "16"), ("cpu_activation_bits", None),
 ])
 def test_bad_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"^EngineSettings\.{field} must be"):

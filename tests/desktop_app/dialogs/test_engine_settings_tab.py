@@ -29,6 +29,10 @@ def test_the_widgets_and_their_choices(qtbot):
     weights = dialog.findChild(QComboBox, "weightsSetting")
     assert [weights.itemText(i) for i in range(weights.count())] == [
         "As stored in the file", "bfloat16", "float32"]
+    precision = dialog.findChild(QComboBox, "cpuPrecisionSetting")
+    assert [precision.itemText(i) for i in range(precision.count())] == [
+        "Exact (16-bit activations)", "Fast (8-bit, as llama.cpp)"]
+    assert precision.currentData() == 16 and precision.accessibleName() == "CPU precision"
     memory = dialog.findChild(QSpinBox, "chatMemorySetting")
     assert memory.text() == "Automatic" and memory.accessibleName() == "Memory for chats"
 
@@ -40,15 +44,17 @@ def test_without_cuda_auto_means_the_cpu(qtbot):
 
 
 def test_shows_and_returns_the_settings(qtbot):
-    dialog = make(qtbot, EngineSettings("cuda:1", "bfloat16", 2048))
+    dialog = make(qtbot, EngineSettings("cuda:1", "bfloat16", 2048, 8))
     form = dialog.engine_form
     assert (form.device.currentData(), form.weights.currentData()) == ("cuda:1", "bfloat16")
+    assert form.cpu_precision.currentData() == 8
     assert form.chat_memory.value() == 2048 and form.chat_memory.text() == "2048 MiB"
     form.device.setCurrentIndex(form.device.findData("cpu"))
     form.weights.setCurrentIndex(form.weights.findData("float32"))
+    form.cpu_precision.setCurrentIndex(form.cpu_precision.findData(16))
     form.chat_memory.setValue(0)
     dialog.accept()
-    assert dialog.result_engine == EngineSettings("cpu", "float32", None)
+    assert dialog.result_engine == EngineSettings("cpu", "float32", None, 16)
 
 
 def test_a_device_not_on_this_computer_is_kept_and_shown(qtbot):
