@@ -124,21 +124,13 @@ void dot_rows(const Group* w, int64_t groups, const ActRow* x, float* out) {
   for (int r = 0; r < MR; ++r) out[r] = hsum256(acc[r]);
 }
 
-template <bool kSigned>
-void dot_signed(const Group* w, int64_t groups, const ActRow* x, int mr, float* out) {
-  switch (mr) {
-    case 1: dot_rows<1, kSigned>(w, groups, x, out); break;
-    case 2: dot_rows<2, kSigned>(w, groups, x, out); break;
-    case 3: dot_rows<3, kSigned>(w, groups, x, out); break;
-    default: dot_rows<4, kSigned>(w, groups, x, out); break;
-  }
-}
+}  // namespace
+}  // namespace folio_cpu::quant
 
-void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
-         float* out) {
-  if (signed_q) dot_signed<true>(w, groups, x, mr, out);
-  else dot_signed<false>(w, groups, x, mr, out);
-}
+#include "dot_dispatch.h"
+
+namespace folio_cpu::quant {
+namespace {
 
 const Kernels kAvx2{quantize_row, unpack_row, dot, gemv_lanes256, interleave, 12};
 

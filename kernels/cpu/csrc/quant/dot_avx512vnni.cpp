@@ -35,26 +35,9 @@ constexpr bool kDot16Wide = true;
 }  // namespace
 }  // namespace folio_cpu::quant
 
-#include "gemv256.h"
-#include "gemv512.h"
-#include "tile512.h"
-#include "act_row.h"
-#include "unpack.h"
+#include "kernels512.h"
 
 namespace folio_cpu::quant {
-namespace {
-
-void quantize_row(const float* x, int64_t k, uint8_t* out) {
-  quantize_row_avx2(x, k, out);
-}
-
-void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
-  unpack_row_impl(type, row, k, out);
-}
-
-const Kernels kKernels{quantize_row, unpack_row, dot, gemv512, interleave, 10};
-
-}  // namespace
 
 const Kernels& avx512_vnni_kernels() { return kKernels; }
 

@@ -104,21 +104,7 @@ void dot_rows(const Group* w, int64_t groups, const ActRow* x, float* out) {
     out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(off[r]);
 }
 
-template <bool kSigned>
-void dot_mr(const Group* w, int64_t groups, const ActRow* x, int mr, float* out) {
-  switch (mr) {
-    case 1: dot_rows<1, kSigned>(w, groups, x, out); break;
-    case 2: dot_rows<2, kSigned>(w, groups, x, out); break;
-    case 3: dot_rows<3, kSigned>(w, groups, x, out); break;
-    default: dot_rows<4, kSigned>(w, groups, x, out); break;
-  }
-}
-
-void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
-         float* out) {
-  if (signed_q) dot_mr<true>(w, groups, x, mr, out);
-  else dot_mr<false>(w, groups, x, mr, out);
-}
-
 }  // namespace
 }  // namespace folio_cpu::quant
+
+#include "dot_dispatch.h"

@@ -1,0 +1,27 @@
+// The AVX-512 kernel table, shared by dot_avx512.cpp and dot_avx512vnni.cpp: each defines
+// its integer primitives (dot4, accumulate, dot16, kDot16Wide, kGemvBlockRows) under its
+// own target pragma, then includes this, which instantiates every kernel with them into
+// kKernels; the file exports kKernels under its ISA's name.
+#pragma once
+
+#include "gemv256.h"
+#include "gemv512.h"
+#include "tile512.h"
+#include "act_row.h"
+#include "unpack.h"
+
+namespace folio_cpu::quant {
+namespace {
+
+void quantize_row(const float* x, int64_t k, uint8_t* out) {
+  quantize_row_avx2(x, k, out);
+}
+
+void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
+  unpack_row_impl(type, row, k, out);
+}
+
+const Kernels kKernels{quantize_row, unpack_row, dot, gemv512, interleave, 10};
+
+}  // namespace
+}  // namespace folio_cpu::quant
