@@ -48,6 +48,17 @@ def _int(lo: int, hi: int) -> QSpinBox:
     return box
 
 
+def _choice(name: str, label: str, tip: str, items: list[tuple[str, object]]) -> QComboBox:
+    """A combo box named `name` (its objectName) offering (text, value) items."""
+    box = QComboBox()
+    box.setObjectName(name)
+    box.setAccessibleName(label)
+    box.setToolTip(tip)
+    for text, value in items:
+        box.addItem(text, value)
+    return box
+
+
 class ChatSettingsForm(QWidget):
     """Edits one ChatSettings; `settings()` raises ValueError naming a bad field."""
 
@@ -168,31 +179,22 @@ class EngineForm(QWidget):
     def __init__(self, settings: EngineSettings, cuda_names: list[str] | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.device = QComboBox()
-        self.device.setObjectName("deviceSetting")
-        self.device.setAccessibleName("Device")
-        self.device.setToolTip("Auto uses the first GPU when there is one, else the CPU")
-        for label, value in device_choices(cuda_names):
-            self.device.addItem(label, value)
+        self.device = _choice("deviceSetting", "Device",
+                              "Auto uses the first GPU when there is one, else the CPU",
+                              device_choices(cuda_names))
         if self.device.findData(settings.device) < 0:  # kept, not silently changed
             self.device.addItem(f"{settings.device} (not found on this computer)",
                                 settings.device)
-        self.weights = QComboBox()
-        self.weights.setObjectName("weightsSetting")
-        self.weights.setAccessibleName("Weights")
-        self.weights.setToolTip("As stored: quantized GGUF weights stay quantized (least "
-                                "memory). bfloat16 / float32: dense weights in that type; "
-                                "float32 is the exact path and the most memory.")
-        for value, label in WEIGHT_LABELS.items():
-            self.weights.addItem(label, value)
-        self.cpu_precision = QComboBox()
-        self.cpu_precision.setObjectName("cpuPrecisionSetting")
-        self.cpu_precision.setAccessibleName("CPU precision")
-        self.cpu_precision.setToolTip("Quantized models on the CPU. Exact: the same tokens as "
-                                      "float32 weights. Fast: about twice the prompt speed, "
-                                      "as llama.cpp computes; a few tokens differ.")
-        for value, label in CPU_PRECISION_LABELS.items():
-            self.cpu_precision.addItem(label, value)
+        self.weights = _choice(
+            "weightsSetting", "Weights",
+            "As stored: quantized GGUF weights stay quantized (least memory). bfloat16 / "
+            "float32: dense weights in that type; float32 is the exact path and the most "
+            "memory.", [(label, value) for value, label in WEIGHT_LABELS.items()])
+        self.cpu_precision = _choice(
+            "cpuPrecisionSetting", "CPU precision",
+            "Quantized models on the CPU. Exact: the same tokens as float32 weights. Fast: "
+            "about twice the prompt speed, as llama.cpp computes; a few tokens differ.",
+            [(label, value) for value, label in CPU_PRECISION_LABELS.items()])
         self.chat_memory = _int(0, MAX_CHAT_MEMORY_MIB)
         self.chat_memory.setObjectName("chatMemorySetting")
         self.chat_memory.setAccessibleName("Memory for chats")

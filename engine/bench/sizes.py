@@ -28,6 +28,7 @@ alone (no torch, no Folio), so its load time and peak are llama.cpp's.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from engine.bench.probe import emit, peak_rss_bytes
@@ -199,9 +200,10 @@ def worker(side: str, model_path: str, threads: int, prompt: list[int],
     start = time.perf_counter()
     if side == "folio":
         load, make_reply = _folio_side
+        load = functools.partial(load, activation_bits=activation_bits)
     else:
         load, make_reply = _llama_side
-    model, import_s, load_s = load(model_path, threads, n_ctx, start, activation_bits)
+    model, import_s, load_s = load(model_path, threads, n_ctx, start)
     from engine.bench.baselines import median_rate
 
     warm_start = time.perf_counter()
@@ -224,7 +226,7 @@ def worker(side: str, model_path: str, threads: int, prompt: list[int],
 
 
 def _load_folio(model_path: str, threads: int, n_ctx: int, start: float,
-                activation_bits: int):
+                activation_bits: int = 16):
     import torch
 
     from engine.bench.setup import folio_config
@@ -256,8 +258,7 @@ def _folio_reply(llm, prompt: list[int], tokens: int):
                  run.output.metrics.num_computed_prompt_tokens, len(prompt), run.token_times)
 
 
-def _load_llama(model_path: str, threads: int, n_ctx: int, start: float,
-                activation_bits: int):  # Folio's setting; llama.cpp's own rows are 8-bit
+def _load_llama(model_path: str, threads: int, n_ctx: int, start: float):
     import llama_cpp  # noqa: F401  (timed apart from the load)
 
     from engine.bench.baselines import LlamaCppChat

@@ -139,6 +139,7 @@ class NativeQuantized(QuantizedRuns):
     def __init__(self, runs: list[QuantMatrix], pairs: bool = True) -> None:
         super().__init__(runs)
         self.pairs = pairs
+        # The op's arguments, gathered once: matmul runs once per layer per step.
         tensors = [run.tensor for run in runs]
         self._data = [t.data for t in tensors]
         self._type_ids = [t.type_id for t in tensors]
