@@ -32,6 +32,7 @@ inline __m256i dot4(__m256i q, __m256i x) {
 
 #include "gemv256.h"
 #include "gemv_lanes256.h"
+#include "wide_impl.h"
 #include "act_row.h"
 #include "unpack.h"
 
@@ -132,7 +133,15 @@ void dot_rows(const Group* w, int64_t groups, const ActRow* x, float* out) {
 namespace folio_cpu::quant {
 namespace {
 
-const Kernels kAvx2{quantize_row, unpack_row, dot, gemv_lanes256, interleave, 12};
+void quantize_wide(const float* x, int64_t k, WideChunk* out) { quantize_wide_impl(x, k, out); }
+
+void unpack_wide(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
+                 WideChunk* out) {
+  unpack_wide_impl(type, row, k, c0, count, out);
+}
+
+const Kernels kAvx2{quantize_row, unpack_row, dot, gemv_lanes256, interleave, 12,
+                    quantize_wide, unpack_wide, dot_wide_impl};
 
 }  // namespace
 

@@ -31,6 +31,10 @@ inline __m512i accumulate(__m512i isum, __m512i p16, __m512i sc) {
 inline __m512i dot16(__m512i acc, __m512i q, __m512i x) {
   return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(q, x), _mm512_set1_epi16(1)));
 }
+// isum + the int32 pair sums of w * x (wide512.h).
+inline __m512i wide_acc(__m512i isum, __m512i w, __m512i x) {
+  return _mm512_add_epi32(isum, _mm512_madd_epi16(w, x));
+}
 constexpr bool kDot16Wide = false;
 }  // namespace
 }  // namespace folio_cpu::quant

@@ -31,6 +31,10 @@ inline __m512i accumulate(__m512i isum, __m512i p16, __m512i sc) {
 inline __m512i dot16(__m512i acc, __m512i q, __m512i x) {
   return _mm512_dpbusd_epi32(acc, q, x);
 }
+// isum + the int32 pair sums of w * x (wide512.h).
+inline __m512i wide_acc(__m512i isum, __m512i w, __m512i x) {
+  return _mm512_dpwssd_epi32(isum, w, x);
+}
 constexpr bool kDot16Wide = true;
 }  // namespace
 }  // namespace folio_cpu::quant

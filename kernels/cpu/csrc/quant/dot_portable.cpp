@@ -5,6 +5,7 @@
 #include "kernels.h"
 #include "act_row.h"
 #include "unpack.h"
+#include "wide_impl.h"
 
 namespace folio_cpu::quant {
 namespace {
@@ -45,7 +46,15 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   }
 }
 
-const Kernels kPortable{quantize_row, unpack_row, dot, nullptr, nullptr, 0};
+void quantize_wide(const float* x, int64_t k, WideChunk* out) { quantize_wide_impl(x, k, out); }
+
+void unpack_wide(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
+                 WideChunk* out) {
+  unpack_wide_impl(type, row, k, c0, count, out);
+}
+
+const Kernels kPortable{quantize_row, unpack_row, dot, nullptr, nullptr, 0,
+                        quantize_wide, unpack_wide, dot_wide_impl};
 
 }  // namespace
 

@@ -7,11 +7,15 @@
 
 #include "isa.h"
 #include "layout.h"
+#include "wide.h"
 
 namespace folio_cpu::quant {
 
 // Most activation rows one dot call multiplies (register blocking).
 constexpr int kMaxRows = 4;
+// The wide tile kernel's register blocking: weight rows by activation rows per dot_wide.
+constexpr int kWideCols = 2;
+constexpr int kWideRows = 4;
 // The most activation rows any ISA's gemv takes (each ISA says where its tiles take over).
 constexpr int64_t kGemvRows = 16;
 
@@ -36,6 +40,16 @@ struct Kernels {
   // through the tiles: about where the tiles' time per row drops below gemv's (measured
   // on 1 and 2 threads, Zen 4, Q4_K and Q6_K), so time per row barely moves at the switch.
   int64_t gemv_max_rows;
+  // The wide (16-bit) tiles of float activations (wide.h). x[k] -> out[wide_chunks(k)]
+  // (bit-identical on every ISA).
+  void (*quantize_wide)(const float* x, int64_t k, WideChunk* out);
+  // Chunks [c0, c0 + count) of one weight row (its file bytes, k weights) -> out[count].
+  void (*unpack_wide)(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
+                      WideChunk* out);
+  // acc[i * nr + r] += w[r] . x[i] over `chunks` chunks, nr <= kWideCols, mr <= kWideRows
+  // (has_min: the weight type has min terms, !wide_folds).
+  void (*dot_wide)(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
+                   int64_t chunks, bool has_min, float* acc);
 };
 
 const Kernels& portable_kernels();

@@ -1,5 +1,5 @@
 // The AVX-512 kernel table, shared by dot_avx512.cpp and dot_avx512vnni.cpp: each defines
-// its integer primitives (dot4, accumulate, dot16, kDot16Wide, kGemvBlockRows) under its
+// its integer primitives (dot4, accumulate, dot16, wide_acc, kDot16Wide, kGemvBlockRows) under its
 // own target pragma, then includes this, which instantiates every kernel with them into
 // kKernels; the file exports kKernels under its ISA's name.
 #pragma once
@@ -7,8 +7,10 @@
 #include "gemv256.h"
 #include "gemv512.h"
 #include "tile512.h"
+#include "wide512.h"
 #include "act_row.h"
 #include "unpack.h"
+#include "wide_impl.h"
 
 namespace folio_cpu::quant {
 namespace {
@@ -21,7 +23,10 @@ void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
   unpack_row_impl(type, row, k, out);
 }
 
-const Kernels kKernels{quantize_row, unpack_row, dot, gemv512, interleave, 10};
+void quantize_wide(const float* x, int64_t k, WideChunk* out) { quantize_wide_impl(x, k, out); }
+
+const Kernels kKernels{quantize_row, unpack_row, dot, gemv512, interleave, 10,
+                       quantize_wide, unpack_wide512, dot_wide};
 
 }  // namespace
 }  // namespace folio_cpu::quant

@@ -25,6 +25,7 @@
 #include "act.h"
 #include "checks.h"
 #include "kernels.h"
+#include "matmul.h"
 
 namespace folio_cpu::quant {
 namespace {
@@ -36,14 +37,6 @@ constexpr int64_t kChunkGroups = 8;
 // Most activation rows per tile: as many as keep a tile's activation chunks within
 // ~512 KiB (L2), at most 256: more rows amortize the weights' unpacking.
 constexpr int64_t kMaxTileM = std::min<int64_t>(256, (int64_t{512} << 10) / (kChunkGroups * 320));
-
-// Where a product lands: row i, column j at data[i * stride + j]; with pairs, activation
-// rows 2i and 2i + 1 both land in row i, summed.
-struct Out {
-  float* data;
-  int64_t stride;
-  bool pairs;
-};
 
 // Decode-sized m: each weight row read once from the file's blocks for all m rows.
 void gemv_rows(const Kernels& kern, const uint8_t* act, int64_t act_stride, int64_t m,
@@ -207,6 +200,25 @@ at::Tensor quant_matmul_stack(const at::Tensor& x, at::TensorList ws,
   for (size_t j = 0; j < ws.size(); ++j) {
     mats.push_back(checked_matrix(ws[j], type_ids[j], k, rows.get(j)));
     n += mats.back().n;
+  }
+  const Kernels& kern = kernels_for(active_isa());
+  if (x.scalar_type() == at::kFloat && x.dim() == 2 &&
+      (pairs ? 2 : 1) * x.size(0) > kern.gemv_max_rows) {
+    // Prefill-sized float rows: the wide tiles, more precise than the pairs at half
+    // their work (wide.h).
+    const at::Tensor xr = checked_float_rows(x);
+    TORCH_CHECK(xr.size(1) == k, "x has ", xr.size(1), " columns but k is ", k);
+    at::Tensor out = at::empty({xr.size(0), n}, xr.options());
+    if (xr.size(0) == 0 || n == 0) return out;
+    const at::Tensor xw = quantize_wide_rows(kern, xr);
+    int64_t col = 0;
+    for (const Matrix& mat : mats) {
+      multiply_wide(kern, xw, k, mat.w.data_ptr<uint8_t>(), mat.w.stride(0),
+                    mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr, mat.n,
+                    mat.type, {out.data_ptr<float>() + col, n, false});
+      col += mat.n;
+    }
+    return out;
   }
   const at::Tensor act = activations(x, k, pairs);
   TORCH_CHECK(!pairs || act.size(0) % 2 == 0, "x must hold whole (x, residual) pairs of ",

@@ -1,0 +1,49 @@
+// The 16-bit ("wide") format of the prefill tiles, for weights and activations alike.
+//
+// A row is cut into chunks of 512 elements (16 blocks b of 32; k padded with zeros to
+// K512 = 512 * ceil(k / 512)). In a chunk, int32 word 16 j + l of q holds elements 2j and
+// 2j + 1 of block l, so one vpdpwssd over word row j adds two products of each of the 16
+// blocks into its own int32 lane, and after the 16 word rows lane l holds block l's whole
+// integer dot: its scales then apply once, 16 blocks per instruction.
+//
+//   activations: x_i = d_b * q_i,  q_i = clamp(nearbyint(x_i / d_b), -16383, 16383),
+//                d_b = amax_b / 16383; m0_b, m1_b = d_b * (sum of q over the first,
+//                second 16 elements of block b)
+//   weights:     w_i = d_b * q_i - (m0_b on the first 16 elements, m1_b on the second)
+//                q_i = s_j q'_i (- o_j where the type's M equals its D: folded in), from
+//                the Group of layout.h; m0_b, m1_b = M_b o_j of the two sub-blocks
+//
+// so w . x = sum_b [wd_b xd_b (q . q)_b - wm0_b xm0_b - wm1_b xm1_b]. Every integer term
+// is exact: |q_w| <= 4096 (Q6_K's s (q - 32) at most; Q5_K's unfolded s q <= 1953) and
+// |q_x| <= 16383, so a lane's 32 products stay below 32 * 4096 * 16383 < 2^31. 14 bits
+// and a sign per activation, against 7 of the 8-bit rows: about what the (x, residual)
+// pairs carry, at half their integer work.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "layout.h"
+
+namespace folio_cpu::quant {
+
+constexpr int64_t kWideChunk = 512;
+constexpr float kWideMax = 16383.0f;
+
+inline int64_t wide_chunks(int64_t k) { return (k + kWideChunk - 1) / kWideChunk; }
+
+struct alignas(64) WideChunk {
+  int16_t q[512];
+  float d[16];
+  float m0[16];
+  float m1[16];
+};
+static_assert(sizeof(WideChunk) == 1216);  // 19 cache lines, no padding
+
+// Whether a type's unpacked M equals its D block by block (or is zero), so its offsets
+// fold into q and its products have no min terms.
+inline bool wide_folds(int type) {
+  return type == kQ4_0 || type == kQ5_0 || type == kQ8_0 || type == kQ3_K || type == kQ6_K;
+}
+
+}  // namespace folio_cpu::quant
