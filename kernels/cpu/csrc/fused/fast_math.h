@@ -10,7 +10,9 @@ namespace folio_cpu {
 inline float exp_approx(float x) {
   const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   const float t = clamped * 1.44269504088896341f;  // log2(e)
-  const float n = static_cast<float>(static_cast<int32_t>(t + (t < 0.0f ? -0.5f : 0.5f)));
+  // rint (to nearest, ties to even): the rounding that vectorizes (an int cast of t +- 0.5
+  // branches, and keeps the loops scalar).
+  const float n = __builtin_rintf(t);
   const float r = clamped - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
   float p = 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
@@ -21,7 +23,8 @@ inline float exp_approx(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x < -87.0f ? 0.0f : p * scale;
+  const float v = p * scale;
+  return x < -87.0f ? 0.0f : v;
 }
 
 // tanh(y) = 1 - 2 / (e^(2y) + 1): exact limits at both ends, no cancellation worse than
