@@ -25,6 +25,8 @@ import torch
 
 GROUP = 256  # weights per padded group
 GROUP_BYTES = 320  # act bytes per group: 256 q + 8 float d + 16 int16 sums
+WIDE_CHUNK = 512  # elements per chunk of the 16-bit rows
+WIDE_CHUNK_BYTES = 1216  # 512 int16 q + 16 float d, m0, m1
 
 
 def act_row_bytes(k: int) -> int:
@@ -54,9 +56,12 @@ def quant_matmul_stack(x: torch.Tensor, ws: list[torch.Tensor], type_ids: list[i
     """x @ [W_1; W_2; ...].T -> float32 [m, sum of n_j]: each matrix as it lies (its own
     block type and optional row order, as in quant_matmul) into its columns, in one call.
 
-    x: float32 [m, k] (quantized inside: with `pairs`, as quantize_activations_residual
-    does), quantized activations [m, ...], or with `pairs` the [2m, ...] rows of
-    quantize_activations_residual; with `pairs` each pair is summed into one output row."""
+    x: float32 [m, k], quantized activations [m, ...], or with `pairs` the [2m, ...] rows
+    of quantize_activations_residual; with `pairs` each pair is summed into one output row.
+    Float rows are quantized inside: past the ISA's decode sizes (m, or 2m with `pairs`,
+    above about ten) to the 16-bit rows of quant_matmul_wide, which `pairs` then leaves
+    as they are; below, to 8-bit rows, with `pairs` as quantize_activations_residual does.
+    """
     return torch.ops.folio_cpu.quant_matmul_stack(x, ws, type_ids, k, rows, pairs)
 
 
@@ -69,6 +74,28 @@ def quant_matmul(x: torch.Tensor, w: torch.Tensor, type_id: int, k: int,
     applied while reading, e.g. llama.cpp's Q/K row order). Without it n_out = w.size(0).
     """
     return torch.ops.folio_cpu.quant_matmul(x, w, type_id, k, rows)
+
+
+def quantize_activations_wide(x: torch.Tensor) -> torch.Tensor:
+    """float32 [m, k] (k a multiple of 32) -> uint8 [m, WIDE_CHUNK_BYTES * ceil(k / 512)]:
+    the 16-bit rows of the prefill tiles (csrc/quant/wide.h). Per 512-element chunk:
+
+        int16   q[512]    word 16 j + l (two int16) holds elements 2j, 2j + 1 of block l
+                          (32 elements); q_i = clamp(nearbyint(x_i / d_b), -16383, 16383)
+        float32 d[16]     d_b = max |x| over block b / 16383
+        float32 m0[16]    d_b * the sum of q over the first 16 elements of block b
+        float32 m1[16]    d_b * the sum of q over all 32
+    """
+    return torch.ops.folio_cpu.quantize_activations_wide(x)
+
+
+def quant_matmul_wide(x: torch.Tensor, w: torch.Tensor, type_id: int, k: int,
+                      rows: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W.T as quant_matmul, on the wide tiles whatever m: x (float32 [m, k]) rounded
+    to 14 bits and a sign per element (quantize_activations_wide), each weight to int16
+    with its integer sub-block scale. quant_matmul_stack takes this path for float rows
+    past the decode sizes."""
+    return torch.ops.folio_cpu.quant_matmul_wide(x, w, type_id, k, rows)
 
 
 def dequantize_rows(w: torch.Tensor, ids: torch.Tensor, type_id: int, k: int) -> torch.Tensor:

@@ -7,6 +7,8 @@ where they could be inf or NaN or huge; those are overwritten with fp16 values u
 
 from __future__ import annotations
 
+import functools
+
 import numpy
 import torch
 from gguf.constants import GGMLQuantizationType
@@ -39,3 +41,41 @@ def random_quantized(name: str, n: int, k: int, seed: int = 0) -> tuple[QuantFor
 def oracle_weights(fmt: QuantFormat, qweight: numpy.ndarray) -> torch.Tensor:
     """float32 [n, k] from gguf's reference dequantizer."""
     return torch.from_numpy(dequantize(qweight, GGMLQuantizationType(fmt.type_id)))
+
+
+def _set_fields(blocks: numpy.ndarray, name: str, values: tuple[float, float]) -> numpy.ndarray:
+    out = blocks.reshape(blocks.shape[0], -1, BY_NAME[name].block_bytes).copy()
+    for offset, value in zip(FP16_FIELDS[name], values, strict=False):
+        out[..., offset:offset + 2] = numpy.frombuffer(numpy.float16(value).tobytes(), numpy.uint8)
+    return out.reshape(blocks.shape)
+
+
+@functools.cache
+def exact_case(name: str, n: int, k: int, seed: int = 0):
+    """(blocks uint8 [n, row_bytes], W float32 [n, k], W* float64 [n, k], mag [n, k]) of
+    random_quantized blocks. W is gguf's dequantization; W* = D s q - M o, the same weights
+    computed exactly in float64 (gguf's dequantizer run with the fp16 fields set to 1 and
+    0, which isolates the integer terms); mag bounds the magnitudes of the separate terms
+    D s q and M o (4 (|D| max|s q| + |M| max|o|) over each 16-weight sub-block)."""
+    fmt, blocks = random_quantized(name, n, k, seed=seed)
+    qtype = GGMLQuantizationType(fmt.type_id)
+    w = dequantize(blocks, qtype)
+    a = dequantize(_set_fields(blocks, name, (1.0, 0.0)), qtype).astype(numpy.float64)
+    view = blocks.reshape(n, -1, fmt.block_bytes)
+    def field(offset):
+        values = view[..., offset:offset + 2].copy().view(numpy.float16)[..., 0]
+        return numpy.repeat(values.astype(numpy.float64), fmt.block_size, axis=1)
+
+    fields = [field(o) for o in FP16_FIELDS[name]]
+    exact = fields[0] * a
+    b = numpy.zeros_like(a)
+    if len(fields) == 2:
+        b = dequantize(_set_fields(blocks, name, (0.0, 1.0)), qtype).astype(numpy.float64)
+        exact += fields[1] * b
+
+    def sub_max(v):
+        return numpy.repeat(numpy.abs(v).reshape(n, -1, 16).max(axis=-1), 16, axis=1)
+    mag = 4 * numpy.abs(fields[0]) * sub_max(a)
+    if len(fields) == 2:
+        mag += 4 * numpy.abs(fields[1]) * sub_max(b)
+    return blocks, w, exact, mag

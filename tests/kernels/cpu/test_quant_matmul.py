@@ -23,17 +23,13 @@ Two checks of each product:
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 import torch
-from gguf.constants import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from kernels.cpu import quant
 from kernels.quant.formats import BY_NAME
-from tests.kernels.quant_cases import FP16_FIELDS, TYPE_NAMES, random_quantized
+from tests.kernels.quant_cases import TYPE_NAMES, exact_case
 
 ROWS = (1, 2, 3, 7, 8, 9, 10, 11, 12, 13, 16, 64)
 LARGE_ROWS = (255, 256, 257, 1000)
@@ -53,36 +49,6 @@ def _shapes(name: str) -> list[tuple[int, int]]:
     return [(n, k) for n in (7, 33) for k in ks]
 
 
-def _set_fields(blocks: np.ndarray, name: str, values: tuple[float, float]) -> np.ndarray:
-    out = blocks.reshape(blocks.shape[0], -1, BY_NAME[name].block_bytes).copy()
-    for offset, value in zip(FP16_FIELDS[name], values, strict=False):
-        out[..., offset:offset + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
-    return out.reshape(blocks.shape)
-
-
-@functools.cache
-def _case(name: str, n: int, k: int, seed: int = 0):
-    """(blocks uint8 [n, row_bytes], W float32 [n, k], W* float64 [n, k], mag [n, k])."""
-    fmt, blocks = random_quantized(name, n, k, seed=seed)
-    qtype = GGMLQuantizationType(fmt.type_id)
-    w = dequantize(blocks, qtype)
-    a = dequantize(_set_fields(blocks, name, (1.0, 0.0)), qtype).astype(np.float64)
-    view = blocks.reshape(n, -1, fmt.block_bytes)
-    fields = [np.repeat(view[..., o:o + 2].copy().view(np.float16)[..., 0].astype(np.float64),
-                        fmt.block_size, axis=1) for o in FP16_FIELDS[name]]
-    exact = fields[0] * a
-    b = np.zeros_like(a)
-    if len(fields) == 2:
-        b = dequantize(_set_fields(blocks, name, (0.0, 1.0)), qtype).astype(np.float64)
-        exact += fields[1] * b
-    def sub_max(v):
-        return np.repeat(np.abs(v).reshape(n, -1, 16).max(axis=-1), 16, axis=1)
-    mag = 4 * np.abs(fields[0]) * sub_max(a)
-    if len(fields) == 2:
-        mag += 4 * np.abs(fields[1]) * sub_max(b)
-    return blocks, w, exact, mag
-
-
 def _activations(m: int, k: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(m, k, generator=gen) * (1 + torch.rand(m, 1, generator=gen))
@@ -100,7 +66,7 @@ def _float_bound(k: int, xdq: np.ndarray, mag: np.ndarray) -> np.ndarray:
 
 
 def _check(name: str, n: int, k: int, m: int, act_model, seed: int = 0) -> None:
-    blocks, w, exact, mag = _case(name, n, k)
+    blocks, w, exact, mag = exact_case(name, n, k)
     x = _activations(m, k, seed=seed + m)
     act = quant.quantize_activations(x)
     y = quant.quant_matmul(x, torch.from_numpy(blocks), BY_NAME[name].type_id, k)
@@ -159,7 +125,7 @@ def test_isa_paths_match_portable(isa, name, act_model):
     exact integer arithmetic, so within twice that of each other."""
     fmt = BY_NAME[name]
     n, k = 33, 768
-    blocks, _, _, mag = _case(name, n, k)
+    blocks, _, _, mag = exact_case(name, n, k)
     w = torch.from_numpy(blocks)
     for m in (1, 4, 5, 8, 9, 12, 13, 70):  # the decode path, and tiles
         act = quant.quantize_activations(_activations(m, k, seed=m))
@@ -181,7 +147,7 @@ def test_rows_views_and_quantized_input(name, m):
     copy, and pre-quantized activations give the float input's result: all bit-equal."""
     fmt = BY_NAME[name]
     n, k = 33, 512
-    blocks, *_ = _case(name, n, k)
+    blocks, *_ = exact_case(name, n, k)
     w = torch.from_numpy(blocks)
     x = _activations(m, k, seed=7)
     y = quant.quant_matmul(x, w, fmt.type_id, k)
@@ -199,7 +165,7 @@ def test_rows_views_and_quantized_input(name, m):
 def test_dequantize_rows_bit_equal(name):
     fmt = BY_NAME[name]
     for n, k in [(9, 256), (5, 768)] + ([(6, 96)] if fmt.block_size == 32 else []):
-        blocks, w, *_ = _case(name, n, k)
+        blocks, w, *_ = exact_case(name, n, k)
         ids = torch.tensor([3, 0, n - 1, 3, 1], dtype=torch.int64)
         got = quant.dequantize_rows(torch.from_numpy(blocks), ids, fmt.type_id, k)
         np.testing.assert_array_equal(got.numpy().view(np.uint32), w[ids.numpy()].view(np.uint32))
@@ -210,7 +176,7 @@ def test_dequantize_rows_bit_equal(name):
 
 def _bad_calls():
     fmt = BY_NAME["Q4_K"]
-    blocks, *_ = _case("Q4_K", 7, 256)
+    blocks, *_ = exact_case("Q4_K", 7, 256)
     w = torch.from_numpy(blocks)
     x = torch.zeros(2, 256)
     t = fmt.type_id
@@ -245,7 +211,7 @@ def test_bad_arguments(index):
 def test_non_finite_activations_propagate(m):
     """A NaN or infinite activation makes its row's products NaN (its block's scale is NaN)
     rather than a silently wrong number; the other rows are untouched."""
-    blocks, *_ = _case("Q4_K", 7, 512)
+    blocks, *_ = exact_case("Q4_K", 7, 512)
     w = torch.from_numpy(blocks)
     x = _activations(m, 512, seed=5)
     clean = quant.quant_matmul(x, w, 12, 512)

@@ -47,9 +47,9 @@ struct Kernels {
   void (*unpack_wide)(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
                       WideChunk* out);
   // acc[i * nr + r] += w[r] . x[i] over `chunks` chunks, nr <= kWideCols, mr <= kWideRows
-  // (has_min: the weight type has min terms, !wide_folds).
+  // (min_terms: wide_min_terms of the weight type).
   void (*dot_wide)(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
-                   int64_t chunks, bool has_min, float* acc);
+                   int64_t chunks, int min_terms, float* acc);
 };
 
 const Kernels& portable_kernels();

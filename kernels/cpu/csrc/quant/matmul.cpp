@@ -153,24 +153,6 @@ at::Tensor activations(const at::Tensor& x, int64_t k, bool pairs = false) {
   return x.stride(1) == 1 ? x : x.contiguous();
 }
 
-// One matrix's output columns (rows given or not), its checks done.
-struct Matrix {
-  const at::Tensor& w;
-  int type;
-  at::Tensor rows;  // int64 [n] or undefined
-  int64_t n;
-};
-
-Matrix checked_matrix(const at::Tensor& w, int64_t type_id, int64_t k,
-                      const std::optional<at::Tensor>& rows) {
-  const BlockType bt = check_type(type_id, k);
-  check_weight(w, bt, k);
-  if (!rows.has_value()) return {w, static_cast<int>(type_id), at::Tensor(), w.size(0)};
-  check_indices(*rows, "rows", w.size(0));
-  at::Tensor rows_c = rows->contiguous();
-  return {w, static_cast<int>(type_id), rows_c, rows_c.numel()};
-}
-
 void multiply_matrix(const at::Tensor& act, const Matrix& mat, int64_t k, Out out) {
   multiply(act.data_ptr<uint8_t>(), act.stride(0), act.size(0), mat.w.data_ptr<uint8_t>(),
            mat.w.stride(0), mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr,
@@ -201,25 +183,11 @@ at::Tensor quant_matmul_stack(const at::Tensor& x, at::TensorList ws,
     mats.push_back(checked_matrix(ws[j], type_ids[j], k, rows.get(j)));
     n += mats.back().n;
   }
-  const Kernels& kern = kernels_for(active_isa());
+  // Prefill-sized float rows: the wide tiles, more precise than the pairs at half their
+  // work (wide.h).
   if (x.scalar_type() == at::kFloat && x.dim() == 2 &&
-      (pairs ? 2 : 1) * x.size(0) > kern.gemv_max_rows) {
-    // Prefill-sized float rows: the wide tiles, more precise than the pairs at half
-    // their work (wide.h).
-    const at::Tensor xr = checked_float_rows(x);
-    TORCH_CHECK(xr.size(1) == k, "x has ", xr.size(1), " columns but k is ", k);
-    at::Tensor out = at::empty({xr.size(0), n}, xr.options());
-    if (xr.size(0) == 0 || n == 0) return out;
-    const at::Tensor xw = quantize_wide_rows(kern, xr);
-    int64_t col = 0;
-    for (const Matrix& mat : mats) {
-      multiply_wide(kern, xw, k, mat.w.data_ptr<uint8_t>(), mat.w.stride(0),
-                    mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr, mat.n,
-                    mat.type, {out.data_ptr<float>() + col, n, false});
-      col += mat.n;
-    }
-    return out;
-  }
+      (pairs ? 2 : 1) * x.size(0) > kernels_for(active_isa()).gemv_max_rows)
+    return multiply_wide_stack(x, mats, k, n);
   const at::Tensor act = activations(x, k, pairs);
   TORCH_CHECK(!pairs || act.size(0) % 2 == 0, "x must hold whole (x, residual) pairs of ",
               "rows with pairs, not ", act.size(0), " rows");

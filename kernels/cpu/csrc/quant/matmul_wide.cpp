@@ -8,6 +8,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <vector>
@@ -19,30 +20,33 @@ constexpr int64_t kTileN = 32;
 constexpr int64_t kSlice = 4;  // chunks: 2,048 weights of a row
 constexpr int64_t kMaxTileM = 256;
 
-}  // namespace
-
-at::Tensor quantize_wide_rows(const Kernels& kern, const at::Tensor& x) {
+// x float32 [m, k] (unit stride along k) -> uint8 [m, wide_chunks(k) * sizeof(WideChunk)].
+at::Tensor quantize_rows(const Kernels& kern, const at::Tensor& x) {
   const int64_t m = x.size(0), k = x.size(1), chunks = wide_chunks(k);
   const int64_t row_bytes = chunks * static_cast<int64_t>(sizeof(WideChunk));
-  // 64 extra bytes: the chunks' 64-byte alignment within an allocation aligned to less.
-  at::Tensor buf = at::empty({m * row_bytes + 64}, x.options().dtype(at::kByte));
-  const auto base = reinterpret_cast<uintptr_t>(buf.data_ptr<uint8_t>());
-  const int64_t skip = static_cast<int64_t>((64 - base % 64) % 64);
-  at::Tensor out = buf.narrow(0, skip, m * row_bytes).view({m, row_bytes});
+  at::Tensor out = at::empty({m, row_bytes}, x.options().dtype(at::kByte));
+  auto* op = reinterpret_cast<WideChunk*>(out.data_ptr<uint8_t>());
+  // Every chunk's loads are aligned ones: torch's CPU allocations are 64-byte aligned.
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(op) % alignof(WideChunk) == 0,
+              "the wide activations' buffer is not 64-byte aligned");
   const float* xp = x.data_ptr<float>();
   const int64_t xs = x.stride(0);
-  auto* op = reinterpret_cast<WideChunk*>(out.data_ptr<uint8_t>());
   at::parallel_for(0, m, (1 << 15) / k + 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) kern.quantize_wide(xp + i * xs, k, op + i * chunks);
   });
   return out;
 }
 
-void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const uint8_t* w,
-                   int64_t w_stride, const int64_t* rows, int64_t n, int type, Out out) {
-  const int64_t m = xw.size(0), chunks = wide_chunks(k);
+// xw (quantize_rows) @ W.T into out's columns.
+void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const Matrix& mat,
+                   Out out) {
+  const int64_t m = xw.size(0), chunks = wide_chunks(k), n = mat.n;
   const auto* x = reinterpret_cast<const WideChunk*>(xw.data_ptr<uint8_t>());
-  const bool has_min = !wide_folds(type);
+  const uint8_t* w = mat.w.data_ptr<uint8_t>();
+  const int64_t w_stride = mat.w.stride(0);
+  const int64_t* rows = mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr;
+  const int type = mat.type;
+  const int min_terms = wide_min_terms(type);
   const int64_t ntiles = (n + kTileN - 1) / kTileN;
   // Equal m-tiles: a remainder tile would leave a thread idle.
   const int64_t mtiles = (m + kMaxTileM - 1) / kMaxTileM;
@@ -69,7 +73,7 @@ void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const u
             const WideChunk* wr[kWideCols];
             for (int r = 0; r < nr; ++r) wr[r] = wbuf.data() + (r0 + r) * kSlice;
             float part[kWideRows * kWideCols] = {};
-            kern.dot_wide(wr, nr, xr, mr, cs, has_min, part);
+            kern.dot_wide(wr, nr, xr, mr, cs, min_terms, part);
             for (int i = 0; i < mr; ++i)
               for (int r = 0; r < nr; ++r) acc[(i0 + i) * kTileN + r0 + r] += part[i * nr + r];
           }
@@ -80,6 +84,42 @@ void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const u
           out.data[(m0 + i) * out.stride + n0 + r] = acc[i * kTileN + r];
     }
   });
+}
+
+at::Tensor quantize_activations_wide(const at::Tensor& x) {
+  return quantize_rows(kernels_for(active_isa()), checked_float_rows(x));
+}
+
+at::Tensor quant_matmul_wide(const at::Tensor& x, const at::Tensor& w, int64_t type_id,
+                             int64_t k, const std::optional<at::Tensor>& rows) {
+  const Matrix mat = checked_matrix(w, type_id, k, rows);
+  return multiply_wide_stack(x, {mat}, k, mat.n);
+}
+
+}  // namespace
+
+at::Tensor multiply_wide_stack(const at::Tensor& x, const std::vector<Matrix>& mats,
+                               int64_t k, int64_t n) {
+  const at::Tensor xr = checked_float_rows(x);
+  TORCH_CHECK(xr.size(1) == k, "x has ", xr.size(1), " columns but k is ", k);
+  at::Tensor out = at::empty({xr.size(0), n}, xr.options());
+  if (xr.size(0) == 0 || n == 0) return out;
+  const Kernels& kern = kernels_for(active_isa());
+  const at::Tensor xw = quantize_rows(kern, xr);
+  int64_t col = 0;
+  for (const Matrix& mat : mats) {
+    multiply_wide(kern, xw, k, mat, {out.data_ptr<float>() + col, n, false});
+    col += mat.n;
+  }
+  return out;
+}
+
+
+TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
+  m.def("quantize_activations_wide(Tensor x) -> Tensor",
+        &folio_cpu::quant::quantize_activations_wide);
+  m.def("quant_matmul_wide(Tensor x, Tensor w, int type_id, int k, Tensor? rows=None) -> Tensor",
+        &folio_cpu::quant::quant_matmul_wide);
 }
 
 }  // namespace folio_cpu::quant

@@ -7,13 +7,15 @@
 // integer dot: its scales then apply once, 16 blocks per instruction.
 //
 //   activations: x_i = d_b * q_i,  q_i = clamp(nearbyint(x_i / d_b), -16383, 16383),
-//                d_b = amax_b / 16383; m0_b, m1_b = d_b * (sum of q over the first,
-//                second 16 elements of block b)
-//   weights:     w_i = d_b * q_i - (m0_b on the first 16 elements, m1_b on the second)
-//                q_i = s_j q'_i (- o_j where the type's M equals its D: folded in), from
-//                the Group of layout.h; m0_b, m1_b = M_b o_j of the two sub-blocks
+//                d_b = amax_b / 16383; m0_b = d_b * (sum of q over the first 16
+//                elements of block b), m1_b = d_b * (sum of q over all 32)
+//   weights:     w_i = d_b * q_i - M_b o_j, q_i = s_j q'_i (- o_j where the type's M
+//                equals its D: folded in, M_b o_j = 0), from the Group of layout.h, j the
+//                sub-block; m0_b = M_b (o_2b - o_2b+1), m1_b = M_b o_2b+1
 //
-// so w . x = sum_b [wd_b xd_b (q . q)_b - wm0_b xm0_b - wm1_b xm1_b]. Every integer term
+// so w . x = sum_b [wd_b xd_b (q . q)_b - wm0_b xm0_b - wm1_b xm1_b] (the offsets of the
+// two sub-blocks as one on the whole block and a difference on the first half: only
+// Q2_K's differ, so the other types with offsets take one term). Every integer term
 // is exact: |q_w| <= 4096 (Q6_K's s (q - 32) at most; Q5_K's unfolded s q <= 1953) and
 // |q_x| <= 16383, so a lane's 32 products stay below 32 * 4096 * 16383 < 2^31. 14 bits
 // and a sign per activation, against 7 of the 8-bit rows: about what the (x, residual)
@@ -45,5 +47,9 @@ static_assert(sizeof(WideChunk) == 1216);  // 19 cache lines, no padding
 inline bool wide_folds(int type) {
   return type == kQ4_0 || type == kQ5_0 || type == kQ8_0 || type == kQ3_K || type == kQ6_K;
 }
+
+// How many of a weight type's offset terms (m0, m1) can be non-zero: its m1 only where
+// both sub-blocks of a block share their offset, as all but Q2_K's do.
+inline int wide_min_terms(int type) { return wide_folds(type) ? 0 : type == kQ2_K ? 2 : 1; }
 
 }  // namespace folio_cpu::quant

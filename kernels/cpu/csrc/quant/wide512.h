@@ -83,8 +83,9 @@ void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
       for (int b = 0; b < 8; ++b) blocks[8 * h + b] = group_block16(g[h], b, fold, signed_q);
       for (int b = 0; b < 8; ++b) {
         o.d[8 * h + b] = g[h].d[b];
-        o.m0[8 * h + b] = fold ? 0.0f : g[h].m[b] * static_cast<float>(g[h].o[2 * b]);
-        o.m1[8 * h + b] = fold ? 0.0f : g[h].m[b] * static_cast<float>(g[h].o[2 * b + 1]);
+        const Group& gh = g[h];
+        o.m0[8 * h + b] = fold ? 0.0f : gh.m[b] * static_cast<float>(gh.o[2 * b] - gh.o[2 * b + 1]);
+        o.m1[8 * h + b] = fold ? 0.0f : gh.m[b] * static_cast<float>(gh.o[2 * b + 1]);
       }
     }
     __m512i words[16];
@@ -93,7 +94,7 @@ void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
   }
 }
 
-template <int NR, int MR, bool kMin>
+template <int NR, int MR, int kMin>
 void wide_rows(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
                float* acc) {
   __m512 f[MR][NR];
@@ -124,12 +125,12 @@ void wide_rows(const WideChunk* const* w, const WideChunk* const* x, int64_t chu
       for (int i = 0; i < MR; ++i) {
         const __m512 scale = _mm512_mul_ps(wd, _mm512_load_ps(x[i][c].d));
         f[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][r]), scale, f[i][r]);
-        if constexpr (kMin) {
+        if constexpr (kMin == 2)
           f[i][r] = _mm512_fnmadd_ps(_mm512_load_ps(w[r][c].m0), _mm512_load_ps(x[i][c].m0),
                                      f[i][r]);
+        if constexpr (kMin >= 1)
           f[i][r] = _mm512_fnmadd_ps(_mm512_load_ps(w[r][c].m1), _mm512_load_ps(x[i][c].m1),
                                      f[i][r]);
-        }
       }
     }
   }
@@ -137,7 +138,7 @@ void wide_rows(const WideChunk* const* w, const WideChunk* const* x, int64_t chu
     for (int r = 0; r < NR; ++r) acc[i * NR + r] += _mm512_reduce_add_ps(f[i][r]);
 }
 
-template <int NR, bool kMin>
+template <int NR, int kMin>
 void wide_mr(const WideChunk* const* w, const WideChunk* const* x, int mr, int64_t chunks,
              float* acc) {
   switch (mr) {
@@ -149,15 +150,20 @@ void wide_mr(const WideChunk* const* w, const WideChunk* const* x, int mr, int64
 }
 
 // Kernels::dot_wide: nr <= 2 weight rows, mr <= 4 activation rows.
-void dot_wide(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
-              int64_t chunks, bool has_min, float* acc) {
-  if (nr == 2) {
-    if (has_min) wide_mr<2, true>(w, x, mr, chunks, acc);
-    else wide_mr<2, false>(w, x, mr, chunks, acc);
-  } else {
-    if (has_min) wide_mr<1, true>(w, x, mr, chunks, acc);
-    else wide_mr<1, false>(w, x, mr, chunks, acc);
+template <int NR>
+void wide_nr(const WideChunk* const* w, const WideChunk* const* x, int mr, int64_t chunks,
+             int min_terms, float* acc) {
+  switch (min_terms) {
+    case 0: wide_mr<NR, 0>(w, x, mr, chunks, acc); break;
+    case 1: wide_mr<NR, 1>(w, x, mr, chunks, acc); break;
+    default: wide_mr<NR, 2>(w, x, mr, chunks, acc); break;
   }
+}
+
+void dot_wide(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
+              int64_t chunks, int min_terms, float* acc) {
+  if (nr == 2) wide_nr<2>(w, x, mr, chunks, min_terms, acc);
+  else wide_nr<1>(w, x, mr, chunks, min_terms, acc);
 }
 
 }  // namespace

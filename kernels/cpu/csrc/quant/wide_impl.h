@@ -65,7 +65,7 @@ inline void quantize_wide_impl(const float* x, int64_t k, WideChunk* out) {
         }
         o.d[8 * h + b] = db;
         o.m0[8 * h + b] = db * static_cast<float>(sum[0]);
-        o.m1[8 * h + b] = db * static_cast<float>(sum[1]);
+        o.m1[8 * h + b] = db * static_cast<float>(sum[0] + sum[1]);
       }
       interleave_wide(v, h, o.q);
     }
@@ -83,7 +83,7 @@ inline void wide_from_group(const Group& g, int type, int h, WideChunk& out) {
   interleave_wide(v, h, out.q);
   for (int b = 0; b < 8; ++b) {
     out.d[8 * h + b] = g.d[b];
-    out.m0[8 * h + b] = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b]);
+    out.m0[8 * h + b] = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b] - g.o[2 * b + 1]);
     out.m1[8 * h + b] = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b + 1]);
   }
 }
@@ -108,7 +108,7 @@ inline void unpack_wide_impl(int type, const uint8_t* row, int64_t k, int64_t c0
 // acc[i * nr + r] += w[r] . x[i] over `chunks` chunks (w[r], x[i]: each row's first chunk
 // of the range), in plain C++ the compiler vectorizes: the portable and AVX2 paths.
 inline void dot_wide_impl(const WideChunk* const* w, int nr, const WideChunk* const* x,
-                          int mr, int64_t chunks, bool has_min, float* acc) {
+                          int mr, int64_t chunks, int min_terms, float* acc) {
   for (int i = 0; i < mr; ++i)
     for (int r = 0; r < nr; ++r) {
       float lane[16] = {};
@@ -123,7 +123,7 @@ inline void dot_wide_impl(const WideChunk* const* w, int nr, const WideChunk* co
           }
         for (int l = 0; l < 16; ++l) {
           lane[l] += static_cast<float>(s[l]) * (a.d[l] * b.d[l]);
-          if (has_min) lane[l] -= a.m0[l] * b.m0[l] + a.m1[l] * b.m1[l];
+          if (min_terms) lane[l] -= a.m0[l] * b.m0[l] + a.m1[l] * b.m1[l];
         }
       }
       float total = 0.0f;
