@@ -141,7 +141,7 @@ void unpack_wide(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t co
 }
 
 const Kernels kAvx2{quantize_row, unpack_row, dot, gemv_lanes256, interleave, 12,
-                    quantize_wide, unpack_wide, dot_wide_impl};
+                    quantize_wide, unpack_wide, dot_wide_impl, false};
 
 }  // namespace
 

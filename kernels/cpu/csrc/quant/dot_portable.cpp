@@ -54,7 +54,7 @@ void unpack_wide(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t co
 }
 
 const Kernels kPortable{quantize_row, unpack_row, dot, nullptr, nullptr, 0,
-                        quantize_wide, unpack_wide, dot_wide_impl};
+                        quantize_wide, unpack_wide, dot_wide_impl, false};
 
 }  // namespace
 

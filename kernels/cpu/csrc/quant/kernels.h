@@ -50,6 +50,10 @@ struct Kernels {
   // (min_terms: wide_min_terms of the weight type).
   void (*dot_wide)(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
                    int64_t chunks, int min_terms, float* acc);
+  // Whether quant_matmul_stack sends float rows past gemv_max_rows to the wide tiles: where
+  // they have SIMD kernels (AVX-512). The plain C++ ones, which the portable and AVX2 paths
+  // carry for quant_matmul_wide, are several times slower than the 8-bit pairs' tiles.
+  bool wide_prefill;
 };
 
 const Kernels& portable_kernels();

@@ -26,7 +26,7 @@ void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
 void quantize_wide(const float* x, int64_t k, WideChunk* out) { quantize_wide_impl(x, k, out); }
 
 const Kernels kKernels{quantize_row, unpack_row, dot, gemv512, interleave, 10,
-                       quantize_wide, unpack_wide512, dot_wide};
+                       quantize_wide, unpack_wide512, dot_wide, true};
 
 }  // namespace
 }  // namespace folio_cpu::quant
