@@ -10,7 +10,8 @@ namespace folio_cpu::attention {
 using RunTask = void (*)(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
 
 inline int64_t scratch_floats(int64_t rows, const AttentionArgs& args) {
-  return rows * (args.block_size + args.head_size + 2);
+  // Scores, max, sum and acc per row; one block's keys transposed (attend_kernel.inc).
+  return rows * (args.block_size + args.head_size + 2) + args.head_size * args.block_size;
 }
 
 namespace portable {
