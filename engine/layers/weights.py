@@ -127,12 +127,14 @@ class QuantizedRuns:
 
 class NativeQuantized(QuantizedRuns):
     """The native CPU library's products, every run in one call (quant_matmul_stack), each
-    multiplied where it lies. The input is quantized once for all runs, as two 8-bit rows
-    per row (x and its residual, quantize_activations_residual): each weight is read once,
-    and the pair's sum keeps about 15 bits of each activation. 8 bits alone moved 2.7% of
-    the starter's teacher-forced greedy tokens off the float32 path's (the issue allows 2%)
-    and lost Paris from its answer to "What is the capital of France?"; with the residual,
-    none moved."""
+    multiplied where it lies. The input is quantized once for all runs: prefill-sized
+    batches to 16-bit rows (the wide tiles, AVX-512), decode-sized ones as two 8-bit rows
+    per row (x and its residual, quantize_activations_residual), so each weight is read
+    once and the pair's sum keeps about 15 bits of each activation. 8 bits alone moved 2.7%
+    of the starter's teacher-forced greedy tokens off the float32 path's (the issue allows
+    2%) and lost Paris from its answer to "What is the capital of France?"; with 15 bits,
+    none moved. `pairs` False (the LM head, or cpu_activation_bits=8) takes single 8-bit
+    rows at decode sizes."""
 
     __slots__ = ("_data", "_type_ids", "_orders", "_k", "pairs")
 
