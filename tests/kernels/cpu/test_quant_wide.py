@@ -31,8 +31,9 @@ LARGE_TYPES = ("Q2_K", "Q4_K", "Q6_K", "Q4_1")
 
 
 def _shapes(name: str) -> list[tuple[int, int]]:
-    # k of one block or super-block, several, and past one 512-element chunk on a partial one.
-    ks = (256, 768, 1280) if BY_NAME[name].block_size == 256 else (32, 96, 544, 1056)
+    # k of one block or super-block, several, and past one 512-element chunk on a tail chunk
+    # of 1, 2 or 8 blocks (its own word order, wide.h).
+    ks = (256, 768, 1280) if BY_NAME[name].block_size == 256 else (32, 96, 544, 576, 1056)
     return [(n, k) for n in (7, 33) for k in ks]
 
 
@@ -65,16 +66,37 @@ def wide_model(x: np.ndarray):
     return q.astype(np.int16).reshape(m, k), d.astype(np.float32), m0, m1
 
 
+def _word_rows(k: int, c: int) -> int:
+    """Word rows of chunk c (wide.h): 16, or the power of two at or above a last chunk's
+    block count."""
+    blocks = min(16, k // 32 - 16 * c)
+    return 1 << (blocks - 1).bit_length()
+
+
 def parse_wide(rows: np.ndarray, k: int):
-    """The op's bytes -> (q, d, m0, m1) as wide_model gives them, and the padding's q."""
+    """The op's bytes -> (q, d, m0, m1) as wide_model gives them, and what lies past k."""
     m = rows.shape[0]
     chunks = rows.reshape(m, -1, quant.WIDE_CHUNK_BYTES)
-    q = np.ascontiguousarray(chunks[..., :1024]).view(np.int16)  # [m, c, 512]
-    # Word 16 j + l holds elements 2j, 2j + 1 of block l.
-    q = q.reshape(m, -1, 16, 16, 2).transpose(0, 1, 3, 2, 4).reshape(m, -1)
-    floats = [np.ascontiguousarray(chunks[..., o:o + 64]).view(np.float32).reshape(m, -1)
-              for o in (1024, 1088, 1152)]
-    return (q[:, :k], *(f[:, :k // 32] for f in floats)), q[:, k:]
+    words = np.ascontiguousarray(chunks[..., :1024]).view(np.int16).reshape(m, -1, 16, 16, 2)
+    floats = [np.ascontiguousarray(chunks[..., o:o + 64]).view(np.float32)
+              for o in (1024, 1088, 1152)]  # [m, c, 16 lanes]
+    q = np.zeros((m, chunks.shape[1] * 512), np.int16)
+    scales = [np.zeros((m, chunks.shape[1] * 16), np.float32) for _ in floats]
+    rest = []
+    for c in range(chunks.shape[1]):
+        nb = _word_rows(k, c)
+        p = 16 // nb
+        # Word (j, l): elements (l % p) 2 nb + 2j, +1 of block l / p; every lane of a block
+        # holds its scales.
+        for lane in range(16):
+            at = 512 * c + 32 * (lane // p) + (lane % p) * 2 * nb
+            q[:, at:at + 2 * nb] = words[:, c, :nb, lane].reshape(m, -1)
+        for out, f in zip(scales, floats, strict=True):
+            out[:, 16 * c:16 * c + 16 // p] = f[:, c, ::p]
+            rest.append(f[:, c] - np.repeat(f[:, c, ::p], p, axis=1))
+        rest.append(words[:, c, nb:].ravel())
+    parsed = (q[:, :k], *(f[:, :k // 32] for f in scales))
+    return parsed, np.concatenate([q[:, k:].ravel()] + [r.ravel() for r in rest])
 
 
 def _check(name: str, n: int, k: int, m: int, seed: int = 0) -> None:
@@ -96,7 +118,7 @@ def _check(name: str, n: int, k: int, m: int, seed: int = 0) -> None:
 
 
 @pytest.mark.parametrize("m", [1, 3, 8])
-@pytest.mark.parametrize("k", [32, 96, 512, 544, 1280])
+@pytest.mark.parametrize("k", [32, 96, 160, 512, 544, 576, 1280])
 def test_rows_bit_equal_to_numpy_model(isa_path, m, k):
     x = _activations(m, k, seed=k)
     x[0, :32] = 0  # an all-zero block: d = 0, q = 0

@@ -46,10 +46,10 @@ struct Kernels {
   // Chunks [c0, c0 + count) of one weight row (its file bytes, k weights) -> out[count].
   void (*unpack_wide)(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
                       WideChunk* out);
-  // acc[i * nr + r] += w[r] . x[i] over `chunks` chunks, nr <= kWideCols, mr <= kWideRows
-  // (min_terms: wide_min_terms of the weight type).
+  // acc[i * nr + r] += w[r] . x[i] over `chunks` chunks, the last of last_rows word rows
+  // (wide_rows), nr <= kWideCols, mr <= kWideRows (min_terms: wide_min_terms of the type).
   void (*dot_wide)(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
-                   int64_t chunks, int min_terms, float* acc);
+                   int64_t chunks, int last_rows, int min_terms, float* acc);
   // Whether quant_matmul_stack sends float rows past gemv_max_rows to the wide tiles: where
   // they have SIMD kernels (AVX-512). The plain C++ ones, which the portable and AVX2 paths
   // carry for quant_matmul_wide, are several times slower than the 8-bit pairs' tiles.

@@ -23,10 +23,8 @@ void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
   unpack_row_impl(type, row, k, out);
 }
 
-void quantize_wide(const float* x, int64_t k, WideChunk* out) { quantize_wide_impl(x, k, out); }
-
 const Kernels kKernels{quantize_row, unpack_row, dot, gemv512, interleave, 10,
-                       quantize_wide, unpack_wide512, dot_wide, true};
+                       quantize_wide512, unpack_wide512, dot_wide, true};
 
 }  // namespace
 }  // namespace folio_cpu::quant

@@ -60,6 +60,7 @@ void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const M
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t c0 = 0; c0 < chunks; c0 += kSlice) {
         const int64_t cs = std::min(kSlice, chunks - c0);
+        const int last_rows = wide_rows(k, c0 + cs - 1);
         for (int64_t r = 0; r < tn; ++r) {
           const uint8_t* row = w + (rows ? rows[n0 + r] : n0 + r) * w_stride;
           kern.unpack_wide(type, row, k, c0, cs, wbuf.data() + r * kSlice);
@@ -73,7 +74,7 @@ void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const M
             const WideChunk* wr[kWideCols];
             for (int r = 0; r < nr; ++r) wr[r] = wbuf.data() + (r0 + r) * kSlice;
             float part[kWideRows * kWideCols] = {};
-            kern.dot_wide(wr, nr, xr, mr, cs, min_terms, part);
+            kern.dot_wide(wr, nr, xr, mr, cs, last_rows, min_terms, part);
             for (int i = 0; i < mr; ++i)
               for (int r = 0; r < nr; ++r) acc[(i0 + i) * kTileN + r0 + r] += part[i * nr + r];
           }

@@ -1,10 +1,15 @@
 // The 16-bit ("wide") format of the prefill tiles, for weights and activations alike.
 //
-// A row is cut into chunks of 512 elements (16 blocks b of 32; k padded with zeros to
-// K512 = 512 * ceil(k / 512)). In a chunk, int32 word 16 j + l of q holds elements 2j and
-// 2j + 1 of block l, so one vpdpwssd over word row j adds two products of each of the 16
-// blocks into its own int32 lane, and after the 16 word rows lane l holds block l's whole
-// integer dot: its scales then apply once, 16 blocks per instruction.
+// A row is cut into chunks of 512 elements (16 blocks b of 32). In a chunk, int32 word
+// 16 j + l of q holds elements 2j and 2j + 1 of block l, so one vpdpwssd over word row j
+// adds two products of each of the 16 blocks into its own int32 lane, and after the 16
+// word rows lane l holds block l's whole integer dot: its scales then apply once, 16
+// blocks per instruction. A last chunk of fewer blocks (k = 576: 2) has nb word rows, nb
+// the power of two at or above its block count (wide_rows), each block spread over
+// p = 16 / nb lanes: word (j, l) holds elements (l % p) 2 nb + 2j, +1 of block l / p, and
+// the block's d sits in all its lanes, a weight's m0, m1 in its first lane alone (so
+// each offset counts once). The kernels then run nb word rows, not 16, on it: the
+// padding costs at most a factor two on the last chunk, not a whole chunk.
 //
 //   activations: x_i = d_b * q_i,  q_i = clamp(nearbyint(x_i / d_b), -16383, 16383),
 //                d_b = amax_b / 16383; m0_b = d_b * (sum of q over the first 16
@@ -33,6 +38,15 @@ constexpr int64_t kWideChunk = 512;
 constexpr float kWideMax = 16383.0f;
 
 inline int64_t wide_chunks(int64_t k) { return (k + kWideChunk - 1) / kWideChunk; }
+
+// Word rows of chunk c of a row of k elements (k a multiple of 32).
+inline int wide_rows(int64_t k, int64_t c) {
+  const int64_t blocks = k / 32 - 16 * c;
+  if (blocks >= 16) return 16;
+  int nb = 1;
+  while (nb < blocks) nb *= 2;
+  return nb;
+}
 
 struct alignas(64) WideChunk {
   int16_t q[512];

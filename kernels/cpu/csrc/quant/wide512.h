@@ -62,28 +62,70 @@ inline __m512i group_block16(const Group& g, int b, bool fold, bool signed_q) {
   return v;
 }
 
-// Kernels::unpack_wide: unpack_wide_impl's result, the Groups turned into chunks in
-// registers.
+// Kernels::quantize_wide: quantize_wide_impl's result (the same float32 operations, so
+// bit-identical), a full chunk's 16 blocks quantized in registers and transposed into
+// its word order.
+void quantize_wide512(const float* x, int64_t k, WideChunk* out) {
+  const __m512 lim = _mm512_set1_ps(kWideMax), zero = _mm512_setzero_ps();
+  for (int64_t c = 0; c < wide_chunks(k); ++c) {
+    WideChunk& o = out[c];
+    if (wide_rows(k, c) < 16) {
+      quantize_wide_chunk(x, k, c, o);
+      continue;
+    }
+    __m512i blocks[16];
+    for (int b = 0; b < 16; ++b) {
+      const float* xb = x + c * kWideChunk + 32 * b;
+      const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+      const __m512 p0 = _mm512_mul_ps(v0, zero), p1 = _mm512_mul_ps(v1, zero);
+      const bool bad = (_mm512_cmp_ps_mask(p0, p0, _CMP_UNORD_Q) |
+                        _mm512_cmp_ps_mask(p1, p1, _CMP_UNORD_Q)) != 0;
+      const float amax = bad ? __builtin_nanf("")
+                             : _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0),
+                                                                  _mm512_abs_ps(v1)));
+      const float db = amax / kWideMax;
+      const __m512 inv = _mm512_set1_ps(db != 0.0f ? 1.0f / db : 0.0f);
+      __m512i q[2];
+      const __m512 v[2] = {v0, v1};
+      for (int h = 0; h < 2; ++h) {
+        __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v[h], inv),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), r);  // NaN -> 0 first:
+        r = _mm512_max_ps(_mm512_min_ps(r, lim), _mm512_sub_ps(zero, lim));  // min/max keep it
+        q[h] = _mm512_cvtps_epi32(r);
+      }
+      blocks[b] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(q[0])),
+                                     _mm512_cvtepi32_epi16(q[1]), 1);
+      const int32_t s0 = _mm512_reduce_add_epi32(q[0]), s1 = _mm512_reduce_add_epi32(q[1]);
+      o.d[b] = db;
+      o.m0[b] = db * static_cast<float>(s0);
+      o.m1[b] = db * static_cast<float>(s0 + s1);
+    }
+    __m512i words[16];
+    transpose16(blocks, words);
+    for (int j = 0; j < 16; ++j) _mm512_store_si512(o.q + 32 * j, words[j]);
+  }
+}
+
+// Kernels::unpack_wide: unpack_wide_impl's result, full chunks turned from their Groups
+// in registers (a tail chunk, at most one per row, in plain C++).
 void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
                     WideChunk* out) {
-  const BlockType bt = block_type(type);
   const bool fold = wide_folds(type), signed_q = type == kQ8_0;
   Group g[2];
   for (int64_t c = 0; c < count; ++c) {
-    __m512i blocks[16];
+    unpack_chunk_groups(type, row, k, c0 + c, g);
     WideChunk& o = out[c];
+    if (wide_rows(k, c0 + c) < 16) {
+      wide_chunk_from_groups(g, type, k, c0 + c, o);
+      continue;
+    }
+    __m512i blocks[16];
     for (int h = 0; h < 2; ++h) {
-      const int64_t start = (c0 + c) * kWideChunk + kGroup * h;
-      if (start >= k) {
-        std::memset(static_cast<void*>(&g[h]), 0, sizeof(Group));
-      } else {
-        const int64_t n = k - start < kGroup ? k - start : kGroup;
-        unpack_row_impl(type, row + start / bt.block_size * bt.block_bytes, n, &g[h]);
-      }
       for (int b = 0; b < 8; ++b) blocks[8 * h + b] = group_block16(g[h], b, fold, signed_q);
       for (int b = 0; b < 8; ++b) {
-        o.d[8 * h + b] = g[h].d[b];
         const Group& gh = g[h];
+        o.d[8 * h + b] = gh.d[b];
         o.m0[8 * h + b] = fold ? 0.0f : gh.m[b] * static_cast<float>(gh.o[2 * b] - gh.o[2 * b + 1]);
         o.m1[8 * h + b] = fold ? 0.0f : gh.m[b] * static_cast<float>(gh.o[2 * b + 1]);
       }
@@ -95,8 +137,8 @@ void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
 }
 
 template <int NR, int MR, int kMin>
-void wide_rows(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
-               float* acc) {
+void wide_block(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
+                int last_rows, float* acc) {
   __m512 f[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) f[i][r] = _mm512_setzero_ps();
@@ -106,8 +148,9 @@ void wide_rows(const WideChunk* const* w, const WideChunk* const* x, int64_t chu
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
       for (int r = 0; r < NR; ++r) s[i][r] = _mm512_setzero_si512();
+    const int word_rows = c == chunks - 1 ? last_rows : 16;
 #pragma GCC unroll 2
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < word_rows; ++j) {
       __m512i xv[MR];
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) xv[i] = _mm512_load_si512(x[i][c].q + 32 * j);
@@ -140,30 +183,30 @@ void wide_rows(const WideChunk* const* w, const WideChunk* const* x, int64_t chu
 
 template <int NR, int kMin>
 void wide_mr(const WideChunk* const* w, const WideChunk* const* x, int mr, int64_t chunks,
-             float* acc) {
+             int last_rows, float* acc) {
   switch (mr) {
-    case 1: wide_rows<NR, 1, kMin>(w, x, chunks, acc); break;
-    case 2: wide_rows<NR, 2, kMin>(w, x, chunks, acc); break;
-    case 3: wide_rows<NR, 3, kMin>(w, x, chunks, acc); break;
-    default: wide_rows<NR, 4, kMin>(w, x, chunks, acc); break;
+    case 1: wide_block<NR, 1, kMin>(w, x, chunks, last_rows, acc); break;
+    case 2: wide_block<NR, 2, kMin>(w, x, chunks, last_rows, acc); break;
+    case 3: wide_block<NR, 3, kMin>(w, x, chunks, last_rows, acc); break;
+    default: wide_block<NR, 4, kMin>(w, x, chunks, last_rows, acc); break;
   }
 }
 
 // Kernels::dot_wide: nr <= 2 weight rows, mr <= 4 activation rows.
 template <int NR>
 void wide_nr(const WideChunk* const* w, const WideChunk* const* x, int mr, int64_t chunks,
-             int min_terms, float* acc) {
+             int last_rows, int min_terms, float* acc) {
   switch (min_terms) {
-    case 0: wide_mr<NR, 0>(w, x, mr, chunks, acc); break;
-    case 1: wide_mr<NR, 1>(w, x, mr, chunks, acc); break;
-    default: wide_mr<NR, 2>(w, x, mr, chunks, acc); break;
+    case 0: wide_mr<NR, 0>(w, x, mr, chunks, last_rows, acc); break;
+    case 1: wide_mr<NR, 1>(w, x, mr, chunks, last_rows, acc); break;
+    default: wide_mr<NR, 2>(w, x, mr, chunks, last_rows, acc); break;
   }
 }
 
 void dot_wide(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
-              int64_t chunks, int min_terms, float* acc) {
-  if (nr == 2) wide_nr<2>(w, x, mr, chunks, min_terms, acc);
-  else wide_nr<1>(w, x, mr, chunks, min_terms, acc);
+              int64_t chunks, int last_rows, int min_terms, float* acc) {
+  if (nr == 2) wide_nr<2>(w, x, mr, chunks, last_rows, min_terms, acc);
+  else wide_nr<1>(w, x, mr, chunks, last_rows, min_terms, acc);
 }
 
 }  // namespace

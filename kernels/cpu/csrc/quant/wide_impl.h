@@ -14,101 +14,146 @@ namespace folio_cpu::quant {
 
 namespace {
 
-// Word (j, l) <- elements 2j, 2j + 1 of block l, for the 8 blocks of one Group in lanes
-// 8h..8h + 7 (v: the Group's 256 values in file order).
-inline void interleave_wide(const int16_t* v, int h, int16_t* q) {
-  for (int b = 0; b < 8; ++b)
-    for (int j = 0; j < 16; ++j) {
-      const int w = 16 * j + 8 * h + b;
-      q[2 * w] = v[32 * b + 2 * j];
-      q[2 * w + 1] = v[32 * b + 2 * j + 1];
+// A chunk's block-major values (v[b][i], blocks b < 16) -> q in its word order, for a
+// chunk of nb word rows (wide.h).
+inline void place_wide(const int16_t (*v)[32], int nb, int16_t* q) {
+  const int p = 16 / nb;
+  for (int j = 0; j < nb; ++j)
+    for (int l = 0; l < 16; ++l) {
+      const int16_t* src = v[l / p] + (l % p) * 2 * nb + 2 * j;
+      q[2 * (16 * j + l)] = src[0];
+      q[2 * (16 * j + l) + 1] = src[1];
     }
 }
 
-// x[k] -> out[wide_chunks(k)]. The same IEEE float32 operations as quantize_row_impl
-// (act_row.h) with 16383 for 127, so every ISA's copy is bit-identical.
-inline void quantize_wide_impl(const float* x, int64_t k, WideChunk* out) {
-  const int64_t chunks = wide_chunks(k);
-  std::memset(static_cast<void*>(out), 0, static_cast<size_t>(chunks) * sizeof(WideChunk));
+// Per-block scales -> per-lane ones: d in every lane of its block, m0 and m1 in every
+// lane (activations) or the first (weights, whose offsets must count once).
+inline void place_scales(const float* d, const float* m0, const float* m1, int nb,
+                         bool first_lane_offsets, WideChunk& o) {
+  const int p = 16 / nb;
+  for (int l = 0; l < 16; ++l) {
+    const bool offsets = !first_lane_offsets || l % p == 0;
+    o.d[l] = d[l / p];
+    o.m0[l] = offsets ? m0[l / p] : 0.0f;
+    o.m1[l] = offsets ? m1[l / p] : 0.0f;
+  }
+}
+
+// One block of 32 activations -> v[32], its d and offset sums; IEEE float32 operations
+// as quantize_row_impl (act_row.h) with 16383 for 127, which the SIMD copies repeat.
+inline void quantize_wide_block(const float* xb, int16_t* v, float& d, float& m0, float& m1) {
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: rounds to nearest, ties to even
-  int16_t v[256];
-  for (int64_t c = 0; c < chunks; ++c) {
-    WideChunk& o = out[c];
-    for (int h = 0; h < 2; ++h) {
-      std::memset(v, 0, sizeof(v));
-      for (int b = 0; b < 8; ++b) {
-        const int64_t start = c * kWideChunk + 256 * h + 32 * b;
-        if (start >= k) break;
-        const float* xb = x + start;
-        float mx[8] = {}, bad[8] = {};
-        for (int j = 0; j < 32; j += 8)
-          for (int l = 0; l < 8; ++l) {
-            const float a = __builtin_fabsf(xb[j + l]);
-            mx[l] = a > mx[l] ? a : mx[l];
-            bad[l] += xb[j + l] * 0.0f;  // NaN exactly when some x is NaN or infinite
-          }
-        float amax = 0.0f, probe = 0.0f;
-        for (int l = 0; l < 8; ++l) {
-          amax = mx[l] > amax ? mx[l] : amax;
-          probe += bad[l];
-        }
-        if (probe != 0.0f) amax = probe;  // NaN: d = NaN carries it into the products
-        const float db = amax / kWideMax;
-        const float inv = db != 0.0f ? 1.0f / db : 0.0f;
-        int32_t sum[2] = {0, 0};
-        for (int i = 0; i < 32; ++i) {
-          float r = (xb[i] * inv + kRound) - kRound;
-          r = r > kWideMax ? kWideMax : (r < -kWideMax ? -kWideMax : r);
-          r = r == r ? r : 0.0f;
-          v[32 * b + i] = static_cast<int16_t>(r);
-          sum[i / 16] += static_cast<int32_t>(r);
-        }
-        o.d[8 * h + b] = db;
-        o.m0[8 * h + b] = db * static_cast<float>(sum[0]);
-        o.m1[8 * h + b] = db * static_cast<float>(sum[0] + sum[1]);
-      }
-      interleave_wide(v, h, o.q);
+  float mx[8] = {}, bad[8] = {};
+  for (int j = 0; j < 32; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float a = __builtin_fabsf(xb[j + l]);
+      mx[l] = a > mx[l] ? a : mx[l];
+      bad[l] += xb[j + l] * 0.0f;  // NaN exactly when some x is NaN or infinite
     }
+  float amax = 0.0f, probe = 0.0f;
+  for (int l = 0; l < 8; ++l) {
+    amax = mx[l] > amax ? mx[l] : amax;
+    probe += bad[l];
+  }
+  if (probe != 0.0f) amax = probe;  // NaN: d = NaN carries it into the products
+  const float db = amax / kWideMax;
+  const float inv = db != 0.0f ? 1.0f / db : 0.0f;
+  int32_t sum[2] = {0, 0};
+  for (int i = 0; i < 32; ++i) {
+    float r = (xb[i] * inv + kRound) - kRound;
+    r = r > kWideMax ? kWideMax : (r < -kWideMax ? -kWideMax : r);
+    r = r == r ? r : 0.0f;
+    v[i] = static_cast<int16_t>(r);
+    sum[i / 16] += static_cast<int32_t>(r);
+  }
+  d = db;
+  m0 = db * static_cast<float>(sum[0]);
+  m1 = db * static_cast<float>(sum[0] + sum[1]);
+}
+
+// Chunk c of an activation row of k elements -> o (any chunk, tails included).
+inline void quantize_wide_chunk(const float* x, int64_t k, int64_t c, WideChunk& o) {
+  int16_t v[16][32] = {};
+  float d[16] = {}, m0[16] = {}, m1[16] = {};
+  for (int b = 0; b < 16 && c * kWideChunk + 32 * b < k; ++b)
+    quantize_wide_block(x + c * kWideChunk + 32 * b, v[b], d[b], m0[b], m1[b]);
+  std::memset(o.q, 0, sizeof(o.q));
+  const int nb = wide_rows(k, c);
+  place_wide(v, nb, o.q);
+  place_scales(d, m0, m1, nb, false, o);
+}
+
+// x[k] -> out[wide_chunks(k)], bit-identical on every ISA.
+inline void quantize_wide_impl(const float* x, int64_t k, WideChunk* out) {
+  for (int64_t c = 0; c < wide_chunks(k); ++c) quantize_wide_chunk(x, k, c, out[c]);
+}
+
+// The first nb blocks of an unpacked Group as blocks 8h.. of a weight chunk: values
+// s_j q'_i (- o_j where the type folds), D, and the offset terms M (o_2b - o_2b+1),
+// M o_2b+1; the other blocks zero.
+inline void wide_values(const Group& g, int type, int h, int nb, int16_t (*v)[32], float* d,
+                        float* m0, float* m1) {
+  const bool fold = wide_folds(type), signed_q = type == kQ8_0;
+  std::memset(v[8 * h], 0, 8 * sizeof(v[0]));
+  for (int i = 0; i < 32 * nb; ++i) {
+    const int q = signed_q ? static_cast<int8_t>(g.q[i]) : g.q[i];
+    v[8 * h + i / 32][i % 32] = static_cast<int16_t>(g.s[i / 16] * q - (fold ? g.o[i / 16] : 0));
+  }
+  for (int b = 0; b < 8; ++b) {
+    d[8 * h + b] = g.d[b];
+    m0[8 * h + b] = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b] - g.o[2 * b + 1]);
+    m1[8 * h + b] = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b + 1]);
   }
 }
 
-// One unpacked Group into lanes 8h..8h + 7 of a weight chunk.
-inline void wide_from_group(const Group& g, int type, int h, WideChunk& out) {
-  const bool fold = wide_folds(type), signed_q = type == kQ8_0;
-  int16_t v[256];
-  for (int i = 0; i < 256; ++i) {
-    const int q = signed_q ? static_cast<int8_t>(g.q[i]) : g.q[i];
-    v[i] = static_cast<int16_t>(g.s[i / 16] * q - (fold ? g.o[i / 16] : 0));
+// The two Groups of chunk c of a weight row (its file bytes, k weights), zero past k.
+inline void unpack_chunk_groups(int type, const uint8_t* row, int64_t k, int64_t c,
+                                Group* g) {
+  const BlockType bt = block_type(type);
+  for (int h = 0; h < 2; ++h) {
+    const int64_t start = c * kWideChunk + kGroup * h;
+    if (start >= k) {
+      std::memset(static_cast<void*>(&g[h]), 0, sizeof(Group));
+      continue;
+    }
+    const int64_t n = k - start < kGroup ? k - start : kGroup;
+    unpack_row_impl(type, row + start / bt.block_size * bt.block_bytes, n, &g[h]);
   }
-  interleave_wide(v, h, out.q);
-  for (int b = 0; b < 8; ++b) {
-    out.d[8 * h + b] = g.d[b];
-    out.m0[8 * h + b] = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b] - g.o[2 * b + 1]);
-    out.m1[8 * h + b] = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b + 1]);
+}
+
+// Chunk c of a weight row from its Groups, in plain C++ (any chunk, tails included).
+inline void wide_chunk_from_groups(const Group* g, int type, int64_t k, int64_t c,
+                                   WideChunk& out) {
+  int16_t v[16][32];
+  float d[16], m0[16], m1[16];
+  const int64_t blocks = k / 32 - 16 * c;  // in this chunk, if below 16
+  for (int h = 0; h < 2; ++h) {
+    const int64_t present = blocks - 8 * h;
+    wide_values(g[h], type, h, static_cast<int>(present < 0 ? 0 : present > 8 ? 8 : present),
+                v, d, m0, m1);
   }
+  std::memset(out.q, 0, sizeof(out.q));
+  const int nb = wide_rows(k, c);
+  place_wide(v, nb, out.q);
+  place_scales(d, m0, m1, nb, true, out);
 }
 
 // A weight row's chunks [c0, c0 + count) (row: the file bytes of the whole row, k
 // weights) -> out[count], padding past k zero.
 inline void unpack_wide_impl(int type, const uint8_t* row, int64_t k, int64_t c0,
                              int64_t count, WideChunk* out) {
-  const BlockType bt = block_type(type);
-  std::memset(static_cast<void*>(out), 0, static_cast<size_t>(count) * sizeof(WideChunk));
-  Group g;
-  for (int64_t c = 0; c < count; ++c)
-    for (int h = 0; h < 2; ++h) {
-      const int64_t start = (c0 + c) * kWideChunk + kGroup * h;
-      if (start >= k) break;
-      const int64_t n = k - start < kGroup ? k - start : kGroup;
-      unpack_row_impl(type, row + start / bt.block_size * bt.block_bytes, n, &g);
-      wide_from_group(g, type, h, out[c]);
-    }
+  Group g[2];
+  for (int64_t c = 0; c < count; ++c) {
+    unpack_chunk_groups(type, row, k, c0 + c, g);
+    wide_chunk_from_groups(g, type, k, c0 + c, out[c]);
+  }
 }
 
 // acc[i * nr + r] += w[r] . x[i] over `chunks` chunks (w[r], x[i]: each row's first chunk
-// of the range), in plain C++ the compiler vectorizes: the portable and AVX2 paths.
+// of the range; the last of them has last_rows word rows), in plain C++: the portable and
+// AVX2 paths.
 inline void dot_wide_impl(const WideChunk* const* w, int nr, const WideChunk* const* x,
-                          int mr, int64_t chunks, int min_terms, float* acc) {
+                          int mr, int64_t chunks, int last_rows, int min_terms, float* acc) {
   for (int i = 0; i < mr; ++i)
     for (int r = 0; r < nr; ++r) {
       float lane[16] = {};
@@ -116,7 +161,8 @@ inline void dot_wide_impl(const WideChunk* const* w, int nr, const WideChunk* co
         const WideChunk& a = w[r][c];
         const WideChunk& b = x[i][c];
         int32_t s[16] = {};
-        for (int j = 0; j < 16; ++j)
+        const int word_rows = c == chunks - 1 ? last_rows : 16;
+        for (int j = 0; j < word_rows; ++j)
           for (int l = 0; l < 16; ++l) {
             const int p = 32 * j + 2 * l;
             s[l] += a.q[p] * b.q[p] + a.q[p + 1] * b.q[p + 1];
