@@ -10,8 +10,10 @@ namespace folio_cpu::attention {
 using RunTask = void (*)(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
 
 inline int64_t scratch_floats(int64_t rows, const AttentionArgs& args) {
-  // Scores, max, sum and acc per row; one block's keys transposed (attend_kernel.inc).
-  return rows * (args.block_size + args.head_size + 2) + args.head_size * args.block_size;
+  // Scores of a span (16 blocks of 16 slots, or one block of another size), max, sum and
+  // acc per row; one block's keys transposed (attend_kernel.inc).
+  const int64_t span = args.block_size == 16 ? 256 : args.block_size;
+  return rows * (span + args.head_size + 2) + args.head_size * args.block_size;
 }
 
 namespace portable {
