@@ -41,9 +41,10 @@ class EngineConfig:
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
     weights: str = "stored"  # one of WEIGHTS
     attention_backend: str | None = None  # None = auto (runner/device.py: triton, cpu, torch)
-    # Quantized products on the native CPU library: 16 keeps ~15 bits of each activation (an
-    # 8-bit row plus its 8-bit residual: the float32 path's greedy tokens); 8, one 8-bit row
-    # as llama.cpp does: prefill about twice as fast, 2-3% of greedy tokens move.
+    # Decode-sized quantized products on the native CPU library: 16 keeps ~15 bits of each
+    # activation (an 8-bit row plus its 8-bit residual: the float32 path's greedy tokens);
+    # 8, one 8-bit row as llama.cpp does: decode 10-20% faster, some greedy tokens move.
+    # Prefill batches take the 16-bit tiles (AVX-512) either way.
     cpu_activation_bits: int = 16
     num_threads: int | None = None  # torch CPU threads; None = torch's default
     seed: int = 0

@@ -12,9 +12,9 @@ In settings.json, under ``"engine"``::
   ``"cuda:N"`` or ``"mps"``.
 - ``weights``: ``"stored"`` (quantized GGUF weights stay quantized), ``"bfloat16"`` or
   ``"float32"`` (dense weights in that dtype; float32 is the exact path).
-- ``cpu_activation_bits``: CPU precision of quantized products (EngineConfig's): 16, exact
-  (the float32 path's tokens), or 8, fast (llama.cpp's arithmetic, prefill about twice as
-  fast, some tokens differ). A settings file without it reads 16.
+- ``cpu_activation_bits``: CPU precision of decode-sized quantized products (EngineConfig's):
+  16, exact (the float32 path's tokens), or 8, fast (llama.cpp's arithmetic, decode
+  10-20% faster, some tokens differ). A settings file without it reads 16.
 - ``chat_memory_mib``: the KV cache budget in MiB; null is automatic: the engine's default,
   four full contexts of the loaded model but at most 2 GiB, and never less than one context
   (engine.runner.kv_cache). That suits a desktop: a small model's chats all fit, and a large
