@@ -44,8 +44,7 @@ class EngineConfig:
     # Decode-sized quantized products on the native CPU library: 16 keeps ~15 bits of each
     # activation (an 8-bit row plus its 8-bit residual: the float32 path's greedy tokens);
     # 8, one 8-bit row as llama.cpp does: decode 10-20% faster, some greedy tokens move.
-    # Prefill batches take the 16-bit tiles either way on AVX-512 (elsewhere the choice
-    # applies to them too).
+    # Prefill batches take the 16-bit tiles either way (AVX-512; AVX2 from 128 rows).
     cpu_activation_bits: int = 16
     num_threads: int | None = None  # torch CPU threads; None = torch's default
     seed: int = 0

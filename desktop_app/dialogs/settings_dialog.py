@@ -193,8 +193,8 @@ class EngineForm(QWidget):
         self.cpu_precision = _choice(
             "cpuPrecisionSetting", "CPU precision",
             "Quantized models on the CPU. Exact: the same tokens as float32 weights. Fast: "
-            "replies 10-20% faster (and prompts, on CPUs without AVX-512), as llama.cpp "
-            "computes; a few tokens differ.",
+            "replies 10-20% faster (and short prompts on CPUs without AVX-512), as "
+            "llama.cpp computes; a few tokens differ.",
             [(label, value) for value, label in CPU_PRECISION_LABELS.items()])
         self.chat_memory = _int(0, MAX_CHAT_MEMORY_MIB)
         self.chat_memory.setObjectName("chatMemorySetting")

@@ -172,12 +172,13 @@ def test_isa_paths_match_portable(isa, name):
 
 
 @pytest.mark.parametrize("m", [13, 40, 300])
-def test_the_stack_takes_the_wide_tiles_for_float_prefill_rows(m):
-    """Float rows past the decode sizes on AVX-512: quant_matmul_stack's result is
-    quant_matmul_wide's per matrix, side by side in its columns, with or without pairs
-    (their 15 bits would add nothing), rows orders applied."""
-    if torch.ops.folio_cpu.best_isa() not in ("avx512", "avx512vnni"):
-        pytest.skip("the wide tiles serve quant_matmul_stack on AVX-512 only")
+def test_the_stack_takes_the_wide_tiles_for_float_prefill_rows(isa_path, m):
+    """Float rows past the decode sizes (AVX-512) or from 128 rows (AVX2):
+    quant_matmul_stack's result is quant_matmul_wide's per matrix, side by side in its
+    columns, with or without pairs (their 15 bits would add nothing), rows orders applied."""
+    isa = torch.ops.folio_cpu.isa()
+    if isa == "portable" or (isa == "avx2" and m < 128):
+        pytest.skip(f"the 8-bit tiles serve {m} rows on the {isa} path")
     k = 512
     mats = [exact_case("Q4_K", 48, k)[0], exact_case("Q6_K", 16, k)[0],
             exact_case("Q8_0", 33, k)[0]]

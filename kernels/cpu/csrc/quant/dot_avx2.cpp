@@ -1,4 +1,6 @@
-// The AVX2 path: the fused decode kernels (gemv_lanes256.h, gemv256.h) and the tile kernel.
+// The AVX2 path: the fused decode kernels (gemv_lanes256.h, gemv256.h), the 8-bit tile
+// kernel below, and the wide (16-bit) tiles for prefill batches of 128 rows or more
+// (wide256.h).
 //
 // Tile kernel: both operands of a group are first interleaved (interleave()) so that
 // int32 lane b of every 32-byte chunk p holds 4 weights of block b (bytes 4p..4p+3 of
@@ -32,7 +34,7 @@ inline __m256i dot4(__m256i q, __m256i x) {
 
 #include "gemv256.h"
 #include "gemv_lanes256.h"
-#include "wide_impl.h"
+#include "wide256.h"  // the wide tiles
 #include "act_row.h"
 #include "unpack.h"
 
@@ -135,13 +137,8 @@ namespace {
 
 void quantize_wide(const float* x, int64_t k, WideChunk* out) { quantize_wide_impl(x, k, out); }
 
-void unpack_wide(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
-                 WideChunk* out) {
-  unpack_wide_impl(type, row, k, c0, count, out);
-}
-
 const Kernels kAvx2{quantize_row, unpack_row, dot, gemv_lanes256, interleave, 12,
-                    quantize_wide, unpack_wide, dot_wide_impl, false};
+                    quantize_wide, unpack_wide256, dot_wide256, 128};
 
 }  // namespace
 

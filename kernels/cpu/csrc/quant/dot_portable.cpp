@@ -3,6 +3,9 @@
 // S_b = sum_j s_j * sum_{i in j} q_i x_i and O_b = sum_j o_j * xsum_j over its two
 // 16-weight sub-blocks j.
 #include "kernels.h"
+
+#include <cstdint>
+
 #include "act_row.h"
 #include "unpack.h"
 #include "wide_impl.h"
@@ -54,7 +57,8 @@ void unpack_wide(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t co
 }
 
 const Kernels kPortable{quantize_row, unpack_row, dot, nullptr, nullptr, 0,
-                        quantize_wide, unpack_wide, dot_wide_impl, false};
+                        quantize_wide, unpack_wide, dot_wide_impl,
+                        INT64_MAX};
 
 }  // namespace
 

@@ -50,10 +50,11 @@ struct Kernels {
   // (wide_rows), nr <= kWideCols, mr <= kWideRows (min_terms: wide_min_terms of the type).
   void (*dot_wide)(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
                    int64_t chunks, int last_rows, int min_terms, float* acc);
-  // Whether quant_matmul_stack sends float rows past gemv_max_rows to the wide tiles: where
-  // they have SIMD kernels (AVX-512). The plain C++ ones, which the portable and AVX2 paths
-  // carry for quant_matmul_wide, are several times slower than the 8-bit pairs' tiles.
-  bool wide_prefill;
+  // From this many float rows (and past gemv_max_rows) quant_matmul_stack takes the wide
+  // tiles instead of the 8-bit tiles: where they are at least as fast, measured (AVX-512:
+  // from the first tile; AVX2, whose unpacking costs more, from 128 rows; the portable
+  // path's plain C++ never).
+  int64_t wide_min_rows;
 };
 
 const Kernels& portable_kernels();

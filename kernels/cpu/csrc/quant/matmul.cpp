@@ -186,7 +186,7 @@ at::Tensor quant_matmul_stack(const at::Tensor& x, at::TensorList ws,
   // Prefill-sized float rows: the wide tiles, more precise than the pairs at half their
   // work (wide.h).
   const Kernels& kern = kernels_for(active_isa());
-  if (kern.wide_prefill && x.scalar_type() == at::kFloat && x.dim() == 2 &&
+  if (x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(0) >= kern.wide_min_rows &&
       (pairs ? 2 : 1) * x.size(0) > kern.gemv_max_rows)
     return multiply_wide_stack(x, mats, k, n);
   const at::Tensor act = activations(x, k, pairs);

@@ -1,5 +1,5 @@
-// wide.h's format in plain C++: quantizing activation rows, unpacking weight rows, and
-// the portable (and AVX2) tile kernel. Included by every ISA file after its target
+// wide.h's format in plain C++: quantizing activation rows, unpacking weight rows (and the
+// tail chunks of the SIMD paths), and the portable tile kernel. Included by every ISA file after its target
 // pragma, like unpack.h, so its fixed-trip loops vectorize for that ISA.
 #pragma once
 
