@@ -13,7 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error",
           422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
           503: "server_error"}
