@@ -155,7 +155,7 @@ def _params(body: SamplingFields, llm, max_tokens_default: int):
     try:
         return body.sampling_params(max_tokens_default)
     except UnsupportedField as exc:
-        raise APIError(400, str(exc), "unsupported_parameter") from exc
+        raise APIError(400, str(exc), "unsupported_parameter", exc.field) from exc
     except ValueError as exc:
         raise APIError(422, str(exc), "invalid_value") from exc
 
