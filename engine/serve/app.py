@@ -22,6 +22,7 @@ from engine.serve import responses
 from engine.serve.errors import APIError, install_error_handlers
 from engine.serve.host_guard import AccessPolicy, HostGuard
 from engine.serve.limits import BodySizeLimit
+from engine.serve.logprobs import TokenTexts
 from engine.serve.metrics import CONTENT_TYPE, ServerMetrics
 from engine.serve.protocol import (
     ChatCompletionRequest,
@@ -67,6 +68,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
     settings = settings or ServeSettings()
     llm = worker.llm
     metrics = ServerMetrics(worker)
+    texts = TokenTexts(llm.tokenizer)  # read on the first request with logprobs
     app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: a foreign Host is refused before the body is read.
@@ -134,7 +136,8 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             # The streaming response watches the connection itself.
             watch.close()
             return responses.EventStream(stream, first, shape, body.include_usage,
-                                         lambda out: metrics.finished(kind, out), metrics)
+                                         lambda out: metrics.finished(kind, out), metrics,
+                                         texts)
         metrics.running += 1
         try:
             output = await _collect(stream, first, watch)
@@ -143,7 +146,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             watch.close()
             await stream.__aexit__(None, None, None)
         metrics.finished(kind, output)
-        return JSONResponse(responses.completion_body(shape, output))
+        return JSONResponse(responses.completion_body(shape, output, texts))
 
     return app
 

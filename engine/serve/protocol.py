@@ -11,13 +11,12 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.serve import fields
 from engine.serve.fields import UnsupportedField
 
 MAX_N = 16  # candidates per request; each holds its own decode state
 MAX_STOP = 4  # OpenAI's own limit on stop strings
-MAX_LOGPROBS = 20
 _STRICT = ConfigDict(extra="forbid")
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "SamplingFields", "UnsupportedField"]
@@ -104,8 +103,6 @@ class SamplingFields(BaseModel):
         """SamplingParams for this request; ``max_tokens_default`` when the client sets no
         limit (the rest of the context: the engine stops at the context's end)."""
         fields.refuse_set_fields(self._checked_values(), self.DEFAULT_ONLY)
-        if self.num_logprobs is not None:
-            raise UnsupportedField("logprobs", "logprobs are not supported by Folio")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stop):
             raise ValueError("stop strings must not be empty")
@@ -113,7 +110,7 @@ class SamplingFields(BaseModel):
                               top_k=max(self.top_k, 0), min_p=self.min_p,
                               repetition_penalty=self.repetition_penalty, seed=self.seed,
                               max_tokens=self.limit or max_tokens_default, stop=stop,
-                              ignore_eos=self.ignore_eos)
+                              ignore_eos=self.ignore_eos, logprobs=self.num_logprobs)
 
     def _checked_values(self):
         return ((name, getattr(self, name)) for name in self.DEFAULT_ONLY)

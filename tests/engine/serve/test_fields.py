@@ -30,7 +30,7 @@ CHAT = {
     "seed": (7, HONOURED, None),
     "stream": (False, HONOURED, None),
     "stream_options": ({"include_usage": True, "include_obfuscation": True}, HONOURED, None),
-    "logprobs": (True, REFUSED, None),
+    "logprobs": (True, HONOURED, lambda body: body["choices"][0]["logprobs"]["content"]),
     "top_logprobs": (0, HONOURED, None),
     "frequency_penalty": (0.5, REFUSED, None),
     "presence_penalty": (0.5, REFUSED, None),
@@ -74,7 +74,7 @@ TEXT = {
     "seed": (7, HONOURED, None),
     "stream": (False, HONOURED, None),
     "stream_options": ({"include_usage": True}, HONOURED, None),
-    "logprobs": (3, REFUSED, None),
+    "logprobs": (3, HONOURED, lambda body: body["choices"][0]["logprobs"]["tokens"]),
     "echo": (True, REFUSED, None),
     "suffix": ("the end", REFUSED, None),
     "best_of": (3, REFUSED, None),
@@ -136,7 +136,7 @@ def test_each_field_is_classified_once(request_model, table, honoured, ignored, 
     # The test's table and the server's agree on every OpenAI field.
     assert set(table) == set(request_model.model_fields) - set(fields.EXTENSIONS)
     for name, (_, outcome, _) in table.items():
-        assert (name in honoured) == (outcome == HONOURED) or name == "logprobs", name
+        assert (name in honoured) == (outcome == HONOURED), name
         assert (name in ignored) == (outcome == IGNORED), name
 
 
