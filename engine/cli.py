@@ -134,6 +134,8 @@ def cmd_serve(args) -> int:
     try:  # before minutes of loading, not after
         check_host(args.host, args.api_key)
         check_port_free(args.port, args.host)
+        settings = ServeSettings(api_key=args.api_key, allowed_hosts=args.allowed_hosts,
+                                 allowed_origins=args.allowed_origins)
     except (ValueError, OSError) as exc:
         print(f"folio serve: error: {exc}", file=sys.stderr)
         return 2
@@ -142,7 +144,7 @@ def cmd_serve(args) -> int:
     print(f"Serving {llm.model_name} at http://{args.host}:{args.port}/v1 "
           f"(OpenAI API; Ctrl+C stops)", file=sys.stderr)
     try:
-        serve_forever(worker, args.host, args.port, ServeSettings(api_key=args.api_key))
+        serve_forever(worker, args.host, args.port, settings)
     finally:
         worker.shutdown()
     return 0
@@ -210,6 +212,14 @@ def _run_command(argv: list[str]) -> int:
     serve.add_argument("--api-key", default=None,
                        help="clients must send 'Authorization: Bearer KEY'; required "
                        "for a host other than loopback")
+    serve.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                       help="comma-separated names clients may reach the server by, beyond "
+                       "localhost, 127.0.0.1, [::1] and --host (other Host headers get "
+                       "403, against DNS rebinding), e.g. box.local")
+    serve.add_argument("--allowed-origins", default="", metavar="ORIGINS",
+                       help="comma-separated browser origins allowed to call the API, with "
+                       "CORS headers (default: none), e.g. http://localhost:3000 or "
+                       "http://localhost:*")
     _engine_options(serve)
     models = sub.add_parser("models", help="list local models")
     models.add_argument("path", nargs="*", help="extra folders or .gguf files")

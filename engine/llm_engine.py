@@ -1,7 +1,8 @@
 """LLMEngine: requests in, token deltas and finished outputs out, one step at a time.
 
 It ties the pieces together: the scheduler (what runs), the model runner (the forward),
-the sampler (the next tokens), and per candidate a detokenizer and a stop-string check.
+the sampler (the next tokens; their log-probabilities for requests that ask), and per
+candidate its streaming text (``engine/text/candidate.py``).
 Not thread-safe: ``engine.worker.EngineWorker`` drives it from one thread.
 """
 
@@ -30,33 +31,25 @@ from engine.outputs import (
     RequestMetrics,
     RequestOutput,
     TokenEvent,
+    TokenLogprobs,
 )
 from engine.runner.device import resolve_device
 from engine.runner.kv_cache import KVShape, group_blocks, num_blocks_for
+from engine.runner.logprobs import token_logprobs
 from engine.runner.memory import MemoryStats, memory_stats
 from engine.runner.model_runner import ModelRunner
 from engine.runner.sampler import Sampler, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
+from engine.text.candidate import CandidateText
 from engine.text.chat_template import ChatTokenizer
-from engine.text.detokenizer import IncrementalDetokenizer
-from engine.text.stop import StopChecker
 
 Prompt = str | list[int] | list[dict]
 
 
 @dataclass(slots=True)
-class _Candidate:
-    detokenizer: IncrementalDetokenizer
-    stop: StopChecker
-    text: str = ""
-    first_token_time: float | None = None
-    finish_time: float | None = None
-
-
-@dataclass(slots=True)
 class _Request:
     group: SequenceGroup
-    candidates: dict[int, _Candidate] = field(default_factory=dict)
+    candidates: dict[int, CandidateText] = field(default_factory=dict)
 
 
 class LLMEngine:
@@ -156,9 +149,10 @@ class LLMEngine:
         self._requests[request_id] = request
         return request_id
 
-    def _new_candidate(self, group: SequenceGroup) -> _Candidate:
-        stop = StopChecker([*group.params.stop, *self.tokenizer.stop_strings])
-        return _Candidate(IncrementalDetokenizer(self.tokenizer, group.prompt_token_ids), stop)
+    def _new_candidate(self, group: SequenceGroup) -> CandidateText:
+        return CandidateText.start(self.tokenizer, group.prompt_token_ids,
+                                   [*group.params.stop, *self.tokenizer.stop_strings],
+                                   group.params.logprobs is not None)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         group = self.scheduler.abort(request_id)
@@ -206,21 +200,24 @@ class LLMEngine:
         sampling_rows = [
             SamplingRow(p, s.generator, s.token_ids) for p, s in zip(params, targets, strict=True)
         ]
-        tokens = self.sampler(logits[rows], sampling_rows)
+        row_logits = logits[rows]
+        tokens = self.sampler(row_logits, sampling_rows)
+        logprobs = token_logprobs(row_logits, tokens, [p.logprobs for p in params])
         now = time.perf_counter()
         events: list[Event] = []
-        for seq, p, token in zip(targets, params, tokens, strict=True):
+        for seq, p, token, lp in zip(targets, params, tokens, logprobs, strict=True):
             token = int(token)
             seq.append_token(token)
             counts = self.last_step_tokens
             counts[seq.request_id] = counts.get(seq.request_id, 0) + 1
-            event = self._after_token(seq, p, token, now)
+            event = self._after_token(seq, p, token, now, lp)
             if event is not None:
                 events.append(event)
         return events
 
     def _after_token(
-        self, seq: Sequence, params: SamplingParams, token: int, now: float
+        self, seq: Sequence, params: SamplingParams, token: int, now: float,
+        logprobs: TokenLogprobs | None,
     ) -> TokenEvent | None:
         request = self._requests[seq.request_id]
         group = request.group
@@ -242,11 +239,15 @@ class LLMEngine:
         elif reason is None and seq.num_tokens >= self.max_model_len:
             reason = "context"
         if reason is not None and not cand.stop.stopped:
-            delta += _drain(cand)
+            delta += cand.drain()
         cand.text += delta
         if reason is not None:
             cand.finish_time = now
             self.scheduler.finish_seq(seq, reason)
+        if logprobs is not None:
+            cand.logprobs.append(logprobs)
+            # Every token is reported, its text held back or not.
+            return TokenEvent(seq.request_id, seq.index, delta, [token], [logprobs])
         if not delta:
             return None
         return TokenEvent(seq.request_id, seq.index, delta, [token])
@@ -258,7 +259,8 @@ class LLMEngine:
             cand = request.candidates[seq.index]
             outputs.append(
                 CompletionOutput(seq.index, cand.text, list(seq.output_token_ids),
-                                 seq.finish_reason)
+                                 seq.finish_reason,
+                                 None if cand.logprobs is None else list(cand.logprobs))
             )
         return RequestOutput(
             group.request_id, list(group.prompt_token_ids), outputs, group.is_finished,
@@ -295,9 +297,3 @@ class LLMEngine:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_pool_bytes,
                             self.resolved_device.status_line)
 
-
-def _drain(cand: _Candidate) -> str:
-    """The text a candidate still holds back when it ends for another reason than a stop
-    string: half a character in the detokenizer, a possible stop-string prefix."""
-    stopped, text = cand.stop.check(cand.detokenizer.flush())
-    return text if stopped else text + cand.stop.flush()

@@ -19,6 +19,19 @@ class RequestMetrics:
         return self.num_prompt_tokens - self.num_cached_tokens
 
 
+@dataclass(slots=True, frozen=True)
+class TokenLogprobs:
+    """A generated token's log-probability and the ``top`` most probable tokens as
+    (token id, log-probability), most probable first. Both come from log_softmax of the
+    model's own logits, before repetition penalty, temperature and top-k/p/min-p (as
+    vLLM's default), so they describe the model, not the sampler's settings; the chosen
+    token may be outside ``top``."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(slots=True)
 class CompletionOutput:
     index: int
@@ -27,6 +40,8 @@ class CompletionOutput:
     # "stop" (end of text, a stop string or token), "length" (max_tokens), "context" (the
     # context, or the KV pool, is full) or "abort" (cancelled).
     finish_reason: str | None = None
+    # One per token_ids entry (the stop token's too) when SamplingParams.logprobs is set.
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(slots=True)
@@ -40,12 +55,15 @@ class RequestOutput:
 
 @dataclass(slots=True)
 class TokenEvent:
-    """New text for one candidate; `text` is the delta since the last event."""
+    """New text for one candidate; `text` is the delta since the last event. A request
+    with SamplingParams.logprobs hears of every token, held-back text or not (`text` may
+    be empty then), with `logprobs` one per `token_ids` entry."""
 
     request_id: str
     index: int
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from engine.validation import FieldChecker
 
 _check = FieldChecker("SamplingParams")
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 
 
 @dataclass(slots=True)
@@ -22,13 +23,17 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # Log-probabilities of each generated token and of the `logprobs` most probable
+    # alternatives (0: the chosen token's alone), from the model's own logits; None:
+    # nothing is computed.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
-        _check.types(self, integers=("n", "top_k", "max_tokens", "seed"),
+        _check.types(self, integers=("n", "top_k", "max_tokens", "seed", "logprobs"),
                      numbers=("temperature", "top_p", "min_p", "repetition_penalty"))
         _check(isinstance(self.n, int) and self.n >= 1, "n", self.n, "an integer >= 1")
         _check(self.temperature >= 0, "temperature", self.temperature, ">= 0")
@@ -46,6 +51,8 @@ class SamplingParams:
                "a list of non-empty strings")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                "stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
+        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+               self.logprobs, f"an integer in [0, {MAX_LOGPROBS}] or None")
 
     @property
     def greedy(self) -> bool:

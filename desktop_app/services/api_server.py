@@ -5,8 +5,9 @@ bridge's own EngineWorker: one model in memory, and API requests (ids ``api-N``)
 same continuous batch and prefix cache as the chats, so the memory panel shows their
 blocks beside the chats'. The server follows the model: it stops when the worker is
 retired (unload, switch, exit) and starts again over the next local model that loads.
-Loopback only. Starting and stopping run on background threads; the outcome comes back
-to the GUI thread through a queued signal.
+Loopback only, with ``folio serve``'s Host and Origin checks (engine/serve/host_guard.py:
+a web page that rebinds its name to 127.0.0.1 gets a 403). Starting and stopping run on
+background threads; the outcome comes back to the GUI thread through a queued signal.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ MAX_TEMPERATURE = 2.0  # what the OpenAI API (and so vLLM, SGLang, folio serve) 
 
 def request_body(model: str, messages: list[dict], params, n: int, seed: int | None) -> dict:
     """The chat-completions arguments for these SamplingParams. top_k, min_p and
-    repetition_penalty are not OpenAI fields: they go as extras, which vLLM and SGLang
-    honour and folio serve ignores, and only when they change something."""
+    repetition_penalty are not OpenAI fields: they go as extras, which vLLM, SGLang and
+    folio serve honour, and only when they change something."""
     body: dict = {
         "model": model, "messages": messages, "n": n, "stream": True,
         "stream_options": {"include_usage": True},

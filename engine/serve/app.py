@@ -20,7 +20,9 @@ from fastapi.responses import JSONResponse, Response
 from engine.outputs import ErrorEvent, FinishedEvent
 from engine.serve import responses
 from engine.serve.errors import APIError, install_error_handlers
+from engine.serve.host_guard import AccessPolicy, HostGuard
 from engine.serve.limits import BodySizeLimit
+from engine.serve.logprobs import TokenTexts
 from engine.serve.metrics import CONTENT_TYPE, ServerMetrics
 from engine.serve.protocol import (
     ChatCompletionRequest,
@@ -42,20 +44,35 @@ class ServeSettings:
     # queues in the clients, not in this process's memory.
     max_waiting: int = 64
     retry_after_s: int = 1
+    # Names beyond the bound address and loopback that clients may send as Host, and the
+    # browser origins that get CORS headers (engine/serve/host_guard.py): none by default.
+    # Comma-separated text or a sequence; kept as a tuple.
+    allowed_hosts: tuple[str, ...] | str = ()
+    allowed_origins: tuple[str, ...] | str = ()
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        policy = self.policy("127.0.0.1")  # a bad name or origin fails here, not later
+        self.allowed_hosts, self.allowed_origins = policy.allowed_hosts, policy.allowed_origins
+
+    def policy(self, bind: str) -> AccessPolicy:
+        return AccessPolicy(bind, self.allowed_hosts, self.allowed_origins)
 
 
-def create_app(worker: EngineWorker, settings: ServeSettings | None = None) -> FastAPI:
+def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
+               host: str = "127.0.0.1") -> FastAPI:
+    """``host``: the address the app is served on, which clients may send as Host."""
     settings = settings or ServeSettings()
     llm = worker.llm
     metrics = ServerMetrics(worker)
+    texts = TokenTexts(llm.tokenizer)  # read on the first request with logprobs
     app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Added last, so it runs first: a foreign Host is refused before the body is read.
+    app.add_middleware(HostGuard, policy=settings.policy(host))
     install_error_handlers(app)
     app.state.metrics = metrics
 
@@ -119,7 +136,8 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None) -> F
             # The streaming response watches the connection itself.
             watch.close()
             return responses.EventStream(stream, first, shape, body.include_usage,
-                                         lambda out: metrics.finished(kind, out), metrics)
+                                         lambda out: metrics.finished(kind, out), metrics,
+                                         texts)
         metrics.running += 1
         try:
             output = await _collect(stream, first, watch)
@@ -128,7 +146,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None) -> F
             watch.close()
             await stream.__aexit__(None, None, None)
         metrics.finished(kind, output)
-        return JSONResponse(responses.completion_body(shape, output))
+        return JSONResponse(responses.completion_body(shape, output, texts))
 
     return app
 
@@ -140,7 +158,7 @@ def _params(body: SamplingFields, llm, max_tokens_default: int):
     try:
         return body.sampling_params(max_tokens_default)
     except UnsupportedField as exc:
-        raise APIError(400, str(exc), "unsupported_parameter") from exc
+        raise APIError(400, str(exc), "unsupported_parameter", exc.field) from exc
     except ValueError as exc:
         raise APIError(422, str(exc), "invalid_value") from exc
 

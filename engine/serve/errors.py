@@ -13,7 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error",
           422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
           503: "server_error"}
@@ -53,7 +54,15 @@ def install_error_handlers(app: FastAPI) -> None:
         if tuple(first.get("loc", ())) == ("body",):
             return error_response(APIError(400, "the request body must be a JSON object",
                                            "invalid_body"))
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        unknown = [e for e in errors if e.get("type") == "extra_forbidden"]
+        if unknown:
+            # Refused, not dropped: a field Folio ignored could change what the client
+            # expects of the reply (engine/serve/fields.py).
+            where = _where(unknown[0])
+            return error_response(APIError(400, f"{where} is not a field Folio knows (an "
+                                           "OpenAI field it does not implement, or a typo); "
+                                           "remove it", "unsupported_parameter", where))
+        where = _where(first)
         message = first.get("msg", "invalid request")
         return error_response(APIError(422, f"{where}: {message}" if where else message,
                                        "invalid_value", where or None))
@@ -67,3 +76,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("request %s %s failed", request.method, request.url.path)
         return error_response(APIError(500, f"internal error: {type(exc).__name__}"))
+
+
+def _where(error: dict) -> str:
+    return ".".join(str(p) for p in error.get("loc", ()) if p != "body")

@@ -1,55 +1,82 @@
 """The OpenAI request bodies ``folio serve`` accepts, and how each maps to SamplingParams.
 
-Fields OpenAI defines but Folio cannot honour (log probabilities, tools, penalties other
-than zero) are refused with a message naming the field, instead of being silently
-ignored; fields that do not change the output (``user``, ``metadata``) are accepted and
-ignored, as OpenAI-compatible servers do.
+Every field is honoured, ignored where that cannot change the reply, or refused with a 400
+that names it (``fields.py`` says which and why); unknown fields are refused too
+(``extra="forbid"``), so nothing a client asks for is dropped in silence.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.serve import fields
+from engine.serve.fields import UnsupportedField
 
 MAX_N = 16  # candidates per request; each holds its own decode state
 MAX_STOP = 4  # OpenAI's own limit on stop strings
+_STRICT = ConfigDict(extra="forbid")
 
-
-class UnsupportedField(ValueError):
-    """A request field Folio does not implement, set to something other than its default."""
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "SamplingFields", "UnsupportedField"]
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     include_usage: bool = False
+    # Random padding against a network observer guessing tokens from chunk sizes; an
+    # OpenAI-side measure that changes no content, so no padding is sent.
+    include_obfuscation: bool | None = None
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
+class ContentPart(BaseModel):
+    # Extra fields are checked by name in ChatMessage.check, with the part's position.
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    model_config = _STRICT
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: Any = None
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    function_call: Any = None
+    audio: Any = None
+    refusal: Any = None
+
+    def check(self, i: int) -> None:
+        where = f"messages.{i}."
+        if self.role in fields.UNSUPPORTED_ROLES:
+            raise UnsupportedField(where + "role", f"{where}role={self.role!r} is not "
+                                   "supported by Folio: function calling is not implemented")
+        fields.refuse_set_fields(((n, getattr(self, n)) for n in fields.DEFAULT_ONLY_MESSAGE),
+                                 fields.DEFAULT_ONLY_MESSAGE, where)
+        for j, part in enumerate(self.content if isinstance(self.content, list) else []):
+            at = f"{where}content.{j}."
+            if part.type != "text":
+                raise UnsupportedField(at + "type", f"{at}type={part.type!r} is not "
+                                       "supported by Folio: its models read text only")
+            for extra in part.model_extra or {}:
+                raise UnsupportedField(at + extra, f"{at}{extra} is not supported by Folio")
+            if part.text is None:
+                raise ValueError(f"{at}text: a text part needs its text")
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or "" for part in self.content)
 
 
 class SamplingFields(BaseModel):
     """What chat and text completions share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     model: str
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
@@ -59,31 +86,42 @@ class SamplingFields(BaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logprobs: bool | int | None = None
+    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = 0.0
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
-    # vLLM's extension, for benchmarks that need replies of a fixed length.
+    # vLLM's extensions: what SamplingParams has beyond OpenAI's fields. top_k -1 is
+    # vLLM's "off", as 0 is here.
+    top_k: Annotated[int, Field(ge=-1)] = 0
+    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0, le=2)] = 1.0
     ignore_eos: bool = False
+
+    DEFAULT_ONLY: ClassVar[dict] = fields.DEFAULT_ONLY_CHAT
 
     def sampling_params(self, max_tokens_default: int) -> SamplingParams:
         """SamplingParams for this request; ``max_tokens_default`` when the client sets no
         limit (the rest of the context: the engine stops at the context's end)."""
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name):
-                raise UnsupportedField(f"{name} is not supported by Folio; leave it at 0")
-        if self.logprobs:
-            raise UnsupportedField("logprobs are not supported by Folio")
+        fields.refuse_set_fields(self._checked_values(), self.DEFAULT_ONLY)
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stop):
             raise ValueError("stop strings must not be empty")
         return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p,
-                              seed=self.seed, max_tokens=self.limit or max_tokens_default,
-                              stop=stop, ignore_eos=self.ignore_eos)
+                              top_k=max(self.top_k, 0), min_p=self.min_p,
+                              repetition_penalty=self.repetition_penalty, seed=self.seed,
+                              max_tokens=self.limit or max_tokens_default, stop=stop,
+                              ignore_eos=self.ignore_eos, logprobs=self.num_logprobs)
+
+    def _checked_values(self):
+        return ((name, getattr(self, name)) for name in self.DEFAULT_ONLY)
 
     @property
     def limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -93,16 +131,47 @@ class SamplingFields(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    tools: list[dict] | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    # Refused unless left at what Folio does (fields.DEFAULT_ONLY_CHAT); typed loosely so
+    # that a value in any shape is refused by name, not mistyped.
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
+    store: Any = None
+    service_tier: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    # Ignored (fields.IGNORED_CHAT).
+    safety_identifier: str | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
 
     @property
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise ValueError("top_logprobs needs logprobs: true")
+            return None
+        return self.top_logprobs or 0
+
     def sampling_params(self, max_tokens_default: int) -> SamplingParams:
-        if self.tools:
-            raise UnsupportedField("tools (function calling) are not supported by Folio")
+        for i, message in enumerate(self.messages):
+            message.check(i)
         return super().sampling_params(max_tokens_default)
 
     def engine_messages(self) -> list[dict]:
@@ -116,9 +185,18 @@ class CompletionRequest(SamplingFields):
     # One prompt: text, or token ids. (OpenAI also takes a batch; one request per
     # prompt keeps each answer's choices and usage unambiguous.)
     prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-    echo: bool = False
+    # OpenAI allows 5 alternatives here; Folio as many as in chat.
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: Annotated[int, Field(ge=1)] | None = None
 
-    def sampling_params(self, max_tokens_default: int) -> SamplingParams:
-        if self.echo:
-            raise UnsupportedField("echo is not supported by Folio")
-        return super().sampling_params(max_tokens_default)
+    DEFAULT_ONLY: ClassVar[dict] = fields.DEFAULT_ONLY_TEXT
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def _checked_values(self):
+        for name, value in super()._checked_values():
+            yield name, None if name == "best_of" and value == self.n else value

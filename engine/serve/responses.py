@@ -3,7 +3,8 @@
 ``Shape`` holds what every body of one request repeats (its id, kind, model, creation
 time); ``completion_body`` builds the one-piece answer, ``EventStream`` the streamed one:
 ``data: {chunk}`` lines, each candidate's final chunk with its finish reason, optionally a
-usage chunk, then ``data: [DONE]``.
+usage chunk, then ``data: [DONE]``. Log-probabilities, for requests that ask, are shaped
+by ``logprobs.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from starlette.responses import StreamingResponse
 
 from engine.outputs import ErrorEvent, FinishedEvent, RequestOutput, TokenEvent
+from engine.serve.logprobs import LogprobsFormat, TokenTexts
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,11 +39,11 @@ class Shape:
             body["usage"] = usage
         return body
 
-    def delta(self, index: int, text: str, first: bool) -> dict:
+    def delta(self, index: int, text: str, first: bool, logprobs: dict | None = None) -> dict:
         if self.kind == "text":
-            return {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
         delta = {"role": "assistant", "content": text} if first else {"content": text}
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
 
     def last(self, index: int, reason: str | None) -> dict:
         if self.kind == "text":
@@ -70,14 +72,15 @@ def model_card(llm) -> dict:
             "owned_by": "folio", "max_model_len": llm.max_model_len}
 
 
-def completion_body(shape: Shape, output: RequestOutput) -> dict:
+def completion_body(shape: Shape, output: RequestOutput, texts: TokenTexts) -> dict:
+    logprobs = LogprobsFormat(shape.kind, texts)
     if shape.kind == "chat":
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": None, "finish_reason": finish_reason(c.finish_reason)}
-                   for c in output.outputs]
+                    "logprobs": logprobs(c.index, c.logprobs),
+                    "finish_reason": finish_reason(c.finish_reason)} for c in output.outputs]
         kind = "chat.completion"
     else:
-        choices = [{"index": c.index, "text": c.text, "logprobs": None,
+        choices = [{"index": c.index, "text": c.text, "logprobs": logprobs(c.index, c.logprobs),
                     "finish_reason": finish_reason(c.finish_reason)} for c in output.outputs]
         kind = "text_completion"
     return {"id": shape.id, "object": kind, "created": shape.created, "model": shape.model,
@@ -94,11 +97,14 @@ class EventStream(StreamingResponse):
     request is cancelled in the engine if it still runs, so no block stays held."""
 
     def __init__(self, stream, first, shape: Shape, include_usage: bool,
-                 on_finished: Callable[[RequestOutput], None], metrics) -> None:
+                 on_finished: Callable[[RequestOutput], None], metrics,
+                 texts: TokenTexts) -> None:
         self._stream = stream
         self._metrics = metrics
         metrics.running += 1
-        super().__init__(_chunks(stream, first, shape, include_usage, on_finished),
+        chunks = _chunks(stream, first, shape, include_usage, on_finished,
+                         LogprobsFormat(shape.kind, texts))
+        super().__init__(chunks,
                          media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -111,13 +117,15 @@ class EventStream(StreamingResponse):
 
 
 async def _chunks(stream, first, shape: Shape, include_usage: bool,
-                  on_finished: Callable[[RequestOutput], None]) -> AsyncIterator[bytes]:
+                  on_finished: Callable[[RequestOutput], None],
+                  logprobs: LogprobsFormat) -> AsyncIterator[bytes]:
     started: set[int] = set()
     event = first
     while True:
         if isinstance(event, TokenEvent):
             yield sse(shape.chunk([shape.delta(event.index, event.text,
-                                               event.index not in started)]))
+                                               event.index not in started,
+                                               logprobs(event.index, event.logprobs))]))
             started.add(event.index)
         elif isinstance(event, FinishedEvent):
             output = event.output

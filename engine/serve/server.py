@@ -63,7 +63,7 @@ def free_port(host: str = DEFAULT_HOST) -> int:
 def _uvicorn_server(worker: EngineWorker, host: str, port: int, settings: ServeSettings):
     import uvicorn
 
-    config = uvicorn.Config(create_app(worker, settings), host=host, port=port,
+    config = uvicorn.Config(create_app(worker, settings, host), host=host, port=port,
                             log_level="warning", access_log=False, lifespan="off")
     return uvicorn.Server(config)
 

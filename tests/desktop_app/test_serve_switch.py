@@ -133,3 +133,21 @@ def test_a_port_in_use_turns_the_switch_off(qtbot, tiny_bridge, make_window, cap
     dialog = window.open_settings()
     assert not dialog.findChild(QCheckBox, "serveSetting").isChecked()
     dialog.reject()
+
+
+def test_the_apps_server_refuses_foreign_hosts_and_origins(qtbot, tiny_bridge, make_window):
+    import httpx2 as httpx
+
+    window = make_window(tiny_bridge, AppSettings(serve_enabled=True, serve_port=free_port()))
+    qtbot.waitUntil(lambda: window.serve.url != "", timeout=30000)
+    chat = {"model": tiny_bridge.model_name, "max_tokens": 4, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+    url = window.serve.url + "/chat/completions"
+    for headers in ({"host": "evil.example:8765"}, {"origin": "http://evil.example"}):
+        refused = httpx.post(url, json=chat, headers=headers, timeout=60)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["type"] == "permission_error"
+        assert "access-control-allow-origin" not in refused.headers
+    port = window.settings.serve_port
+    assert httpx.post(url, json=chat, headers={"host": f"localhost:{port}"},
+                      timeout=60).status_code == 200

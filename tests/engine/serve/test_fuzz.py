@@ -11,10 +11,23 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
 
+from engine.serve.app import ServeSettings
+from tests.engine.serve.conftest import Served
+
 pytestmark = pytest.mark.slow
 
 OPERATIONS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
               "GET /health", "GET /metrics"]
+
+
+@pytest.fixture(scope="module")
+def tiny_served(tiny_llm):
+    # schemathesis calls the ASGI app with Host "testserver": a name the server must be
+    # told it is served under, as a user behind a proxy would (--allowed-hosts).
+    served = Served(tiny_llm, ServeSettings(max_body_bytes=64 * 1024, max_waiting=8,
+                                            allowed_hosts="testserver"))
+    yield served
+    served.stop()
 
 
 @pytest.fixture(scope="module")

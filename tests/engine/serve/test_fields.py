@@ -1,0 +1,204 @@
+"""Every field of OpenAI's chat and text completion requests is honoured, ignored where
+that cannot change the reply, or refused with a 400 naming it: never dropped in silence.
+The lists are OpenAI's API reference; fields the installed openai client knows beyond
+them must be refused too (a field no one classified is a field Folio does not do)."""
+
+from __future__ import annotations
+
+import httpx2 as httpx
+import pytest
+
+from engine.serve import fields
+from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
+
+HONOURED, IGNORED, REFUSED = "honoured", "ignored", "refused"
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+# field: (a value that would change the reply or the promise, outcome, check of the body)
+CHAT = {
+    "messages": ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], HONOURED,
+                 None),
+    "model": (None, HONOURED, None),  # the served one (a wrong one is a 404: test_errors)
+    "n": (2, HONOURED, lambda body: len(body["choices"]) == 2),
+    "temperature": (0, HONOURED, None),
+    "top_p": (0.5, HONOURED, None),
+    "max_tokens": (2, HONOURED, lambda body: body["usage"]["completion_tokens"] <= 2),
+    "max_completion_tokens": (2, HONOURED,
+                              lambda body: body["usage"]["completion_tokens"] <= 2),
+    "stop": (["\n"], HONOURED, lambda body: "\n" not in body["choices"][0]["message"][
+        "content"]),
+    "seed": (7, HONOURED, None),
+    "stream": (False, HONOURED, None),
+    "stream_options": ({"include_usage": True, "include_obfuscation": True}, HONOURED, None),
+    "logprobs": (True, HONOURED, lambda body: body["choices"][0]["logprobs"]["content"]),
+    "top_logprobs": (0, HONOURED, None),
+    "frequency_penalty": (0.5, REFUSED, None),
+    "presence_penalty": (0.5, REFUSED, None),
+    "logit_bias": ({"50": 100}, REFUSED, None),
+    "response_format": ({"type": "json_object"}, REFUSED, None),
+    "tools": ([TOOL], REFUSED, None),
+    "tool_choice": ("required", REFUSED, None),
+    "parallel_tool_calls": (True, REFUSED, None),
+    "functions": ([{"name": "f", "parameters": {}}], REFUSED, None),
+    "function_call": ("auto", REFUSED, None),
+    "audio": ({"voice": "alloy", "format": "wav"}, REFUSED, None),
+    "modalities": (["text", "audio"], REFUSED, None),
+    "prediction": ({"type": "content", "content": "hello"}, REFUSED, None),
+    "reasoning_effort": ("low", REFUSED, None),
+    "verbosity": ("low", REFUSED, None),
+    "web_search_options": ({"search_context_size": "low"}, REFUSED, None),
+    "moderation": ({"model": "omni-moderation-latest"}, REFUSED, None),
+    "store": (True, REFUSED, None),
+    "service_tier": ("flex", REFUSED, None),
+    "prompt_cache_retention": ("24h", REFUSED, None),
+    "prompt_cache_options": ({"ttl": "1h"}, REFUSED, None),
+    "user": ("user-1", IGNORED, None),
+    "safety_identifier": ("hash-1", IGNORED, None),
+    "metadata": ({"project": "x"}, IGNORED, None),
+    "prompt_cache_key": ("k", IGNORED, None),
+}
+# What Folio does anyway, spelled out by a client: accepted.
+CHAT_DEFAULTS = {"tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+                 "logit_bias": {}, "frequency_penalty": 0, "presence_penalty": 0.0,
+                 "modalities": ["text"], "store": False, "service_tier": "auto",
+                 "functions": [], "function_call": "none", "logprobs": False,
+                 "prompt_cache_retention": "in_memory"}
+TEXT = {
+    "model": (None, HONOURED, None),
+    "prompt": ([1, 2, 3], HONOURED, lambda body: body["usage"]["prompt_tokens"] == 3),
+    "n": (2, HONOURED, lambda body: len(body["choices"]) == 2),
+    "temperature": (0, HONOURED, None),
+    "top_p": (0.5, HONOURED, None),
+    "max_tokens": (2, HONOURED, lambda body: body["usage"]["completion_tokens"] <= 2),
+    "stop": ("\n", HONOURED, None),
+    "seed": (7, HONOURED, None),
+    "stream": (False, HONOURED, None),
+    "stream_options": ({"include_usage": True}, HONOURED, None),
+    "logprobs": (3, HONOURED, lambda body: body["choices"][0]["logprobs"]["tokens"]),
+    "echo": (True, REFUSED, None),
+    "suffix": ("the end", REFUSED, None),
+    "best_of": (3, REFUSED, None),
+    "frequency_penalty": (0.5, REFUSED, None),
+    "presence_penalty": (0.5, REFUSED, None),
+    "logit_bias": ({"50": 100}, REFUSED, None),
+    "user": ("user-1", IGNORED, None),
+}
+EXTENSIONS = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "ignore_eos": True}
+
+
+def post(served, path: str, body: dict) -> httpx.Response:
+    return httpx.post(served.url + path, json=body, timeout=60)
+
+
+def chat(served, **extra) -> dict:
+    return {"model": served.model, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4, **extra}
+
+
+def text(served, **extra) -> dict:
+    return {"model": served.model, "prompt": "hi", "max_tokens": 4, **extra}
+
+
+def assert_refused(response, field: str) -> None:
+    assert response.status_code == 400, (field, response.text)
+    error = response.json()["error"]
+    assert field in error["message"] and error["param"] == field
+    assert error["code"] == "unsupported_parameter"
+
+
+def client_fields(params_module) -> set[str]:
+    base = params_module.CompletionCreateParamsBase
+    return set(base.__annotations__) | {"stream"}
+
+
+def test_the_lists_cover_the_openai_clients_fields_or_it_refuses_the_rest(tiny_served):
+    """A field of the installed openai client that these lists do not know is one Folio
+    does not know either: refused by name, never dropped."""
+    from openai.types import completion_create_params as text_params
+    from openai.types.chat import completion_create_params as chat_params
+
+    for known, params, path, body in ((CHAT, chat_params, "/v1/chat/completions", chat),
+                                      (TEXT, text_params, "/v1/completions", text)):
+        for name in sorted(client_fields(params) - set(known)):
+            assert_refused(post(tiny_served, path, body(tiny_served, **{name: "x"})), name)
+
+
+@pytest.mark.parametrize(("request_model", "table", "honoured", "ignored", "default_only"), [
+    (ChatCompletionRequest, CHAT, fields.HONOURED_CHAT, fields.IGNORED_CHAT,
+     fields.DEFAULT_ONLY_CHAT),
+    (CompletionRequest, TEXT, fields.HONOURED_TEXT, fields.IGNORED_TEXT,
+     fields.DEFAULT_ONLY_TEXT),
+])
+def test_each_field_is_classified_once(request_model, table, honoured, ignored, default_only):
+    groups = [set(honoured), set(ignored), set(default_only), set(fields.EXTENSIONS)]
+    assert sum(len(g) for g in groups) == len(set().union(*groups))  # no field twice
+    assert set().union(*groups) == set(request_model.model_fields)
+    # The test's table and the server's agree on every OpenAI field.
+    assert set(table) == set(request_model.model_fields) - set(fields.EXTENSIONS)
+    for name, (_, outcome, _) in table.items():
+        assert (name in honoured) == (outcome == HONOURED), name
+        assert (name in ignored) == (outcome == IGNORED), name
+
+
+@pytest.mark.parametrize(("path", "body", "name"), [
+    *[("/v1/chat/completions", chat, name) for name in CHAT],
+    *[("/v1/completions", text, name) for name in TEXT],
+])
+def test_each_field_is_honoured_or_refused(tiny_served, path, body, name):
+    value, outcome, check = (CHAT if body is chat else TEXT)[name]
+    request = body(tiny_served) if value is None else body(tiny_served, **{name: value})
+    response = post(tiny_served, path, request)
+    if outcome == REFUSED:
+        assert_refused(response, name)
+        return
+    assert response.status_code == 200, (name, response.text)
+    if check is not None:
+        assert check(response.json()), (name, response.json())
+
+
+def test_default_values_of_refused_fields_pass(tiny_served):
+    response = post(tiny_served, "/v1/chat/completions", chat(tiny_served, **CHAT_DEFAULTS))
+    assert response.status_code == 200, response.text
+    response = post(tiny_served, "/v1/completions", text(
+        tiny_served, n=2, best_of=2, echo=False, suffix="", logit_bias={}))
+    assert response.status_code == 200, response.text
+
+
+def test_vllms_sampling_extensions_are_honoured(tiny_served):
+    body = chat(tiny_served, **EXTENSIONS, temperature=1.0, max_tokens=6)
+    assert post(tiny_served, "/v1/chat/completions", body).json()["usage"][
+        "completion_tokens"] == 6  # ignore_eos: the tiny model never stops early
+    params = ChatCompletionRequest.model_validate(body).sampling_params(16)
+    assert (params.top_k, params.min_p, params.repetition_penalty, params.ignore_eos) == (
+        5, 0.1, 1.2, True)
+    off = ChatCompletionRequest.model_validate(chat(tiny_served, top_k=-1))
+    assert off.sampling_params(16).top_k == 0  # vLLM's -1: off
+
+
+@pytest.mark.parametrize(("path", "extra", "field"), [
+    ("/v1/chat/completions", {"foo": 1}, "foo"),
+    ("/v1/chat/completions", {"stream_options": {"include_usage": True, "x": 1}},
+     "stream_options.x"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "lang": "en"}]},
+     "messages.0.lang"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "name": "bob"}]},
+     "messages.0.name"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "42",
+                                            "tool_call_id": "c1"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"},
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     "messages.0.content.1.type"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]},
+     "messages.0.content.0.cache_control"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None,
+                                            "tool_calls": [{"id": "c1"}]}]},
+     "messages.0.tool_calls"),
+    ("/v1/completions", {"best_of": 3, "n": 2}, "best_of"),
+    ("/v1/completions", {"top_logprobs": 2}, "top_logprobs"),
+])
+def test_unknown_and_unsupported_fields_anywhere_are_refused_by_name(tiny_served, path,
+                                                                     extra, field):
+    body = (chat if "chat" in path else text)(tiny_served, **extra)
+    assert_refused(post(tiny_served, path, body), field)
