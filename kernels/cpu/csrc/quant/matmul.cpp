@@ -9,10 +9,14 @@
 // set of four interleaved once, for all kTileN weight rows), so unpacking costs
 // 1 / tile_m of the products and no shape falls off a cliff between the two paths.
 //
+// These 8-bit tiles serve quantized (uint8) activations, and float rows where the ISA's
+// wide tiles do not (Kernels::wide_min_rows; matmul_wide.cpp).
+//
 // quant_matmul_stack: several matrices (a layer's stacked q/k/v or gate/up, each as it
 // lies in the file) by one set of activations, into the columns of one output; with
 // `pairs`, activation rows come as (x_i, residual_i) pairs (quantize_activations_residual)
-// and output row i is the sum of the pair's products.
+// and output row i is the sum of the pair's products. Float rows past the decode sizes
+// take the wide tiles (16-bit rows, more precise than the pairs at half their work).
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
