@@ -250,14 +250,17 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
   // Passes of equal size, as gemv256.h's gemv_type (m <= kGemvRows: at most 2).
   const int64_t passes = (m + 7) / 8;
   const int64_t per_pass = (m + passes - 1) / passes;
-  // A pass's activations should stay in L1 (48 KiB) over many weight rows: past 32 KiB
+  // A pass's activations should stay in L1 (48 KiB) over many weight rows: past 48 KiB
   // (8 rows at k = 8192: 96 KiB, read from L2 for every weight row, cost more than the
   // products) k is cut into chunks of at most 24 KiB, kJ weight rows at a time, read chunk
-  // by chunk. Smaller chunks measured slower (the weight rows' reads lose their streams).
+  // by chunk. Smaller chunks measured slower (the weight rows' reads lose their streams),
+  // and so do these from 32 KiB up: a pair's rows at k = 12288 (37 KiB) ran at 14 GB/s
+  // chunked, 20 GB/s not, against 40-50 below 32 KiB: the long-k products (a 7-8B
+  // model's down projection) are where decode loses most.
   // The accumulators wait in `state` between chunks, so every float operation and its
   // order are the unchunked loop's: results never depend on kc.
   const int64_t pass_bytes = int64_t{sizeof(LaneGroup)} * per_pass;
-  const int64_t kc = pass_bytes * groups <= (int64_t{32} << 10)
+  const int64_t kc = pass_bytes * groups <= (int64_t{48} << 10)
                          ? groups : std::max<int64_t>(1, (int64_t{24} << 10) / pass_bytes);
   constexpr int64_t kJ = 4;
   __m512 state[kJ][2][16];  // [weight row][pass][2 * MR]
