@@ -10,12 +10,6 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runner.kv_cache import CONCURRENT_CONTEXTS, KVBudgetError
 from kernels import default_backend_name
-from tests.engine.tiny_models import save_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
 def test_defaults_on_a_machine_without_cuda(tiny_dir, monkeypatch):

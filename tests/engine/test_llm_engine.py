@@ -4,11 +4,10 @@ transformers running the same weights."""
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaForCausalLM
+from transformers import DynamicCache
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
@@ -16,31 +15,10 @@ from engine.core.scheduler import RequestTooLargeError
 from engine.llm_engine import LLMEngine
 from engine.loaders.base import FolioLoadError
 from engine.outputs import FinishedEvent
-from tests.engine.tiny_models import save_tiny_model
-
-
-def random_prompt(seed: int, length: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(0, 256) for _ in range(length)]
-
+from tests.engine.tiny_models import random_prompt
 
 PROMPT = random_prompt(0, 40)
 GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_dir):
-    return LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_dir):
-    return LLM(str(tiny_dir), num_gpu_blocks=256)
 
 
 @torch.inference_mode()

@@ -5,42 +5,19 @@ streamed token by token, kept across preemption, and computed only when asked fo
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
-from transformers import LlamaForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import FinishedEvent, TokenEvent
-from tests.engine.tiny_models import save_tiny_model
+from tests.engine.tiny_models import random_prompt
 
 ATOL = 1e-4  # the engine's logits against transformers' on this model (test_llama.py)
 
 
-def random_prompt(seed: int, length: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(0, 256) for _ in range(length)]
-
-
 PROMPT = random_prompt(3, 30)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_dir):
-    return LlamaForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_dir):
-    return LLM(str(tiny_dir), num_gpu_blocks=256)
 
 
 def reference(hf_model, prompt: list[int], output: list[int]) -> torch.Tensor:

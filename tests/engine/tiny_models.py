@@ -4,6 +4,7 @@ tokenizer, model, scheduler) in seconds and download nothing."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import torch
@@ -102,3 +103,9 @@ def save_tiny_model(path: Path, config=None, seed: int = 0) -> Path:
     model.save_pretrained(path, safe_serialization=True)
     byte_level_tokenizer().save_pretrained(path)
     return path
+
+
+def random_prompt(seed: int, length: int) -> list[int]:
+    """length token ids below 256 (the tiny models' byte vocabulary), reproducible by seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(0, 256) for _ in range(length)]

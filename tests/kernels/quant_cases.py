@@ -79,3 +79,34 @@ def exact_case(name: str, n: int, k: int, seed: int = 0):
     if len(fields) == 2:
         mag += 4 * numpy.abs(fields[1]) * sub_max(b)
     return blocks, w, exact, mag
+
+
+def round_blocks(x: numpy.ndarray, qmax: int) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """float32 [m, k] -> (q float32 [m, k / 32, 32], d float32 [m, k / 32]): the kernels'
+    activation rounding in NumPy float32 (d = amax / qmax per 32-element block,
+    q = rint(x * (1 / d)), ties to even, clamped to +-qmax, 0 where d = 0)."""
+    m, k = x.shape
+    blocks = x.astype(numpy.float32).reshape(m, k // 32, 32)
+    d = (numpy.abs(blocks).max(axis=-1) / numpy.float32(qmax)).astype(numpy.float32)
+    with numpy.errstate(divide="ignore"):
+        inv = numpy.where(d == 0, numpy.float32(0), numpy.float32(1) / d).astype(numpy.float32)
+    q = numpy.clip(numpy.rint(blocks * inv[..., None]), -qmax, qmax).astype(numpy.float32)
+    return q, d
+
+
+def check_product(y: numpy.ndarray, x: numpy.ndarray, case, xdq: numpy.ndarray,
+                  dx: numpy.ndarray, label: str) -> None:
+    """A kernel's product y (float64 [m, n]) of activations x (float64 [m, k]), rounded to
+    xdq = dx * q (dx the block step per element), by exact_case's weights: within the
+    float32 accumulation bound F of the exact integer arithmetic, and within the rounding
+    bound (dx / 2 per element) plus 2F of the float64 product with gguf's weights (the
+    derivations: tests/kernels/cpu/test_quant_matmul.py's docstring)."""
+    _, w, exact, mag = case
+    k = x.shape[1]
+    bound_f = max(1e-5, (k / 32 + 16) * 2.0 ** -23) * (numpy.abs(xdq) @ mag.T)
+    err = numpy.abs(y - xdq @ exact.T)
+    assert (err <= bound_f + 1e-30).all(), f"{label}: {(err / bound_f).max()}"
+    w64 = w.astype(numpy.float64)
+    bound = 0.5 * (1 + 2.0 ** -20) * (dx @ numpy.abs(w64).T) + 2 * bound_f
+    err = numpy.abs(y - x @ w64.T)
+    assert (err <= bound).all(), f"{label}: {(err / bound).max()}"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kernels.cpu
+from tests.kernels.quant_cases import round_blocks
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -22,11 +23,8 @@ def quantize_model(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     layout's definition in NumPy float32 (d = amax / 127, q = rint(x * (1 / d)), ties to
     even, clamped to +-127, 0 where d = 0)."""
     m, k = x.shape
-    blocks = x.astype(np.float32).reshape(m, k // 32, 32)
-    d = np.abs(blocks).max(axis=-1) / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    q = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int8)
+    q, d = round_blocks(x, 127)
+    q = q.astype(np.int8)
     sums = q.reshape(m, k // 16, 16).astype(np.int16).sum(axis=-1, dtype=np.int16)
     return q.reshape(m, k), d.astype(np.float32), sums
 

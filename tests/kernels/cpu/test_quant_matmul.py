@@ -29,7 +29,7 @@ import torch
 
 from kernels.cpu import quant
 from kernels.quant.formats import BY_NAME
-from tests.kernels.quant_cases import TYPE_NAMES, exact_case
+from tests.kernels.quant_cases import TYPE_NAMES, check_product, exact_case
 
 ROWS = (1, 2, 3, 7, 8, 9, 10, 11, 12, 13, 16, 64)
 LARGE_ROWS = (255, 256, 257, 1000)
@@ -66,22 +66,14 @@ def _float_bound(k: int, xdq: np.ndarray, mag: np.ndarray) -> np.ndarray:
 
 
 def _check(name: str, n: int, k: int, m: int, act_model, seed: int = 0) -> None:
-    blocks, w, exact, mag = exact_case(name, n, k)
+    case = exact_case(name, n, k)
     x = _activations(m, k, seed=seed + m)
     act = quant.quantize_activations(x)
-    y = quant.quant_matmul(x, torch.from_numpy(blocks), BY_NAME[name].type_id, k)
+    y = quant.quant_matmul(x, torch.from_numpy(case[0]), BY_NAME[name].type_id, k)
     assert y.dtype == torch.float32 and y.shape == (m, n)
-    y = y.double().numpy()
     xdq, dx = _dequantized_act(act, k, act_model)
-    bound_f = _float_bound(k, xdq, mag)
-    # 2. The exact integer arithmetic.
-    err = np.abs(y - xdq @ exact.T)
-    assert (err <= bound_f + 1e-30).all(), f"{name} m={m} n={n} k={k}: {(err / bound_f).max()}"
-    # 1. The float64 product with gguf's weights.
-    ref = x.double().numpy() @ w.astype(np.float64).T
-    bound = 0.5 * (1 + 2.0 ** -20) * (dx @ np.abs(w.astype(np.float64)).T) + 2 * bound_f
-    err = np.abs(y - ref)
-    assert (err <= bound).all(), f"{name} m={m} n={n} k={k}: {(err / bound).max()}"
+    check_product(y.double().numpy(), x.double().numpy(), case, xdq, dx,
+                  f"{name} m={m} n={n} k={k}")
 
 
 @pytest.mark.parametrize("name", TYPE_NAMES)

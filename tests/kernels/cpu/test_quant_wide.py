@@ -23,7 +23,7 @@ import torch
 
 from kernels.cpu import quant
 from kernels.quant.formats import BY_NAME
-from tests.kernels.quant_cases import TYPE_NAMES, exact_case
+from tests.kernels.quant_cases import TYPE_NAMES, check_product, exact_case, round_blocks
 
 ROWS = (1, 2, 3, 7, 8, 9, 64)
 LARGE_ROWS = (255, 256, 257, 1000)
@@ -56,11 +56,7 @@ def wide_model(x: np.ndarray):
     """float32 [m, k] -> (q int16 [m, k], d, m0, m1 float32 [m, k / 32]): the layout's
     definition in NumPy float32 (d = amax / 16383, q = rint(x * (1 / d)), clamped)."""
     m, k = x.shape
-    blocks = x.astype(np.float32).reshape(m, k // 32, 32)
-    d = np.abs(blocks).max(axis=-1) / np.float32(16383)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    q = np.clip(np.rint(blocks * inv[..., None]), -16383, 16383).astype(np.float32)
+    q, d = round_blocks(x, 16383)
     m0 = (d * q[..., :16].sum(axis=-1)).astype(np.float32)
     m1 = (d * q.sum(axis=-1)).astype(np.float32)
     return q.astype(np.int16).reshape(m, k), d.astype(np.float32), m0, m1
@@ -100,21 +96,14 @@ def parse_wide(rows: np.ndarray, k: int):
 
 
 def _check(name: str, n: int, k: int, m: int, seed: int = 0) -> None:
-    blocks, w, exact, mag = exact_case(name, n, k)
+    case = exact_case(name, n, k)
     x = _activations(m, k, seed=seed + m)
-    y = quant.quant_matmul_wide(x, torch.from_numpy(blocks), BY_NAME[name].type_id, k)
+    y = quant.quant_matmul_wide(x, torch.from_numpy(case[0]), BY_NAME[name].type_id, k)
     assert y.dtype == torch.float32 and y.shape == (m, n)
-    y = y.double().numpy()
     q, d, _, _ = wide_model(x.numpy())
     dx = np.repeat(d.astype(np.float64), 32, axis=1)
-    xdq = dx * q
-    bound_f = max(1e-5, (k / 32 + 16) * 2.0 ** -23) * (np.abs(xdq) @ mag.T)
-    err = np.abs(y - xdq @ exact.T)
-    assert (err <= bound_f + 1e-30).all(), f"{name} m={m} n={n} k={k}: {(err / bound_f).max()}"
-    ref = x.double().numpy() @ w.astype(np.float64).T
-    bound = 0.5 * (1 + 2.0 ** -20) * (dx @ np.abs(w.astype(np.float64)).T) + 2 * bound_f
-    err = np.abs(y - ref)
-    assert (err <= bound).all(), f"{name} m={m} n={n} k={k}: {(err / bound).max()}"
+    check_product(y.double().numpy(), x.double().numpy(), case, dx * q, dx,
+                  f"{name} m={m} n={n} k={k}")
 
 
 @pytest.mark.parametrize("m", [1, 3, 8])

@@ -138,7 +138,7 @@ namespace {
 void quantize_wide(const float* x, int64_t k, WideChunk* out) { quantize_wide_impl(x, k, out); }
 
 const Kernels kAvx2{quantize_row, unpack_row, dot, gemv_lanes256, interleave, 12,
-                    quantize_wide, unpack_wide256, dot_wide256, 128};
+                    quantize_wide, unpack_wide256, dot_wide_simd<Wide256>, 128};
 
 }  // namespace
 

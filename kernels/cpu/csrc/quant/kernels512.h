@@ -24,7 +24,8 @@ void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
 }
 
 const Kernels kKernels{quantize_row, unpack_row, dot, gemv512, interleave, 10,
-                       quantize_wide512, unpack_wide512, dot_wide, 0};
+                       quantize_wide512, unpack_wide512, dot_wide_simd<Wide512>,
+                       0};
 
 }  // namespace
 }  // namespace folio_cpu::quant

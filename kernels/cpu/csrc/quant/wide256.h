@@ -61,9 +61,7 @@ void unpack_wide256(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
           if (fold) v = _mm256_sub_epi16(v, _mm256_set1_epi16(gh.o[2 * b + u]));
           halves[u][8 * h + b] = v;
         }
-        o.d[8 * h + b] = gh.d[b];
-        o.m0[8 * h + b] = fold ? 0.0f : gh.m[b] * static_cast<float>(gh.o[2 * b] - gh.o[2 * b + 1]);
-        o.m1[8 * h + b] = fold ? 0.0f : gh.m[b] * static_cast<float>(gh.o[2 * b + 1]);
+        wide_block_scales(gh, fold, b, o.d[8 * h + b], o.m0[8 * h + b], o.m1[8 * h + b]);
       }
     }
     // Word row j, lanes 8v..8v + 7: word j of blocks 8v..8v + 7.
@@ -77,9 +75,19 @@ void unpack_wide256(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
   }
 }
 
+// Kernels::dot_wide (dot_wide_simd): up to 2 weight rows by 2 activation rows per block
+// (AVX2's 16 registers), more rows in passes.
+struct Wide256 {
+  static constexpr int kMaxRows = 2;
+
+  template <int NR, int MR, int kMin>
+  static void run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
+                  int last_rows, float* acc);
+};
+
 template <int NR, int MR, int kMin>
-void wide_block256(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
-                   int last_rows, float* acc) {
+void Wide256::run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
+                  int last_rows, float* acc) {
   __m256 f[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) f[i][r] = _mm256_setzero_ps();
@@ -117,36 +125,6 @@ void wide_block256(const WideChunk* const* w, const WideChunk* const* x, int64_t
   }
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) acc[i * NR + r] += hsum256(f[i][r]);
-}
-
-template <int NR, int kMin>
-void wide_mr256(const WideChunk* const* w, const WideChunk* const* x, int mr, int64_t chunks,
-                int last_rows, float* acc) {
-  // Two activation rows per pass (AVX2's 16 registers); four rows as two passes.
-  for (int i0 = 0; i0 < mr; i0 += 2) {
-    float part[2 * NR] = {};
-    if (mr - i0 >= 2) wide_block256<NR, 2, kMin>(w, x + i0, chunks, last_rows, part);
-    else wide_block256<NR, 1, kMin>(w, x + i0, chunks, last_rows, part);
-    for (int i = 0; i < 2 && i0 + i < mr; ++i)
-      for (int r = 0; r < NR; ++r) acc[(i0 + i) * NR + r] += part[i * NR + r];
-  }
-}
-
-template <int NR>
-void wide_nr256(const WideChunk* const* w, const WideChunk* const* x, int mr, int64_t chunks,
-                int last_rows, int min_terms, float* acc) {
-  switch (min_terms) {
-    case 0: wide_mr256<NR, 0>(w, x, mr, chunks, last_rows, acc); break;
-    case 1: wide_mr256<NR, 1>(w, x, mr, chunks, last_rows, acc); break;
-    default: wide_mr256<NR, 2>(w, x, mr, chunks, last_rows, acc); break;
-  }
-}
-
-// Kernels::dot_wide: nr <= 2 weight rows, mr <= 4 activation rows.
-void dot_wide256(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
-                 int64_t chunks, int last_rows, int min_terms, float* acc) {
-  if (nr == 2) wide_nr256<2>(w, x, mr, chunks, last_rows, min_terms, acc);
-  else wide_nr256<1>(w, x, mr, chunks, last_rows, min_terms, acc);
 }
 
 }  // namespace

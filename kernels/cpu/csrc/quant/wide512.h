@@ -123,12 +123,8 @@ void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
     __m512i blocks[16];
     for (int h = 0; h < 2; ++h) {
       for (int b = 0; b < 8; ++b) blocks[8 * h + b] = group_block16(g[h], b, fold, signed_q);
-      for (int b = 0; b < 8; ++b) {
-        const Group& gh = g[h];
-        o.d[8 * h + b] = gh.d[b];
-        o.m0[8 * h + b] = fold ? 0.0f : gh.m[b] * static_cast<float>(gh.o[2 * b] - gh.o[2 * b + 1]);
-        o.m1[8 * h + b] = fold ? 0.0f : gh.m[b] * static_cast<float>(gh.o[2 * b + 1]);
-      }
+      for (int b = 0; b < 8; ++b)
+        wide_block_scales(g[h], fold, b, o.d[8 * h + b], o.m0[8 * h + b], o.m1[8 * h + b]);
     }
     __m512i words[16];
     transpose16(blocks, words);
@@ -136,9 +132,18 @@ void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
   }
 }
 
+// Kernels::dot_wide (dot_wide_simd): up to 2 weight rows by 4 activation rows per block.
+struct Wide512 {
+  static constexpr int kMaxRows = 4;
+
+  template <int NR, int MR, int kMin>
+  static void run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
+                  int last_rows, float* acc);
+};
+
 template <int NR, int MR, int kMin>
-void wide_block(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
-                int last_rows, float* acc) {
+void Wide512::run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
+                  int last_rows, float* acc) {
   __m512 f[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) f[i][r] = _mm512_setzero_ps();
@@ -179,34 +184,6 @@ void wide_block(const WideChunk* const* w, const WideChunk* const* x, int64_t ch
   }
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) acc[i * NR + r] += _mm512_reduce_add_ps(f[i][r]);
-}
-
-template <int NR, int kMin>
-void wide_mr(const WideChunk* const* w, const WideChunk* const* x, int mr, int64_t chunks,
-             int last_rows, float* acc) {
-  switch (mr) {
-    case 1: wide_block<NR, 1, kMin>(w, x, chunks, last_rows, acc); break;
-    case 2: wide_block<NR, 2, kMin>(w, x, chunks, last_rows, acc); break;
-    case 3: wide_block<NR, 3, kMin>(w, x, chunks, last_rows, acc); break;
-    default: wide_block<NR, 4, kMin>(w, x, chunks, last_rows, acc); break;
-  }
-}
-
-// Kernels::dot_wide: nr <= 2 weight rows, mr <= 4 activation rows.
-template <int NR>
-void wide_nr(const WideChunk* const* w, const WideChunk* const* x, int mr, int64_t chunks,
-             int last_rows, int min_terms, float* acc) {
-  switch (min_terms) {
-    case 0: wide_mr<NR, 0>(w, x, mr, chunks, last_rows, acc); break;
-    case 1: wide_mr<NR, 1>(w, x, mr, chunks, last_rows, acc); break;
-    default: wide_mr<NR, 2>(w, x, mr, chunks, last_rows, acc); break;
-  }
-}
-
-void dot_wide(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
-              int64_t chunks, int last_rows, int min_terms, float* acc) {
-  if (nr == 2) wide_nr<2>(w, x, mr, chunks, last_rows, min_terms, acc);
-  else wide_nr<1>(w, x, mr, chunks, last_rows, min_terms, acc);
 }
 
 }  // namespace

@@ -88,6 +88,54 @@ inline void quantize_wide_impl(const float* x, int64_t k, WideChunk* out) {
   for (int64_t c = 0; c < wide_chunks(k); ++c) quantize_wide_chunk(x, k, c, out[c]);
 }
 
+// Block b of an unpacked Group's scale and offset terms as a weight chunk keeps them
+// (wide.h): D, M (o_2b - o_2b+1), M o_2b+1; no offsets where the type folds them.
+inline void wide_block_scales(const Group& g, bool fold, int b, float& d, float& m0,
+                              float& m1) {
+  d = g.d[b];
+  m0 = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b] - g.o[2 * b + 1]);
+  m1 = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b + 1]);
+}
+
+// The SIMD paths' Kernels::dot_wide from a register-blocked kernel
+// Block::run<NR, MR, kMin>(w, x, chunks, last_rows, acc) taking up to Block::kMaxRows
+// activation rows: more rows go in passes.
+template <typename Block, int NR, int kMin>
+void dot_wide_rows(const WideChunk* const* w, const WideChunk* const* x, int mr,
+                   int64_t chunks, int last_rows, float* acc) {
+  for (int i0 = 0; i0 < mr; i0 += Block::kMaxRows) {
+    const int rows = mr - i0 < Block::kMaxRows ? mr - i0 : Block::kMaxRows;
+    float part[kWideRows * NR] = {};
+    switch (rows) {
+      case 1: Block::template run<NR, 1, kMin>(w, x + i0, chunks, last_rows, part); break;
+      case 2: Block::template run<NR, 2, kMin>(w, x + i0, chunks, last_rows, part); break;
+      case 3:
+        if constexpr (Block::kMaxRows >= 3)
+          Block::template run<NR, 3, kMin>(w, x + i0, chunks, last_rows, part);
+        break;
+      default:
+        if constexpr (Block::kMaxRows >= 4)
+          Block::template run<NR, 4, kMin>(w, x + i0, chunks, last_rows, part);
+        break;
+    }
+    for (int i = 0; i < rows * NR; ++i) acc[i0 * NR + i] += part[i];
+  }
+}
+
+template <typename Block>
+void dot_wide_simd(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
+                   int64_t chunks, int last_rows, int min_terms, float* acc) {
+  if (nr == 2) {
+    if (min_terms == 0) dot_wide_rows<Block, 2, 0>(w, x, mr, chunks, last_rows, acc);
+    else if (min_terms == 1) dot_wide_rows<Block, 2, 1>(w, x, mr, chunks, last_rows, acc);
+    else dot_wide_rows<Block, 2, 2>(w, x, mr, chunks, last_rows, acc);
+  } else {
+    if (min_terms == 0) dot_wide_rows<Block, 1, 0>(w, x, mr, chunks, last_rows, acc);
+    else if (min_terms == 1) dot_wide_rows<Block, 1, 1>(w, x, mr, chunks, last_rows, acc);
+    else dot_wide_rows<Block, 1, 2>(w, x, mr, chunks, last_rows, acc);
+  }
+}
+
 // The first nb blocks of an unpacked Group as blocks 8h.. of a weight chunk: values
 // s_j q'_i (- o_j where the type folds), D, and the offset terms M (o_2b - o_2b+1),
 // M o_2b+1; the other blocks zero.
@@ -99,11 +147,8 @@ inline void wide_values(const Group& g, int type, int h, int nb, int16_t (*v)[32
     const int q = signed_q ? static_cast<int8_t>(g.q[i]) : g.q[i];
     v[8 * h + i / 32][i % 32] = static_cast<int16_t>(g.s[i / 16] * q - (fold ? g.o[i / 16] : 0));
   }
-  for (int b = 0; b < 8; ++b) {
-    d[8 * h + b] = g.d[b];
-    m0[8 * h + b] = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b] - g.o[2 * b + 1]);
-    m1[8 * h + b] = fold ? 0.0f : g.m[b] * static_cast<float>(g.o[2 * b + 1]);
-  }
+  for (int b = 0; b < 8; ++b)
+    wide_block_scales(g, fold, b, d[8 * h + b], m0[8 * h + b], m1[8 * h + b]);
 }
 
 // The two Groups of chunk c of a weight row (its file bytes, k weights), zero past k.
