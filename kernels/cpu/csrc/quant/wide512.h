@@ -107,20 +107,90 @@ void quantize_wide512(const float* x, int64_t k, WideChunk* out) {
   }
 }
 
+// One Q4_K super-block (144 bytes: d, dmin, 12 scale bytes, qs[128]) as 8 blocks of
+// int16 values s q in registers, straight from the file's bytes (no Group): block 2c is
+// the low nibbles of qs[32c..], 2c + 1 the high ones; d, m0 = 0 (both halves of a block
+// share their offset), m1 = dmin * m per block (unpack.h's Q4_K layout).
+inline void q4k_blocks(const uint8_t* blk, __m512i* v, float* d, float* m0, float* m1) {
+  const uint8_t* p = blk + 4;
+  int sc[8], mn[8];
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = p[j] & 63;
+    mn[j] = p[j + 4] & 63;
+    sc[j + 4] = (p[j + 8] & 0x0F) | ((p[j] >> 6) << 4);
+    mn[j + 4] = (p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4);
+  }
+  const float dd = half_to_float(blk), dmin = half_to_float(blk + 2);
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int c = 0; c < 4; ++c) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
+    const __m256i halves[2] = {_mm256_and_si256(q, low),
+                               _mm256_and_si256(_mm256_srli_epi16(q, 4), low)};
+    for (int u = 0; u < 2; ++u) {
+      const int b = 2 * c + u;
+      v[b] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(halves[u]),
+                                _mm512_set1_epi16(static_cast<int16_t>(sc[b])));
+      d[b] = dd;
+      m0[b] = 0.0f;
+      m1[b] = dmin * static_cast<float>(mn[b]);
+    }
+  }
+}
+
+// One Q6_K super-block (210 bytes: ql[128], qh[64], int8 scales[16], d) as 8 blocks of
+// int16 values s (q - 32) in registers: block 4h + t (weights 128h + 32t..) takes nibble
+// t / 2 of ql[64h + 32 (t % 2)..] and bits 2t..2t + 1 of qh[32h..]; its two 16-weight
+// halves their own scales; d, no offsets (folded).
+inline void q6k_blocks(const uint8_t* blk, __m512i* v, float* d, float* m0, float* m1) {
+  const float dd = half_to_float(blk + 208);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+    for (int t = 0; t < 4; ++t) {
+      const int b = 4 * h + t;
+      const __m256i ql = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (t % 2)));
+      const __m256i lo = _mm256_and_si256(t < 2 ? ql : _mm256_srli_epi16(ql, 4), low);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), two);
+      const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // 0..63
+      const __m512i scale = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * b])), _mm256_set1_epi16(sc[2 * b + 1]), 1);
+      v[b] = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(32)),
+                                scale);
+      d[b] = dd;
+      m0[b] = m1[b] = 0.0f;
+    }
+  }
+}
+
 // Kernels::unpack_wide: unpack_wide_impl's result, full chunks turned from their Groups
-// in registers (a tail chunk, at most one per row, in plain C++).
+// in registers (Q4_K and Q6_K, the Q4_K_M mix's types, from the file's bytes directly;
+// a tail chunk, at most one per row, in plain C++).
 void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
                     WideChunk* out) {
   const bool fold = wide_folds(type), signed_q = type == kQ8_0;
   Group g[2];
   for (int64_t c = 0; c < count; ++c) {
-    unpack_chunk_groups(type, row, k, c0 + c, g);
     WideChunk& o = out[c];
-    if (wide_rows(k, c0 + c) < 16) {
+    __m512i blocks[16];
+    const bool full = wide_rows(k, c0 + c) == 16;
+    if (full && (type == kQ4_K || type == kQ6_K)) {
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* blk = row + (2 * (c0 + c) + h) * (type == kQ4_K ? 144 : 210);
+        (type == kQ4_K ? q4k_blocks : q6k_blocks)(blk, blocks + 8 * h, o.d + 8 * h,
+                                                  o.m0 + 8 * h, o.m1 + 8 * h);
+      }
+      __m512i words[16];
+      transpose16(blocks, words);
+      for (int j = 0; j < 16; ++j) _mm512_store_si512(o.q + 32 * j, words[j]);
+      continue;
+    }
+    unpack_chunk_groups(type, row, k, c0 + c, g);
+    if (!full) {
       wide_chunk_from_groups(g, type, k, c0 + c, o);
       continue;
     }
-    __m512i blocks[16];
     for (int h = 0; h < 2; ++h) {
       for (int b = 0; b < 8; ++b) blocks[8 * h + b] = group_block16(g[h], b, fold, signed_q);
       for (int b = 0; b < 8; ++b)
