@@ -224,7 +224,7 @@ void Wide512::run(const WideChunk* const* w, const WideChunk* const* x, int64_t 
 #pragma GCC unroll 8
       for (int r = 0; r < NR; ++r) s[i][r] = _mm512_setzero_si512();
     const int word_rows = c == chunks - 1 ? last_rows : 16;
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int j = 0; j < word_rows; ++j) {
       __m512i xv[MR];
 #pragma GCC unroll 8
