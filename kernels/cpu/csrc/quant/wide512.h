@@ -164,9 +164,33 @@ inline void q6k_blocks(const uint8_t* blk, __m512i* v, float* d, float* m0, floa
   }
 }
 
+// Sixteen 32-weight blocks of Q4_0 (d, qs[16]), Q4_1 (d, m, qs[16]) or Q8_0 (d, q[32])
+// as int16 values in registers: weight i < 16 the low nibble of qs[i], 16 + i its high
+// one; Q4_0's offset 8 folded in, Q4_1's min as m1 (unpack.h's layouts).
+inline void block32_chunk(int type, const uint8_t* row, __m512i* v, float* d, float* m0,
+                          float* m1) {
+  const int bytes = block_type(type).block_bytes;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int b = 0; b < 16; ++b) {
+    const uint8_t* blk = row + b * bytes;
+    d[b] = half_to_float(blk);
+    m0[b] = m1[b] = 0.0f;
+    if (type == kQ8_0) {
+      v[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
+      continue;
+    }
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (type == kQ4_1 ? 4 : 2)));
+    const __m256i both = _mm256_and_si256(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(qs), _mm_srli_epi16(qs, 4), 1), low);
+    v[b] = _mm512_cvtepu8_epi16(both);
+    if (type == kQ4_0) v[b] = _mm512_sub_epi16(v[b], _mm512_set1_epi16(8));
+    else m1[b] = -half_to_float(blk + 2);  // w = d q + min: M = -min, o = 1
+  }
+}
+
 // Kernels::unpack_wide: unpack_wide_impl's result, full chunks turned from their Groups
-// in registers (Q4_K and Q6_K, the Q4_K_M mix's types, from the file's bytes directly;
-// a tail chunk, at most one per row, in plain C++).
+// in registers (Q4_K, Q6_K, Q4_0, Q4_1 and Q8_0 from the file's bytes directly; a tail
+// chunk, at most one per row, in plain C++).
 void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
                     WideChunk* out) {
   const bool fold = wide_folds(type), signed_q = type == kQ8_0;
@@ -175,11 +199,18 @@ void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
     WideChunk& o = out[c];
     __m512i blocks[16];
     const bool full = wide_rows(k, c0 + c) == 16;
-    if (full && (type == kQ4_K || type == kQ6_K)) {
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* blk = row + (2 * (c0 + c) + h) * (type == kQ4_K ? 144 : 210);
-        (type == kQ4_K ? q4k_blocks : q6k_blocks)(blk, blocks + 8 * h, o.d + 8 * h,
-                                                  o.m0 + 8 * h, o.m1 + 8 * h);
+    const bool direct = type == kQ4_K || type == kQ6_K || type == kQ4_0 || type == kQ4_1 ||
+                        type == kQ8_0;
+    if (full && direct) {
+      if (type == kQ4_K || type == kQ6_K) {
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* blk = row + (2 * (c0 + c) + h) * (type == kQ4_K ? 144 : 210);
+          (type == kQ4_K ? q4k_blocks : q6k_blocks)(blk, blocks + 8 * h, o.d + 8 * h,
+                                                    o.m0 + 8 * h, o.m1 + 8 * h);
+        }
+      } else {
+        block32_chunk(type, row + 16 * (c0 + c) * block_type(type).block_bytes, blocks, o.d,
+                      o.m0, o.m1);
       }
       __m512i words[16];
       transpose16(blocks, words);
