@@ -115,6 +115,7 @@ at::Tensor multiply_wide_stack(const at::Tensor& x, const std::vector<Matrix>& m
   return out;
 }
 
+}  // namespace folio_cpu::quant
 
 TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
   m.def("quantize_activations_wide(Tensor x) -> Tensor",
@@ -122,5 +123,3 @@ TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
   m.def("quant_matmul_wide(Tensor x, Tensor w, int type_id, int k, Tensor? rows=None) -> Tensor",
         &folio_cpu::quant::quant_matmul_wide);
 }
-
-}  // namespace folio_cpu::quant

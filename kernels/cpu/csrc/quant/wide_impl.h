@@ -1,6 +1,7 @@
 // wide.h's format in plain C++: quantizing activation rows, unpacking weight rows (and the
-// tail chunks of the SIMD paths), and the portable tile kernel. Included by every ISA file after its target
-// pragma, like unpack.h, so its fixed-trip loops vectorize for that ISA.
+// SIMD paths' tail chunks), the dispatch of the SIMD tile kernels and the portable one.
+// Included by every ISA file after its target pragma, like unpack.h, so its fixed-trip
+// loops vectorize for that ISA.
 #pragma once
 
 #include <cstdint>
@@ -195,8 +196,8 @@ inline void unpack_wide_impl(int type, const uint8_t* row, int64_t k, int64_t c0
 }
 
 // acc[i * nr + r] += w[r] . x[i] over `chunks` chunks (w[r], x[i]: each row's first chunk
-// of the range; the last of them has last_rows word rows), in plain C++: the portable and
-// AVX2 paths.
+// of the range; the last of them has last_rows word rows), in plain C++: the portable
+// path's.
 inline void dot_wide_impl(const WideChunk* const* w, int nr, const WideChunk* const* x,
                           int mr, int64_t chunks, int last_rows, int min_terms, float* acc) {
   for (int i = 0; i < mr; ++i)
