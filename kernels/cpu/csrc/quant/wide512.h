@@ -212,20 +212,17 @@ void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
         block32_chunk(type, row + 16 * (c0 + c) * block_type(type).block_bytes, blocks, o.d,
                       o.m0, o.m1);
       }
-      __m512i words[16];
-      transpose16(blocks, words);
-      for (int j = 0; j < 16; ++j) _mm512_store_si512(o.q + 32 * j, words[j]);
-      continue;
-    }
-    unpack_chunk_groups(type, row, k, c0 + c, g);
-    if (!full) {
-      wide_chunk_from_groups(g, type, k, c0 + c, o);
-      continue;
-    }
-    for (int h = 0; h < 2; ++h) {
-      for (int b = 0; b < 8; ++b) blocks[8 * h + b] = group_block16(g[h], b, fold, signed_q);
-      for (int b = 0; b < 8; ++b)
-        wide_block_scales(g[h], fold, b, o.d[8 * h + b], o.m0[8 * h + b], o.m1[8 * h + b]);
+    } else {
+      unpack_chunk_groups(type, row, k, c0 + c, g);
+      if (!full) {
+        wide_chunk_from_groups(g, type, k, c0 + c, o);
+        continue;
+      }
+      for (int h = 0; h < 2; ++h) {
+        for (int b = 0; b < 8; ++b) blocks[8 * h + b] = group_block16(g[h], b, fold, signed_q);
+        for (int b = 0; b < 8; ++b)
+          wide_block_scales(g[h], fold, b, o.d[8 * h + b], o.m0[8 * h + b], o.m1[8 * h + b]);
+      }
     }
     __m512i words[16];
     transpose16(blocks, words);
