@@ -62,6 +62,30 @@ def test_shared_prefix_blocks_and_consecutive_tables(isa_path):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_candidates_read_their_shared_prompt_once(isa_path, threads, softcap):
+    """A decode step of one prompt's candidates (their tables start with the same blocks):
+    the shared blocks in key splits over every candidate's rows, each candidate's own
+    blocks apart, merged by log-sum-exp. The tables share 32 blocks, but one candidate's
+    newest token lies in block 31 (length 500), so only 31 are read as shared (each row
+    keeps its newest key in its own part); lengths apart by a block or two; groups of 3
+    (rows under the transposed path's 16) and 8 (over it)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n, group in ((4, 3), (6, 8)):
+            lengths = [512 + 16 * (i % 3) + i for i in range(n)]
+            lengths[1] = 500
+            case = make_case(lengths, [1] * n, num_kv_heads=2, group=group, head_size=64,
+                             block_size=16, shared={i: (0, 32) for i in range(1, n)},
+                             seed=n)
+            check(case, softcap=softcap)
+            check(case, window=100)  # windows take the per-sequence plan
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 def test_split_k_on_one_long_sequence(isa_path, threads):
     """1 sequence x 3 KV heads: the keys split into block ranges merged by log-sum-exp."""
     previous = torch.get_num_threads()

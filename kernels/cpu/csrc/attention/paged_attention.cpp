@@ -6,7 +6,9 @@
 // tokens; when that gives too few tasks to keep every thread busy (a decode step of one
 // sequence has num_kv_heads of them), each tile's keys split into block-aligned ranges
 // whose partial softmaxes merge by log-sum-exp. Threads pull tasks from a shared counter
-// (costs differ: causal tiles late in a chunk see more keys).
+// (costs differ: causal tiles late in a chunk see more keys). A decode step whose
+// sequences all start with the same blocks (one prompt's candidates) reads those blocks
+// once for every sequence's rows instead (plan_shared_prefix).
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -25,6 +27,8 @@ namespace {
 
 // A split holds at least this many keys: below it the merge costs more than it saves.
 constexpr int64_t kMinSplitKeys = 128;
+// A decode step shares its sequences' leading blocks from this many (plan_shared_prefix).
+constexpr int64_t kMinSharedBlocks = 2;
 // Rows (tokens x query heads) per prefill tile: scores and acc stay in L1/L2.
 constexpr int64_t kTileRows = 64;
 // Below this many multiply-adds a step runs on the calling thread (fork/join costs more).
@@ -32,6 +36,7 @@ constexpr int64_t kSerialWork = int64_t{1} << 16;
 
 struct SplitTile {  // a tile whose keys were split: merged after the tasks ran
   int64_t token_begin, rows, kv_head, first_slot, splits;
+  int64_t stride;  // slots from one split's rows to the next's
 };
 
 RunTask kernel_for_active_isa() {
@@ -103,10 +108,64 @@ Plan plan_tasks(const AttentionArgs& a, int64_t num_seqs, int64_t threads) {
         plan.costs.push_back((end - begin) * rows * a.head_size);
       }
       if (splits > 1) {
-        plan.split_tiles.push_back({tile.token_begin, rows, h, first_slot, splits});
+        plan.split_tiles.push_back({tile.token_begin, rows, h, first_slot, splits, rows});
         plan.partial_slots += splits * rows;
       }
     }
+  }
+  return plan;
+}
+
+// A decode step (one token per sequence, no window) whose block tables all start with
+// the same blocks, as one prompt's candidates do: per KV head, the shared blocks in key
+// splits, each split one task over every sequence's rows (their positions all lie past
+// the shared keys, so no row masks any), and per sequence one task over its own blocks
+// after them; a row's splits merge by log-sum-exp. Slots per KV head: split i of row r
+// (token-major) at base + i * S + r, S = all rows; the own-blocks task last. Without it
+// every candidate reads the whole prompt again (the reference's shared_prefix_ref.py).
+// An empty plan when the step is not such a one.
+Plan plan_shared_prefix(const AttentionArgs& a, int64_t num_seqs, int64_t threads) {
+  const int64_t bs = a.block_size;
+  if (num_seqs < 2 || a.window != 0) return {};
+  int64_t min_len = a.seq_lens[0];
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    if (a.query_start_loc[s + 1] - a.query_start_loc[s] != 1) return {};
+    min_len = std::min<int64_t>(min_len, a.seq_lens[s]);
+  }
+  // Each sequence keeps at least its newest token in its own tail.
+  int64_t shared = (min_len - 1) / bs;
+  for (int64_t s = 1; s < num_seqs && shared > 0; ++s) {
+    const int32_t* t0 = a.block_tables, *ts = a.block_tables + s * a.block_table_stride;
+    int64_t same = 0;
+    while (same < shared && ts[same] == t0[same]) ++same;
+    shared = same;
+  }
+  if (shared < kMinSharedBlocks) return {};
+  const int64_t group = a.num_q_heads / a.num_kv_heads, rows = num_seqs * group;
+  const int64_t wanted = threads > 1 ? 4 * threads : 1;
+  int64_t splits = std::min((wanted + a.num_kv_heads - 1) / a.num_kv_heads,
+                            std::max<int64_t>(1, shared * bs / kMinSplitKeys));
+  const int64_t per_split = (shared + splits - 1) / splits;  // blocks
+  splits = (shared + per_split - 1) / per_split;
+  Plan plan;
+  plan.max_rows = rows;
+  for (int64_t h = 0; h < a.num_kv_heads; ++h) {
+    const int64_t base = plan.partial_slots;
+    for (int64_t i = 0; i < splits; ++i) {
+      const int64_t begin = i * per_split * bs, end = std::min(shared, (i + 1) * per_split) * bs;
+      plan.tasks.push_back({0, static_cast<int32_t>(h), 0, static_cast<int32_t>(num_seqs),
+                            begin, end, base + i * rows});
+      plan.costs.push_back((end - begin) * rows * a.head_size);
+    }
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      const int64_t begin = shared * bs, end = a.seq_lens[s];
+      plan.tasks.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h),
+                            static_cast<int32_t>(s), static_cast<int32_t>(s + 1), begin, end,
+                            base + splits * rows + s * group});
+      plan.costs.push_back((end - begin) * group * a.head_size);
+      plan.split_tiles.push_back({s, group, h, base + s * group, splits + 1, rows});
+    }
+    plan.partial_slots += (splits + 1) * rows;
   }
   return plan;
 }
@@ -119,13 +178,13 @@ void merge_splits(const AttentionArgs& a, const Plan& plan, const Partials& p) {
     for (int64_t r = 0; r < tile.rows; ++r) {
       float top = -INFINITY;
       for (int64_t i = 0; i < tile.splits; ++i)
-        top = std::max(top, p.max_score[tile.first_slot + i * tile.rows + r]);
+        top = std::max(top, p.max_score[tile.first_slot + i * tile.stride + r]);
       const int64_t token = tile.token_begin + r / group;
       float* out = a.out + (token * a.num_q_heads + tile.kv_head * group + r % group) * hd;
       std::fill(out, out + hd, 0.0f);
       float total = 0.0f;
       for (int64_t i = 0; i < tile.splits; ++i) {
-        const int64_t slot = tile.first_slot + i * tile.rows + r;
+        const int64_t slot = tile.first_slot + i * tile.stride + r;
         if (p.sum_exp[slot] == 0.0f) continue;  // a split outside this row's window
         const float weight = std::exp(p.max_score[slot] - top);
         total += p.sum_exp[slot] * weight;
@@ -176,7 +235,8 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                      block_tables.stride(0), k_cache.size(1), hd, nq, nkv,
                      static_cast<float>(scale), static_cast<float>(softcap), window};
   const int64_t threads = at::get_num_threads();
-  Plan plan = plan_tasks(args, num_seqs, threads);
+  Plan plan = plan_shared_prefix(args, num_seqs, threads);
+  if (plan.tasks.empty()) plan = plan_tasks(args, num_seqs, threads);
   std::vector<float> partial_buffer(plan.partial_slots * (hd + 2));
   Partials partials{partial_buffer.data(), partial_buffer.data() + plan.partial_slots,
                     partial_buffer.data() + 2 * plan.partial_slots};
