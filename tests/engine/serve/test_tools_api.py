@@ -163,13 +163,13 @@ def test_an_agent_loop_finds_its_first_request_and_call_cached(family):
     block = served.llm.engine.config.block_size
     cached = second.usage.prompt_tokens_details.cached_tokens
     earlier = first.usage.prompt_tokens + first.usage.completion_tokens
-    if name == "mistral":  # its template adds an id the model never wrote to the call
+    assert cached / earlier >= 0.9  # the target for an agent's round trip
+    if name == "mistral":  # its template ends the call with an id the model never wrote
         assert cached >= first.usage.prompt_tokens // block * block
         return
     # Everything the first request computed (its prompt, its reply but the last token),
     # in whole blocks.
     assert cached >= (earlier - 1) // block * block
-    assert cached / earlier >= 0.9
 
 
 def test_logprobs_come_with_every_token_of_a_streamed_call(family):
