@@ -152,7 +152,8 @@ class LLMEngine:
     def _new_candidate(self, group: SequenceGroup) -> CandidateText:
         return CandidateText.start(self.tokenizer, group.prompt_token_ids,
                                    [*group.params.stop, *self.tokenizer.stop_strings],
-                                   group.params.logprobs is not None)
+                                   group.params.logprobs is not None,
+                                   group.params.skip_special_tokens)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         group = self.scheduler.abort(request_id)

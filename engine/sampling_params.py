@@ -27,6 +27,10 @@ class SamplingParams:
     # alternatives (0: the chosen token's alone), from the model's own logits; None:
     # nothing is computed.
     logprobs: int | None = None
+    # False shows special tokens in the reply's text: tool-call markers such as Llama's
+    # <|python_tag|> or Mistral's [TOOL_CALLS] are special tokens, and the server's tool
+    # parser must see them. End-of-turn and stop tokens stay out of the text either way.
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -51,6 +55,8 @@ class SamplingParams:
                "a list of non-empty strings")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                "stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
+        _check(isinstance(self.skip_special_tokens, bool), "skip_special_tokens",
+               self.skip_special_tokens, "True or False")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
                self.logprobs, f"an integer in [0, {MAX_LOGPROBS}] or None")
 

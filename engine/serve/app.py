@@ -4,7 +4,9 @@ Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completion
 (streamed as server-sent events or not), ``GET /health`` and ``GET /metrics``. Requests
 join the worker's continuous batch like the app's chats do, so they share its prefix
 cache: a client that sends a conversation again finds its earlier turns cached, and
-``usage.prompt_tokens_details.cached_tokens`` says how many.
+``usage.prompt_tokens_details.cached_tokens`` says how many. Chat requests with tools, or
+with tool calls and results in their history, are rendered here (``tool_prompt.py``) and
+their replies read for calls (``tool_replies.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.outputs import ErrorEvent, FinishedEvent
+from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from engine.serve import responses
 from engine.serve.errors import APIError, install_error_handlers
 from engine.serve.host_guard import AccessPolicy, HostGuard
@@ -27,10 +29,13 @@ from engine.serve.metrics import CONTENT_TYPE, ServerMetrics
 from engine.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    InvalidField,
     SamplingFields,
     UnsupportedField,
 )
 from engine.serve.streaming import RequestStream
+from engine.serve.tool_prompt import ModelTools, tool_prompt
+from engine.serve.tool_replies import ToolReplies
 from engine.worker import EngineWorker
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -69,6 +74,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
     llm = worker.llm
     metrics = ServerMetrics(worker)
     texts = TokenTexts(llm.tokenizer)  # read on the first request with logprobs
+    model_tools = ModelTools.of(llm)
     app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: a foreign Host is refused before the body is read.
@@ -102,14 +108,30 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
     @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         params = _params(body, llm, llm.max_model_len)
-        return await _complete(body, body.engine_messages(), params, "chat", request)
+        try:
+            tools = body.tool_request()
+        except InvalidField as exc:
+            raise _invalid(exc) from exc
+        if not tools.tools and not body.has_tool_history:
+            return await _complete(body, body.engine_messages(), params, "chat", request)
+        try:
+            # Off the event loop: a long history takes a while to render and tokenize.
+            prompt = await asyncio.to_thread(tool_prompt, model_tools, tools,
+                                             body.engine_messages(), llm.tokenizer)
+        except InvalidField as exc:
+            raise _invalid(exc) from exc
+        prompt.adjust(params)
+        replies = None if prompt.fmt is None else ToolReplies(prompt.fmt, prompt.prefix,
+                                                               prompt.max_calls, body.n)
+        return await _complete(body, prompt.ids, params, "chat", request, replies)
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         params = _params(body, llm, COMPLETIONS_DEFAULT_MAX_TOKENS)
         return await _complete(body, body.prompt, params, "text", request)
 
-    async def _complete(body, prompt, params, kind: str, request: Request) -> Response:
+    async def _complete(body, prompt, params, kind: str, request: Request,
+                        replies: ToolReplies | None = None) -> Response:
         if metrics.waiting >= settings.max_waiting:
             metrics.requests.labels(kind, "rejected_busy").inc()
             raise APIError(429, f"the server has {metrics.waiting} requests waiting; retry "
@@ -137,16 +159,16 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             watch.close()
             return responses.EventStream(stream, first, shape, body.include_usage,
                                          lambda out: metrics.finished(kind, out), metrics,
-                                         texts)
+                                         texts, replies)
         metrics.running += 1
         try:
-            output = await _collect(stream, first, watch)
+            output = await _collect(stream, first, watch, replies and replies.again())
         finally:
             metrics.running -= 1
             watch.close()
             await stream.__aexit__(None, None, None)
         metrics.finished(kind, output)
-        return JSONResponse(responses.completion_body(shape, output, texts))
+        return JSONResponse(responses.completion_body(shape, output, texts, replies))
 
     return app
 
@@ -159,15 +181,28 @@ def _params(body: SamplingFields, llm, max_tokens_default: int):
         return body.sampling_params(max_tokens_default)
     except UnsupportedField as exc:
         raise APIError(400, str(exc), "unsupported_parameter", exc.field) from exc
+    except InvalidField as exc:
+        raise _invalid(exc) from exc
     except ValueError as exc:
         raise APIError(422, str(exc), "invalid_value") from exc
 
 
-async def _collect(stream: RequestStream, first, watch: _Disconnect):
+def _invalid(exc: InvalidField) -> APIError:
+    return APIError(400, str(exc), "invalid_value", exc.field)
+
+
+async def _collect(stream: RequestStream, first, watch: _Disconnect,
+                   replies: ToolReplies | None = None):
+    """The finished output; ``replies`` read the text as it comes, to stop generating once
+    every candidate made its last allowed call."""
     event = first
     while not isinstance(event, FinishedEvent):
         if isinstance(event, ErrorEvent):
             raise APIError(500, event.message)
+        if replies is not None and isinstance(event, TokenEvent):
+            replies.deltas(event.index, event.text)
+            if replies.all_done:
+                stream.cancel()
         event = await watch.wait_for(stream.next_event())
     return event.output
 

@@ -3,8 +3,9 @@
 A client must never get a 200 whose reply ignored what it asked for (JSON, a tool call, a
 biased token): each field is honoured; or ignored, only where ignoring it changes neither
 the reply nor anything the client was promised; or refused with a 400 naming it when set
-to anything but what Folio does anyway (``tools: []`` passes, one tool does not). A field
-no one defines is refused the same way (``protocol.py`` forbids extra fields).
+to anything but what Folio does anyway (``response_format: {"type": "text"}`` passes, JSON
+mode does not). A field no one defines is refused the same way (``protocol.py`` forbids
+extra fields).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _one_of(*allowed: Any) -> Callable[[Any], bool]:
 # Fields whose value Folio follows (protocol.py maps them to SamplingParams).
 HONOURED_CHAT = ("model", "messages", "n", "temperature", "top_p", "max_tokens",
                  "max_completion_tokens", "stop", "seed", "stream", "stream_options",
-                 "logprobs", "top_logprobs")
+                 "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls")
 HONOURED_TEXT = ("model", "prompt", "n", "temperature", "top_p", "max_tokens", "stop",
                  "seed", "stream", "stream_options", "logprobs")
 # vLLM's names for what SamplingParams has beyond OpenAI's fields.
@@ -61,11 +62,9 @@ _SHARED: dict[str, tuple[Callable[[Any], bool], str]] = {
 DEFAULT_ONLY_CHAT: dict[str, tuple[Callable[[Any], bool], str]] = _SHARED | {
     "response_format": (_one_of({"type": "text"}), "replies are plain text (structured "
                         "output is not implemented)"),
-    "tools": (_empty, "function calling is not implemented"),
-    "tool_choice": (_one_of("none"), "function calling is not implemented"),
-    "parallel_tool_calls": (_unset, "function calling is not implemented"),
-    "functions": (_empty, "function calling is not implemented"),
-    "function_call": (_one_of("none"), "function calling is not implemented"),
+    "functions": (_empty, "the deprecated functions API is not implemented; use tools"),
+    "function_call": (_one_of("none"), "the deprecated functions API is not implemented; "
+                      "use tool_choice"),
     "audio": (_unset, "replies are text only"),
     "modalities": (_one_of(["text"]), "replies are text only"),
     "prediction": (_unset, "predicted outputs are not implemented"),
@@ -85,16 +84,16 @@ DEFAULT_ONLY_TEXT: dict[str, tuple[Callable[[Any], bool], str]] = _SHARED | {
     # best_of == n (generate n, return n: what Folio does) is checked as unset.
     "best_of": (_unset, "every generated candidate is returned (best_of must equal n)"),
 }
-# Message fields: the template renders a role and text; anything more would be dropped.
+# Message fields: the template renders a role, text, tool calls and the call a tool result
+# answers (engine/serve/tool_fields.py checks those); anything more would be dropped.
 DEFAULT_ONLY_MESSAGE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "name": (_unset, "the chat template has no place for a participant's name"),
-    "tool_calls": (_empty, "function calling is not implemented"),
-    "tool_call_id": (_unset, "function calling is not implemented"),
-    "function_call": (_unset, "function calling is not implemented"),
+    "function_call": (_unset, "the deprecated functions API is not implemented; use "
+                      "tool_calls"),
     "audio": (_unset, "messages are text only"),
     "refusal": (_unset, "the chat template has no place for a refusal"),
 }
-UNSUPPORTED_ROLES = ("tool", "function")
+UNSUPPORTED_ROLES = ("function",)  # the deprecated functions API; "tool" is its successor
 
 
 def refuse_set_fields(values: Iterable[tuple[str, Any]],

@@ -14,12 +14,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.serve import fields
 from engine.serve.fields import UnsupportedField
+from engine.serve.tool_fields import (
+    InvalidField,
+    ToolRequest,
+    check_message_tools,
+    check_results_answer_calls,
+    tool_request,
+)
 
 MAX_N = 16  # candidates per request; each holds its own decode state
 MAX_STOP = 4  # OpenAI's own limit on stop strings
 _STRICT = ConfigDict(extra="forbid")
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "SamplingFields", "UnsupportedField"]
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "InvalidField", "SamplingFields",
+           "UnsupportedField"]
 
 
 class StreamOptions(BaseModel):
@@ -42,6 +50,7 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: Any = None
+    # Checked by tool_fields.check_message_tools, naming the bad part.
     tool_calls: Any = None
     tool_call_id: Any = None
     function_call: Any = None
@@ -52,9 +61,11 @@ class ChatMessage(BaseModel):
         where = f"messages.{i}."
         if self.role in fields.UNSUPPORTED_ROLES:
             raise UnsupportedField(where + "role", f"{where}role={self.role!r} is not "
-                                   "supported by Folio: function calling is not implemented")
+                                   "supported by Folio: the deprecated functions API is not "
+                                   "implemented; send tool results as role 'tool'")
         fields.refuse_set_fields(((n, getattr(self, n)) for n in fields.DEFAULT_ONLY_MESSAGE),
                                  fields.DEFAULT_ONLY_MESSAGE, where)
+        check_message_tools(i, self.role, self.tool_calls, self.tool_call_id)
         for j, part in enumerate(self.content if isinstance(self.content, list) else []):
             at = f"{where}content.{j}."
             if part.type != "text":
@@ -133,12 +144,13 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    # Refused unless left at what Folio does (fields.DEFAULT_ONLY_CHAT); typed loosely so
-    # that a value in any shape is refused by name, not mistyped.
-    response_format: Any = None
+    # Checked by tool_fields.py, which names the bad part of a value in any shape.
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    # Refused unless left at what Folio does (fields.DEFAULT_ONLY_CHAT); typed loosely so
+    # that a value in any shape is refused by name, not mistyped.
+    response_format: Any = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -172,13 +184,32 @@ class ChatCompletionRequest(SamplingFields):
     def sampling_params(self, max_tokens_default: int) -> SamplingParams:
         for i, message in enumerate(self.messages):
             message.check(i)
+        check_results_answer_calls(self.messages)
         return super().sampling_params(max_tokens_default)
 
+    def tool_request(self) -> ToolRequest:
+        """The request's tools and how they may be called; InvalidField names a bad one."""
+        return tool_request(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    @property
+    def has_tool_history(self) -> bool:
+        return any(m.role == "tool" or m.tool_calls for m in self.messages)
+
     def engine_messages(self) -> list[dict]:
-        # The engine's chat template knows system/user/assistant; OpenAI's newer
+        # The engine's chat templates know system/user/assistant/tool; OpenAI's newer
         # "developer" role is the system prompt under another name.
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+        out = []
+        for m in self.messages:
+            message = {"role": "system" if m.role == "developer" else m.role,
+                       "content": m.text()}
+            if m.tool_calls:
+                message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                          "function": dict(c["function"])}
+                                         for c in m.tool_calls]
+            if m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+            out.append(message)
+        return out
 
 
 class CompletionRequest(SamplingFields):

@@ -4,7 +4,7 @@
 time); ``completion_body`` builds the one-piece answer, ``EventStream`` the streamed one:
 ``data: {chunk}`` lines, each candidate's final chunk with its finish reason, optionally a
 usage chunk, then ``data: [DONE]``. Log-probabilities, for requests that ask, are shaped
-by ``logprobs.py``.
+by ``logprobs.py``; replies read for tool calls by ``tool_replies.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from starlette.responses import StreamingResponse
 
 from engine.outputs import ErrorEvent, FinishedEvent, RequestOutput, TokenEvent
 from engine.serve.logprobs import LogprobsFormat, TokenTexts
+from engine.serve.tool_replies import ToolReplies
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,12 +46,16 @@ class Shape:
         delta = {"role": "assistant", "content": text} if first else {"content": text}
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
 
-    def last(self, index: int, reason: str | None) -> dict:
+    def chat_delta(self, index: int, delta: dict, first: bool,
+                   logprobs: dict | None = None) -> dict:
+        delta = {"role": "assistant", **delta} if first else delta
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+
+    def last(self, index: int, reason: str) -> dict:
+        """``reason``: OpenAI's finish reason, already mapped."""
         if self.kind == "text":
-            return {"index": index, "text": "", "logprobs": None,
-                    "finish_reason": finish_reason(reason)}
-        return {"index": index, "delta": {}, "logprobs": None,
-                "finish_reason": finish_reason(reason)}
+            return {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
+        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
 
 
 def finish_reason(reason: str | None) -> str:
@@ -72,9 +77,16 @@ def model_card(llm) -> dict:
             "owned_by": "folio", "max_model_len": llm.max_model_len}
 
 
-def completion_body(shape: Shape, output: RequestOutput, texts: TokenTexts) -> dict:
+def completion_body(shape: Shape, output: RequestOutput, texts: TokenTexts,
+                    tools: ToolReplies | None = None) -> dict:
     logprobs = LogprobsFormat(shape.kind, texts)
-    if shape.kind == "chat":
+    if shape.kind == "chat" and tools is not None:
+        choices = [{"index": c.index, "message": tools.message(c.index, c.text),
+                    "logprobs": logprobs(c.index, c.logprobs),
+                    "finish_reason": tools.finish_reason(c.index, c.finish_reason)}
+                   for c in output.outputs]
+        kind = "chat.completion"
+    elif shape.kind == "chat":
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": logprobs(c.index, c.logprobs),
                     "finish_reason": finish_reason(c.finish_reason)} for c in output.outputs]
@@ -98,12 +110,12 @@ class EventStream(StreamingResponse):
 
     def __init__(self, stream, first, shape: Shape, include_usage: bool,
                  on_finished: Callable[[RequestOutput], None], metrics,
-                 texts: TokenTexts) -> None:
+                 texts: TokenTexts, tools: ToolReplies | None = None) -> None:
         self._stream = stream
         self._metrics = metrics
         metrics.running += 1
         chunks = _chunks(stream, first, shape, include_usage, on_finished,
-                         LogprobsFormat(shape.kind, texts))
+                         LogprobsFormat(shape.kind, texts), tools)
         super().__init__(chunks,
                          media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -118,11 +130,23 @@ class EventStream(StreamingResponse):
 
 async def _chunks(stream, first, shape: Shape, include_usage: bool,
                   on_finished: Callable[[RequestOutput], None],
-                  logprobs: LogprobsFormat) -> AsyncIterator[bytes]:
+                  logprobs: LogprobsFormat,
+                  tools: ToolReplies | None) -> AsyncIterator[bytes]:
     started: set[int] = set()
     event = first
     while True:
-        if isinstance(event, TokenEvent):
+        if isinstance(event, TokenEvent) and tools is not None:
+            entries = logprobs(event.index, event.logprobs)
+            # A token held back by the parser still reports its log-probabilities.
+            deltas = tools.deltas(event.index, event.text) or ([{}] if entries else [])
+            for k, delta in enumerate(deltas):
+                yield sse(shape.chunk([shape.chat_delta(event.index, delta,
+                                                        event.index not in started,
+                                                        entries if k == 0 else None)]))
+                started.add(event.index)
+            if tools.all_done:
+                stream.cancel()  # what follows would be dropped; its FinishedEvent comes
+        elif isinstance(event, TokenEvent):
             yield sse(shape.chunk([shape.delta(event.index, event.text,
                                                event.index not in started,
                                                logprobs(event.index, event.logprobs))]))
@@ -130,8 +154,16 @@ async def _chunks(stream, first, shape: Shape, include_usage: bool,
         elif isinstance(event, FinishedEvent):
             output = event.output
             on_finished(output)
-            yield sse(shape.chunk([shape.last(c.index, c.finish_reason)
-                                   for c in output.outputs]))
+            if tools is not None:
+                for c in output.outputs:
+                    for delta in tools.finish(c.index):
+                        yield sse(shape.chunk([shape.chat_delta(c.index, delta,
+                                                                c.index not in started)]))
+                        started.add(c.index)
+            reasons = [tools.finish_reason(c.index, c.finish_reason) if tools is not None else
+                       finish_reason(c.finish_reason) for c in output.outputs]
+            yield sse(shape.chunk([shape.last(c.index, reason)
+                                   for c, reason in zip(output.outputs, reasons, strict=True)]))
             if include_usage:
                 yield sse(shape.chunk([], usage(output)))
             break

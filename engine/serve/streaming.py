@@ -24,6 +24,7 @@ class RequestStream:
         self._params = params
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._handle = None
+        self._cancelled = False
         self.finished = False
         self.submitted_at = 0.0
         self.first_token_at: float | None = None
@@ -39,7 +40,12 @@ class RequestStream:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
-        if not self.finished and self._handle is not None:
+        self.cancel()
+
+    def cancel(self) -> None:
+        """End the request in the engine; a FinishedEvent with what it had follows."""
+        if not self.finished and self._handle is not None and not self._cancelled:
+            self._cancelled = True
             self._handle.cancel()
 
     @property

@@ -22,8 +22,9 @@ class CandidateText:
 
     @classmethod
     def start(cls, tokenizer, prompt_ids: Sequence[int], stop: Sequence[str],
-              with_logprobs: bool) -> CandidateText:
-        return cls(IncrementalDetokenizer(tokenizer, prompt_ids), StopChecker(list(stop)),
+              with_logprobs: bool, skip_special_tokens: bool = True) -> CandidateText:
+        detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+        return cls(detokenizer, StopChecker(list(stop)),
                    logprobs=[] if with_logprobs else None)
 
     def drain(self) -> str:

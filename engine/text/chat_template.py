@@ -21,6 +21,11 @@ Without a chat template the prompt is plain text, one message per line::
 
 (the tokenizer's BOS token first, if it adds one). Such a model has no end-of-turn token,
 so ``ChatTokenizer.stop_strings`` then holds ``"\\nuser:"`` for the engine to stop on.
+
+Tool calling (``folio serve``): ``tools`` go to the template's own ``tools=`` argument, as
+transformers' ``apply_chat_template`` passes them, and ``role: "tool"`` messages and
+assistant ``tool_calls`` reach it as the keys templates read (``tool_call_id``,
+``tool_calls``); a reply spliced by its ids carries its calls in those ids already.
 """
 
 from __future__ import annotations
@@ -31,9 +36,13 @@ import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from jinja2 import TemplateError
+
 logger = logging.getLogger(__name__)
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+# Message keys handed to the template as they are, when a message sets them.
+TEMPLATE_KEYS = ("tool_calls", "tool_call_id", "name", "tools")
 PLAIN_STOP = "\nuser:"
 
 
@@ -72,15 +81,21 @@ class ChatTokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def encode_chat(
-        self, messages: Sequence[dict], add_generation_prompt: bool = True
+        self, messages: Sequence[dict], add_generation_prompt: bool = True,
+        tools: Sequence[dict] | None = None,
     ) -> list[int]:
-        """Prompt ids for `messages`: dicts with "role" (system, user or assistant),
+        """Prompt ids for `messages`: dicts with "role" (system, user, assistant or tool),
         "content" (str) and, on assistant messages, optional "token_ids" (the exact ids the
-        model generated for that reply; ignored on other roles)."""
+        model generated for that reply; ignored on other roles). ``tools``: function
+        definitions in OpenAI's shape, for the template's ``tools`` variable; the keys of
+        ``TEMPLATE_KEYS`` on a message reach the template unchanged."""
         _validate(messages)
+        if (tools or _uses_tools(messages)) and not self.has_chat_template:
+            raise ValueError("tools: this model has no chat template, so nothing can show "
+                             "it tools, tool calls or tool results")
         ids = [] if self.has_chat_template else list(self._bos_prefix)
         end_of_reply: str | None = None
-        for piece in self._render(messages, add_generation_prompt):
+        for piece in self._render(messages, add_generation_prompt, list(tools or ())):
             if isinstance(piece, int):
                 generated = [int(t) for t in messages[piece]["token_ids"]]
                 ids += generated
@@ -96,7 +111,8 @@ class ChatTokenizer:
                 ids += self.encode(piece, add_special_tokens=False)
         return ids
 
-    def _render(self, messages: Sequence[dict], add_generation_prompt: bool) -> list[str | int]:
+    def _render(self, messages: Sequence[dict], add_generation_prompt: bool,
+                tools: list[dict]) -> list[str | int]:
         """The prompt as text pieces and, between them, indices of messages to splice."""
         spliced = [
             i for i, m in enumerate(messages)
@@ -105,24 +121,32 @@ class ChatTokenizer:
         if not self.has_chat_template:
             return _render_plain(messages, spliced, add_generation_prompt)
         tag = f"FolioSplice{secrets.token_hex(8)}"
+        # A spliced reply's tool calls are in its generated ids, so the template gets only
+        # the marker; other messages keep what the template reads of them.
         conversation = [
-            {"role": m["role"], "content": f"{tag}N{i}E" if i in spliced else m["content"]}
+            {"role": m["role"], "content": f"{tag}N{i}E"} if i in spliced else _for_template(m)
             for i, m in enumerate(messages)
         ]
-        text = self._apply_template(conversation, add_generation_prompt)
+        text = self._apply_template(conversation, add_generation_prompt, tools)
         parts = re.split(f"{tag}N(\\d+)E", text)
         found = [int(p) for p in parts[1::2]]
         if found == spliced:
             return [int(p) if k % 2 else p for k, p in enumerate(parts)]
         # The template dropped, repeated or reordered a reply: fall back to its text.
         logger.warning("chat template did not render each reply once; re-tokenizing replies")
-        plain_conversation = [{"role": m["role"], "content": m["content"]} for m in messages]
-        return [self._apply_template(plain_conversation, add_generation_prompt)]
+        plain_conversation = [_for_template(m) for m in messages]
+        return [self._apply_template(plain_conversation, add_generation_prompt, tools)]
 
-    def _apply_template(self, conversation: list[dict], add_generation_prompt: bool) -> str:
-        return self.hf.apply_chat_template(
-            conversation, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+    def _apply_template(self, conversation: list[dict], add_generation_prompt: bool,
+                        tools: list[dict] | None = None) -> str:
+        try:
+            return self.hf.apply_chat_template(
+                conversation, add_generation_prompt=add_generation_prompt, tokenize=False,
+                **({"tools": tools} if tools else {}),
+            )
+        except TemplateError as exc:
+            # raise_exception() in a template: its own words on what it cannot render.
+            raise ValueError(f"messages: the model's chat template refused them: {exc}") from exc
 
     def _find_end_of_turn(self) -> int | None:
         """The special token the template writes right after an assistant reply, if any."""
@@ -152,6 +176,17 @@ def _special_tokens(hf_tokenizer: Any) -> dict[str, int]:
     return special
 
 
+def _for_template(message: dict) -> dict:
+    # Only the keys a message sets: templates test presence ("'tool_calls' in message").
+    out = {"role": message["role"], "content": message["content"]}
+    out.update((k, message[k]) for k in TEMPLATE_KEYS if message.get(k) is not None)
+    return out
+
+
+def _uses_tools(messages: Sequence[dict]) -> bool:
+    return any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+
+
 def _validate(messages: Sequence[dict]) -> None:
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         raise ValueError("messages must be a non-empty list of {role, content} dicts")
@@ -162,6 +197,13 @@ def _validate(messages: Sequence[dict]) -> None:
             raise ValueError(f"messages[{i}].role must be one of {ROLES}, got {m.get('role')!r}")
         if not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{i}].content must be a string")
+        if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise ValueError(f"messages[{i}].tool_call_id: a tool result names the call it "
+                             "answers")
+        calls = m.get("tool_calls")
+        if calls is not None and (m["role"] != "assistant" or not isinstance(calls, list)):
+            raise ValueError(f"messages[{i}].tool_calls must be a list, on an assistant "
+                             "message")
         ids = m.get("token_ids")
         if ids is not None and not all(isinstance(t, int) and t >= 0 for t in ids):
             raise ValueError(f"messages[{i}].token_ids must be a list of token ids >= 0")

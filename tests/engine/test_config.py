@@ -98,6 +98,7 @@ def test_sampling_params_defaults() -> None:
     assert (params.min_p, params.repetition_penalty, params.seed) == (0.0, 1.0, None)
     assert (params.max_tokens, params.stop, params.stop_token_ids) == (256, [], [])
     assert params.ignore_eos is False
+    assert params.skip_special_tokens is True
     assert params.greedy is False
     assert SamplingParams(temperature=0.0).greedy is True
 
@@ -136,6 +137,7 @@ def test_sampling_params_copies_its_lists() -> None:
         ("stop", ["ok", 3]),
         ("stop_token_ids", [-1]),
         ("stop_token_ids", [1, "2"]),
+        ("skip_special_tokens", "no"),
     ],
 )
 def test_sampling_params_rejects_bad_field(field: str, value: object) -> None:

@@ -16,6 +16,7 @@ from engine.llm_engine import LLMEngine
 from engine.loaders.base import FolioLoadError
 from engine.outputs import FinishedEvent
 from tests.engine.tiny_models import random_prompt
+from tests.engine.tools.tool_models import scripted
 
 PROMPT = random_prompt(0, 40)
 GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
@@ -167,6 +168,18 @@ def test_stop_strings_cut_the_text(llm):
                                                   ignore_eos=True, stop=[stop]))
     assert cut.outputs[0].text == text[:text.index(stop)]
     assert cut.outputs[0].finish_reason == "stop"
+
+
+def test_special_tokens_show_in_the_text_only_when_asked(tiny_dir):
+    """What the server's tool parser needs: Llama's <|python_tag|> or Mistral's
+    [TOOL_CALLS] are special tokens; the end-of-turn token stays out either way."""
+    llm = LLM(str(tiny_dir), num_gpu_blocks=64)
+    sampler = scripted(llm)
+    sampler.script = llm.tokenizer.encode("a<|im_start|>b", add_special_tokens=False)
+    [hidden] = llm.generate([PROMPT], SamplingParams(max_tokens=8))
+    [shown] = llm.generate([PROMPT], SamplingParams(max_tokens=8, skip_special_tokens=False))
+    assert (hidden.outputs[0].text, shown.outputs[0].text) == ("ab", "a<|im_start|>b")
+    assert shown.outputs[0].finish_reason == "stop"  # on <|im_end|>, not shown
 
 
 @pytest.mark.skipif(

@@ -8,8 +8,11 @@ from __future__ import annotations
 import httpx2 as httpx
 import pytest
 
+from engine import LLM
 from engine.serve import fields
 from engine.serve.protocol import ChatCompletionRequest, CompletionRequest
+from tests.engine.serve.conftest import Served
+from tests.engine.tools.tool_models import save_tool_model
 
 HONOURED, IGNORED, REFUSED = "honoured", "ignored", "refused"
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -36,9 +39,10 @@ CHAT = {
     "presence_penalty": (0.5, REFUSED, None),
     "logit_bias": ({"50": 100}, REFUSED, None),
     "response_format": ({"type": "json_object"}, REFUSED, None),
-    "tools": ([TOOL], REFUSED, None),
-    "tool_choice": ("required", REFUSED, None),
-    "parallel_tool_calls": (True, REFUSED, None),
+    # On a model whose template takes tools (the tiny ChatML one has no place for them).
+    "tools": ([TOOL], HONOURED, lambda body: body["choices"][0]["message"]["role"]),
+    "tool_choice": ("required", HONOURED, None),
+    "parallel_tool_calls": (False, HONOURED, None),
     "functions": ([{"name": "f", "parameters": {}}], REFUSED, None),
     "function_call": ("auto", REFUSED, None),
     "audio": ({"voice": "alloy", "format": "wav"}, REFUSED, None),
@@ -84,6 +88,17 @@ TEXT = {
     "user": ("user-1", IGNORED, None),
 }
 EXTENSIONS = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "ignore_eos": True}
+# Honoured fields that need a model with a tool format, and what they go with.
+TOOL_FIELDS = {"tools": {}, "tool_choice": {"tools": [TOOL]},
+               "parallel_tool_calls": {"tools": [TOOL]}}
+
+
+@pytest.fixture(scope="module")
+def tools_served(tmp_path_factory):
+    path = save_tool_model(tmp_path_factory.mktemp("qwen") / "model", "qwen2")
+    served = Served(LLM(str(path), num_gpu_blocks=128, max_model_len=1024))
+    yield served
+    served.stop()
 
 
 def post(served, path: str, body: dict) -> httpx.Response:
@@ -144,10 +159,14 @@ def test_each_field_is_classified_once(request_model, table, honoured, ignored, 
     *[("/v1/chat/completions", chat, name) for name in CHAT],
     *[("/v1/completions", text, name) for name in TEXT],
 ])
-def test_each_field_is_honoured_or_refused(tiny_served, path, body, name):
+def test_each_field_is_honoured_or_refused(tiny_served, request, path, body, name):
     value, outcome, check = (CHAT if body is chat else TEXT)[name]
-    request = body(tiny_served) if value is None else body(tiny_served, **{name: value})
-    response = post(tiny_served, path, request)
+    served = tiny_served
+    extra = {}
+    if body is chat and name in TOOL_FIELDS:
+        served, extra = request.getfixturevalue("tools_served"), TOOL_FIELDS[name]
+    payload = body(served) if value is None else body(served, **{name: value}, **extra)
+    response = post(served, path, payload)
     if outcome == REFUSED:
         assert_refused(response, name)
         return
@@ -183,8 +202,8 @@ def test_vllms_sampling_extensions_are_honoured(tiny_served):
      "messages.0.lang"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "name": "bob"}]},
      "messages.0.name"),
-    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "42",
-                                            "tool_call_id": "c1"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {"messages": [{"role": "function", "content": "42"}]},
+     "messages.0.role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "hi"},
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
@@ -193,8 +212,8 @@ def test_vllms_sampling_extensions_are_honoured(tiny_served):
         {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]},
      "messages.0.content.0.cache_control"),
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None,
-                                            "tool_calls": [{"id": "c1"}]}]},
-     "messages.0.tool_calls"),
+                                            "function_call": {"name": "f"}}]},
+     "messages.0.function_call"),
     ("/v1/completions", {"best_of": 3, "n": 2}, "best_of"),
     ("/v1/completions", {"top_logprobs": 2}, "top_logprobs"),
 ])

@@ -113,7 +113,10 @@ def test_token_ids_on_other_roles_are_ignored(starter) -> None:
     ("messages", "field"),
     [
         ([], "messages"),
-        ([{"role": "tool", "content": "x"}], r"messages\[0\]\.role"),
+        ([{"role": "function", "content": "x"}], r"messages\[0\]\.role"),
+        ([{"role": "tool", "content": "x"}], r"messages\[0\]\.tool_call_id"),
+        ([user("a"), {"role": "user", "content": "b", "tool_calls": []}],
+         r"messages\[1\]\.tool_calls"),
         ([user("a"), {"role": "user", "content": None}], r"messages\[1\]\.content"),
         ([user("a"), reply("b", [-1])], r"messages\[1\]\.token_ids"),
         (["hello"], r"messages\[0\]"),
@@ -173,3 +176,33 @@ def test_a_template_that_drops_replies_falls_back_to_their_text(starter_hf) -> N
     assert last_only.decode(ids, skip_special_tokens=False) == (
         "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_tools_need_a_template(starter_hf) -> None:
+    plain = without_template(starter_hf)
+    with pytest.raises(ValueError, match="tools: this model has no chat template"):
+        plain.encode_chat([user("Hi")], tools=[{"type": "function",
+                                                "function": {"name": "f"}}])
+
+
+def test_tools_and_tool_messages_reach_the_template(starter_hf) -> None:
+    template = (
+        "{% if tools %}TOOLS {{ tools | map(attribute='function.name') | join(',') }}\n"
+        "{% endif %}{% for m in messages %}{{ m.role }}"
+        "{% if m.tool_calls %} calls {{ m.tool_calls[0].function.name }}{% endif %}"
+        "{% if m.tool_call_id %} answers {{ m.tool_call_id }}{% endif %}"
+        ": {{ m.content }}\n{% endfor %}"
+    )
+    chat = without_template(starter_hf, template)
+    messages = [user("Hi"),
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{"id": "c1", "type": "function",
+                                 "function": {"name": "f", "arguments": {}}}]},
+                {"role": "tool", "content": "42", "tool_call_id": "c1"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    text = chat.decode(chat.encode_chat(messages, tools=tools), skip_special_tokens=False)
+    assert text == "TOOLS f\nuser: Hi\nassistant calls f: \ntool answers c1: 42\n"
+    # A reply spliced by its ids carries its calls in them: the template gets only the ids.
+    spliced = [messages[0], {**messages[1], "token_ids": [42]}, messages[2]]
+    ids = chat.encode_chat(spliced, tools=tools)
+    assert 42 in ids and "calls f" not in chat.decode(ids, skip_special_tokens=False)

@@ -1,0 +1,92 @@
+"""A chat request with tools, made into prompt ids for the served model.
+
+``ModelTools`` is read once per server: the model family's tool format, if it has one for
+this chat template (``engine/tools/registry.py``), and what the template can show.
+``tool_prompt`` checks a request against it, renders tools, calls and results through the
+template, and starts the reply with the format's call marker when the client requires a
+call (``tool_choice: "required"`` or a named function). That start is all Folio can do
+without constrained decoding: the model writes the call, unconstrained by the schemas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.models.registry import family_of
+from engine.sampling_params import SamplingParams
+from engine.serve.tool_fields import InvalidField, ToolRequest
+from engine.tools.format import ToolFormat
+from engine.tools.registry import tool_format
+from engine.tools.template import TemplateToolError, TemplateTools, prepare
+
+
+def _template_source(hf_tokenizer) -> str | None:
+    template = getattr(hf_tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates ("default", "tool_use"): any of them
+        return "\n".join(str(t) for t in template.values())
+    return template
+
+
+@dataclass(slots=True, frozen=True)
+class ModelTools:
+    fmt: ToolFormat | None  # None: the family has no call format Folio reads
+    template: TemplateTools
+
+    @classmethod
+    def of(cls, llm) -> ModelTools:
+        source = _template_source(llm.tokenizer.hf)
+        fmt = tool_format(family_of(llm.engine.hf_config).model_type, source)
+        return cls(fmt, TemplateTools.of(source))
+
+
+@dataclass(slots=True, frozen=True)
+class ToolPrompt:
+    ids: list[int]
+    fmt: ToolFormat | None  # the format the reply is read in; None: it stays text
+    prefix: str  # what the reply was started with, read as its first text
+    max_calls: int | None
+    stop_ids: tuple[int, ...] = ()
+
+    def adjust(self, params: SamplingParams) -> None:
+        """What reading calls needs of sampling: marker tokens kept in the text (many are
+        special tokens), and the format's end-of-call tokens as stops."""
+        if self.fmt is None:
+            return
+        params.skip_special_tokens = False
+        params.stop_token_ids = [*params.stop_token_ids, *self.stop_ids]
+
+
+def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
+                tokenizer) -> ToolPrompt:
+    """Prompt ids; InvalidField naming what the model or its template cannot take."""
+    forced = request.choice in ("required", "function")
+    if forced and model.fmt is None:
+        what = "'required'" if request.choice == "required" else "a named function"
+        raise InvalidField("tool_choice", f"tool_choice: {what} needs a tool call, and this "
+                           "model's family has no tool-call format Folio reads; a reply "
+                           "constrained to the tools' schemas needs structured output, not "
+                           "yet supported. Use tool_choice 'auto' or 'none'")
+    tools = request.tools if request.active else None
+    try:
+        prepared = prepare(messages, tools, model.fmt, model.template)
+    except TemplateToolError as exc:
+        raise InvalidField(exc.field, str(exc)) from exc
+    prefix = model.fmt.prefix(request.function) if forced else ""
+    try:
+        ids = tokenizer.encode_chat(prepared, tools=tools)
+    except (ValueError, TypeError) as exc:  # a template's own errors: the model's, not ours
+        raise InvalidField("tools" if str(exc).startswith("tools") else "messages",
+                           str(exc)) from exc
+    if prefix:
+        ids += tokenizer.encode(prefix, add_special_tokens=False)
+    fmt = model.fmt if request.active else None
+    return ToolPrompt(ids, fmt, prefix, None if request.parallel else 1,
+                      _stop_ids(fmt, tokenizer))
+
+
+def _stop_ids(fmt: ToolFormat | None, tokenizer) -> tuple[int, ...]:
+    """The format's stop markers that are single tokens of this vocabulary."""
+    if fmt is None:
+        return ()
+    added = tokenizer.hf.get_added_vocab()
+    return tuple(added[m] for m in fmt.stop_markers if m in added)
