@@ -248,33 +248,47 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
   std::vector<LaneGroup> xl(static_cast<size_t>(m * groups));  // [m][groups]
   prepare_rows(x, m, groups, xl.data());
   // Passes of equal size, as gemv256.h's gemv_type (m <= kGemvRows: at most 2).
-  const int64_t passes = (m + 7) / 8;
+  int64_t passes = (m + 7) / 8;
+  // A pair's two rows at long k (k >= 12288 with Q4_K/Q6_K: 37+ KiB of activations, past
+  // L1) take a pass each instead, over blocks of weight rows small enough to stay in L2
+  // from the first pass to the second: the weights come from memory once, and each pass's
+  // activations stay in L1.
+  const int64_t row_bytes = int64_t{sizeof(LaneGroup)} * groups;
+  const bool split_pair = m == 2 && 2 * row_bytes > (int64_t{32} << 10) &&
+                          row_bytes <= (int64_t{32} << 10);
+  if (split_pair) passes = 2;
   const int64_t per_pass = (m + passes - 1) / passes;
   // A pass's activations should stay in L1 (48 KiB) over many weight rows: past 48 KiB
   // (8 rows at k = 8192: 96 KiB, read from L2 for every weight row, cost more than the
   // products) k is cut into chunks of at most 24 KiB, kJ weight rows at a time, read chunk
   // by chunk. Smaller chunks measured slower (the weight rows' reads lose their streams),
   // and so do these from 32 KiB up: a pair's rows at k = 12288 (37 KiB) ran at 14 GB/s
-  // chunked, 20 GB/s not, against 40-50 below 32 KiB: the long-k products (a 7-8B
-  // model's down projection) are where decode loses most.
+  // chunked, 20 GB/s unchunked, 31 GB/s as the split pair above (k = 14336, a 7-8B
+  // model's down projection: 15 -> 25 GB/s), against 40-50 below 32 KiB.
   // The accumulators wait in `state` between chunks, so every float operation and its
   // order are the unchunked loop's: results never depend on kc.
   const int64_t pass_bytes = int64_t{sizeof(LaneGroup)} * per_pass;
   const int64_t kc = pass_bytes * groups <= (int64_t{48} << 10)
                          ? groups : std::max<int64_t>(1, (int64_t{24} << 10) / pass_bytes);
-  constexpr int64_t kJ = 4;
-  __m512 state[kJ][2][16];  // [weight row][pass][2 * MR]
+  constexpr int64_t kStateRows = 4;
+  __m512 state[kStateRows][2][16];  // [weight row][pass][2 * MR], for chunked k
+  const bool chunked = kc < groups;
+  // Weight rows per block: 4 (chunked k), ~256 KiB of them (a split pair), or 1.
+  const int64_t kJ = chunked ? kStateRows
+                   : split_pair ? std::max<int64_t>(1, (int64_t{256} << 10) /
+                                                           (kRowGroupBytes<T> * groups))
+                                : 1;
   for (int64_t jb = j0; jb < j1; jb += kJ) {
     const int64_t je = std::min(jb + kJ, j1);
     for (int64_t c0 = 0; c0 < groups; c0 += kc) {
       const int64_t c1 = std::min(c0 + kc, groups);
-      for (int64_t j = jb; j < je; ++j) {
-        const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
-        for (int64_t i0 = 0, p = 0; i0 < m; i0 += per_pass, ++p) {
+      for (int64_t i0 = 0, p = 0; i0 < m; i0 += per_pass, ++p) {
+        const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
+        const LaneGroup* xi = xl.data() + i0 * groups;
+        for (int64_t j = jb; j < je; ++j) {
+          const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
           float part[8];
-          const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
-          const LaneGroup* xi = xl.data() + i0 * groups;
-          __m512* st = state[j - jb][p];
+          __m512* st = chunked ? state[j - jb][p] : nullptr;
           switch (mr) {
             case 1: gemv512_row<T, 1>(row, k, c0, c1, xi, groups, st, part); break;
             case 2: gemv512_row<T, 2>(row, k, c0, c1, xi, groups, st, part); break;
