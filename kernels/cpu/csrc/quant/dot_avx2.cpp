@@ -41,14 +41,6 @@ inline __m256i dot4(__m256i q, __m256i x) {
 namespace folio_cpu::quant {
 namespace {
 
-void quantize_row(const float* x, int64_t k, uint8_t* out) {
-  quantize_row_avx2(x, k, out);
-}
-
-void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
-  unpack_row_impl(type, row, k, out);
-}
-
 // q[groups][256], in place: dword u of block b moves to dword b of chunk u (an 8 x 8
 // transpose of dwords per group).
 void interleave(uint8_t* q, int64_t groups) {
@@ -135,10 +127,8 @@ void dot_rows(const Group* w, int64_t groups, const ActRow* x, float* out) {
 namespace folio_cpu::quant {
 namespace {
 
-void quantize_wide(const float* x, int64_t k, WideChunk* out) { quantize_wide_impl(x, k, out); }
-
-const Kernels kAvx2{quantize_row, unpack_row, dot, gemv_lanes256, interleave, 12,
-                    quantize_wide, unpack_wide256, dot_wide_simd<Wide256>, 128};
+const Kernels kAvx2{quantize_row_avx2, unpack_row_impl, dot, gemv_lanes256, interleave, 12,
+                    quantize_wide_impl, unpack_wide256, dot_wide_simd<Wide256>, 128};
 
 }  // namespace
 

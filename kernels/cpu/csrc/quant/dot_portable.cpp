@@ -13,14 +13,6 @@
 namespace folio_cpu::quant {
 namespace {
 
-void quantize_row(const float* x, int64_t k, uint8_t* out) {
-  quantize_row_impl(x, k, out);
-}
-
-void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
-  unpack_row_impl(type, row, k, out);
-}
-
 void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
          float* out) {
   for (int r = 0; r < mr; ++r) {
@@ -49,16 +41,8 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
   }
 }
 
-void quantize_wide(const float* x, int64_t k, WideChunk* out) { quantize_wide_impl(x, k, out); }
-
-void unpack_wide(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
-                 WideChunk* out) {
-  unpack_wide_impl(type, row, k, c0, count, out);
-}
-
-const Kernels kPortable{quantize_row, unpack_row, dot, nullptr, nullptr, 0,
-                        quantize_wide, unpack_wide, dot_wide_impl,
-                        INT64_MAX};
+const Kernels kPortable{quantize_row_impl, unpack_row_impl, dot, nullptr, nullptr, 0,
+                        quantize_wide_impl, unpack_wide_impl, dot_wide_impl, INT64_MAX};
 
 }  // namespace
 

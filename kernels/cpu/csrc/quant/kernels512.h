@@ -15,15 +15,7 @@
 namespace folio_cpu::quant {
 namespace {
 
-void quantize_row(const float* x, int64_t k, uint8_t* out) {
-  quantize_row_avx2(x, k, out);
-}
-
-void unpack_row(int type, const uint8_t* row, int64_t k, Group* out) {
-  unpack_row_impl(type, row, k, out);
-}
-
-const Kernels kKernels{quantize_row, unpack_row, dot, gemv512, interleave, 10,
+const Kernels kKernels{quantize_row_avx2, unpack_row_impl, dot, gemv512, interleave, 10,
                        quantize_wide512, unpack_wide512, dot_wide_simd<Wide512>,
                        0};
 
