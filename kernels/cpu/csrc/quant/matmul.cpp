@@ -78,24 +78,21 @@ void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* 
     return;
   }
   const int64_t groups = padded_k(k) / kGroup;
-  const int64_t ntiles = (n + kTileN - 1) / kTileN;
-  // Equal m-tiles (a multiple of 4 rows, so a pair never straddles two): a remainder tile
-  // would leave a thread idle.
-  const int64_t mtiles = (m + kMaxTileM - 1) / kMaxTileM;
-  const int64_t tile_m = ((m + mtiles - 1) / mtiles + 3) / 4 * 4;
+  // m-tiles of a multiple of 4 rows: a pair never straddles two.
+  const TileGrid grid(m, n, kTileN, kMaxTileM, 4);
   const bool signed_q = type == kQ8_0;
   // A chunk's bytes in a weight row: whole blocks (a 32-block type's chunk is 8 blocks
   // per group, its last chunk possibly fewer).
   const BlockType bt = block_type(type);
   const int64_t chunk_bytes = kChunkGroups * kGroup / bt.block_size * bt.block_bytes;
-  at::parallel_for(0, ntiles * mtiles, 1, [&](int64_t lo, int64_t hi) {
+  at::parallel_for(0, grid.size(), 1, [&](int64_t lo, int64_t hi) {
     std::vector<Group> wbuf(static_cast<size_t>(kTileN * kChunkGroups));  // [kTileN][chunk]
     std::vector<uint8_t> xbuf;  // [kMaxRows][chunk * 256]: activations' q, interleaved
     if (kern.interleave) xbuf.resize(static_cast<size_t>(kMaxRows * kChunkGroups * kGroup));
-    std::vector<float> acc(static_cast<size_t>(tile_m * kTileN));  // [tile m][kTileN]
+    std::vector<float> acc(static_cast<size_t>(grid.tile_m * kTileN));  // [tile m][kTileN]
     for (int64_t t = lo; t < hi; ++t) {
-      const int64_t m0 = t / ntiles * tile_m, n0 = t % ntiles * kTileN;
-      const int64_t tm = std::min(tile_m, m - m0), tn = std::min(kTileN, n - n0);
+      const TileGrid::Tile tile = grid[t];
+      const int64_t m0 = tile.m0, n0 = tile.n0, tm = tile.tm, tn = tile.tn;
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
         const int64_t cg = std::min(kChunkGroups, groups - g0);
@@ -127,16 +124,7 @@ void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* 
           }
         }
       }
-      if (out.pairs) {
-        for (int64_t i = 0; i < tm; i += 2)
-          for (int64_t r = 0; r < tn; ++r)
-            out.data[(m0 + i) / 2 * out.stride + n0 + r] =
-                acc[i * kTileN + r] + acc[(i + 1) * kTileN + r];
-      } else {
-        for (int64_t i = 0; i < tm; ++i)
-          for (int64_t r = 0; r < tn; ++r)
-            out.data[(m0 + i) * out.stride + n0 + r] = acc[i * kTileN + r];
-      }
+      grid.store(tile, acc.data(), out);
     }
   });
 }

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -20,6 +21,40 @@ struct Out {
   float* data;
   int64_t stride;
   bool pairs;
+};
+
+// The tiles of an m x n product, run in parallel: tile_n weight rows by tile_m activation
+// rows, the m-tiles of equal height (a multiple of `align` rows, at most about max_m): a
+// remainder tile would leave a thread idle. Tile t is m-tile major, so a thread's
+// consecutive tiles share their activations.
+struct TileGrid {
+  struct Tile {
+    int64_t m0, n0, tm, tn;
+  };
+
+  TileGrid(int64_t m_, int64_t n_, int64_t tile_n_, int64_t max_m, int64_t align)
+      : m(m_), n(n_), tile_n(tile_n_), ntiles((n_ + tile_n_ - 1) / tile_n_),
+        mtiles((m_ + max_m - 1) / max_m),
+        tile_m(((m_ + mtiles - 1) / mtiles + align - 1) / align * align) {}
+
+  int64_t size() const { return ntiles * mtiles; }
+
+  Tile operator[](int64_t t) const {
+    const int64_t m0 = t / ntiles * tile_m, n0 = t % ntiles * tile_n;
+    return {m0, n0, std::min(tile_m, m - m0), std::min(tile_n, n - n0)};
+  }
+
+  // A tile's sums (acc[i * tile_n + r]) into out; with pairs, rows 2i and 2i + 1 into row i.
+  void store(const Tile& t, const float* acc, Out out) const {
+    const int64_t step = out.pairs ? 2 : 1;
+    for (int64_t i = 0; i < t.tm; i += step) {
+      float* o = out.data + (t.m0 + i) / step * out.stride + t.n0;
+      const float* a = acc + i * tile_n;
+      for (int64_t r = 0; r < t.tn; ++r) o[r] = out.pairs ? a[r] + a[tile_n + r] : a[r];
+    }
+  }
+
+  const int64_t m, n, tile_n, ntiles, mtiles, tile_m;
 };
 
 // One matrix's output columns (rows given or not), its checks done.

@@ -47,16 +47,13 @@ void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const M
   const int64_t* rows = mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr;
   const int type = mat.type;
   const int min_terms = wide_min_terms(type);
-  const int64_t ntiles = (n + kTileN - 1) / kTileN;
-  // Equal m-tiles: a remainder tile would leave a thread idle.
-  const int64_t mtiles = (m + kMaxTileM - 1) / kMaxTileM;
-  const int64_t tile_m = (m + mtiles - 1) / mtiles;
-  at::parallel_for(0, ntiles * mtiles, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<WideChunk> wbuf(static_cast<size_t>(kTileN * kSlice));  // [kTileN][kSlice]
-    std::vector<float> acc(static_cast<size_t>(tile_m * kTileN));      // [tile m][kTileN]
+  const TileGrid grid(m, n, kTileN, kMaxTileM, 1);
+  at::parallel_for(0, grid.size(), 1, [&](int64_t lo, int64_t hi) {
+    std::vector<WideChunk> wbuf(static_cast<size_t>(kTileN * kSlice));    // [kTileN][kSlice]
+    std::vector<float> acc(static_cast<size_t>(grid.tile_m * kTileN));  // [tile m][kTileN]
     for (int64_t t = lo; t < hi; ++t) {
-      const int64_t m0 = t / ntiles * tile_m, n0 = t % ntiles * kTileN;
-      const int64_t tm = std::min(tile_m, m - m0), tn = std::min(kTileN, n - n0);
+      const TileGrid::Tile tile = grid[t];
+      const int64_t m0 = tile.m0, n0 = tile.n0, tm = tile.tm, tn = tile.tn;
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t c0 = 0; c0 < chunks; c0 += kSlice) {
         const int64_t cs = std::min(kSlice, chunks - c0);
@@ -80,9 +77,7 @@ void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const M
           }
         }
       }
-      for (int64_t i = 0; i < tm; ++i)
-        for (int64_t r = 0; r < tn; ++r)
-          out.data[(m0 + i) * out.stride + n0 + r] = acc[i * kTileN + r];
+      grid.store(tile, acc.data(), out);
     }
   });
 }
