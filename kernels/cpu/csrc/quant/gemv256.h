@@ -27,6 +27,38 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// One activation row per group in a GEMV's lane layout (gemv512.h, gemv_lanes256.h):
+// lane L (of 16) holds sub-block sub[L], its 4-byte piece u (weights 4u..4u+3) at
+// q[at[L] + u_stride * u]; dx[L] the dx_b of that sub-block's block, xs[L] dx_b * its sum.
+struct alignas(64) LaneGroup {
+  int8_t q[256];
+  float dx[16];
+  float xs[16];
+};
+
+struct LaneOrder {
+  int sub[16];
+  int at[16];
+  int u_stride;
+};
+
+// The rows x[0..m) in the lane layout, out[r * groups + g] for group g of row r.
+inline void prepare_lanes(const ActRow* x, int64_t m, int64_t groups, const LaneOrder& order,
+                          LaneGroup* out) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      LaneGroup& lg = out[r * groups + g];
+      const int8_t* q = x[r].q + g * kGroup;
+      for (int l = 0; l < 16; ++l) {
+        const int sb = order.sub[l];
+        for (int u = 0; u < 4; ++u)
+          std::memcpy(lg.q + order.at[l] + order.u_stride * u, q + 16 * sb + 4 * u, 4);
+        lg.dx[l] = x[r].d[g * 8 + sb / 2];
+        lg.xs[l] = lg.dx[l] * static_cast<float>(x[r].sum[g * 16 + sb]);
+      }
+    }
+}
+
 inline uint32_t load32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 inline uint64_t load64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
 inline __m256i lo4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }

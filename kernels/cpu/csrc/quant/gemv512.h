@@ -10,7 +10,7 @@
 // the work is 4 dot16 (VNNI: 4 vpdpbusd), one conversion and two fmas. Everything
 // weight-side (unpacking, the 16 -> lane transpose, D * s_l and M * o_l as floats) is
 // done once per group for all rows; the activations are put into the same layout once
-// per call (prepare_rows), with dx_b per lane and dx_b * xsum_l precomputed.
+// per call (prepare_lanes), with dx_b per lane and dx_b * xsum_l precomputed.
 //
 // Arithmetic: lane l adds float(S_l) * (dx_b * (D_b s_l)) - (M_b o_l) * (dx_b xsum_l),
 // S_l the exact integer dot of sub-block l; the same terms as the portable dot (products
@@ -160,27 +160,18 @@ inline void load_group(const uint8_t* blk, int nb, __m512i* src, __m512& ds, __m
   }
 }
 
-// One activation row in the lane layout: per group q[4][64] (chunk u, lane l: bytes
-// 16l + 4u..), dx[16] (dx_b of lane l's block) and xs[16] (dx_b * xsum_l).
-struct alignas(64) LaneGroup {
-  int8_t q[256];
-  float dx[16];
-  float xs[16];
-};
-
-inline void prepare_rows(const ActRow* x, int64_t m, int64_t groups, LaneGroup* out) {
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t g = 0; g < groups; ++g) {
-      LaneGroup& lg = out[r * groups + g];
-      const int8_t* q = x[r].q + g * kGroup;
-      for (int u = 0; u < 4; ++u)
-        for (int l = 0; l < 16; ++l) std::memcpy(lg.q + 64 * u + 4 * l, q + 16 * l + 4 * u, 4);
-      for (int l = 0; l < 16; ++l) {
-        lg.dx[l] = x[r].d[g * 8 + l / 2];
-        lg.xs[l] = lg.dx[l] * static_cast<float>(x[r].sum[g * 16 + l]);
-      }
-    }
+// The activations' lane layout (gemv256.h's LaneGroup): lane l is sub-block l, its chunk
+// u at bytes 64u + 4l.
+constexpr LaneOrder make_lane_order512() {
+  LaneOrder o{};
+  for (int l = 0; l < 16; ++l) {
+    o.sub[l] = l;
+    o.at[l] = 4 * l;
+  }
+  o.u_stride = 64;
+  return o;
 }
+inline constexpr LaneOrder kLaneOrder512 = make_lane_order512();
 
 template <int T>
 constexpr int kRowGroupBytes = T == kQ4_0 ? 144 : T == kQ4_1 ? 160 : T == kQ8_0 ? 272
@@ -246,7 +237,7 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
                   int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
   const int64_t groups = padded_k(k) / kGroup;
   std::vector<LaneGroup> xl(static_cast<size_t>(m * groups));  // [m][groups]
-  prepare_rows(x, m, groups, xl.data());
+  prepare_lanes(x, m, groups, kLaneOrder512, xl.data());
   // Passes of equal size, as gemv256.h's gemv_type (m <= kGemvRows: at most 2).
   int64_t passes = (m + 7) / 8;
   // A pair's two rows at long k (k >= 12288 with Q4_K/Q6_K: 37+ KiB of activations, past

@@ -23,28 +23,19 @@ namespace {
 
 constexpr int kLaneSub[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // what unpack_epi32 / epi64 yield
 
-// One activation row per group: q[2][4][32] (half h, chunk u, lane l: bytes 4u.. of
-// sub-block 8h + kLaneSub[l]), dx[16] and xs[16] (dx_b * xsum) in the same lane order.
-struct alignas(64) Lanes256 {
-  int8_t q[256];
-  float dx[16];
-  float xs[16];
-};
-
-inline void prepare_lanes256(const ActRow* x, int64_t m, int64_t groups, Lanes256* out) {
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t g = 0; g < groups; ++g) {
-      Lanes256& lg = out[r * groups + g];
-      const int8_t* q = x[r].q + g * kGroup;
-      for (int h = 0; h < 2; ++h)
-        for (int l = 0; l < 8; ++l) {
-          const int sb = 8 * h + kLaneSub[l];
-          for (int u = 0; u < 4; ++u) std::memcpy(lg.q + 128 * h + 32 * u + 4 * l, q + 16 * sb + 4 * u, 4);
-          lg.dx[8 * h + l] = x[r].d[g * 8 + sb / 2];
-          lg.xs[8 * h + l] = lg.dx[8 * h + l] * static_cast<float>(x[r].sum[g * 16 + sb]);
-        }
+// The activations' lane layout (gemv256.h's LaneGroup): in half h, lane l is sub-block
+// 8h + kLaneSub[l], its chunk u at bytes 128h + 32u + 4l.
+constexpr LaneOrder make_lane_order256() {
+  LaneOrder o{};
+  for (int h = 0; h < 2; ++h)
+    for (int l = 0; l < 8; ++l) {
+      o.sub[8 * h + l] = 8 * h + kLaneSub[l];
+      o.at[8 * h + l] = 128 * h + 4 * l;
     }
+  o.u_stride = 32;
+  return o;
 }
+inline constexpr LaneOrder kLaneOrder256 = make_lane_order256();
 
 template <int T>
 constexpr bool kBlock32Type = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1;
@@ -105,7 +96,7 @@ inline void scales256(const uint8_t* blk, int nb, __m256* ds, __m256* mo) {
 }
 
 template <int T, int MR>
-inline void lanes256_row(const uint8_t* row, int64_t k, const Lanes256* xl, int64_t groups,
+inline void lanes256_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int64_t groups,
                          float* out) {
   // Largest q: 4 maddubs sums fit int16 up to q = 31 (4 * 2 * 31 * 127); Q6_K's 63 takes
   // two madds per half.
@@ -129,7 +120,7 @@ inline void lanes256_row(const uint8_t* row, int64_t k, const Lanes256* xl, int6
       c[2] = _mm256_unpacklo_epi64(t1, t3);
       c[3] = _mm256_unpackhi_epi64(t1, t3);
       for (int r = 0; r < MR; ++r) {
-        const Lanes256& x = xl[r * groups + g];
+        const LaneGroup& x = xl[r * groups + g];
         const __m256i* xq = reinterpret_cast<const __m256i*>(x.q + 128 * h);
         const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(c[0], _mm256_load_si256(xq)),
                                              _mm256_maddubs_epi16(c[1], _mm256_load_si256(xq + 1)));
@@ -150,8 +141,8 @@ template <int T>
 void lanes256_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
                    int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
   const int64_t groups = padded_k(k) / kGroup;
-  std::vector<Lanes256> xl(static_cast<size_t>(m * groups));  // [m][groups]
-  prepare_lanes256(x, m, groups, xl.data());
+  std::vector<LaneGroup> xl(static_cast<size_t>(m * groups));  // [m][groups]
+  prepare_lanes(x, m, groups, kLaneOrder256, xl.data());
   const int64_t passes = (m + 3) / 4;  // passes of equal size, as gemv256.h's
   const int64_t per_pass = (m + passes - 1) / passes;
   for (int64_t j = j0; j < j1; ++j) {
@@ -159,7 +150,7 @@ void lanes256_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int6
     for (int64_t i0 = 0; i0 < m; i0 += per_pass) {
       float part[4];
       const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
-      const Lanes256* xi = xl.data() + i0 * groups;
+      const LaneGroup* xi = xl.data() + i0 * groups;
       switch (mr) {
         case 1: lanes256_row<T, 1>(row, k, xi, groups, part); break;
         case 2: lanes256_row<T, 2>(row, k, xi, groups, part); break;
