@@ -121,7 +121,7 @@ def ensure_synthetic_gguf(tokenizer_gguf: Path, shape: Shape = LLAMA3_8B,
 
 def write_synthetic_gguf(path: Path, tokenizer_gguf: Path, shape: Shape = LLAMA3_8B,
                          seed: int = 0) -> None:
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
     reader = GGUFReader(tokenizer_gguf)
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -147,11 +147,7 @@ def write_synthetic_gguf(path: Path, tokenizer_gguf: Path, shape: Shape = LLAMA3
             writer.add_uint32(f"llama.{key}", value)
         writer.add_float32("llama.rope.freq_base", shape.rope_base)
         writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-        for name, field in reader.fields.items():
-            if name.startswith("tokenizer."):
-                kind = field.types[0]
-                sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
-                writer.add_key_value(name, field.contents(), kind, sub_type=sub)
+        copy_tokenizer_keys(reader, writer)
         for name, dims, kind in plan:
             writer.add_tensor_info(name, dims, np.dtype(np.float32), tensor_nbytes(dims, kind),
                                    raw_dtype=None if kind == "F32" else GGMLQuantizationType[kind])
@@ -167,6 +163,18 @@ def write_synthetic_gguf(path: Path, tokenizer_gguf: Path, shape: Shape = LLAMA3
     finally:
         writer.close()
         tmp.unlink(missing_ok=True)
+
+
+def copy_tokenizer_keys(reader, writer) -> None:
+    """Every ``tokenizer.*`` key of a GGUFReader into a GGUFWriter, types kept: what
+    Folio's GGUF tokenizer and llama.cpp read."""
+    from gguf import GGUFValueType
+
+    for name, field in reader.fields.items():
+        if name.startswith("tokenizer."):
+            kind = field.types[0]
+            sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
+            writer.add_key_value(name, field.contents(), kind, sub_type=sub)
 
 
 def random_tensor(rng: np.random.Generator, dims: tuple[int, ...], kind: str) -> np.ndarray:
