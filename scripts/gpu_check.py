@@ -86,7 +86,7 @@ def cuda_missing_reason() -> str | None:
 
 def preflight_step(python: str = sys.executable) -> Step:
     return Step("preflight (imports)", [python, str(Path(__file__).resolve()), "--preflight"],
-                40.0)
+                60.0)
 
 
 def steps(python: str = sys.executable, triton_cache: Path | None = None) -> list[Step]:
@@ -98,7 +98,7 @@ def steps(python: str = sys.executable, triton_cache: Path | None = None) -> lis
     return [
         Step("kernel tests (compiled Triton)",
              [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "120",
-              *KERNEL_TESTS], 160.0, env),
+              *KERNEL_TESTS], 150.0, env),
         Step("folio bench kernels", [python, "-m", "engine.cli", "bench", "kernels",
                                      *BENCH_ARGS], 60.0, env),
         Step("e2e 1b", [python, me, "--e2e", "1b"], 70.0, e2e_env),
