@@ -49,7 +49,8 @@ KERNEL_TESTS = ("tests/kernels", "--ignore=tests/kernels/cpu",
 # What the GPU steps import beyond the test files (which the preflight collects).
 GPU_IMPORTS = ("torch", "triton", "transformers", "gguf", "platformdirs", "numpy",
                "kernels.triton.backend", "kernels.triton.quant_matmul", "kernels.bench",
-               "engine.cli", "engine.bench.gpu_e2e", "engine.llm", "engine.runner.cuda_graphs",
+               "engine.cli", "engine.bench.cli", "engine.bench.gpu_e2e", "engine.llm",
+               "engine.runner.cuda_graphs",
                "engine.loaders.gguf.loader")
 BENCH_ARGS = ("--shapes", "llama8b", "--batches", "1,8,32", "--contexts", "4096",
               "--reps", "10")
