@@ -149,3 +149,21 @@ def test_the_engine_on_the_cpu_builds_no_graph_runner(tiny_dir):
 
     engine = LLMEngine(str(tiny_dir), EngineConfig(device="cpu", num_gpu_blocks=32))
     assert engine.config.cuda_graphs and engine.runner.graphs is None
+
+
+def test_an_engine_whose_capture_fails_decodes_eagerly_with_the_same_tokens(tiny_dir, caplog):
+    from engine import LLM, SamplingParams
+
+    plain = LLM(str(tiny_dir), device="cpu", num_gpu_blocks=64)
+    hooked = LLM(str(tiny_dir), device="cpu", num_gpu_blocks=64)
+    runner = hooked.engine.runner
+    # The runner's own hook, on a device where every capture fails (no CUDA here).
+    runner.graphs = CudaGraphRunner(runner._decode_logits, CPU, runner.shape.block_size,
+                                    max_blocks=8)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9], [40, 41, 42]]
+    with caplog.at_level(logging.WARNING, logger="engine.runner.cuda_graphs"):
+        got = hooked.generate(prompts, params)
+    want = plain.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert runner.graphs.failed and len(caplog.records) == 1
