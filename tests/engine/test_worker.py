@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from engine import LLM, EngineWorker, SamplingParams
-from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
-from tests.engine.tiny_models import save_tiny_model
+from engine.outputs import ActivityEvent, ErrorEvent, FinishedEvent, TokenEvent
+from engine.worker import MEMORY_INTERVAL_S
+from tests.engine.tiny_models import random_prompt, save_tiny_model
 
 
 class Collector:
@@ -117,3 +119,35 @@ def test_a_failing_step_ends_its_requests_with_an_error_and_frees_their_blocks(w
     good = Collector()
     worker.submit([1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), good)
     assert good.done.wait(60)
+
+
+def test_activity_events_frame_a_run_and_the_idle_snapshot_is_fresh(worker, monkeypatch):
+    seen: list = []  # activity events and "measured" for each memory measurement, in order
+    idle = threading.Event()
+
+    def listen(event: ActivityEvent) -> None:
+        seen.append(event)
+        if not event.busy and ActivityEvent(True) in seen:
+            idle.set()
+
+    engine = worker.llm.engine
+    measure = engine.memory_stats
+    monkeypatch.setattr(engine, "memory_stats", lambda: seen.append("measured") or measure())
+    worker.set_activity_listener(listen)
+    try:
+        c = Collector()
+        start = time.monotonic()
+        # A prompt no other test sent: it writes blocks no snapshot has seen yet.
+        worker.submit(random_prompt(99, 300), SamplingParams(max_tokens=60, ignore_eos=True), c)
+        assert c.done.wait(60) and idle.wait(10)
+        elapsed = time.monotonic() - start
+    finally:
+        worker.set_activity_listener(None)
+    # (The worker may still have been falling idle after the previous test.)
+    run = seen[seen.index(ActivityEvent(True)):]
+    assert [e for e in run if e != "measured"] == [ActivityEvent(True), ActivityEvent(False)]
+    # Measured while running only every MEMORY_INTERVAL_S, and once as it fell idle.
+    assert run[-2:] == ["measured", ActivityEvent(False)]
+    assert run.count("measured") <= elapsed / MEMORY_INTERVAL_S + 2
+    fresh = measure()
+    assert worker.memory_stats().kv_pool_resident_bytes == fresh.kv_pool_resident_bytes > 0
