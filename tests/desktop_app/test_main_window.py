@@ -11,7 +11,8 @@ from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from desktop_app.data.chat_store import ChatStore
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.candidates import CandidateColumn
-from desktop_app.widgets.vram_panel import kv_rows, memory_rows
+from desktop_app.widgets.memory_rows import memory_rows
+from desktop_app.widgets.vram_panel import kv_rows
 
 REPO = Path(__file__).resolve().parents[2]
 TURN_TIMEOUT_MS = 90_000
