@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.2
 # memory_stats walks the page tables of the whole KV pool (runner/resident.py): while
-# requests run it is read this seldom, and once more as the worker falls idle.
+# requests run it is measured this seldom, and only while someone reads the snapshot;
+# always once as the worker falls idle.
 MEMORY_INTERVAL_S = 2.0
 ActivityListener = Callable[[ActivityEvent], None]
 
@@ -58,6 +59,7 @@ class EngineWorker:
         self._kv_stats = self._engine.kv_stats()
         self._memory_stats = self._engine.memory_stats()
         self._stats_time = self._memory_time = time.monotonic()
+        self._memory_read = False  # whether memory_stats was called since the last measure
         self._busy = False
         self._activity_listener: ActivityListener | None = None
 
@@ -90,6 +92,7 @@ class EngineWorker:
             return self._kv_stats
 
     def memory_stats(self) -> MemoryStats:
+        self._memory_read = True
         with self._stats_lock:
             return self._memory_stats
 
@@ -164,13 +167,14 @@ class EngineWorker:
 
     def _refresh_stats(self, force: bool, memory: bool = False) -> None:
         """KV stats every STATS_INTERVAL_S or when forced; memory stats every
-        MEMORY_INTERVAL_S or when asked for (`memory`)."""
+        MEMORY_INTERVAL_S if they were read since, or when asked for (`memory`)."""
         now = time.monotonic()
         if not force and now - self._stats_time < STATS_INTERVAL_S:
             return
         kv = self._engine.kv_stats()
         mem = None
-        if memory or now - self._memory_time >= MEMORY_INTERVAL_S:
+        if memory or (self._memory_read and now - self._memory_time >= MEMORY_INTERVAL_S):
+            self._memory_read = False
             mem = self._engine.memory_stats()
         with self._stats_lock:
             self._kv_stats, self._stats_time = kv, now

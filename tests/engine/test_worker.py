@@ -134,20 +134,33 @@ def test_activity_events_frame_a_run_and_the_idle_snapshot_is_fresh(worker, monk
     measure = engine.memory_stats
     monkeypatch.setattr(engine, "memory_stats", lambda: seen.append("measured") or measure())
     worker.set_activity_listener(listen)
-    try:
+
+    def run(prompt_seed: int, reader: bool) -> tuple[list, float]:
+        seen.clear()
+        idle.clear()
         c = Collector()
         start = time.monotonic()
         # A prompt no other test sent: it writes blocks no snapshot has seen yet.
-        worker.submit(random_prompt(99, 300), SamplingParams(max_tokens=60, ignore_eos=True), c)
+        worker.submit(random_prompt(prompt_seed, 300),
+                      SamplingParams(max_tokens=60, ignore_eos=True), c)
+        while reader and not c.done.is_set():  # a memory panel polling the snapshot
+            worker.memory_stats()
+            time.sleep(0.05)
         assert c.done.wait(60) and idle.wait(10)
-        elapsed = time.monotonic() - start
+        # (The worker may still have been falling idle after the previous test.)
+        return seen[seen.index(ActivityEvent(True)):], time.monotonic() - start
+
+    try:
+        unread, _ = run(98, reader=False)
+        read, elapsed = run(99, reader=True)
     finally:
         worker.set_activity_listener(None)
-    # (The worker may still have been falling idle after the previous test.)
-    run = seen[seen.index(ActivityEvent(True)):]
-    assert [e for e in run if e != "measured"] == [ActivityEvent(True), ActivityEvent(False)]
-    # Measured while running only every MEMORY_INTERVAL_S, and once as it fell idle.
-    assert run[-2:] == ["measured", ActivityEvent(False)]
-    assert run.count("measured") <= elapsed / MEMORY_INTERVAL_S + 2
+    for events in (unread, read):
+        assert [e for e in events if e != "measured"] == [ActivityEvent(True),
+                                                          ActivityEvent(False)]
+        assert events[-2:] == ["measured", ActivityEvent(False)]  # once as it fell idle
+    # While running: never when nobody reads, else at most every MEMORY_INTERVAL_S.
+    assert unread.count("measured") == 1
+    assert read.count("measured") <= elapsed / MEMORY_INTERVAL_S + 1
     fresh = measure()
     assert worker.memory_stats().kv_pool_resident_bytes == fresh.kv_pool_resident_bytes > 0
