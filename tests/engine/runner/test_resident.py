@@ -54,6 +54,13 @@ def test_pages_count_once_written():
     assert resident_range_bytes(address, 0) == 0
 
 
+def test_device_memory_counts_whole_and_views_once():
+    import torch
+
+    pool = torch.empty(2, 1024, device="meta")  # stands in for a CUDA pool: no pages
+    assert resident_bytes([pool, pool[1], pool.permute(1, 0)]) == 2 * 1024 * 4
+
+
 def test_no_mincore_means_no_figure(monkeypatch):
     import torch
 
