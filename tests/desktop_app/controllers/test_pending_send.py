@@ -117,25 +117,27 @@ def test_dont_send_takes_the_message_back(qtbot, make_window, fake_engine, store
     assert view.composer.toPlainText() == "Never mind"
 
 
-def test_the_starter_file_loading_for_real(qtbot, make_window, store):
-    from engine import LLM, EngineConfig
-    from engine.loaders.catalog import starter_path
-    from tests.desktop_app.conftest import STARTER_CONFIG
+def test_a_model_loading_for_real(qtbot, make_window, store, tiny_model_path):
+    from engine import LLM
     from tests.desktop_app.test_main_window import TURN_TIMEOUT_MS, settings
 
     bridge = EngineBridge(llm_factory=lambda source, config=None, progress=None: LLM(
-        source, config=EngineConfig(**STARTER_CONFIG), progress=progress))
+        source, num_gpu_blocks=64, progress=progress))
     window = make_window(bridge, settings(max_tokens=8))
     notes, ends = [], []
     bridge.loadProgress.connect(lambda *_: notes.append(window.conversation.pending_note.text()))
     bridge.modelLoadFailed.connect(lambda source, message: ends.append(message))
     window.controller.turnFinished.connect(lambda chat_id: ends.append("finished"))
-    window.load_model(str(starter_path()))
+    window.load_model(str(tiny_model_path))
     _send_while_loading(qtbot, window, "What is the capital of France?")
     assert window.controller.pending.waiting
     qtbot.waitUntil(lambda: bool(ends), timeout=TURN_TIMEOUT_MS)
     assert ends == ["finished"]
-    assert notes and all(n.startswith("Loading the model… ") for n in notes)
+    # The loader's own stages, each from 0 to 100 %, up to the engine's "ready".
+    assert notes[0].startswith("Loading the model… 0% (config). ")
+    assert any(n.startswith("Loading the model… 100% (weights). ") for n in notes)
+    assert notes[-1] == ("Loading the model… 100% (ready). Your message is sent as soon "
+                         "as it is ready.")
     user, reply = store.path_to(store.active_leaf(window.controller.chat_id))
-    assert user.content == "What is the capital of France?" and reply.content
+    assert user.content == "What is the capital of France?" and reply.token_ids
     bridge.shutdown()
