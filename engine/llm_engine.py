@@ -295,6 +295,6 @@ class LLMEngine:
         return self.block_manager.stats(holders, with_blocks)
 
     def memory_stats(self) -> MemoryStats:
-        return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_pool_bytes,
+        return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_caches,
                             self.resolved_device.status_line)
 
