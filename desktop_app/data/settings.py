@@ -61,6 +61,9 @@ class ChatSettings:
     # What is sent once the chat outgrows the model's context (data.context_policy):
     # "keep_latest", "truncate_middle" or "stop". The stored chat is never shortened.
     overflow_policy: str = DEFAULT_POLICY
+    # The MCP tools the model may call in this chat, by server name: None for all of the
+    # server's tools, else the names chosen (mcp.toolset). Absent: the server is off.
+    tools: dict[str, list[str] | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check = _checker("ChatSettings")
@@ -84,6 +87,10 @@ class ChatSettings:
               "num_candidates", self.num_candidates, f"an integer in [1, {MAX_CANDIDATES}]")
         check(self.overflow_policy in POLICIES, "overflow_policy", self.overflow_policy,
               f"one of {', '.join(POLICIES)}")
+        check(isinstance(self.tools, dict) and all(
+            isinstance(k, str) and (v is None or (isinstance(v, list) and all(
+                isinstance(n, str) for n in v))) for k, v in self.tools.items()),
+            "tools", self.tools, "an object of server names to null or lists of tool names")
 
     def to_sampling_params(self, n: int | None = None) -> SamplingParams:
         """Engine sampling params for one turn; n defaults to num_candidates."""

@@ -107,6 +107,7 @@ class ChatSettingsForm(QWidget):
         self.set_settings(settings)
 
     def set_settings(self, s: ChatSettings) -> None:
+        self._tools = dict(s.tools)  # chosen in the chat's Tools menu, kept as they are
         self.system_prompt.setPlainText(s.system_prompt)
         self.temperature.setValue(s.temperature)
         self.top_p.setValue(s.top_p)
@@ -133,6 +134,7 @@ class ChatSettingsForm(QWidget):
             seed=self.seed.value() if self.fixed_seed.isChecked() else None,
             num_candidates=self.num_candidates.value(),
             overflow_policy=self.overflow_policy.currentData(),
+            tools=self._tools,
         )
 
 
