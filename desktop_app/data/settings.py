@@ -144,6 +144,8 @@ class AppSettings:
     theme: str = "system"
     # Device, weights and memory for chats (data.engine_settings); changing them reloads.
     engine: EngineSettings = field(default_factory=EngineSettings)
+    # MCP tools that run without asking ("server/tool"), chosen on a tool call's card.
+    always_allowed_tools: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.chat_defaults, dict):
@@ -171,6 +173,10 @@ class AppSettings:
         check(self.theme in THEMES, "theme", self.theme, f"one of {', '.join(THEMES)}")
         check(isinstance(self.engine, EngineSettings), "engine", self.engine,
               "an EngineSettings")
+        check(isinstance(self.always_allowed_tools, list)
+              and all(isinstance(k, str) and "/" in k for k in self.always_allowed_tools),
+              "always_allowed_tools", self.always_allowed_tools,
+              "a list of \"server/tool\" names")
 
     def remember_model_path(self, path: str) -> None:
         """Add a model path (most recent first, no duplicates)."""
