@@ -62,6 +62,33 @@ class Message:
     tool_call: dict[str, Any] | None = None
 
 
+def _message_columns(table: str, roles: tuple[str, ...]) -> str:
+    """The messages table's columns up to candidate_index, as v1 made them (``table``: the
+    name its parent_id refers to, ``roles``: what its CHECK allows)."""
+    allowed = ", ".join(f"'{r}'" for r in roles)
+    return f"""
+            id INTEGER PRIMARY KEY,
+            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            parent_id INTEGER REFERENCES {table}(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ({allowed})),
+            content TEXT NOT NULL,
+            token_ids BLOB,
+            metrics TEXT NOT NULL DEFAULT '{{}}',
+            status TEXT NOT NULL CHECK (status IN ('complete', 'streaming', 'interrupted')),
+            created_at REAL NOT NULL,
+            touched_at REAL NOT NULL,
+            model TEXT,
+            candidate_group INTEGER,
+            candidate_index INTEGER"""
+
+
+_MESSAGE_INDEXES = (
+    "CREATE INDEX messages_by_chat ON messages(chat_id)",
+    "CREATE INDEX messages_by_parent ON messages(parent_id)",
+    "CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming'",
+)
+
+
 def _migrate_v1(conn: sqlite3.Connection) -> None:
     # One execute per statement: executescript would commit mid-migration.
     for statement in ("""
@@ -73,24 +100,8 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
             settings TEXT NOT NULL,
             active_leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL
         )""", """
-        CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
-            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-            content TEXT NOT NULL,
-            token_ids BLOB,
-            metrics TEXT NOT NULL DEFAULT '{}',
-            status TEXT NOT NULL CHECK (status IN ('complete', 'streaming', 'interrupted')),
-            created_at REAL NOT NULL,
-            touched_at REAL NOT NULL,
-            model TEXT,
-            candidate_group INTEGER,
-            candidate_index INTEGER
-        )""",
-        "CREATE INDEX messages_by_chat ON messages(chat_id)",
-        "CREATE INDEX messages_by_parent ON messages(parent_id)",
-        "CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming'",
+        CREATE TABLE messages (""" + _message_columns("messages", ROLES[:3]) + ")",
+        *_MESSAGE_INDEXES,
     ):
         conn.execute(statement)
 
@@ -101,24 +112,9 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
     active leaves are put back after the old table's ON DELETE SET NULL clears them."""
     leaves = conn.execute("SELECT id, active_leaf_id FROM chats"
                           " WHERE active_leaf_id IS NOT NULL").fetchall()
-    for statement in ("""
-        CREATE TABLE messages_v2 (
-            id INTEGER PRIMARY KEY,
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            parent_id INTEGER REFERENCES messages_v2(id) ON DELETE CASCADE,
-            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant', 'tool')),
-            content TEXT NOT NULL,
-            token_ids BLOB,
-            metrics TEXT NOT NULL DEFAULT '{}',
-            status TEXT NOT NULL CHECK (status IN ('complete', 'streaming', 'interrupted')),
-            created_at REAL NOT NULL,
-            touched_at REAL NOT NULL,
-            model TEXT,
-            candidate_group INTEGER,
-            candidate_index INTEGER,
-            tool_calls TEXT,
-            tool_call TEXT
-        )""",
+    for statement in (
+        "CREATE TABLE messages_v2 (" + _message_columns("messages_v2", ROLES)
+        + ", tool_calls TEXT, tool_call TEXT)",
         "INSERT INTO messages_v2 (id, chat_id, parent_id, role, content, token_ids, metrics,"
         " status, created_at, touched_at, model, candidate_group, candidate_index)"
         " SELECT id, chat_id, parent_id, role, content, token_ids, metrics, status,"
@@ -126,9 +122,7 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
         " ORDER BY id",
         "DROP TABLE messages",
         "ALTER TABLE messages_v2 RENAME TO messages",
-        "CREATE INDEX messages_by_chat ON messages(chat_id)",
-        "CREATE INDEX messages_by_parent ON messages(parent_id)",
-        "CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming'",
+        *_MESSAGE_INDEXES,
     ):
         conn.execute(statement)
     conn.executemany("UPDATE chats SET active_leaf_id = ? WHERE id = ?",

@@ -24,6 +24,7 @@ PENDING, DONE, ERROR, DENIED = "pending", "done", "error", "denied"
 STATES = (PENDING, DONE, ERROR, DENIED)
 RESOLVED = (DONE, ERROR, DENIED)
 DENIED_TEXT = "The user denied this tool call."
+NOT_RUN_TEXT = "The user did not run this tool call."
 _CALL_KEYS = ("id", "name", "arguments")
 _RECORD_KEYS = ("id", "name", "server", "tool", "arguments", "state")
 
@@ -80,4 +81,6 @@ def for_engine(msg, item: dict[str, Any]) -> dict[str, Any]:
     if msg.role == "tool" and msg.tool_call is not None:
         item["tool_call_id"] = msg.tool_call["id"]
         item["name"] = msg.tool_call["name"]
+        if msg.tool_call["state"] == PENDING:  # the user wrote on without answering it
+            item["content"] = NOT_RUN_TEXT
     return item

@@ -46,6 +46,17 @@ def test_calls_and_results_are_stored_and_sent_as_templates_read_them(store):
                            "name": "add"}
 
 
+def test_a_call_left_pending_is_sent_as_not_run(store):
+    chat = store.create_chat("x")
+    user = store.add_message(chat.id, None, "user", "1 + 2?")
+    reply = store.add_message(chat.id, user.id, "assistant", "", status="streaming")
+    store.finish_message(reply.id, "", None, {}, tool_calls=[CALL])
+    pending = store.add_message(chat.id, reply.id, "tool", "",
+                                tool_call=tool_records.record(CALL, "calc", "add"))
+    later = store.add_message(chat.id, pending.id, "user", "Never mind.")
+    assert store.messages_for_engine(later.id)[2]["content"] == tool_records.NOT_RUN_TEXT
+
+
 def test_a_tool_message_needs_its_call_and_only_it_has_one(store):
     chat = store.create_chat("x")
     with pytest.raises(ValueError, match="tool_call"):
