@@ -218,13 +218,12 @@ class ToolTurns(QObject):
             current = tools[0].id
 
     # -- the view ------------------------------------------------------------------------
-    def card(self, msg, kept: bool = True) -> ToolCallCard:
+    def card(self, msg) -> ToolCallCard:
         call = msg.tool_call
         running = str(msg.id) in self._running
         card = ToolCallCard(ToolCallView(
             msg.id, call["name"], call["server"] or "no server", call["arguments"],
-            "running" if running else call["state"], msg.content,
-            can_run=kept and bool(call["server"])))
+            "running" if running else call["state"], msg.content))
         card.runRequested.connect(self.run)
         card.alwaysRequested.connect(self.always_allow)
         card.denyRequested.connect(self.deny)

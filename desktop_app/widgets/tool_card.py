@@ -34,7 +34,6 @@ class ToolCallView:
     arguments: str
     state: str  # a tool_records state, or "running"
     result: str = ""
-    can_run: bool = True  # False: a candidate not kept yet, or no server for it
 
 
 def pretty_arguments(text: str) -> str:
@@ -109,15 +108,10 @@ class ToolCallCard(QFrame):
         self.run_button.clicked.connect(lambda: self.runRequested.emit(self.message_id))
         self.always_button.clicked.connect(lambda: self.alwaysRequested.emit(self.message_id))
         self.deny_button.clicked.connect(lambda: self.denyRequested.emit(self.message_id))
-        pending = view.state == "pending"
         for button in (self.run_button, self.always_button, self.deny_button):
-            button.setVisible(pending)
-            button.setEnabled(view.can_run)
+            button.setVisible(view.state == "pending")
             buttons.addWidget(button)
-        self.note = QLabel("" if view.can_run or not pending else
-                           "Keep this candidate to run its tool calls.")
-        self.note.setObjectName("mutedLabel")
-        buttons.addWidget(self.note, 1)
+        buttons.addStretch(1)
         layout.addLayout(buttons)
         # Open while it needs the user; a finished call folds to its header.
         self.toggle.setChecked(view.state in ("pending", "running", "error"))

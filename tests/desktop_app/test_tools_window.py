@@ -149,6 +149,11 @@ def test_a_call_waits_for_run_then_its_result_goes_back_and_the_reply_goes_on(
     assert (tool.content, tool.tool_call["state"]) == ("42", tool_records.DONE)
     assert final.role == "assistant" and final.content == "The sum is 42."
     assert "<tool_response>\n42\n</tool_response>" in prompt_text(window, 1)
+    # The continued reply's prompt starts with the first prompt and the call, exactly:
+    # the prefix cache holds all of it but the last partial block.
+    earlier = window.prompts[0] + reply.token_ids
+    assert window.prompts[1][:len(earlier)] == earlier
+    assert final.metrics["num_cached_tokens"] >= 0.9 * len(earlier)
     [card] = cards(window)
     qtbot.waitUntil(card.isVisible, timeout=5_000)
     assert card.result.toPlainText() == "42" and not card.body.isVisible()  # folded
