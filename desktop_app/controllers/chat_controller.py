@@ -158,6 +158,8 @@ class ChatController(QObject):
                 group.sort(key=lambda m: m.candidate_index or 0)
                 for m in group:
                     m.content = live.get(m.id, m.content)
+                    if self.tools is not None:
+                        m.content = self.tools.candidate_text(m)
                 items.append(GroupItem(group))
             else:
                 position, count = self.store.sibling_position(msg.id)
@@ -349,7 +351,10 @@ class ChatController(QObject):
             self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason},
                                       tool_calls=calls)
             if stream.chat_id == self.chat_id:
-                self.view.finish_message(self.store.get_message(mid))
+                shown = self.store.get_message(mid)
+                if self.tools is not None and len(stream.message_ids) > 1:
+                    shown.content = self.tools.candidate_text(shown)
+                self.view.finish_message(shown)
         if self.tools is not None:
             self.tools.finished(stream)
         self._set_generating()

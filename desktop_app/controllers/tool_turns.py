@@ -229,6 +229,13 @@ class ToolTurns(QObject):
         card.denyRequested.connect(self.deny)
         return card
 
+    @staticmethod
+    def candidate_text(msg) -> str:
+        """A candidate's text with the calls it would make, while it waits for Keep."""
+        calls = "".join(f"\n\n`{c['name']}` `{c['arguments']}`" for c in msg.tool_calls or ())
+        return msg.content + (f"{calls}\n\n*Keep this candidate to run its tool calls.*"
+                              if calls else "")
+
     def _rerender(self, chat_id: int) -> None:
         if chat_id == self.controller.chat_id:
             self.controller.render()

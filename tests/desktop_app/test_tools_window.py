@@ -253,6 +253,8 @@ def test_candidates_calls_run_only_once_kept(qtbot, tools_window):
     group = [m for m in store.siblings(branch(window)[-1].id)]
     assert len(group) == 2 and all(m.tool_calls for m in group)
     assert all(store.children(m.id) == [] for m in group)  # nothing runs before Keep
+    column = window.conversation.widget_for(group[1].id)
+    assert "`add`" in column.text() and "Keep this candidate" in column.text()
     say("Four.")
     window.controller.keep(group[1].id)
     [card] = cards(window)
