@@ -366,6 +366,8 @@ class ChatController(QObject):
         stream = self.streams.pop(request_id, None)
         if stream is None:
             return
+        if self.tools is not None:
+            self.tools.forget(request_id)
         for mid, text in zip(stream.message_ids, stream.texts, strict=True):
             if text:
                 self.store.finish_message(mid, text, None, {"error": message}, "interrupted")

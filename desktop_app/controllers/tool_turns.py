@@ -111,6 +111,12 @@ class ToolTurns(QObject):
         if len(stream.message_ids) == 1:
             self._open_calls(stream.message_ids[0])
 
+    def forget(self, request_id: str) -> None:
+        """A request failed: nothing of it is read any more."""
+        self._formats.pop(request_id, None)
+        for key in [k for k in self._parsers if k[0] == request_id]:
+            del self._parsers[key]
+
     def kept(self, message_id: int) -> None:
         self._open_calls(message_id)
 
