@@ -9,7 +9,10 @@
 - ``services``: the GUI's links to the outside: the engine (``engine_bridge``), remote
   OpenAI-compatible servers as a model source (``remote``, ``remote_request``,
   ``remote_client``, ``remote_metrics``), the app's own API on localhost
-  (``api_server``) and the Hugging Face hub (``downloads``).
+  (``api_server``) and the Hugging Face hub (``downloads``), and the MCP servers'
+  tools (``tools_bridge``).
+- ``mcp``: MCP servers from ``mcp.json``, on their own asyncio thread, with typed events
+  (no Qt, like ``data``).
 - ``data``: chats in SQLite and settings in JSON. No Qt, so the store and the settings
   load in scripts and tests without a display.
 """

@@ -21,13 +21,16 @@ from PySide6.QtWidgets import (
 
 from desktop_app.controllers.chat_controller import ChatController
 from desktop_app.controllers.serve_switch import ServeSwitch
-from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, save_settings
+from desktop_app.controllers.tool_turns import ToolTurns
+from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, config_dir, save_settings
 from desktop_app.dialogs import error_dialog
 from desktop_app.dialogs.chat_files import ChatFileActions
 from desktop_app.dialogs.settings_dialog import SettingsDialog
 from desktop_app.services import sources
+from desktop_app.services.tools_bridge import ToolsBridge
 from desktop_app.widgets import theme
 from desktop_app.widgets.chat_list import ChatList
+from desktop_app.widgets.chat_tools import ChatToolsButton
 from desktop_app.widgets.conversation_view import ConversationView
 from desktop_app.widgets.vram_panel import VramPanel
 
@@ -37,7 +40,8 @@ _display_name = sources.display_name
 
 class MainWindow(QMainWindow):
     def __init__(self, store, bridge, settings: AppSettings,
-                 persist: Callable[[AppSettings], object] = save_settings) -> None:
+                 persist: Callable[[AppSettings], object] = save_settings,
+                 tools: ToolsBridge | None = None) -> None:
         super().__init__()
         self.setObjectName("mainWindow")
         self.setWindowTitle("Folio")
@@ -50,6 +54,9 @@ class MainWindow(QMainWindow):
         self.chat_list = ChatList()
         self.conversation = ConversationView()
         self.controller = ChatController(store, bridge, self.conversation, settings, self)
+        # MCP servers' tools (mcp.json in the config folder), per chat.
+        self.tools = tools if tools is not None else ToolsBridge(config_dir(), parent=self)
+        self.tool_turns = ToolTurns(self.controller, self.tools, settings, persist, self)
         sources.register_remembered_keys(bridge, settings)
         self.serve = ServeSwitch(bridge, settings, persist, self)  # the API on localhost
         self.serve_label = QLabel("")
@@ -106,6 +113,7 @@ class MainWindow(QMainWindow):
         self.vram_panel.refresh()
         self.conversation.composer.setFocus()
         self.serve.start()
+        self.tools.start()
 
     # -- construction --------------------------------------------------------------------
     def _build_toolbar(self) -> None:
@@ -142,6 +150,9 @@ class MainWindow(QMainWindow):
         self.candidates_spin.setToolTip("Replies generated side by side for each message")
         self.candidates_spin.valueChanged.connect(self._on_candidates_changed)
         bar.addWidget(self.candidates_spin)
+        self.tools_button = ChatToolsButton()
+        bar.addWidget(self.tools_button)
+        self.tool_turns.bind_button(self.tools_button)
         spacer = QWidget()
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         bar.addWidget(spacer)
@@ -292,7 +303,8 @@ class MainWindow(QMainWindow):
         dialog = SettingsDialog(chat.settings if chat else None, self.settings.chat_defaults,
                                 parent=self, serve=(self.settings.serve_enabled,
                                                     self.settings.serve_port),
-                                theme=self.settings.theme, engine=self.settings.engine)
+                                theme=self.settings.theme, engine=self.settings.engine,
+                                tools=self.tools)
         dialog.accepted.connect(lambda: self.apply_settings(dialog))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
@@ -346,6 +358,7 @@ class MainWindow(QMainWindow):
         self._persist(self.settings)
         self.vram_panel.timer.stop()
         self.serve.shutdown()
+        self.tools.shutdown()
         self.bridge.shutdown()
         super().closeEvent(event)
 

@@ -80,6 +80,8 @@ class ChatController(QObject):
         self.context = ContextTracker()
         # A message sent while the first model loads waits for it.
         self.pending = PendingSend(bridge, view, self._send_to, self)
+        # MCP tool calls in turns (controllers.tool_turns.ToolTurns sets itself here).
+        self.tools = None
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
@@ -152,11 +154,15 @@ class ChatController(QObject):
         for msg in self.store.path_to(leaf_id):
             if msg.id in live:
                 msg.content = live[msg.id]  # fresher than the last partial save
-            if msg.role == "assistant" and pending is not None and msg.candidate_group == pending:
+            if msg.role == "tool" and self.tools is not None:
+                items.append(self.tools.card(msg))
+            elif msg.role == "assistant" and pending is not None and msg.candidate_group == pending:
                 group = [s for s in self.store.siblings(msg.id) if s.candidate_group == pending]
                 group.sort(key=lambda m: m.candidate_index or 0)
                 for m in group:
                     m.content = live.get(m.id, m.content)
+                    if self.tools is not None:
+                        m.content = self.tools.candidate_text(m)
                 items.append(GroupItem(group))
             else:
                 position, count = self.store.sibling_position(msg.id)
@@ -236,8 +242,15 @@ class ChatController(QObject):
         msg = self.store.get_message(message_id)
         self.pending_group.pop(msg.chat_id, None)
         self.store.set_active_leaf(msg.chat_id, self.store.leaf_of(message_id))
+        if self.tools is not None:
+            self.tools.kept(message_id)  # its tool calls may run now
         if msg.chat_id == self.chat_id:
             self.render()
+
+    def continue_after(self, chat_id: int, parent_id: int) -> None:
+        """The reply after tool results: the same turn, continued."""
+        if self.bridge.is_loaded and not self.is_generating(chat_id):
+            self._generate(chat_id, parent_id)
 
     def switch(self, message_id: int, step: int) -> None:
         """Show the previous / next alternate of a turn, with that branch's later turns."""
@@ -301,7 +314,8 @@ class ChatController(QObject):
                 plan = self._plan(chat_id, parent_id)
                 if plan is None:
                     return
-            request_id = self.bridge.submit(plan.messages, params)
+            request_id = (self.tools.submit(chat, plan.messages, params) if self.tools
+                          else self.bridge.submit(plan.messages, params))
         except (RuntimeError, ValueError) as exc:
             self.render()
             self.errorRaised.emit("Could not start the reply", str(exc))
@@ -322,8 +336,10 @@ class ChatController(QObject):
         stream = self.streams.get(request_id)
         if stream is None or not 0 <= index < len(stream.texts):
             return
+        if self.tools is not None:
+            text = self.tools.visible(request_id, index, text)  # without call markup
         stream.texts[index] += text
-        if stream.chat_id == self.chat_id:
+        if text and stream.chat_id == self.chat_id:
             self.view.append_text(stream.message_ids[index], text)
         now = time.monotonic()
         if now - stream.last_saved >= SAVE_INTERVAL_S:
@@ -344,9 +360,18 @@ class ChatController(QObject):
             # A remote server sends text only: no ids, so the next turn re-tokenizes it.
             token_ids = list(done.token_ids) if done is not None and done.token_ids else None
             reason = done.finish_reason if done is not None else "abort"
-            self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason})
+            calls = None
+            if self.tools is not None:
+                text, calls = self.tools.reply(request_id, i, done.text if done else "", text)
+            self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason},
+                                      tool_calls=calls)
             if stream.chat_id == self.chat_id:
-                self.view.finish_message(self.store.get_message(mid))
+                shown = self.store.get_message(mid)
+                if self.tools is not None and len(stream.message_ids) > 1:
+                    shown.content = self.tools.candidate_text(shown)
+                self.view.finish_message(shown)
+        if self.tools is not None:
+            self.tools.finished(stream)
         self._set_generating()
         self.update_gauge()
         self.chatsChanged.emit()
@@ -356,6 +381,8 @@ class ChatController(QObject):
         stream = self.streams.pop(request_id, None)
         if stream is None:
             return
+        if self.tools is not None:
+            self.tools.forget(request_id)
         for mid, text in zip(stream.message_ids, stream.texts, strict=True):
             if text:
                 self.store.finish_message(mid, text, None, {"error": message}, "interrupted")

@@ -18,7 +18,7 @@ from typing import Any
 from desktop_app.data.chat_schema import Chat, Message
 
 JSON_FORMAT = "folio-chat"
-JSON_VERSION = 1
+JSON_VERSION = 2  # 2: tool calls (Message.tool_calls) and results ("tool" messages)
 
 # "scheme://user:secret@host" -> "scheme://host"
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s#]*@")
@@ -32,7 +32,14 @@ def branch_markdown(chat: Chat, branch: list[Message]) -> str:
         parts.append(f"**System:** {chat.settings.system_prompt}\n")
     for msg in branch:
         note = " (interrupted)" if msg.status == "interrupted" else ""
-        parts.append(f"## {msg.role.capitalize()}{note}\n\n{msg.content}\n")
+        if msg.role == "tool" and msg.tool_call:
+            call = msg.tool_call
+            parts.append(f"## Tool {call['name']} ({call['state']})\n\nArguments: "
+                         f"`{call['arguments']}`\n\n{msg.content}\n")
+            continue
+        calls = "".join(f"\n\nCalls `{c['name']}` with `{c['arguments']}`"
+                        for c in msg.tool_calls or ())
+        parts.append(f"## {msg.role.capitalize()}{note}\n\n{msg.content}{calls}\n")
     return "\n".join(parts)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from desktop_app.data import chat_schema as schema
+from desktop_app.data import tool_records
 from desktop_app.data.chat_export import JSON_FORMAT, JSON_VERSION
 from desktop_app.data.chat_schema import ROLES, STATUSES, Message
 from desktop_app.data.settings import ChatSettings
@@ -28,6 +29,7 @@ from desktop_app.data.settings import ChatSettings
 MAX_TOKEN_ID = 2**32 - 1  # token ids are stored as uint32
 _CHAT_FIELDS = {"id", "title", "created_at", "updated_at", "settings", "active_leaf_id"}
 _MESSAGE_FIELDS = {f.name for f in fields(Message)}
+_TOOL_FIELDS = {"tool_calls", "tool_call"}  # since version 2
 
 
 class ChatImportError(ValueError):
@@ -101,6 +103,8 @@ def parse_chat_json(text: str) -> ParsedChat:
     messages: list[Message] = []
     seen: dict[int, Message] = {}
     for i, raw in enumerate(raw_messages):
+        if version == 1 and isinstance(raw, dict):
+            raw = {**dict.fromkeys(_TOOL_FIELDS), **raw}
         msg = _message(raw, i, chat_id, seen)
         seen[msg.id] = msg
         messages.append(msg)
@@ -123,11 +127,12 @@ def insert_chat(conn: sqlite3.Connection, parsed: ParsedChat, now: float) -> int
     for msg in parsed.messages:
         cur = conn.execute(
             "INSERT INTO messages (chat_id, parent_id, role, content, token_ids, metrics,"
-            " status, created_at, touched_at, model, candidate_group, candidate_index)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)",
+            " status, created_at, touched_at, model, candidate_group, candidate_index,"
+            " tool_calls, tool_call) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
             (chat_id, None if msg.parent_id is None else new_id[msg.parent_id], msg.role,
              msg.content, schema.pack_token_ids(msg.token_ids), json.dumps(msg.metrics),
-             msg.status, msg.created_at, msg.created_at, msg.model, msg.candidate_index))
+             msg.status, msg.created_at, msg.created_at, msg.model, msg.candidate_index,
+             schema.json_or_null(msg.tool_calls), schema.json_or_null(msg.tool_call)))
         new_id[msg.id] = cur.lastrowid
     for msg in parsed.messages:
         if msg.candidate_group is not None:
@@ -194,13 +199,19 @@ def _message(raw: Any, i: int, chat_id: Any, seen: dict[int, Message]) -> Messag
     if index is not None and not (_is_int(index) and index >= 0):
         raise ChatImportError(f"{where}'s candidate_index must be an integer >= 0 or null, "
                               f"got {index!r}.")
+    try:
+        tool_records.check_tool_calls(raw["tool_calls"], where)
+        tool_records.check_tool_call(raw["tool_call"], raw["role"], where)
+    except ValueError as err:
+        raise ChatImportError(f"{err}.") from None
     return Message(id=mid, chat_id=0, parent_id=parent, role=raw["role"],
                    content=raw["content"], token_ids=None if ids is None else list(ids),
                    metrics=raw["metrics"],
                    # A reply that was still streaming when exported ends there.
                    status="interrupted" if status == "streaming" else status,
                    created_at=float(raw["created_at"]), model=raw["model"],
-                   candidate_group=group, candidate_index=index)
+                   candidate_group=group, candidate_index=index,
+                   tool_calls=raw["tool_calls"], tool_call=raw["tool_call"])
 
 
 def _fields_exactly(data: dict[str, Any], expected: set[str], what: str) -> None:

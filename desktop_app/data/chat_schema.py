@@ -23,8 +23,9 @@ import platformdirs
 from desktop_app.data.settings import ChatSettings
 
 DB_FILE = "chats.sqlite3"
-# Keep in step with the CHECK constraints of the messages table.
-ROLES = ("system", "user", "assistant")
+# Keep in step with the CHECK constraints of the messages table (its latest migration).
+# A "tool" message is one tool call's result, a child of the reply that made the call.
+ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("complete", "streaming", "interrupted")
 # Token ids are stored as little-endian uint32 blobs: 4 bytes each instead of ~6 as JSON.
 assert array("I").itemsize == 4
@@ -54,6 +55,38 @@ class Message:
     model: str | None = None
     candidate_group: int | None = None
     candidate_index: int | None = None
+    # An assistant reply's tool calls: [{"id", "name", "arguments" (JSON text)}].
+    tool_calls: list[dict[str, Any]] | None = None
+    # A tool message's call (data.tool_records): which call it answers, on which server,
+    # and its state (pending, done, error, denied).
+    tool_call: dict[str, Any] | None = None
+
+
+def _message_columns(table: str, roles: tuple[str, ...]) -> str:
+    """The messages table's columns up to candidate_index, as v1 made them (``table``: the
+    name its parent_id refers to, ``roles``: what its CHECK allows)."""
+    allowed = ", ".join(f"'{r}'" for r in roles)
+    return f"""
+            id INTEGER PRIMARY KEY,
+            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            parent_id INTEGER REFERENCES {table}(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ({allowed})),
+            content TEXT NOT NULL,
+            token_ids BLOB,
+            metrics TEXT NOT NULL DEFAULT '{{}}',
+            status TEXT NOT NULL CHECK (status IN ('complete', 'streaming', 'interrupted')),
+            created_at REAL NOT NULL,
+            touched_at REAL NOT NULL,
+            model TEXT,
+            candidate_group INTEGER,
+            candidate_index INTEGER"""
+
+
+_MESSAGE_INDEXES = (
+    "CREATE INDEX messages_by_chat ON messages(chat_id)",
+    "CREATE INDEX messages_by_parent ON messages(parent_id)",
+    "CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming'",
+)
 
 
 def _migrate_v1(conn: sqlite3.Connection) -> None:
@@ -67,31 +100,38 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
             settings TEXT NOT NULL,
             active_leaf_id INTEGER REFERENCES messages(id) ON DELETE SET NULL
         )""", """
-        CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
-            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
-            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-            content TEXT NOT NULL,
-            token_ids BLOB,
-            metrics TEXT NOT NULL DEFAULT '{}',
-            status TEXT NOT NULL CHECK (status IN ('complete', 'streaming', 'interrupted')),
-            created_at REAL NOT NULL,
-            touched_at REAL NOT NULL,
-            model TEXT,
-            candidate_group INTEGER,
-            candidate_index INTEGER
-        )""",
-        "CREATE INDEX messages_by_chat ON messages(chat_id)",
-        "CREATE INDEX messages_by_parent ON messages(parent_id)",
-        "CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming'",
+        CREATE TABLE messages (""" + _message_columns("messages", ROLES[:3]) + ")",
+        *_MESSAGE_INDEXES,
     ):
         conn.execute(statement)
 
 
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    """Tool calls: the "tool" role and the tool_calls / tool_call columns. SQLite cannot
+    change a CHECK constraint in place, so the messages table is rebuilt; the chats'
+    active leaves are put back after the old table's ON DELETE SET NULL clears them."""
+    leaves = conn.execute("SELECT id, active_leaf_id FROM chats"
+                          " WHERE active_leaf_id IS NOT NULL").fetchall()
+    for statement in (
+        "CREATE TABLE messages_v2 (" + _message_columns("messages_v2", ROLES)
+        + ", tool_calls TEXT, tool_call TEXT)",
+        "INSERT INTO messages_v2 (id, chat_id, parent_id, role, content, token_ids, metrics,"
+        " status, created_at, touched_at, model, candidate_group, candidate_index)"
+        " SELECT id, chat_id, parent_id, role, content, token_ids, metrics, status,"
+        " created_at, touched_at, model, candidate_group, candidate_index FROM messages"
+        " ORDER BY id",
+        "DROP TABLE messages",
+        "ALTER TABLE messages_v2 RENAME TO messages",
+        *_MESSAGE_INDEXES,
+    ):
+        conn.execute(statement)
+    conn.executemany("UPDATE chats SET active_leaf_id = ? WHERE id = ?",
+                     [(leaf, chat) for chat, leaf in leaves])
+
+
 Migration = Callable[[sqlite3.Connection], None]
-# Index i upgrades a database from user_version i to i + 1; v2 is one more function here.
-MIGRATIONS: list[Migration] = [_migrate_v1]
+# Index i upgrades a database from user_version i to i + 1; v3 is one more function here.
+MIGRATIONS: list[Migration] = [_migrate_v1, _migrate_v2]
 
 # The ancestors of message ? (itself at depth 0, the root deepest).
 PATH_CTE = """WITH RECURSIVE path(id, parent_id, depth) AS (
@@ -182,4 +222,14 @@ def message_from_row(row: sqlite3.Row) -> Message:
                    token_ids=unpack_token_ids(row["token_ids"]),
                    metrics=json.loads(row["metrics"]), status=row["status"],
                    created_at=row["created_at"], model=row["model"],
-                   candidate_group=row["candidate_group"], candidate_index=row["candidate_index"])
+                   candidate_group=row["candidate_group"], candidate_index=row["candidate_index"],
+                   tool_calls=_json_or_none(row["tool_calls"]),
+                   tool_call=_json_or_none(row["tool_call"]))
+
+
+def _json_or_none(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def json_or_null(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)

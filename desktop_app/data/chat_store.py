@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from desktop_app.data import chat_import
+from desktop_app.data import chat_import, tool_records
 from desktop_app.data import chat_schema as schema
 from desktop_app.data.chat_export import branch_markdown, chat_json
 from desktop_app.data.chat_schema import DB_FILE as DB_FILE  # re-exported from before the split
@@ -111,15 +111,17 @@ class ChatStore:
                     token_ids: list[int] | None = None, status: str = "complete",
                     metrics: dict[str, Any] | None = None, *, model: str | None = None,
                     candidate_group: int | None = None, candidate_index: int | None = None,
-                    activate: bool = True) -> Message:
+                    activate: bool = True, tool_call: dict[str, Any] | None = None) -> Message:
         """Append a message under parent_id (None: a first turn). activate: make it the
-        chat's active leaf."""
+        chat's active leaf. tool_call: a "tool" message's call (data.tool_records)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         if not isinstance(content, str):
             raise ValueError(f"content must be a string, got {type(content).__name__}")
+        if (role == "tool") != (tool_call is not None):
+            raise ValueError("tool_call must be given for a tool message and only for one")
         self.get_chat(chat_id)
         if parent_id is not None and self.get_message(parent_id).chat_id != chat_id:
             raise ValueError(f"parent_id {parent_id} belongs to another chat than {chat_id}")
@@ -127,11 +129,11 @@ class ChatStore:
         with self._tx() as c:
             cur = c.execute(
                 "INSERT INTO messages (chat_id, parent_id, role, content, token_ids, metrics,"
-                " status, created_at, touched_at, model, candidate_group, candidate_index)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " status, created_at, touched_at, model, candidate_group, candidate_index,"
+                " tool_call) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (chat_id, parent_id, role, content, schema.pack_token_ids(token_ids),
                  json.dumps(metrics or {}), status, now, now, model, candidate_group,
-                 candidate_index))
+                 candidate_index, schema.json_or_null(tool_call)))
             c.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
             if activate:
                 self._activate(c, chat_id, cur.lastrowid, now)
@@ -164,7 +166,9 @@ class ChatStore:
                       (content, message_id))
 
     def finish_message(self, message_id: int, content: str, token_ids: list[int] | None = None,
-                       metrics: dict[str, Any] | None = None, status: str = "complete") -> None:
+                       metrics: dict[str, Any] | None = None, status: str = "complete",
+                       tool_calls: list[dict[str, Any]] | None = None) -> None:
+        """tool_calls: the calls the reply made, [{"id", "name", "arguments"}]."""
         if status not in ("complete", "interrupted"):
             raise ValueError(f"status must be 'complete' or 'interrupted', got {status!r}")
         now = self._stamp()
@@ -172,10 +176,21 @@ class ChatStore:
             row = c.execute("SELECT chat_id FROM messages WHERE id = ?", (message_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no message with id {message_id}")
-            c.execute("UPDATE messages SET content = ?, token_ids = ?, metrics = ?, status = ?"
-                      " WHERE id = ?", (content, schema.pack_token_ids(token_ids),
-                                         json.dumps(metrics or {}), status, message_id))
+            c.execute("UPDATE messages SET content = ?, token_ids = ?, metrics = ?, status = ?,"
+                      " tool_calls = ? WHERE id = ?",
+                      (content, schema.pack_token_ids(token_ids), json.dumps(metrics or {}),
+                       status, schema.json_or_null(tool_calls or None), message_id))
             c.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, row["chat_id"]))
+
+    def set_tool_result(self, message_id: int, content: str, tool_call: dict[str, Any]) -> None:
+        """A tool message's result (content) and its call's new state."""
+        msg = self.get_message(message_id)
+        if msg.role != "tool":
+            raise ValueError(f"message {message_id} is not a tool message")
+        with self._tx() as c:
+            c.execute("UPDATE messages SET content = ?, tool_call = ? WHERE id = ?",
+                      (content, schema.json_or_null(tool_call), message_id))
+            c.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (self._stamp(), msg.chat_id))
 
     def delete_message(self, message_id: int) -> None:
         """Deletes the message and its whole subtree."""
@@ -258,7 +273,7 @@ class ChatStore:
             item: dict[str, Any] = {"role": msg.role, "content": msg.content}
             if msg.token_ids is not None:
                 item["token_ids"] = msg.token_ids
-            out.append(item)
+            out.append(tool_records.for_engine(msg, item))
         return out
 
     # ---- export ------------------------------------------------------------------------

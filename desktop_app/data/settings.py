@@ -61,6 +61,9 @@ class ChatSettings:
     # What is sent once the chat outgrows the model's context (data.context_policy):
     # "keep_latest", "truncate_middle" or "stop". The stored chat is never shortened.
     overflow_policy: str = DEFAULT_POLICY
+    # The MCP tools the model may call in this chat, by server name: None for all of the
+    # server's tools, else the names chosen (mcp.toolset). Absent: the server is off.
+    tools: dict[str, list[str] | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check = _checker("ChatSettings")
@@ -84,6 +87,10 @@ class ChatSettings:
               "num_candidates", self.num_candidates, f"an integer in [1, {MAX_CANDIDATES}]")
         check(self.overflow_policy in POLICIES, "overflow_policy", self.overflow_policy,
               f"one of {', '.join(POLICIES)}")
+        check(isinstance(self.tools, dict) and all(
+            isinstance(k, str) and (v is None or (isinstance(v, list) and all(
+                isinstance(n, str) for n in v))) for k, v in self.tools.items()),
+            "tools", self.tools, "an object of server names to null or lists of tool names")
 
     def to_sampling_params(self, n: int | None = None) -> SamplingParams:
         """Engine sampling params for one turn; n defaults to num_candidates."""
@@ -137,6 +144,8 @@ class AppSettings:
     theme: str = "system"
     # Device, weights and memory for chats (data.engine_settings); changing them reloads.
     engine: EngineSettings = field(default_factory=EngineSettings)
+    # MCP tools that run without asking ("server/tool"), chosen on a tool call's card.
+    always_allowed_tools: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.chat_defaults, dict):
@@ -164,6 +173,10 @@ class AppSettings:
         check(self.theme in THEMES, "theme", self.theme, f"one of {', '.join(THEMES)}")
         check(isinstance(self.engine, EngineSettings), "engine", self.engine,
               "an EngineSettings")
+        check(isinstance(self.always_allowed_tools, list)
+              and all(isinstance(k, str) and "/" in k for k in self.always_allowed_tools),
+              "always_allowed_tools", self.always_allowed_tools,
+              "a list of \"server/tool\" names")
 
     def remember_model_path(self, path: str) -> None:
         """Add a model path (most recent first, no duplicates)."""

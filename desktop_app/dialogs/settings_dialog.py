@@ -1,6 +1,6 @@
 """The settings dialog: this chat's sampling settings, the defaults for new chats, the
-switch that serves the loaded model to other programs on this machine, and the engine's
-device, weights and memory for chats."""
+switch that serves the loaded model to other programs on this machine, the engine's
+device, weights and memory for chats, and the MCP servers (dialogs.tools_settings)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from desktop_app.data.engine_settings import (
     EngineSettings,
 )
 from desktop_app.data.settings import MAX_CANDIDATES, THEMES, ChatSettings
+from desktop_app.dialogs.tools_settings import ToolsSettingsPage
 from desktop_app.services.devices import device_choices
 from engine.runner.kv_cache import CONCURRENT_CONTEXTS, DEFAULT_KV_BUDGET_BYTES
 
@@ -107,6 +108,7 @@ class ChatSettingsForm(QWidget):
         self.set_settings(settings)
 
     def set_settings(self, s: ChatSettings) -> None:
+        self._tools = dict(s.tools)  # chosen in the chat's Tools menu, kept as they are
         self.system_prompt.setPlainText(s.system_prompt)
         self.temperature.setValue(s.temperature)
         self.top_p.setValue(s.top_p)
@@ -133,6 +135,7 @@ class ChatSettingsForm(QWidget):
             seed=self.seed.value() if self.fixed_seed.isChecked() else None,
             num_candidates=self.num_candidates.value(),
             overflow_policy=self.overflow_policy.currentData(),
+            tools=self._tools,
         )
 
 
@@ -240,7 +243,7 @@ class SettingsDialog(QDialog):
                  max_tokens_limit: int = 32768, parent: QWidget | None = None,
                  serve: tuple[bool, int] = (False, 8000), theme: str = "system",
                  engine: EngineSettings | None = None,
-                 cuda_names: list[str] | None = None) -> None:
+                 cuda_names: list[str] | None = None, tools=None) -> None:
         super().__init__(parent)
         self.setObjectName("settingsDialog")
         self.setWindowTitle("Settings")
@@ -258,6 +261,10 @@ class SettingsDialog(QDialog):
         if engine is not None:
             self.engine_form = EngineForm(engine, cuda_names)
             self.tabs.addTab(self.engine_form, "Engine")
+        self.tools_page = None
+        if tools is not None:  # a ToolsBridge: Settings ▸ Tools, the MCP servers
+            self.tools_page = ToolsSettingsPage(tools)
+            self.tabs.addTab(self.tools_page, "Tools")
         self.theme = QComboBox()
         self.theme.setObjectName("themeSetting")
         self.theme.setAccessibleName("Theme")

@@ -208,6 +208,10 @@ class ConversationView(QWidget):
         self._add_row(item)
 
     def _add_row(self, item) -> None:
+        if isinstance(item, QWidget):  # a row built by its controller (a tool call card)
+            self.rows_layout.insertWidget(self.rows_layout.count() - 1, item)
+            self._rows[item.message_id] = item
+            return
         if isinstance(item, GroupItem):
             row = CandidateGroup(item.messages)
             row.keepRequested.connect(self.keepRequested)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from desktop_app.data import chat_store
+from desktop_app.data.chat_export import JSON_VERSION
 from desktop_app.data.chat_store import ChatStore, default_db_path
 from desktop_app.data.settings import ChatSettings
 
@@ -36,7 +37,7 @@ def test_pragmas_and_schema_version(store):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
-    assert store.schema_version == len(chat_store.MIGRATIONS) == 1
+    assert store.schema_version == len(chat_store.MIGRATIONS) == 2
 
 
 def test_default_path_honours_env(monkeypatch, tmp_path):
@@ -243,7 +244,7 @@ def test_export_markdown_and_json(store):
         "## Assistant (interrupted)\n\nIt is Par\n")
     assert store.export_markdown(chat.id, a1.id).endswith("## Assistant\n\nParis.\n")
     data = json.loads(store.export_json(chat.id))
-    assert data["format"] == "folio-chat" and data["version"] == 1
+    assert data["format"] == "folio-chat" and data["version"] == JSON_VERSION
     assert data["chat"]["title"] == "Capitals"
     assert data["chat"]["settings"]["system_prompt"] == "Be brief."
     assert data["chat"]["active_leaf_id"] == a1b.id
@@ -268,20 +269,40 @@ def test_migrates_empty_v0_database(tmp_path):
     path = tmp_path / "chats.sqlite3"
     sqlite3.connect(path).close()
     with ChatStore(path) as s:
-        assert s.schema_version == 1
+        assert s.schema_version == len(chat_store.MIGRATIONS)
         assert s.list_chats() == []
 
 
-def test_migrates_v1_to_v2_keeping_data(tmp_path, monkeypatch):
+def test_v2_makes_room_for_tool_messages_keeping_the_tree_and_active_leaves(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    _v1_database_with_data(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("INSERT INTO messages (id, chat_id, parent_id, role, content, status,"
+                 " created_at, touched_at) VALUES (2, 1, 1, 'assistant', 'hi', 'complete', 2, 2)")
+    conn.execute("UPDATE chats SET active_leaf_id = 2")
+    conn.close()
+    with ChatStore(path) as s:
+        assert s.schema_version == 2
+        assert s.get_chat(1).active_leaf_id == 2
+        assert [m.id for m in s.path_to(2)] == [1, 2]
+        tool = s.add_message(1, 2, "tool", "42", tool_call={
+            "id": "c", "name": "add", "server": "calc", "tool": "add", "arguments": "{}",
+            "state": "done"})
+        assert s.get_message(tool.id).tool_call["server"] == "calc"
+        s.delete_message(1)  # the cascade still holds after the rebuild
+        assert s.roots(1) == []
+
+
+def test_migrates_to_a_later_version_keeping_data(tmp_path, monkeypatch):
     path = tmp_path / "chats.sqlite3"
     _v1_database_with_data(path)
 
-    def v2(conn):
+    def v3(conn):
         conn.execute("ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
 
-    monkeypatch.setattr(chat_store, "MIGRATIONS", [chat_store._migrate_v1, v2])
+    monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, v3])
     with ChatStore(path) as s:
-        assert s.schema_version == 2
+        assert s.schema_version == 3
         chat = s.get_chat(1)
         assert chat.title == "old" and chat.settings == ChatSettings(temperature=0.3)
         assert s.get_message(1).content == "hello"
@@ -296,11 +317,11 @@ def test_failed_migration_rolls_back(tmp_path, monkeypatch):
         conn.execute("ALTER TABLE chats ADD COLUMN pinned INTEGER")
         conn.execute("SELECT no_such_column FROM chats")
 
-    monkeypatch.setattr(chat_store, "MIGRATIONS", [chat_store._migrate_v1, broken_v2])
+    monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, broken_v2])
     with pytest.raises(sqlite3.OperationalError):
         ChatStore(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
     assert "pinned" not in [r[1] for r in conn.execute("PRAGMA table_info(chats)")]
     conn.close()
 

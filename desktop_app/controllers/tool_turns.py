@@ -1,0 +1,292 @@
+"""Tool calls in chat turns: MCP tools shown to the model, its calls read from the reply,
+run when the user says so, and the results sent back so the reply goes on.
+
+``ChatController`` hands this object its turns at a few points: ``submit`` (a chat with
+tools, or with calls in its history, is rendered through the model's own template with
+``tools=``: ``engine.serve.tool_prompt``), ``visible`` (a streaming delta without the
+call markup), ``reply`` (the finished text and its calls, read by ``engine.tools``'
+parser), ``finished`` and ``kept`` (a reply's calls become pending "tool" messages in the
+chat tree, data.tool_records) and ``card`` (a tool message's card in the view). A
+pending call waits for Run unless its tool is always allowed; the result arrives from the
+ToolsBridge, is stored, and once every call of the reply has an answer the controller
+generates the next reply after them: the same turn, continued. A candidate's calls wait
+until the user keeps it. Only local models read calls (a remote server gets no tools).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QObject
+
+from desktop_app.data import tool_records as records
+from desktop_app.mcp.toolset import with_server, with_tool
+from desktop_app.widgets.chat_tools import ChatToolsButton, ServerEntry
+from desktop_app.widgets.tool_card import ToolCallCard, ToolCallView
+from engine.serve.tool_fields import tool_request
+from engine.serve.tool_prompt import ModelTools, tool_prompt
+from engine.tools.events import TextDelta, assemble
+from engine.tools.parser import ToolParser
+
+NO_FORMAT_NOTE = "This model has no tool-call format Folio reads: its tools stay off."
+# Replies in a row whose calls run without asking (always allowed tools): past this, the
+# next calls wait for Run, so a model that keeps calling cannot loop on its own.
+MAX_AUTO_ROUNDS = 8
+
+
+class ToolTurns(QObject):
+    def __init__(self, controller, tools_bridge, app_settings,
+                 persist: Callable[[object], object], parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.store, self.bridge = controller.store, controller.bridge
+        self.tools = tools_bridge
+        self.app_settings = app_settings
+        self._persist = persist
+        self._model: tuple[object, ModelTools] | None = None  # (llm, what it can do)
+        self._formats: dict[str, object] = {}  # request id -> the ToolFormat its reply uses
+        self._parsers: dict[tuple[str, int], ToolParser] = {}
+        self._running: dict[str, int] = {}  # call id -> tool message id
+        self.button: ChatToolsButton | None = None
+        controller.tools = self
+        tools_bridge.callFinished.connect(self._on_result)
+        tools_bridge.serversChanged.connect(self.refresh_button)
+        controller.chatOpened.connect(lambda _chat: self.refresh_button())
+        for signal in (self.bridge.modelLoaded, self.bridge.modelUnloaded):
+            signal.connect(lambda *_: self.refresh_button())
+
+    # -- what the model is shown -------------------------------------------------------
+    def model_tools(self) -> ModelTools | None:
+        llm = self.bridge.llm
+        if llm is None or self.bridge.is_remote or not hasattr(llm, "engine"):
+            return None
+        if self._model is None or self._model[0] is not llm:
+            self._model = (llm, ModelTools.of(llm))
+        return self._model[1]
+
+    def submit(self, chat, messages: list[dict], params) -> str:
+        """The bridge's submit, with the chat's tools in the prompt where it has any."""
+        model = self.model_tools()
+        history = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+        toolset = self.tools.toolset(chat.settings.tools)
+        if model is None or model.fmt is None:
+            toolset = None
+        if model is None or not (toolset or history):
+            return self.bridge.submit(messages, params)
+        request = tool_request(toolset.definitions() if toolset else None,
+                               "auto" if toolset else None, None)
+        prompt = tool_prompt(model, request, messages, self.bridge.tokenizer)
+        prompt.adjust(params)
+        request_id = self.bridge.submit(prompt.ids, params)
+        if prompt.fmt is not None:
+            self._formats[request_id] = prompt.fmt
+        return request_id
+
+    # -- what the model said -----------------------------------------------------------
+    def visible(self, request_id: str, index: int, delta: str) -> str:
+        fmt = self._formats.get(request_id)
+        if fmt is None:
+            return delta
+        parser = self._parsers.get((request_id, index))
+        if parser is None:
+            parser = self._parsers[(request_id, index)] = ToolParser(fmt)
+        return "".join(e.text for e in parser.feed(delta) if isinstance(e, TextDelta))
+
+    def reply(self, request_id: str, index: int, raw: str, shown: str
+              ) -> tuple[str, list[dict] | None]:
+        """A finished candidate's text and calls (raw: the engine's whole text, shown: the
+        text the controller would keep without tools)."""
+        self._parsers.pop((request_id, index), None)
+        fmt = self._formats.get(request_id)
+        if fmt is None or not raw:
+            return shown, None
+        parser = ToolParser(fmt)
+        text, calls = assemble(parser.feed(raw) + parser.finish())
+        return text, [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                      for c in calls] or None
+
+    def finished(self, stream) -> None:
+        """A request ended: a lone reply's calls are asked about (or run) at once."""
+        self._formats.pop(stream.request_id, None)
+        if len(stream.message_ids) == 1:
+            self._open_calls(stream.message_ids[0])
+
+    def forget(self, request_id: str) -> None:
+        """A request failed: nothing of it is read any more."""
+        self._formats.pop(request_id, None)
+        for key in [k for k in self._parsers if k[0] == request_id]:
+            del self._parsers[key]
+
+    def kept(self, message_id: int) -> None:
+        self._open_calls(message_id)
+
+    def _open_calls(self, reply_id: int) -> None:
+        reply = self.store.get_message(reply_id)
+        if not reply.tool_calls or reply.status != "complete" or self.store.children(reply_id):
+            return
+        toolset = self.tools.toolset(self.store.get_chat(reply.chat_id).settings.tools)
+        auto = self._rounds(reply.id) <= MAX_AUTO_ROUNDS
+        parent = reply.id
+        for call in reply.tool_calls:
+            tool = toolset.resolve(call["name"])
+            server, name = (tool.server, tool.name) if tool else ("", call["name"])
+            msg = self.store.add_message(reply.chat_id, parent, "tool", "",
+                                         tool_call=records.record(call, server, name))
+            parent = msg.id
+            if tool is None:
+                self._answer(msg.id, f"Error: no tool named {call['name']!r} is on in this "
+                             "chat", records.ERROR)
+            elif auto and self._always(server, name):
+                self.run(msg.id)
+        self._rerender(reply.chat_id)
+        self._continue_if_answered(parent)
+
+    # -- the user's answer ---------------------------------------------------------------
+    def run(self, message_id: int) -> None:
+        msg = self.store.get_message(message_id)
+        call = msg.tool_call
+        if call is None or call["state"] != records.PENDING or str(message_id) in self._running:
+            return
+        try:
+            arguments = records.arguments_of(call)
+        except ValueError as exc:
+            self._answer(message_id, f"Error: {exc}", records.ERROR)
+            self._continue_if_answered(message_id)
+            return
+        self._running[str(message_id)] = message_id
+        self.tools.call(str(message_id), call["server"], call["tool"], arguments)
+        self._rerender(msg.chat_id)
+
+    def always_allow(self, message_id: int) -> None:
+        call = self.store.get_message(message_id).tool_call
+        key = f"{call['server']}/{call['tool']}"
+        if key not in self.app_settings.always_allowed_tools:
+            self.app_settings.always_allowed_tools.append(key)
+            self._persist(self.app_settings)
+        self.run(message_id)
+
+    def deny(self, message_id: int) -> None:
+        call = self.store.get_message(message_id).tool_call
+        if call is None or call["state"] != records.PENDING or str(message_id) in self._running:
+            return
+        self._answer(message_id, records.DENIED_TEXT, records.DENIED)
+        self._continue_if_answered(message_id)
+
+    def _always(self, server: str, tool: str) -> bool:
+        return f"{server}/{tool}" in self.app_settings.always_allowed_tools
+
+    def _on_result(self, call_id: str, result) -> None:
+        message_id = self._running.pop(call_id, None)
+        if message_id is None:
+            return
+        try:
+            self.store.get_message(message_id)
+        except KeyError:
+            return  # the chat was deleted while the tool ran
+        self._answer(message_id, result.text, records.DONE if result.ok else records.ERROR)
+        self._continue_if_answered(message_id)
+
+    def _answer(self, message_id: int, text: str, state: str) -> None:
+        msg = self.store.get_message(message_id)
+        self.store.set_tool_result(message_id, text, {**msg.tool_call, "state": state})
+        self._rerender(msg.chat_id)
+
+    def _continue_if_answered(self, message_id: int) -> None:
+        """Once every call of a reply has its answer, the reply goes on after the last."""
+        chain = self._chain(message_id)
+        if not chain or any(m.tool_call["state"] == records.PENDING for m in chain):
+            return
+        last = chain[-1]
+        if self.store.children(last.id) or self.controller.is_generating(last.chat_id):
+            return
+        self.controller.continue_after(last.chat_id, last.id)
+
+    def _rounds(self, reply_id: int) -> int:
+        """Replies with calls since the user last wrote, this one included."""
+        rounds = 0
+        for msg in reversed(self.store.path_to(reply_id)):
+            if msg.role == "user":
+                break
+            rounds += bool(msg.role == "assistant" and msg.tool_calls)
+        return rounds
+
+    def _chain(self, message_id: int) -> list:
+        """The tool messages answering the calls of the reply this one answers."""
+        msg = self.store.get_message(message_id)
+        while msg.role == "tool" and msg.parent_id is not None:
+            msg = self.store.get_message(msg.parent_id)
+        chain, current = [], msg.id
+        while True:
+            tools = [m for m in self.store.children(current) if m.role == "tool"]
+            if not tools:
+                return chain
+            chain.append(tools[0])
+            current = tools[0].id
+
+    # -- the view ------------------------------------------------------------------------
+    def card(self, msg) -> ToolCallCard:
+        call = msg.tool_call
+        running = str(msg.id) in self._running
+        card = ToolCallCard(ToolCallView(
+            msg.id, call["name"], call["server"] or "no server", call["arguments"],
+            "running" if running else call["state"], msg.content))
+        card.runRequested.connect(self.run)
+        card.alwaysRequested.connect(self.always_allow)
+        card.denyRequested.connect(self.deny)
+        return card
+
+    @staticmethod
+    def candidate_text(msg) -> str:
+        """A candidate's text with the calls it would make, while it waits for Keep."""
+        calls = "".join(f"\n\n`{c['name']}` `{c['arguments']}`" for c in msg.tool_calls or ())
+        return msg.content + (f"{calls}\n\n*Keep this candidate to run its tool calls.*"
+                              if calls else "")
+
+    def _rerender(self, chat_id: int) -> None:
+        if chat_id == self.controller.chat_id:
+            self.controller.render()
+
+    # -- the chat's Tools button ---------------------------------------------------------
+    def bind_button(self, button: ChatToolsButton) -> None:
+        self.button = button
+        button.toggled_tool.connect(self._on_toggle)
+        self.refresh_button()
+
+    def refresh_button(self) -> None:
+        if self.button is None:
+            return
+        chat_id = self.controller.chat_id
+        selection = self.store.get_chat(chat_id).settings.tools if chat_id else {}
+        entries = []
+        for server in self.tools.config.servers:
+            status = self.tools.statuses.get(server.name)
+            known = self.tools.known_tools.get(server.name, ())
+            chosen = selection.get(server.name, ())
+            entries.append(ServerEntry(server.name, status.state if status else "starting",
+                                       server.name in selection, tuple(
+                                           (t.name, chosen is None or t.name in (chosen or ()))
+                                           for t in known)))
+        model = self.model_tools()
+        note = ("Add MCP servers in Settings ▸ Tools." if not entries else
+                "Open a chat to choose its tools." if chat_id is None else
+                NO_FORMAT_NOTE if model is not None and model.fmt is None else "")
+        self.button.set_entries(entries, note)
+        self.button.setEnabled(chat_id is not None or not entries)
+
+    def _on_toggle(self, server: str, tool: str, on: bool) -> None:
+        chat_id = self.controller.chat_id
+        if chat_id is None:
+            return
+        chat = self.store.get_chat(chat_id)
+        known = self.tools.known_tools.get(server, ())
+        if tool:
+            info = next((t for t in known if t.name == tool), None)
+            if info is None:
+                return
+            chat.settings.tools = with_tool(chat.settings.tools, info, on,
+                                            [t.name for t in known])
+        else:
+            chat.settings.tools = with_server(chat.settings.tools, server, on)
+        self.store.update_chat_settings(chat_id, chat.settings)
+        self.refresh_button()
+
