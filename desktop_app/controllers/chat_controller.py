@@ -22,6 +22,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from desktop_app.controllers import context_window
 from desktop_app.controllers.context_window import ContextTracker, branch_tokens
+from desktop_app.controllers.json_mode import JsonModeController, reply_metrics
 from desktop_app.data.context_policy import ContextPlan
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.conversation_view import ConversationView, GroupItem
@@ -42,6 +43,7 @@ class Stream:
     texts: list[str]
     last_saved: float = 0.0
     prompt_tokens: int = 0  # as measured when it was sent (the gauge, while streaming)
+    reply_metrics: dict | None = None  # what the replies record of how they were asked
 
 
 def metrics_dict(metrics) -> dict:
@@ -77,6 +79,7 @@ class ChatController(QObject):
         # Where each chat's overflow policy last cut, so the next prompts start the same
         # way and the prefix cache hits again.
         self.context = ContextTracker()
+        self.json_mode = JsonModeController(self, view.json_button)
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
@@ -139,6 +142,7 @@ class ChatController(QObject):
             leaf = self.store.active_leaf(self.chat_id)
             self.view.show_items(self.branch_items(leaf) if leaf is not None else [])
         self.view.set_generating(self.is_generating(self.chat_id))
+        self.json_mode.refresh()
         self.update_gauge()
 
     def branch_items(self, leaf_id: int) -> list:
@@ -297,7 +301,8 @@ class ChatController(QObject):
             self.pending_group[chat_id] = replies[0].candidate_group
         self.streams[request_id] = Stream(request_id, chat_id, parent_id,
                                           [m.id for m in replies], [""] * len(replies),
-                                          time.monotonic(), plan.prompt_tokens)
+                                          time.monotonic(), plan.prompt_tokens,
+                                          reply_metrics(params))
         self._set_generating()
         if chat_id == self.chat_id:
             self.render()
@@ -329,7 +334,8 @@ class ChatController(QObject):
             # A remote server sends text only: no ids, so the next turn re-tokenizes it.
             token_ids = list(done.token_ids) if done is not None and done.token_ids else None
             reason = done.finish_reason if done is not None else "abort"
-            self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason})
+            self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason,
+                                                             **(stream.reply_metrics or {})})
             if stream.chat_id == self.chat_id:
                 self.view.finish_message(self.store.get_message(mid))
         self._set_generating()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
+from desktop_app.data import json_mode
 from desktop_app.data.context_policy import DEFAULT_POLICY, POLICIES
 from desktop_app.data.engine_settings import EngineSettings
 from desktop_app.data.servers import ServerEntry
@@ -61,6 +62,10 @@ class ChatSettings:
     # What is sent once the chat outgrows the model's context (data.context_policy):
     # "keep_latest", "truncate_middle" or "stop". The stored chat is never shortened.
     overflow_policy: str = DEFAULT_POLICY
+    # "Answer in JSON" (data.json_mode): the reply constrained to a JSON object, or to the
+    # schema in json_schema's text when it is not blank.
+    json_mode: bool = False
+    json_schema: str = ""
 
     def __post_init__(self) -> None:
         check = _checker("ChatSettings")
@@ -84,6 +89,10 @@ class ChatSettings:
               "num_candidates", self.num_candidates, f"an integer in [1, {MAX_CANDIDATES}]")
         check(self.overflow_policy in POLICIES, "overflow_policy", self.overflow_policy,
               f"one of {', '.join(POLICIES)}")
+        check(isinstance(self.json_mode, bool), "json_mode", self.json_mode, "true or false")
+        check(isinstance(self.json_schema, str), "json_schema", self.json_schema, "a string")
+        if self.json_mode:
+            json_mode.parse_schema(self.json_schema)
 
     def to_sampling_params(self, n: int | None = None) -> SamplingParams:
         """Engine sampling params for one turn; n defaults to num_candidates."""
@@ -99,6 +108,7 @@ class ChatSettings:
             repetition_penalty=float(self.repetition_penalty),
             seed=self.seed,
             max_tokens=self.max_tokens,
+            response_format=json_mode.response_format(self.json_mode, self.json_schema),
         )
 
     def to_dict(self) -> dict[str, Any]:
