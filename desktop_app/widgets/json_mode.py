@@ -8,10 +8,8 @@ from pathlib import Path
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
-    QDialogButtonBox,
     QFileDialog,
     QHBoxLayout,
-    QLabel,
     QPlainTextEdit,
     QPushButton,
     QVBoxLayout,
@@ -19,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.data.json_mode import parse_schema
+from desktop_app.widgets.dialog_parts import error_label, ok_cancel
 
 MAX_SCHEMA_BYTES = 1 << 20  # a schema file larger than this is surely not one
 
@@ -59,14 +58,8 @@ class JsonModeDialog(QDialog):
         self.file_button = QPushButton("Load schema from file…")
         self.file_button.setObjectName("jsonSchemaFileButton")
         self.file_button.clicked.connect(self._choose_file)
-        self.error_label = QLabel("")
-        self.error_label.setObjectName("jsonModeError")
-        self.error_label.setWordWrap(True)
-        self.error_label.setVisible(False)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
-                                   | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        self.error_label = error_label("jsonModeError")
+        buttons = ok_cancel(self)
         row = QHBoxLayout()
         row.addWidget(self.file_button)
         row.addStretch(1)

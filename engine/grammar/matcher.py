@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
-
-_BITS = torch.arange(32, dtype=torch.int32)
 
 
 class Matcher:
@@ -44,11 +43,15 @@ def token_masks(matchers: Sequence[Matcher | None], vocab_size: int) -> list[tor
     if not constrained:
         return masks
     words = (vocab_size + 31) // 32
-    bitmask = torch.full((len(constrained), words), -1, dtype=torch.int32)
+    # numpy owns the buffer and unpacks it in one single-threaded call: a few torch ops
+    # here would each wake torch's thread pool, which costs more than the work.
+    bits = np.full((len(constrained), words), -1, dtype=np.int32)
+    bitmask = torch.from_numpy(bits)
     for row, i in enumerate(constrained):
         matchers[i].fill(bitmask, row)
-    allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).view(len(constrained), -1)
-    allowed = allowed[:, :vocab_size].bool()
+    # Bit j of word w is token 32 * w + j: little-endian words, little bit order.
+    unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")
+    allowed = torch.from_numpy(unpacked[:, :vocab_size].astype(bool))
     for row, i in enumerate(constrained):
         masks[i] = allowed[row]
     return masks

@@ -111,6 +111,12 @@ def _masked(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     constrained = [i for i, row in enumerate(rows) if row.allowed is not None]
     if not constrained:
         return logits
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        # numpy's single-threaded copy and fill: torch would wake its thread pool for each.
+        values = logits.detach().numpy().copy()
+        for i in constrained:
+            np.putmask(values[i], ~rows[i].allowed.numpy(), -np.inf)
+        return torch.from_numpy(values)
     allowed = torch.stack([rows[i].allowed for i in constrained]).to(logits.device)
     logits = logits.clone()
     logits[constrained] = logits[constrained].masked_fill(~allowed, float("-inf"))

@@ -35,6 +35,15 @@ def press(dialog, which) -> None:
     dialog.findChild(QDialogButtonBox).button(which).click()
 
 
+def json_on(qtbot, window, schema: str) -> None:
+    """A chat with one turn, then its JSON mode turned on with ``schema``."""
+    send(qtbot, window, "hello")
+    dialog = open_dialog(qtbot, window)
+    dialog.check.setChecked(True)
+    dialog.schema_edit.setPlainText(schema)
+    press(dialog, QDialogButtonBox.StandardButton.Ok)
+
+
 def settings_of(window):
     return window.store.get_chat(window.controller.chat_id).settings
 
@@ -86,10 +95,7 @@ def test_a_schema_the_engine_cannot_enforce_is_refused_in_the_dialog(qtbot, fake
 
 def test_json_mode_without_a_schema_asks_for_any_object(qtbot, fake_bridge, make_window):
     window = make_window(fake_bridge)
-    send(qtbot, window, "hello")
-    dialog = open_dialog(qtbot, window)
-    dialog.check.setChecked(True)
-    press(dialog, QDialogButtonBox.StandardButton.Ok)
+    json_on(qtbot, window, "")
     send(qtbot, window, "again")
     _, params = fake_bridge.fake_workers[0].submitted[-1]
     assert params.response_format.type == "json_object"
@@ -99,12 +105,8 @@ def test_json_mode_without_a_schema_asks_for_any_object(qtbot, fake_bridge, make
 def test_the_starter_answers_in_json_valid_against_the_schema(qtbot, small_bridge,
                                                                make_window):
     window = make_window(small_bridge)
-    send(qtbot, window, "Is the sky blue? Answer yes or no.")
-    dialog = open_dialog(qtbot, window)
-    dialog.check.setChecked(True)
-    dialog.schema_edit.setPlainText(json.dumps(SCHEMA))
-    press(dialog, QDialogButtonBox.StandardButton.Ok)
-    send(qtbot, window, "And is grass green?")
+    json_on(qtbot, window, json.dumps(SCHEMA))
+    send(qtbot, window, "Is grass green? Answer yes or no.")
     reply = window.store.get_message(window.store.active_leaf(window.controller.chat_id))
     jsonschema.validate(json.loads(reply.content), SCHEMA)
     assert reply.metrics["finish_reason"] == "stop"

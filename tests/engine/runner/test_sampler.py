@@ -274,6 +274,7 @@ def test_a_mask_forbids_tokens_in_its_row_only_and_leaves_the_logits_unwritten()
     masked = SamplingRow(SamplingParams(temperature=0), None, [], allowed)
     free = SamplingRow(SamplingParams(temperature=0), None, [])
     assert sampler(logits, [masked, free]) == [3, 0]
+    assert sampler(logits.double(), [masked, free]) == [3, 0]  # the torch path (not numpy's)
     sampled = SamplingRow(SamplingParams(temperature=1.0), make_generator(3, 0), [], allowed)
     probs = sampler.probabilities(logits, [sampled, free])
     assert torch.equal(logits, before)
