@@ -122,3 +122,22 @@ def test_response_format_is_validated() -> None:
         ResponseFormat("json_schema")
     with pytest.raises(ValueError, match="SamplingParams.response_format"):
         SamplingParams(response_format={"type": "json_object"})
+
+
+def test_logprobs_are_the_model_s_own_and_name_tokens_the_mask_forced(llm, hf_model) -> None:
+    import torch
+
+    prompt = random_prompt(30, 10)
+    [out] = llm.generate([prompt], constrained(temperature=0, logprobs=3))
+    reply = out.outputs[0]
+    valid(reply.text)
+    ids = torch.tensor([prompt + reply.token_ids])
+    with torch.no_grad():
+        rows = torch.log_softmax(hf_model(ids).logits[0, len(prompt) - 1:-1].float(), -1)
+    outside = 0
+    for entry, token, row in zip(reply.logprobs, reply.token_ids, rows, strict=True):
+        assert entry.token_id == token
+        assert entry.logprob == pytest.approx(float(row[token]), abs=1e-4)
+        assert [t for t, _ in entry.top] == torch.topk(row, 3).indices.tolist()
+        outside += token not in [t for t, _ in entry.top]
+    assert outside > 0  # the mask picked tokens the model alone would not have
