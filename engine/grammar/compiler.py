@@ -75,7 +75,7 @@ class Grammars:
                     json.dumps(schema), any_whitespace=False, strict_mode=strict)
                 text = str(grammar).replace(_LOOSE_CHARACTER, _STRING_CHARACTER)
                 compiled = compiler.compile_grammar(text)
-            except RuntimeError as exc:  # xgrammar's message names the construct
+            except (RuntimeError, ValueError) as exc:  # xgrammar's message names the construct
                 message = str(exc).splitlines()[0].split(": ", 1)[-1]
                 raise GrammarError("schema", f"the schema cannot be compiled: {message}") \
                     from exc
