@@ -15,6 +15,7 @@ _EXPORTS = {
     "EngineWorker": "engine.worker",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.sampling_params",
+    "ResponseFormat": "engine.sampling_params",
     "KVStats": "engine.core.kv_stats",
     "RequestOutput": "engine.outputs",
     "CompletionOutput": "engine.outputs",
@@ -28,6 +29,7 @@ __all__ = [
     "KVStats",
     "LLMEngine",
     "RequestOutput",
+    "ResponseFormat",
     "SamplingParams",
 ]
 
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from engine.llm import LLM
     from engine.llm_engine import LLMEngine
     from engine.outputs import CompletionOutput, RequestOutput
-    from engine.sampling_params import SamplingParams
+    from engine.sampling_params import ResponseFormat, SamplingParams
     from engine.worker import EngineWorker
 
 

@@ -23,6 +23,7 @@ from engine.core.kv_stats import KVStats
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.sliding_blocks import SlidingBlockManager
+from engine.grammar import Grammars, Matcher, token_masks
 from engine.layers.weights import set_activation_bits
 from engine.outputs import (
     CompletionOutput,
@@ -50,6 +51,8 @@ Prompt = str | list[int] | list[dict]
 class _Request:
     group: SequenceGroup
     candidates: dict[int, CandidateText] = field(default_factory=dict)
+    # Each constrained candidate's grammar state, by candidate index (structured output).
+    matchers: dict[int, Matcher] = field(default_factory=dict)
 
 
 class LLMEngine:
@@ -76,6 +79,9 @@ class LLMEngine:
         self.model_name = loaded.name
         self.hf_config = loaded.config
         self.tokenizer = ChatTokenizer(loaded.tokenizer)
+        # Structured output; its tokenizer table is built on the first constrained request.
+        self.grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
+                                 sorted(self.tokenizer.eos_token_ids))
         if progress:
             progress("building the model", 0.0)
         net = build_model(loaded.config, dtype, device)
@@ -141,11 +147,17 @@ class LLMEngine:
         vocab = self.hf_config.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        # Compiled before the request is queued: a schema that cannot be enforced is a
+        # GrammarError (ValueError) and nothing is left behind.
+        fmt = params.response_format
+        matcher = None if fmt is None else self.grammars.matcher(fmt)
         group = self.scheduler.add_request(request_id, ids, params)
         seq = group.seqs[0]
         seq.generator = make_generator(params.seed, 0)
         request = _Request(group)
         request.candidates[0] = self._new_candidate(group)
+        if matcher is not None:
+            request.matchers[0] = matcher
         self._requests[request_id] = request
         return request_id
 
@@ -192,33 +204,43 @@ class LLMEngine:
             candidates = [seq]
             if seq.needs_fork:
                 candidates = self.scheduler.fork(group)
+                parent = request.matchers.get(seq.index)
                 for child in candidates[1:]:
                     child.generator = make_generator(group.params.seed, child.index)
                     request.candidates[child.index] = self._new_candidate(group)
+                    if parent is not None:
+                        request.matchers[child.index] = parent.fork()
             rows += [row] * len(candidates)
             targets += candidates
         params = [self._requests[s.request_id].group.params for s in targets]
+        matchers = [self._requests[s.request_id].matchers.get(s.index) for s in targets]
+        masks = token_masks(matchers, logits.shape[-1])
         sampling_rows = [
-            SamplingRow(p, s.generator, s.token_ids) for p, s in zip(params, targets, strict=True)
+            SamplingRow(p, s.generator, s.token_ids, allowed)
+            for p, s, allowed in zip(params, targets, masks, strict=True)
         ]
         row_logits = logits[rows]
         tokens = self.sampler(row_logits, sampling_rows)
         logprobs = token_logprobs(row_logits, tokens, [p.logprobs for p in params])
         now = time.perf_counter()
         events: list[Event] = []
-        for seq, p, token, lp in zip(targets, params, tokens, logprobs, strict=True):
+        for seq, p, token, lp, matcher in zip(targets, params, tokens, logprobs, matchers,
+                                              strict=True):
             token = int(token)
             seq.append_token(token)
             counts = self.last_step_tokens
             counts[seq.request_id] = counts.get(seq.request_id, 0) + 1
-            event = self._after_token(seq, p, token, now, lp)
+            # The mask allowed only tokens the grammar accepts; once it has taken its stop
+            # token the reply is complete, even with ignore_eos.
+            complete = matcher is not None and (not matcher.accept(token) or matcher.done)
+            event = self._after_token(seq, p, token, now, lp, complete)
             if event is not None:
                 events.append(event)
         return events
 
     def _after_token(
         self, seq: Sequence, params: SamplingParams, token: int, now: float,
-        logprobs: TokenLogprobs | None,
+        logprobs: TokenLogprobs | None, complete: bool = False,
     ) -> TokenEvent | None:
         request = self._requests[seq.request_id]
         group = request.group
@@ -228,12 +250,12 @@ class LLMEngine:
             if group.first_token_time is None:
                 group.first_token_time = now
         reason = None
-        is_eos = not params.ignore_eos and token in self.tokenizer.eos_token_ids
+        is_eos = token in self.tokenizer.eos_token_ids and (complete or not params.ignore_eos)
         if is_eos or token in params.stop_token_ids:
             reason, delta = "stop", ""  # the stop token's own text is not shown
         else:
             stopped, delta = cand.stop.check(cand.detokenizer.add(token))
-            if stopped:
+            if stopped or complete:
                 reason = "stop"
         if reason is None and seq.num_output_tokens >= params.max_tokens:
             reason = "length"

@@ -8,6 +8,28 @@ from engine.validation import FieldChecker
 
 _check = FieldChecker("SamplingParams")
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+RESPONSE_TYPES = ("json_object", "json_schema")
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseFormat:
+    """What a reply must be: any JSON object (``json_object``) or a JSON value valid
+    against ``schema`` (``json_schema``), as OpenAI's ``response_format`` says it.
+    ``engine/grammar`` compiles it to the token mask the sampler applies."""
+
+    type: str
+    schema: dict | None = None
+    name: str = ""  # the schema's name, shown to the user; never read by the grammar
+
+    def __post_init__(self) -> None:
+        check = FieldChecker("ResponseFormat")
+        check(self.type in RESPONSE_TYPES, "type", self.type, f"one of {RESPONSE_TYPES}")
+        if self.type == "json_schema":
+            check(isinstance(self.schema, dict), "schema", self.schema,
+                  "a JSON schema object for type json_schema")
+        else:
+            check(self.schema is None, "schema", self.schema, "None for type json_object")
+        check(isinstance(self.name, str), "name", self.name, "a string")
 
 
 @dataclass(slots=True)
@@ -31,6 +53,8 @@ class SamplingParams:
     # <|python_tag|> or Mistral's [TOOL_CALLS] are special tokens, and the server's tool
     # parser must see them. End-of-turn and stop tokens stay out of the text either way.
     skip_special_tokens: bool = True
+    # Constrains the reply to JSON (engine/grammar); None: free text.
+    response_format: ResponseFormat | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -57,6 +81,8 @@ class SamplingParams:
                "stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
         _check(isinstance(self.skip_special_tokens, bool), "skip_special_tokens",
                self.skip_special_tokens, "True or False")
+        _check(self.response_format is None or isinstance(self.response_format, ResponseFormat),
+               "response_format", self.response_format, "a ResponseFormat or None")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
                self.logprobs, f"an integer in [0, {MAX_LOGPROBS}] or None")
 

@@ -22,6 +22,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from desktop_app.controllers import context_window
 from desktop_app.controllers.context_window import ContextTracker, branch_tokens
+from desktop_app.controllers.json_mode import JsonModeController, reply_metrics
 from desktop_app.controllers.pending_send import PendingSend
 from desktop_app.data.context_policy import ContextPlan
 from desktop_app.data.settings import AppSettings, ChatSettings
@@ -43,6 +44,7 @@ class Stream:
     texts: list[str]
     last_saved: float = 0.0
     prompt_tokens: int = 0  # as measured when it was sent (the gauge, while streaming)
+    reply_metrics: dict | None = None  # what the replies record of how they were asked
 
 
 def metrics_dict(metrics) -> dict:
@@ -82,6 +84,7 @@ class ChatController(QObject):
         self.pending = PendingSend(bridge, view, self._send_to, self)
         # MCP tool calls in turns (controllers.tool_turns.ToolTurns sets itself here).
         self.tools = None
+        self.json_mode = JsonModeController(self, view.json_button)
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
@@ -144,6 +147,7 @@ class ChatController(QObject):
             leaf = self.store.active_leaf(self.chat_id)
             self.view.show_items(self.branch_items(leaf) if leaf is not None else [])
         self.view.set_generating(self.is_generating(self.chat_id))
+        self.json_mode.refresh()
         self.update_gauge()
 
     def branch_items(self, leaf_id: int) -> list:
@@ -326,7 +330,8 @@ class ChatController(QObject):
             self.pending_group[chat_id] = replies[0].candidate_group
         self.streams[request_id] = Stream(request_id, chat_id, parent_id,
                                           [m.id for m in replies], [""] * len(replies),
-                                          time.monotonic(), plan.prompt_tokens)
+                                          time.monotonic(), plan.prompt_tokens,
+                                          reply_metrics(params))
         self._set_generating()
         if chat_id == self.chat_id:
             self.render()
@@ -363,7 +368,8 @@ class ChatController(QObject):
             calls = None
             if self.tools is not None:
                 text, calls = self.tools.reply(request_id, i, done.text if done else "", text)
-            self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason},
+            self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason,
+                                       **(stream.reply_metrics or {})},
                                       tool_calls=calls)
             if stream.chat_id == self.chat_id:
                 shown = self.store.get_message(mid)

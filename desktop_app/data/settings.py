@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
+from desktop_app.data import json_mode
 from desktop_app.data.context_policy import DEFAULT_POLICY, POLICIES
 from desktop_app.data.engine_settings import EngineSettings
 from desktop_app.data.servers import ServerEntry
@@ -64,6 +65,10 @@ class ChatSettings:
     # The MCP tools the model may call in this chat, by server name: None for all of the
     # server's tools, else the names chosen (mcp.toolset). Absent: the server is off.
     tools: dict[str, list[str] | None] = field(default_factory=dict)
+    # "Answer in JSON" (data.json_mode): the reply constrained to a JSON object, or to the
+    # schema in json_schema's text when it is not blank.
+    json_mode: bool = False
+    json_schema: str = ""
 
     def __post_init__(self) -> None:
         check = _checker("ChatSettings")
@@ -91,6 +96,10 @@ class ChatSettings:
             isinstance(k, str) and (v is None or (isinstance(v, list) and all(
                 isinstance(n, str) for n in v))) for k, v in self.tools.items()),
             "tools", self.tools, "an object of server names to null or lists of tool names")
+        check(isinstance(self.json_mode, bool), "json_mode", self.json_mode, "true or false")
+        check(isinstance(self.json_schema, str), "json_schema", self.json_schema, "a string")
+        if self.json_mode:
+            json_mode.parse_schema(self.json_schema)
 
     def to_sampling_params(self, n: int | None = None) -> SamplingParams:
         """Engine sampling params for one turn; n defaults to num_candidates."""
@@ -106,6 +115,7 @@ class ChatSettings:
             repetition_penalty=float(self.repetition_penalty),
             seed=self.seed,
             max_tokens=self.max_tokens,
+            response_format=json_mode.response_format(self.json_mode, self.json_schema),
         )
 
     def to_dict(self) -> dict[str, Any]:

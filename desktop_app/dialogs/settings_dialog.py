@@ -8,7 +8,6 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDialog,
-    QDialogButtonBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
@@ -30,6 +29,7 @@ from desktop_app.data.engine_settings import (
 from desktop_app.data.settings import MAX_CANDIDATES, THEMES, ChatSettings
 from desktop_app.dialogs.tools_settings import ToolsSettingsPage
 from desktop_app.services.devices import device_choices
+from desktop_app.widgets.dialog_parts import error_label, ok_cancel
 from engine.runner.kv_cache import CONCURRENT_CONTEXTS, DEFAULT_KV_BUDGET_BYTES
 
 MAX_SEED = 2**31 - 1
@@ -274,14 +274,8 @@ class SettingsDialog(QDialog):
         self.theme.setCurrentIndex(max(0, self.theme.findData(theme)))
         theme_row = QFormLayout()
         theme_row.addRow("Theme", self.theme)
-        self.error_label = QLabel("")
-        self.error_label.setObjectName("settingsError")
-        self.error_label.setWordWrap(True)
-        self.error_label.setVisible(False)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
-                                   | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        self.error_label = error_label("settingsError")
+        buttons = ok_cancel(self)
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
         layout.addLayout(theme_row)

@@ -19,6 +19,7 @@ import time
 
 import openai
 
+from desktop_app.data.json_mode import openai_response_format
 from desktop_app.services.remote_client import describe_failure
 from engine.outputs import (
     CompletionOutput,
@@ -48,6 +49,8 @@ def request_body(model: str, messages: list[dict], params, n: int, seed: int | N
         body["seed"] = seed
     if params.stop:
         body["stop"] = list(params.stop)
+    if params.response_format is not None:
+        body["response_format"] = openai_response_format(params.response_format)
     extra = {}
     if params.top_k:
         extra["top_k"] = params.top_k

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from desktop_app.widgets import theme
 from desktop_app.widgets.candidates import CandidateGroup
+from desktop_app.widgets.json_mode import JsonModeButton
 from desktop_app.widgets.message_widget import MessageWidget
 from desktop_app.widgets.pending_note import PendingNote
 
@@ -142,6 +143,8 @@ class ConversationView(QWidget):
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.regenerate_button)
+        self.json_button = JsonModeButton()  # desktop_app/controllers/json_mode.py drives it
+        buttons.addWidget(self.json_button)
         buttons.addStretch(1)
         bottom.addLayout(buttons)
 

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop_app.data.json_mode import reply_label
 from desktop_app.widgets import theme
 from desktop_app.widgets.candidates import footer_line
 from desktop_app.widgets.markdown import MarkdownView
@@ -127,7 +128,7 @@ class MessageWidget(QFrame):
         if self.role != "assistant":
             self.metrics_label.setVisible(False)
             return
-        line = footer_line(metrics, status)
+        line = " · ".join(p for p in (reply_label(metrics), footer_line(metrics, status)) if p)
         self.metrics_label.setText(line)
         self.metrics_label.setVisible(bool(line))
 

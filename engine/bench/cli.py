@@ -21,6 +21,9 @@ threads, in one run:
 - ``sizes``: synthetic 1B-, 3B- and 8B-shaped Q4_K_M files (``--sizes``), each side in a
   fresh process per size: load time, TTFT of a 512-token prompt and of a follow-up turn,
   decode tok/s and peak RSS, Folio next to llama.cpp.
+- ``structured``: decode tok/s with a JSON-schema mask against without, a 20-field
+  schema's mask compile time (first use, cached), and an agent's tool round trip through
+  the API (its second request's cached tokens).
 - ``all``: every one of the above, then the issue's targets in one table (``targets.py``);
   ``kernels``: the attention and quantized kernels (CUDA).
 
@@ -47,6 +50,7 @@ from engine.bench.scheduler import bench_scheduler
 from engine.bench.serve import bench_serve
 from engine.bench.setup import BenchContext, BenchSettings, check_sizes
 from engine.bench.sizes import bench_sizes
+from engine.bench.structured import bench_structured
 from engine.bench.targets import format_targets, llama_cpp_installed, targets_table
 from engine.bench.waste import bench_waste
 
@@ -62,6 +66,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "memory": bench_memory,
     "8b": bench_8b,
     "sizes": bench_sizes,
+    "structured": bench_structured,
 }
 
 EPILOG = """workloads:
@@ -76,6 +81,8 @@ EPILOG = """workloads:
   8b          synthetic 8B Q4_K_M (written once to the cache): loads? decode tok/s
   sizes       synthetic 1B / 3B / 8B Q4_K_M (--sizes 1b,3b,8b), a fresh process per side:
               load, TTFT (512-token prompt, follow-up turn), decode tok/s, peak RSS
+  structured  decode tok/s with a JSON-schema mask / without, mask compile time (first
+              use, cached), a tool round trip's cached tokens through the API
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
 llama.cpp joins chat, decode, memory, 8b and sizes when llama-cpp-python is installed

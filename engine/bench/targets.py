@@ -17,6 +17,12 @@ from engine.bench.decode import llama_decode_target, llama_ttft_target
 from engine.bench.eight_b import DECODE_TARGET, LOADS_TARGET
 from engine.bench.memory import RSS_TARGET, WEIGHTS_TARGET
 from engine.bench.sizes import BARS, size_target
+from engine.bench.structured import (
+    CACHED_TARGET,
+    FIRST_TARGET,
+    MASK_TARGET,
+    ROUND_TRIP_TARGET,
+)
 
 LLAMA_MISSING = "n/a: llama.cpp not installed"
 
@@ -59,6 +65,14 @@ ISSUE_TARGETS = (
                 "Folio n=4 wall / n=1 wall", False),
     IssueTarget("chat turn-8 TTFT, transformers recomputing / Folio", "chat",
                 recompute_target(8), False),
+    IssueTarget("decode tok/s with a JSON-schema mask / without, starter", "structured",
+                MASK_TARGET, False),
+    IssueTarget("mask compile time for a 20-field schema, first use (ms)", "structured",
+                FIRST_TARGET, False),
+    IssueTarget("mask compile time for a 20-field schema, cached (ms)", "structured",
+                CACHED_TARGET, False),
+    IssueTarget("tool round trip through the API, second request's cached tokens / first "
+                "request's prompt + reply", "structured", ROUND_TRIP_TARGET, False),
     *SIZE_TARGETS,
 )
 

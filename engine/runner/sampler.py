@@ -1,6 +1,8 @@
 """Batched logits processing and sampling with per-row seeded generators.
 
-Order of the processors, as in transformers: repetition penalty, temperature, top-k,
+A row constrained by a grammar (structured output) first has every token its mask
+forbids set to -inf, so no processor after it can bring one back. Order of the
+processors, as in transformers: repetition penalty, temperature, top-k,
 top-p, min-p, then one inverse-CDF draw. Every filter is a per-row threshold applied in
 token-id order (never a position in a sorted list), and every row draws exactly one
 uniform number from its own generator per step, so a row's token does not depend on the
@@ -32,6 +34,7 @@ class SamplingRow:
     params: SamplingParams
     generator: torch.Generator | None  # None: the global torch generator
     token_ids: Sequence[int]  # prompt + output so far, for the repetition penalty
+    allowed: torch.Tensor | None = None  # bool [vocab]: the tokens a grammar allows
 
 
 def make_generator(
@@ -89,6 +92,7 @@ def _process(
         raise ValueError(
             f"logits must be [len(rows), vocab]; got {tuple(logits.shape)} for {len(rows)} rows"
         )
+    logits = _masked(logits, rows)
     greedy, sampled = _split(rows)
     greedy_tokens: list[int] = []
     probs = logits.new_empty((0, logits.shape[1]), dtype=torch.float32)
@@ -99,6 +103,24 @@ def _process(
         subset = [rows[i] for i in sampled]
         probs = _filtered_probs(_penalized(logits, sampled, subset), subset)
     return greedy, greedy_tokens, sampled, probs
+
+
+def _masked(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """The logits with each constrained row's forbidden tokens at -inf (a copy: the
+    caller's logits, which log-probabilities read, are never written)."""
+    constrained = [i for i, row in enumerate(rows) if row.allowed is not None]
+    if not constrained:
+        return logits
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        # numpy's single-threaded copy and fill: torch would wake its thread pool for each.
+        values = logits.detach().numpy().copy()
+        for i in constrained:
+            np.putmask(values[i], ~rows[i].allowed.numpy(), -np.inf)
+        return torch.from_numpy(values)
+    allowed = torch.stack([rows[i].allowed for i in constrained]).to(logits.device)
+    logits = logits.clone()
+    logits[constrained] = logits[constrained].masked_fill(~allowed, float("-inf"))
+    return logits
 
 
 def _split(rows: Sequence[SamplingRow]) -> tuple[list[int], list[int]]:

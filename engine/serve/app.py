@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from engine.grammar import GrammarError
 from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from engine.serve import responses
 from engine.serve.errors import APIError, install_error_handlers
@@ -33,9 +34,12 @@ from engine.serve.protocol import (
     SamplingFields,
     UnsupportedField,
 )
+from engine.serve.reply_tokens import ReplyTokens
 from engine.serve.streaming import RequestStream
 from engine.serve.tool_prompt import ModelTools, tool_prompt
 from engine.serve.tool_replies import ToolReplies
+from engine.tools.constrained import SchemaCallParser
+from engine.tools.parser import ToolParser
 from engine.worker import EngineWorker
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -75,6 +79,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
     metrics = ServerMetrics(worker)
     texts = TokenTexts(llm.tokenizer)  # read on the first request with logprobs
     model_tools = ModelTools.of(llm)
+    reply_tokens = ReplyTokens()
     app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: a foreign Host is refused before the body is read.
@@ -112,23 +117,52 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             tools = body.tool_request()
         except InvalidField as exc:
             raise _invalid(exc) from exc
+        if params.response_format is not None and tools.active:
+            raise APIError(400, "response_format: a reply constrained to JSON cannot also "
+                           "call tools; set tool_choice 'none' or drop response_format",
+                           "invalid_value", "response_format")
         if not tools.tools and not body.has_tool_history:
+            await _check_format(params.response_format, "response_format")
             return await _complete(body, body.engine_messages(), params, "chat", request)
         try:
             # Off the event loop: a long history takes a while to render and tokenize.
             prompt = await asyncio.to_thread(tool_prompt, model_tools, tools,
-                                             body.engine_messages(), llm.tokenizer)
+                                             body.engine_messages(), llm.tokenizer,
+                                             reply_tokens)
         except InvalidField as exc:
             raise _invalid(exc) from exc
         prompt.adjust(params)
-        replies = None if prompt.fmt is None else ToolReplies(prompt.fmt, prompt.prefix,
-                                                               prompt.max_calls, body.n)
+        replies = None
+        if prompt.fmt is not None:
+            fmt, max_calls = prompt.fmt, prompt.max_calls
+            replies = ToolReplies(lambda: ToolParser(fmt, max_calls), prompt.prefix, body.n)
+        elif prompt.call_format is not None:
+            params.response_format = prompt.call_format
+            replies = ToolReplies(SchemaCallParser, n=body.n)
+        await _check_format(params.response_format, "tools" if prompt.call_format else
+                            "response_format")
         return await _complete(body, prompt.ids, params, "chat", request, replies)
+
+    async def _check_format(fmt, field: str) -> None:
+        """Compiled here, off the event loop, so a schema the engine cannot enforce is a
+        400 naming its construct before anything is queued (and the engine's compile of
+        it, a cache hit)."""
+        if fmt is None:
+            return
+        try:
+            await asyncio.to_thread(llm.engine.grammars.compile, fmt)
+        except GrammarError as exc:
+            raise APIError(400, f"{field}: {exc}", "invalid_value", field) from exc
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         params = _params(body, llm, COMPLETIONS_DEFAULT_MAX_TOKENS)
         return await _complete(body, body.prompt, params, "text", request)
+
+    def finished(kind: str, output) -> None:
+        metrics.finished(kind, output)
+        if kind == "chat":
+            reply_tokens.remember(output)
 
     async def _complete(body, prompt, params, kind: str, request: Request,
                         replies: ToolReplies | None = None) -> Response:
@@ -158,7 +192,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             # The streaming response watches the connection itself.
             watch.close()
             return responses.EventStream(stream, first, shape, body.include_usage,
-                                         lambda out: metrics.finished(kind, out), metrics,
+                                         lambda out: finished(kind, out), metrics,
                                          texts, replies)
         metrics.running += 1
         try:
@@ -167,7 +201,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             metrics.running -= 1
             watch.close()
             await stream.__aexit__(None, None, None)
-        metrics.finished(kind, output)
+        finished(kind, output)
         return JSONResponse(responses.completion_body(shape, output, texts, replies))
 
     return app

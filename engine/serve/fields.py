@@ -3,9 +3,8 @@
 A client must never get a 200 whose reply ignored what it asked for (JSON, a tool call, a
 biased token): each field is honoured; or ignored, only where ignoring it changes neither
 the reply nor anything the client was promised; or refused with a 400 naming it when set
-to anything but what Folio does anyway (``response_format: {"type": "text"}`` passes, JSON
-mode does not). A field no one defines is refused the same way (``protocol.py`` forbids
-extra fields).
+to anything but what Folio does anyway (``logit_bias: {}`` passes, a bias does not).
+A field no one defines is refused the same way (``protocol.py`` forbids extra fields).
 """
 
 from __future__ import annotations
@@ -41,7 +40,8 @@ def _one_of(*allowed: Any) -> Callable[[Any], bool]:
 # Fields whose value Folio follows (protocol.py maps them to SamplingParams).
 HONOURED_CHAT = ("model", "messages", "n", "temperature", "top_p", "max_tokens",
                  "max_completion_tokens", "stop", "seed", "stream", "stream_options",
-                 "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls")
+                 "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+                 "response_format")
 HONOURED_TEXT = ("model", "prompt", "n", "temperature", "top_p", "max_tokens", "stop",
                  "seed", "stream", "stream_options", "logprobs")
 # vLLM's names for what SamplingParams has beyond OpenAI's fields.
@@ -60,8 +60,6 @@ _SHARED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "logit_bias": (_empty, "token biases are not applied"),
 }
 DEFAULT_ONLY_CHAT: dict[str, tuple[Callable[[Any], bool], str]] = _SHARED | {
-    "response_format": (_one_of({"type": "text"}), "replies are plain text (structured "
-                        "output is not implemented)"),
     "functions": (_empty, "the deprecated functions API is not implemented; use tools"),
     "function_call": (_one_of("none"), "the deprecated functions API is not implemented; "
                       "use tool_choice"),

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.serve import fields
 from engine.serve.fields import UnsupportedField
+from engine.serve.response_format import response_format
 from engine.serve.tool_fields import (
     InvalidField,
     ToolRequest,
@@ -148,9 +149,10 @@ class ChatCompletionRequest(SamplingFields):
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
+    # Checked by response_format.py, which names the bad part.
+    response_format: Any = None
     # Refused unless left at what Folio does (fields.DEFAULT_ONLY_CHAT); typed loosely so
     # that a value in any shape is refused by name, not mistyped.
-    response_format: Any = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -185,7 +187,9 @@ class ChatCompletionRequest(SamplingFields):
         for i, message in enumerate(self.messages):
             message.check(i)
         check_results_answer_calls(self.messages)
-        return super().sampling_params(max_tokens_default)
+        params = super().sampling_params(max_tokens_default)
+        params.response_format = response_format(self.response_format)
+        return params
 
     def tool_request(self) -> ToolRequest:
         """The request's tools and how they may be called; InvalidField names a bad one."""

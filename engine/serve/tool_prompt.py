@@ -4,8 +4,11 @@
 this chat template (``engine/tools/registry.py``), and what the template can show.
 ``tool_prompt`` checks a request against it, renders tools, calls and results through the
 template, and starts the reply with the format's call marker when the client requires a
-call (``tool_choice: "required"`` or a named function). That start is all Folio can do
-without constrained decoding: the model writes the call, unconstrained by the schemas.
+call (``tool_choice: "required"`` or a named function); the call's arguments are the
+model's, unconstrained by the schemas. A family without a call format is made to call by
+structured output instead: the reply is constrained to ``{"name", "arguments"}`` of the
+tools (``engine/tools/constrained.py``), and where its template has no place for tools,
+they, the earlier calls and their results are written into the conversation as text.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.models.registry import family_of
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import ResponseFormat, SamplingParams
+from engine.serve.reply_tokens import ReplyTokens
 from engine.serve.tool_fields import InvalidField, ToolRequest
+from engine.tools.constrained import call_schema, shown_as_text
 from engine.tools.format import ToolFormat
 from engine.tools.registry import tool_format
 from engine.tools.template import TemplateToolError, TemplateTools, prepare
@@ -46,6 +51,8 @@ class ToolPrompt:
     prefix: str  # what the reply was started with, read as its first text
     max_calls: int | None
     stop_ids: tuple[int, ...] = ()
+    # A family without a call format, made to call: its reply constrained to one call.
+    call_format: ResponseFormat | None = None
 
     def adjust(self, params: SamplingParams) -> None:
         """What reading calls needs of sampling: marker tokens kept in the text (many are
@@ -57,15 +64,12 @@ class ToolPrompt:
 
 
 def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
-                tokenizer) -> ToolPrompt:
-    """Prompt ids; InvalidField naming what the model or its template cannot take."""
+                tokenizer, replies: ReplyTokens | None = None) -> ToolPrompt:
+    """Prompt ids; InvalidField naming what the model or its template cannot take.
+    ``replies``: earlier replies' ids, spliced where calls are shown as their text."""
     forced = request.choice in ("required", "function")
-    if forced and model.fmt is None:
-        what = "'required'" if request.choice == "required" else "a named function"
-        raise InvalidField("tool_choice", f"tool_choice: {what} needs a tool call, and this "
-                           "model's family has no tool-call format Folio reads; a reply "
-                           "constrained to the tools' schemas needs structured output, not "
-                           "yet supported. Use tool_choice 'auto' or 'none'")
+    if model.fmt is None and (forced or not model.template.takes_tools):
+        return _constrained_prompt(model, request, messages, tokenizer, forced, replies)
     tools = request.tools if request.active else None
     try:
         prepared = prepare(messages, tools, model.fmt, model.template)
@@ -82,6 +86,31 @@ def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
     fmt = model.fmt if request.active else None
     return ToolPrompt(ids, fmt, prefix, None if request.parallel else 1,
                       _stop_ids(fmt, tokenizer))
+
+
+def _constrained_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
+                        tokenizer, forced: bool, replies: ReplyTokens | None) -> ToolPrompt:
+    """A family without a call format: the template shows the tools where it can, else
+    they go into the conversation as text; a forced call is a constrained reply."""
+    tools = request.tools if request.active else None
+    if model.template.takes_tools:
+        try:
+            prepared = prepare(messages, tools, None, model.template)
+        except TemplateToolError as exc:
+            raise InvalidField(exc.field, str(exc)) from exc
+    else:
+        prepared, tools = shown_as_text(messages, request.tools), None
+        if replies is not None:
+            prepared = replies.attach(prepared)
+    try:
+        ids = tokenizer.encode_chat(prepared, tools=tools)
+    except (ValueError, TypeError) as exc:
+        raise InvalidField("messages", str(exc)) from exc
+    fmt = None
+    if forced:
+        schema = call_schema(request.tools, request.function)
+        fmt = ResponseFormat("json_schema", schema, "tool_call")
+    return ToolPrompt(ids, None, "", 1, (), fmt)
 
 
 def _stop_ids(fmt: ToolFormat | None, tokenizer) -> tuple[int, ...]:

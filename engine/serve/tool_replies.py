@@ -1,8 +1,10 @@
 """Replies read for tool calls, in OpenAI's chat shapes.
 
-Each candidate gets its own ``ToolParser``, fed the reply's forced start (``tool_prompt``)
-and then its text. Streamed, each parser event becomes one ``delta``: ``content`` text,
-a call's ``{"index", "id", "type", "function": {"name", "arguments": ""}}``, then
+Each candidate gets its own parser (``make_parser``: the family's ``ToolParser``, or a
+``SchemaCallParser`` for a reply constrained to the tools' schemas), fed the reply's
+forced start (``tool_prompt``) and then its text. Streamed, each parser event becomes
+one ``delta``: ``content`` text, a call's
+``{"index", "id", "type", "function": {"name", "arguments": ""}}``, then
 ``{"index", "function": {"arguments": piece}}``, which the openai client adds up to the
 call. Not streamed, the same events make ``message.content`` and ``message.tool_calls``,
 so both ways give the same reply. A reply with calls finishes ``"tool_calls"``. With
@@ -12,9 +14,13 @@ candidate got there, and the server stops generating.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from engine.tools.constrained import SchemaCallParser
 from engine.tools.events import CallArguments, CallStart, TextDelta, ToolEvent, assemble
-from engine.tools.format import ToolFormat
 from engine.tools.parser import ToolParser
+
+Parser = ToolParser | SchemaCallParser
 
 
 def delta(event: ToolEvent) -> dict:
@@ -28,14 +34,13 @@ def delta(event: ToolEvent) -> dict:
 
 
 class ToolReplies:
-    def __init__(self, fmt: ToolFormat, prefix: str = "", max_calls: int | None = None,
-                 n: int = 1) -> None:
-        self._fmt, self._prefix, self._max_calls, self._n = fmt, prefix, max_calls, n
-        self._parsers: dict[int, ToolParser] = {}
+    def __init__(self, make_parser: Callable[[], Parser], prefix: str = "", n: int = 1) -> None:
+        self._make_parser, self._prefix, self._n = make_parser, prefix, n
+        self._parsers: dict[int, Parser] = {}
 
     def again(self) -> ToolReplies:
         """A fresh reader of the same replies."""
-        return ToolReplies(self._fmt, self._prefix, self._max_calls, self._n)
+        return ToolReplies(self._make_parser, self._prefix, self._n)
 
     @property
     def all_done(self) -> bool:
@@ -46,7 +51,7 @@ class ToolReplies:
     def _feed(self, index: int, text: str) -> list[ToolEvent]:
         parser = self._parsers.get(index)
         if parser is None:
-            parser = self._parsers[index] = ToolParser(self._fmt, self._max_calls)
+            parser = self._parsers[index] = self._make_parser()
             text = self._prefix + text
         return parser.feed(text)
 

@@ -38,7 +38,8 @@ def ctx(tiny_dir):
         model=str(tiny_dir), threads=1, turns=2, chat_repeats=2, user_tokens=12, reply_tokens=6,
         candidate_prompt_tokens=48, candidate_tokens=6, candidate_ns=(1, 2, 4),
         decode_contexts=(16, 128), decode_tokens=5, decode_rounds=2, concurrent_chats=3,
-        serve_clients=4, serve_turns=3, kv_blocks=256,
+        serve_clients=4, serve_turns=3, kv_blocks=256, structured_rounds=2,
+        structured_tokens=8,
     )
     yield BenchContext.create(settings)
     torch.set_num_threads(threads)
@@ -138,6 +139,21 @@ def test_serve_runs_clients_at_once_and_a_chat_through_the_api(ctx):
     assert _targets(result) == ["4 clients / 1 client total tokens/s",
                                 "p95 TTFT with 4 clients (s)",
                                 "API chat turn-3 TTFT / turn-1 TTFT"]
+
+
+def test_structured_measures_the_mask_compiles_and_a_tool_round_trip(ctx):
+    from engine.bench.structured import bench_structured
+
+    result = bench_structured(ctx)
+    masked, free, first, cached, trip = result["rows"]
+    assert masked["tok_s"] > 0 and free["tok_s"] > 0
+    assert first["ms"] > 0 and cached["ms"] >= 0
+    assert 0 < trip["cached_tokens"] <= trip["first_tokens"]
+    assert all(1 <= n <= 8 for n in result["summary"]["constrained_reply_tokens"])
+    assert _targets(result) == [
+        "decode tok/s with a JSON-schema mask / without",
+        "mask compile ms, 20-field schema, first use", "mask compile ms, 20-field schema, cached",
+        "tool round trip cached tokens / first request's prompt + reply"]
 
 
 def test_waste_is_sampled_on_every_step_with_blocks(ctx):

@@ -8,6 +8,12 @@ from engine.bench.decode import llama_decode_target, llama_ttft_target
 from engine.bench.eight_b import DECODE_TARGET, LOADS_TARGET
 from engine.bench.memory import RSS_TARGET, WEIGHTS_TARGET
 from engine.bench.setup import Target
+from engine.bench.structured import (
+    CACHED_TARGET,
+    FIRST_TARGET,
+    MASK_TARGET,
+    ROUND_TRIP_TARGET,
+)
 from engine.bench.targets import (
     ISSUE_TARGETS,
     LLAMA_MISSING,
@@ -37,11 +43,16 @@ def test_every_issue_row_is_reported_met_or_not_met():
         "candidates": _result(Target("Folio n=4 wall / n=1 wall", 1.39, 1.4, "<=")),
         "chat": _result(Target(recompute_target(8), 9.0, 10.0, ">=")),
         "sizes": _result(*(Target(spec.name, 1.0, 1.1, ">=") for spec in SIZE_TARGETS)),
+        "structured": _result(Target(MASK_TARGET, 0.95, 0.9, ">="),
+                              Target(FIRST_TARGET, 250.0, 200.0, "<="),
+                              Target(CACHED_TARGET, 0.1, 5.0, "<="),
+                              Target(ROUND_TRIP_TARGET, 0.94, 0.9, ">=")),
     }
     rows = targets_table(results, llama_installed=True)
-    assert len(rows) == len(ISSUE_TARGETS) == 9 + len(SIZE_TARGETS)
+    assert len(rows) == len(ISSUE_TARGETS) == 13 + len(SIZE_TARGETS)
     assert [row["status"] for row in rows] == ["met", "not met", "met", "not met", "met",
-                                               "met", "not met", "met", "not met"] + [
+                                               "met", "not met", "met", "not met", "met",
+                                               "not met", "met", "met"] + [
         "not met"] * len(SIZE_TARGETS)
     assert rows[0]["value"] == "1.1" and rows[0]["want"] == ">= 1"
     assert rows[3]["want"] == "<= 2"

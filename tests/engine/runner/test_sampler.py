@@ -265,3 +265,23 @@ def test_bad_inputs_name_what_is_wrong() -> None:
         sampler(torch.zeros(2, 5), [row()])
     with pytest.raises(ValueError, match="candidate_index"):
         make_generator(1, -1)
+
+
+def test_a_mask_forbids_tokens_in_its_row_only_and_leaves_the_logits_unwritten() -> None:
+    logits = torch.tensor([[5.0, 1.0, 0.0, 2.0], [5.0, 1.0, 0.0, 2.0]])
+    before = logits.clone()
+    allowed = torch.tensor([False, True, False, True])
+    masked = SamplingRow(SamplingParams(temperature=0), None, [], allowed)
+    free = SamplingRow(SamplingParams(temperature=0), None, [])
+    assert sampler(logits, [masked, free]) == [3, 0]
+    assert sampler(logits.double(), [masked, free]) == [3, 0]  # the torch path (not numpy's)
+    sampled = SamplingRow(SamplingParams(temperature=1.0), make_generator(3, 0), [], allowed)
+    probs = sampler.probabilities(logits, [sampled, free])
+    assert torch.equal(logits, before)
+    assert probs[0, 0] == 0 and probs[0, 2] == 0
+    assert probs[0, 1:].tolist() == pytest.approx(
+        torch.softmax(torch.tensor([1.0, -math.inf, 2.0]), -1).tolist())
+    assert probs[1].tolist() == [1.0, 0.0, 0.0, 0.0]
+    draws = {sampler(logits[:1], [SamplingRow(SamplingParams(temperature=2.0), make_generator(
+        s, 0), [], allowed)])[0] for s in range(40)}
+    assert draws == {1, 3}

@@ -56,7 +56,7 @@ def test_bad_sampling_values_are_422_naming_the_field(tiny_served, field, value)
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tools", [{"type": "function", "function": {"name": "f", "strict": True}}]),
     ("presence_penalty", 0.5), ("frequency_penalty", 1.0),
 ])
 def test_unsupported_fields_are_400_not_ignored(tiny_served, field, value):

@@ -5,6 +5,8 @@ them must be refused too (a field no one classified is a field Folio does not do
 
 from __future__ import annotations
 
+import json
+
 import httpx2 as httpx
 import pytest
 
@@ -38,7 +40,9 @@ CHAT = {
     "frequency_penalty": (0.5, REFUSED, None),
     "presence_penalty": (0.5, REFUSED, None),
     "logit_bias": ({"50": 100}, REFUSED, None),
-    "response_format": ({"type": "json_object"}, REFUSED, None),
+    "response_format": ({"type": "json_schema", "json_schema": {
+        "name": "pick", "schema": {"enum": ["y", "n"]}}}, HONOURED,
+        lambda body: json.loads(body["choices"][0]["message"]["content"]) in ("y", "n")),
     # On a model whose template takes tools (the tiny ChatML one has no place for them).
     "tools": ([TOOL], HONOURED, lambda body: body["choices"][0]["message"]["role"]),
     "tool_choice": ("required", HONOURED, None),
