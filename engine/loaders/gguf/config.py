@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.loaders.base import FolioLoadError
-from engine.models import GGUF_ARCHITECTURES, gguf_family
+from engine.models import GGUF_ARCHITECTURES, gguf_file_family
 from engine.models.gemma import FULL, SLIDING
 from engine.models.spec import head_dim_of
 
@@ -45,7 +45,7 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
     None when they were not read (the catalog, which wants sizes only): rope scaling that
     lives in tensors is then left out."""
     arch = metadata.get("general.architecture")
-    family = gguf_family(arch)
+    family = gguf_file_family(metadata)
     if family is None:
         raise FolioLoadError(f"{where}: architecture {arch!r} is not supported; Folio runs "
                              f"these GGUF architectures: {', '.join(GGUF_ARCHITECTURES)}")

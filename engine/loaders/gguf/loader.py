@@ -37,7 +37,7 @@ from engine.loaders.base import (
 )
 from engine.loaders.gguf.config import config_tensor_names, gguf_config_dict
 from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
-from engine.models import ModelFamily, gguf_family
+from engine.models import ModelFamily, gguf_file_family
 from engine.models.registry import GGUF_LLAMA_BLOCK_NAMES
 from kernels.quant.formats import QuantizedTensor, quant_format
 
@@ -166,7 +166,7 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
                 raise FolioLoadError(f"{path}: truncated (tensor {tensor.name} ends past the "
                                      "end of the file); download it again")
             directory.append((tensor.name, tensor.shape, tensor.qtype, tensor.offset, n_bytes))
-        family = gguf_family(metadata.get("general.architecture"))
+        family = gguf_file_family(metadata)
         config_names = () if family is None else config_tensor_names(family.model_type)
         config_tensors = {
             entry[0]: np.array(_dequantize_at(np.memmap(path, dtype=np.uint8, mode="r"),

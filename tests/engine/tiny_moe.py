@@ -1,0 +1,60 @@
+"""Tiny random mixture-of-experts models of each family Folio runs (OLMoE, Qwen3-MoE,
+Mixtral), as transformers builds them: 8 experts, 2 per token, weights large enough that
+logits are peaked (greedy decoding is then not decided by float noise)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import transformers
+
+FAMILIES = ("olmoe", "qwen3_moe", "mixtral")
+
+_COMMON: dict[str, Any] = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    rms_norm_eps=1e-6, rope_theta=10000.0, bos_token_id=None, eos_token_id=None,
+    pad_token_id=None, num_experts_per_tok=2,
+)
+_FIELDS: dict[str, tuple[str, dict[str, Any]]] = {
+    # OLMoE-1B-7B's shape of options: raw top-k probabilities, q/k norms over the whole
+    # projections; a clamp low enough to bite.
+    "olmoe": ("Olmoe", dict(num_experts=8, norm_topk_prob=False, clip_qkv=2.0)),
+    # Qwen3-30B-A3B's: per-head q/k norms, head_dim != hidden / heads, normalised top k;
+    # layer 1 dense, as mlp_only_layers makes it.
+    "qwen3_moe": ("Qwen3Moe", dict(num_experts=8, moe_intermediate_size=32, head_dim=32,
+                                   norm_topk_prob=True, mlp_only_layers=[1])),
+    "mixtral": ("Mixtral", dict(num_local_experts=8, sliding_window=None)),
+}
+
+
+def moe_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
+    prefix, fields = _FIELDS[family]
+    config = getattr(transformers, f"{prefix}Config")(**{**_COMMON, **fields, **overrides})
+    config.architectures = [f"{prefix}ForCausalLM"]
+    config._attn_implementation = "eager"
+    return config
+
+
+def moe_model(family: str, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
+    config = moe_config(family, **overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, config.architectures[0])(config).eval()
+    randomize(model, seed)
+    return model
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * noise)
+            elif param.dim() == 1:
+                param.copy_(0.2 * noise)
+            elif name.endswith("embed_tokens.weight") or name == "lm_head.weight":
+                param.copy_(noise)
+            else:  # the last dim is the input of every matrix, 3-D experts included
+                param.copy_(noise * param.shape[-1] ** -0.5)
