@@ -58,3 +58,30 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(noise)
             else:  # the last dim is the input of every matrix, 3-D experts included
                 param.copy_(noise * param.shape[-1] ** -0.5)
+
+
+# The byte-level vocabulary of tests/engine/tiny_models.py, and rows of whole Q8_0 blocks
+# (32 values) for the GGUF files.
+BYTE_SIZES: dict[str, Any] = dict(vocab_size=259, intermediate_size=64, bos_token_id=256,
+                                  eos_token_id=258, pad_token_id=256,
+                                  max_position_embeddings=1024)
+
+
+def byte_moe_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
+    """`family` with the byte-level tokenizer's vocabulary (no dense layer for Qwen3-MoE:
+    GGUF files hold none)."""
+    fields = {**BYTE_SIZES, **({"mlp_only_layers": []} if family == "qwen3_moe" else {})}
+    return moe_config(family, **{**fields, **overrides})
+
+
+def save_moe_model(path, family: str, seed: int = 0, **overrides: Any):
+    """A random `family` folder (config, safetensors, the byte-level tokenizer)."""
+    from tests.engine.tiny_models import byte_level_tokenizer
+
+    config = byte_moe_config(family, **overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, config.architectures[0])(config).eval()
+    randomize(model, seed)
+    model.save_pretrained(path)
+    byte_level_tokenizer().save_pretrained(path)
+    return model

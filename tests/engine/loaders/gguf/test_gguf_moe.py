@@ -30,20 +30,13 @@ from tests.engine.loaders.gguf.test_gguf_families import (
     put,
 )
 from tests.engine.loaders.gguf.test_gguf_loader import llama_cpp_permute
-from tests.engine.tiny_models import byte_level_tokenizer
-from tests.engine.tiny_moe import moe_config, randomize
+from tests.engine.tiny_moe import FAMILIES, byte_moe_config, save_moe_model
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 GGUF_ARCH = {"olmoe": "olmoe", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
-# Byte-level vocabulary and rows of whole Q8_0 blocks (32 values).
-SIZES = dict(vocab_size=259, intermediate_size=64, bos_token_id=256, eos_token_id=258,
-             pad_token_id=256, max_position_embeddings=128)
-CONFIGS = {
-    "olmoe": lambda: moe_config("olmoe", **SIZES),
-    "qwen3_moe": lambda: moe_config("qwen3_moe", **SIZES, mlp_only_layers=[]),
-    "mixtral": lambda: moe_config("mixtral", **SIZES),
-}
+CONFIGS = {family: lambda family=family: byte_moe_config(family, max_position_embeddings=128)
+           for family in FAMILIES}
 _ATTN = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
          "q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
 
@@ -136,15 +129,8 @@ def cache_dir(tmp_path, monkeypatch) -> Path:
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def converted(request, tmp_path_factory, build_attention_metadata):
     family = request.param
-    config = CONFIGS[family]()
-    import transformers
-
-    torch.manual_seed(0)
-    hf = getattr(transformers, config.architectures[0])(config).eval()
-    randomize(hf, 0)
     folder = tmp_path_factory.mktemp(family)
-    hf.save_pretrained(folder)
-    byte_level_tokenizer().save_pretrained(folder)
+    hf = save_moe_model(folder, family, max_position_embeddings=128)
     reference = load_model_files(folder)
     logits, spec = prefill_logits(reference.config, reference.weights, build_attention_metadata)
     state = {name: t.detach().clone() for name, t in hf.state_dict().items()}
