@@ -18,7 +18,8 @@ and `load_weights` takes those too, split per expert.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
@@ -69,33 +70,6 @@ class MoESpec(DecoderSpec):
     @property
     def moe(self) -> MoETraits:
         return MOE_TRAITS[self.architecture]
-
-    def active_parameters(self) -> int:
-        """Parameters one token reads: every weight but the experts it was not routed to."""
-        return self.total_parameters() - self._sparse_layers() * (
-            self.num_experts - self.top_k) * self._expert_parameters()
-
-    def total_parameters(self) -> int:
-        hidden, layers = self.hidden_size, self.num_layers
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = hidden * (2 * q + 2 * kv) + 2 * hidden  # with the layer's two norms
-        attention += (q + 2 * kv) * self.qkv_bias + hidden * self.o_bias
-        if self.moe.full_qk_norm:
-            attention += q + kv
-        elif self.qk_norm:
-            attention += 2 * self.head_dim
-        dense = 3 * hidden * self.intermediate_size
-        sparse = self.num_experts * (self._expert_parameters() + hidden)
-        embeddings = self.vocab_size * hidden * (1 if self.tie_word_embeddings else 2)
-        embeddings += hidden  # the final norm
-        return (layers * attention + len(self.dense_layers) * dense
-                + self._sparse_layers() * sparse + embeddings)
-
-    def _expert_parameters(self) -> int:
-        return 3 * self.hidden_size * self.expert_size
-
-    def _sparse_layers(self) -> int:
-        return self.num_layers - len(self.dense_layers)
 
 
 def moe_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> MoESpec:
@@ -261,3 +235,24 @@ class MoEForCausalLM(CausalLM):
 
 
 _FUSED = ("gate.weight", "experts.gate_up_proj", "experts.down_proj")
+# How the experts' matrices are named: one per expert in Hugging Face checkpoints
+# (model.layers.N.mlp.experts.E.*), one stacked tensor per layer in GGUF (blk.N.ffn_*_exps).
+_EXPERT_MARKERS = (".experts.", "_exps.")
+
+
+def active_parameters(shapes: Mapping[str, Sequence[int]],
+                      config: Mapping[str, Any]) -> int | None:
+    """The parameters one token reads, from a checkpoint's tensor shapes and its config
+    (as a dict): every tensor but the share of the experts a token is not routed to; None
+    when the config has no experts."""
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    top_k = config.get("num_experts_per_tok")
+    if not isinstance(experts, int) or not isinstance(top_k, int) or not 0 < top_k <= experts:
+        return None
+    total = routed = 0
+    for name, shape in shapes.items():
+        size = math.prod(shape)
+        total += size
+        if any(marker in name for marker in _EXPERT_MARKERS):
+            routed += size
+    return total - routed + routed * top_k // experts
