@@ -46,6 +46,8 @@ def memory_rows(mem) -> dict[str, str]:
     """Label texts for a MemoryStats snapshot, keyed by row name."""
     rows = {"device": mem.device, "weights": format_bytes(mem.weights_bytes),
             "kv_pool": format_bytes(mem.kv_pool_bytes)}
+    if mem.expert_bytes is not None:  # a mixture of experts
+        rows["experts"] = format_bytes(mem.expert_bytes)
     if mem.device_total_bytes is not None:  # a CUDA device
         used = mem.device_used_bytes or 0
         rows["total"] = format_bytes(mem.device_total_bytes)
@@ -190,7 +192,8 @@ class VramPanel(QScrollArea):
         layout.setSpacing(4)
         self._memory_form = self._section(layout, "Device memory", [
             ("device", "Device"), ("total", "Total"), ("used", "Used"), ("free", "Free"),
-            ("rss", "Process RSS"), ("weights", "Weights"), ("kv_pool", "KV pool"),
+            ("rss", "Process RSS"), ("weights", "Weights"), ("experts", "of which experts"),
+            ("kv_pool", "KV pool"),
             ("other", "Everything else")])
         self._section(layout, "KV cache pool", [
             ("blocks_used", "Blocks used"), ("blocks_shared", "Shared"),
@@ -310,6 +313,7 @@ class VramPanel(QScrollArea):
         for key in ("total", "used", "free"):
             self._memory_form.setRowVisible(self._values[key], cuda)
         self._memory_form.setRowVisible(self._values["rss"], not cuda)
+        self._memory_form.setRowVisible(self._values["experts"], "experts" in texts)
         room = headroom_tokens(kv, self.source.max_model_len, self.current_chat_tokens())
         texts["headroom"] = f"This chat can grow about {room} more tokens"
         per_chat = blocks_per_chat(kv, self._owner_name)

@@ -97,3 +97,10 @@ class SparseMoE(Layer):
                      if p.device.type != "meta")
         return params + sum(linear.derived_bytes for expert in self.experts
                             for linear in (expert.gate_up_proj, expert.down_proj))
+
+
+def expert_bytes(model: nn.Module) -> int | None:
+    """Bytes of every expert of `model` (the memory panel's figure), or None when it has
+    no mixture-of-experts layer."""
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    return sum(block.expert_bytes() for block in blocks) if blocks else None

@@ -206,11 +206,6 @@ class MoEForCausalLM(CausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         copy_checkpoint(self, self._per_expert(weights))
 
-    def expert_bytes(self) -> int:
-        """Bytes of every layer's experts, in whichever layout holds them."""
-        return sum(layer.mlp.expert_bytes() for layer in self.layers
-                   if isinstance(layer.mlp, SparseMoE))
-
     def _per_expert(self, weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
         """transformers 5's in-memory names (every expert in one 3-D tensor, the router
         under ``mlp``) as the files' names, one matrix per expert; others unchanged."""

@@ -18,6 +18,8 @@ class MemoryStats:
     device_used_bytes: int | None
     device_free_bytes: int | None
     process_rss_bytes: int
+    # A mixture of experts: the bytes of its experts, part of weights_bytes; None otherwise.
+    expert_bytes: int | None = None
 
     @property
     def other_bytes(self) -> int | None:
@@ -37,11 +39,11 @@ def process_rss_bytes() -> int:
 
 
 def memory_stats(device: torch.device, weights_bytes: int, kv_pool_bytes: int,
-                 label: str | None = None) -> MemoryStats:
+                 label: str | None = None, expert_bytes: int | None = None) -> MemoryStats:
     """`label` names the device for the memory panel; without it, torch's name."""
     total = used = free = None
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         used = total - free
     return MemoryStats(label or str(device), weights_bytes, kv_pool_bytes, total, used, free,
-                       process_rss_bytes())
+                       process_rss_bytes(), expert_bytes)

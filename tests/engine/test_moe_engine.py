@@ -77,3 +77,12 @@ def test_preemption_changes_no_token(source, num_host_blocks):
     got = [o.outputs[0].token_ids for o in tight.generate(PROMPTS, params)]
     assert tight.engine.scheduler.num_preemptions > 0
     assert got == expected
+
+
+def test_memory_stats_name_the_expert_bytes(source, tmp_path):
+    from tests.engine.tiny_models import save_tiny_model
+
+    stats = LLM(source, num_gpu_blocks=16).memory_stats()
+    assert 0 < stats.expert_bytes < stats.weights_bytes
+    dense = LLM(str(save_tiny_model(tmp_path / "dense")), num_gpu_blocks=16)
+    assert dense.memory_stats().expert_bytes is None
