@@ -43,6 +43,7 @@ from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
 from engine.bench.eight_b import bench_8b
 from engine.bench.memory import bench_memory
+from engine.bench.moe import bench_moe
 from engine.bench.scheduler import bench_scheduler
 from engine.bench.serve import bench_serve
 from engine.bench.setup import BenchContext, BenchSettings, check_sizes
@@ -62,6 +63,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "memory": bench_memory,
     "8b": bench_8b,
     "sizes": bench_sizes,
+    "moe": bench_moe,
 }
 
 EPILOG = """workloads:
@@ -76,9 +78,11 @@ EPILOG = """workloads:
   8b          synthetic 8B Q4_K_M (written once to the cache): loads? decode tok/s
   sizes       synthetic 1B / 3B / 8B Q4_K_M (--sizes 1b,3b,8b), a fresh process per side:
               load, TTFT (512-token prompt, follow-up turn), decode tok/s, peak RSS
+  moe         synthetic OLMoE-1B-7B Q4_K_M (64 experts, 8 per token), as sizes, the best
+              of two fresh-process runs per side
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
-llama.cpp joins chat, decode, memory, 8b and sizes when llama-cpp-python is installed
+llama.cpp joins chat, decode, memory, 8b, sizes and moe when llama-cpp-python is installed
 (pip install -e '.[bench]');
 --plot needs matplotlib (pip install 'folio[plot]')."""
 

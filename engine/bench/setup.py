@@ -82,6 +82,7 @@ class BenchSettings:
     sizes_tokens: int = 64  # sizes: greedy tokens per turn
     sizes_followup_tokens: int = 64  # sizes: new ids of the follow-up turn
     sizes_timeout_s: float = 900.0  # sizes: each worker's limit (load, warm-up, two turns)
+    moe_runs: int = 2  # moe: fresh-process runs per side (the sizes_* turns); best of them
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -90,7 +91,7 @@ class BenchSettings:
                      "decode_rounds", "concurrent_chats", "serve_clients", "serve_turns",
                      "memory_context", "memory_turns", "eightb_prompt_tokens", "eightb_tokens",
                      "eightb_rounds", "sizes_prompt_tokens", "sizes_tokens",
-                     "sizes_followup_tokens"):
+                     "sizes_followup_tokens", "moe_runs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

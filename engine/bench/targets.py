@@ -16,6 +16,8 @@ from engine.bench.chat import recompute_target
 from engine.bench.decode import llama_decode_target, llama_ttft_target
 from engine.bench.eight_b import DECODE_TARGET, LOADS_TARGET
 from engine.bench.memory import RSS_TARGET, WEIGHTS_TARGET
+from engine.bench.moe import BARS as MOE_BARS
+from engine.bench.moe import moe_target
 from engine.bench.sizes import BARS, size_target
 
 LLAMA_MISSING = "n/a: llama.cpp not installed"
@@ -59,6 +61,8 @@ ISSUE_TARGETS = (
                 "Folio n=4 wall / n=1 wall", False),
     IssueTarget("chat turn-8 TTFT, transformers recomputing / Folio", "chat",
                 recompute_target(8), False),
+    *(IssueTarget(f"{moe_target(metric)} (best of the runs)", "moe", moe_target(metric), True)
+      for metric in MOE_BARS),
     *SIZE_TARGETS,
 )
 
