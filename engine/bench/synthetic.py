@@ -22,6 +22,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,9 @@ def _ggml_type(kind: str) -> str:
     return "F32" if kind == "F32_RANDOM" else kind
 
 
-def synthetic_path(shape: Shape = LLAMA3_8B, root: Path | None = None) -> Path:
+def synthetic_path(shape: Any = LLAMA3_8B, root: Path | None = None) -> Path:
+    """Where a shape's file lives: named by its ``label`` (any shape with one, the MoE
+    shapes of synthetic_moe.py too)."""
     if root is None:
         from engine.loaders.gguf.loader import cache_root
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.bench.synthetic import use_more_bits, write_random_gguf
+from engine.bench.synthetic import synthetic_path, use_more_bits, write_random_gguf
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,19 +65,11 @@ def moe_tensor_plan(shape: MoEShape, vocab: int) -> list[tuple[str, tuple[int, .
     return plan + [("output_norm.weight", (h,), "F32"), ("output.weight", (vocab, h), "Q6_K")]
 
 
-def synthetic_moe_path(shape: MoEShape = OLMOE_1B_7B, root: Path | None = None) -> Path:
-    if root is None:
-        from engine.loaders.gguf.loader import cache_root
-
-        root = cache_root() / "bench"
-    return root / f"synthetic-{shape.label}-Q4_K_M.gguf"
-
-
 def ensure_synthetic_moe_gguf(tokenizer_gguf: Path, shape: MoEShape = OLMOE_1B_7B,
                               root: Path | None = None, rebuild: bool = False,
                               seed: int = 0) -> tuple[Path, bool]:
     """The synthetic file's path and whether this call wrote it (False: reused)."""
-    path = synthetic_moe_path(shape, root)
+    path = synthetic_path(shape, root)
     if path.exists() and not rebuild:
         return path, False
     keys = {"block_count": shape.layers, "context_length": shape.context,

@@ -21,20 +21,14 @@ from engine.models.spec import DecoderSpec
 from kernels import AttentionBackend, AttentionMetadata
 
 
-class DecoderLayer(Layer):
-    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
-        self.self_attn = PagedSelfAttention(
-            spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-            qkv_bias=spec.qkv_bias, o_bias=spec.o_bias,
-            qk_norm_eps=spec.rms_norm_eps if spec.qk_norm else None,
-            dtype=dtype, device=device, sliding_window=spec.sliding_window,
-        )
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype,
-                                                device)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias, dtype,
-                            device)
+class PreNormLayer(Layer):
+    """A pre-norm decoder layer's step: norm, attention, residual add and norm, MLP (or
+    mixture of experts), residual add. Subclasses build the four parts."""
+
+    input_layernorm: RMSNorm
+    self_attn: PagedSelfAttention
+    post_attention_layernorm: RMSNorm
+    mlp: Layer
 
     def forward(
         self,
@@ -50,6 +44,22 @@ class DecoderLayer(Layer):
                                   meta, backend)
         normed, hidden = self.post_attention_layernorm.add_and_norm(attn_out, hidden)
         return hidden + self.mlp(normed)
+
+
+class DecoderLayer(PreNormLayer):
+    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        self.self_attn = PagedSelfAttention(
+            spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+            qkv_bias=spec.qkv_bias, o_bias=spec.o_bias,
+            qk_norm_eps=spec.rms_norm_eps if spec.qk_norm else None,
+            dtype=dtype, device=device, sliding_window=spec.sliding_window,
+        )
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype,
+                                                device)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias, dtype,
+                            device)
 
 
 class LlamaForCausalLM(CausalLM):

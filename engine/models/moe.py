@@ -28,15 +28,13 @@ import torch
 from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
-from engine.layers.base import Layer
 from engine.layers.mlp import GatedMLP
 from engine.layers.moe import SparseMoE
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, Target, copy_checkpoint
-from engine.models.llama import attention_targets, mlp_targets
+from engine.models.llama import PreNormLayer, attention_targets, mlp_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec
-from kernels import AttentionBackend, AttentionMetadata
 from kernels.quant.formats import QuantizedTensor
 
 
@@ -136,7 +134,7 @@ class FullNormAttention(PagedSelfAttention):
         return qkv.unflatten(-1, (heads, self.head_dim))
 
 
-class MoEDecoderLayer(Layer):
+class MoEDecoderLayer(PreNormLayer):
     def __init__(self, spec: MoESpec, index: int, dtype: torch.dtype,
                  device: torch.device | str) -> None:
         super().__init__()
@@ -157,14 +155,6 @@ class MoEDecoderLayer(Layer):
         else:
             self.mlp = SparseMoE(spec.hidden_size, spec.expert_size, spec.num_experts,
                                  spec.top_k, spec.normalize_top_k, dtype, device)
-
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
-        attn_out = self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache, v_cache,
-                                  meta, backend)
-        normed, hidden = self.post_attention_layernorm.add_and_norm(attn_out, hidden)
-        return hidden + self.mlp(normed)
 
 
 class MoEForCausalLM(CausalLM):

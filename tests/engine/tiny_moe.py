@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import transformers
 
+from tests.engine.tiny_models import peaked_weights
+
 FAMILIES = ("olmoe", "qwen3_moe", "mixtral")
 
 _COMMON: dict[str, Any] = dict(
@@ -41,23 +43,8 @@ def moe_model(family: str, seed: int = 0, **overrides: Any) -> transformers.PreT
     config = moe_config(family, **overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, config.architectures[0])(config).eval()
-    randomize(model, seed)
+    peaked_weights(model, seed)
     return model
-
-
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * noise)
-            elif param.dim() == 1:
-                param.copy_(0.2 * noise)
-            elif name.endswith("embed_tokens.weight") or name == "lm_head.weight":
-                param.copy_(noise)
-            else:  # the last dim is the input of every matrix, 3-D experts included
-                param.copy_(noise * param.shape[-1] ** -0.5)
 
 
 # The byte-level vocabulary of tests/engine/tiny_models.py, and rows of whole Q8_0 blocks
@@ -81,7 +68,7 @@ def save_moe_model(path, family: str, seed: int = 0, **overrides: Any):
     config = byte_moe_config(family, **overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, config.architectures[0])(config).eval()
-    randomize(model, seed)
+    peaked_weights(model, seed)
     model.save_pretrained(path)
     byte_level_tokenizer().save_pretrained(path)
     return model
