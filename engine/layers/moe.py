@@ -20,6 +20,8 @@ from torch import nn
 
 from engine.layers.base import Layer
 from engine.layers.mlp import GatedMLP
+from engine.layers.native import fused_cpu, native_ops
+from engine.layers.weights import NativeQuantized
 
 
 class TopKRouter(Layer):
@@ -72,6 +74,8 @@ class SparseMoE(Layer):
     def mix(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The experts' outputs for routes (weights, ids) [T, k]: the routes sorted by
         expert, each routed expert run once over its tokens' rows."""
+        if x.shape[0] == 1 and self._native_decode(x):
+            return self._one_token(x, weights[0], ids[0].tolist())
         top_k = ids.shape[1]
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
@@ -90,6 +94,24 @@ class SparseMoE(Layer):
             out.index_add_(0, rows, y)
             start = stop
         return out
+
+    def _native_decode(self, x: torch.Tensor) -> bool:
+        """Whether a lone token can take `_one_token`: float32 on the CPU library with every
+        expert's gate/up in its quantized storage (read when asked: a reload may change it)."""
+        return fused_cpu(x) and all(isinstance(e.gate_up_proj.storage, NativeQuantized)
+                                    and e.gate_up_proj.bias is None for e in self.experts)
+
+    def _one_token(self, x: torch.Tensor, weights: torch.Tensor,
+                   ids: list[int]) -> torch.Tensor:
+        """A decode token on the native CPU path: its k experts' gate/up products in one
+        call (the token quantized once for all of them), one fused activation over the k
+        rows, then each expert's down product and the weighted sum."""
+        experts = [self.experts[e] for e in ids]
+        gate_up = NativeQuantized.matmul_all(
+            x, [e.gate_up_proj.storage for e in experts]).view(len(ids), -1)
+        hidden = getattr(native_ops(), experts[0].fused_op)(gate_up)
+        outs = torch.cat([e.down_proj(hidden[j:j + 1]) for j, e in enumerate(experts)])
+        return (weights.unsqueeze(0) @ outs).to(x.dtype)
 
     def expert_bytes(self) -> int:
         """Bytes of every expert's matrices (the router's are the model's other weights)."""

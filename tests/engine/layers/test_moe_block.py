@@ -138,6 +138,14 @@ def test_grouped_prefill_on_quantized_experts_equals_a_per_token_loop(name):
     assert rel < 2e-3
 
 
+def test_a_decode_token_on_quantized_experts_equals_its_experts_one_by_one():
+    # The native path's lone token: every expert's gate/up in one call, then each down.
+    block = quantized_block("Q4_K")
+    for seed in range(4):
+        x = torch.randn(1, 256, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(block(x), per_token(block, x), atol=1e-5, rtol=1e-5)
+
+
 def test_a_step_reads_only_the_routed_experts():
     ours = ours_like(hf_block("olmoe"))
     x = tokens(1, seed=4)
