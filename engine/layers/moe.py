@@ -9,7 +9,8 @@ file's stacked ``ffn_*_exps`` tensors as views), oneDNN-packed floats, Triton.
 The step runs each expert once on the rows routed to it (tokens sorted by expert): a
 decode step touches only its tokens' k experts, so only their blocks are read; a prefill
 chunk multiplies every routed expert once over its rows, a batch the native prefill tiles
-take, instead of a product per token.
+take, instead of a product per token. A lone decode token on the native CPU library takes
+its k experts' gate/up products in one call (`NativeQuantized.matmul_all`).
 """
 
 from __future__ import annotations
