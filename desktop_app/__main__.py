@@ -24,6 +24,7 @@ from pathlib import Path
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
+from desktop_app.services.signal_wakeup import SignalWakeup
 from desktop_app.widgets import theme
 
 
@@ -143,11 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     theme.follow_system_scheme(app, window.retheme)
     window.show()
     # Ctrl+C in the terminal closes the window properly (settings saved, worker stopped).
-    # Python runs signal handlers only between bytecodes, so wake it up now and then.
     signal.signal(signal.SIGINT, lambda *_: window.close())
-    wake = QTimer()
-    wake.timeout.connect(lambda: None)
-    wake.start(250)
+    wakeup = SignalWakeup(app)
     failed: list[str] = []
     if args.quit_after_ms is not None:
         delay = max(0, args.quit_after_ms)
@@ -168,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_model:
         window.load_model(args.model or window.settings.last_model or "starter")
     code = app.exec()
+    wakeup.close()
     window.store.close()
     if failed:
         print(f"folio-app: the model failed to load: {failed[0]}", file=sys.stderr)

@@ -92,7 +92,7 @@ class MainWindow(QMainWindow):
             lambda: self.chat_list.set_generating(self.controller.generating_chats()))
         self.controller.chatOpened.connect(self._on_chat_opened)
         self.controller.errorRaised.connect(lambda t, m: error_dialog.show_error(self, t, m))
-        bridge.busyChanged.connect(self.vram_panel.set_busy)
+        bridge.activityChanged.connect(self.vram_panel.set_busy)
         bridge.loadStarted.connect(self._on_load_started)
         bridge.loadProgress.connect(self._on_load_progress)
         bridge.modelLoaded.connect(self._on_model_loaded)
@@ -210,6 +210,7 @@ class MainWindow(QMainWindow):
 
     def _on_chat_opened(self, chat_id: int) -> None:
         self.chat_list.select(chat_id or None)
+        self.vram_panel.refresh()  # the headroom is the open chat's
         num = self.store.get_chat(chat_id).settings.num_candidates if chat_id else \
             self.settings.chat_defaults.num_candidates
         self.candidates_spin.blockSignals(True)

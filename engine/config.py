@@ -41,6 +41,9 @@ class EngineConfig:
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
     weights: str = "stored"  # one of WEIGHTS
     attention_backend: str | None = None  # None = auto (runner/device.py: triton, cpu, torch)
+    # Decode steps replayed as CUDA graphs (engine/runner/cuda_graphs.py) on CUDA with the
+    # Triton backend; elsewhere, or False, every step runs eagerly.
+    cuda_graphs: bool = True
     # Decode-sized quantized products on the native CPU library: 16 keeps ~15 bits of each
     # activation (an 8-bit row plus its 8-bit residual: the float32 path's greedy tokens);
     # 8, one 8-bit row as llama.cpp does: decode 10-20% faster, some greedy tokens move.
@@ -86,6 +89,8 @@ class EngineConfig:
         _check(self.cpu_activation_bits in (8, 16), "cpu_activation_bits",
                self.cpu_activation_bits, "8 or 16")
         _check(isinstance(self.kv_groups, bool), "kv_groups", self.kv_groups, "True or False")
+        _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", self.cuda_graphs,
+               "True or False")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",
                self.num_threads, ">= 1 or None")
 

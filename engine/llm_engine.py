@@ -94,7 +94,7 @@ class LLMEngine:
                           else [KVGroupSpec(tuple(range(len(windows))))])
         counts = group_blocks(config, shape, num_blocks, self.kv_groups)
         self.runner = ModelRunner(net, shape, counts, config.num_host_blocks, backend, device,
-                                  self.kv_groups)
+                                  self.kv_groups, config.cuda_graphs, self.max_model_len)
         managers = [self._block_manager(g, spec, n, shape.bytes_per_block // shape.num_layers)
                     for g, (spec, n) in enumerate(zip(self.kv_groups, counts, strict=True))]
         # One group (most models): its block manager itself, no facade in between.
@@ -297,6 +297,6 @@ class LLMEngine:
         return self.block_manager.stats(holders, with_blocks)
 
     def memory_stats(self) -> MemoryStats:
-        return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_pool_bytes,
+        return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_caches,
                             self.resolved_device.status_line, self.expert_bytes)
 

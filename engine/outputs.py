@@ -82,3 +82,10 @@ class ErrorEvent:
 
 
 Event = TokenEvent | FinishedEvent | ErrorEvent
+
+
+@dataclass(slots=True, frozen=True)
+class ActivityEvent:
+    """The worker started running requests (busy) or has none left (idle)."""
+
+    busy: bool

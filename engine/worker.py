@@ -4,7 +4,9 @@ Callers on any thread ``submit`` requests and ``cancel`` them; the worker batche
 whatever is in flight into each step (continuous batching across chats) and reports
 through the request's callback, which runs on the worker thread. A GUI re-emits those
 events as queued signals. ``kv_stats`` and ``memory_stats`` return snapshots refreshed
-by the worker, so a caller never waits for a step to end.
+by the worker, so a caller never waits for a step to end. An activity listener hears an
+``ActivityEvent`` when the worker starts running requests and when it falls idle (after
+the last snapshots), so a view can read them then instead of polling an idle engine.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.core.kv_stats import KVStats
 from engine.llm import LLM
 from engine.llm_engine import Prompt
-from engine.outputs import ErrorEvent, Event, FinishedEvent
+from engine.outputs import ActivityEvent, ErrorEvent, Event, FinishedEvent
 from engine.runner.memory import MemoryStats
 from engine.sampling_params import SamplingParams
 from engine.step_loop import EventCallback
@@ -27,6 +30,11 @@ from engine.step_loop import EventCallback
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.2
+# memory_stats walks the page tables of the whole KV pool (runner/resident.py): while
+# requests run it is measured this seldom, and only while someone reads the snapshot;
+# always once as the worker falls idle.
+MEMORY_INTERVAL_S = 2.0
+ActivityListener = Callable[[ActivityEvent], None]
 
 
 @dataclass(slots=True)
@@ -50,7 +58,10 @@ class EngineWorker:
         self._stats_lock = threading.Lock()
         self._kv_stats = self._engine.kv_stats()
         self._memory_stats = self._engine.memory_stats()
-        self._stats_time = time.monotonic()
+        self._stats_time = self._memory_time = time.monotonic()
+        self._memory_read = False  # whether memory_stats was called since the last measure
+        self._busy = False
+        self._activity_listener: ActivityListener | None = None
 
     # ------------------------------------------------------------- any thread
     def start(self) -> EngineWorker:
@@ -72,11 +83,16 @@ class EngineWorker:
     def cancel(self, request_id: str) -> None:
         self._commands.put(("cancel", request_id))
 
+    def set_activity_listener(self, listener: ActivityListener | None) -> None:
+        """`listener` runs on the worker thread: it must only hand the event on."""
+        self._activity_listener = listener
+
     def kv_stats(self) -> KVStats:
         with self._stats_lock:
             return self._kv_stats
 
     def memory_stats(self) -> MemoryStats:
+        self._memory_read = True
         with self._stats_lock:
             return self._memory_stats
 
@@ -92,6 +108,7 @@ class EngineWorker:
         while not self._stop.is_set():
             # Idle: sleep until a command arrives. Busy: only pick up what is queued.
             busy = self._steps.busy
+            self._note_activity(busy)
             try:
                 command = self._commands.get_nowait() if busy else self._commands.get()
             except queue.Empty:
@@ -107,6 +124,7 @@ class EngineWorker:
             if self._stop.is_set():
                 break
             if self._steps.busy:
+                self._note_activity(True)
                 self._step()
             elif changed:
                 self._refresh_stats(force=True)
@@ -125,6 +143,19 @@ class EngineWorker:
         elif kind == "cancel":
             self._steps.cancel(command[1])
 
+    def _note_activity(self, busy: bool) -> None:
+        if busy == self._busy:
+            return
+        self._busy = busy
+        if not busy:  # what the engine holds now that nothing runs, memory included
+            self._refresh_stats(force=True, memory=True)
+        listener = self._activity_listener
+        if listener is not None:
+            try:
+                listener(ActivityEvent(busy))
+            except Exception:
+                log.exception("activity listener failed")
+
     def _step(self) -> None:
         try:
             self._steps.step()
@@ -134,14 +165,21 @@ class EngineWorker:
             return
         self._refresh_stats(force=False)
 
-    def _refresh_stats(self, force: bool) -> None:
+    def _refresh_stats(self, force: bool, memory: bool = False) -> None:
+        """KV stats every STATS_INTERVAL_S or when forced; memory stats every
+        MEMORY_INTERVAL_S if they were read since, or when asked for (`memory`)."""
         now = time.monotonic()
         if not force and now - self._stats_time < STATS_INTERVAL_S:
             return
-        kv, mem = self._engine.kv_stats(), self._engine.memory_stats()
+        kv = self._engine.kv_stats()
+        mem = None
+        if memory or (self._memory_read and now - self._memory_time >= MEMORY_INTERVAL_S):
+            self._memory_read = False
+            mem = self._engine.memory_stats()
         with self._stats_lock:
-            self._kv_stats, self._memory_stats = kv, mem
-            self._stats_time = now
+            self._kv_stats, self._stats_time = kv, now
+            if mem is not None:
+                self._memory_stats, self._memory_time = mem, now
 
 
 class _Guarded:

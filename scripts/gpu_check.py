@@ -1,19 +1,26 @@
-"""`make gpu-check`: the checks that need a CUDA GPU, in one run of at most 8 minutes.
+"""`make gpu-check` (on the lent GPU machine: scripts/gpu_check.sh): the checks that need a
+CUDA GPU, in one run of at most 8 minutes.
 
+0. preflight: every module the GPU steps import, and the collection of their tests, so a
+   missing package shows in seconds, before any GPU time (it runs without CUDA too);
 1. kernel tests: `pytest tests/kernels` with the Triton kernels compiled (TRITON_INTERPRET
-   unset; tests/conftest.py turns the interpreter on only where there is no GPU), the
-   quantized-kernel tests (tests/kernels/triton/test_quant_*.py) included;
-2. kernel bench: `folio bench kernels` (attention bandwidth and the quantized GEMV line);
-3. starter on CUDA: the starter model end to end through the Python API with the default
-   device (auto), checking that it picked CUDA and generated text.
+   unset; tests/conftest.py turns the interpreter on only where there is no GPU), and
+   CUDA-graph replay against eager decode (tests/engine/runner/test_cuda_graphs_cuda.py);
+2. kernel bench: `folio bench kernels` at Llama-8B shapes (attention decode, 4,096-token
+   contexts, and the Q4_K / Q6_K GEMVs), as shares of the card's peak bandwidth;
+3. end to end (engine/bench/gpu_e2e.py): synthetic Llama-3.2-1B and Llama-3-8B-shaped
+   Q4_K_M models written from the starter's vocabulary (the bundle's vocabulary-only GGUF
+   where the starter is not installed), loaded with the default device.
 
 Each step runs in its own process group under a time limit (cut further so the whole run
-ends within TOTAL_S), then one summary table: step, status, seconds, key figure. Exit
-status: 0 all passed, 1 a step failed or timed out, 2 no CUDA device here (nothing run).
+ends within TOTAL_S), then one table: each step's status and seconds, and the figures it
+gave with their targets (issue 19). Exit status: 0 all passed, 1 a step failed or timed
+out, 2 no CUDA device here (after the preflight; nothing else run).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -21,16 +28,33 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The tree this script is in, not whichever Folio is installed, as for `python -m` from ROOT.
+sys.path.insert(0, str(ROOT))
 TOTAL_S = 480.0
 RESERVE_S = 10.0  # left for the table and process start-up, out of TOTAL_S
-MARK = "@@gpu-check@@ "
-NO_CUDA = ("gpu-check: no CUDA device on this machine ({why}); nothing was run. "
-           "Run `make gpu-check` on a machine with an NVIDIA GPU and a CUDA build of torch.")
+E2E_MARK = "@@gpu-e2e@@ "  # engine/bench/gpu_e2e.py's MARK, without importing torch here
+NO_CUDA = ("gpu-check: no CUDA device on this machine ({why}); the preflight passed and no "
+           "GPU step was run. Run `make gpu-check` on a machine with an NVIDIA GPU and a "
+           "CUDA build of torch.")
+# The native CPU library's tests stay out: nothing builds that library on the GPU machine.
+KERNEL_TESTS = ("tests/kernels", "--ignore=tests/kernels/cpu",
+                "--ignore=tests/kernels/test_cpu_library.py",
+                "tests/engine/runner/test_cuda_graphs_cuda.py")
+# What the GPU steps import beyond the test files (which the preflight collects).
+GPU_IMPORTS = ("torch", "triton", "transformers", "gguf", "platformdirs", "numpy",
+               "kernels.triton.backend", "kernels.triton.quant_matmul", "kernels.bench",
+               "engine.cli", "engine.bench.cli", "engine.bench.gpu_e2e", "engine.llm",
+               "engine.runner.cuda_graphs",
+               "engine.loaders.gguf.loader")
+BENCH_ARGS = ("--shapes", "llama8b", "--batches", "1,8,32", "--contexts", "4096",
+              "--reps", "10")
+TOKENIZER_ENV = "FOLIO_TOKENIZER_GGUF"  # the vocabulary GGUF (scripts/gpu_check.sh sets it)
 
 
 @dataclass(slots=True)
@@ -46,7 +70,7 @@ class Outcome:
     name: str
     status: str  # "passed", "FAILED" or "TIMED OUT"
     seconds: float
-    figure: str
+    figures: list[tuple[str, str, str]] = field(default_factory=list)  # (figure, value, target)
 
 
 def cuda_missing_reason() -> str | None:
@@ -61,16 +85,25 @@ def cuda_missing_reason() -> str | None:
     return None
 
 
-def steps(python: str = sys.executable) -> list[Step]:
+def preflight_step(python: str = sys.executable) -> Step:
+    return Step("preflight (imports)", [python, str(Path(__file__).resolve()), "--preflight"],
+                60.0)
+
+
+def steps(python: str = sys.executable, triton_cache: Path | None = None) -> list[Step]:
+    """``triton_cache``: an empty folder for the end-to-end steps' Triton cache, so the
+    first model's compile is a first use (the kernel tests compile into the default)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    e2e_env = env | ({"TRITON_CACHE_DIR": str(triton_cache)} if triton_cache else {})
+    me = str(Path(__file__).resolve())
     return [
         Step("kernel tests (compiled Triton)",
              [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "120",
-              "tests/kernels"], 270.0, env),
-        Step("folio bench kernels", [python, "-m", "engine.cli", "bench", "kernels"], 120.0,
-             env),
-        Step("starter on CUDA (device auto)", [python, str(Path(__file__).resolve()),
-                                                "--starter-step"], 80.0, env),
+              *KERNEL_TESTS], 150.0, env),
+        Step("folio bench kernels", [python, "-m", "engine.cli", "bench", "kernels",
+                                     *BENCH_ARGS], 60.0, env),
+        Step("e2e 1b", [python, me, "--e2e", "1b"], 70.0, e2e_env),
+        Step("e2e 8b", [python, me, "--e2e", "8b"], 140.0, e2e_env),
     ]
 
 
@@ -87,81 +120,145 @@ def run_step(step: Step, limit_s: float) -> tuple[Outcome, str]:
         output, _ = proc.communicate()
         status = "TIMED OUT"
     seconds = time.monotonic() - start
-    return Outcome(step.name, status, seconds, key_figure(step.name, output or "")), output
+    return Outcome(step.name, status, seconds, figures_of(step.name, output or "")), output
 
 
-def key_figure(name: str, output: str) -> str:
-    """The one number worth a column: the test counts, the bench's last bandwidth line,
-    the starter's device and rate."""
+def figures_of(name: str, output: str) -> list[tuple[str, str, str]]:
+    """The step's figures for the table, read from its output."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     if name.startswith("kernel tests"):
-        for line in reversed(lines):
-            if re.search(r"\d+ (passed|failed|error)", line):
-                return line.strip("= ")
-    elif name.startswith("folio bench"):
-        for line in reversed(lines):
-            if "GB/s" in line or "%" in line:
-                return " ".join(line.split())[:70]
+        counts = [ln.strip("= ") for ln in lines if re.search(r"\d+ (passed|failed|error)", ln)]
+        return [("compiled kernel tests", counts[-1] if counts else "no summary", "all pass")]
+    if name.startswith("folio bench"):
+        return bench_figures(lines)
+    if name.startswith("e2e"):
+        marked = [ln for ln in lines if ln.startswith(E2E_MARK)]
+        return e2e_figures(json.loads(marked[-1][len(E2E_MARK):])) if marked else []
+    return [("last line", lines[-1][:70], "")] if lines else []
+
+
+def bench_figures(lines: list[str]) -> list[tuple[str, str, str]]:
+    """Attention decode per batch (its triton cell) and each GEMV type's range over the
+    8B matmuls, as shares of the peak."""
+    attention = []
+    for line in lines:
+        cell = re.search(r"triton:\s+[\d.]+ us\s+\d+ GB/s\s+([\d.]+)%", line)
+        if line.startswith("llama-8B") and cell:
+            attention.append(f"b{line.split()[1]} {cell.group(1)}%")
+    figures = [("attention decode 8B, ctx 4096", ", ".join(attention) or "none", ">= 70%")]
+    for kind, target in (("Q4_K", ">= 60%"), ("Q6_K", "")):
+        shares = [float(ln.split()[-1].rstrip("%")) for ln in lines
+                  if ln.startswith(kind + " ") and ln.endswith("%")]
+        value = f"{min(shares):.0f}-{max(shares):.0f}% of peak" if shares else "none"
+        figures.append((f"{kind} GEMV 8B shapes, batch 1", value, target))
+    return figures
+
+
+def e2e_figures(got: dict) -> list[tuple[str, str, str]]:
+    size = got["size"]
+    gib = 2.0**30
+    rows = [(f"{size} device / backend", f"{got['device']} / {got['backend']}", "cuda / triton"),
+            (f"{size} first-use compile", f"{got['compile_s']:.1f} s", "<= 60 s"),
+            (f"{size} TTFT, 2,048-token prompt", f"{got['ttft_s'] * 1e3:.0f} ms", ""),
+            (f"{size} first-step logits vs torch",
+             f"{got['logits_rel_err']:.2e} rel ({'ok' if got['logits_ok'] else 'OFF'})",
+             "<= 3.1e-02")]
+    graphs, eager = got["tok_s_graphs"], got["tok_s_eager"]
+    if graphs is None:
+        rows.append((f"{size} decode, batch 1", f"{eager:.1f} tok/s (no graphs)", ""))
     else:
-        for line in reversed(lines):
-            if line.startswith(MARK):
-                got = json.loads(line[len(MARK):])
-                return f"{got['device']}, {got['tok_s']:.1f} tok/s, {got['tokens']} tokens"
-    return lines[-1][:70] if lines else ""
+        rows.append((f"{size} decode, graphs / eager",
+                     f"{graphs:.1f} / {eager:.1f} tok/s = {graphs / eager:.2f}x",
+                     ">= 3x" if size == "1b" else ""))
+    if got.get("bound_tok_s") and graphs is not None:
+        rows.append((f"{size} decode / bandwidth bound",
+                     f"{100 * graphs / got['bound_tok_s']:.0f}% of {got['bound_tok_s']:.0f}",
+                     ">= 40%" if size == "8b" else ""))
+    if got["peak_bytes"] is not None:
+        rows.append((f"{size} peak GPU memory / budget",
+                     f"{got['peak_bytes'] / gib:.2f} / {got['budget_bytes'] / gib:.2f} GiB",
+                     "<= budget"))
+    return rows
 
 
 def format_summary(outcomes: list[Outcome]) -> str:
-    rows = [("step", "status", "seconds", "key figure")]
-    rows += [(o.name, o.status, f"{o.seconds:.1f}", o.figure) for o in outcomes]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    """One table: a line per step (status, seconds), then its figures indented under it."""
+    rows = [("step / figure", "status", "seconds", "value", "target")]
+    for o in outcomes:
+        rows.append((o.name, o.status, f"{o.seconds:.1f}", "", ""))
+        rows += [("  " + fig, "", "", value, target) for fig, value, target in o.figures]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def starter_step() -> int:
-    """Step 3, in its own process: the starter through LLM with the default config."""
-    from engine.config import EngineConfig
-    from engine.llm import LLM
-    from engine.loaders.catalog import resolve_model
-    from engine.sampling_params import SamplingParams
-
-    llm = LLM(str(resolve_model("starter")), EngineConfig())
-    device = llm.memory_stats().device
-    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
-    llm.generate(["Warm-up."], SamplingParams(max_tokens=4, temperature=0))
-    start = time.perf_counter()
-    out = llm.generate(["Write a short poem about the sea."], params)[0]
-    wall = time.perf_counter() - start
-    tokens = len(out.outputs[0].token_ids)
-    print(MARK + json.dumps({"device": device, "tokens": tokens, "tok_s": tokens / wall}))
-    print(out.outputs[0].text)
-    if not device.startswith("cuda"):
-        print(f"the default config picked {device}, not CUDA", file=sys.stderr)
-        return 1
-    return 0 if tokens == 64 and out.outputs[0].text.strip() else 1
+def preflight() -> int:
+    """Import what the GPU steps import and collect their tests (no kernel runs)."""
+    for name in GPU_IMPORTS:
+        importlib.import_module(name)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", *KERNEL_TESTS], cwd=ROOT,
+                          capture_output=True, text=True)
+    tail = proc.stdout.strip().splitlines()[-1:] or [proc.stderr.strip()[-300:]]
+    print(f"preflight: {len(GPU_IMPORTS)} modules imported; {tail[0]}")
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+    return proc.returncode
 
 
-def main(argv: list[str] | None = None, cuda_reason=cuda_missing_reason) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--starter-step"]:
-        return starter_step()
-    why = cuda_reason()
-    if why is not None:
-        print(NO_CUDA.format(why=why), file=sys.stderr)
-        return 2
-    deadline = time.monotonic() + TOTAL_S - RESERVE_S
-    outcomes = []
-    for step in steps():
+def e2e_step(size: str, device: str | None = None) -> int:
+    """Step 3 for one size, in its own process; on a GPU it must pick CUDA and Triton."""
+    from engine.bench.gpu_e2e import MARK, run_e2e
+    from engine.loaders.gguf.loader import cache_root
+
+    vocab = os.environ.get(TOKENIZER_ENV)
+    if vocab is None:
+        from engine.loaders.catalog import starter_path
+
+        vocab = starter_path()
+    result = run_e2e(size, Path(vocab), cache_root() / "bench", device)
+    print(MARK + result.to_json(), flush=True)
+    picked = (result.device.startswith("cuda") and result.backend == "triton"
+              or device == "cpu")
+    if not picked:
+        print(f"the default config picked {result.device} / {result.backend}, not CUDA / "
+              f"Triton", file=sys.stderr)
+    return 0 if picked and result.logits_ok else 1
+
+
+def run_all(outcomes: list[Outcome], todo: list[Step], deadline: float) -> None:
+    for step in todo:
         left = deadline - time.monotonic()
         if left < 5:
-            outcomes.append(Outcome(step.name, "TIMED OUT", 0.0, "no time left"))
+            outcomes.append(Outcome(step.name, "TIMED OUT", 0.0, [("", "no time left", "")]))
             continue
         print(f"== {step.name} (limit {min(step.limit_s, left):.0f} s)", flush=True)
         outcome, output = run_step(step, min(step.limit_s, left))
         print(output.rstrip()[-4000:], flush=True)  # the tail: failures end up there
         outcomes.append(outcome)
+
+
+def main(argv: list[str] | None = None, cuda_reason=cuda_missing_reason,
+         first: Step | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--preflight"]:
+        return preflight()
+    if argv[:1] == ["--e2e"]:
+        return e2e_step(argv[1], *argv[2:3])
+    deadline = time.monotonic() + TOTAL_S - RESERVE_S
+    outcomes: list[Outcome] = []
+    run_all(outcomes, [first or preflight_step()], deadline)
+    if outcomes[0].status != "passed":
+        print("\n" + format_summary(outcomes))
+        return 1
+    why = cuda_reason()
+    if why is not None:
+        print(NO_CUDA.format(why=why), file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="folio-triton-") as cache:
+        run_all(outcomes, steps(triton_cache=Path(cache)), deadline)
     print("\n" + format_summary(outcomes))
     return 0 if all(o.status == "passed" for o in outcomes) else 1
 

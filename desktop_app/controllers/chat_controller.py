@@ -22,6 +22,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from desktop_app.controllers import context_window
 from desktop_app.controllers.context_window import ContextTracker, branch_tokens
+from desktop_app.controllers.pending_send import PendingSend
 from desktop_app.data.context_policy import ContextPlan
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.conversation_view import ConversationView, GroupItem
@@ -77,6 +78,8 @@ class ChatController(QObject):
         # Where each chat's overflow policy last cut, so the next prompts start the same
         # way and the prefix cache hits again.
         self.context = ContextTracker()
+        # A message sent while the first model loads waits for it.
+        self.pending = PendingSend(bridge, view, self._send_to, self)
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
@@ -163,15 +166,25 @@ class ChatController(QObject):
     # -- turns -----------------------------------------------------------------------------
     def send(self, text: str) -> None:
         text = text.strip()
-        if not text or self.is_generating(self.chat_id):
+        if not text or self.is_generating(self.chat_id) or self.pending.waiting:
             return
         if not self.bridge.is_loaded:
+            if self.bridge.is_loading:
+                self.pending.hold(self.chat_id, text)
+                return
             self.errorRaised.emit("No model loaded", "Load a model from the model picker in "
                                   "the toolbar, then send your message again.")
             return
-        if self.chat_id is None:
-            self.new_chat()
-        chat = self.store.get_chat(self.chat_id)
+        self._send_to(self.chat_id, text)
+
+    def _send_to(self, chat_id: int | None, text: str) -> None:
+        """Send `text` in chat `chat_id` (a new chat for None or a chat deleted since)."""
+        try:
+            chat = self.store.get_chat(chat_id) if chat_id is not None else None
+        except KeyError:
+            chat = None
+        if chat is None:
+            chat = self.store.get_chat(self.new_chat())
         leaf = self.store.active_leaf(chat.id)
         plan = self._plan(chat.id, leaf, text)
         if plan is None:
@@ -239,7 +252,9 @@ class ChatController(QObject):
         self.render()
 
     def stop(self) -> None:
-        """Stop the replies of the chat in view (other chats keep generating)."""
+        """Stop the replies of the chat in view (other chats keep generating), or take
+        back a message waiting for the model."""
+        self.pending.cancel()
         for stream in list(self.streams.values()):
             if stream.chat_id == self.chat_id:
                 self.bridge.cancel(stream.request_id)

@@ -7,6 +7,10 @@ on a background thread, and turns worker callbacks into Qt signals. A ``remote:`
 run on the worker thread, so they only post the event object to the GUI thread through a
 queued connection; every public signal is therefore emitted on the GUI thread and views
 may connect to it directly.
+
+``busyChanged`` follows this app's own requests; ``activityChanged`` whether the engine
+runs anything, the API's requests (the serve switch) included, from the worker's
+activity events where it has them: the memory panel reads new figures only then.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from desktop_app.data.servers import is_remote_source, parse_server_source
 from desktop_app.services.devices import describe_memory_error, engine_config_for
 from engine.config import EngineConfig
-from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
+from engine.outputs import ActivityEvent, ErrorEvent, FinishedEvent, TokenEvent
 
 LlmFactory = Callable[..., Any]  # (name_or_path, config=..., progress=...) -> LLM
 WorkerFactory = Callable[[Any], Any]  # (llm) -> EngineWorker (not started)
@@ -69,6 +73,7 @@ class EngineBridge(QObject):
     modelUnloaded = Signal()
     workerRetired = Signal()  # the worker stops (unload, switch, exit): let go of it
     busyChanged = Signal(bool)  # whether any request is in flight
+    activityChanged = Signal(bool)  # whether the engine runs any request (the API's too)
 
     # Internal: carries objects from other threads to the GUI thread (queued).
     _posted = Signal(int, object)
@@ -92,6 +97,8 @@ class EngineBridge(QObject):
         self._loading: str | None = None
         self._source: str | None = None
         self._handles: dict[str, Any] = {}
+        self._engine_busy = False  # the worker's last ActivityEvent
+        self._active = False  # what activityChanged last said
         self._posted.connect(self._on_posted, Qt.ConnectionType.QueuedConnection)
 
     # -- state -----------------------------------------------------------------------
@@ -150,6 +157,17 @@ class EngineBridge(QObject):
     @property
     def busy(self) -> bool:
         return bool(self._handles)
+
+    @property
+    def active(self) -> bool:
+        """Whether the engine runs any request: this app's, or its API's."""
+        return self._active
+
+    def _update_active(self) -> None:
+        active = self.busy or self._engine_busy
+        if active != self._active:
+            self._active = active
+            self.activityChanged.emit(active)
 
     def in_flight(self) -> list[str]:
         return list(self._handles)
@@ -220,7 +238,9 @@ class EngineBridge(QObject):
         self._worker = None
         self._llm = None
         self._source = None
+        self._engine_busy = False
         self.busyChanged.emit(False)
+        self._update_active()
         self.workerRetired.emit()
         if wait:
             old.shutdown()
@@ -243,6 +263,7 @@ class EngineBridge(QObject):
         self._handles[handle.request_id] = handle
         if not was_busy:
             self.busyChanged.emit(True)
+        self._update_active()
         return handle.request_id
 
     def cancel(self, request_id: str) -> None:
@@ -280,21 +301,28 @@ class EngineBridge(QObject):
             llm, worker = payload[1], payload[2]
             if self._worker is not None:
                 self._retire_worker(wait=False)
+            listen = getattr(worker, "set_activity_listener", None)
+            if listen is not None:  # the engine's worker has one, a remote one does not
+                generation = self._generation
+                listen(lambda event: self._posted.emit(-1, (generation, event)))
             worker.start()
             self._llm, self._worker, self._source = llm, worker, payload[3]
             self.modelLoaded.emit(llm.model_name)
 
     def _dispatch(self, event) -> None:
-        if isinstance(event, TokenEvent):
+        if isinstance(event, ActivityEvent):
+            self._engine_busy = event.busy
+            self._update_active()
+        elif isinstance(event, TokenEvent):
             if event.request_id in self._handles:
                 self.tokenArrived.emit(event.request_id, event.index, event.text)
-        elif isinstance(event, FinishedEvent):
-            if self._handles.pop(event.request_id, None) is not None:
+        elif isinstance(event, FinishedEvent | ErrorEvent):
+            if self._handles.pop(event.request_id, None) is None:
+                return
+            if isinstance(event, FinishedEvent):
                 self.requestFinished.emit(event.request_id, event.output)
-                if not self._handles:
-                    self.busyChanged.emit(False)
-        elif isinstance(event, ErrorEvent):
-            if self._handles.pop(event.request_id, None) is not None:
+            else:
                 self.requestFailed.emit(event.request_id, event.message)
-                if not self._handles:
-                    self.busyChanged.emit(False)
+            if not self._handles:
+                self.busyChanged.emit(False)
+                self._update_active()

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 from desktop_app.widgets import theme
 from desktop_app.widgets.candidates import CandidateGroup
 from desktop_app.widgets.message_widget import MessageWidget
+from desktop_app.widgets.pending_note import PendingNote
 
 MAX_COLUMN_WIDTH = 980
 _STICK_THRESHOLD_PX = 24
@@ -105,6 +106,7 @@ class ConversationView(QWidget):
 
         self.composer = Composer()
         self.composer.submitted.connect(self._send)
+        self.pending_note = PendingNote()  # a message waiting for the model to load
         self.send_button = QPushButton(theme.icon("send", theme.current().accent_text), "Send")
         self.send_button.setObjectName("sendButton")
         self.send_button.setAccessibleName("Send the message")
@@ -131,6 +133,7 @@ class ConversationView(QWidget):
         bottom.setSpacing(8)
         composer_column = QVBoxLayout()
         composer_column.setSpacing(4)
+        composer_column.addWidget(self.pending_note)
         composer_column.addWidget(self.composer)
         composer_column.addWidget(self.context_gauge)
         bottom.addLayout(composer_column, 1)
@@ -264,6 +267,12 @@ class ConversationView(QWidget):
 
     def clear_composer(self) -> None:
         self.composer.clear()
+
+    def set_pending(self, waiting: bool) -> None:
+        """A message waits for the model (controllers.pending_send): the composer keeps
+        it, read-only, until it is sent or taken back."""
+        self.composer.setReadOnly(waiting)
+        self.send_button.setEnabled(not waiting)
 
     def scroll_to_bottom(self) -> None:
         bar = self.scroll.verticalScrollBar()

@@ -1,10 +1,11 @@
 """The VRAM panel: device memory, the KV block pool, a live block map and a usage chart.
 
-A QTimer polls the bridge's `kv_stats()` / `memory_stats()` (cheap snapshots taken under
-the worker's lock) on the GUI thread, so the panel never sits on the generation path. It
-polls twice a second or faster while a reply streams, and slowly when idle. For a model
-on a remote server the source's `remote_status()` (a snapshot its own thread refreshes)
-replaces them, shown by widgets.remote_view.
+It reads the bridge's `kv_stats()` / `memory_stats()` (cheap snapshots taken under the
+worker's lock) on the GUI thread, so the panel never sits on the generation path: a few
+times a second while the engine runs requests and the panel is visible, once when a run
+ends, a model loads or the panel is shown, and never while idle (widgets.refresh_schedule).
+For a model on a remote server the source's `remote_status()` (a snapshot its own thread
+refreshes) replaces them, shown by widgets.remote_view.
 """
 
 from __future__ import annotations
@@ -13,52 +14,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from PySide6.QtCore import QPointF, QSize, Qt, QTimer
+from PySide6.QtCore import QPointF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QFormLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from desktop_app.widgets import theme
 from desktop_app.widgets.block_map import BlockMap, Legend
+from desktop_app.widgets.memory_rows import TOOLTIPS, format_bytes, format_percent, memory_rows
+from desktop_app.widgets.refresh_schedule import BUSY_INTERVAL_MS, RefreshSchedule
 from desktop_app.widgets.remote_view import RemoteView
 
-BUSY_INTERVAL_MS = 400
-IDLE_INTERVAL_MS = 1500
 HISTORY_SECONDS = 300.0
 API_PREFIX = "api-"  # requests that came through the app's own API (the serve switch)
-
-
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def format_percent(fraction: float) -> str:
-    return f"{100 * fraction:.1f}%"
-
-
-def memory_rows(mem) -> dict[str, str]:
-    """Label texts for a MemoryStats snapshot, keyed by row name."""
-    rows = {"device": mem.device, "weights": format_bytes(mem.weights_bytes),
-            "kv_pool": format_bytes(mem.kv_pool_bytes)}
-    if mem.expert_bytes is not None:  # a mixture of experts
-        rows["experts"] = format_bytes(mem.expert_bytes)
-    if mem.device_total_bytes is not None:  # a CUDA device
-        used = mem.device_used_bytes or 0
-        rows["total"] = format_bytes(mem.device_total_bytes)
-        rows["used"] = format_bytes(mem.device_used_bytes)
-        rows["free"] = format_bytes(mem.device_free_bytes)
-        rows["other"] = format_bytes(max(0, used - mem.weights_bytes - mem.kv_pool_bytes))
-    else:
-        rows["rss"] = format_bytes(mem.process_rss_bytes)
-        rows["other"] = format_bytes(
-            max(0, mem.process_rss_bytes - mem.weights_bytes - mem.kv_pool_bytes))
-    return rows
 
 
 def kv_rows(kv) -> dict[str, str]:
@@ -107,19 +74,28 @@ def headroom_tokens(kv, max_model_len: int | None, chat_tokens: int) -> int:
 
 
 class Sparkline(QWidget):
-    """KV usage (fraction of the pool in use) over the last few minutes."""
+    """KV usage (fraction of the pool in use) over the last few minutes.
+
+    Samples come only while the engine runs (the panel does not poll an idle one), and
+    usage does not change while it is idle: after a gap the line steps instead of sloping
+    across it, and the last value runs on to the right edge, which is now."""
+
+    GAP_S = 2 * BUSY_INTERVAL_MS / 1000  # longer without a sample: the engine was idle
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("kvSparkline")
         self.samples: deque[tuple[float, float]] = deque()
+        self.clock = time.monotonic
         self.setMinimumHeight(48)
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
         return QSize(240, 56)
 
     def add(self, fraction: float, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
+        if self.samples and now - self.samples[-1][0] > self.GAP_S:
+            self.samples.append((now, self.samples[-1][1]))
         self.samples.append((now, fraction))
         while self.samples and now - self.samples[0][0] > HISTORY_SECONDS:
             self.samples.popleft()
@@ -139,10 +115,10 @@ class Sparkline(QWidget):
         painter.setPen(QPen(QColor(c.border), 1))
         painter.drawRect(0, 0, w - 1, h - 1)
         top = self.scale()
-        if len(self.samples) >= 2:
-            newest = self.samples[-1][0]
+        if self.samples:
+            newest = max(self.samples[-1][0], self.clock())
             path = QPainterPath()
-            for i, (t, frac) in enumerate(self.samples):
+            for i, (t, frac) in enumerate([*self.samples, (newest, self.samples[-1][1])]):
                 x = (w - 2) * (1 - (newest - t) / HISTORY_SECONDS) + 1
                 y = (h - 3) * (1 - min(1.0, max(0.0, frac / top))) + 1
                 path.moveTo(x, y) if i == 0 else path.lineTo(x, y)
@@ -193,8 +169,10 @@ class VramPanel(QScrollArea):
         self._memory_form = self._section(layout, "Device memory", [
             ("device", "Device"), ("total", "Total"), ("used", "Used"), ("free", "Free"),
             ("rss", "Process RSS"), ("weights", "Weights"), ("experts", "of which experts"),
-            ("kv_pool", "KV pool"),
-            ("other", "Everything else")])
+            ("kv_pool", "KV pool reserved"),
+            ("kv_resident", "KV pool resident"), ("other", "Everything else")])
+        for key, tip in TOOLTIPS.items():
+            self._values[key].setToolTip(tip)
         self._section(layout, "KV cache pool", [
             ("blocks_used", "Blocks used"), ("blocks_shared", "Shared"),
             ("blocks_cached", "Cached"), ("blocks_free", "Free"), ("block_size", "Block"),
@@ -222,9 +200,8 @@ class VramPanel(QScrollArea):
         layout.addWidget(self.sparkline)
         self.setWidget(body)
 
-        self.timer = QTimer(self)
-        self.timer.timeout.connect(self.refresh)
-        self.timer.start(IDLE_INTERVAL_MS)
+        self.schedule = RefreshSchedule(self.refresh, self)
+        self.timer = self.schedule.timer
         self.last_kv = None
         self.last_memory = None
 
@@ -276,8 +253,20 @@ class VramPanel(QScrollArea):
         return self._values[key].text()
 
     def set_busy(self, busy: bool) -> None:
-        self.timer.setInterval(BUSY_INTERVAL_MS if busy else IDLE_INTERVAL_MS)
-        self.refresh()
+        """The engine started or stopped running requests (the bridge's activityChanged):
+        poll while it runs, and read the figures it ended with."""
+        self.schedule.set_active(busy)
+        if self.isVisible():
+            self.refresh()
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        self.schedule.set_visible(True)
+        self.refresh()  # what changed while hidden
+
+    def hideEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().hideEvent(event)
+        self.schedule.set_visible(False)
 
     def _describe_owner(self, owner: str) -> str:
         chat = self._owner_name(owner)
@@ -293,6 +282,7 @@ class VramPanel(QScrollArea):
     def refresh(self) -> None:
         remote = getattr(self.source, "remote_status", None)
         status = remote() if remote is not None else None
+        self.schedule.set_remote(status is not None)
         self.remote_view.setVisible(status is not None)
         self.local_view.setVisible(status is None)
         if status is not None:

@@ -146,7 +146,7 @@ def write_random_gguf(path: Path, tokenizer_gguf: Path, arch: str, label: str,
     """A GGUF of `arch` with `keys` (``{arch}.`` names without the prefix: ints as uint32,
     floats as float32), the tokenizer of `tokenizer_gguf`, and the tensors `plan_of(vocab)`
     lists, random (``random_tensor``), written one at a time."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
     reader = GGUFReader(tokenizer_gguf)
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -166,11 +166,7 @@ def write_random_gguf(path: Path, tokenizer_gguf: Path, arch: str, label: str,
         for key, value in {**keys, "vocab_size": vocab}.items():
             add = writer.add_float32 if isinstance(value, float) else writer.add_uint32
             add(f"{arch}.{key}", value)
-        for name, field in reader.fields.items():
-            if name.startswith("tokenizer."):
-                kind = field.types[0]
-                sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
-                writer.add_key_value(name, field.contents(), kind, sub_type=sub)
+        copy_tokenizer_keys(reader, writer)
         for name, dims, kind in plan:
             raw = None if _ggml_type(kind) == "F32" else GGMLQuantizationType[kind]
             writer.add_tensor_info(name, dims, np.dtype(np.float32), tensor_nbytes(dims, kind),
@@ -187,6 +183,18 @@ def write_random_gguf(path: Path, tokenizer_gguf: Path, arch: str, label: str,
     finally:
         writer.close()
         tmp.unlink(missing_ok=True)
+
+
+def copy_tokenizer_keys(reader, writer) -> None:
+    """Every ``tokenizer.*`` key of a GGUFReader into a GGUFWriter, types kept: what
+    Folio's GGUF tokenizer and llama.cpp read."""
+    from gguf import GGUFValueType
+
+    for name, field in reader.fields.items():
+        if name.startswith("tokenizer."):
+            kind = field.types[0]
+            sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
+            writer.add_key_value(name, field.contents(), kind, sub_type=sub)
 
 
 def random_tensor(rng: np.random.Generator, dims: tuple[int, ...], kind: str) -> np.ndarray:

@@ -19,6 +19,7 @@ import torch
 
 from engine.core.kv_groups import KVGroupSpec, split_moves
 from engine.core.scheduler import ScheduledSeq, SchedulerOutput
+from engine.runner.cuda_graphs import CudaGraphRunner, backend_is_capturable
 from engine.runner.kv_cache import KVShape
 from kernels import AttentionBackend, AttentionMetadata, allocate_kv_cache
 
@@ -34,9 +35,13 @@ class ModelRunner:
         backend: AttentionBackend,
         device: torch.device,
         groups: Sequence[KVGroupSpec] = (),
+        cuda_graphs: bool = False,
+        max_model_len: int | None = None,
     ) -> None:
         """``groups`` (empty: one group of every layer) with ``num_blocks`` per group;
-        each group has ``num_host_blocks`` host blocks."""
+        each group has ``num_host_blocks`` host blocks. ``cuda_graphs``: replay decode
+        steps as CUDA graphs where the device and backend allow (runner/cuda_graphs.py),
+        their block tables as wide as ``max_model_len`` needs."""
         self.model = model
         self.shape = shape
         self.backend = backend
@@ -63,6 +68,10 @@ class ModelRunner:
         for g, (group, cache) in enumerate(zip(self.groups, self.kv_caches, strict=True)):
             for i, layer in enumerate(group.layers):
                 self._layer_views[layer] = (g, cache[i, 0], cache[i, 1])
+        self.graphs: CudaGraphRunner | None = None
+        if cuda_graphs and max_model_len and backend_is_capturable(backend, device):
+            self.graphs = CudaGraphRunner(self._decode_logits, device, shape.block_size,
+                                          -(-max_model_len // shape.block_size))
 
     def _allocate(self, num_layers: int, num_blocks: int, device: torch.device,
                   pin_memory: bool = False) -> torch.Tensor:
@@ -111,6 +120,10 @@ class ModelRunner:
         if not out.scheduled:
             return None
         input_ids, positions, metas, sample_rows = self.prepare(out)
+        if self.graphs is not None and self.graphs.fits(out, len(metas)):
+            logits = self.graphs.run(input_ids, positions, metas[0])
+            if logits is not None:
+                return logits
         if len(metas) == 1:
             hidden = self.model(input_ids, positions, self.kv_cache, metas[0], self.backend)
         else:
@@ -119,6 +132,12 @@ class ModelRunner:
         if not sample_rows:
             return None
         return self.model.compute_logits(hidden[sample_rows])
+
+    def _decode_logits(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       meta: AttentionMetadata) -> torch.Tensor:
+        """One group's step with every row sampled: what a CUDA graph records."""
+        hidden = self.model(input_ids, positions, self.kv_cache, meta, self.backend)
+        return self.model.compute_logits(hidden)
 
     def prepare(self, out: SchedulerOutput):
         """Token ids, positions, one AttentionMetadata per KV group (sharing the query

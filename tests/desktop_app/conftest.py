@@ -171,7 +171,8 @@ class FakeWorker:
     def memory_stats(self):
         from engine.runner.memory import MemoryStats
 
-        return MemoryStats("cpu", 500 * 2**20, 64 * 2**20, None, None, None, 900 * 2**20)
+        return MemoryStats("cpu", 500 * 2**20, 64 * 2**20, None, None, None, 900 * 2**20,
+                           8 * 2**20)
 
 
 @pytest.fixture

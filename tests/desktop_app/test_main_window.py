@@ -11,7 +11,8 @@ from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from desktop_app.data.chat_store import ChatStore
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.candidates import CandidateColumn
-from desktop_app.widgets.vram_panel import kv_rows, memory_rows
+from desktop_app.widgets.memory_rows import memory_rows
+from desktop_app.widgets.vram_panel import kv_rows
 
 REPO = Path(__file__).resolve().parents[2]
 TURN_TIMEOUT_MS = 90_000
@@ -25,9 +26,12 @@ def settings(**chat) -> AppSettings:
 
 
 def send(qtbot, window, text: str) -> None:
+    """A turn, until the reply is stored and the engine has fallen idle (the memory panel
+    reads its last figures then, so a test may close the store after this)."""
     window.conversation.composer.setPlainText(text)
     with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
         qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.bridge.active, timeout=10_000)
 
 
 def active_branch(store, chat_id):

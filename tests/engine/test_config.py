@@ -22,6 +22,7 @@ def test_engine_config_defaults() -> None:
     assert config.dtype is None and config.device is None  # auto: engine/runner/device.py
     assert config.weights == "stored" and config.gpu_memory_utilization is None
     assert config.preemption_mode == "recompute"
+    assert config.cuda_graphs is True  # used only on CUDA with Triton (runner/cuda_graphs.py)
 
 
 def test_engine_config_swap_mode_follows_host_blocks() -> None:
@@ -54,6 +55,8 @@ def test_engine_config_swap_mode_follows_host_blocks() -> None:
         ("weights", "q4"),
         ("weights", None),
         ("num_threads", 0),
+        ("cuda_graphs", 1),
+        ("cuda_graphs", None),
     ],
 )
 def test_engine_config_rejects_bad_field(field: str, value: object) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from engine import LLM, EngineWorker, SamplingParams
-from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
-from tests.engine.tiny_models import save_tiny_model
+from engine.outputs import ActivityEvent, ErrorEvent, FinishedEvent, TokenEvent
+from engine.worker import MEMORY_INTERVAL_S
+from tests.engine.tiny_models import random_prompt, save_tiny_model
 
 
 class Collector:
@@ -117,3 +119,48 @@ def test_a_failing_step_ends_its_requests_with_an_error_and_frees_their_blocks(w
     good = Collector()
     worker.submit([1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), good)
     assert good.done.wait(60)
+
+
+def test_activity_events_frame_a_run_and_the_idle_snapshot_is_fresh(worker, monkeypatch):
+    seen: list = []  # activity events and "measured" for each memory measurement, in order
+    idle = threading.Event()
+
+    def listen(event: ActivityEvent) -> None:
+        seen.append(event)
+        if not event.busy and ActivityEvent(True) in seen:
+            idle.set()
+
+    engine = worker.llm.engine
+    measure = engine.memory_stats
+    monkeypatch.setattr(engine, "memory_stats", lambda: seen.append("measured") or measure())
+    worker.set_activity_listener(listen)
+
+    def run(prompt_seed: int, reader: bool) -> tuple[list, float]:
+        seen.clear()
+        idle.clear()
+        c = Collector()
+        start = time.monotonic()
+        # A prompt no other test sent: it writes blocks no snapshot has seen yet.
+        worker.submit(random_prompt(prompt_seed, 300),
+                      SamplingParams(max_tokens=60, ignore_eos=True), c)
+        while reader and not c.done.is_set():  # a memory panel polling the snapshot
+            worker.memory_stats()
+            time.sleep(0.05)
+        assert c.done.wait(60) and idle.wait(10)
+        # (The worker may still have been falling idle after the previous test.)
+        return seen[seen.index(ActivityEvent(True)):], time.monotonic() - start
+
+    try:
+        unread, _ = run(98, reader=False)
+        read, elapsed = run(99, reader=True)
+    finally:
+        worker.set_activity_listener(None)
+    for events in (unread, read):
+        assert [e for e in events if e != "measured"] == [ActivityEvent(True),
+                                                          ActivityEvent(False)]
+        assert events[-2:] == ["measured", ActivityEvent(False)]  # once as it fell idle
+    # While running: never when nobody reads, else at most every MEMORY_INTERVAL_S.
+    assert unread.count("measured") == 1
+    assert read.count("measured") <= elapsed / MEMORY_INTERVAL_S + 1
+    fresh = measure()
+    assert worker.memory_stats().kv_pool_resident_bytes == fresh.kv_pool_resident_bytes > 0

@@ -129,3 +129,29 @@ def test_describe_error():
     assert describe_error(KeyError("tok")) == "KeyError: 'tok'"
     assert describe_error(RuntimeError()) == "RuntimeError"
     assert threading.current_thread() is threading.main_thread()
+
+
+def test_activity_follows_the_engine_for_the_apis_requests_too(qtbot, tiny_model_path):
+    from engine import LLM
+    from engine.outputs import FinishedEvent
+
+    bridge = EngineBridge(llm_factory=lambda source, config=None, progress=None: LLM(
+        str(tiny_model_path), num_gpu_blocks=64))
+    with qtbot.waitSignal(bridge.modelLoaded, timeout=30000):
+        bridge.load_model("tiny")
+    activity, busy = [], []
+    bridge.activityChanged.connect(activity.append)
+    bridge.busyChanged.connect(busy.append)
+    done = threading.Event()
+    # As the serve switch's API does: straight to the worker, past the bridge's handles.
+    bridge.worker.submit([1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True),
+                         lambda e: isinstance(e, FinishedEvent) and done.set(), label="api")
+    qtbot.waitUntil(lambda: activity == [True, False], timeout=30000)
+    assert done.is_set() and busy == [] and not bridge.active
+    # The app's own request: active from the submit, idle once the engine is.
+    with qtbot.waitSignal(bridge.requestFinished, timeout=30000):
+        bridge.submit([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=4))
+        assert bridge.active and activity == [True, False, True]
+    qtbot.waitUntil(lambda: activity == [True, False, True, False], timeout=30000)
+    assert busy == [True, False]
+    bridge.shutdown()

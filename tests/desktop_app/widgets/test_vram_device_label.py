@@ -35,5 +35,6 @@ def test_the_panel_shows_the_resolved_label(qtbot):
 
 
 def test_memory_stats_carry_the_label():
-    assert memory_stats(torch.device("cpu"), 1, 2, "CPU").device == "CPU"
-    assert memory_stats(torch.device("cpu"), 1, 2).device == "cpu"  # without one, torch's
+    pool = [torch.zeros(4)]
+    assert memory_stats(torch.device("cpu"), 1, pool, "CPU").device == "CPU"
+    assert memory_stats(torch.device("cpu"), 1, pool).device == "cpu"  # without one, torch's

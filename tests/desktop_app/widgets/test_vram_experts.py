@@ -3,11 +3,13 @@ for a dense model."""
 
 from __future__ import annotations
 
-from desktop_app.widgets.vram_panel import VramPanel, memory_rows
+from desktop_app.widgets.memory_rows import memory_rows
+from desktop_app.widgets.vram_panel import VramPanel
 from engine.core.kv_stats import KVStats
 from engine.runner.memory import MemoryStats
 
-MOE = MemoryStats("cpu", 4 * 2**30, 2**28, None, None, None, 5 * 2**30, 3 * 2**30)
+MOE = MemoryStats("cpu", 4 * 2**30, 2**28, None, None, None, 5 * 2**30,
+                  expert_bytes=3 * 2**30)
 DENSE = MemoryStats("cpu", 2**30, 2**28, None, None, None, 2 * 2**30)
 KV = KVStats(block_size=16, num_blocks=8, bytes_per_block=4096, num_free=8, num_used=0,
              num_cached=0, num_shared=0, bytes_saved_by_sharing=0, allocated_slots=0,

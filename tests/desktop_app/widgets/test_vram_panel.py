@@ -1,20 +1,19 @@
-"""The VRAM panel's numbers, block map and chart, against snapshots."""
+"""The VRAM panel's numbers, block map and chart, against snapshots; when it polls."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QPoint
 
+from desktop_app.services.remote_metrics import RemoteStatus
 from desktop_app.widgets.block_map import BlockMap
+from desktop_app.widgets.memory_rows import memory_rows
+from desktop_app.widgets.refresh_schedule import BUSY_INTERVAL_MS, REMOTE_INTERVAL_MS
 from desktop_app.widgets.vram_panel import (
-    BUSY_INTERVAL_MS,
-    IDLE_INTERVAL_MS,
     Sparkline,
     VramPanel,
     blocks_per_chat,
-    format_bytes,
     headroom_tokens,
     kv_rows,
-    memory_rows,
 )
 from engine.core.kv_stats import BlockInfo, KVStats
 from engine.runner.memory import MemoryStats
@@ -32,29 +31,20 @@ def _kv(blocks=None, **kw) -> KVStats:
 class Source:
     def __init__(self, kv, mem, max_model_len=8192):
         self.kv, self.mem, self.max_model_len, self.busy = kv, mem, max_model_len, False
+        self.reads = 0
 
     def kv_stats(self):
+        self.reads += 1
         return self.kv
 
     def memory_stats(self):
         return self.mem
 
 
-CPU = MemoryStats("cpu", 538 * 2**20, 100 * 2**20, None, None, None, 900 * 2**20)
-CUDA = MemoryStats("cuda:0", 2**30, 2 * 2**30, 80 * 2**30, 5 * 2**30, 75 * 2**30, 3 * 2**30)
+CPU = MemoryStats("cpu", 538 * 2**20, 2**30, None, None, None, 900 * 2**20, 100 * 2**20)
 
 
-def test_format_bytes():
-    assert [format_bytes(n) for n in (0, 1023, 1024, 737280, 5 * 2**30, None)] == [
-        "0 B", "1023 B", "1.0 KiB", "720.0 KiB", "5.0 GiB", "n/a"]
-
-
-def test_rows_for_cpu_and_cuda():
-    assert memory_rows(CPU) == {"device": "cpu", "weights": "538.0 MiB", "kv_pool": "100.0 MiB",
-                                "rss": "900.0 MiB", "other": "262.0 MiB"}
-    assert memory_rows(CUDA) == {"device": "cuda:0", "weights": "1.0 GiB",
-                                 "kv_pool": "2.0 GiB", "total": "80.0 GiB", "used": "5.0 GiB",
-                                 "free": "75.0 GiB", "other": "2.0 GiB"}
+def test_kv_rows():
     assert kv_rows(_kv()) == {
         "blocks_used": "3 / 8", "blocks_shared": "1", "blocks_cached": "2", "blocks_free": "5",
         "block_size": "16 tokens, 720.0 KiB", "saved_by_sharing": "720.0 KiB",
@@ -97,17 +87,50 @@ def test_panel_labels_match_the_snapshot(qtbot):
     assert panel.sparkline.samples[-1][1] == 3 / 8
 
 
-def test_panel_without_model_and_busy_interval(qtbot):
-    source = Source(None, None)
-    panel = VramPanel(source)
+def test_panel_without_model(qtbot):
+    panel = VramPanel(Source(None, None))
     qtbot.addWidget(panel)
     panel.refresh()
     assert panel.value("blocks_used") == "–"
-    assert panel.timer.interval() == IDLE_INTERVAL_MS
+    assert panel.value("kv_resident") == "–"
+
+
+def test_panel_polls_only_while_the_engine_runs_and_it_is_visible(qtbot):
+    source = Source(_kv(), CPU)
+    panel = VramPanel(source)
+    qtbot.addWidget(panel)
+    panel.show()
+    qtbot.waitExposed(panel)
+    assert source.reads == 1  # shown: read once
+    qtbot.wait(3 * BUSY_INTERVAL_MS)
+    assert source.reads == 1 and not panel.timer.isActive()  # idle: nothing polls
     panel.set_busy(True)
-    assert panel.timer.interval() == BUSY_INTERVAL_MS <= 500
-    panel.set_busy(False)
-    assert panel.timer.interval() == IDLE_INTERVAL_MS
+    assert panel.timer.isActive() and panel.timer.interval() == BUSY_INTERVAL_MS <= 500
+    qtbot.waitUntil(lambda: source.reads >= 4, timeout=5 * BUSY_INTERVAL_MS)
+    panel.hide()  # the dock closed mid-reply: no polling for a hidden panel
+    assert not panel.timer.isActive()
+    reads = source.reads
+    panel.show()
+    assert panel.timer.isActive() and source.reads == reads + 1
+    panel.set_busy(False)  # the run ended: its last figures, then nothing
+    assert not panel.timer.isActive() and source.reads == reads + 2
+
+
+def test_panel_polls_a_remote_server_while_visible(qtbot):
+    class Remote(Source):
+        def remote_status(self):
+            self.reads += 1
+            return None if self.gone else RemoteStatus("gpu-box", "http://gpu-box/v1", "m")
+
+    source = Remote(None, None)
+    source.gone = False
+    panel = VramPanel(source)
+    qtbot.addWidget(panel)
+    panel.show()
+    assert panel.timer.isActive() and panel.timer.interval() == REMOTE_INTERVAL_MS
+    source.gone = True  # unloaded
+    panel.refresh()
+    assert not panel.timer.isActive()
 
 
 def test_block_map_cells_and_tooltips(qtbot):
@@ -134,14 +157,23 @@ def test_block_map_cells_and_tooltips(qtbot):
 def test_sparkline_keeps_five_minutes(qtbot):
     line = Sparkline()
     qtbot.addWidget(line)
-    for t in range(0, 400, 10):
-        line.add(t / 400, now=float(t))
-    assert line.samples[0] == (90.0, 90 / 400)
-    assert line.samples[-1] == (390.0, 390 / 400)
+    for t in range(0, 400 * 4, 2):  # a sample each 0.5 s
+        line.add(t / 1600, now=t / 4)
+    assert line.samples[0] == (99.5, 398 / 1600)
+    assert line.samples[-1] == (399.5, 1598 / 1600)
     assert line.scale() == 1.0
     line.samples.clear()
     line.add(0.02, now=1.0)
     assert line.scale() == 0.05  # small usage is drawn against a 5% scale, not 100%
-    line.add(0.2, now=2.0)
+    line.add(0.2, now=1.5)
     assert line.scale() == 0.25
     assert not line.grab().isNull()
+
+
+def test_sparkline_steps_over_an_idle_gap(qtbot):
+    line = Sparkline()
+    qtbot.addWidget(line)
+    line.add(0.1, now=10.0)
+    line.add(0.1, now=10.4)
+    line.add(0.3, now=70.0)  # the engine was idle for a minute: usage stayed at 0.1
+    assert list(line.samples) == [(10.0, 0.1), (10.4, 0.1), (70.0, 0.1), (70.0, 0.3)]

@@ -4,7 +4,9 @@ at once with a clear message; and its summary table, from made-up outcomes."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,47 +26,87 @@ def gpu_check():
     del sys.modules[spec.name]
 
 
-def test_no_cuda_stops_at_once_with_a_message(gpu_check, capsys):
-    assert gpu_check.main([], cuda_reason=lambda: "test machine") == 2
-    err = capsys.readouterr().err
-    assert "no CUDA device on this machine (test machine); nothing was run" in err
+def test_no_cuda_stops_after_the_preflight_with_a_message(gpu_check, capsys):
+    ok = gpu_check.Step("preflight (imports)", [sys.executable, "-c", "print('fine')"], 30.0)
+    assert gpu_check.main([], cuda_reason=lambda: "test machine", first=ok) == 2
+    captured = capsys.readouterr()
+    assert "no CUDA device on this machine (test machine); the preflight passed" in captured.err
+    assert "fine" in captured.out
+
+
+def test_a_failed_preflight_stops_before_the_cuda_check(gpu_check, capsys):
+    bad = gpu_check.Step("preflight (imports)",
+                         [sys.executable, "-c", "import no_such_module_here"], 30.0)
+    assert gpu_check.main([], cuda_reason=lambda: pytest.fail("asked for CUDA"),
+                          first=bad) == 1
+    out = capsys.readouterr().out
+    assert "No module named 'no_such_module_here'" in out
+    assert re.search(r"preflight \(imports\)\s+FAILED", out)
 
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="this machine has a GPU")
-def test_script_without_cuda_exits_quickly():
+def test_script_without_cuda_runs_the_preflight_then_stops():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
-                          timeout=60, env=env)
-    assert proc.returncode == 2
-    assert "nothing was run" in proc.stderr and proc.stdout == ""
+                          timeout=240, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no GPU step was run" in proc.stderr
+    assert re.search(r"preflight: \d+ modules imported; \d+ tests collected", proc.stdout)
 
 
-def test_summary_table_and_key_figures(gpu_check):
+BENCH_OUTPUT = """peak bandwidth: NVIDIA H200: 4800 GB/s (spec sheet)
+shape                    batch context splits  kernels
+llama-8B                     1    4096     16  triton:     12.0 us    1398 GB/s  29.1% | sdpa: n/a
+llama-8B                     8    4096      4  triton:     40.0 us    3356 GB/s  69.9% | sdpa: n/a
+
+type  matmul         N      K      MB       us   GB/s   peak
+Q4_K  q/o proj    4096   4096     9.4      4.1   2290  47.7%
+Q4_K  gate/up    14336   4096    33.0      9.9   3333  69.4%
+Q6_K  down        4096  14336    48.2     14.0   3443  71.7%
+"""
+E2E = {"size": "1b", "device": "cuda:0", "backend": "triton", "write_s": 3.0, "load_s": 4.0,
+       "compile_s": 21.5, "ttft_s": 0.0812, "tok_s_graphs": 410.0, "tok_s_eager": 120.0,
+       "logits_rel_err": 0.004, "weights_bytes": 800 << 20, "peak_bytes": 3 << 30,
+       "budget_bytes": 4 << 30, "peak_gbps": 4800.0, "logits_ok": True, "bound_tok_s": 5722.0}
+
+
+def test_summary_table_and_figures(gpu_check):
     Outcome = gpu_check.Outcome
     pytest_tail = "....\n===== 41 passed, 2 skipped in 63.2s =====\n"
-    bench_tail = ("shape batch\nllama8b  1  512  1  412 GB/s (9 %)\nquant_matmul Q4_K "
-                  "4096x14336  2,913 GB/s (61 %)\n")
-    starter_tail = gpu_check.MARK + '{"device": "cuda:0", "tokens": 64, "tok_s": 182.46}\nA poem'
-    figures = [gpu_check.key_figure("kernel tests (compiled Triton)", pytest_tail),
-               gpu_check.key_figure("folio bench kernels", bench_tail),
-               gpu_check.key_figure("starter on CUDA (device auto)", starter_tail)]
-    assert figures == ["41 passed, 2 skipped in 63.2s",
-                       "quant_matmul Q4_K 4096x14336 2,913 GB/s (61 %)",
-                       "cuda:0, 182.5 tok/s, 64 tokens"]
+    tests = gpu_check.figures_of("kernel tests (compiled Triton)", pytest_tail)
+    assert tests == [("compiled kernel tests", "41 passed, 2 skipped in 63.2s", "all pass")]
+    bench = gpu_check.figures_of("folio bench kernels", BENCH_OUTPUT)
+    assert bench == [("attention decode 8B, ctx 4096", "b1 29.1%, b8 69.9%", ">= 70%"),
+                     ("Q4_K GEMV 8B shapes, batch 1", "48-69% of peak", ">= 60%"),
+                     ("Q6_K GEMV 8B shapes, batch 1", "72-72% of peak", "")]
+    e2e = gpu_check.figures_of("e2e 1b", "loading\n" + gpu_check.E2E_MARK + json.dumps(E2E))
+    values = {name: value for name, value, _ in e2e}
+    assert values["1b device / backend"] == "cuda:0 / triton"
+    assert values["1b decode, graphs / eager"] == "410.0 / 120.0 tok/s = 3.42x"
+    assert values["1b TTFT, 2,048-token prompt"] == "81 ms"
+    assert values["1b first-step logits vs torch"] == "4.00e-03 rel (ok)"
+    assert values["1b peak GPU memory / budget"] == "3.00 / 4.00 GiB"
+    assert values["1b decode / bandwidth bound"] == "7% of 5722"
     table = gpu_check.format_summary([
-        Outcome("kernel tests (compiled Triton)", "passed", 63.2, figures[0]),
-        Outcome("folio bench kernels", "TIMED OUT", 120.0, figures[1]),
-        Outcome("starter on CUDA (device auto)", "FAILED", 9.04, figures[2])])
+        Outcome("kernel tests (compiled Triton)", "passed", 63.2, tests),
+        Outcome("folio bench kernels", "TIMED OUT", 70.0, bench),
+        Outcome("e2e 1b", "FAILED", 9.04, e2e)])
     lines = table.splitlines()
-    assert lines[0].split() == ["step", "status", "seconds", "key", "figure"]
+    assert lines[0].split() == ["step", "/", "figure", "status", "seconds", "value", "target"]
     assert set(lines[1]) <= {"-", " "}
-    assert lines[3].split()[3:5] == ["TIMED", "OUT"] and "120.0" in lines[3]
-    assert "9.0" in lines[4] and lines[4].endswith("64 tokens")
+    assert lines[2].split()[-2:] == ["passed", "63.2"]
+    assert lines[3].split()[1:] == ["compiled", "kernel", "tests", "41", "passed,", "2",
+                                    "skipped", "in", "63.2s", "all", "pass"][1:]
+    assert "TIMED OUT" in lines[4] and lines[5].rstrip().endswith(">= 70%")
     # Every column starts at the same offset on every line.
-    status_at = lines[0].index("status")
-    assert all(line[status_at - 2:status_at] == "  " for line in lines[2:])
+    value_at = lines[0].index("value")
+    assert all(line[value_at - 2:value_at] == "  " for line in lines[2:] if len(line) > value_at)
 
 
 def test_time_limits_fit_the_budget(gpu_check):
-    assert sum(step.limit_s for step in gpu_check.steps()) <= gpu_check.TOTAL_S
+    steps = [gpu_check.preflight_step(), *gpu_check.steps()]
+    assert sum(step.limit_s for step in steps) <= gpu_check.TOTAL_S
     assert all("TRITON_INTERPRET" not in step.env for step in gpu_check.steps())
+    cache = Path("/tmp/folio-triton-test")
+    e2e = [s for s in gpu_check.steps(triton_cache=cache) if s.name.startswith("e2e")]
+    assert [s.env["TRITON_CACHE_DIR"] for s in e2e] == [str(cache)] * 2

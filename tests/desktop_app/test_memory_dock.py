@@ -1,0 +1,73 @@
+"""The Memory dock on the real window and the starter model: the KV pool's reserved and
+resident bytes apart, and no timer firing in the panel while the engine is idle."""
+
+from __future__ import annotations
+
+import sys
+
+from PySide6.QtCore import QEvent, QObject
+
+from desktop_app.widgets.memory_rows import resident_text
+from desktop_app.widgets.refresh_schedule import BUSY_INTERVAL_MS
+from tests.desktop_app.test_main_window import send, settings
+from tests.engine.runner.test_resident import smaps_rss
+
+IDLE_WATCH_MS = 1700  # longer than any poll the panel ever ran while idle (1.5 s)
+
+
+class PanelTimers(QObject):
+    """Counts the timer events delivered to the panel or anything inside it."""
+
+    def __init__(self, panel) -> None:
+        super().__init__()
+        self.panel, self.count = panel, 0
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 - Qt override
+        if event.type() == QEvent.Type.Timer:
+            while obj is not None and obj is not self.panel:
+                obj = obj.parent()
+            self.count += obj is self.panel
+        return False
+
+
+def test_the_dock_shows_the_pool_reserved_and_resident(qtbot, make_starter_bridge,
+                                                       make_window):
+    bridge = make_starter_bridge()
+    window = make_window(bridge, settings(max_tokens=24))
+    send(qtbot, window, "Name three colors.")  # returns once the engine is idle
+    panel, mem, kv = window.vram_panel, bridge.memory_stats(), bridge.kv_stats()
+    # The worker measured the pool as it fell idle: every block written so far (this
+    # chat's and earlier tests' on the shared model), as the kernel counts them.
+    resident = mem.kv_pool_resident_bytes
+    assert kv.num_cached * kv.bytes_per_block <= resident < mem.kv_pool_bytes
+    if sys.platform.startswith("linux"):
+        [pool] = bridge.llm.engine.runner.kv_caches
+        assert resident == smaps_rss(pool.untyped_storage().data_ptr())
+    assert mem.kv_pool_bytes == kv.num_blocks * kv.bytes_per_block  # reserved: all 384
+    assert panel.value("kv_pool") == "270.0 MiB"
+    assert panel.value("kv_resident") == resident_text(mem)
+    other = mem.process_rss_bytes - mem.weights_bytes - resident
+    assert mem.other_bytes == other > 0
+    assert panel.value("other") == f"{other / 2**20:.1f} MiB"
+
+
+def test_no_timer_fires_in_the_panel_while_the_engine_is_idle(qtbot, qapp,
+                                                              make_starter_bridge,
+                                                              make_window):
+    bridge = make_starter_bridge()
+    window = make_window(bridge, settings(max_tokens=8))
+    panel = window.vram_panel
+    timers = PanelTimers(panel)
+    qapp.installEventFilter(timers)
+    try:
+        send(qtbot, window, "Hi!")  # returns once the engine is idle
+        assert panel.isVisible() and not panel.timer.isActive()
+        timers.count = 0
+        qtbot.wait(IDLE_WATCH_MS)
+        assert timers.count == 0
+        panel.set_busy(True)  # what the bridge's activityChanged does when a reply starts
+        qtbot.wait(3 * BUSY_INTERVAL_MS)
+        assert timers.count >= 2  # the counter sees the panel's poll when there is one
+        panel.set_busy(False)
+    finally:
+        qapp.removeEventFilter(timers)
