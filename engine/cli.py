@@ -155,6 +155,8 @@ def cmd_models(args) -> int:
 
     for info in list_local_models(args.path):
         params = f"{info.num_parameters / 1e6:.0f}M" if info.num_parameters else "?"
+        if info.active_parameters is not None:  # a mixture of experts
+            params += f" ({info.active_parameters / 1e6:.0f}M active)"
         print(f"{info.name:<40} {info.format:<5} {info.architecture or '?':<22} {params:>6} "
               f"ctx {info.context_length or '?':<6} {info.size_bytes / 2**20:8.0f} MiB  "
               f"{info.path}")

@@ -24,6 +24,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup
 from engine.core.sliding_blocks import SlidingBlockManager
 from engine.grammar import Grammars, Matcher, token_masks
+from engine.layers.moe import expert_bytes
 from engine.layers.weights import set_activation_bits
 from engine.outputs import (
     CompletionOutput,
@@ -88,6 +89,7 @@ class LLMEngine:
         net.load_weights(loaded.weights)
         set_activation_bits(net, config.cpu_activation_bits)
         self.weights_bytes = net.weight_bytes()
+        self.expert_bytes = expert_bytes(net)
         context = net.max_context_len
         self.max_model_len = min(config.max_model_len or context, context)
         shape = KVShape.from_spec(net.spec, config.block_size, dtype)
@@ -318,5 +320,5 @@ class LLMEngine:
 
     def memory_stats(self) -> MemoryStats:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_caches,
-                            self.resolved_device.status_line)
+                            self.resolved_device.status_line, self.expert_bytes)
 

@@ -112,18 +112,9 @@ def tiny_hf_model(family: str, seed: int = 0, **overrides: Any) -> transformers.
     model_class = getattr(transformers, config.architectures[0])
     torch.manual_seed(seed)
     model = model_class(config).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * noise)  # not all ones, so a skipped norm shows
-            elif param.dim() == 1:
-                param.copy_(0.2 * noise)  # biases
-            elif name.endswith("embed_tokens.weight") or name == "lm_head.weight":
-                param.copy_(noise)
-            else:
-                param.copy_(noise * param.shape[1] ** -0.5)
+    from tests.engine.tiny_models import peaked_weights
+
+    peaked_weights(model, seed)
     return model
 
 

@@ -158,7 +158,8 @@ class ModelManagerDialog(QDialog):
             else:
                 status = "● loaded" if loaded and loaded == source_for(info) else ""
                 cells = (info.name, info.format, info.architecture,
-                         format_parameters(info.num_parameters), str(info.context_length),
+                         format_parameters(info.num_parameters, info.active_parameters),
+                         str(info.context_length),
                          format_bytes(info.size_bytes),
                          format_bytes(memory_needed(info, config)), status)
             for col, text in enumerate(cells):

@@ -37,7 +37,11 @@ COLUMNS = ("Name", "Format", "Architecture", "Parameters", "Context", "On disk",
            "Memory needed", "Status")
 
 
-def format_parameters(n: int) -> str:
+def format_parameters(n: int, active: int | None = None) -> str:
+    """A parameter count ("7.2 B"); a mixture of experts shows every expert's and what one
+    token reads ("MoE: 6.9 B, 1.3 B active")."""
+    if active is not None:
+        return f"MoE: {format_parameters(n)}, {format_parameters(active)} active"
     if n >= 10**9:
         return f"{n / 10**9:.1f} B"
     if n >= 10**6:

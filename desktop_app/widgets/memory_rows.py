@@ -49,6 +49,8 @@ def memory_rows(mem) -> dict[str, str]:
     rows = {"device": mem.device, "weights": format_bytes(mem.weights_bytes),
             "kv_pool": format_bytes(mem.kv_pool_bytes), "kv_resident": resident_text(mem),
             "other": format_bytes(mem.other_bytes)}
+    if mem.expert_bytes is not None:  # a mixture of experts
+        rows["experts"] = format_bytes(mem.expert_bytes)
     if mem.device_total_bytes is not None:  # a CUDA device
         rows["total"] = format_bytes(mem.device_total_bytes)
         rows["used"] = format_bytes(mem.device_used_bytes)

@@ -168,7 +168,8 @@ class VramPanel(QScrollArea):
         layout.setSpacing(4)
         self._memory_form = self._section(layout, "Device memory", [
             ("device", "Device"), ("total", "Total"), ("used", "Used"), ("free", "Free"),
-            ("rss", "Process RSS"), ("weights", "Weights"), ("kv_pool", "KV pool reserved"),
+            ("rss", "Process RSS"), ("weights", "Weights"), ("experts", "of which experts"),
+            ("kv_pool", "KV pool reserved"),
             ("kv_resident", "KV pool resident"), ("other", "Everything else")])
         for key, tip in TOOLTIPS.items():
             self._values[key].setToolTip(tip)
@@ -302,6 +303,7 @@ class VramPanel(QScrollArea):
         for key in ("total", "used", "free"):
             self._memory_form.setRowVisible(self._values[key], cuda)
         self._memory_form.setRowVisible(self._values["rss"], not cuda)
+        self._memory_form.setRowVisible(self._values["experts"], "experts" in texts)
         room = headroom_tokens(kv, self.source.max_model_len, self.current_chat_tokens())
         texts["headroom"] = f"This chat can grow about {room} more tokens"
         per_chat = blocks_per_chat(kv, self._owner_name)

@@ -46,6 +46,7 @@ from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
 from engine.bench.eight_b import bench_8b
 from engine.bench.memory import bench_memory
+from engine.bench.moe import bench_moe
 from engine.bench.scheduler import bench_scheduler
 from engine.bench.serve import bench_serve
 from engine.bench.setup import BenchContext, BenchSettings, check_sizes
@@ -67,6 +68,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "8b": bench_8b,
     "sizes": bench_sizes,
     "structured": bench_structured,
+    "moe": bench_moe,
 }
 
 EPILOG = """workloads:
@@ -83,9 +85,11 @@ EPILOG = """workloads:
               load, TTFT (512-token prompt, follow-up turn), decode tok/s, peak RSS
   structured  decode tok/s with a JSON-schema mask / without, mask compile time (first
               use, cached), a tool round trip's cached tokens through the API
+  moe         synthetic OLMoE-1B-7B Q4_K_M (64 experts, 8 per token), as sizes, the best
+              of two fresh-process runs per side
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
-llama.cpp joins chat, decode, memory, 8b and sizes when llama-cpp-python is installed
+llama.cpp joins chat, decode, memory, 8b, sizes and moe when llama-cpp-python is installed
 (pip install -e '.[bench]');
 --plot needs matplotlib (pip install 'folio[plot]')."""
 

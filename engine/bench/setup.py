@@ -84,6 +84,7 @@ class BenchSettings:
     sizes_timeout_s: float = 900.0  # sizes: each worker's limit (load, warm-up, two turns)
     structured_rounds: int = 3  # structured: rounds of each measurement
     structured_tokens: int = 128  # structured: the constrained reply's cap (the rate needs no end)
+    moe_runs: int = 2  # moe: fresh-process runs per side (the sizes_* turns); best of them
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -92,7 +93,8 @@ class BenchSettings:
                      "decode_rounds", "concurrent_chats", "serve_clients", "serve_turns",
                      "memory_context", "memory_turns", "eightb_prompt_tokens", "eightb_tokens",
                      "eightb_rounds", "sizes_prompt_tokens", "sizes_tokens",
-                     "sizes_followup_tokens", "structured_rounds", "structured_tokens"):
+                     "sizes_followup_tokens", "structured_rounds", "structured_tokens",
+                     "moe_runs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

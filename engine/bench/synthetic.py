@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -93,14 +95,21 @@ def tensor_plan(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...], st
 def tensor_nbytes(dims: tuple[int, ...], type_name: str) -> int:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[_ggml_type(type_name)]]
     count = int(np.prod(dims))
     if count % block:
         raise ValueError(f"{dims} does not split into {type_name} blocks of {block}")
     return count // block * block_bytes
 
 
-def synthetic_path(shape: Shape = LLAMA3_8B, root: Path | None = None) -> Path:
+def _ggml_type(kind: str) -> str:
+    """The GGUF type of a plan's kind (F32_RANDOM is stored as F32)."""
+    return "F32" if kind == "F32_RANDOM" else kind
+
+
+def synthetic_path(shape: Any = LLAMA3_8B, root: Path | None = None) -> Path:
+    """Where a shape's file lives: named by its ``label`` (any shape with one, the MoE
+    shapes of synthetic_moe.py too)."""
     if root is None:
         from engine.loaders.gguf.loader import cache_root
 
@@ -121,11 +130,27 @@ def ensure_synthetic_gguf(tokenizer_gguf: Path, shape: Shape = LLAMA3_8B,
 
 def write_synthetic_gguf(path: Path, tokenizer_gguf: Path, shape: Shape = LLAMA3_8B,
                          seed: int = 0) -> None:
+    keys = {"block_count": shape.layers, "context_length": shape.context,
+            "embedding_length": shape.hidden, "feed_forward_length": shape.intermediate,
+            "attention.head_count": shape.heads, "attention.head_count_kv": shape.kv_heads,
+            "rope.dimension_count": shape.head_dim,
+            "rope.freq_base": shape.rope_base, "attention.layer_norm_rms_epsilon": 1e-5}
+    write_random_gguf(path, tokenizer_gguf, "llama", shape.label, keys,
+                      lambda vocab: tensor_plan(shape, vocab), seed)
+
+
+def write_random_gguf(path: Path, tokenizer_gguf: Path, arch: str, label: str,
+                      keys: dict[str, int | float],
+                      plan_of: Callable[[int], list[tuple[str, tuple[int, ...], str]]],
+                      seed: int = 0) -> None:
+    """A GGUF of `arch` with `keys` (``{arch}.`` names without the prefix: ints as uint32,
+    floats as float32), the tokenizer of `tokenizer_gguf`, and the tensors `plan_of(vocab)`
+    lists, random (``random_tensor``), written one at a time."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
     reader = GGUFReader(tokenizer_gguf)
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    plan = tensor_plan(shape, vocab)
+    plan = plan_of(vocab)
     total = sum(tensor_nbytes(dims, kind) for _, dims, kind in plan)
     path.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(path.parent).free
@@ -133,24 +158,19 @@ def write_synthetic_gguf(path: Path, tokenizer_gguf: Path, shape: Shape = LLAMA3
         raise OSError(f"writing {path} needs {total / 2**30:.1f} GiB and 1 GiB to spare; "
                       f"{free / 2**30:.1f} GiB are free there")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    writer = GGUFWriter(tmp, "llama")
+    writer = GGUFWriter(tmp, arch)
     try:
-        writer.add_name(f"synthetic {shape.label} (random Q4_K_M weights, folio bench)")
+        writer.add_name(f"synthetic {label} (random Q4_K_M weights, folio bench)")
         writer.add_file_type(15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
         writer.add_quantization_version(2)
-        for key, value in (("block_count", shape.layers), ("context_length", shape.context),
-                           ("embedding_length", shape.hidden),
-                           ("feed_forward_length", shape.intermediate),
-                           ("attention.head_count", shape.heads),
-                           ("attention.head_count_kv", shape.kv_heads),
-                           ("rope.dimension_count", shape.head_dim), ("vocab_size", vocab)):
-            writer.add_uint32(f"llama.{key}", value)
-        writer.add_float32("llama.rope.freq_base", shape.rope_base)
-        writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        for key, value in {**keys, "vocab_size": vocab}.items():
+            add = writer.add_float32 if isinstance(value, float) else writer.add_uint32
+            add(f"{arch}.{key}", value)
         copy_tokenizer_keys(reader, writer)
         for name, dims, kind in plan:
+            raw = None if _ggml_type(kind) == "F32" else GGMLQuantizationType[kind]
             writer.add_tensor_info(name, dims, np.dtype(np.float32), tensor_nbytes(dims, kind),
-                                   raw_dtype=None if kind == "F32" else GGMLQuantizationType[kind])
+                                   raw_dtype=raw)
         del reader  # its memory maps of the starter are no longer needed
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -178,9 +198,13 @@ def copy_tokenizer_keys(reader, writer) -> None:
 
 
 def random_tensor(rng: np.random.Generator, dims: tuple[int, ...], kind: str) -> np.ndarray:
-    """F32: ones (norm weights). Quantized: the tensor's bytes, random but for the scales."""
+    """F32: ones (norm weights). F32_RANDOM: small normal values (a router, whose rows must
+    differ for tokens to spread over the experts). Quantized: the tensor's bytes, random
+    but for the scales."""
     if kind == "F32":
         return np.ones(dims, np.float32)
+    if kind == "F32_RANDOM":
+        return rng.normal(0.0, 0.02, dims).astype(np.float32)
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]

@@ -16,6 +16,8 @@ from engine.bench.chat import recompute_target
 from engine.bench.decode import llama_decode_target, llama_ttft_target
 from engine.bench.eight_b import DECODE_TARGET, LOADS_TARGET
 from engine.bench.memory import RSS_TARGET, WEIGHTS_TARGET
+from engine.bench.moe import BARS as MOE_BARS
+from engine.bench.moe import moe_target
 from engine.bench.sizes import BARS, size_target
 from engine.bench.structured import (
     CACHED_TARGET,
@@ -73,6 +75,8 @@ ISSUE_TARGETS = (
                 CACHED_TARGET, False),
     IssueTarget("tool round trip through the API, second request's cached tokens / first "
                 "request's prompt + reply", "structured", ROUND_TRIP_TARGET, False),
+    *(IssueTarget(f"{moe_target(metric)} (best of the runs)", "moe", moe_target(metric), True)
+      for metric in MOE_BARS),
     *SIZE_TARGETS,
 )
 

@@ -80,8 +80,7 @@ class PagedSelfAttention(Layer):
     ) -> torch.Tensor:
         """hidden [T, hidden_size] -> [T, hidden_size]; cos/sin from RotaryEmbedding.lookup."""
         num_tokens = hidden.shape[0]
-        heads = self.num_heads + 2 * self.num_kv_heads
-        qkv = self.qkv_proj(hidden).unflatten(-1, (heads, self.head_dim))
+        qkv = self.project(hidden)
         qk_heads = self.num_heads + self.num_kv_heads
         if (self.rotate in _ROTATE_HALF and qkv.stride(-1) == 1
                 and fused_cpu(qkv, cos, sin, k_cache)):
@@ -102,6 +101,13 @@ class PagedSelfAttention(Layer):
         out = backend.attention(query, k_cache, v_cache, meta, self.scale,
                                 **self.attention_options)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [T, hidden_size] -> q, k and v heads side by side [T, heads, head_dim]:
+        the step a family with its own treatment of the projections overrides (OLMoE's
+        norms over the whole of q and of k)."""
+        heads = self.num_heads + 2 * self.num_kv_heads
+        return self.qkv_proj(hidden).unflatten(-1, (heads, self.head_dim))
 
     def _fused_rotary_write(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                             k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -22,6 +22,7 @@ from engine.loaders.gguf.config import CONFIG_TENSORS, gguf_config_dict
 from engine.loaders.gguf.header import read_gguf_header
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
 from engine.models import SUPPORTED_MODEL_TYPES
+from engine.models.moe import active_parameters
 from engine.models.spec import head_dim_of, kv_bytes_per_token
 
 STARTER = "starter"
@@ -42,6 +43,9 @@ class ModelInfo:
     num_kv_heads: int
     head_dim: int
     error: str = ""  # why a user-added path could not be read (its numbers are then 0)
+    # A mixture of experts: the parameters one token reads (num_parameters counts every
+    # expert, as memory must hold them all); None for a dense model.
+    active_parameters: int | None = None
 
     def kv_bytes(self, tokens: int, dtype: torch.dtype | str = torch.float32) -> int:
         """KV cache bytes for `tokens` tokens: K and V for every layer and KV head."""
@@ -145,24 +149,26 @@ def model_info(path: Path) -> ModelInfo:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise FolioLoadError(f"{config_path}: missing or unreadable ({exc}); a model folder "
                              "needs a valid config.json") from exc
-    num_parameters = sum(math.prod(shape) for shard in safetensors_shards(path)
-                         for shape in read_safetensors_header(shard).values())
+    shapes = {name: shape for shard in safetensors_shards(path)
+              for name, shape in read_safetensors_header(shard).items()}
+    num_parameters = sum(math.prod(shape) for shape in shapes.values())
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return ModelInfo(display_name(path), path, "hf", str(config.get("model_type", "")),
                      num_parameters, int(config.get("max_position_embeddings", 0)), size,
                      num_layers, int(config.get("num_key_value_heads") or heads),
-                     head_dim_of(config.get("head_dim"), hidden, heads))
+                     head_dim_of(config.get("head_dim"), hidden, heads),
+                     active_parameters=active_parameters(shapes, config))
 
 
 def gguf_info(path: Path, name: str) -> ModelInfo:
     metadata, tensors = read_gguf_header(path)
     config = gguf_config_dict(metadata, set(tensors), None, path)
-    num_parameters = sum(math.prod(shape) for tensor, shape in tensors.items()
-                         if tensor not in CONFIG_TENSORS)
+    shapes = {tensor: shape for tensor, shape in tensors.items() if tensor not in CONFIG_TENSORS}
+    num_parameters = sum(math.prod(shape) for shape in shapes.values())
     return ModelInfo(name, path, "gguf", config["model_type"], num_parameters,
                      config["max_position_embeddings"], path.stat().st_size,
                      config["num_hidden_layers"], config["num_key_value_heads"],
-                     config["head_dim"])
+                     config["head_dim"], active_parameters=active_parameters(shapes, config))
 
 
 def hf_cache_dir() -> Path:

@@ -12,6 +12,7 @@ from engine.models.registry import (
     checkpoint_shapes,
     family_of,
     gguf_family,
+    gguf_file_family,
     resolve_architecture,
 )
 from engine.models.spec import DecoderSpec
@@ -25,6 +26,7 @@ __all__ = [
     "checkpoint_shapes",
     "family_of",
     "gguf_family",
+    "gguf_file_family",
     "DecoderSpec",
     "LlamaForCausalLM",
     "build_model",

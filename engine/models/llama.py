@@ -21,20 +21,14 @@ from engine.models.spec import DecoderSpec
 from kernels import AttentionBackend, AttentionMetadata
 
 
-class DecoderLayer(Layer):
-    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
-        self.self_attn = PagedSelfAttention(
-            spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-            qkv_bias=spec.qkv_bias, o_bias=spec.o_bias,
-            qk_norm_eps=spec.rms_norm_eps if spec.qk_norm else None,
-            dtype=dtype, device=device, sliding_window=spec.sliding_window,
-        )
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype,
-                                                device)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias, dtype,
-                            device)
+class PreNormLayer(Layer):
+    """A pre-norm decoder layer's step: norm, attention, residual add and norm, MLP (or
+    mixture of experts), residual add. Subclasses build the four parts."""
+
+    input_layernorm: RMSNorm
+    self_attn: PagedSelfAttention
+    post_attention_layernorm: RMSNorm
+    mlp: Layer
 
     def forward(
         self,
@@ -50,6 +44,22 @@ class DecoderLayer(Layer):
                                   meta, backend)
         normed, hidden = self.post_attention_layernorm.add_and_norm(attn_out, hidden)
         return hidden + self.mlp(normed)
+
+
+class DecoderLayer(PreNormLayer):
+    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        self.self_attn = PagedSelfAttention(
+            spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+            qkv_bias=spec.qkv_bias, o_bias=spec.o_bias,
+            qk_norm_eps=spec.rms_norm_eps if spec.qk_norm else None,
+            dtype=dtype, device=device, sliding_window=spec.sliding_window,
+        )
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype,
+                                                device)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias, dtype,
+                            device)
 
 
 class LlamaForCausalLM(CausalLM):
@@ -81,6 +91,14 @@ def projection_targets(prefix: str, attn: PagedSelfAttention, mlp: GatedMLP,
                        spec: DecoderSpec) -> dict[str, Target]:
     """One layer's attention and MLP parameters by Hugging Face name: q/k/v and gate/up land
     in blocks of their stacked matrices."""
+    return attention_targets(prefix, attn, spec) | mlp_targets(f"{prefix}mlp.", mlp,
+                                                               spec.mlp_bias)
+
+
+def attention_targets(prefix: str, attn: PagedSelfAttention,
+                      spec: DecoderSpec) -> dict[str, Target]:
+    """One layer's attention parameters by Hugging Face name (q/k/v in blocks of the stacked
+    matrix, and the per-head q/k norms where the layer has them)."""
     targets: dict[str, Target] = {}
     kinds = ("weight", "bias") if spec.qkv_bias else ("weight",)
     for index, proj in enumerate(("q_proj", "k_proj", "v_proj")):
@@ -92,12 +110,21 @@ def projection_targets(prefix: str, attn: PagedSelfAttention, mlp: GatedMLP,
     if attn.q_norm is not None and attn.k_norm is not None:
         targets[prefix + "self_attn.q_norm.weight"] = attn.q_norm.weight.data
         targets[prefix + "self_attn.k_norm.weight"] = attn.k_norm.weight.data
-    kinds = ("weight", "bias") if spec.mlp_bias else ("weight",)
-    for index, proj in enumerate(("gate_proj", "up_proj")):
+    return targets
+
+
+def mlp_targets(prefix: str, mlp: GatedMLP, bias: bool,
+                names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                ) -> dict[str, Target]:
+    """A gated MLP's matrices under `prefix` by their checkpoint names (gate, up, down:
+    Mixtral's experts call them w1, w3, w2); gate and up land in the stacked matrix."""
+    targets: dict[str, Target] = {}
+    kinds = ("weight", "bias") if bias else ("weight",)
+    for index, proj in enumerate(names[:2]):
         for kind in kinds:
-            targets[f"{prefix}mlp.{proj}.{kind}"] = _target(mlp.gate_up_proj, index, kind)
+            targets[f"{prefix}{proj}.{kind}"] = _target(mlp.gate_up_proj, index, kind)
     for kind in kinds:
-        targets[f"{prefix}mlp.down_proj.{kind}"] = _target(mlp.down_proj, 0, kind)
+        targets[f"{prefix}{names[2]}.{kind}"] = _target(mlp.down_proj, 0, kind)
     return targets
 
 

@@ -21,6 +21,7 @@ from torch import nn
 from engine.dtypes import resolve_dtype
 from engine.models.gemma import GemmaForCausalLM, gemma_spec
 from engine.models.llama import LlamaForCausalLM
+from engine.models.moe import MoEForCausalLM, moe_spec
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
 from engine.models.spec import DecoderSpec, FamilyTraits, spec_from_hf_config
 
@@ -59,6 +60,25 @@ GGUF_PHI3_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 })
 
+# Mixture-of-experts files (OLMoE, Qwen3-MoE, Mixtral's "llama" ones): the router and the
+# experts' stacked 3-D tensors, which the loader hands over one expert at a time ("{}").
+_GGUF_EXPERT_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{}.gate_proj",
+                      "ffn_up_exps": "mlp.experts.{}.up_proj",
+                      "ffn_down_exps": "mlp.experts.{}.down_proj"}
+GGUF_MOE_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    **{k: v for k, v in GGUF_LLAMA_BLOCK_NAMES.items() if not k.startswith("ffn_")},
+    "ffn_norm": "post_attention_layernorm", **_GGUF_EXPERT_NAMES,
+    # Qwen3-MoE's dense layers (mlp_only_layers), where a model has them.
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+})
+GGUF_MIXTRAL_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    **{k: v for k, v in GGUF_LLAMA_BLOCK_NAMES.items() if not k.startswith("ffn_")},
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{}.w1",
+    "ffn_up_exps": "block_sparse_moe.experts.{}.w3",
+    "ffn_down_exps": "block_sparse_moe.experts.{}.w2",
+})
+
 
 @dataclass(slots=True, frozen=True)
 class ModelFamily:
@@ -80,6 +100,9 @@ class ModelFamily:
     # llama.cpp's converter added this to every tensor whose HF name ends in "norm.weight"
     # (Gemma's RMSNorm scales by 1 + weight; llama.cpp's by weight); the loader subtracts it.
     gguf_norm_offset: float = 0.0
+    # The GGUF architecture whose files hold this family when they have experts
+    # ({arch}.expert_count > 0): Mixtral's files say "llama".
+    gguf_experts_of: str | None = None
 
 
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -103,6 +126,16 @@ FAMILIES: tuple[ModelFamily, ...] = (
     # rope_factors_long/short tensors are LongRoPE's factors, read into the config.
     ModelFamily("Phi3ForCausalLM", "phi3", ("phi3",), False, FamilyTraits(), Phi3ForCausalLM,
                 phi3_spec, gguf_block_names=GGUF_PHI3_BLOCK_NAMES),
+    # Mixtures of experts (engine/models/moe.py). llama.cpp keeps OLMoE's and Qwen3-MoE's
+    # Q/K rows in HF order (NEOX rope); Mixtral is converted as Llama, rows permuted.
+    ModelFamily("OlmoeForCausalLM", "olmoe", ("olmoe",), False, FamilyTraits(),
+                MoEForCausalLM, moe_spec, gguf_block_names=GGUF_MOE_BLOCK_NAMES),
+    ModelFamily("Qwen3MoeForCausalLM", "qwen3_moe", ("qwen3moe",), False,
+                FamilyTraits(qk_norm=True), MoEForCausalLM, moe_spec,
+                gguf_block_names=GGUF_MOE_BLOCK_NAMES),
+    ModelFamily("MixtralForCausalLM", "mixtral", (), True,
+                FamilyTraits(o_bias_from_config=False), MoEForCausalLM, moe_spec,
+                gguf_block_names=GGUF_MIXTRAL_BLOCK_NAMES, gguf_experts_of="llama"),
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
@@ -110,6 +143,7 @@ GGUF_ARCHITECTURES: tuple[str, ...] = tuple(a for f in FAMILIES for a in f.gguf_
 _BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES}
 _BY_MODEL_TYPE = {f.model_type: f for f in FAMILIES}
 _BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_architectures}
+_BY_GGUF_EXPERTS = {f.gguf_experts_of: f for f in FAMILIES if f.gguf_experts_of}
 
 
 def family_of(hf_config: Any) -> ModelFamily:
@@ -129,9 +163,20 @@ def family_of(hf_config: Any) -> ModelFamily:
     )
 
 
-def gguf_family(gguf_architecture: object) -> ModelFamily | None:
-    """The family of a GGUF file's general.architecture, or None when Folio has none."""
-    return _BY_GGUF.get(gguf_architecture) if isinstance(gguf_architecture, str) else None
+def gguf_family(gguf_architecture: object, expert_count: object = 0) -> ModelFamily | None:
+    """The family of a GGUF file's general.architecture (and its {arch}.expert_count: a
+    "llama" file with experts is Mixtral), or None when Folio has none."""
+    if not isinstance(gguf_architecture, str):
+        return None
+    if isinstance(expert_count, int) and expert_count > 0:
+        return _BY_GGUF_EXPERTS.get(gguf_architecture) or _BY_GGUF.get(gguf_architecture)
+    return _BY_GGUF.get(gguf_architecture)
+
+
+def gguf_file_family(metadata: Mapping[str, object]) -> ModelFamily | None:
+    """The family of a GGUF file from its metadata."""
+    arch = metadata.get("general.architecture")
+    return gguf_family(arch, metadata.get(f"{arch}.expert_count", 0))
 
 
 def resolve_architecture(hf_config: Any) -> str:

@@ -24,6 +24,8 @@ class MemoryStats:
     # The pool's pages the OS holds (runner/resident.py): on the CPU only blocks written
     # so far, on CUDA all of it. None where it cannot be measured.
     kv_pool_resident_bytes: int | None = None
+    # A mixture of experts: the bytes of its experts, part of weights_bytes; None otherwise.
+    expert_bytes: int | None = None
 
     @property
     def other_bytes(self) -> int | None:
@@ -47,7 +49,7 @@ def process_rss_bytes() -> int:
 
 
 def memory_stats(device: torch.device, weights_bytes: int, kv_pools: Sequence[torch.Tensor],
-                 label: str | None = None) -> MemoryStats:
+                 label: str | None = None, expert_bytes: int | None = None) -> MemoryStats:
     """`kv_pools`: the KV pool tensors (one per KV group); `label` names the device for
     the memory panel, without it torch's name."""
     total = used = free = None
@@ -56,4 +58,4 @@ def memory_stats(device: torch.device, weights_bytes: int, kv_pools: Sequence[to
         used = total - free
     reserved = sum(pool.numel() * pool.element_size() for pool in kv_pools)
     return MemoryStats(label or str(device), weights_bytes, reserved, total, used, free,
-                       process_rss_bytes(), resident_bytes(kv_pools))
+                       process_rss_bytes(), resident_bytes(kv_pools), expert_bytes)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.loaders.base import FolioLoadError
-from engine.models import GGUF_ARCHITECTURES, gguf_family
+from engine.models import GGUF_ARCHITECTURES, gguf_file_family
 from engine.models.gemma import FULL, SLIDING
 from engine.models.spec import head_dim_of
 
@@ -45,7 +45,7 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
     None when they were not read (the catalog, which wants sizes only): rope scaling that
     lives in tensors is then left out."""
     arch = metadata.get("general.architecture")
-    family = gguf_family(arch)
+    family = gguf_file_family(metadata)
     if family is None:
         raise FolioLoadError(f"{where}: architecture {arch!r} is not supported; Folio runs "
                              f"these GGUF architectures: {', '.join(GGUF_ARCHITECTURES)}")
@@ -232,10 +232,39 @@ def _phi3_keys(keys: _Keys, config: dict[str, object],
     config["rope_scaling"] = scaling
 
 
+def _moe_keys(keys: _Keys, config: dict[str, object],
+              tensors: Mapping[str, np.ndarray] | None) -> None:
+    """The experts of OLMoE, Qwen3-MoE and Mixtral files: how many, how many a token takes,
+    each one's size and whether the top k are rescaled (llama.cpp normalises Qwen3-MoE's
+    and Mixtral's, not OLMoE's, unless the file says)."""
+    experts = keys.count("expert_count")
+    used = keys.count("expert_used_count")
+    if used > experts:
+        raise keys.bad("expert_used_count", used, f"at most expert_count ({experts})")
+    model_type = config["model_type"]
+    config["num_local_experts" if model_type == "mixtral" else "num_experts"] = experts
+    config["num_experts_per_tok"] = used
+    norm = keys.optional("expert_weights_norm")
+    if norm is not None and not isinstance(norm, bool):
+        raise keys.bad("expert_weights_norm", norm, "a flag")
+    config["norm_topk_prob"] = (model_type != "olmoe") if norm is None else norm
+    if model_type == "qwen3_moe":
+        config["moe_intermediate_size"] = keys.count("expert_feed_forward_length")
+        config["mlp_only_layers"] = []
+        config["decoder_sparse_step"] = 1
+    if model_type == "olmoe":
+        clamp = keys.optional("attention.clamp_kqv")
+        config["clip_qkv"] = None if clamp is None else _f32(
+            keys.positive("attention.clamp_kqv"))
+    if model_type == "mixtral":
+        config["sliding_window"] = None
+
+
 _FamilyKeys = Callable[[_Keys, dict[str, object], Mapping[str, np.ndarray] | None], None]
 # Families whose config needs more than the shared Llama keys, by model_type.
 _FAMILY_KEYS: dict[str, _FamilyKeys] = {
     "gemma2": _gemma2_keys, "gemma3_text": _gemma3_keys, "phi3": _phi3_keys,
+    "olmoe": _moe_keys, "qwen3_moe": _moe_keys, "mixtral": _moe_keys,
 }
 _PARTIAL_ROTARY = ("phi3",)  # families whose rope.dimension_count may be < head_dim
 

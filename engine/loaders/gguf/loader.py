@@ -37,7 +37,7 @@ from engine.loaders.base import (
 )
 from engine.loaders.gguf.config import config_tensor_names, gguf_config_dict
 from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
-from engine.models import ModelFamily, gguf_family
+from engine.models import ModelFamily, gguf_file_family
 from engine.models.registry import GGUF_LLAMA_BLOCK_NAMES
 from kernels.quant.formats import QuantizedTensor, quant_format
 
@@ -153,7 +153,6 @@ def _check_magic(path: Path) -> None:
 
 def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     """Read the header (metadata and tensor directory) and convert the tokenizer."""
-    from transformers import AutoTokenizer
 
     try:
         header = parse_gguf_header(path)
@@ -166,7 +165,7 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
                 raise FolioLoadError(f"{path}: truncated (tensor {tensor.name} ends past the "
                                      "end of the file); download it again")
             directory.append((tensor.name, tensor.shape, tensor.qtype, tensor.offset, n_bytes))
-        family = gguf_family(metadata.get("general.architecture"))
+        family = gguf_file_family(metadata)
         config_names = () if family is None else config_tensor_names(family.model_type)
         config_tensors = {
             entry[0]: np.array(_dequantize_at(np.memmap(path, dtype=np.uint8, mode="r"),
@@ -197,12 +196,12 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
             heads = config["num_key_value_heads"]
         # llama.cpp's converter added the offset to these (the name test is its own).
         shift = family.gguf_norm_offset if hf_name.endswith("norm.weight") else 0.0
-        tensors.append([hf_name, list(shape), qtype, offset, n_bytes, heads, shift])
+        tensors += _split_experts([hf_name, list(shape), qtype, offset, n_bytes, heads, shift],
+                                  path)
     report("open", 1.0)
     report("tokenizer", 0.0)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                  local_files_only=True)
+        tokenizer = _convert_tokenizer(path)
     except Exception as exc:
         raise FolioLoadError(f"{path}: its tokenizer cannot be converted ({exc})") from exc
     if tokenizer.chat_template is None and metadata.get("tokenizer.chat_template"):
@@ -212,6 +211,38 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     meta = {"version": CACHE_VERSION, "source": str(path.resolve()), "size": stat.st_size,
             "mtime_ns": stat.st_mtime_ns, "config": config, "tensors": tensors}
     return meta, tokenizer
+
+
+def _convert_tokenizer(path: Path):
+    """The file's tokenizer as transformers converts it. transformers' GGUF support lists
+    the architectures it builds models of, and AutoTokenizer reads the file's config
+    through that list; for an architecture outside it (OLMoE) the tokenizer, which is
+    the same GGUF vocabulary whatever the model, converts through the fast class itself."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
+                                             local_files_only=True)
+    except ValueError as exc:
+        if "is not supported yet" not in str(exc):
+            raise
+    return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                   local_files_only=True)
+
+
+def _split_experts(entry: list, path: Path) -> list[list]:
+    """A mixture of experts' stacked [experts, rows, k] tensor as one entry per expert
+    (its name's "{}" the expert's index), each its own run of the file's bytes: experts are
+    then read, kept quantized and checked as the one-matrix-per-expert checkpoints are."""
+    hf_name, shape, qtype, offset, n_bytes, heads, shift = entry
+    if "{}" not in hf_name:
+        return [entry]
+    if len(shape) != 3:
+        raise FolioLoadError(f"{path}: expert tensor {hf_name.replace('{}', '*')} has shape "
+                             f"{shape}, not [experts, rows, columns]; the file is damaged")
+    size = n_bytes // shape[0]
+    return [[hf_name.format(e), shape[1:], qtype, offset + e * size, size, heads, shift]
+            for e in range(shape[0])]
 
 
 def _tensor_bytes(name: str, shape: tuple[int, ...], qtype_id: int, path: Path) -> int:

@@ -42,6 +42,7 @@ def _row(dlg, row: int) -> dict[str, str]:
 def test_format_parameters():
     assert [format_parameters(n) for n in (999, 134_515_008, 7_241_732_096)] == [
         "999", "134.5 M", "7.2 B"]
+    assert format_parameters(6_919_000_000, 1_280_000_000) == "MoE: 6.9 B, 1.3 B active"
 
 
 def test_lists_the_starter_with_what_it_needs(dialog):
@@ -83,6 +84,19 @@ def test_added_broken_folder_shows_why(dialog, tmp_path):
     row = _row(dialog, 1)
     assert row["Name"] == "broken-model"
     assert "config.json" in row["Status"] and "missing or unreadable" in row["Status"]
+
+
+def test_an_added_mixture_of_experts_shows_its_active_parameters(dialog, tmp_path):
+    from tests.engine.tiny_moe import save_moe_model
+
+    save_moe_model(tmp_path / "tiny-olmoe", "olmoe")
+    dialog.add_path(str(tmp_path / "tiny-olmoe"))
+    info, row = dialog.infos[1], _row(dialog, 1)
+    assert (row["Name"], row["Architecture"]) == ("tiny-olmoe", "olmoe")
+    assert info.active_parameters < info.num_parameters
+    assert row["Parameters"] == format_parameters(info.num_parameters,
+                                                  info.active_parameters)
+    assert row["Parameters"].startswith("MoE: ") and row["Parameters"].endswith(" active")
 
 
 def test_download_progress_then_done(dialog, qtbot, monkeypatch, tmp_path):

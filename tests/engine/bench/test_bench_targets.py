@@ -7,6 +7,7 @@ from engine.bench.chat import recompute_target
 from engine.bench.decode import llama_decode_target, llama_ttft_target
 from engine.bench.eight_b import DECODE_TARGET, LOADS_TARGET
 from engine.bench.memory import RSS_TARGET, WEIGHTS_TARGET
+from engine.bench.moe import moe_target
 from engine.bench.setup import Target
 from engine.bench.structured import (
     CACHED_TARGET,
@@ -47,12 +48,16 @@ def test_every_issue_row_is_reported_met_or_not_met():
                               Target(FIRST_TARGET, 250.0, 200.0, "<="),
                               Target(CACHED_TARGET, 0.1, 5.0, "<="),
                               Target(ROUND_TRIP_TARGET, 0.94, 0.9, ">=")),
+        "moe": _result(Target(moe_target("decode_tok_s"), 1.2, 1.0, ">="),
+                       Target(moe_target("ttft_s"), 1.3, 1.0, "<="),
+                       Target(moe_target("peak_rss_bytes"), 1.0, 1.1, "<=")),
     }
     rows = targets_table(results, llama_installed=True)
-    assert len(rows) == len(ISSUE_TARGETS) == 13 + len(SIZE_TARGETS)
+    assert len(rows) == len(ISSUE_TARGETS) == 9 + 4 + 3 + len(SIZE_TARGETS)
     assert [row["status"] for row in rows] == ["met", "not met", "met", "not met", "met",
-                                               "met", "not met", "met", "not met", "met",
-                                               "not met", "met", "met"] + [
+                                               "met", "not met", "met", "not met",
+                                               "met", "not met", "met", "met",
+                                               "met", "not met", "met"] + [
         "not met"] * len(SIZE_TARGETS)
     assert rows[0]["value"] == "1.1" and rows[0]["want"] == ">= 1"
     assert rows[3]["want"] == "<= 2"

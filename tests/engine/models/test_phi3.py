@@ -23,6 +23,7 @@ from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
 from engine.models.registry import family_of
 from engine.models.spec import FamilyTraits
 from tests.engine.models.test_llama import PagedHarness, hf_logits, random_tokens
+from tests.engine.tiny_models import peaked_weights
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -73,16 +74,7 @@ def phi3_hf_model(variant: str, seed: int = 0, **overrides: Any) -> transformers
     tiny_hf_model), so greedy decoding is not decided by float noise."""
     torch.manual_seed(seed)
     model = transformers.Phi3ForCausalLM(phi3_config(variant, **overrides)).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * noise)
-            elif name.endswith("embed_tokens.weight") or name == "lm_head.weight":
-                param.copy_(noise)
-            else:
-                param.copy_(noise * param.shape[1] ** -0.5)
+    peaked_weights(model, seed)
     return model
 
 

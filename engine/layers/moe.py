@@ -1,0 +1,129 @@
+"""A mixture-of-experts feed-forward block: a router picks each token's top-k experts, and
+the token's output is their gated MLPs' outputs weighted by the router's scores.
+
+Each expert is a `GatedMLP` of its own (its gate/up and down `StackedLinear`s), so an
+expert's matrices take whichever storage the device and file give a dense MLP: a GGUF
+file's quantized blocks where they lie (the loader hands each expert its rows of the
+file's stacked ``ffn_*_exps`` tensors as views), oneDNN-packed floats, Triton.
+
+The step runs each expert once on the rows routed to it (tokens sorted by expert): a
+decode step touches only its tokens' k experts, so only their blocks are read; a prefill
+chunk multiplies every routed expert once over its rows, a batch the native prefill tiles
+take, instead of a product per token. A lone decode token on the native CPU library takes
+its k experts' gate/up products in one call (`NativeQuantized.matmul_all`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers.base import Layer
+from engine.layers.mlp import GatedMLP
+from engine.layers.native import fused_cpu, native_ops
+from engine.layers.weights import NativeQuantized
+
+
+class TopKRouter(Layer):
+    """softmax(x @ W.T) over the experts, then each token's top k, optionally rescaled to
+    sum to one (``normalize``: Mixtral and Qwen3-MoE; OLMoE keeps the raw probabilities).
+
+    The scores are float32 whatever the model's dtype, and the top k come from
+    ``torch.topk`` over the probabilities, as transformers computes them: equal scores
+    then go to the same experts (the lower index first)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, normalize: bool,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok must be between 1 and num_experts "
+                             f"({num_experts}), got {top_k}")
+        self.top_k = top_k
+        self.normalize = normalize
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype,
+                                               device=device), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> (weights [T, k] in x's dtype, expert ids int64 [T, k])."""
+        probs = torch.softmax(F.linear(x, self.weight).float(), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), ids
+
+
+class SparseMoE(Layer):
+    """sum over each token's top-k experts e of weight_e * expert_e(x)."""
+
+    def __init__(self, hidden_size: int, expert_size: int, num_experts: int, top_k: int,
+                 normalize: bool, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.gate = TopKRouter(hidden_size, num_experts, top_k, normalize, dtype, device)
+        self.experts = nn.ModuleList(
+            GatedMLP(hidden_size, expert_size, False, dtype, device) for _ in range(num_experts))
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]."""
+        weights, ids = self.gate(x)
+        return self.mix(x, weights, ids)
+
+    def mix(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The experts' outputs for routes (weights, ids) [T, k]: the routes sorted by
+        expert, each routed expert run once over its tokens' rows."""
+        if x.shape[0] == 1 and self._native_decode(x):
+            return self._one_token(x, weights[0], ids[0].tolist())
+        top_k = ids.shape[1]
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        # One host sync for the whole layer: how many rows each expert takes.
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        tokens = order // top_k
+        route_weights = weights.reshape(-1)[order].unsqueeze(1)
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in enumerate(counts):
+            if not count:
+                continue
+            stop = start + count
+            rows = tokens[start:stop]
+            y = self.experts[expert](x[rows]) * route_weights[start:stop]
+            out.index_add_(0, rows, y)
+            start = stop
+        return out
+
+    def _native_decode(self, x: torch.Tensor) -> bool:
+        """Whether a lone token can take `_one_token`: float32 on the CPU library with every
+        expert's gate/up in its quantized storage (read when asked: a reload may change it)."""
+        return fused_cpu(x) and all(isinstance(e.gate_up_proj.storage, NativeQuantized)
+                                    and e.gate_up_proj.bias is None for e in self.experts)
+
+    def _one_token(self, x: torch.Tensor, weights: torch.Tensor,
+                   ids: list[int]) -> torch.Tensor:
+        """A decode token on the native CPU path: its k experts' gate/up products in one
+        call (the token quantized once for all of them), one fused activation over the k
+        rows, then each expert's down product and the weighted sum."""
+        experts = [self.experts[e] for e in ids]
+        gate_up = NativeQuantized.matmul_all(
+            x, [e.gate_up_proj.storage for e in experts]).view(len(ids), -1)
+        hidden = getattr(native_ops(), experts[0].fused_op)(gate_up)
+        outs = torch.cat([e.down_proj(hidden[j:j + 1]) for j, e in enumerate(experts)])
+        return (weights.unsqueeze(0) @ outs).to(x.dtype)
+
+    def expert_bytes(self) -> int:
+        """Bytes of every expert's matrices (the router's are the model's other weights)."""
+        params = sum(p.numel() * p.element_size() for p in self.experts.parameters()
+                     if p.device.type != "meta")
+        return params + sum(linear.derived_bytes for expert in self.experts
+                            for linear in (expert.gate_up_proj, expert.down_proj))
+
+
+def expert_bytes(model: nn.Module) -> int | None:
+    """Bytes of every expert of `model` (the memory panel's figure), or None when it has
+    no mixture-of-experts layer."""
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    return sum(block.expert_bytes() for block in blocks) if blocks else None

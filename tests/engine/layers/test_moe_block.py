@@ -1,0 +1,175 @@
+"""The MoE block (engine/layers/moe.py) against transformers' routers and sparse blocks of
+each family, in float32 with tied router scores; the expert-grouped step against a
+per-token loop, in float and on quantized experts; and that a step reads only the experts
+its tokens were routed to."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.layers.moe import SparseMoE, TopKRouter
+from kernels.quant.formats import QuantizedTensor
+from tests.engine.tiny_moe import FAMILIES, moe_model
+from tests.kernels.quant_cases import random_quantized
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+HIDDEN = 64
+
+
+def hf_block(family: str) -> torch.nn.Module:
+    """Layer 0's sparse block of a tiny transformers model of `family`."""
+    return moe_model(family).model.layers[0].mlp
+
+
+def ours_like(block: torch.nn.Module) -> SparseMoE:
+    """Our block with `block`'s router and experts (transformers 5 keeps them fused)."""
+    experts = block.experts
+    num_experts, double, hidden = experts.gate_up_proj.shape
+    router = block.gate
+    normalize = getattr(router, "norm_topk_prob", True)  # Mixtral's always normalises
+    ours = SparseMoE(hidden, double // 2, num_experts, router.top_k, normalize,
+                     torch.float32, "cpu")
+    with torch.no_grad():
+        ours.gate.weight.copy_(router.weight)
+        for e, expert in enumerate(ours.experts):
+            expert.gate_up_proj.slot(None).copy_(experts.gate_up_proj[e])
+            expert.down_proj.slot(0).copy_(experts.down_proj[e])
+            expert.gate_up_proj.prepare()
+            expert.down_proj.prepare()
+    return ours
+
+
+def tokens(count: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(count, HIDDEN, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_router_matches_transformers_with_tied_scores(family):
+    block = hf_block(family)
+    with torch.no_grad():
+        # Experts 1, 4 and 6 score alike for every token: the top k must break the ties
+        # as transformers does.
+        block.gate.weight[4] = block.gate.weight[1]
+        block.gate.weight[6] = block.gate.weight[1]
+        block.gate.weight[1] *= 3.0
+        block.gate.weight[4] *= 3.0
+        block.gate.weight[6] *= 3.0
+    ours = ours_like(block)
+    x = tokens(40)
+    with torch.no_grad():
+        _, hf_weights, hf_ids = block.gate(x)
+    weights, ids = ours.gate(x)
+    assert torch.equal(ids, hf_ids)
+    torch.testing.assert_close(weights, hf_weights, atol=1e-6, rtol=0)
+    # The ties really happened: two of the equal experts won some token.
+    assert ((ids == 1) | (ids == 4) | (ids == 6)).sum(1).eq(2).any()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sparse_block_matches_transformers(family):
+    block = hf_block(family)
+    ours = ours_like(block)
+    x = tokens(33, seed=1)
+    with torch.no_grad():
+        expected = block(x.unsqueeze(0))[0]
+    torch.testing.assert_close(ours(x), expected, atol=1e-5, rtol=0)
+
+
+def test_normalize_off_keeps_the_raw_probabilities():
+    router = TopKRouter(HIDDEN, 8, 2, False, torch.float32, "cpu")
+    torch.nn.init.normal_(router.weight)
+    x = tokens(5)
+    weights, ids = router(x)
+    probs = torch.softmax(x @ router.weight.T, -1)
+    torch.testing.assert_close(weights, probs.gather(1, ids))
+    assert (weights.sum(1) < 1).all()
+
+
+def test_router_rejects_a_top_k_past_the_experts():
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        TopKRouter(HIDDEN, 4, 5, True, torch.float32, "cpu")
+
+
+def per_token(block: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+    """The oracle: every token alone, each of its experts one after the other."""
+    weights, ids = block.gate(x)
+    rows = []
+    for t in range(x.shape[0]):
+        row = torch.zeros(x.shape[1])
+        for w, e in zip(weights[t], ids[t].tolist(), strict=True):
+            row += w * block.experts[e](x[t:t + 1])[0]
+        rows.append(row)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("count", [1, 3, 64])
+def test_grouped_step_equals_a_per_token_loop(count):
+    ours = ours_like(hf_block("qwen3_moe"))
+    x = tokens(count, seed=2)
+    torch.testing.assert_close(ours(x), per_token(ours, x), atol=1e-5, rtol=0)
+
+
+def quantized_block(name: str) -> SparseMoE:
+    """A block whose experts hold GGUF blocks (K = 256, one K-quant block per row)."""
+    hidden, size = 256, 256
+    block = SparseMoE(hidden, size, 4, 2, True, torch.float32, "cpu")
+    torch.nn.init.normal_(block.gate.weight)
+    for e, expert in enumerate(block.experts):
+        for linear, rows, seed in ((expert.gate_up_proj, 2 * size, 2 * e),
+                                   (expert.down_proj, hidden, 2 * e + 1)):
+            fmt, blocks = random_quantized(name, rows, 256, seed=seed)
+            linear.slot(None).copy_(QuantizedTensor(fmt.type_id, (rows, 256),
+                                                    torch.from_numpy(blocks)))
+            linear.prepare()
+        assert expert.gate_up_proj.quantized
+    return block
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K"])
+def test_grouped_prefill_on_quantized_experts_equals_a_per_token_loop(name):
+    block = quantized_block(name)
+    x = torch.randn(24, 256, generator=torch.Generator().manual_seed(3))
+    grouped, loop = block(x), per_token(block, x)
+    # Each expert's batch of rows takes the prefill tiles, a lone row the decode GEMV:
+    # two roundings of the activations, so close rather than equal.
+    rel = (grouped - loop).norm() / loop.norm()
+    assert rel < 2e-3
+
+
+def test_a_decode_token_on_quantized_experts_equals_its_experts_one_by_one():
+    # The native path's lone token: every expert's gate/up in one call, then each down.
+    block = quantized_block("Q4_K")
+    for seed in range(4):
+        x = torch.randn(1, 256, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(block(x), per_token(block, x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_step_reads_only_the_routed_experts():
+    ours = ours_like(hf_block("olmoe"))
+    x = tokens(1, seed=4)
+    expected = ours(x)
+    _, ids = ours.gate(x)
+    with torch.no_grad():
+        for e, expert in enumerate(ours.experts):
+            if e not in ids.tolist()[0]:
+                expert.gate_up_proj.slot(None).copy_(torch.full((2 * 48, HIDDEN), float("nan")))
+                expert.gate_up_proj.prepare()
+    torch.testing.assert_close(ours(x), expected, atol=0, rtol=0)
+
+
+def test_quantized_experts_match_their_dequantized_floats():
+    block = quantized_block("Q4_K")
+    dense = SparseMoE(256, 256, 4, 2, True, torch.float32, "cpu")
+    with torch.no_grad():
+        dense.gate.weight.copy_(block.gate.weight)
+        for ours, theirs in zip(dense.experts, block.experts, strict=True):
+            for a, b in ((ours.gate_up_proj, theirs.gate_up_proj),
+                         (ours.down_proj, theirs.down_proj)):
+                a.slot(None).copy_(b.dense_weight())
+                a.prepare()
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(5))
+    rel = (block(x) - dense(x)).norm() / dense(x).norm()
+    assert rel < 2e-3
+    assert block.expert_bytes() < dense.expert_bytes() / 5
