@@ -35,7 +35,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None = the model's context length
     enable_prefix_caching: bool = True
     # A block pool and table per attention kind, so sliding-window layers hold only their
-    # window (engine/core/kv_groups.py); False: one pool for every layer, as before.
+    # window (engine/core/kv_coordinator.py); False: one pool for every layer, as before.
     kv_groups: bool = True
     dtype: str | None = None  # compute and KV dtype; None = the device's (runner/device.py)
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available

@@ -270,7 +270,7 @@ class FolioChat:
 
     def _track_kv(self, report: StepReport) -> None:
         stats = self.llm.kv_stats(with_blocks=False)
-        used = ({g.name: g.used_bytes for g in stats.groups} if stats.groups
+        used = ({g.name: g.used_bytes for g in stats.groups} if len(stats.groups) > 1
                 else {"all layers": stats.used_bytes})
         for name, value in used.items():
             self.kv_peak_bytes[name] = max(self.kv_peak_bytes.get(name, 0), value)

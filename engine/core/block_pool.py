@@ -1,0 +1,121 @@
+"""The block pool of one KV group: block ids, ref counts, the free queue, the prefix-cache
+map, the host pool for swaps, and the hook of a tier below memory (the disk).
+
+Pure bookkeeping (no torch). Which blocks a sequence holds is a manager's business
+(`kv_manager.py`); the pool only hands blocks out, takes them back and remembers what a
+free block still holds:
+
+    blocks 0 .. num_blocks - 1   allocatable; each free one is in the LRU free queue
+    null block (id num_blocks)   an empty table entry (a block released out of a window,
+                                 a table's padding); never queued, never owned, never
+                                 written, so whatever a kernel reads there is harmless
+
+A full, computed block carries ``block_hash`` (a chain: the parent's hash and its tokens)
+and the tokens behind it; freed, it stays in ``cached`` until popped for reuse, when
+``on_evict`` may keep its content a tier below (the disk tier writes it out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from engine.core.free_block_queue import Block, FreeBlockQueue
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
+                 enable_prefix_caching: bool = True, bytes_per_block: int = 0) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.bytes_per_block = bytes_per_block
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.null_block = Block(num_blocks)
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[bytes, Block] = {}
+        # A cached block about to be reused: the tier below may keep its content.
+        self.on_evict: Callable[[Block], None] | None = None
+        # Host pool for swap preemption: host block id -> ref count; no prefix cache there.
+        self.num_host_blocks = num_host_blocks
+        self.host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
+        self.host_refs: dict[int, int] = {}
+
+    @property
+    def null_id(self) -> int:
+        return self.null_block.block_id
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    # ------------------------------------------------------------------ device
+    def take(self) -> Block:
+        """The least recently freed block, ref count 1; a cached prefix in it is evicted
+        now (lazily: only when the block is needed)."""
+        block = self.free_queue.popleft()
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+                if self.on_evict is not None:
+                    self.on_evict(block)
+            block.block_hash = None
+            block.token_ids = None
+        block.ref_count = 1
+        return block
+
+    def touch(self, block: Block) -> None:
+        """One more holder of ``block`` (a prefix hit revives a free one)."""
+        if block.ref_count == 0:
+            self.free_queue.remove(block)
+        block.ref_count += 1
+
+    def release(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference to each block, in this order. Blocks reaching zero with a
+        cached prefix go to the queue's tail (evicted last), the others to its head."""
+        null = self.null_block.block_id
+        for block_id in block_ids:
+            if block_id == null:
+                continue
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise RuntimeError(f"block {block_id} freed twice")
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    self.free_queue.appendleft(block)
+                else:
+                    self.free_queue.append(block)
+
+    # ------------------------------------------------------------ prefix cache
+    def lookup(self, block_hash: bytes, token_ids: tuple[int, ...]) -> Block | None:
+        """The cached block with this hash and these tokens (checked: a hash is no proof)."""
+        block = self.cached.get(block_hash)
+        return block if block is not None and block.token_ids == token_ids else None
+
+    def register(self, block: Block, block_hash: bytes, token_ids: tuple[int, ...]) -> bool:
+        """Cache a full, computed block; False when the content lives in another block."""
+        if block_hash in self.cached:
+            return False
+        block.block_hash = block_hash
+        block.token_ids = token_ids
+        self.cached[block_hash] = block
+        return True
+
+    # -------------------------------------------------------------------- host
+    def take_host(self) -> int:
+        host_id = self.host_free.pop()
+        self.host_refs[host_id] = 1
+        return host_id
+
+    def hold_host(self, host_id: int) -> None:
+        self.host_refs[host_id] += 1
+
+    def release_host(self, host_id: int) -> None:
+        self.host_refs[host_id] -= 1
+        if self.host_refs[host_id] == 0:
+            del self.host_refs[host_id]
+            self.host_free.append(host_id)
