@@ -32,6 +32,8 @@ from engine.outputs import (
     TokenLogprobs,
 )
 from engine.runner.device import resolve_device
+from engine.runner.disk_store import DiskStore, kv_cache_root
+from engine.runner.disk_tier import GroupDisk, fingerprint, model_identity
 from engine.runner.kv_cache import KVShape, group_blocks, num_blocks_for
 from engine.runner.logprobs import token_logprobs
 from engine.runner.memory import MemoryStats, memory_stats
@@ -96,6 +98,9 @@ class LLMEngine:
             enable_prefix_caching=config.enable_prefix_caching,
             bytes_per_layer_block=shape.bytes_per_block // shape.num_layers,
             lookahead=config.max_num_batched_tokens)
+        self.disk: DiskStore | None = None
+        if config.kv_disk_bytes:
+            self._open_disk_tier(path, shape)
         self.scheduler = Scheduler(
             self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens,
             self.max_model_len,
@@ -109,6 +114,37 @@ class LLMEngine:
         self._ids = itertools.count()
         if progress:
             progress("ready", 1.0)
+
+    def _open_disk_tier(self, path, shape: KVShape) -> None:
+        """Each group's pool and the runner over one store; the fingerprint names what a
+        block's K/V depends on (model file, compute and KV dtype, weights mode, kernels'
+        layout, block and head shapes) and, per group, its layers and window."""
+        config, runner = self.config, self.runner
+        self.disk = DiskStore(kv_cache_root(), config.kv_disk_bytes)
+        model = (model_identity(path), str(shape.dtype), config.weights,
+                 config.cpu_activation_bits, self.resolved_device.device.type,
+                 type(runner.backend).__name__, runner.backend.head_major_kv,
+                 shape.block_size, shape.num_kv_heads, shape.head_size)
+        runner.disks = []
+        for g, (spec, pool) in enumerate(zip(self.kv_groups, self.kv_cache.pools,
+                                             strict=True)):
+            disk = GroupDisk(self.disk, fingerprint(model, spec.layers, spec.window), g,
+                             runner.block_payload_bytes(g))
+            pool.tier = disk
+            runner.disks.append(disk)
+
+    def close(self) -> None:
+        """Keep every cached block on disk (the model unloads, the app quits) and wait
+        for the writes. The engine may still be used afterwards."""
+        if self.disk is None:
+            return
+        self.runner.save_blocks(self.kv_cache.unsaved_cached())
+        self.disk.flush()
+
+    def clear_disk(self) -> None:
+        """Remove every block file of the disk tier (the memory panel's Clear)."""
+        if self.disk is not None:
+            self.disk.clear()
 
     # ---------------------------------------------------------------- requests
     def encode(self, prompt: Prompt) -> list[int]:
@@ -263,6 +299,7 @@ class LLMEngine:
         m = RequestMetrics(
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=request.num_cached_tokens,
+            num_disk_tokens=request.num_disk_tokens,
             num_generated_tokens=generated,
             total_s=now - request.arrival_time,
         )
@@ -280,7 +317,10 @@ class LLMEngine:
     # ------------------------------------------------------------------- stats
     def kv_stats(self, with_blocks: bool = True) -> KVStats:
         holders = (seq for state in self._requests.values() for seq in state.request.seqs)
-        return self.kv_cache.stats(holders, with_blocks)
+        stats = self.kv_cache.stats(holders, with_blocks)
+        if self.disk is not None:
+            stats.disk = self.disk.stats(self.kv_cache.disk_hit_tokens)
+        return stats
 
     def memory_stats(self) -> MemoryStats:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_pool_bytes,

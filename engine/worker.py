@@ -72,6 +72,10 @@ class EngineWorker:
     def cancel(self, request_id: str) -> None:
         self._commands.put(("cancel", request_id))
 
+    def clear_disk(self) -> None:
+        """Remove the KV disk tier's files (on the worker thread, between steps)."""
+        self._commands.put(("clear_disk",))
+
     def kv_stats(self) -> KVStats:
         with self._stats_lock:
             return self._kv_stats
@@ -111,6 +115,10 @@ class EngineWorker:
             elif changed:
                 self._refresh_stats(force=True)
         self._steps.cancel_all()
+        try:  # the cached blocks go to disk before the model unloads
+            self._engine.close()
+        except Exception:
+            log.exception("keeping the KV cache on disk failed")
         self._refresh_stats(force=True)
 
     def _handle(self, command: tuple) -> None:
@@ -124,6 +132,8 @@ class EngineWorker:
                 _Guarded(on_event, self)(ErrorEvent(request_id, str(exc), rejected))
         elif kind == "cancel":
             self._steps.cancel(command[1])
+        elif kind == "clear_disk":
+            self._engine.clear_disk()
 
     def _step(self) -> None:
         try:

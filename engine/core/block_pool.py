@@ -1,5 +1,5 @@
 """The block pool of one KV group: block ids, ref counts, the free queue, the prefix-cache
-map, the host pool for swaps, and the hook of a tier below memory (the disk).
+map, the host pool for swaps, and the tier below memory (the disk).
 
 Pure bookkeeping (no torch). Which blocks a sequence holds is a manager's business
 (`kv_manager.py`); the pool only hands blocks out, takes them back and remembers what a
@@ -11,15 +11,44 @@ free block still holds:
                                  written, so whatever a kernel reads there is harmless
 
 A full, computed block carries ``block_hash`` (a chain: the parent's hash and its tokens)
-and the tokens behind it; freed, it stays in ``cached`` until popped for reuse, when
-``on_evict`` may keep its content a tier below (the disk tier writes it out).
+and the tokens behind it; freed, it stays in ``cached`` until popped for reuse. With a
+``tier`` below (`LowerTier`, the disk), a cached block popped for reuse is queued to be
+saved there first (``pending_saves``: the runner copies it out before the step writes
+into it), and a prefix block missing in memory but found there is placed in a free block
+(``pending_loads``: the runner copies it in before the step's forward).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 from engine.core.free_block_queue import Block, FreeBlockQueue
+
+# (block id, block hash, tokens) of a block to save a tier below before it is reused.
+Save = tuple[int, bytes, tuple[int, ...]]
+# (block id, payload) of a block to fill from a tier below before the forward.
+Load = tuple[int, bytes]
+
+
+class LowerTier(Protocol):
+    """Where full blocks go when they leave memory (one KV group's view of the disk)."""
+
+    def has(self, block_hash: bytes) -> bool: ...
+
+    def load(self, block_hash: bytes, token_ids: tuple[int, ...]) -> bytes | None:
+        """The block's checked content, or None (missing, corrupt, foreign)."""
+        ...
+
+
+@dataclass(slots=True, eq=False)
+class TierHit:
+    """A prefix block found a tier below; ``payload`` is read when the hit is used."""
+
+    block_hash: bytes
+    token_ids: tuple[int, ...]
+    payload: bytes | None = None
 
 
 class BlockPool:
@@ -37,8 +66,9 @@ class BlockPool:
         self.null_block = Block(num_blocks)
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, Block] = {}
-        # A cached block about to be reused: the tier below may keep its content.
-        self.on_evict: Callable[[Block], None] | None = None
+        self.tier: LowerTier | None = None
+        self.pending_saves: list[Save] = []
+        self.pending_loads: list[Load] = []
         # Host pool for swap preemption: host block id -> ref count; no prefix cache there.
         self.num_host_blocks = num_host_blocks
         self.host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
@@ -60,8 +90,9 @@ class BlockPool:
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
-                if self.on_evict is not None:
-                    self.on_evict(block)
+                if self.tier is not None and not self.tier.has(block.block_hash):
+                    self.pending_saves.append((block.block_id, block.block_hash,
+                                               block.token_ids or ()))
             block.block_hash = None
             block.token_ids = None
         block.ref_count = 1
@@ -104,6 +135,40 @@ class BlockPool:
         block.token_ids = token_ids
         self.cached[block_hash] = block
         return True
+
+    # -------------------------------------------------------------- tier below
+    def tier_hit(self, block_hash: bytes, token_ids: tuple[int, ...]) -> TierHit | None:
+        if self.tier is None or not self.tier.has(block_hash):
+            return None
+        return TierHit(block_hash, token_ids)
+
+    def read(self, hit: TierHit) -> bool:
+        """Read and check a hit's content; False: it cannot be used (recompute it)."""
+        if hit.payload is None and self.tier is not None:
+            hit.payload = self.tier.load(hit.block_hash, hit.token_ids)
+        return hit.payload is not None
+
+    def place(self, hit: TierHit) -> Block:
+        """A free block for a read hit, registered in the prefix cache; its content is
+        copied in before the step's forward."""
+        if hit.payload is None:
+            raise RuntimeError("a tier hit is placed only once read")
+        block = self.take()
+        self.register(block, hit.block_hash, hit.token_ids)
+        self.pending_loads.append((block.block_id, hit.payload))
+        return block
+
+    def take_tier_moves(self) -> tuple[list[Save], list[Load]]:
+        saves, loads = self.pending_saves, self.pending_loads
+        self.pending_saves, self.pending_loads = [], []
+        return saves, loads
+
+    def unsaved_cached(self) -> list[Save]:
+        """Every cached block the tier below lacks (saved when the model unloads)."""
+        if self.tier is None:
+            return []
+        return [(b.block_id, h, b.token_ids or ()) for h, b in self.cached.items()
+                if not self.tier.has(h)]
 
     # -------------------------------------------------------------------- host
     def take_host(self) -> int:

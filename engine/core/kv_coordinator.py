@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from engine.core.block_pool import BlockPool
+from engine.core.block_pool import BlockPool, Load, Save
 from engine.core.kv_manager import FullAttentionManager, KVCacheManager, SlidingWindowManager
 from engine.core.kv_protocol import GroupMoves
 from engine.core.kv_stats import KVStats, merge_stats, pool_stats
@@ -60,6 +60,7 @@ class KVCacheCoordinator:
         self.num_host_blocks = first.num_host_blocks
         self.prefix_hit_tokens = 0  # prompt tokens served from the prefix cache, since start
         self.prefix_query_tokens = 0  # prompt tokens looked up, since start
+        self.disk_hit_tokens = 0  # of the hits, prompt tokens loaded from disk
 
     @classmethod
     def build(cls, specs: Seq[KVGroupSpec], num_blocks: Seq[int], block_size: int, *,
@@ -82,27 +83,38 @@ class KVCacheCoordinator:
     # -------------------------------------------------------------- allocation
     def allocate(self, seq: Sequence) -> int | None:
         """Every group's blocks for ``seq``; returns the tokens found in the prefix cache
-        (their K/V need no compute), or None, changing nothing, when some group cannot
-        serve. The hit is the longest every group serves: a group may have to go lower
-        than another's hit, so repeat until all agree."""
-        found = [m.lookup(seq) for m in self.managers]
-        hit = min(m.longest_hit(f) for m, f in zip(self.managers, found, strict=True))
+        (their K/V need no compute, some maybe loaded from disk), or None, changing
+        nothing, when some group cannot serve. The hit is the longest every group
+        serves: a group may have to go lower than another's hit, so repeat until all
+        agree; a block read from disk that fails its checks is a miss, and the groups
+        agree again."""
+        pairs = [(m, m.lookup(seq)) for m in self.managers]
+        hit = None
         while True:
-            agreed = min(m.longest_hit(f, hit)
-                         for m, f in zip(self.managers, found, strict=True))
-            if agreed == hit:
+            hit = self._agreed_hit(pairs, hit)
+            if all([m.read_tier_hits(f, hit) for m, f in pairs]):
                 break
-            hit = agreed
-        plans = [m.plan(seq, f, hit) for m, f in zip(self.managers, found, strict=True)]
+        plans = [m.plan(seq, f, hit) for m, f in pairs]
         if any(m.cost(p) > m.pool.num_free_blocks
                for m, p in zip(self.managers, plans, strict=True)):
             return None
-        for m, plan in zip(self.managers, plans, strict=True):
-            m.apply(seq, plan)
+        loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
         seq.num_computed_tokens = hit
+        # Prompt tokens that came from disk: the first group's (it holds every token).
+        seq.num_disk_tokens = loaded[0] * self.block_size
         self.prefix_hit_tokens += hit
         self.prefix_query_tokens += seq.num_tokens
+        self.disk_hit_tokens += seq.num_disk_tokens
         return hit
+
+    @staticmethod
+    def _agreed_hit(pairs, limit: int | None) -> int:
+        hit = min(m.longest_hit(f, limit) for m, f in pairs)
+        while True:
+            agreed = min(m.longest_hit(f, hit) for m, f in pairs)
+            if agreed == hit:
+                return hit
+            hit = agreed
 
     def can_append(self, seqs: Seq[Sequence]) -> bool:
         """Whether ``append_slots`` can serve each of ``seqs`` its next tokens."""
@@ -146,6 +158,16 @@ class KVCacheCoordinator:
 
     def take_cow_pairs(self) -> GroupMoves:
         return [m.take_cow_pairs() for m in self.managers]
+
+    def take_tier_moves(self) -> tuple[list[list[Save]], list[list[Load]]]:
+        """Per group, the blocks to save to disk before this step writes into them and
+        the blocks to fill from disk before its forward."""
+        moves = [p.take_tier_moves() for p in self.pools]
+        return [saves for saves, _ in moves], [loads for _, loads in moves]
+
+    def unsaved_cached(self) -> list[list[Save]]:
+        """Per group, every cached block the disk lacks (saved when the model unloads)."""
+        return [p.unsaved_cached() for p in self.pools]
 
     # -------------------------------------------------------------------- swap
     def can_swap_out(self, seqs: Seq[Sequence]) -> bool:

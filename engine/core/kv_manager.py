@@ -23,13 +23,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence as Seq
 
-from engine.core.block_pool import BlockPool
+from engine.core.block_pool import BlockPool, TierHit
 from engine.core.free_block_queue import Block
 from engine.core.sequence import Sequence
 
+# A prefix block found by a lookup: in memory, a tier below, or neither (None).
+Found = Block | TierHit | None
 # A plan: the prefix blocks to reuse (None: a skipped one, the null block) and how many
 # new blocks follow them.
-Plan = tuple[list[Block | None], int]
+Plan = tuple[list[Found], int]
 
 
 def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
@@ -79,10 +81,11 @@ class KVCacheManager:
         seq.block_tables[self.group] = table
 
     # ------------------------------------------------------------------ lookup
-    def lookup(self, seq: Sequence) -> list[Block | None]:
-        """The cached block of each of ``seq``'s full prompt blocks that could be a hit
-        (None: a miss), stopping where no later hit is possible. The last token is never
-        looked up: it is recomputed so that there are logits to sample from."""
+    def lookup(self, seq: Sequence) -> list[Found]:
+        """The cached block of each of ``seq``'s full prompt blocks that could be a hit,
+        in memory or a tier below (None: a miss), stopping where no later hit is
+        possible. The last token is never looked up: it is recomputed so that there are
+        logits to sample from."""
         pool = self.pool
         if not pool.enable_prefix_caching:
             return []
@@ -90,16 +93,18 @@ class KVCacheManager:
         num_full = (seq.num_tokens - 1) // bs
         extend_hashes(seq, num_full, bs)
         last_kept = self.first_kept(num_full * bs)
-        found: list[Block | None] = []
+        found: list[Found] = []
         for i in range(num_full):
-            block = pool.lookup(seq.block_hashes[i],
-                                tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            block: Found = pool.lookup(seq.block_hashes[i], tokens)
+            if block is None:
+                block = pool.tier_hit(seq.block_hashes[i], tokens)
             found.append(block)
             if block is None and i >= last_kept:
                 break  # every longer prefix still reads block i
         return found
 
-    def longest_hit(self, found: list[Block | None], limit: int | None = None) -> int:
+    def longest_hit(self, found: list[Found], limit: int | None = None) -> int:
         """The longest hit ``P`` (tokens, at most ``limit``) whose read blocks, those from
         ``first_kept(P)`` on, are all in ``found``."""
         num = len(found)
@@ -114,34 +119,53 @@ class KVCacheManager:
                 best = k
         return best * self.block_size
 
+    def read_tier_hits(self, found: list[Found], hit_tokens: int) -> bool:
+        """Read the tier hits a hit of ``hit_tokens`` uses; one that cannot be used
+        becomes a miss in ``found`` (False: the hit must be agreed again)."""
+        ok = True
+        for i in range(self.first_kept(hit_tokens), hit_tokens // self.block_size):
+            hit = found[i]
+            if isinstance(hit, TierHit) and not self.pool.read(hit):
+                found[i] = None
+                ok = False
+        return ok
+
     # -------------------------------------------------------------- allocation
-    def plan(self, seq: Sequence, found: list[Block | None], hit_tokens: int) -> Plan:
+    def plan(self, seq: Sequence, found: list[Found], hit_tokens: int) -> Plan:
         if any(b != self.pool.null_id for b in self.table(seq)):
             raise RuntimeError(f"{seq.label} already holds blocks")
         num_hits = hit_tokens // self.block_size
         first = self.first_kept(hit_tokens)
-        hits: list[Block | None] = [None] * first + list(found[first:num_hits])
+        hits: list[Found] = [None] * first + list(found[first:num_hits])
         end = seq.num_tokens if self.lookahead is None else min(
             seq.num_tokens, hit_tokens + self.lookahead)
         return hits, self.blocks_needed(end) - num_hits
 
     def cost(self, plan: Plan) -> int:
-        """Free blocks a plan takes: its new blocks and the cached ones it revives."""
+        """Free blocks a plan takes: its new blocks, the cached ones it revives and one
+        for each block loaded from a tier below."""
         hits, num_new = plan
-        return num_new + sum(1 for b in hits if b is not None and b.ref_count == 0)
+        return num_new + sum(1 for b in hits if isinstance(b, TierHit)
+                             or (b is not None and b.ref_count == 0))
 
-    def apply(self, seq: Sequence, plan: Plan) -> None:
+    def apply(self, seq: Sequence, plan: Plan) -> int:
+        """Returns how many of the hit's blocks come from a tier below."""
         hits, num_new = plan
         pool = self.pool
         table = []
+        loaded = 0
         for block in hits:
             if block is None:
                 table.append(pool.null_id)
-                continue
-            pool.touch(block)
-            table.append(block.block_id)
+            elif isinstance(block, TierHit):
+                table.append(pool.place(block).block_id)
+                loaded += 1
+            else:
+                pool.touch(block)
+                table.append(block.block_id)
         table += [pool.take().block_id for _ in range(num_new)]
         self._set_table(seq, table)
+        return loaded
 
     # ------------------------------------------------------------------ append
     def _append_target(self, seq: Sequence) -> int:

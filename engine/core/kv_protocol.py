@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import Protocol
 
+from engine.core.block_pool import Load, Save
 from engine.core.sequence import Sequence
 
 # Per KV group, a list of (from, to) block pairs in that group's ids.
@@ -42,3 +43,5 @@ class KVCache(Protocol):
     def can_swap_in(self, seqs: Seq[Sequence], reserve: int = 0) -> bool: ...
 
     def swap_in(self, seqs: Seq[Sequence]) -> GroupMoves: ...
+
+    def take_tier_moves(self) -> tuple[list[list[Save]], list[list[Load]]]: ...

@@ -45,6 +45,20 @@ class KVGroupStats:
         return self.num_blocks * self.bytes_per_block
 
 
+@dataclass(slots=True, frozen=True)
+class DiskTierStats:
+    """The KV cache's disk tier (engine/runner/disk_store.py) as the memory panel shows it."""
+
+    enabled: bool
+    num_blocks: int  # block files this process knows of, every model's
+    num_bytes: int
+    max_bytes: int
+    hit_blocks: int  # blocks loaded since start
+    skipped_files: int  # corrupt, foreign or unreadable files skipped since start
+    written_blocks: int
+    hit_tokens: int = 0  # prompt tokens loaded from disk, since start
+
+
 @dataclass(slots=True)
 class KVStats:
     """Counts: ``num_used`` (ref count >= 1) + ``num_free`` (ref count 0) = ``num_blocks``;
@@ -73,6 +87,7 @@ class KVStats:
     blocks_per_owner: dict[str, int] = field(default_factory=dict)
     # Filled by the coordinator; a snapshot built by hand without it reads as one group.
     groups: list[KVGroupStats] = field(default_factory=list)
+    disk: DiskTierStats | None = None  # None: the disk tier is off
 
     @property
     def used_bytes(self) -> int:

@@ -16,6 +16,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.core.block_pool import Load, Save
 from engine.core.kv_protocol import GroupMoves, KVCache
 from engine.core.sequence import Request, Sequence, SequenceStatus
 
@@ -43,6 +44,10 @@ class SchedulerOutput:
     cow_pairs: GroupMoves = field(default_factory=list)  # (src, dst) device blocks
     swap_out: GroupMoves = field(default_factory=list)  # (device, host)
     swap_in: GroupMoves = field(default_factory=list)  # (host, device)
+    # Per group: blocks to save to disk before anything writes into them, blocks to fill
+    # from disk before the forward.
+    disk_saves: list[list[Save]] = field(default_factory=list)
+    disk_loads: list[list[Load]] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)  # request ids
     finished: list[Request] = field(default_factory=list)  # ended by the scheduler
 
@@ -52,7 +57,8 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not any(self.swap_out) and not any(self.swap_in)
+        return not (self.scheduled or any(self.swap_out) or any(self.swap_in)
+                    or any(self.disk_saves) or any(self.disk_loads))
 
 
 def _add_moves(into: GroupMoves, moves: GroupMoves) -> None:
@@ -187,6 +193,7 @@ class Scheduler:
         if not out.preempted and not self.swapped and not parked:
             self._admit(out, budget, num_seqs)
         out.cow_pairs = self.kv.take_cow_pairs()
+        out.disk_saves, out.disk_loads = self.kv.take_tier_moves()
         return out
 
     def _make_room(self, request: Request, out: SchedulerOutput) -> bool:
@@ -267,6 +274,7 @@ class Scheduler:
             if not request.admitted_once:
                 request.admitted_once = True
                 request.num_cached_tokens = leader.num_computed_tokens
+                request.num_disk_tokens = leader.num_disk_tokens
             leader.status = SequenceStatus.RUNNING
             for seq in request.live_seqs[1:]:
                 seq.status = SequenceStatus.PARKED

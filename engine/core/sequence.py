@@ -34,6 +34,8 @@ class Sequence:
     token_ids: list[int]
     num_prompt_tokens: int
     num_computed_tokens: int = 0
+    # Of the prefix hit at its last admission, the tokens loaded from disk.
+    num_disk_tokens: int = 0
     # One block table per KV group (engine/core/kv_coordinator.py), in that group's
     # block ids. A sliding group's table keeps its length: entries that fell out of the
     # window hold the group pool's null block (engine/core/block_pool.py).
@@ -100,6 +102,7 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    num_disk_tokens: int = 0  # of those, the tokens loaded from disk
     admitted_once: bool = False
     aborted: bool = False
 

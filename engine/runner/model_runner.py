@@ -11,6 +11,11 @@ is the pool's null block (engine/core/block_pool.py), the entry of an empty or p
 table slot, never written. Each group has its own block tables and slot mapping;
 positions, query starts and lengths are shared. The model gets a (k_cache, v_cache,
 metadata) per layer.
+
+With the disk tier (`disk_tier.py`), a step's ``disk_saves`` (cached blocks about to be
+reused) are copied out first, before any move or forward writes into them, and its
+``disk_loads`` (prefix blocks found on disk) copied in after the moves, before the
+forward.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 
 from engine.core.kv_coordinator import KVGroupSpec
 from engine.core.scheduler import ScheduledSeq, SchedulerOutput
+from engine.runner.disk_tier import GroupDisk
 from engine.runner.kv_cache import KVShape
 from kernels import AttentionBackend, AttentionMetadata, allocate_kv_cache
 
@@ -57,6 +63,7 @@ class ModelRunner:
                                                torch.device("cpu"),
                                                pin_memory=device.type == "cuda")
                                 for g in self.kv_groups]
+        self.disks: list[GroupDisk] | None = None  # each group's disk tier, if on
         # Per layer: its group and its K and V views in the group's pool.
         self._layer_views: list[tuple[int, torch.Tensor, torch.Tensor]] = [None] * sum(
             len(g.layers) for g in self.kv_groups)  # type: ignore[list-item]
@@ -80,9 +87,35 @@ class ModelRunner:
     def apply_block_moves(self, out: SchedulerOutput) -> None:
         """Each group's moves, swap-outs first: the blocks they free may be reused by
         this step's swap-ins and copies."""
+        self.save_blocks(out.disk_saves)
         for g in range(len(self.kv_groups)):
             self._move_blocks(g, _group(out.swap_out, g), _group(out.swap_in, g),
                               _group(out.cow_pairs, g))
+        for g, loads in enumerate(out.disk_loads):
+            for block_id, payload in loads:
+                self._fill_block(g, block_id, payload)
+
+    def block_payload_bytes(self, g: int) -> int:
+        """Bytes of one block of group g across its layers (a disk file's payload)."""
+        block = self.kv_caches[g][:, :, 0]
+        return block.numel() * block.element_size()
+
+    def save_blocks(self, saves) -> None:
+        """Hand each group's (block id, hash, tokens) blocks to its disk tier."""
+        if self.disks is None:
+            return
+        for g, group_saves in enumerate(saves):
+            cache, disk = self.kv_caches[g], self.disks[g]
+            for block_id, block_hash, token_ids in group_saves:
+                block = cache[:, :, block_id].contiguous().cpu()
+                disk.save(block_hash, token_ids, block.reshape(-1).view(torch.uint8)
+                          .numpy().tobytes())
+
+    def _fill_block(self, g: int, block_id: int, payload: bytes) -> None:
+        cache = self.kv_caches[g]
+        target = cache[:, :, block_id]
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        target.copy_(data.view(cache.dtype).view(target.shape))
 
     def _move_blocks(self, g: int, swap_out: list[tuple[int, int]],
                      swap_in: list[tuple[int, int]], cow: list[tuple[int, int]]) -> None:

@@ -1,11 +1,11 @@
 """BlockPool: the null block is never handed out, the free queue's order, lazy eviction
-through the tier hook, host block refs."""
+into the tier below (saves queued, hits read and placed), host block refs."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.core.block_pool import BlockPool
+from engine.core.block_pool import BlockPool, TierHit
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
 from engine.core.sequence import Sequence
 
@@ -36,10 +36,24 @@ def test_a_full_pool_of_sequences_never_holds_the_null_block():
         assert pool.null_id not in held and len(set(held)) == len(held)
 
 
+class Shelf:
+    """A tier below: hash -> tokens; ``bad`` hashes fail their check."""
+
+    def __init__(self) -> None:
+        self.kept: dict[bytes, tuple[int, ...]] = {}
+        self.bad: set[bytes] = set()
+
+    def has(self, block_hash: bytes) -> bool:
+        return block_hash in self.kept
+
+    def load(self, block_hash: bytes, token_ids: tuple[int, ...]) -> bytes | None:
+        ok = block_hash not in self.bad and self.kept.get(block_hash) == token_ids
+        return repr(token_ids).encode() if ok else None
+
+
 def test_release_orders_the_queue_and_take_evicts_lazily():
     pool = BlockPool(4, 2)
-    evicted = []
-    pool.on_evict = evicted.append
+    pool.tier = Shelf()
     a, b, c = pool.take(), pool.take(), pool.take()
     assert pool.register(a, b"ha", (1, 2)) and pool.register(b, b"hb", (3, 4))
     assert not pool.register(c, b"ha", (1, 2))  # the content lives in a already
@@ -49,8 +63,10 @@ def test_release_orders_the_queue_and_take_evicts_lazily():
     assert pool.lookup(b"ha", (1, 2)) is a and pool.lookup(b"ha", (9, 9)) is None
     pool.touch(b)  # a hit revives b from the middle
     assert queue_ids(pool) == [2, 3, 0] and b.ref_count == 1
-    assert [pool.take().block_id for _ in range(2)] == [2, 3] and evicted == []
-    assert pool.take() is a and evicted == [a]  # a's prefix leaves memory now
+    assert [pool.take().block_id for _ in range(2)] == [2, 3]
+    assert pool.take_tier_moves() == ([], [])
+    assert pool.take() is a  # a's prefix leaves memory now: saved first
+    assert pool.take_tier_moves() == ([(0, b"ha", (1, 2))], [])
     assert a.block_hash is None and pool.lookup(b"ha", (1, 2)) is None
     with pytest.raises(RuntimeError, match="freed twice"):
         pool.release([c.block_id, c.block_id])
@@ -70,3 +86,26 @@ def test_host_blocks_are_ref_counted():
 def test_bad_sizes_name_the_field(num_blocks, num_host_blocks):
     with pytest.raises(ValueError, match="num_blocks|num_host_blocks"):
         BlockPool(num_blocks, 4, num_host_blocks)
+
+
+def test_a_tier_hit_is_read_then_placed_in_a_free_block():
+    pool = BlockPool(3, 2)
+    shelf = pool.tier = Shelf()
+    shelf.kept = {b"h1": (1, 2), b"h2": (3, 4)}
+    shelf.bad = {b"h2"}
+    assert pool.tier_hit(b"h0", (0, 0)) is None
+    hit, bad = pool.tier_hit(b"h1", (1, 2)), pool.tier_hit(b"h2", (3, 4))
+    assert isinstance(hit, TierHit) and hit.payload is None
+    assert pool.read(hit) and not pool.read(bad)
+    block = pool.place(hit)
+    assert (block.block_id, block.ref_count) == (0, 1)
+    assert pool.lookup(b"h1", (1, 2)) is block  # in the prefix cache at once
+    assert pool.take_tier_moves() == ([], [(0, b"(1, 2)")])
+    with pytest.raises(RuntimeError, match="read"):
+        pool.place(bad)
+    # A block already on the tier is not saved again when evicted.
+    pool.release([block.block_id])
+    for _ in range(3):
+        pool.take()
+    assert pool.take_tier_moves() == ([], [])
+    assert pool.unsaved_cached() == []

@@ -1,11 +1,14 @@
-"""Random operation sequences on the KV cache of one attention kind, checking its
-invariants after each step.
+"""Random operation sequences on the KV cache of one attention kind over device, host
+and disk tiers, checking its invariants after each step.
 
 The machine plays the model runner too: it keeps what each physical block would hold
-(the token whose K/V sits in each slot), applies copy-on-write pairs and swap mappings
-to that content, and checks that every computed position of every sequence reads back
-its own token. That catches a wrong prefix hit, a missed copy or a bad swap mapping,
-not only bookkeeping slips.
+(the token whose K/V sits in each slot), applies copy-on-write pairs, swap mappings and
+the disk tier's saves (a block's content copied out before it is reused) and loads (a
+file's content copied into a block) to that content, and checks that every computed
+position of every sequence reads back its own token. That catches a wrong prefix hit, a
+missed copy, a bad swap mapping or a block loaded into the wrong place, not only
+bookkeeping slips. The disk is a dict that a rule can damage: a damaged file must be
+recomputed, never read.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from engine.core.block_pool import BlockPool
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
 from engine.core.sequence import Sequence
 
@@ -29,13 +33,36 @@ prompts = st.tuples(st.sampled_from(PREFIXES), st.lists(st.integers(0, 3), max_s
     lambda parts: parts[0] + parts[1]).filter(bool)
 
 
+class DictTier:
+    """The disk: block hash -> (tokens, slot contents); ``damaged`` files fail their check."""
+
+    def __init__(self) -> None:
+        self.files: dict[bytes, tuple[tuple[int, ...], list[int | None]]] = {}
+        self.damaged: set[bytes] = set()
+        self.loads = 0
+
+    def has(self, block_hash: bytes) -> bool:
+        return block_hash in self.files
+
+    def load(self, block_hash: bytes, token_ids: tuple[int, ...]) -> bytes | None:
+        tokens, content = self.files[block_hash]
+        if block_hash in self.damaged or tokens != token_ids:
+            del self.files[block_hash]  # skipped and removed, as the store does
+            self.damaged.discard(block_hash)
+            return None
+        self.loads += 1
+        return bytes(repr(content), "ascii")
+
+
 class KVCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.bm = KVCacheCoordinator.build([KVGroupSpec((0,))], [NUM_BLOCKS], BLOCK_SIZE,
                                            num_host_blocks=NUM_HOST_BLOCKS)
-        self.pool = self.bm.pools[0]
+        self.pool: BlockPool = self.bm.pools[0]
         self.manager = self.bm.managers[0]
+        self.disk = DictTier()
+        self.pool.tier = self.disk
         self.live: list[Sequence] = []  # holding device blocks
         self.swapped: list[Sequence] = []  # holding host blocks
         self.device: list[list[int | None]] = [[None] * BLOCK_SIZE for _ in range(NUM_BLOCKS)]
@@ -54,6 +81,19 @@ class KVCacheMachine(RuleBasedStateMachine):
                 dict(self.pool.cached), bm.prefix_hit_tokens, bm.prefix_query_tokens,
                 [list(s.block_table) for s in self.live])
 
+    def _tier_moves(self) -> None:
+        """What the runner does first in a step: save the blocks about to be reused,
+        then (after any swap or copy) fill the blocks loaded from disk."""
+        [saves], [loads] = self.bm.take_tier_moves()
+        for block_id, block_hash, tokens in saves:
+            content = self.device[block_id]
+            assert tuple(content) == tokens, f"saving block {block_id} with wrong content"
+            self.disk.files[block_hash] = (tokens, list(content))
+        for block_id, payload in loads:
+            self.device[block_id] = eval(payload.decode())  # the DictTier's repr
+            block = self.pool.blocks[block_id]
+            assert tuple(self.device[block_id]) == block.token_ids
+
     def _compute(self, seq: Sequence) -> bool:
         """One step for ``seq``: make room, apply copies, write its uncomputed tokens."""
         bm = self.bm
@@ -66,6 +106,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             return False
         if one_token:
             assert promised, "append_slots found room can_append denied"
+        self._tier_moves()
         for src, dst in bm.take_cow_pairs()[0]:
             self.device[dst] = list(self.device[src])
         assert len(seq.block_table) == bm.blocks_needed(seq.num_tokens)
@@ -81,6 +122,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     def _allocate(self, seq: Sequence, prefill: bool) -> bool:
         before = self._snapshot()
         cached = self.bm.allocate(seq)
+        self._tier_moves()
         if cached is None:
             assert self._snapshot() == before, "a failed allocate changed the pool"
             assert seq.block_table == [] and seq.num_computed_tokens == 0
@@ -165,6 +207,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             return
         held = {h for s in seqs for h in self.manager.host_tables[s.seq_id]}
         mapping = self.bm.swap_in(seqs)[0]
+        self._tier_moves()  # saves of the blocks it reused, before the copies
         assert {h for h, _ in mapping} == held and len(mapping) == len(held)
         assert len({d for _, d in mapping}) == len(mapping)
         for host, dev in mapping:
@@ -179,6 +222,11 @@ class KVCacheMachine(RuleBasedStateMachine):
         seq = self.swapped.pop(pick % len(self.swapped))
         self.bm.free_host(seq)
         assert seq.seq_id not in self.manager.host_tables
+
+    @precondition(lambda self: self.disk.files)
+    @rule(pick=st.integers(0, 100))
+    def damage_a_file(self, pick: int) -> None:
+        self.disk.damaged.add(sorted(self.disk.files)[pick % len(self.disk.files)])
 
     @rule(num_blocks=st.integers(1, NUM_BLOCKS), keep=st.booleans())
     def pressure(self, num_blocks: int, keep: bool) -> None:
@@ -243,6 +291,13 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert len(self.pool.host_free) == len(set(self.pool.host_free))
         assert set(self.pool.host_free).isdisjoint(counts)
         assert set(self.pool.host_free) | counts.keys() == set(range(NUM_HOST_BLOCKS))
+
+    @invariant()
+    def disk_files_hold_their_tokens(self) -> None:
+        for block_hash, (tokens, content) in self.disk.files.items():
+            assert tuple(content) == tokens, block_hash
+            cached = self.pool.cached.get(block_hash)
+            assert cached is None or cached.token_ids == tokens
 
     @invariant()
     def stats_partition_the_pool(self) -> None:
