@@ -257,6 +257,11 @@ class EngineBridge(QObject):
     def memory_stats(self):
         return None if self._worker is None else self._worker.memory_stats()
 
+    def clear_disk(self) -> None:
+        """Remove the KV cache's disk tier files (the memory panel's Clear)."""
+        if self._worker is not None:
+            self._worker.clear_disk()
+
     # -- GUI-thread side ---------------------------------------------------------------
     @Slot(int, object)
     def _on_posted(self, token: int, payload) -> None:
