@@ -100,7 +100,8 @@ def engine_config(args):
     from engine.config import EngineConfig
 
     return EngineConfig(device=args.device, weights=args.weights,
-                        cpu_activation_bits=args.cpu_activation_bits)
+                        cpu_activation_bits=args.cpu_activation_bits,
+                        kv_disk_bytes=int(args.kv_disk_gib * (1 << 30)))
 
 
 def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
@@ -112,17 +113,20 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
                             seed=args.seed)
     chat = TerminalChat(llm, params)
     print(f"Chatting with {llm.model_name}. {HELP}")
-    while True:
-        try:
-            line = read_line("> ")
-        except (EOFError, KeyboardInterrupt):
-            print()
-            return 0
-        try:
-            if not chat.handle(line):
+    try:
+        while True:
+            try:
+                line = read_line("> ")
+            except (EOFError, KeyboardInterrupt):
+                print()
                 return 0
-        except ValueError as exc:
-            print(f"error: {exc}")
+            try:
+                if not chat.handle(line):
+                    return 0
+            except ValueError as exc:
+                print(f"error: {exc}")
+    finally:
+        llm.close()  # with --kv-disk-gib, the chat's blocks stay on disk
 
 
 def cmd_serve(args) -> int:
@@ -191,6 +195,10 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-activation-bits", type=int, default=16, choices=(8, 16),
                         help="quantized products on the CPU at decode sizes: 16 keeps the "
                         "float32 path's tokens; 8 (as llama.cpp) decodes 10-20%% faster")
+    parser.add_argument("--kv-disk-gib", type=float, default=0.0, metavar="GIB",
+                        help="keep KV cache blocks leaving memory on disk, up to this many "
+                        "GiB, so prompts seen before (a restart too) are not recomputed "
+                        "(default 0: off)")
 
 
 def _run_command(argv: list[str]) -> int:

@@ -35,8 +35,11 @@ class EngineConfig:
     max_model_len: int | None = None  # None = the model's context length
     enable_prefix_caching: bool = True
     # A block pool and table per attention kind, so sliding-window layers hold only their
-    # window (engine/core/kv_groups.py); False: one pool for every layer, as before.
+    # window (engine/core/kv_coordinator.py); False: one pool for every layer, as before.
     kv_groups: bool = True
+    # The KV cache's disk tier ("Keep chats warm on disk"): full blocks leaving memory are
+    # kept under FOLIO_CACHE_DIR/kv, this many bytes at most; 0: off.
+    kv_disk_bytes: int = 0
     dtype: str | None = None  # compute and KV dtype; None = the device's (runner/device.py)
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
     weights: str = "stored"  # one of WEIGHTS
@@ -57,7 +60,7 @@ class EngineConfig:
             self,
             integers=("block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "num_host_blocks",
                       "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_threads",
-                      "seed", "cpu_activation_bits"),
+                      "seed", "cpu_activation_bits", "kv_disk_bytes"),
             numbers=("gpu_memory_utilization",),
         )
         _check(self.block_size in BLOCK_SIZES, "block_size", self.block_size,
@@ -91,6 +94,8 @@ class EngineConfig:
         _check(isinstance(self.kv_groups, bool), "kv_groups", self.kv_groups, "True or False")
         _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", self.cuda_graphs,
                "True or False")
+        _check(self.kv_disk_bytes >= 0, "kv_disk_bytes", self.kv_disk_bytes,
+               ">= 0 (bytes; 0: off)")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",
                self.num_threads, ">= 1 or None")
 

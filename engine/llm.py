@@ -63,6 +63,10 @@ class LLM:
         exact ids the model produced, so the earlier turns hit the prefix cache."""
         return self.loop.run([messages], params)[0]
 
+    def close(self) -> None:
+        """Keep the cached blocks on disk (with the disk tier on); see LLMEngine.close."""
+        self.engine.close()
+
     def kv_stats(self, with_blocks: bool = True) -> KVStats:
         return self.engine.kv_stats(with_blocks)
 

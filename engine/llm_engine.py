@@ -17,12 +17,10 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.core.block_manager import BlockManager
-from engine.core.kv_groups import KVGroups, KVGroupSpec, group_layers
+from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec, group_layers
 from engine.core.kv_stats import KVStats
 from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence, SequenceGroup
-from engine.core.sliding_blocks import SlidingBlockManager
+from engine.core.sequence import Request, Sequence
 from engine.grammar import Grammars, Matcher, token_masks
 from engine.layers.moe import expert_bytes
 from engine.layers.weights import set_activation_bits
@@ -36,6 +34,8 @@ from engine.outputs import (
     TokenLogprobs,
 )
 from engine.runner.device import resolve_device
+from engine.runner.disk_store import DiskStore, kv_cache_root
+from engine.runner.disk_tier import GroupDisk, fingerprint, model_identity
 from engine.runner.kv_cache import KVShape, group_blocks, num_blocks_for
 from engine.runner.logprobs import token_logprobs
 from engine.runner.memory import MemoryStats, memory_stats
@@ -49,8 +49,8 @@ Prompt = str | list[int] | list[dict]
 
 
 @dataclass(slots=True)
-class _Request:
-    group: SequenceGroup
+class _RequestState:
+    request: Request
     candidates: dict[int, CandidateText] = field(default_factory=dict)
     # Each constrained candidate's grammar state, by candidate index (structured output).
     matchers: dict[int, Matcher] = field(default_factory=dict)
@@ -99,36 +99,60 @@ class LLMEngine:
         self.kv_groups = (group_layers(windows, self.max_model_len) if config.kv_groups
                           else [KVGroupSpec(tuple(range(len(windows))))])
         counts = group_blocks(config, shape, num_blocks, self.kv_groups)
-        self.runner = ModelRunner(net, shape, counts, config.num_host_blocks, backend, device,
-                                  self.kv_groups, config.cuda_graphs, self.max_model_len)
-        managers = [self._block_manager(g, spec, n, shape.bytes_per_block // shape.num_layers)
-                    for g, (spec, n) in enumerate(zip(self.kv_groups, counts, strict=True))]
-        # One group (most models): its block manager itself, no facade in between.
-        self.block_manager: BlockManager | KVGroups = (
-            managers[0] if len(managers) == 1 else KVGroups(managers, self.kv_groups))
+        self.runner = ModelRunner(net, shape, self.kv_groups, counts, config.num_host_blocks,
+                                  backend, device, config.cuda_graphs, self.max_model_len)
+        self.kv_cache = KVCacheCoordinator.build(
+            self.kv_groups, counts, config.block_size, num_host_blocks=config.num_host_blocks,
+            enable_prefix_caching=config.enable_prefix_caching,
+            bytes_per_layer_block=shape.bytes_per_block // shape.num_layers,
+            lookahead=config.max_num_batched_tokens)
+        self.disk: DiskStore | None = None
+        if config.kv_disk_bytes:
+            self._open_disk_tier(path, shape)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+            self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens,
             self.max_model_len,
         )
         self.sampler = Sampler()
         # The request table: every request not yet finished, by id. It labels the blocks'
         # owners in kv_stats and holds each candidate's text state.
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, _RequestState] = {}
         # Request id -> tokens sampled for it by the last step (StepLoop's hooks read it).
         self.last_step_tokens: dict[str, int] = {}
         self._ids = itertools.count()
         if progress:
             progress("ready", 1.0)
 
-    def _block_manager(self, g: int, spec: KVGroupSpec, num_blocks: int,
-                       layer_bytes: int) -> BlockManager:
-        config = self.config
-        args = (config.num_host_blocks, config.enable_prefix_caching,
-                layer_bytes * len(spec.layers), g)
-        if spec.window is None:
-            return BlockManager(num_blocks, config.block_size, *args)
-        return SlidingBlockManager(num_blocks, config.block_size, spec.window,
-                                   config.max_num_batched_tokens, *args)
+    def _open_disk_tier(self, path, shape: KVShape) -> None:
+        """Each group's pool and the runner over one store; the fingerprint names what a
+        block's K/V depends on (model file, compute and KV dtype, weights mode, kernels'
+        layout, block and head shapes) and, per group, its layers and window."""
+        config, runner = self.config, self.runner
+        self.disk = DiskStore(kv_cache_root(), config.kv_disk_bytes)
+        model = (model_identity(path), str(shape.dtype), config.weights,
+                 config.cpu_activation_bits, self.resolved_device.device.type,
+                 type(runner.backend).__name__, runner.backend.head_major_kv,
+                 shape.block_size, shape.num_kv_heads, shape.head_size)
+        runner.disks = []
+        for g, (spec, pool) in enumerate(zip(self.kv_groups, self.kv_cache.pools,
+                                             strict=True)):
+            disk = GroupDisk(self.disk, fingerprint(model, spec.layers, spec.window), g,
+                             runner.block_payload_bytes(g))
+            pool.tier = disk
+            runner.disks.append(disk)
+
+    def close(self) -> None:
+        """Keep every cached block on disk (the model unloads, the app quits) and wait
+        for the writes. The engine may still be used afterwards."""
+        if self.disk is None:
+            return
+        self.runner.save_blocks(self.kv_cache.unsaved_cached())
+        self.disk.flush()
+
+    def clear_disk(self) -> None:
+        """Remove every block file of the disk tier (the memory panel's Clear)."""
+        if self.disk is not None:
+            self.disk.clear()
 
     # ---------------------------------------------------------------- requests
     def encode(self, prompt: Prompt) -> list[int]:
@@ -153,28 +177,28 @@ class LLMEngine:
         # GrammarError (ValueError) and nothing is left behind.
         fmt = params.response_format
         matcher = None if fmt is None else self.grammars.matcher(fmt)
-        group = self.scheduler.add_request(request_id, ids, params)
-        seq = group.seqs[0]
+        request = self.scheduler.add_request(request_id, ids, params)
+        seq = request.seqs[0]
         seq.generator = make_generator(params.seed, 0)
-        request = _Request(group)
-        request.candidates[0] = self._new_candidate(group)
+        state = _RequestState(request)
+        state.candidates[0] = self._new_candidate(request)
         if matcher is not None:
-            request.matchers[0] = matcher
-        self._requests[request_id] = request
+            state.matchers[0] = matcher
+        self._requests[request_id] = state
         return request_id
 
-    def _new_candidate(self, group: SequenceGroup) -> CandidateText:
-        return CandidateText.start(self.tokenizer, group.prompt_token_ids,
-                                   [*group.params.stop, *self.tokenizer.stop_strings],
-                                   group.params.logprobs is not None,
-                                   group.params.skip_special_tokens)
+    def _new_candidate(self, request: Request) -> CandidateText:
+        return CandidateText.start(self.tokenizer, request.prompt_token_ids,
+                                   [*request.params.stop, *self.tokenizer.stop_strings],
+                                   request.params.logprobs is not None,
+                                   request.params.skip_special_tokens)
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        group = self.scheduler.abort(request_id)
-        request = self._requests.pop(request_id, None)
-        if group is None or request is None:
+        request = self.scheduler.abort(request_id)
+        state = self._requests.pop(request_id, None)
+        if request is None or state is None:
             return None
-        return self._output(request)
+        return self._output(state)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
@@ -191,30 +215,30 @@ class LLMEngine:
             self.scheduler.mark_computed(out)
             if logits is not None:
                 events += self._sample(logits, [item.seq for item in sampled])
-        for group in self.scheduler.remove_finished():
-            request = self._requests.pop(group.request_id, None)
-            if request is not None:
-                events.append(FinishedEvent(group.request_id, self._output(request)))
+        for request in self.scheduler.remove_finished():
+            state = self._requests.pop(request.request_id, None)
+            if state is not None:
+                events.append(FinishedEvent(request.request_id, self._output(state)))
         return events
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Event]:
         rows: list[int] = []
         targets: list[Sequence] = []
         for row, seq in enumerate(seqs):
-            request = self._requests[seq.request_id]
-            group = request.group
+            state = self._requests[seq.request_id]
+            request = state.request
             candidates = [seq]
             if seq.needs_fork:
-                candidates = self.scheduler.fork(group)
-                parent = request.matchers.get(seq.index)
+                candidates = self.scheduler.fork(request)
+                parent = state.matchers.get(seq.index)
                 for child in candidates[1:]:
-                    child.generator = make_generator(group.params.seed, child.index)
-                    request.candidates[child.index] = self._new_candidate(group)
+                    child.generator = make_generator(request.params.seed, child.index)
+                    state.candidates[child.index] = self._new_candidate(request)
                     if parent is not None:
-                        request.matchers[child.index] = parent.fork()
+                        state.matchers[child.index] = parent.fork()
             rows += [row] * len(candidates)
             targets += candidates
-        params = [self._requests[s.request_id].group.params for s in targets]
+        params = [self._requests[s.request_id].request.params for s in targets]
         matchers = [self._requests[s.request_id].matchers.get(s.index) for s in targets]
         masks = token_masks(matchers, logits.shape[-1])
         sampling_rows = [
@@ -244,13 +268,13 @@ class LLMEngine:
         self, seq: Sequence, params: SamplingParams, token: int, now: float,
         logprobs: TokenLogprobs | None, complete: bool = False,
     ) -> TokenEvent | None:
-        request = self._requests[seq.request_id]
-        group = request.group
-        cand = request.candidates[seq.index]
+        state = self._requests[seq.request_id]
+        request = state.request
+        cand = state.candidates[seq.index]
         if cand.first_token_time is None:
             cand.first_token_time = now
-            if group.first_token_time is None:
-                group.first_token_time = now
+            if request.first_token_time is None:
+                request.first_token_time = now
         reason = None
         is_eos = token in self.tokenizer.eos_token_ids and (complete or not params.ignore_eos)
         if is_eos or token in params.stop_token_ids:
@@ -277,36 +301,37 @@ class LLMEngine:
             return None
         return TokenEvent(seq.request_id, seq.index, delta, [token])
 
-    def _output(self, request: _Request) -> RequestOutput:
-        group = request.group
+    def _output(self, state: _RequestState) -> RequestOutput:
+        request = state.request
         outputs = []
-        for seq in group.seqs:
-            cand = request.candidates[seq.index]
+        for seq in request.seqs:
+            cand = state.candidates[seq.index]
             outputs.append(
                 CompletionOutput(seq.index, cand.text, list(seq.output_token_ids),
                                  seq.finish_reason,
                                  None if cand.logprobs is None else list(cand.logprobs))
             )
         return RequestOutput(
-            group.request_id, list(group.prompt_token_ids), outputs, group.is_finished,
-            self._metrics(request),
+            request.request_id, list(request.prompt_token_ids), outputs, request.is_finished,
+            self._metrics(state),
         )
 
-    def _metrics(self, request: _Request) -> RequestMetrics:
-        group = request.group
+    def _metrics(self, state: _RequestState) -> RequestMetrics:
+        request = state.request
         now = time.perf_counter()
-        generated = sum(s.num_output_tokens for s in group.seqs)
+        generated = sum(s.num_output_tokens for s in request.seqs)
         m = RequestMetrics(
-            num_prompt_tokens=group.num_prompt_tokens,
-            num_cached_tokens=group.num_cached_tokens,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            num_disk_tokens=request.num_disk_tokens,
             num_generated_tokens=generated,
-            total_s=now - group.arrival_time,
+            total_s=now - request.arrival_time,
         )
-        if group.first_token_time is not None:
-            m.ttft_s = group.first_token_time - group.arrival_time
+        if request.first_token_time is not None:
+            m.ttft_s = request.first_token_time - request.arrival_time
             rates = []
-            for seq in group.seqs:
-                cand = request.candidates[seq.index]
+            for seq in request.seqs:
+                cand = state.candidates[seq.index]
                 span = (cand.finish_time or now) - (cand.first_token_time or now)
                 if seq.num_output_tokens > 1 and span > 0:
                     rates.append((seq.num_output_tokens - 1) / span)
@@ -315,8 +340,11 @@ class LLMEngine:
 
     # ------------------------------------------------------------------- stats
     def kv_stats(self, with_blocks: bool = True) -> KVStats:
-        holders = (seq for request in self._requests.values() for seq in request.group.seqs)
-        return self.block_manager.stats(holders, with_blocks)
+        holders = (seq for state in self._requests.values() for seq in state.request.seqs)
+        stats = self.kv_cache.stats(holders, with_blocks)
+        if self.disk is not None:
+            stats.disk = self.disk.stats(self.kv_cache.disk_hit_tokens)
+        return stats
 
     def memory_stats(self) -> MemoryStats:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_caches,

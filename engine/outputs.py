@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 class RequestMetrics:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    num_disk_tokens: int = 0  # of those, the tokens loaded from the disk tier
     num_generated_tokens: int = 0
     ttft_s: float = 0.0  # arrival to first token
     decode_tok_s: float = 0.0  # tokens per second after the first, per candidate

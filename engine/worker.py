@@ -87,6 +87,10 @@ class EngineWorker:
         """`listener` runs on the worker thread: it must only hand the event on."""
         self._activity_listener = listener
 
+    def clear_disk(self) -> None:
+        """Remove the KV disk tier's files (on the worker thread, between steps)."""
+        self._commands.put(("clear_disk",))
+
     def kv_stats(self) -> KVStats:
         with self._stats_lock:
             return self._kv_stats
@@ -129,6 +133,10 @@ class EngineWorker:
             elif changed:
                 self._refresh_stats(force=True)
         self._steps.cancel_all()
+        try:  # the cached blocks go to disk before the model unloads
+            self._engine.close()
+        except Exception:
+            log.exception("keeping the KV cache on disk failed")
         self._refresh_stats(force=True)
 
     def _handle(self, command: tuple) -> None:
@@ -142,6 +150,8 @@ class EngineWorker:
                 _Guarded(on_event, self)(ErrorEvent(request_id, str(exc), rejected))
         elif kind == "cancel":
             self._steps.cancel(command[1])
+        elif kind == "clear_disk":
+            self._engine.clear_disk()
 
     def _note_activity(self, busy: bool) -> None:
         if busy == self._busy:

@@ -32,6 +32,7 @@ def main() -> None:
     from transformers import LlamaConfig
 
     from engine.models import build_model
+    from engine.models.base import pool_layers
     from kernels import AttentionMetadata, allocate_kv_cache, get_backend
 
     class CountOps(TorchDispatchMode):
@@ -76,7 +77,7 @@ def main() -> None:
         return ids, positions, meta
 
     def forward(ids, positions, meta):
-        hidden = model(ids, positions, kv, meta, backend)
+        hidden = model(ids, positions, pool_layers(kv, meta), meta, backend)
         rows = meta.query_start_loc[1:].long() - 1
         return model.compute_logits(hidden[rows])
 

@@ -166,6 +166,13 @@ def build_attention_metadata(block_tables: Sequence[Sequence[int]], cached_lens:
     )
 
 
+@pytest.fixture(autouse=True)
+def _kv_disk_tier_folder(tmp_path_factory, monkeypatch):
+    """Each test's own folder for the KV cache's disk tier (on by the app's default
+    settings): no test finds another's, or a real user's, blocks."""
+    monkeypatch.setenv("FOLIO_KV_CACHE_DIR", str(tmp_path_factory.mktemp("kv-disk")))
+
+
 @pytest.fixture
 def single_torch_thread():
     previous = torch.get_num_threads()

@@ -6,7 +6,7 @@ CUDA device still exists is checked when the engine config is built
 In settings.json, under ``"engine"``::
 
     {"device": "auto", "weights": "stored", "chat_memory_mib": null,
-     "cpu_activation_bits": 16}
+     "cpu_activation_bits": 16, "keep_warm_on_disk": true, "warm_disk_gib": 4}
 
 - ``device``: ``"auto"`` (the GPU when there is one, else the CPU), ``"cpu"``,
   ``"cuda:N"`` or ``"mps"``.
@@ -19,6 +19,11 @@ In settings.json, under ``"engine"``::
   four full contexts of the loaded model but at most 2 GiB, and never less than one context
   (engine.runner.kv_cache). That suits a desktop: a small model's chats all fit, and a large
   model does not take gigabytes it may never use away from the rest of the machine.
+- ``keep_warm_on_disk`` ("Keep chats warm on disk") and ``warm_disk_gib``: the KV cache's
+  disk tier (EngineConfig.kv_disk_bytes): a chat's blocks leaving memory, or still cached
+  when the model unloads, are kept on disk, so it reopens warm after a restart; at most
+  this many GiB, the least recently used dropped first. A settings file without them reads
+  on, 4 GiB.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ WEIGHT_LABELS = {"stored": "As stored in the file", "bfloat16": "bfloat16",
 CPU_PRECISION_LABELS = {16: "Exact (16-bit activations)", 8: "Fast (8-bit, as llama.cpp)"}
 MIN_CHAT_MEMORY_MIB = 16
 MAX_CHAT_MEMORY_MIB = 1 << 20  # 1 TiB: a typo guard, not a limit anyone meets
+MAX_WARM_DISK_GIB = 1024
 _DEVICE_FORM = re.compile(r"auto|cpu|mps|cuda:\d+")
 
 _check = FieldChecker("EngineSettings")
@@ -50,6 +56,8 @@ class EngineSettings:
     weights: str = "stored"
     chat_memory_mib: int | None = None  # None = automatic (see the module doc)
     cpu_activation_bits: int = 16  # 16 exact or 8 fast (see the module doc)
+    keep_warm_on_disk: bool = True  # the KV cache's disk tier (see the module doc)
+    warm_disk_gib: int = 4
 
     def __post_init__(self) -> None:
         _check(isinstance(self.device, str) and _DEVICE_FORM.fullmatch(self.device) is not None,
@@ -65,6 +73,12 @@ class EngineSettings:
         bits = self.cpu_activation_bits
         _check(bits in CPU_PRECISION_LABELS and not isinstance(bits, bool),
                "cpu_activation_bits", bits, "16 or 8")
+        _check(isinstance(self.keep_warm_on_disk, bool), "keep_warm_on_disk",
+               self.keep_warm_on_disk, "true or false")
+        gib = self.warm_disk_gib
+        _check(isinstance(gib, int) and not isinstance(gib, bool)
+               and 1 <= gib <= MAX_WARM_DISK_GIB, "warm_disk_gib", gib,
+               f"an integer in [1, {MAX_WARM_DISK_GIB}]")
 
     @property
     def kv_cache_memory_bytes(self) -> int | None:
@@ -76,7 +90,9 @@ class EngineSettings:
         device = None if self.device == DEVICE_AUTO else self.device
         return EngineConfig(device=device, weights=self.weights,
                             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-                            cpu_activation_bits=self.cpu_activation_bits)
+                            cpu_activation_bits=self.cpu_activation_bits,
+                            kv_disk_bytes=(self.warm_disk_gib << 30 if self.keep_warm_on_disk
+                                           else 0))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,6 +23,7 @@ from desktop_app.data.context_policy import POLICIES, POLICY_LABELS
 from desktop_app.data.engine_settings import (
     CPU_PRECISION_LABELS,
     MAX_CHAT_MEMORY_MIB,
+    MAX_WARM_DISK_GIB,
     WEIGHT_LABELS,
     EngineSettings,
 )
@@ -205,6 +206,16 @@ class EngineForm(QWidget):
         self.chat_memory.setSpecialValueText("Automatic")  # shown for 0
         self.chat_memory.setSuffix(" MiB")
         self.chat_memory.setSingleStep(256)
+        self.keep_warm = QCheckBox("Keep chats warm on disk")
+        self.keep_warm.setObjectName("keepWarmSetting")
+        self.keep_warm.setToolTip("A chat's KV cache is kept on disk when it leaves memory or "
+                                  "the model unloads, so the chat reopens without "
+                                  "recomputing its history")
+        self.warm_disk = _int(1, MAX_WARM_DISK_GIB)
+        self.warm_disk.setObjectName("warmDiskSetting")
+        self.warm_disk.setAccessibleName("Disk for warm chats")
+        self.warm_disk.setSuffix(" GiB")
+        self.keep_warm.toggled.connect(self.warm_disk.setEnabled)
         note = QLabel(f"Memory for chats is the KV cache: what the model remembers of every "
                       f"open conversation. Automatic: {CONCURRENT_CONTEXTS} full contexts of "
                       f"the loaded model, at most {DEFAULT_KV_BUDGET_BYTES >> 30} GiB but "
@@ -217,19 +228,26 @@ class EngineForm(QWidget):
         form.addRow("Weights", self.weights)
         form.addRow("CPU precision", self.cpu_precision)
         form.addRow("Memory for chats", self.chat_memory)
+        form.addRow(self.keep_warm)
+        form.addRow("Disk for warm chats", self.warm_disk)
         form.addRow(note)
         self.device.setCurrentIndex(self.device.findData(settings.device))
         self.weights.setCurrentIndex(max(0, self.weights.findData(settings.weights)))
         self.cpu_precision.setCurrentIndex(
             max(0, self.cpu_precision.findData(settings.cpu_activation_bits)))
         self.chat_memory.setValue(settings.chat_memory_mib or 0)
+        self.keep_warm.setChecked(settings.keep_warm_on_disk)
+        self.warm_disk.setValue(settings.warm_disk_gib)
+        self.warm_disk.setEnabled(settings.keep_warm_on_disk)
 
     def settings(self) -> EngineSettings:
         mib = self.chat_memory.value()
         return EngineSettings(device=self.device.currentData(),
                               weights=self.weights.currentData(),
                               chat_memory_mib=mib or None,
-                              cpu_activation_bits=self.cpu_precision.currentData())
+                              cpu_activation_bits=self.cpu_precision.currentData(),
+                              keep_warm_on_disk=self.keep_warm.isChecked(),
+                              warm_disk_gib=self.warm_disk.value())
 
 
 THEME_LABELS = {"system": "System", "light": "Light", "dark": "Dark"}

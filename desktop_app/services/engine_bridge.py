@@ -21,9 +21,9 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
+from desktop_app.data.engine_settings import EngineSettings
 from desktop_app.data.servers import is_remote_source, parse_server_source
 from desktop_app.services.devices import describe_memory_error, engine_config_for
-from engine.config import EngineConfig
 from engine.outputs import ActivityEvent, ErrorEvent, FinishedEvent, TokenEvent
 
 LlmFactory = Callable[..., Any]  # (name_or_path, config=..., progress=...) -> LLM
@@ -177,8 +177,9 @@ class EngineBridge(QObject):
         use; a local model already loaded is reloaded with it when it changed (the current
         one keeps serving until then). Returns whether a reload started."""
         config = engine_config_for(settings)
-        # No config yet means the engine's defaults, which automatic settings equal.
-        changed = config != (self.engine_config or EngineConfig())
+        # No config yet (a bridge built without settings, as tests do) counts as the
+        # app's automatic settings.
+        changed = config != (self.engine_config or engine_config_for(EngineSettings()))
         self.engine_config = config
         if not changed or self._source is None or self.is_remote:
             return False
@@ -277,6 +278,11 @@ class EngineBridge(QObject):
 
     def memory_stats(self):
         return None if self._worker is None else self._worker.memory_stats()
+
+    def clear_disk(self) -> None:
+        """Remove the KV cache's disk tier files (the memory panel's Clear)."""
+        if self._worker is not None:
+            self._worker.clear_disk()
 
     # -- GUI-thread side ---------------------------------------------------------------
     @Slot(int, object)

@@ -27,10 +27,12 @@ def format_metrics(metrics: dict | None) -> str:
         return ""
     prompt = int(metrics.get("num_prompt_tokens", 0))
     cached = int(metrics.get("num_cached_tokens", 0))
+    disk = int(metrics.get("num_disk_tokens", 0))
+    source = f"{cached} cached, {disk} from disk" if disk else f"{cached} cached"
     parts = [
         f"{float(metrics.get('decode_tok_s', 0.0)):.1f} tok/s",
         f"first token {1000 * float(metrics.get('ttft_s', 0.0)):.0f} ms",
-        f"{prompt} prompt tokens ({cached} cached, {prompt - cached} computed)",
+        f"{prompt} prompt tokens ({source}, {prompt - cached} computed)",
     ]
     return " · ".join(parts)
 

@@ -16,7 +16,14 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QPointF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
-from PySide6.QtWidgets import QFormLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QFormLayout,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
 
 from desktop_app.widgets import theme
 from desktop_app.widgets.block_map import BlockMap, Legend
@@ -41,6 +48,18 @@ def kv_rows(kv) -> dict[str, str]:
         "hit_rate": (f"{format_percent(kv.hit_rate)} "
                      f"({kv.prefix_hit_tokens} / {kv.prefix_query_tokens} tokens)"),
     }
+
+
+def disk_row(kv) -> str:
+    """The KV cache's disk tier: its blocks, bytes and hits (or why there are none)."""
+    disk = getattr(kv, "disk", None)
+    if disk is None:
+        return "Off (Settings ▸ Engine ▸ Keep chats warm on disk)"
+    if not disk.enabled:
+        return "Turned off: the folder could not be written (see the log)"
+    return (f"{disk.num_blocks} blocks, {format_bytes(disk.num_bytes)} of "
+            f"{format_bytes(disk.max_bytes)}; {disk.hit_blocks} blocks loaded "
+            f"({disk.hit_tokens} tokens) since start")
 
 
 def group_rows(kv) -> list[str]:
@@ -189,6 +208,13 @@ class VramPanel(QScrollArea):
         self._group_labels: list[QLabel] = []
         layout.addWidget(self._groups_box)
         self._show_groups([])
+        self._section(layout, "Chats on disk", [("disk", "")])
+        self.clear_disk = QPushButton("Clear")
+        self.clear_disk.setObjectName("clearDiskButton")
+        self.clear_disk.setToolTip("Remove the chats' KV cache kept on disk; chats recompute "
+                                   "their history next time")
+        self.clear_disk.clicked.connect(self._clear_disk)
+        layout.addWidget(self.clear_disk, 0, Qt.AlignmentFlag.AlignLeft)
         self._section(layout, "Blocks per chat", [("per_chat", "")])
         layout.addWidget(self._heading("Block map"))
         self.block_map = BlockMap()
@@ -204,6 +230,11 @@ class VramPanel(QScrollArea):
         self.timer = self.schedule.timer
         self.last_kv = None
         self.last_memory = None
+
+    def _clear_disk(self) -> None:
+        clear = getattr(self.source, "clear_disk", None)
+        if clear is not None:
+            clear()
 
     def _heading(self, text: str) -> QLabel:
         label = QLabel(text)
@@ -306,6 +337,8 @@ class VramPanel(QScrollArea):
         self._memory_form.setRowVisible(self._values["experts"], "experts" in texts)
         room = headroom_tokens(kv, self.source.max_model_len, self.current_chat_tokens())
         texts["headroom"] = f"This chat can grow about {room} more tokens"
+        texts["disk"] = disk_row(kv)
+        self.clear_disk.setEnabled(getattr(kv, "disk", None) is not None)
         per_chat = blocks_per_chat(kv, self._owner_name)
         texts["per_chat"] = "\n".join(
             f"{chat}: {n} block{'s' if n != 1 else ''}" for chat, n in sorted(

@@ -14,6 +14,9 @@ threads, in one run:
 - ``scheduler``: one schedule step plus the block bookkeeping with 64 running sequences,
   without a model.
 - ``serve``: the OpenAI-compatible API through the openai client, 16 clients at once.
+- ``reopen``: a 12-turn, ~4,000-token chat reopened after a restart: turn 13's TTFT with
+  the history loaded from the KV cache's disk tier, next to the app kept open and to
+  recomputing the history; decode tok/s while blocks are written; disk bytes per block.
 - ``memory``: peak RSS after one short chat with an 8,192-token context, each side in a
   fresh process (Folio stored, Folio float32, llama.cpp); Folio's weight bytes / GGUF bytes.
 - ``8b``: a synthetic Llama-3-8B-shaped Q4_K_M file (written once into the cache): does it
@@ -47,6 +50,7 @@ from engine.bench.decode import bench_decode
 from engine.bench.eight_b import bench_8b
 from engine.bench.memory import bench_memory
 from engine.bench.moe import bench_moe
+from engine.bench.reopen import bench_reopen
 from engine.bench.scheduler import bench_scheduler
 from engine.bench.serve import bench_serve
 from engine.bench.setup import BenchContext, BenchSettings, check_sizes
@@ -64,6 +68,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "waste": bench_waste,
     "scheduler": lambda ctx: bench_scheduler(),
     "serve": bench_serve,
+    "reopen": bench_reopen,
     "memory": bench_memory,
     "8b": bench_8b,
     "sizes": bench_sizes,
@@ -79,6 +84,8 @@ EPILOG = """workloads:
   waste       internal KV waste sampled during the chat
   scheduler   one scheduling step with 64 running sequences, no model
   serve       the OpenAI API: 16 clients at once against one, TTFT across a 4-turn chat
+  reopen      turn 13 of a ~4,000-token chat after a restart (the disk tier) against
+              the app kept open and a recompute; decode while writing; disk bytes/block
   memory      peak RSS after one chat, 8,192-token context, each side in a fresh process
   8b          synthetic 8B Q4_K_M (written once to the cache): loads? decode tok/s
   sizes       synthetic 1B / 3B / 8B Q4_K_M (--sizes 1b,3b,8b), a fresh process per side:

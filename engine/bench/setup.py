@@ -66,6 +66,7 @@ class BenchSettings:
     decode_tokens: int = 32
     decode_rounds: int = 3  # each side decodes this many fresh prompts, taking turns
     concurrent_chats: int = 8
+    reopen_tokens: int = 4000  # reopen: the chat's length before turn 13
     serve_clients: int = 16  # concurrent API clients (serve)
     serve_turns: int = 4  # turns of the API chat (serve)
     kv_blocks: int | None = None  # None = the engine's default KV budget
@@ -91,10 +92,10 @@ class BenchSettings:
         for name in ("turns", "chat_repeats", "user_tokens", "reply_tokens",
                      "candidate_prompt_tokens", "candidate_tokens", "decode_tokens",
                      "decode_rounds", "concurrent_chats", "serve_clients", "serve_turns",
-                     "memory_context", "memory_turns", "eightb_prompt_tokens", "eightb_tokens",
-                     "eightb_rounds", "sizes_prompt_tokens", "sizes_tokens",
-                     "sizes_followup_tokens", "structured_rounds", "structured_tokens",
-                     "moe_runs"):
+                     "memory_context", "memory_turns", "reopen_tokens",
+                     "eightb_prompt_tokens", "eightb_tokens", "eightb_rounds",
+                     "sizes_prompt_tokens", "sizes_tokens", "sizes_followup_tokens",
+                     "structured_rounds", "structured_tokens", "moe_runs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -274,7 +275,7 @@ class FolioChat:
 
     def _track_kv(self, report: StepReport) -> None:
         stats = self.llm.kv_stats(with_blocks=False)
-        used = ({g.name: g.used_bytes for g in stats.groups} if stats.groups
+        used = ({g.name: g.used_bytes for g in stats.groups} if len(stats.groups) > 1
                 else {"all layers": stats.used_bytes})
         for name, value in used.items():
             self.kv_peak_bytes[name] = max(self.kv_peak_bytes.get(name, 0), value)

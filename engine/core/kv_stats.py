@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field, replace
 
-from engine.core.sequence import NO_BLOCK, Sequence
+from engine.core.sequence import Sequence
 
 # Block states; they partition the pool.
 FREE = "free"  # ref count 0, nothing reusable in it
@@ -20,11 +21,12 @@ class BlockInfo:
     state: str
     ref_count: int
     owners: tuple[str, ...]  # "request_id:index" of each sequence holding the block
+    group: int = 0  # the KV group whose pool holds it (ids are per group)
 
 
 @dataclass(slots=True, frozen=True)
 class KVGroupStats:
-    """One KV group's pool (engine/core/kv_groups.py): its layers and its blocks."""
+    """One KV group's pool (engine/core/kv_coordinator.py): its layers and its blocks."""
 
     name: str  # "global", "sliding (window 64)"
     num_layers: int
@@ -43,14 +45,28 @@ class KVGroupStats:
         return self.num_blocks * self.bytes_per_block
 
 
+@dataclass(slots=True, frozen=True)
+class DiskTierStats:
+    """The KV cache's disk tier (engine/runner/disk_store.py) as the memory panel shows it."""
+
+    enabled: bool
+    num_blocks: int  # block files this process knows of, every model's
+    num_bytes: int
+    max_bytes: int
+    hit_blocks: int  # blocks loaded since start
+    skipped_files: int  # corrupt, foreign or unreadable files skipped since start
+    written_blocks: int
+    hit_tokens: int = 0  # prompt tokens loaded from disk, since start
+
+
 @dataclass(slots=True)
 class KVStats:
     """Counts: ``num_used`` (ref count >= 1) + ``num_free`` (ref count 0) = ``num_blocks``;
     ``num_shared`` is part of ``num_used`` and ``num_cached`` part of ``num_free``.
 
-    With several KV groups the counts add up every group's blocks, block ids in
-    ``blocks`` run on from one group to the next, ``bytes_per_block`` and the headroom
-    are the first (global) group's, and ``groups`` has each group's own figures."""
+    The counts add up every KV group's blocks, each of ``blocks`` names its group (ids
+    are per group), ``bytes_per_block`` and the headroom are the first (global) group's,
+    and ``groups`` has each group's own figures (one entry for a model of one kind)."""
 
     block_size: int
     num_blocks: int
@@ -69,7 +85,9 @@ class KVStats:
     num_host_used: int = 0
     blocks: list[BlockInfo] = field(default_factory=list)
     blocks_per_owner: dict[str, int] = field(default_factory=dict)
-    groups: list[KVGroupStats] = field(default_factory=list)  # empty with one group
+    # Filled by the coordinator; a snapshot built by hand without it reads as one group.
+    groups: list[KVGroupStats] = field(default_factory=list)
+    disk: DiskTierStats | None = None  # None: the disk tier is off
 
     @property
     def used_bytes(self) -> int:
@@ -97,23 +115,25 @@ class KVStats:
         return self.prefix_hit_tokens / self.prefix_query_tokens
 
     def headroom_tokens(self) -> int:
-        """Tokens that fit in the free blocks (cached blocks can be evicted); with groups,
-        in the first group's, which holds every token (a sliding group only a window)."""
-        if self.groups:
-            return self.groups[0].num_free * self.block_size
-        return self.num_free * self.block_size
+        """Tokens that fit in the free blocks (cached blocks can be evicted) of the first
+        group, which holds every token (a sliding group only a window)."""
+        free = self.groups[0].num_free if self.groups else self.num_free
+        return free * self.block_size
 
 
-def pool_stats(manager, holders: Iterable[Sequence] = (), with_blocks: bool = True) -> KVStats:
-    """The snapshot of one BlockManager's pool (``BlockManager.stats``): each block's state
-    and owners; ``holders`` label the owners and measure the slots in use."""
+def pool_stats(pool, group: int, holders: Iterable[Sequence] = (),
+               with_blocks: bool = True) -> KVStats:
+    """The snapshot of one KV group's `BlockPool` (``Sequence.block_tables[group]``): each
+    block's state and owners; ``holders`` label the owners and measure the slots in use.
+    Its ``groups`` is left to `merge_stats`."""
     owners: dict[int, list[str]] = {}
     fill: dict[int, int] = {}
     per_owner: dict[str, int] = {}
-    bs = manager.block_size
+    bs = pool.block_size
+    null = pool.null_id
     for seq in holders:
-        table = seq.block_tables[manager.group] if manager.group < len(seq.block_tables) else []
-        held = [(i, b) for i, b in enumerate(table) if b != NO_BLOCK]
+        table = seq.block_tables[group] if group < len(seq.block_tables) else []
+        held = [(i, b) for i, b in enumerate(table) if b != null]
         if not held:
             continue
         per_owner[seq.label] = len(held)
@@ -123,7 +143,7 @@ def pool_stats(manager, holders: Iterable[Sequence] = (), with_blocks: bool = Tr
             fill[block_id] = max(fill.get(block_id, 0), tokens)
     num_used = num_shared = num_cached = saved = 0
     infos = []
-    for block in manager.blocks:
+    for block in pool.blocks:
         if block.ref_count > 1:
             state, num_shared, saved = SHARED, num_shared + 1, saved + block.ref_count - 1
         elif block.ref_count == 1:
@@ -135,22 +155,51 @@ def pool_stats(manager, holders: Iterable[Sequence] = (), with_blocks: bool = Tr
         num_used += block.ref_count > 0
         if with_blocks:
             infos.append(BlockInfo(block.block_id, state, block.ref_count,
-                                   tuple(owners.get(block.block_id, ()))))
+                                   tuple(owners.get(block.block_id, ())), group))
     return KVStats(
         block_size=bs,
-        num_blocks=manager.num_blocks,
-        bytes_per_block=manager.bytes_per_block,
-        num_free=manager.num_blocks - num_used,
+        num_blocks=pool.num_blocks,
+        bytes_per_block=pool.bytes_per_block,
+        num_free=pool.num_blocks - num_used,
         num_used=num_used,
         num_cached=num_cached,
         num_shared=num_shared,
-        bytes_saved_by_sharing=saved * manager.bytes_per_block,
+        bytes_saved_by_sharing=saved * pool.bytes_per_block,
         allocated_slots=num_used * bs,
         used_slots=sum(fill.values()),
-        prefix_hit_tokens=manager.prefix_hit_tokens,
-        prefix_query_tokens=manager.prefix_query_tokens,
-        num_host_blocks=manager.num_host_blocks,
-        num_host_used=len(manager.host_refs),
+        prefix_hit_tokens=0,
+        prefix_query_tokens=0,
+        num_host_blocks=pool.num_host_blocks,
+        num_host_used=len(pool.host_refs),
         blocks=infos,
         blocks_per_owner=per_owner,
+    )
+
+
+def merge_stats(parts: Seq[KVStats], specs: Seq, prefix_hit_tokens: int,
+                prefix_query_tokens: int) -> KVStats:
+    """Every group's `pool_stats` (``specs``: their KVGroupSpecs) as one snapshot."""
+    per_owner: dict[str, int] = {}
+    for part in parts:
+        for label, count in part.blocks_per_owner.items():
+            per_owner[label] = per_owner.get(label, 0) + count
+    return replace(
+        parts[0],
+        num_blocks=sum(p.num_blocks for p in parts),
+        num_free=sum(p.num_free for p in parts),
+        num_used=sum(p.num_used for p in parts),
+        num_cached=sum(p.num_cached for p in parts),
+        num_shared=sum(p.num_shared for p in parts),
+        bytes_saved_by_sharing=sum(p.bytes_saved_by_sharing for p in parts),
+        allocated_slots=sum(p.allocated_slots for p in parts),
+        used_slots=sum(p.used_slots for p in parts),
+        prefix_hit_tokens=prefix_hit_tokens,
+        prefix_query_tokens=prefix_query_tokens,
+        num_host_blocks=sum(p.num_host_blocks for p in parts),
+        num_host_used=sum(p.num_host_used for p in parts),
+        blocks=[b for p in parts for b in p.blocks],
+        blocks_per_owner=per_owner,
+        groups=[KVGroupStats(spec.name, len(spec.layers), p.num_blocks, p.num_used,
+                             p.num_cached, p.num_free, p.bytes_per_block)
+                for spec, p in zip(specs, parts, strict=True)],
     )

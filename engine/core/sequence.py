@@ -1,4 +1,4 @@
-"""Sequences (one candidate's tokens and blocks) and sequence groups (one request)."""
+"""Sequences (one candidate's tokens and blocks) and requests (a prompt and its candidates)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.sampling_params import SamplingParams
-
-# A sliding group's table entry for a block released once it fell out of the window
-# (engine/core/sliding_blocks.py); the runner sends block 0 there, which no kernel reads.
-NO_BLOCK = -1
 
 
 class SequenceStatus(enum.Enum):
@@ -38,9 +34,11 @@ class Sequence:
     token_ids: list[int]
     num_prompt_tokens: int
     num_computed_tokens: int = 0
-    # One block table per KV group (engine/core/kv_groups.py); most models have one group.
-    # A sliding group's table keeps its length: entries that fell out of the window hold
-    # NO_BLOCK (engine/core/block_manager.py).
+    # Of the prefix hit at its last admission, the tokens loaded from disk.
+    num_disk_tokens: int = 0
+    # One block table per KV group (engine/core/kv_coordinator.py), in that group's
+    # block ids. A sliding group's table keeps its length: entries that fell out of the
+    # window hold the group pool's null block (engine/core/block_pool.py).
     block_tables: list[list[int]] = field(default_factory=lambda: [[]])
     # Chained hash of each full block, computed once and kept across preemption.
     block_hashes: list[bytes] = field(default_factory=list)
@@ -57,7 +55,7 @@ class Sequence:
 
     @property
     def block_table(self) -> list[int]:
-        """The first group's table: the only one of a model with one KV group."""
+        """The first KV group's table (full attention, when the model has any)."""
         return self.block_tables[0]
 
     @block_table.setter
@@ -89,7 +87,7 @@ class Sequence:
 
 
 @dataclass(slots=True, eq=False)
-class SequenceGroup:
+class Request:
     """One request: a prompt and its n candidate sequences.
 
     It starts with a single sequence; when the prompt's prefill ends, the engine forks
@@ -104,6 +102,7 @@ class SequenceGroup:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+    num_disk_tokens: int = 0  # of those, the tokens loaded from disk
     admitted_once: bool = False
     aborted: bool = False
 

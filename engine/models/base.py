@@ -24,28 +24,16 @@ from kernels.quant.matrix import dequantize_cpu
 # A checkpoint tensor's destination: a float tensor (norms, biases) or a weight slot.
 Target = torch.Tensor | WeightSlot
 
-# One layer's KV cache and the metadata of its KV group: (k_cache, v_cache, meta).
+# One layer's KV cache and the metadata of its KV group: (k_cache, v_cache, meta). A
+# forward gets one per layer (the runner's pool tensors are one per KV group,
+# engine/core/kv_coordinator.py).
 LayerKV = tuple[torch.Tensor, torch.Tensor, AttentionMetadata]
-# What a forward gets: the pool of a model with one KV group (every layer, one metadata),
-# or with several groups (engine/core/kv_groups.py) a LayerKV per layer.
-KVCaches = torch.Tensor | Sequence[LayerKV]
 
 
-def layer_kv(kv_cache: KVCaches, meta: AttentionMetadata, index: int) -> LayerKV:
-    """Layer ``index``'s cache and metadata; ``meta`` is the one metadata of a single
-    pool (the shared fields, positions and lengths, are every group's)."""
-    if isinstance(kv_cache, torch.Tensor):
-        return kv_cache[index, 0], kv_cache[index, 1], meta
-    return kv_cache[index]
-
-
-def layer_kvs(kv_cache: KVCaches, meta: AttentionMetadata) -> Sequence[LayerKV]:
-    """Every layer's ``layer_kv`` at once: a single pool splits into its layers' K and V
-    views with one unbind per layer instead of four indexing ops (a decode step on CPU
-    pays a fixed cost per op)."""
-    if isinstance(kv_cache, torch.Tensor):
-        return [(*layer.unbind(0), meta) for layer in kv_cache.unbind(0)]
-    return kv_cache
+def pool_layers(kv_cache: torch.Tensor, meta: AttentionMetadata) -> list[LayerKV]:
+    """Each layer's K and V views of one pool tensor [L, 2, blocks, ...] holding every
+    layer, all with ``meta``: how a test or script without a runner calls a model."""
+    return [(*layer.unbind(0), meta) for layer in kv_cache.unbind(0)]
 
 
 # Checkpoints written by older transformers versions carry these buffers; they are
@@ -78,19 +66,18 @@ class CausalLM(nn.Module):
         return params + sum(m.derived_bytes for m in self.modules()
                             if isinstance(m, StackedLinear | Embedding))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCaches,
-                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
-        """input_ids, positions: int64 [T]; kv_cache [L, 2, blocks, block_size, nkv, hd]
-        (with several KV groups, a (k, v, meta) per layer: `layer_kv`).
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: Sequence[LayerKV], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
+        """input_ids, positions: int64 [T]; a (k_cache, v_cache, meta) per layer; ``meta``
+        has the fields every KV group shares (positions, lengths).
         Returns the final-norm hidden states [T, hidden_size].
 
         For a model with one rotary table (``self.rotary``) shared by its ``self.layers``;
         a family with more (Gemma's per layer kind) overrides this."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary.lookup(positions, meta)
-        for layer, (k_cache, v_cache, layer_meta) in zip(self.layers,
-                                                         layer_kvs(kv_cache, meta),
-                                                         strict=True):
+        for layer, (k_cache, v_cache, layer_meta) in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, k_cache, v_cache, layer_meta, backend)
         return self.norm(hidden)
 

@@ -13,6 +13,7 @@ What sets them apart from the Llama family, each read from the config in ``gemma
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -24,7 +25,7 @@ from engine.layers.base import Layer
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding
-from engine.models.base import CausalLM, KVCaches, Target, layer_kvs
+from engine.models.base import CausalLM, LayerKV, Target
 from engine.models.llama import projection_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_params
 from kernels import AttentionBackend, AttentionMetadata
@@ -121,13 +122,12 @@ class GemmaForCausalLM(CausalLM):
         self.layers = nn.ModuleList(GemmaDecoderLayer(spec, kind, dtype, device)
                                     for kind in spec.layer_types)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCaches,
-                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: Sequence[LayerKV], meta: AttentionMetadata,
+                backend: AttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) * self.embed_scale
         tables = {kind: rotary.lookup(positions) for kind, rotary in self.rotary.items()}
-        for layer, (k_cache, v_cache, layer_meta) in zip(self.layers,
-                                                         layer_kvs(kv_cache, meta),
-                                                         strict=True):
+        for layer, (k_cache, v_cache, layer_meta) in zip(self.layers, kv_caches, strict=True):
             cos, sin = tables[layer.kind]
             hidden = layer(hidden, cos, sin, k_cache, v_cache, layer_meta, backend)
         return self.norm(hidden)

@@ -5,9 +5,17 @@ token ids, positions, a slot for each new token's K/V, block tables and context
 lengths (``kernels.AttentionMetadata``). Before the forward it applies the step's
 swap and copy-on-write lists to the cache.
 
-With several KV groups (engine/core/kv_groups.py) each group has a pool of its own
-layers and its own block tables and slot mapping; positions, query starts and lengths
-are shared. The model then gets a (k_cache, v_cache, metadata) per layer.
+Each KV group (engine/core/kv_coordinator.py; a model of one attention kind has one)
+has a pool tensor of its own layers, one block longer than its block pool: the last block
+is the pool's null block (engine/core/block_pool.py), the entry of an empty or padded
+table slot, never written. Each group has its own block tables and slot mapping;
+positions, query starts and lengths are shared. The model gets a (k_cache, v_cache,
+metadata) per layer.
+
+With the disk tier (`disk_tier.py`), a step's ``disk_saves`` (cached blocks about to be
+reused) are copied out first, before any move or forward writes into them, and its
+``disk_loads`` (prefix blocks found on disk) copied in after the moves, before the
+forward.
 """
 
 from __future__ import annotations
@@ -17,9 +25,10 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.core.kv_groups import KVGroupSpec, split_moves
+from engine.core.kv_coordinator import KVGroupSpec
 from engine.core.scheduler import ScheduledSeq, SchedulerOutput
 from engine.runner.cuda_graphs import CudaGraphRunner, backend_is_capturable
+from engine.runner.disk_tier import GroupDisk
 from engine.runner.kv_cache import KVShape
 from kernels import AttentionBackend, AttentionMetadata, allocate_kv_cache
 
@@ -30,42 +39,41 @@ class ModelRunner:
         self,
         model: torch.nn.Module,
         shape: KVShape,
-        num_blocks: int | Sequence[int],
+        kv_groups: Sequence[KVGroupSpec],
+        num_blocks: Sequence[int],
         num_host_blocks: int,
         backend: AttentionBackend,
         device: torch.device,
-        groups: Sequence[KVGroupSpec] = (),
         cuda_graphs: bool = False,
         max_model_len: int | None = None,
     ) -> None:
-        """``groups`` (empty: one group of every layer) with ``num_blocks`` per group;
-        each group has ``num_host_blocks`` host blocks. ``cuda_graphs``: replay decode
-        steps as CUDA graphs where the device and backend allow (runner/cuda_graphs.py),
-        their block tables as wide as ``max_model_len`` needs."""
+        """``num_blocks[g]`` allocatable blocks for KV group g (its pool tensor has one
+        more, the null block); each group has ``num_host_blocks`` host blocks.
+        ``cuda_graphs``: replay decode steps as CUDA graphs where the device and backend
+        allow (runner/cuda_graphs.py), their block tables as wide as ``max_model_len``
+        needs."""
+        if len(num_blocks) != len(kv_groups):
+            raise ValueError("ModelRunner takes a block count per KV group")
         self.model = model
         self.shape = shape
         self.backend = backend
         self.device = device
-        self.groups = list(groups) or [KVGroupSpec(tuple(range(shape.num_layers)))]
-        counts = [num_blocks] if isinstance(num_blocks, int) else list(num_blocks)
-        assert len(counts) == len(self.groups), "a block count per group"
-        self.kv_caches = [self._allocate(len(g.layers), n, device)
-                          for g, n in zip(self.groups, counts, strict=True)]
-        self.kv_cache = self.kv_caches[0]  # the whole pool of a model with one group
-        self.host_caches: list[torch.Tensor | None] = [None] * len(self.groups)
+        self.kv_groups = list(kv_groups)
+        # The null block's id in each group: its last block.
+        self.null_ids = list(num_blocks)
+        self.kv_caches = [self._allocate(len(g.layers), n + 1, device)
+                          for g, n in zip(self.kv_groups, num_blocks, strict=True)]
+        self.host_caches: list[torch.Tensor | None] = [None] * len(self.kv_groups)
         if num_host_blocks:
             self.host_caches = [self._allocate(len(g.layers), num_host_blocks,
                                                torch.device("cpu"),
                                                pin_memory=device.type == "cuda")
-                                for g in self.groups]
-        self.host_cache = self.host_caches[0]
-        # Pool-wide block ids of the scheduler's moves (KVGroups): where each group starts.
-        self._device_offsets = [sum(counts[:g]) for g in range(len(counts))]
-        self._host_offsets = [g * num_host_blocks for g in range(len(counts))]
+                                for g in self.kv_groups]
+        self.disks: list[GroupDisk] | None = None  # each group's disk tier, if on
         # Per layer: its group and its K and V views in the group's pool.
         self._layer_views: list[tuple[int, torch.Tensor, torch.Tensor]] = [None] * sum(
-            len(g.layers) for g in self.groups)  # type: ignore[list-item]
-        for g, (group, cache) in enumerate(zip(self.groups, self.kv_caches, strict=True)):
+            len(g.layers) for g in self.kv_groups)  # type: ignore[list-item]
+        for g, (group, cache) in enumerate(zip(self.kv_groups, self.kv_caches, strict=True)):
             for i, layer in enumerate(group.layers):
                 self._layer_views[layer] = (g, cache[i, 0], cache[i, 1])
         self.graphs: CudaGraphRunner | None = None
@@ -87,17 +95,37 @@ class ModelRunner:
         return sum(c.numel() * c.element_size() for c in self.kv_caches)
 
     def apply_block_moves(self, out: SchedulerOutput) -> None:
-        """Swap-outs first: the blocks they free may be reused by this step's swap-ins
-        and copies."""
-        if len(self.groups) == 1:
-            self._move_blocks(0, out.swap_out, out.swap_in, out.cow_pairs)
+        """Each group's moves, swap-outs first: the blocks they free may be reused by
+        this step's swap-ins and copies."""
+        self.save_blocks(out.disk_saves)
+        for g in range(len(self.kv_groups)):
+            self._move_blocks(g, _group(out.swap_out, g), _group(out.swap_in, g),
+                              _group(out.cow_pairs, g))
+        for g, loads in enumerate(out.disk_loads):
+            for block_id, payload in loads:
+                self._fill_block(g, block_id, payload)
+
+    def block_payload_bytes(self, g: int) -> int:
+        """Bytes of one block of group g across its layers (a disk file's payload)."""
+        block = self.kv_caches[g][:, :, 0]
+        return block.numel() * block.element_size()
+
+    def save_blocks(self, saves) -> None:
+        """Hand each group's (block id, hash, tokens) blocks to its disk tier."""
+        if self.disks is None:
             return
-        dev, host = self._device_offsets, self._host_offsets
-        swap_out = split_moves(out.swap_out, dev, host)
-        swap_in = split_moves(out.swap_in, host, dev, group_of_first=False)
-        cow = split_moves(out.cow_pairs, dev, dev)
-        for g in range(len(self.groups)):
-            self._move_blocks(g, swap_out[g], swap_in[g], cow[g])
+        for g, group_saves in enumerate(saves):
+            cache, disk = self.kv_caches[g], self.disks[g]
+            for block_id, block_hash, token_ids in group_saves:
+                block = cache[:, :, block_id].contiguous().cpu()
+                disk.save(block_hash, token_ids, block.reshape(-1).view(torch.uint8)
+                          .numpy().tobytes())
+
+    def _fill_block(self, g: int, block_id: int, payload: bytes) -> None:
+        cache = self.kv_caches[g]
+        target = cache[:, :, block_id]
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        target.copy_(data.view(cache.dtype).view(target.shape))
 
     def _move_blocks(self, g: int, swap_out: list[tuple[int, int]],
                      swap_in: list[tuple[int, int]], cow: list[tuple[int, int]]) -> None:
@@ -124,11 +152,8 @@ class ModelRunner:
             logits = self.graphs.run(input_ids, positions, metas[0])
             if logits is not None:
                 return logits
-        if len(metas) == 1:
-            hidden = self.model(input_ids, positions, self.kv_cache, metas[0], self.backend)
-        else:
-            layers = [(k, v, metas[g]) for g, k, v in self._layer_views]
-            hidden = self.model(input_ids, positions, layers, metas[0], self.backend)
+        layers = [(k, v, metas[g]) for g, k, v in self._layer_views]
+        hidden = self.model(input_ids, positions, layers, metas[0], self.backend)
         if not sample_rows:
             return None
         return self.model.compute_logits(hidden[sample_rows])
@@ -136,7 +161,8 @@ class ModelRunner:
     def _decode_logits(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        meta: AttentionMetadata) -> torch.Tensor:
         """One group's step with every row sampled: what a CUDA graph records."""
-        hidden = self.model(input_ids, positions, self.kv_cache, meta, self.backend)
+        layers = [(k, v, meta) for _, k, v in self._layer_views]
+        hidden = self.model(input_ids, positions, layers, meta, self.backend)
         return self.model.compute_logits(hidden)
 
     def prepare(self, out: SchedulerOutput):
@@ -161,8 +187,8 @@ class ModelRunner:
         lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
         max_query_len = max(s.num_new_tokens for s in out.scheduled)
         metas = []
-        for g, group in enumerate(self.groups):
-            tables, slots = self._tables_and_slots(out.scheduled, g, group.window is not None)
+        for g in range(len(self.kv_groups)):
+            tables, slots = self._tables_and_slots(out.scheduled, g)
             metas.append(AttentionMetadata(
                 query_start_loc=query_start_loc,
                 seq_lens=lens,
@@ -175,12 +201,13 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
         return input_ids, pos, metas, sample_rows
 
-    def _tables_and_slots(self, scheduled: list[ScheduledSeq], g: int,
-                          sliding: bool) -> tuple[list[list[int]], list[int]]:
-        """Group g's block tables, padded with block 0, and the slot of each new token.
-        A sliding group's released entries (NO_BLOCK, -1) become block 0 too: the
-        kernels never read blocks wholly before a window."""
+    def _tables_and_slots(self, scheduled: list[ScheduledSeq],
+                          g: int) -> tuple[list[list[int]], list[int]]:
+        """Group g's block tables, padded with its null block, and the slot of each new
+        token (never in the null block: tokens are written into blocks the sequence
+        holds)."""
         bs = self.shape.block_size
+        null = self.null_ids[g]
         slots: list[int] = []
         tables: list[list[int]] = []
         for item in scheduled:
@@ -189,9 +216,14 @@ class ModelRunner:
             start = seq.num_computed_tokens
             end = start + item.num_new_tokens
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            tables.append([max(b, 0) for b in table] if sliding else table)
+            tables.append(table)
         width = max(len(t) for t in tables)
-        return [t + [0] * (width - len(t)) for t in tables], slots
+        return [t + [null] * (width - len(t)) for t in tables], slots
+
+
+def _group(moves: list[list[tuple[int, int]]], g: int) -> list[tuple[int, int]]:
+    """Group g's pairs of a step's moves (a step built by hand may list no group)."""
+    return moves[g] if g < len(moves) else []
 
 
 def _pairs(pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ import torch
 import kernels.cpu
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from engine.models.base import pool_layers
 from kernels import allocate_kv_cache
 from kernels.quant.cpu import INT4_OP_MAX_ROWS
 
@@ -119,7 +120,7 @@ def teacher_forced_logits(llm: LLM, ids: list[int], build_attention_metadata,
             meta = build_attention_metadata([list(range(blocks))], [start], [stop - start],
                                             s.block_size)
             hidden = runner.model(torch.tensor(ids[start:stop]), torch.arange(start, stop),
-                                  kv_cache, meta, runner.backend)
+                                  pool_layers(kv_cache, meta), meta, runner.backend)
             logits.append(runner.model.compute_logits(hidden))
     return torch.cat(logits)
 

@@ -14,8 +14,7 @@ import torch
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.cli import format_kv_stats
-from engine.core.block_manager import NO_BLOCK
-from engine.core.kv_groups import KVGroups
+from engine.core.kv_coordinator import KVCacheCoordinator
 from engine.outputs import FinishedEvent
 from tests.engine.tiny_models import save_tiny_model, tiny_gemma_config
 
@@ -48,8 +47,8 @@ def engine_for(path, **fields) -> LLMEngine:
     return LLMEngine(str(path), EngineConfig(device="cpu", **fields))
 
 
-def held(table: list[int]) -> int:
-    return sum(1 for b in table if b != NO_BLOCK)
+def held(table: list[int], null: int) -> int:
+    return sum(1 for b in table if b != null)
 
 
 def run_chat(engine: LLMEngine, turns: int = 4, after_step=None,
@@ -89,18 +88,19 @@ def assert_all_free(engine: LLMEngine) -> None:
 
 def test_a_long_chat_holds_only_the_window_in_the_sliding_group(gemma3_dir):
     engine = engine_for(gemma3_dir)
-    assert isinstance(engine.block_manager, KVGroups)
+    assert isinstance(engine.kv_cache, KVCacheCoordinator)
+    nulls = [p.null_id for p in engine.kv_cache.pools]
     assert [(g.name, g.layers) for g in engine.kv_groups] == [
         ("global", (3,)), ("sliding (window 64)", (0, 1, 2))]
     peak = {"global": 0, "sliding": 0}
 
     def check(engine: LLMEngine) -> None:
         stats = engine.kv_stats(with_blocks=False)
-        seqs = [s for g in engine.scheduler.running for s in g.seqs]
+        seqs = [s for r in engine.scheduler.running for s in r.seqs]
         for seq in seqs:
-            sliding = held(seq.block_tables[SLIDING])
+            sliding = held(seq.block_tables[SLIDING], nulls[SLIDING])
             assert sliding <= SLIDING_BOUND, (seq.num_computed_tokens, seq.block_tables)
-            assert held(seq.block_tables[GLOBAL]) == len(seq.block_tables[GLOBAL])
+            assert held(seq.block_tables[GLOBAL], nulls[GLOBAL]) == len(seq.block_tables[GLOBAL])
             peak["sliding"] = max(peak["sliding"], sliding)
             peak["global"] = max(peak["global"], len(seq.block_tables[GLOBAL]))
         global_used, sliding_used = (g.num_used for g in stats.groups)
@@ -133,8 +133,10 @@ def test_an_aborted_request_frees_every_group(gemma3_dir):
     engine.add_request(prompt, GREEDY, request_id="long")
     for _ in range(7):  # past the prompt's chunks, into decoding
         engine.step()
-    seq = engine.scheduler.groups["long"].seqs[0]
-    assert seq.num_computed_tokens > 600 and held(seq.block_tables[SLIDING]) <= SLIDING_BOUND
+    seq = engine.scheduler.requests["long"].seqs[0]
+    null = engine.kv_cache.pools[SLIDING].null_id
+    assert seq.num_computed_tokens > 600
+    assert held(seq.block_tables[SLIDING], null) <= SLIDING_BOUND
     text = format_kv_stats(engine.kv_stats())
     assert "\n  global: 1 layer," in text and "\n  sliding (window 64): 3 layers" in text
     engine.abort("long")
@@ -164,7 +166,7 @@ def test_preemption_keeps_every_group_right(gemma3_dir, unpreempted, num_host_bl
     # Sequences grow to 14 global blocks each in a pool of 24: someone is preempted.
     tight = LLM(str(gemma3_dir), num_gpu_blocks=24, max_num_batched_tokens=32,
                 num_host_blocks=num_host_blocks)
-    kv = tight.engine.block_manager
+    kv = tight.engine.kv_cache
     swapped = []
     swap_out = kv.swap_out
     kv.swap_out = lambda seqs: swapped.append(len(seqs)) or swap_out(seqs)

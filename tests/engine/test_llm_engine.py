@@ -92,12 +92,13 @@ def test_candidates_share_the_prompt_and_match_single_runs(tiny_dir):
     params = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True)
     request_id = engine.add_request(PROMPT, params)
     engine.step()  # the prefill, then the fork
-    group = engine.scheduler.groups[request_id]
-    assert len(group.seqs) == 4
+    request = engine.scheduler.requests[request_id]
+    assert len(request.seqs) == 4
     full_blocks = len(PROMPT) // 16
-    tables = [seq.block_table[:full_blocks] for seq in group.seqs]
+    tables = [seq.block_table[:full_blocks] for seq in request.seqs]
     assert all(t == tables[0] for t in tables)
-    assert [engine.block_manager.blocks[b].ref_count for b in tables[0]] == [4] * full_blocks
+    pool = engine.kv_cache.pools[0]
+    assert [pool.blocks[b].ref_count for b in tables[0]] == [4] * full_blocks
     result = None
     while result is None:
         for event in engine.step():

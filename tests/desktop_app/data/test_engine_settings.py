@@ -15,10 +15,22 @@ from engine.config import WEIGHTS, EngineConfig
 def test_defaults_are_automatic():
     s = AppSettings().engine
     assert (s.device, s.weights, s.chat_memory_mib) == ("auto", "stored", None)
-    assert s.to_engine_config() == EngineConfig()
+    assert s.to_engine_config() == EngineConfig(kv_disk_bytes=4 << 30)
     assert AppSettings().to_dict()["engine"] == {"device": "auto", "weights": "stored",
                                                  "chat_memory_mib": None,
-                                                 "cpu_activation_bits": 16}
+                                                 "cpu_activation_bits": 16,
+                                                 "keep_warm_on_disk": True,
+                                                 "warm_disk_gib": 4}
+
+
+def test_the_disk_tier_setting():
+    assert EngineSettings(warm_disk_gib=2).to_engine_config().kv_disk_bytes == 2 << 30
+    assert EngineSettings(keep_warm_on_disk=False).to_engine_config().kv_disk_bytes == 0
+    with pytest.raises(ValueError, match="warm_disk_gib"):
+        EngineSettings(warm_disk_gib=0)
+    with pytest.raises(ValueError, match="keep_warm_on_disk"):
+        EngineSettings(keep_warm_on_disk="yes")
+    assert EngineSettings.from_dict({"keep_warm_on_disk": False}).keep_warm_on_disk is False
 
 
 def test_to_engine_config():
@@ -28,12 +40,12 @@ def test_to_engine_config():
 
 
 def test_round_trip_through_the_file():
-    settings = AppSettings(engine=EngineSettings("cpu", "bfloat16", 3072, 8))
+    settings = AppSettings(engine=EngineSettings("cpu", "bfloat16", 3072, 8, False, 2))
     save_settings(settings)
     assert json.loads(settings_path().read_text())["engine"] == {
         "device": "cpu", "weights": "bfloat16", "chat_memory_mib": 3072,
-        "cpu_activation_bits": 8}
-    assert load_settings().engine == EngineSettings("cpu", "bfloat16", 3072, 8)
+        "cpu_activation_bits": 8, "keep_warm_on_disk": False, "warm_disk_gib": 2}
+    assert load_settings().engine == EngineSettings("cpu", "bfloat16", 3072, 8, False, 2)
 
 
 def test_cpu_precision_reaches_the_engine_and_old_files_read_exact():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QComboBox, QSpinBox
+from PySide6.QtWidgets import QCheckBox, QComboBox, QSpinBox
 
 from desktop_app.data.engine_settings import EngineSettings
 from desktop_app.data.settings import ChatSettings
@@ -55,6 +55,24 @@ def test_shows_and_returns_the_settings(qtbot):
     form.chat_memory.setValue(0)
     dialog.accept()
     assert dialog.result_engine == EngineSettings("cpu", "float32", None, 16)
+
+
+def test_keep_chats_warm_on_disk(qtbot):
+    dialog = make(qtbot)
+    form = dialog.engine_form
+    keep = dialog.findChild(QCheckBox, "keepWarmSetting")
+    size = dialog.findChild(QSpinBox, "warmDiskSetting")
+    assert keep.text() == "Keep chats warm on disk" and keep.isChecked()
+    assert size.value() == 4 and size.text() == "4 GiB" and size.isEnabled()
+    keep.setChecked(False)
+    assert not size.isEnabled()
+    keep.setChecked(True)
+    size.setValue(10)
+    assert form.settings() == EngineSettings(keep_warm_on_disk=True, warm_disk_gib=10)
+    keep.setChecked(False)
+    dialog.accept()
+    assert dialog.result_engine.keep_warm_on_disk is False
+    assert dialog.result_engine.to_engine_config().kv_disk_bytes == 0
 
 
 def test_a_device_not_on_this_computer_is_kept_and_shown(qtbot):

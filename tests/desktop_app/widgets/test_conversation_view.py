@@ -22,6 +22,9 @@ def _msg(mid, role, content, status="complete", metrics=None, group=None, index=
 def test_format_metrics_and_notes():
     assert format_metrics(METRICS) == (
         "31.3 tok/s · first token 83 ms · 120 prompt tokens (96 cached, 24 computed)")
+    assert format_metrics({**METRICS, "num_disk_tokens": 80}) == (
+        "31.3 tok/s · first token 83 ms · 120 prompt tokens (96 cached, 80 from disk, "
+        "24 computed)")
     assert format_metrics({}) == ""
     assert format_metrics({"error": "x"}) == ""
     assert status_note("interrupted", None).startswith("Interrupted")

@@ -12,10 +12,11 @@ from desktop_app.widgets.vram_panel import (
     Sparkline,
     VramPanel,
     blocks_per_chat,
+    disk_row,
     headroom_tokens,
     kv_rows,
 )
-from engine.core.kv_stats import BlockInfo, KVStats
+from engine.core.kv_stats import BlockInfo, DiskTierStats, KVStats
 from engine.runner.memory import MemoryStats
 
 
@@ -32,6 +33,10 @@ class Source:
     def __init__(self, kv, mem, max_model_len=8192):
         self.kv, self.mem, self.max_model_len, self.busy = kv, mem, max_model_len, False
         self.reads = 0
+        self.cleared = 0
+
+    def clear_disk(self):
+        self.cleared += 1
 
     def kv_stats(self):
         self.reads += 1
@@ -85,6 +90,27 @@ def test_panel_labels_match_the_snapshot(qtbot):
     assert panel.value("per_chat") == "Trip plans: 3 blocks"
     assert panel.block_map.blocks == blocks
     assert panel.sparkline.samples[-1][1] == 3 / 8
+
+
+def test_the_disk_tier_line_and_its_clear_button(qtbot):
+    disk = DiskTierStats(True, 120, 90 * 2**20, 4 << 30, 30, 0, 120, 480)
+    assert disk_row(_kv(disk=disk)) == (
+        "120 blocks, 90.0 MiB of 4.0 GiB; 30 blocks loaded (480 tokens) since start")
+    assert disk_row(_kv()).startswith("Off (Settings")
+    off = DiskTierStats(False, 0, 0, 4 << 30, 0, 0, 0)
+    assert disk_row(_kv(disk=off)).startswith("Turned off")
+    source = Source(_kv(disk=disk), CPU)
+    panel = VramPanel(source)
+    qtbot.addWidget(panel)
+    panel.refresh()
+    assert panel.value("disk") == disk_row(_kv(disk=disk))
+    button = panel.findChild(type(panel.clear_disk), "clearDiskButton")
+    assert button is not None and button.isEnabled()
+    button.click()
+    assert source.cleared == 1
+    source.kv = _kv()
+    panel.refresh()
+    assert not panel.clear_disk.isEnabled()
 
 
 def test_panel_without_model(qtbot):

@@ -166,6 +166,27 @@ def test_waste_is_sampled_on_every_step_with_blocks(ctx):
     assert _targets(result) == ["mean KV waste (%)"]
 
 
+def test_reopen_finds_the_history_on_disk_after_a_restart(tiny_dir):
+    from engine.bench.reopen import bench_reopen
+
+    settings = BenchSettings(model=str(tiny_dir), threads=1, reply_tokens=4, kv_blocks=256,
+                             reopen_tokens=240)
+    threads = torch.get_num_threads()
+    try:
+        result = bench_reopen(BenchContext.create(settings))
+    finally:
+        torch.set_num_threads(threads)
+    row = result["rows"][0]
+    assert row["same_reply"] and row["block_files"] > 0
+    # Every full block of the history (the last token is always computed) from disk.
+    assert row["restart_disk_tokens"] == row["restart_cached_tokens"] == (
+        (row["prompt_tokens"] - 1) // 16 * 16)
+    assert row["disk_over_kv_bytes"] <= 1.05
+    assert _targets(result) == [
+        "restart / kept-open TTFT of turn 13", "restart / recompute TTFT of turn 13",
+        "decode tok/s while writing blocks / tier off", "disk bytes / KV bytes per block"]
+
+
 def test_scheduler_workload():
     result = bench_scheduler(num_seqs=4, prompt_len=20, steps=10)
     assert result["rows"][0]["running_seqs"] == 4 and result["rows"][0]["steps"] == 10

@@ -39,8 +39,9 @@ def test_memory_measures_each_folio_side_in_its_own_process(ctx_for, tmp_path):
     assert set(rows) == {"folio_stored", "folio_float32"}  # llama.cpp needs a GGUF file
     for row in rows.values():
         assert row["peak_rss_mib"] > row["weights_mib"] > 0
-        # One 512-token context: 2 layers x K, V x 2 KV heads x 16 x 4 bytes per token.
-        assert row["kv_mib"] == round(512 * 2 * 2 * 2 * 16 * 4 / 2**20, 1)
+        # One 512-token context and the pool's null block (16 tokens): 2 layers x K, V x
+        # 2 KV heads x 16 x 4 bytes per token.
+        assert row["kv_mib"] == round((512 + 16) * 2 * 2 * 2 * 16 * 4 / 2**20, 1)
     assert result["targets"] == []  # no GGUF bytes, no llama.cpp: nothing to judge
     assert result["summary"]["gguf_tensor_bytes"] is None
     assert not [n for n in result["notes"] if n.startswith("folio")]

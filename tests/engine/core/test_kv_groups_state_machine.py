@@ -1,11 +1,11 @@
-"""Random operation sequences on a global and a sliding group behind KVGroups, checking
-after each step what test_block_manager_state_machine.py checks for one pool, per group,
-plus the window: a sliding table holds no block wholly before its window and never more
-than the window and one step's tokens.
+"""Random operation sequences on a global and a sliding group behind the coordinator,
+checking after each step what test_kv_cache_state_machine.py checks for one pool, per
+group, plus the window: a sliding table holds no block wholly before its window and never
+more than the window and one step's tokens.
 
-The machine plays the runner: it keeps each pool-wide block's content, applies the
-copy-on-write and swap pairs (pool-wide ids) and checks that every computed position a
-group still holds reads back its own token.
+The machine plays the runner: it keeps each group's blocks' content, applies the
+copy-on-write and swap pairs (a list per group, in its ids) and checks that every
+computed position a group still reads holds its own token.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.core.block_manager import NO_BLOCK, BlockManager
-from engine.core.kv_groups import KVGroups, KVGroupSpec
+from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
 from engine.core.sequence import Sequence
-from engine.core.sliding_blocks import SlidingBlockManager
 
 BLOCK_SIZE, WINDOW, LOOKAHEAD = 2, 4, 3
 NUM_BLOCKS = (12, 8)  # global, sliding
@@ -34,14 +32,14 @@ SLIDING_BOUND = -(-(WINDOW + LOOKAHEAD) // BLOCK_SIZE) + 1
 class KVGroupsMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        full = BlockManager(NUM_BLOCKS[0], BLOCK_SIZE, NUM_HOST_BLOCKS, group=0)
-        sliding = SlidingBlockManager(NUM_BLOCKS[1], BLOCK_SIZE, WINDOW, LOOKAHEAD,
-                                      NUM_HOST_BLOCKS, group=1)
-        self.kv = KVGroups([full, sliding], [KVGroupSpec((1,)), KVGroupSpec((0,), WINDOW)])
+        self.kv = KVCacheCoordinator.build(
+            [KVGroupSpec((1,)), KVGroupSpec((0,), WINDOW)], NUM_BLOCKS, BLOCK_SIZE,
+            num_host_blocks=NUM_HOST_BLOCKS, lookahead=LOOKAHEAD)
         self.live: list[Sequence] = []
         self.swapped: list[Sequence] = []
-        self.device = [[None] * BLOCK_SIZE for _ in range(sum(NUM_BLOCKS))]
-        self.host = [[None] * BLOCK_SIZE for _ in range(2 * NUM_HOST_BLOCKS)]
+        # Per group: each block's slots (the null block last) and each host block's.
+        self.device = [[[None] * BLOCK_SIZE for _ in range(n + 1)] for n in NUM_BLOCKS]
+        self.host = [[[None] * BLOCK_SIZE for _ in range(NUM_HOST_BLOCKS)] for _ in NUM_BLOCKS]
         self.ids = itertools.count()
         self.fresh_tokens = itertools.count(1000)
 
@@ -49,8 +47,8 @@ class KVGroupsMachine(RuleBasedStateMachine):
         return Sequence(next(self.ids), "r", 0, list(tokens), len(tokens))
 
     def _snapshot(self) -> tuple:
-        return tuple(([b.block_id for b in m.free_queue], [b.ref_count for b in m.blocks],
-                      dict(m.cached)) for m in self.kv.managers) + (
+        return tuple(([b.block_id for b in p.free_queue], [b.ref_count for b in p.blocks],
+                      dict(p.cached)) for p in self.kv.pools) + (
             [[list(t) for t in s.block_tables] for s in self.live],)
 
     def _step(self, seq: Sequence) -> bool:
@@ -60,16 +58,17 @@ class KVGroupsMachine(RuleBasedStateMachine):
         if not self.kv.append_slots(seq):
             assert not promised and self._snapshot() == before
             return False
-        for src, dst in self.kv.take_cow_pairs():
-            self.device[dst] = list(self.device[src])
+        for device, pairs in zip(self.device, self.kv.take_cow_pairs(), strict=True):
+            for src, dst in pairs:
+                device[dst] = list(device[src])
         end = min(seq.num_tokens, seq.num_computed_tokens + LOOKAHEAD)
-        for g, m in enumerate(self.kv.managers):
+        for g, pool in enumerate(self.kv.pools):
             table = seq.block_tables[g]
             for pos in range(seq.num_computed_tokens, end):
-                block = m.blocks[table[pos // BLOCK_SIZE]]
+                assert table[pos // BLOCK_SIZE] != pool.null_id, (g, seq.label, pos)
+                block = pool.blocks[table[pos // BLOCK_SIZE]]
                 assert block.ref_count == 1 and block.block_hash is None, (g, block)
-                self.device[self.kv.device_offsets[g] + block.block_id][pos % BLOCK_SIZE] = \
-                    seq.token_ids[pos]
+                self.device[g][block.block_id][pos % BLOCK_SIZE] = seq.token_ids[pos]
         seq.num_computed_tokens = end
         self.kv.commit_computed(seq)
         return True
@@ -133,8 +132,9 @@ class KVGroupsMachine(RuleBasedStateMachine):
         seqs = list({id(s): s for s in (self.live[p % len(self.live)] for p in picks)}.values())
         if not self.kv.can_swap_out(seqs):
             return
-        for dev, host in self.kv.swap_out(seqs):
-            self.host[host] = list(self.device[dev])
+        for g, pairs in enumerate(self.kv.swap_out(seqs)):
+            for dev, host in pairs:
+                self.host[g][host] = list(self.device[g][dev])
         for seq in seqs:
             assert seq.block_tables == [[], []]
             self.live.remove(seq)
@@ -147,8 +147,9 @@ class KVGroupsMachine(RuleBasedStateMachine):
                                         for p in picks)}.values())
         if not self.kv.can_swap_in(seqs):
             return
-        for host, dev in self.kv.swap_in(seqs):
-            self.device[dev] = list(self.host[host])
+        for g, pairs in enumerate(self.kv.swap_in(seqs)):
+            for host, dev in pairs:
+                self.device[g][dev] = list(self.host[g][host])
         for seq in seqs:
             self.swapped.remove(seq)
             self.live.append(seq)
@@ -163,37 +164,42 @@ class KVGroupsMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------- invariants
     @invariant()
     def free_xor_referenced_and_refs_equal_tables(self) -> None:
-        for g, m in enumerate(self.kv.managers):
-            queued = {b.block_id for b in m.free_queue}
-            assert len(queued) == len(m.free_queue)
-            holders = [0] * m.num_blocks
+        for g, pool in enumerate(self.kv.pools):
+            queued = {b.block_id for b in pool.free_queue}
+            assert len(queued) == len(pool.free_queue)
+            assert pool.null_id not in queued and pool.null_block.ref_count == 0
+            holders = [0] * pool.num_blocks
             for seq in self.live:
                 for block_id in seq.block_tables[g]:
-                    if block_id != NO_BLOCK:
+                    if block_id != pool.null_id:
                         holders[block_id] += 1
-            assert [b.ref_count for b in m.blocks] == holders, g
-            assert queued == {b.block_id for b in m.blocks if b.ref_count == 0}, g
+            assert [b.ref_count for b in pool.blocks] == holders, g
+            assert queued == {b.block_id for b in pool.blocks if b.ref_count == 0}, g
 
     @invariant()
     def cache_maps_to_matching_blocks(self) -> None:
-        for g, m in enumerate(self.kv.managers):
-            for block_hash, block in m.cached.items():
+        for g, pool in enumerate(self.kv.pools):
+            for block_hash, block in pool.cached.items():
                 assert block.block_hash == block_hash
-                content = self.device[self.kv.device_offsets[g] + block.block_id]
+                content = self.device[g][block.block_id]
                 assert tuple(content) == block.token_ids, (g, block)
 
     @invariant()
     def held_positions_hold_their_tokens_and_the_window_bound(self) -> None:
         sliding = self.kv.managers[1]
+        null = sliding.pool.null_id
         for seq in self.live:
             first_kept = sliding.first_kept(seq.num_computed_tokens)
             table = seq.block_tables[1]
-            assert all(b == NO_BLOCK for b in table[:first_kept]), (seq.label, table)
-            assert sum(b != NO_BLOCK for b in table) <= SLIDING_BOUND
+            assert all(b == null for b in table[:first_kept]), (seq.label, table)
+            assert sum(b != null for b in table) <= SLIDING_BOUND
+            # Every position of a held block, which covers the keys the next token reads
+            # (the last WINDOW - 1 computed ones, and itself).
+            assert first_kept * BLOCK_SIZE <= max(0, seq.num_computed_tokens - WINDOW + 1)
             for g, start in ((0, 0), (1, first_kept * BLOCK_SIZE)):
                 for pos in range(start, seq.num_computed_tokens):
                     block_id = seq.block_tables[g][pos // BLOCK_SIZE]
-                    slot = self.device[self.kv.device_offsets[g] + block_id][pos % BLOCK_SIZE]
+                    slot = self.device[g][block_id][pos % BLOCK_SIZE]
                     assert slot == seq.token_ids[pos], (g, seq.label, pos)
 
     @invariant()
@@ -208,10 +214,11 @@ class KVGroupsMachine(RuleBasedStateMachine):
         for seq in self.swapped:
             self.kv.free_host(seq)
         for m in self.kv.managers:
-            assert m.num_free_blocks == m.num_blocks
-            assert all(b.ref_count == 0 for b in m.blocks)
-            assert m.host_refs == {} and m.host_tables == {}
-            assert sorted(m.host_free) == list(range(NUM_HOST_BLOCKS))
+            pool = m.pool
+            assert pool.num_free_blocks == pool.num_blocks
+            assert all(b.ref_count == 0 for b in pool.blocks)
+            assert pool.host_refs == {} and m.host_tables == {}
+            assert sorted(pool.host_free) == list(range(NUM_HOST_BLOCKS))
 
 
 TestKVGroupsMachine = KVGroupsMachine.TestCase

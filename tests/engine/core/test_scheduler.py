@@ -1,4 +1,4 @@
-"""Scheduler: continuous batching over the paged block manager, driven by a fake step loop.
+"""Scheduler: continuous batching over the paged KV cache, driven by a fake step loop.
 
 ``FakeRunner`` plays the model runner on a pretend KV cache (each slot holds the token
 whose K/V it would hold): it applies each step's swaps and copies in the order the real
@@ -19,13 +19,24 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.block_manager import BlockManager
+from engine.core.block_pool import BlockPool
+from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
 from engine.core.scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
-from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.core.sequence import Request, Sequence, SequenceStatus
 from engine.sampling_params import SamplingParams
 
 REPO = Path(__file__).resolve().parents[3]
 VOCAB = 1000
+
+
+def only(moves: list[list[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """The one KV group's pairs of a step's moves."""
+    assert len(moves) <= 1
+    return moves[0] if moves else []
+
+
+def pool_of(sched: Scheduler) -> BlockPool:
+    return sched.kv.pools[0]
 
 
 def fake_token(seq: Sequence) -> int:
@@ -33,28 +44,29 @@ def fake_token(seq: Sequence) -> int:
 
 
 class FakeRunner:
-    def __init__(self, bm: BlockManager) -> None:
-        self.bm = bm
-        bs = bm.block_size
-        self.device: list[list[int | None]] = [[None] * bs for _ in range(bm.num_blocks)]
-        self.host: list[list[int | None]] = [[None] * bs for _ in range(bm.num_host_blocks)]
+    def __init__(self, kv: KVCacheCoordinator) -> None:
+        self.kv = kv
+        bs = kv.block_size
+        self.device: list[list[int | None]] = [[None] * bs for _ in range(kv.num_blocks)]
+        self.host: list[list[int | None]] = [[None] * bs for _ in range(kv.num_host_blocks)]
         self.prompt_tokens_computed: dict[str, int] = {}  # request id -> prompt positions
 
     def execute(self, out: SchedulerOutput) -> None:
-        bm, bs = self.bm, self.bm.block_size
-        for dev, host in out.swap_out:
+        kv, bs = self.kv, self.kv.block_size
+        pool = kv.pools[0]
+        for dev, host in only(out.swap_out):
             self.host[host] = list(self.device[dev])
-        for host, dev in out.swap_in:
+        for host, dev in only(out.swap_in):
             self.device[dev] = list(self.host[host])
-        for src, dst in out.cow_pairs:
+        for src, dst in only(out.cow_pairs):
             self.device[dst] = list(self.device[src])
         for item in out.scheduled:
             seq = item.seq
             assert seq.status is SequenceStatus.RUNNING
-            assert len(seq.block_table) == bm.blocks_needed(seq.num_tokens)
+            assert len(seq.block_table) == kv.blocks_needed(seq.num_tokens)
             start = seq.num_computed_tokens
             for pos in range(start, start + item.num_new_tokens):
-                block = bm.blocks[seq.block_table[pos // bs]]
+                block = pool.blocks[seq.block_table[pos // bs]]
                 assert block.ref_count == 1, f"{seq.label} writes shared block {block.block_id}"
                 assert block.block_hash is None, f"{seq.label} writes cached {block.block_id}"
                 self.device[block.block_id][pos % bs] = seq.token_ids[pos]
@@ -77,7 +89,7 @@ class Run:
 
 
 def step(sched: Scheduler, runner: FakeRunner | None = None,
-         mark_first: bool = False) -> tuple[SchedulerOutput, list[SequenceGroup]]:
+         mark_first: bool = False) -> tuple[SchedulerOutput, list[Request]]:
     """One step of the engine's loop, with a fake model. ``mark_first`` runs mark_computed
     before sampling (so before fork and finish) instead of after: both orders must work."""
     out = sched.schedule()
@@ -91,7 +103,7 @@ def step(sched: Scheduler, runner: FakeRunner | None = None,
     for item in out.scheduled:
         if not item.samples:
             continue
-        group = sched.groups[item.seq.request_id]
+        group = sched.requests[item.seq.request_id]
         seqs = sched.fork(group) if item.seq.needs_fork else [item.seq]
         for seq in seqs:
             seq.append_token(fake_token(seq))
@@ -107,7 +119,7 @@ def drive(sched: Scheduler, mark_first: bool = False, max_steps: int = 3000,
           runner: FakeRunner | None = None) -> Run:
     """Steps until every request is done, checking the KV content through FakeRunner."""
     run = Run()
-    runner = runner or FakeRunner(sched.bm)
+    runner = runner or FakeRunner(sched.kv)
     while sched.has_work:
         assert len(run.steps) < max_steps, "no progress"
         out, done = step(sched, runner, mark_first)
@@ -135,8 +147,9 @@ def workload(count: int = 16, seed: int = 3) -> list[tuple[str, list[int], int]]
 
 def make_scheduler(num_blocks: int, block_size: int = 4, num_host_blocks: int = 0,
                    **kwargs) -> Scheduler:
-    bm = BlockManager(num_blocks, block_size, num_host_blocks=num_host_blocks)
-    return Scheduler(bm, **kwargs)
+    kv = KVCacheCoordinator.build([KVGroupSpec((0,))], [num_blocks], block_size,
+                                  num_host_blocks=num_host_blocks)
+    return Scheduler(kv, **kwargs)
 
 
 def submit(sched: Scheduler, requests, n: int = 1) -> None:
@@ -145,12 +158,12 @@ def submit(sched: Scheduler, requests, n: int = 1) -> None:
 
 
 def assert_pool_all_free(sched: Scheduler) -> None:
-    bm = sched.bm
-    assert bm.num_free_blocks == bm.num_blocks
-    assert all(b.ref_count == 0 for b in bm.blocks)
-    assert bm.host_refs == {} and bm.host_tables == {}
-    assert sorted(bm.host_free) == list(range(bm.num_host_blocks))
-    assert sched.groups == {} and not sched.has_work
+    pool = pool_of(sched)
+    assert pool.num_free_blocks == pool.num_blocks
+    assert all(b.ref_count == 0 for b in pool.blocks)
+    assert pool.host_refs == {} and sched.kv.managers[0].host_tables == {}
+    assert sorted(pool.host_free) == list(range(pool.num_host_blocks))
+    assert sched.requests == {} and not sched.has_work
 
 
 # --------------------------------------------------------------- many requests
@@ -187,7 +200,7 @@ def test_small_pool_completes_everything_by_recompute(seeded: tuple[int, Run],
     run = drive(sched, mark_first=mark_first)
     assert sched.num_preemptions > 0
     assert any(out.preempted for out in run.steps)
-    assert not any(out.swap_out or out.swap_in for out in run.steps)
+    assert not any(only(out.swap_out) or only(out.swap_in) for out in run.steps)
     assert run.outputs == unconstrained.outputs
     assert all(reasons == ["length"] for reasons in run.reasons.values())
     assert_pool_all_free(sched)
@@ -202,8 +215,8 @@ def test_small_pool_completes_everything_by_swap(seeded: tuple[int, Run],
     submit(sched, workload(seed=seed))
     run = drive(sched, mark_first=mark_first)
     assert sched.num_preemptions > 0
-    assert any(out.swap_out for out in run.steps)
-    assert any(out.swap_in for out in run.steps)
+    assert any(only(out.swap_out) for out in run.steps)
+    assert any(only(out.swap_in) for out in run.steps)
     assert run.outputs == unconstrained.outputs
     assert_pool_all_free(sched)
 
@@ -218,7 +231,7 @@ def test_prefix_cache_serves_the_shared_system_prompt() -> None:
     sched.add_request("again", prompt, SamplingParams(max_tokens=1))
     out = sched.schedule()
     assert [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled] == [("again", 3)]
-    assert sched.groups["again"].num_cached_tokens == 12
+    assert sched.requests["again"].num_cached_tokens == 12
 
 
 # ---------------------------------------------------------------- n candidates
@@ -230,19 +243,19 @@ def test_n4_prefills_once_then_candidates_share_the_prompt_blocks() -> None:
 
     def check(sched: Scheduler, out: SchedulerOutput) -> None:
         seen.append(out)
-        group = sched.groups.get("n4")
+        group = sched.requests.get("n4")
         if len(seen) == 1:
             assert [s.num_new_tokens for s in out.scheduled] == [10]
             assert [s.num_computed_tokens for s in group.seqs] == [10, 10, 10, 10]
             assert [s.block_table for s in group.seqs] == [[0, 1, 2]] * 4
-            assert [sched.bm.blocks[b].ref_count for b in (0, 1, 2)] == [4, 4, 4]
+            assert [pool_of(sched).blocks[b].ref_count for b in (0, 1, 2)] == [4, 4, 4]
         elif len(seen) == 2:
             # Each candidate's first token lands in the shared partial block: three
             # copies, and the last candidate keeps the original.
-            assert out.cow_pairs == [(2, 3), (2, 4), (2, 5)]
+            assert out.cow_pairs == [[(2, 3), (2, 4), (2, 5)]]
             assert [s.block_table for s in group.seqs] == [[0, 1, 3], [0, 1, 4], [0, 1, 5],
                                                            [0, 1, 2]]
-            assert [sched.bm.blocks[b].ref_count for b in range(6)] == [4, 4, 1, 1, 1, 1]
+            assert [pool_of(sched).blocks[b].ref_count for b in range(6)] == [4, 4, 1, 1, 1, 1]
             assert [s.num_new_tokens for s in out.scheduled] == [1, 1, 1, 1]
 
     run = drive(sched, after_step=check)
@@ -267,7 +280,7 @@ def test_n4_under_preemption_matches_an_unconstrained_run(mark_first: bool) -> N
         submit(sched, requests, n=4)
         run = drive(sched, mark_first=mark_first)
         assert sched.num_preemptions > 0
-        assert any(out.swap_out for out in run.steps) == (host > 0)
+        assert any(only(out.swap_out) for out in run.steps) == (host > 0)
         assert run.outputs == expected
         assert_pool_all_free(sched)
 
@@ -276,7 +289,7 @@ def hog(sched: Scheduler, num_blocks: int, seq_id: int) -> Sequence:
     """A sequence the test places straight in the pool: pressure from outside."""
     tokens = list(range(5000 + 100 * seq_id, 5000 + 100 * seq_id + 4 * num_blocks))
     seq = Sequence(seq_id, f"hog{seq_id}", 0, tokens, len(tokens))
-    assert sched.bm.allocate(seq) == 0
+    assert sched.kv.allocate(seq) == 0
     return seq
 
 
@@ -291,24 +304,24 @@ def test_recomputed_candidates_come_back_leader_first() -> None:
     sched = make_scheduler(num_blocks=16, max_num_batched_tokens=64)
     submit(sched, requests)
     sched.add_request("n3", list(range(10)), n3_params)
-    runner = FakeRunner(sched.bm)
+    runner = FakeRunner(sched.kv)
     step(sched, runner)  # both prefilled; n3 forked: 3 candidates share blocks 2 3 4
     squeeze = hog(sched, 9, 900)
     out, _ = step(sched, runner)  # a takes a block; the candidates' copies do not fit
     assert out.preempted == ["n3"]
-    assert [s.status for s in sched.groups["n3"].seqs] == [SequenceStatus.WAITING] * 3
-    sched.bm.free(squeeze)
-    sched.bm.free(hog(sched, sched.bm.num_free_blocks, 901))  # evicts n3's cached prompt
+    assert [s.status for s in sched.requests["n3"].seqs] == [SequenceStatus.WAITING] * 3
+    sched.kv.free(squeeze)
+    sched.kv.free(hog(sched, pool_of(sched).num_free_blocks, 901))  # evicts n3's cached prompt
     sched.add_request("late", [7, 7, 7], SamplingParams(max_tokens=2))
 
     out, _ = step(sched, runner)
     # Only the leader, although the others would fit: it recomputes the prompt once.
     assert [(s.seq.label, s.num_new_tokens) for s in out.scheduled] == [("a:0", 1),
                                                                          ("n3:0", 11)]
-    n3 = sched.groups["n3"]
+    n3 = sched.requests["n3"]
     assert [s.status for s in n3.seqs] == [SequenceStatus.RUNNING] + [SequenceStatus.PARKED] * 2
     assert [g.request_id for g in sched.waiting] == ["late"]  # parked candidates go first
-    assert sched.bm.num_free_blocks == 10
+    assert pool_of(sched).num_free_blocks == 10
 
     out, _ = step(sched, runner)
     # The others find the prompt's full blocks and recompute only their own tokens.
@@ -316,7 +329,7 @@ def test_recomputed_candidates_come_back_leader_first() -> None:
         ("a:0", 1), ("n3:0", 1), ("n3:1", 3), ("n3:2", 3), ("late:0", 3)]
     leader_blocks = n3.seqs[0].block_table[:2]
     assert [s.block_table[:2] for s in n3.seqs] == [leader_blocks] * 3
-    assert [sched.bm.blocks[b].ref_count for b in leader_blocks] == [3, 3]
+    assert [pool_of(sched).blocks[b].ref_count for b in leader_blocks] == [3, 3]
 
     outputs = drive(sched, runner=runner).outputs
     assert {k: outputs[k] for k in ("a", "n3")} == expected
@@ -338,7 +351,7 @@ def test_long_prompt_is_chunked_and_decodes_go_first() -> None:
         assert names[2][0] == "long"
         chunks.append(names[2][1:])
     assert chunks == [(14, False), (14, False), (14, False), (8, True)]
-    assert sched.groups["long"].seqs[0].num_output_tokens == 1
+    assert sched.requests["long"].seqs[0].num_output_tokens == 1
 
 
 def test_decodes_go_before_a_prefill_whatever_the_running_order() -> None:
@@ -362,9 +375,9 @@ def test_request_swapped_mid_prefill_resumes_in_budget_sized_chunks() -> None:
     sched = make_scheduler(num_blocks=10, num_host_blocks=16, max_num_batched_tokens=4)
     submit(sched, requests)
     run = drive(sched)  # checks every step's batch against the budget
-    swapped_out = [i for i, out in enumerate(run.steps) if out.swap_out]
+    swapped_out = [i for i, out in enumerate(run.steps) if only(out.swap_out)]
     assert [run.steps[i].preempted for i in swapped_out] == [["b"]]
-    resumed = [i for i, out in enumerate(run.steps) if out.swap_in]
+    resumed = [i for i, out in enumerate(run.steps) if only(out.swap_in)]
     assert len(resumed) == 1
     assert [s.num_new_tokens for s in run.steps[resumed[0]].scheduled] == [4]
     assert run.outputs == expected
@@ -399,18 +412,18 @@ def test_abort_frees_at_once() -> None:
     sched = make_scheduler(num_blocks=32, num_host_blocks=8)
     submit(sched, [("keep", [1, 2, 3, 4, 5], 30)])
     drive_steps(sched, 2)  # keep: 7 tokens in its 2 blocks; the next 2 fit there too
-    free_before = sched.bm.num_free_blocks
+    free_before = pool_of(sched).num_free_blocks
     assert free_before == 30
     sched.add_request("gone", list(range(40, 58)), SamplingParams(n=2, max_tokens=30))
     drive_steps(sched, 2)  # gone: prefilled, forked, one token each (a copy-on-write)
-    group = sched.groups["gone"]
+    group = sched.requests["gone"]
     assert [len(s.block_table) for s in group.seqs] == [5, 5]
-    assert sched.bm.num_free_blocks == free_before - 6
+    assert pool_of(sched).num_free_blocks == free_before - 6
     assert sched.abort("gone") is group
     assert group.aborted and group.is_finished
     assert [s.finish_reason for s in group.seqs] == ["abort", "abort"]
-    assert sched.bm.num_free_blocks == free_before
-    assert "gone" not in sched.groups
+    assert pool_of(sched).num_free_blocks == free_before
+    assert "gone" not in sched.requests
     assert [g.request_id for g in sched.running] == ["keep"]
     assert sched.abort("gone") is None
 
@@ -419,7 +432,7 @@ def test_abort_a_waiting_request() -> None:
     sched = make_scheduler(num_blocks=8)
     submit(sched, [("w", [1, 2, 3], 5)])
     assert sched.abort("w").seqs[0].finish_reason == "abort"
-    assert not sched.waiting and sched.groups == {} and not sched.has_work
+    assert not sched.waiting and sched.requests == {} and not sched.has_work
 
 
 def test_abort_a_swapped_request_frees_its_host_blocks() -> None:
@@ -430,12 +443,12 @@ def test_abort_a_swapped_request_frees_its_host_blocks() -> None:
         if sched.swapped:
             break
     assert [g.request_id for g in sched.swapped] == ["b"]
-    assert out.preempted == ["b"] and out.swap_out
-    assert sched.groups["b"].seqs[0].status is SequenceStatus.SWAPPED
-    assert len(sched.bm.host_refs) == 3
+    assert out.preempted == ["b"] and only(out.swap_out)
+    assert sched.requests["b"].seqs[0].status is SequenceStatus.SWAPPED
+    assert len(pool_of(sched).host_refs) == 3
     sched.abort("b")
-    assert not sched.swapped and sched.bm.host_refs == {}
-    assert sorted(sched.bm.host_free) == list(range(8))
+    assert not sched.swapped and pool_of(sched).host_refs == {}
+    assert sorted(pool_of(sched).host_free) == list(range(8))
     sched.abort("a")
     assert_pool_all_free(sched)
 
@@ -450,7 +463,7 @@ def test_prompt_longer_than_the_context_is_refused() -> None:
         "The prompt has 32 tokens but the model's context holds 32 (including at least one "
         "reply token). Shorten the chat or start a new one.")
     assert isinstance(info.value, ValueError)
-    assert "long" not in sched.groups
+    assert "long" not in sched.requests
 
 
 def test_prompt_longer_than_the_pool_is_refused() -> None:
@@ -473,7 +486,7 @@ def test_empty_prompt_and_duplicate_id_are_refused() -> None:
 
 
 def test_bookkeeping_imports_neither_torch_nor_qt() -> None:
-    code = ("import engine.core.block_manager, engine.core.scheduler, sys; "
+    code = ("import engine.core.kv_coordinator, engine.core.scheduler, sys; "
             "assert 'torch' not in sys.modules and 'PySide6' not in sys.modules")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=60)

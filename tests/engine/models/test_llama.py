@@ -12,6 +12,7 @@ import transformers
 
 from engine.layers import onednn
 from engine.models import SUPPORTED_ARCHITECTURES, build_model
+from engine.models.base import pool_layers
 from kernels import allocate_kv_cache, get_backend
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -65,7 +66,8 @@ class PagedHarness:
             self.lengths[seq] = start + len(tokens)
         meta = self.build_metadata(tables, cached, [len(t) for _, t in chunks], BLOCK_SIZE)
         with torch.inference_mode():
-            hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_cache, meta,
+            hidden = self.model(torch.tensor(ids), torch.tensor(positions),
+                                pool_layers(self.kv_cache, meta), meta,
                                 self.backend)
             logits = self.model.compute_logits(hidden)
         return list(logits.split([len(t) for _, t in chunks]))

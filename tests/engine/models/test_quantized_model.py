@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType, dequantize, quantize
 
 import engine.layers.weights as weights_module
 from engine.models import build_model
+from engine.models.base import pool_layers
 from kernels import allocate_kv_cache
 from kernels.quant.formats import QuantizedTensor
 from kernels.quant.matrix import RawBlocks
@@ -52,8 +53,8 @@ def logits(model, build_attention_metadata, tokens: list[int]) -> torch.Tensor:
     with torch.inference_mode():
         for start, stop in ((0, 13), (13, len(tokens))):
             meta = build_attention_metadata([table], [start], [stop - start], BLOCK_SIZE)
-            hidden = model(torch.tensor(tokens[start:stop]), torch.arange(start, stop), cache,
-                           meta, TorchBackend())
+            hidden = model(torch.tensor(tokens[start:stop]), torch.arange(start, stop),
+                           pool_layers(cache, meta), meta, TorchBackend())
             out.append(model.compute_logits(hidden))
     return torch.cat(out)
 

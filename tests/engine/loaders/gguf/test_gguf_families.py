@@ -30,6 +30,7 @@ from gguf.constants import MODEL_ARCH
 from engine.loaders import FolioLoadError, load_model_files
 from engine.loaders.gguf.config import gguf_config_dict
 from engine.models import build_model, gguf_family
+from engine.models.base import pool_layers
 from engine.models.gemma import FULL, SLIDING
 from kernels import allocate_kv_cache
 from kernels.reference import TorchBackend
@@ -207,7 +208,8 @@ def prefill_logits(config, weights, build_attention_metadata) -> tuple[torch.Ten
                            torch.float32, "cpu", head_major=False)
     meta = build_attention_metadata([list(range(blocks))], [0], [len(PROMPT)], BLOCK)
     with torch.inference_mode():
-        hidden = model(torch.tensor(PROMPT), torch.arange(len(PROMPT)), kv, meta,
+        hidden = model(torch.tensor(PROMPT), torch.arange(len(PROMPT)),
+                       pool_layers(kv, meta), meta,
                        TorchBackend())
         return model.compute_logits(hidden), spec
 

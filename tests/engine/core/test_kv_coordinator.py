@@ -1,11 +1,15 @@
-"""BlockManager: allocation, fork and copy-on-write, prefix cache, LRU eviction, swap, stats."""
+"""The KV cache of one attention kind (a coordinator over one full-attention manager and its
+pool): allocation, fork and copy-on-write, prefix cache, LRU eviction, swap, stats, with
+exact block ids, ref counts and free-queue order."""
 
 from __future__ import annotations
 
 import pytest
 
-import engine.core.block_manager
-from engine.core.block_manager import BlockManager, hash_block
+import engine.core.kv_manager
+from engine.core.block_pool import BlockPool
+from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_manager import hash_block
 from engine.core.kv_stats import CACHED, FREE, SHARED, USED, BlockInfo
 from engine.core.sequence import Sequence
 
@@ -14,59 +18,71 @@ def make_seq(seq_id: int, tokens: list[int], request_id: str = "r", index: int =
     return Sequence(seq_id, request_id, index, list(tokens), len(tokens))
 
 
-def compute(bm: BlockManager, *seqs: Sequence) -> None:
+def one_kind(num_blocks: int, block_size: int, num_host_blocks: int = 0,
+             enable_prefix_caching: bool = True, bytes_per_block: int = 0) -> KVCacheCoordinator:
+    return KVCacheCoordinator.build([KVGroupSpec((0,))], [num_blocks], block_size,
+                                    num_host_blocks=num_host_blocks,
+                                    enable_prefix_caching=enable_prefix_caching,
+                                    bytes_per_layer_block=bytes_per_block)
+
+
+def pool(kv: KVCacheCoordinator) -> BlockPool:
+    return kv.pools[0]
+
+
+def compute(bm: KVCacheCoordinator, *seqs: Sequence) -> None:
     """What a step does for ``seqs``: every token now has K/V; full blocks get cached."""
     for seq in seqs:
         seq.num_computed_tokens = seq.num_tokens
         bm.commit_computed(seq)
 
 
-def refs(bm: BlockManager, *block_ids: int) -> list[int]:
-    return [bm.blocks[b].ref_count for b in block_ids]
+def refs(bm: KVCacheCoordinator, *block_ids: int) -> list[int]:
+    return [pool(bm).blocks[b].ref_count for b in block_ids]
 
 
-def queue_ids(bm: BlockManager) -> list[int]:
-    return [b.block_id for b in bm.free_queue]
+def queue_ids(bm: KVCacheCoordinator) -> list[int]:
+    return [b.block_id for b in pool(bm).free_queue]
 
 
 # ------------------------------------------------------------------- walk-through
 def test_walk_through_fork_and_copy_on_write() -> None:
-    bm = BlockManager(num_blocks=10, block_size=4)
+    bm = one_kind(num_blocks=10, block_size=4)
     parent = make_seq(0, [1, 2, 3, 4, 5, 6])
     assert bm.allocate(parent) == 0
     assert parent.block_table == [0, 1]
     assert refs(bm, 0, 1) == [1, 1]
-    assert bm.num_free_blocks == 8
+    assert pool(bm).num_free_blocks == 8
 
     child = make_seq(1, parent.token_ids, index=1)
     bm.fork(parent, child)
     assert child.block_table == [0, 1]
     assert refs(bm, 0, 1) == [2, 2]
-    assert bm.num_free_blocks == 8
+    assert pool(bm).num_free_blocks == 8
 
     # The prompt's one prefill step computed it for both candidates.
     compute(bm, parent, child)
-    assert bm.blocks[0].block_hash == hash_block(None, [1, 2, 3, 4])
-    assert bm.blocks[1].block_hash is None  # partial: not cacheable yet
+    assert pool(bm).blocks[0].block_hash == hash_block(None, [1, 2, 3, 4])
+    assert pool(bm).blocks[1].block_hash is None  # partial: not cacheable yet
 
     child.append_token(70)
     assert bm.can_append([child])
     assert bm.append_slots(child)
     assert child.block_table == [0, 2]
     assert refs(bm, 0, 1, 2) == [2, 1, 1]
-    assert bm.take_cow_pairs() == [(1, 2)]
-    assert bm.take_cow_pairs() == []
-    assert bm.num_free_blocks == 7
+    assert bm.take_cow_pairs() == [[(1, 2)]]
+    assert bm.take_cow_pairs() == [[]]
+    assert pool(bm).num_free_blocks == 7
 
     # The parent is now the only owner of block 1: it writes in place.
     parent.append_token(80)
     assert bm.append_slots(parent)
     assert parent.block_table == [0, 1]
-    assert bm.take_cow_pairs() == []
+    assert bm.take_cow_pairs() == [[]]
 
     bm.free(child)
     bm.free(parent)
-    assert bm.num_free_blocks == 10
+    assert pool(bm).num_free_blocks == 10
     assert refs(bm, *range(10)) == [0] * 10
     # Unhashed blocks go to the head (reused first), the cached block 0 to the tail.
     assert queue_ids(bm) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
@@ -74,7 +90,7 @@ def test_walk_through_fork_and_copy_on_write() -> None:
 
 
 def test_append_slots_adds_a_block_when_the_last_is_full() -> None:
-    bm = BlockManager(num_blocks=4, block_size=4)
+    bm = one_kind(num_blocks=4, block_size=4)
     seq = make_seq(0, [1, 2, 3, 4])
     bm.allocate(seq)
     compute(bm, seq)
@@ -82,16 +98,16 @@ def test_append_slots_adds_a_block_when_the_last_is_full() -> None:
     assert bm.can_append([seq])
     assert bm.append_slots(seq)
     assert seq.block_table == [0, 1]
-    assert bm.take_cow_pairs() == []
+    assert bm.take_cow_pairs() == [[]]
     seq.num_computed_tokens = 5
     seq.append_token(6)
     assert bm.append_slots(seq)  # room left in block 1
     assert seq.block_table == [0, 1]
-    assert bm.num_free_blocks == 2
+    assert pool(bm).num_free_blocks == 2
 
 
 def test_append_slots_out_of_blocks_changes_nothing() -> None:
-    bm = BlockManager(num_blocks=3, block_size=2)
+    bm = one_kind(num_blocks=3, block_size=2)
     parent = make_seq(0, [1, 2, 3])
     bm.allocate(parent)
     child = make_seq(1, parent.token_ids, index=1)
@@ -99,13 +115,13 @@ def test_append_slots_out_of_blocks_changes_nothing() -> None:
     compute(bm, parent, child)
     filler = make_seq(2, [9])
     bm.allocate(filler)
-    assert bm.num_free_blocks == 0
+    assert pool(bm).num_free_blocks == 0
     child.append_token(4)  # needs a copy of the shared block 1
     assert not bm.can_append([child])
     assert not bm.append_slots(child)
     assert child.block_table == [0, 1]
     assert refs(bm, 0, 1, 2) == [2, 2, 1]
-    assert bm.take_cow_pairs() == []
+    assert bm.take_cow_pairs() == [[]]
 
 
 # ------------------------------------------------------------------ prefix cache
@@ -118,7 +134,7 @@ def test_hash_block_is_stable_and_chained() -> None:
 
 
 def test_second_turn_reuses_the_first_turns_full_blocks() -> None:
-    bm = BlockManager(num_blocks=10, block_size=4)
+    bm = one_kind(num_blocks=10, block_size=4)
     turn1 = make_seq(0, list(range(100, 114)))  # 14 tokens: 3 full blocks + 2
     assert bm.allocate(turn1) == 0
     compute(bm, turn1)
@@ -126,18 +142,18 @@ def test_second_turn_reuses_the_first_turns_full_blocks() -> None:
     bm.free(turn1)
 
     turn2 = make_seq(1, list(range(100, 114)) + [7, 8, 9, 10, 11])  # 19 tokens
-    free_before = bm.num_free_blocks
+    free_before = pool(bm).num_free_blocks
     assert bm.allocate(turn2) == 12
     assert turn2.num_computed_tokens == 12
     assert turn2.block_table[:3] == first_blocks
     assert len(turn2.block_table) == 5
-    assert bm.num_free_blocks == free_before - 5  # 3 revived from the cache, 2 new
+    assert pool(bm).num_free_blocks == free_before - 5  # 3 revived from the cache, 2 new
     stats = bm.stats()
     assert (stats.prefix_hit_tokens, stats.prefix_query_tokens) == (12, 14 + 19)
 
 
 def test_prompt_of_exactly_k_full_blocks_reuses_k_minus_1() -> None:
-    bm = BlockManager(num_blocks=10, block_size=4)
+    bm = one_kind(num_blocks=10, block_size=4)
     first = make_seq(0, list(range(12)))
     bm.allocate(first)
     compute(bm, first)
@@ -150,7 +166,7 @@ def test_prompt_of_exactly_k_full_blocks_reuses_k_minus_1() -> None:
 
 
 def test_prompts_sharing_a_system_prompt_share_its_blocks() -> None:
-    bm = BlockManager(num_blocks=10, block_size=4)
+    bm = one_kind(num_blocks=10, block_size=4)
     system = [5, 6, 7, 8, 9, 10, 11, 12]
     a = make_seq(0, system + [1, 2, 3], request_id="a")
     b = make_seq(1, system + [4, 4], request_id="b")
@@ -166,18 +182,18 @@ def test_prompts_sharing_a_system_prompt_share_its_blocks() -> None:
 
 
 def test_forced_hash_collision_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine.core.block_manager, "hash_block", lambda parent, tokens: b"same")
-    bm = BlockManager(num_blocks=6, block_size=4)
+    monkeypatch.setattr(engine.core.kv_manager, "hash_block", lambda parent, tokens: b"same")
+    bm = one_kind(num_blocks=6, block_size=4)
     a = make_seq(0, [1, 2, 3, 4, 5])
     bm.allocate(a)
     compute(bm, a)
     bm.free(a)
-    assert bm.cached == {b"same": bm.blocks[0]}
+    assert pool(bm).cached == {b"same": pool(bm).blocks[0]}
 
     other = make_seq(1, [9, 9, 9, 9, 5])  # same hash, other tokens
     assert bm.allocate(other) == 0
     assert 0 not in other.block_table
-    assert bm.blocks[0].ref_count == 0
+    assert pool(bm).blocks[0].ref_count == 0
     # The check compares tokens, so the genuine match still hits.
     same = make_seq(2, [1, 2, 3, 4, 6])
     assert bm.allocate(same) == 4
@@ -185,11 +201,11 @@ def test_forced_hash_collision_is_not_reused(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_prefix_caching_disabled_never_hits() -> None:
-    bm = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=False)
+    bm = one_kind(num_blocks=6, block_size=4, enable_prefix_caching=False)
     a = make_seq(0, list(range(9)))
     bm.allocate(a)
     compute(bm, a)
-    assert bm.cached == {}
+    assert pool(bm).cached == {}
     bm.free(a)
     b = make_seq(1, list(range(9)))
     assert bm.allocate(b) == 0
@@ -197,19 +213,19 @@ def test_prefix_caching_disabled_never_hits() -> None:
 
 
 def test_duplicate_content_keeps_the_first_cached_block() -> None:
-    bm = BlockManager(num_blocks=6, block_size=2)
+    bm = one_kind(num_blocks=6, block_size=2)
     a, b = make_seq(0, [1, 2, 3]), make_seq(1, [1, 2, 3])
     bm.allocate(a)
     bm.allocate(b)  # before a is computed: no hit, its own blocks
     assert b.block_table == [2, 3]
     compute(bm, a, b)
-    assert bm.cached[hash_block(None, [1, 2])] is bm.blocks[0]
-    assert bm.blocks[2].block_hash is None
+    assert pool(bm).cached[hash_block(None, [1, 2])] is pool(bm).blocks[0]
+    assert pool(bm).blocks[2].block_hash is None
 
 
 # ---------------------------------------------------------------------------- LRU
 def test_eviction_takes_least_recently_freed_and_chain_tail_first() -> None:
-    bm = BlockManager(num_blocks=8, block_size=2)
+    bm = one_kind(num_blocks=8, block_size=2)
     a = make_seq(0, [1, 2, 3, 4, 5, 6, 7])  # blocks 0 1 2 full, 3 partial
     bm.allocate(a)
     compute(bm, a)
@@ -229,13 +245,14 @@ def test_eviction_takes_least_recently_freed_and_chain_tail_first() -> None:
     bm.allocate(d)
     # a's chain goes before b's (freed earlier), and its tail (2) before its head.
     assert d.block_table == [2, 1]
-    assert (bm.blocks[2].block_hash, bm.blocks[1].block_hash) == (None, None)
-    assert set(bm.cached.values()) == {bm.blocks[0], bm.blocks[3], bm.blocks[4]}
+    assert (pool(bm).blocks[2].block_hash, pool(bm).blocks[1].block_hash) == (None, None)
+    blocks = pool(bm).blocks
+    assert set(pool(bm).cached.values()) == {blocks[0], blocks[3], blocks[4]}
     assert queue_ids(bm) == [0, 4, 3]
 
 
 def test_hit_on_a_free_cached_block_revives_it_from_the_middle() -> None:
-    bm = BlockManager(num_blocks=8, block_size=2)
+    bm = one_kind(num_blocks=8, block_size=2)
     a = make_seq(0, [1, 2, 3, 4, 5, 6, 7])
     bm.allocate(a)
     compute(bm, a)
@@ -251,40 +268,40 @@ def test_hit_on_a_free_cached_block_revives_it_from_the_middle() -> None:
     assert again.block_table == [0, 1, 5]
     assert refs(bm, 0, 1, 5) == [1, 1, 1]
     assert queue_ids(bm) == [6, 7, 2, 4, 3]
-    assert len(bm.free_queue) == bm.num_free_blocks == 5
-    assert not bm.free_queue.contains(bm.blocks[0])
+    assert len(pool(bm).free_queue) == pool(bm).num_free_blocks == 5
+    assert not pool(bm).free_queue.contains(pool(bm).blocks[0])
     bm.free(again)
     assert queue_ids(bm) == [5, 6, 7, 2, 4, 3, 1, 0]
 
 
 def test_allocate_returns_none_and_changes_nothing_when_full() -> None:
-    bm = BlockManager(num_blocks=5, block_size=4)
+    bm = one_kind(num_blocks=5, block_size=4)
     cached = make_seq(0, [1, 2, 3, 4, 5])
     bm.allocate(cached)
     compute(bm, cached)
     bm.free(cached)  # block 0 cached, block 1 free
     holder = make_seq(1, list(range(50, 59)))  # 3 blocks
     bm.allocate(holder)
-    assert bm.num_free_blocks == 2
-    before = (queue_ids(bm), refs(bm, *range(5)), dict(bm.cached), bm.prefix_hit_tokens,
+    assert pool(bm).num_free_blocks == 2
+    before = (queue_ids(bm), refs(bm, *range(5)), dict(pool(bm).cached), bm.prefix_hit_tokens,
               bm.prefix_query_tokens)
 
     # Would revive block 0 and need 2 new blocks: 3 > 2 free.
     big = make_seq(2, [1, 2, 3, 4, 5, 6, 7, 8, 9])
     assert bm.allocate(big) is None
     assert (big.block_table, big.num_computed_tokens) == ([], 0)
-    after = (queue_ids(bm), refs(bm, *range(5)), dict(bm.cached), bm.prefix_hit_tokens,
+    after = (queue_ids(bm), refs(bm, *range(5)), dict(pool(bm).cached), bm.prefix_hit_tokens,
              bm.prefix_query_tokens)
     assert after == before
 
     fits = make_seq(3, [1, 2, 3, 4, 5, 6, 7, 8])
     assert bm.allocate(fits) == 4
-    assert bm.num_free_blocks == 0
+    assert pool(bm).num_free_blocks == 0
 
 
 # ------------------------------------------------------------------------- stats
 def test_kv_stats_in_a_small_scenario() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4, bytes_per_block=100)
+    bm = one_kind(num_blocks=8, block_size=4, bytes_per_block=100)
     gone = make_seq(9, [9, 9, 9, 9, 9], request_id="gone")  # leaves block 0 cached
     bm.allocate(gone)
     compute(bm, gone)
@@ -337,18 +354,18 @@ def test_kv_stats_in_a_small_scenario() -> None:
 
 
 def test_empty_stats() -> None:
-    s = BlockManager(num_blocks=3, block_size=16).stats()
+    s = one_kind(num_blocks=3, block_size=16).stats()
     assert (s.num_free, s.num_used, s.allocated_slots, s.used_slots) == (3, 0, 0, 0)
     assert (s.waste_fraction, s.hit_rate) == (0.0, 0.0)
 
 
 def test_bad_pool_size() -> None:
     with pytest.raises(ValueError, match="num_blocks"):
-        BlockManager(num_blocks=0, block_size=16)
+        one_kind(num_blocks=0, block_size=16)
 
 
 # -------------------------------------------------------------------------- swap
-def _three_candidates(bm: BlockManager) -> list[Sequence]:
+def _three_candidates(bm: KVCacheCoordinator) -> list[Sequence]:
     parent = make_seq(0, [1, 2, 3, 4, 5, 6])
     bm.allocate(parent)
     seqs = [parent]
@@ -364,34 +381,34 @@ def _three_candidates(bm: BlockManager) -> list[Sequence]:
 
 
 def test_swap_out_and_in_share_host_blocks_and_restore_ref_counts() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4, num_host_blocks=6)
+    bm = one_kind(num_blocks=8, block_size=4, num_host_blocks=6)
     seqs = _three_candidates(bm)
     assert [s.block_table for s in seqs] == [[0, 2], [0, 3], [0, 1]]
-    assert bm.take_cow_pairs() == [(1, 2), (1, 3)]
+    assert bm.take_cow_pairs() == [[(1, 2), (1, 3)]]
     assert refs(bm, 0, 1, 2, 3) == [3, 1, 1, 1]
 
     assert bm.can_swap_out(seqs)
-    assert bm.swap_out(seqs) == [(0, 0), (2, 1), (3, 2), (1, 3)]
-    assert bm.host_tables == {0: [0, 1], 1: [0, 2], 2: [0, 3]}
-    assert bm.host_refs == {0: 3, 1: 1, 2: 1, 3: 1}
-    assert bm.num_free_blocks == 8
+    assert bm.swap_out(seqs) == [[(0, 0), (2, 1), (3, 2), (1, 3)]]
+    assert bm.managers[0].host_tables == {0: [0, 1], 1: [0, 2], 2: [0, 3]}
+    assert pool(bm).host_refs == {0: 3, 1: 1, 2: 1, 3: 1}
+    assert pool(bm).num_free_blocks == 8
     assert [s.block_table for s in seqs] == [[], [], []]
     assert [s.num_computed_tokens for s in seqs] == [6, 6, 6]
     assert bm.stats().num_host_used == 4
     assert queue_ids(bm) == [1, 3, 2, 4, 5, 6, 7, 0]
 
     assert bm.can_swap_in(seqs)
-    assert bm.swap_in(seqs) == [(0, 1), (1, 3), (2, 2), (3, 4)]
+    assert bm.swap_in(seqs) == [[(0, 1), (1, 3), (2, 2), (3, 4)]]
     assert [s.block_table for s in seqs] == [[1, 3], [1, 2], [1, 4]]
     assert refs(bm, 1, 2, 3, 4) == [3, 1, 1, 1]
     assert [s.num_computed_tokens for s in seqs] == [6, 6, 6]
-    assert bm.host_refs == {} and bm.host_tables == {}
-    assert sorted(bm.host_free) == list(range(6))
-    assert bm.num_free_blocks == 4
+    assert pool(bm).host_refs == {} and bm.managers[0].host_tables == {}
+    assert sorted(pool(bm).host_free) == list(range(6))
+    assert pool(bm).num_free_blocks == 4
 
 
 def test_swap_capacity_checks() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4, num_host_blocks=3)
+    bm = one_kind(num_blocks=8, block_size=4, num_host_blocks=3)
     seqs = _three_candidates(bm)
     assert not bm.can_swap_out(seqs)  # 4 distinct blocks, 3 host blocks
     assert bm.can_swap_out(seqs[:2])  # 3 distinct blocks
@@ -399,20 +416,20 @@ def test_swap_capacity_checks() -> None:
     assert refs(bm, 0, 1) == [1, 1]  # the third candidate still holds its blocks
     filler = make_seq(9, list(range(20, 44)))  # 6 blocks: the rest of the pool
     bm.allocate(filler)
-    assert bm.num_free_blocks == 0
+    assert pool(bm).num_free_blocks == 0
     assert not bm.can_swap_in(seqs[:2])
     bm.free(filler)
     assert bm.can_swap_in(seqs[:2])
 
 
 def test_free_host_releases_a_swapped_sequence() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4, num_host_blocks=6)
+    bm = one_kind(num_blocks=8, block_size=4, num_host_blocks=6)
     seqs = _three_candidates(bm)
     bm.swap_out(seqs)
     bm.free_host(seqs[0])
-    assert bm.host_refs == {0: 2, 2: 1, 3: 1}
+    assert pool(bm).host_refs == {0: 2, 2: 1, 3: 1}
     for seq in seqs[1:]:
         bm.free_host(seq)
-    assert bm.host_refs == {} and sorted(bm.host_free) == list(range(6))
+    assert pool(bm).host_refs == {} and sorted(pool(bm).host_free) == list(range(6))
     bm.free_host(seqs[0])  # nothing left: a no-op
-    assert len(bm.host_free) == 6
+    assert len(pool(bm).host_free) == 6

@@ -1,0 +1,186 @@
+"""The block pool of one KV group: block ids, ref counts, the free queue, the prefix-cache
+map, the host pool for swaps, and the tier below memory (the disk).
+
+Pure bookkeeping (no torch). Which blocks a sequence holds is a manager's business
+(`kv_manager.py`); the pool only hands blocks out, takes them back and remembers what a
+free block still holds:
+
+    blocks 0 .. num_blocks - 1   allocatable; each free one is in the LRU free queue
+    null block (id num_blocks)   an empty table entry (a block released out of a window,
+                                 a table's padding); never queued, never owned, never
+                                 written, so whatever a kernel reads there is harmless
+
+A full, computed block carries ``block_hash`` (a chain: the parent's hash and its tokens)
+and the tokens behind it; freed, it stays in ``cached`` until popped for reuse. With a
+``tier`` below (`LowerTier`, the disk), a cached block popped for reuse is queued to be
+saved there first (``pending_saves``: the runner copies it out before the step writes
+into it), and a prefix block missing in memory but found there is placed in a free block
+(``pending_loads``: the runner copies it in before the step's forward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.core.free_block_queue import Block, FreeBlockQueue
+
+# (block id, block hash, tokens) of a block to save a tier below before it is reused.
+Save = tuple[int, bytes, tuple[int, ...]]
+# (block id, payload) of a block to fill from a tier below before the forward.
+Load = tuple[int, bytes]
+
+
+class LowerTier(Protocol):
+    """Where full blocks go when they leave memory (one KV group's view of the disk)."""
+
+    def has(self, block_hash: bytes) -> bool: ...
+
+    def load(self, block_hash: bytes, token_ids: tuple[int, ...]) -> bytes | None:
+        """The block's checked content, or None (missing, corrupt, foreign)."""
+        ...
+
+
+@dataclass(slots=True, eq=False)
+class TierHit:
+    """A prefix block found a tier below; ``payload`` is read when the hit is used."""
+
+    block_hash: bytes
+    token_ids: tuple[int, ...]
+    payload: bytes | None = None
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
+                 enable_prefix_caching: bool = True, bytes_per_block: int = 0) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.bytes_per_block = bytes_per_block
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.null_block = Block(num_blocks)
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[bytes, Block] = {}
+        self.tier: LowerTier | None = None
+        self.pending_saves: list[Save] = []
+        self.pending_loads: list[Load] = []
+        # Host pool for swap preemption: host block id -> ref count; no prefix cache there.
+        self.num_host_blocks = num_host_blocks
+        self.host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
+        self.host_refs: dict[int, int] = {}
+
+    @property
+    def null_id(self) -> int:
+        return self.null_block.block_id
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    # ------------------------------------------------------------------ device
+    def take(self) -> Block:
+        """The least recently freed block, ref count 1; a cached prefix in it is evicted
+        now (lazily: only when the block is needed)."""
+        block = self.free_queue.popleft()
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+                if self.tier is not None and not self.tier.has(block.block_hash):
+                    self.pending_saves.append((block.block_id, block.block_hash,
+                                               block.token_ids or ()))
+            block.block_hash = None
+            block.token_ids = None
+        block.ref_count = 1
+        return block
+
+    def touch(self, block: Block) -> None:
+        """One more holder of ``block`` (a prefix hit revives a free one)."""
+        if block.ref_count == 0:
+            self.free_queue.remove(block)
+        block.ref_count += 1
+
+    def release(self, block_ids: Iterable[int]) -> None:
+        """Drop one reference to each block, in this order. Blocks reaching zero with a
+        cached prefix go to the queue's tail (evicted last), the others to its head."""
+        null = self.null_block.block_id
+        for block_id in block_ids:
+            if block_id == null:
+                continue
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise RuntimeError(f"block {block_id} freed twice")
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    self.free_queue.appendleft(block)
+                else:
+                    self.free_queue.append(block)
+
+    # ------------------------------------------------------------ prefix cache
+    def lookup(self, block_hash: bytes, token_ids: tuple[int, ...]) -> Block | None:
+        """The cached block with this hash and these tokens (checked: a hash is no proof)."""
+        block = self.cached.get(block_hash)
+        return block if block is not None and block.token_ids == token_ids else None
+
+    def register(self, block: Block, block_hash: bytes, token_ids: tuple[int, ...]) -> bool:
+        """Cache a full, computed block; False when the content lives in another block."""
+        if block_hash in self.cached:
+            return False
+        block.block_hash = block_hash
+        block.token_ids = token_ids
+        self.cached[block_hash] = block
+        return True
+
+    # -------------------------------------------------------------- tier below
+    def tier_hit(self, block_hash: bytes, token_ids: tuple[int, ...]) -> TierHit | None:
+        if self.tier is None or not self.tier.has(block_hash):
+            return None
+        return TierHit(block_hash, token_ids)
+
+    def read(self, hit: TierHit) -> bool:
+        """Read and check a hit's content; False: it cannot be used (recompute it)."""
+        if hit.payload is None and self.tier is not None:
+            hit.payload = self.tier.load(hit.block_hash, hit.token_ids)
+        return hit.payload is not None
+
+    def place(self, hit: TierHit) -> Block:
+        """A free block for a read hit, registered in the prefix cache; its content is
+        copied in before the step's forward."""
+        if hit.payload is None:
+            raise RuntimeError("a tier hit is placed only once read")
+        block = self.take()
+        self.register(block, hit.block_hash, hit.token_ids)
+        self.pending_loads.append((block.block_id, hit.payload))
+        return block
+
+    def take_tier_moves(self) -> tuple[list[Save], list[Load]]:
+        saves, loads = self.pending_saves, self.pending_loads
+        self.pending_saves, self.pending_loads = [], []
+        return saves, loads
+
+    def unsaved_cached(self) -> list[Save]:
+        """Every cached block the tier below lacks (saved when the model unloads)."""
+        if self.tier is None:
+            return []
+        return [(b.block_id, h, b.token_ids or ()) for h, b in self.cached.items()
+                if not self.tier.has(h)]
+
+    # -------------------------------------------------------------------- host
+    def take_host(self) -> int:
+        host_id = self.host_free.pop()
+        self.host_refs[host_id] = 1
+        return host_id
+
+    def hold_host(self, host_id: int) -> None:
+        self.host_refs[host_id] += 1
+
+    def release_host(self, host_id: int) -> None:
+        self.host_refs[host_id] -= 1
+        if self.host_refs[host_id] == 0:
+            del self.host_refs[host_id]
+            self.host_free.append(host_id)

@@ -1,0 +1,197 @@
+"""The KV cache coordinator: every KV group's manager behind one interface, always (one
+group or several), so the scheduler's decisions hold across groups.
+
+A sequence is admitted, or gets room for its next tokens, only when every group has it;
+its prefix hit is one length that every group serves; forks, frees and swaps touch every
+group. Block ids never mix: the moves it returns (copy-on-write and swap pairs) are a
+list per group, in that group's own ids, which is how the runner applies them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+from engine.core.block_pool import BlockPool, Load, Save
+from engine.core.kv_manager import FullAttentionManager, KVCacheManager, SlidingWindowManager
+from engine.core.kv_protocol import GroupMoves
+from engine.core.kv_stats import KVStats, merge_stats, pool_stats
+from engine.core.sequence import Sequence
+
+
+@dataclass(slots=True, frozen=True)
+class KVGroupSpec:
+    """The layers of one attention kind; ``window`` None for full attention."""
+
+    layers: tuple[int, ...]
+    window: int | None = None
+
+    @property
+    def name(self) -> str:
+        return "global" if self.window is None else f"sliding (window {self.window})"
+
+
+def group_layers(windows: Seq[int | None], max_model_len: int) -> list[KVGroupSpec]:
+    """Each layer's window (None: full attention) to groups, full attention first. A
+    window as long as the context hides nothing: that layer is a full one."""
+    kinds: dict[int | None, list[int]] = {}
+    for layer, window in enumerate(windows):
+        kinds.setdefault(None if window is None or window >= max_model_len else window,
+                         []).append(layer)
+    order = sorted(kinds, key=lambda w: (w is not None, w or 0))
+    return [KVGroupSpec(tuple(kinds[w]), w) for w in order]
+
+
+class KVCacheCoordinator:
+    def __init__(self, managers: Seq[KVCacheManager], specs: Seq[KVGroupSpec]) -> None:
+        if not managers or len(managers) != len(specs):
+            raise ValueError("KVCacheCoordinator takes one manager per KV group spec")
+        if any(m.group != g for g, m in enumerate(managers)):
+            raise ValueError("manager g must keep block table g")
+        self.managers = list(managers)
+        self.specs = list(specs)
+        self.pools = [m.pool for m in self.managers]
+        first = self.pools[0]
+        self.block_size = first.block_size
+        # Limits the prompt a request may have: the first group holds every token of a
+        # model with full attention (a sliding group's pool only windows).
+        self.num_blocks = first.num_blocks
+        self.num_host_blocks = first.num_host_blocks
+        self.prefix_hit_tokens = 0  # prompt tokens served from the prefix cache, since start
+        self.prefix_query_tokens = 0  # prompt tokens looked up, since start
+        self.disk_hit_tokens = 0  # of the hits, prompt tokens loaded from disk
+
+    @classmethod
+    def build(cls, specs: Seq[KVGroupSpec], num_blocks: Seq[int], block_size: int, *,
+              num_host_blocks: int = 0, enable_prefix_caching: bool = True,
+              bytes_per_layer_block: int = 0, lookahead: int = 512) -> KVCacheCoordinator:
+        """A pool and a manager per spec: ``num_blocks[g]`` blocks for group g, the same
+        host pool size for each; ``lookahead`` is the most tokens a step computes of a
+        sequence (the scheduler's budget), how far ahead a window gets blocks."""
+        managers: list[KVCacheManager] = []
+        for g, (spec, count) in enumerate(zip(specs, num_blocks, strict=True)):
+            pool = BlockPool(count, block_size, num_host_blocks, enable_prefix_caching,
+                             bytes_per_layer_block * len(spec.layers))
+            managers.append(FullAttentionManager(pool, g) if spec.window is None
+                            else SlidingWindowManager(pool, spec.window, lookahead, g))
+        return cls(managers, specs)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return self.managers[0].blocks_needed(num_tokens)
+
+    # -------------------------------------------------------------- allocation
+    def allocate(self, seq: Sequence) -> int | None:
+        """Every group's blocks for ``seq``; returns the tokens found in the prefix cache
+        (their K/V need no compute, some maybe loaded from disk), or None, changing
+        nothing, when some group cannot serve. The hit is the longest every group
+        serves: a group may have to go lower than another's hit, so repeat until all
+        agree; a block read from disk that fails its checks is a miss, and the groups
+        agree again."""
+        pairs = [(m, m.lookup(seq)) for m in self.managers]
+        hit = None
+        while True:
+            hit = self._agreed_hit(pairs, hit)
+            if all([m.read_tier_hits(f, hit) for m, f in pairs]):
+                break
+        plans = [m.plan(seq, f, hit) for m, f in pairs]
+        if any(m.cost(p) > m.pool.num_free_blocks
+               for m, p in zip(self.managers, plans, strict=True)):
+            return None
+        loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
+        seq.num_computed_tokens = hit
+        # Prompt tokens that came from disk: the first group's (it holds every token).
+        seq.num_disk_tokens = loaded[0] * self.block_size
+        self.prefix_hit_tokens += hit
+        self.prefix_query_tokens += seq.num_tokens
+        self.disk_hit_tokens += seq.num_disk_tokens
+        return hit
+
+    @staticmethod
+    def _agreed_hit(pairs, limit: int | None) -> int:
+        hit = min(m.longest_hit(f, limit) for m, f in pairs)
+        while True:
+            agreed = min(m.longest_hit(f, hit) for m, f in pairs)
+            if agreed == hit:
+                return hit
+            hit = agreed
+
+    def can_append(self, seqs: Seq[Sequence]) -> bool:
+        """Whether ``append_slots`` can serve each of ``seqs`` its next tokens."""
+        for m in self.managers:
+            free = m.pool.num_free_blocks
+            for seq in seqs:
+                needed, shared = m.plan_append(seq)
+                free -= needed + len(shared)
+                if free < 0:
+                    return False
+        return True
+
+    def append_slots(self, seq: Sequence) -> bool:
+        """Room for ``seq``'s tokens not yet computed (its decode token, a prompt's next
+        chunk); False, changing nothing, when some group is out of blocks."""
+        plans = []
+        for m in self.managers:
+            plan = m.plan_append(seq)
+            if plan[0] + len(plan[1]) > m.pool.num_free_blocks:
+                return False
+            plans.append(plan)
+        for m, plan in zip(self.managers, plans, strict=True):
+            m.append_slots(seq, plan)
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        for m in self.managers:
+            m.fork(parent, child)
+
+    def commit_computed(self, seq: Sequence) -> None:
+        for m in self.managers:
+            m.commit_computed(seq)
+
+    def free(self, seq: Sequence) -> None:
+        for m in self.managers:
+            m.free(seq)
+
+    def free_host(self, seq: Sequence) -> None:
+        for m in self.managers:
+            m.free_host(seq)
+
+    def take_cow_pairs(self) -> GroupMoves:
+        return [m.take_cow_pairs() for m in self.managers]
+
+    def take_tier_moves(self) -> tuple[list[list[Save]], list[list[Load]]]:
+        """Per group, the blocks to save to disk before this step writes into them and
+        the blocks to fill from disk before its forward."""
+        moves = [p.take_tier_moves() for p in self.pools]
+        return [saves for saves, _ in moves], [loads for _, loads in moves]
+
+    def unsaved_cached(self) -> list[list[Save]]:
+        """Per group, every cached block the disk lacks (saved when the model unloads)."""
+        return [p.unsaved_cached() for p in self.pools]
+
+    # -------------------------------------------------------------------- swap
+    def can_swap_out(self, seqs: Seq[Sequence]) -> bool:
+        return all(m.blocks_held(seqs) <= len(m.pool.host_free) for m in self.managers)
+
+    def swap_out(self, seqs: Seq[Sequence]) -> GroupMoves:
+        """(device, host) pairs per group."""
+        return [m.swap_out(seqs) for m in self.managers]
+
+    def can_swap_in(self, seqs: Seq[Sequence], reserve: int = 0) -> bool:
+        """Whether ``seqs`` fit back on the device with ``reserve`` blocks to spare."""
+        return all(m.host_blocks_held(seqs) + reserve <= m.pool.num_free_blocks
+                   for m in self.managers)
+
+    def swap_in(self, seqs: Seq[Sequence]) -> GroupMoves:
+        """(host, device) pairs per group."""
+        return [m.swap_in(seqs) for m in self.managers]
+
+    # ------------------------------------------------------------------- stats
+    def stats(self, holders: Iterable[Sequence] = (), with_blocks: bool = True) -> KVStats:
+        """The pools as the memory panel shows them. ``holders`` are the sequences that
+        hold blocks (the engine's request table knows them): they label each block's
+        owners and measure the slots in use."""
+        holders = list(holders)
+        parts = [pool_stats(m.pool, m.group, holders, with_blocks) for m in self.managers]
+        return merge_stats(parts, self.specs, self.prefix_hit_tokens,
+                           self.prefix_query_tokens)

@@ -1,0 +1,331 @@
+"""One KV group's blocks for each sequence: allocation with prefix hits, appends with
+copy-on-write, forks, frees and swaps, over that group's `BlockPool`.
+
+Attention kinds differ in one hook, ``skipped_tokens(n)``: how many leading tokens a
+sequence with ``n`` computed tokens no longer reads. Full attention reads everything (0);
+a sliding window W reads the last W keys, so ``n - W + 1`` leading tokens are skipped.
+Everything kind-specific follows from it: blocks wholly inside the skipped tokens are
+released after each step (the table keeps its length, the entry becomes the null
+block; a full block goes to the free queue still hashed), and a prefix hit of ``P``
+tokens needs only the blocks from ``skipped_tokens(P)`` on to be cached.
+
+A window also gives blocks per chunk (``lookahead``: the scheduler's per-step token
+budget), never the whole prompt at once, so a 10k-token prompt holds about
+``(W + lookahead) / block_size`` blocks there.
+
+Window 4, block_size 4, after 11 computed tokens (11 - 4 + 1 = 8 skipped)::
+
+    table  [null, null, 2]   blocks 0 and 1 (tokens 0..7) released, block 2 read
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence as Seq
+
+from engine.core.block_pool import BlockPool, TierHit
+from engine.core.free_block_queue import Block
+from engine.core.sequence import Sequence
+
+# A prefix block found by a lookup: in memory, a tier below, or neither (None).
+Found = Block | TierHit | None
+# A plan: the prefix blocks to reuse (None: a skipped one, the null block) and how many
+# new blocks follow them.
+Plan = tuple[list[Found], int]
+
+
+def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
+    """Stable across processes (unlike ``hash``): the parent's hash, then the tokens."""
+    h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(b",".join(str(t).encode() for t in token_ids))
+    return h.digest()
+
+
+class KVCacheManager:
+    """The blocks of KV group ``group`` (``Sequence.block_tables[group]``)."""
+
+    # Freed tables enter the queue oldest block first (the end is evicted last), or
+    # newest first (the beginning is evicted last): whichever a later hit needs most.
+    free_oldest_first = False
+
+    def __init__(self, pool: BlockPool, group: int = 0, lookahead: int | None = None) -> None:
+        if lookahead is not None and lookahead < 1:
+            raise ValueError(f"lookahead must be >= 1, got {lookahead}")
+        self.pool = pool
+        self.group = group
+        self.block_size = pool.block_size
+        self.lookahead = lookahead
+        self.cow_pairs: list[tuple[int, int]] = []  # (src, dst), drained by the scheduler
+        # Swapped sequences' host tables (None: a null entry, nothing to move).
+        self.host_tables: dict[int, list[int | None]] = {}
+
+    def skipped_tokens(self, num_computed: int) -> int:
+        """Leading tokens a sequence with ``num_computed`` computed tokens never reads again."""
+        return 0
+
+    def first_kept(self, num_computed: int) -> int:
+        """Index of the first block still read once ``num_computed`` tokens are in."""
+        return self.skipped_tokens(num_computed) // self.block_size
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def table(self, seq: Sequence) -> list[int]:
+        tables = seq.block_tables
+        while len(tables) <= self.group:
+            tables.append([])
+        return tables[self.group]
+
+    def _set_table(self, seq: Sequence, table: list[int]) -> None:
+        self.table(seq)
+        seq.block_tables[self.group] = table
+
+    # ------------------------------------------------------------------ lookup
+    def lookup(self, seq: Sequence) -> list[Found]:
+        """The cached block of each of ``seq``'s full prompt blocks that could be a hit,
+        in memory or a tier below (None: a miss), stopping where no later hit is
+        possible. The last token is never looked up: it is recomputed so that there are
+        logits to sample from."""
+        pool = self.pool
+        if not pool.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        num_full = (seq.num_tokens - 1) // bs
+        extend_hashes(seq, num_full, bs)
+        last_kept = self.first_kept(num_full * bs)
+        found: list[Found] = []
+        for i in range(num_full):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            block: Found = pool.lookup(seq.block_hashes[i], tokens)
+            if block is None:
+                block = pool.tier_hit(seq.block_hashes[i], tokens)
+            found.append(block)
+            if block is None and i >= last_kept:
+                break  # every longer prefix still reads block i
+        return found
+
+    def longest_hit(self, found: list[Found], limit: int | None = None) -> int:
+        """The longest hit ``P`` (tokens, at most ``limit``) whose read blocks, those from
+        ``first_kept(P)`` on, are all in ``found``."""
+        num = len(found)
+        if limit is not None:
+            num = min(num, limit // self.block_size)
+        last_miss = -1  # the last missing block index before k
+        best = 0
+        for k in range(1, num + 1):
+            if found[k - 1] is None:
+                last_miss = k - 1
+            if last_miss < self.first_kept(k * self.block_size):
+                best = k
+        return best * self.block_size
+
+    def read_tier_hits(self, found: list[Found], hit_tokens: int) -> bool:
+        """Read the tier hits a hit of ``hit_tokens`` uses; one that cannot be used
+        becomes a miss in ``found`` (False: the hit must be agreed again)."""
+        ok = True
+        for i in range(self.first_kept(hit_tokens), hit_tokens // self.block_size):
+            hit = found[i]
+            if isinstance(hit, TierHit) and not self.pool.read(hit):
+                found[i] = None
+                ok = False
+        return ok
+
+    # -------------------------------------------------------------- allocation
+    def plan(self, seq: Sequence, found: list[Found], hit_tokens: int) -> Plan:
+        if any(b != self.pool.null_id for b in self.table(seq)):
+            raise RuntimeError(f"{seq.label} already holds blocks")
+        num_hits = hit_tokens // self.block_size
+        first = self.first_kept(hit_tokens)
+        hits: list[Found] = [None] * first + list(found[first:num_hits])
+        end = seq.num_tokens if self.lookahead is None else min(
+            seq.num_tokens, hit_tokens + self.lookahead)
+        return hits, self.blocks_needed(end) - num_hits
+
+    def cost(self, plan: Plan) -> int:
+        """Free blocks a plan takes: its new blocks, the cached ones it revives and one
+        for each block loaded from a tier below."""
+        hits, num_new = plan
+        return num_new + sum(1 for b in hits if isinstance(b, TierHit)
+                             or (b is not None and b.ref_count == 0))
+
+    def apply(self, seq: Sequence, plan: Plan) -> int:
+        """Returns how many of the hit's blocks come from a tier below."""
+        hits, num_new = plan
+        pool = self.pool
+        table = []
+        loaded = 0
+        for block in hits:
+            if block is None:
+                table.append(pool.null_id)
+            elif isinstance(block, TierHit):
+                table.append(pool.place(block).block_id)
+                loaded += 1
+            else:
+                pool.touch(block)
+                table.append(block.block_id)
+        table += [pool.take().block_id for _ in range(num_new)]
+        self._set_table(seq, table)
+        return loaded
+
+    # ------------------------------------------------------------------ append
+    def _append_target(self, seq: Sequence) -> int:
+        """Tokens to have room for: all, or the next chunk's (the scheduler computes at
+        most ``lookahead`` tokens of a sequence per step)."""
+        if self.lookahead is None:
+            return seq.num_tokens
+        return min(seq.num_tokens, seq.num_computed_tokens + self.lookahead)
+
+    def plan_append(self, seq: Sequence) -> tuple[int, list[int]]:
+        """What append_slots takes: how many new blocks, and the indices of the shared
+        blocks it writes (each copied first; for a decode, at most one of the two)."""
+        table = self.table(seq)
+        needed = -(-self._append_target(seq) // self.block_size) - len(table)
+        blocks = self.pool.blocks
+        shared = [i for i in range(seq.num_computed_tokens // self.block_size, len(table))
+                  if blocks[table[i]].ref_count > 1]
+        return max(needed, 0), shared
+
+    def append_slots(self, seq: Sequence, plan: tuple[int, list[int]]) -> None:
+        """Room for ``seq``'s tokens not yet computed; a shared block about to be written
+        is copied first (``cow_pairs``). The caller checked the plan's cost."""
+        pool = self.pool
+        table = self.table(seq)
+        needed, shared = plan
+        for i in shared:
+            src = pool.blocks[table[i]]
+            dst = pool.take()
+            src.ref_count -= 1
+            table[i] = dst.block_id
+            self.cow_pairs.append((src.block_id, dst.block_id))
+        for _ in range(needed):
+            table.append(pool.take().block_id)
+
+    def take_cow_pairs(self) -> list[tuple[int, int]]:
+        pairs, self.cow_pairs = self.cow_pairs, []
+        return pairs
+
+    # ------------------------------------------------------- fork, commit, free
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child shares every block of the parent (no new block)."""
+        table = list(self.table(parent))
+        self._set_table(child, table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+        null = self.pool.null_id
+        for block_id in table:
+            if block_id != null:
+                self.pool.blocks[block_id].ref_count += 1
+
+    def commit_computed(self, seq: Sequence) -> None:
+        """Register ``seq``'s newly full, computed blocks in the prefix cache, then
+        release those it no longer reads (hashed first: they stay cached)."""
+        pool = self.pool
+        table = self.table(seq)
+        if pool.enable_prefix_caching:
+            bs = self.block_size
+            num_full = min(seq.num_computed_tokens // bs, len(table))
+            extend_hashes(seq, num_full, bs)
+            for i in range(num_full - 1, -1, -1):
+                if table[i] == pool.null_id:
+                    break  # released, like every block before it
+                block = pool.blocks[table[i]]
+                if block.block_hash is not None:
+                    break  # every block before a registered one is registered too
+                pool.register(block, seq.block_hashes[i],
+                              tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+        end = min(self.first_kept(seq.num_computed_tokens), len(table))
+        if end and table[end - 1] != pool.null_id:
+            start = end
+            while start > 0 and table[start - 1] != pool.null_id:
+                start -= 1  # entries before the first null were released earlier
+            # Oldest first: the blocks nearest the end (the next turn's window) are
+            # evicted last.
+            pool.release(table[start:end])
+            table[start:end] = [pool.null_id] * (end - start)
+
+    def free(self, seq: Sequence) -> None:
+        table = self.table(seq)
+        self.pool.release(table if self.free_oldest_first else reversed(table))
+        self._set_table(seq, [])
+        seq.num_computed_tokens = 0
+
+    # -------------------------------------------------------------------- swap
+    def blocks_held(self, seqs: Seq[Sequence]) -> int:
+        return len({b for s in seqs for b in self.table(s)} - {self.pool.null_id})
+
+    def host_blocks_held(self, seqs: Seq[Sequence]) -> int:
+        return len({b for s in seqs for b in self.host_tables[s.seq_id]} - {None})
+
+    def swap_out(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
+        """Move ``seqs`` (one request's candidates) to the host pool; blocks they share
+        map to one host block. Returns (device block, host block) pairs to copy."""
+        pool = self.pool
+        mapping: dict[int, int] = {}
+        for seq in seqs:
+            table: list[int | None] = []
+            for block_id in self.table(seq):
+                if block_id == pool.null_id:
+                    table.append(None)
+                elif block_id in mapping:
+                    pool.hold_host(mapping[block_id])
+                    table.append(mapping[block_id])
+                else:
+                    mapping[block_id] = pool.take_host()
+                    table.append(mapping[block_id])
+            num_computed = seq.num_computed_tokens
+            self.free(seq)
+            seq.num_computed_tokens = num_computed
+            self.host_tables[seq.seq_id] = table
+        return list(mapping.items())
+
+    def swap_in(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
+        """Bring ``seqs`` back from the host pool. Returns (host, device) pairs."""
+        pool = self.pool
+        mapping: dict[int, int] = {}
+        for seq in seqs:
+            table = []
+            for host_id in self.host_tables.pop(seq.seq_id):
+                if host_id is None:
+                    table.append(pool.null_id)
+                    continue
+                if host_id not in mapping:
+                    mapping[host_id] = pool.take().block_id
+                else:
+                    pool.blocks[mapping[host_id]].ref_count += 1
+                table.append(mapping[host_id])
+                pool.release_host(host_id)
+            self._set_table(seq, table)
+        return list(mapping.items())
+
+    def free_host(self, seq: Sequence) -> None:
+        for host_id in self.host_tables.pop(seq.seq_id, []):
+            if host_id is not None:
+                self.pool.release_host(host_id)
+
+
+class FullAttentionManager(KVCacheManager):
+    """Every token is read: nothing is skipped; a freed chat's beginning is kept longest."""
+
+
+class SlidingWindowManager(KVCacheManager):
+    """The last ``window`` keys are read; a freed chat's end (a next turn's window) is
+    kept longest."""
+
+    free_oldest_first = True
+
+    def __init__(self, pool: BlockPool, window: int, lookahead: int, group: int = 0) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        super().__init__(pool, group, lookahead)
+        self.window = window
+
+    def skipped_tokens(self, num_computed: int) -> int:
+        return max(0, num_computed - self.window + 1)
+
+
+def extend_hashes(seq: Sequence, num_full: int, block_size: int) -> None:
+    """``seq.block_hashes`` for its first ``num_full`` blocks, each computed once."""
+    bs = block_size
+    for i in range(len(seq.block_hashes), num_full):
+        parent = seq.block_hashes[i - 1] if i else None
+        seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs]))

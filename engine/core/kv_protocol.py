@@ -1,0 +1,47 @@
+"""What the scheduler may call on the KV cache (`KVCacheCoordinator` is the one
+implementation; a test may hand the scheduler anything with these members)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from typing import Protocol
+
+from engine.core.block_pool import Load, Save
+from engine.core.sequence import Sequence
+
+# Per KV group, a list of (from, to) block pairs in that group's ids.
+GroupMoves = list[list[tuple[int, int]]]
+
+
+class KVCache(Protocol):
+    block_size: int
+    num_blocks: int  # of the first group, which holds every token: bounds a prompt
+    num_host_blocks: int
+
+    def blocks_needed(self, num_tokens: int) -> int: ...
+
+    def allocate(self, seq: Sequence) -> int | None: ...
+
+    def can_append(self, seqs: Seq[Sequence]) -> bool: ...
+
+    def append_slots(self, seq: Sequence) -> bool: ...
+
+    def fork(self, parent: Sequence, child: Sequence) -> None: ...
+
+    def commit_computed(self, seq: Sequence) -> None: ...
+
+    def free(self, seq: Sequence) -> None: ...
+
+    def free_host(self, seq: Sequence) -> None: ...
+
+    def take_cow_pairs(self) -> GroupMoves: ...
+
+    def can_swap_out(self, seqs: Seq[Sequence]) -> bool: ...
+
+    def swap_out(self, seqs: Seq[Sequence]) -> GroupMoves: ...
+
+    def can_swap_in(self, seqs: Seq[Sequence], reserve: int = 0) -> bool: ...
+
+    def swap_in(self, seqs: Seq[Sequence]) -> GroupMoves: ...
+
+    def take_tier_moves(self) -> tuple[list[list[Save]], list[list[Load]]]: ...

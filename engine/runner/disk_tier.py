@@ -1,0 +1,60 @@
+"""One KV group's view of the disk store (`engine/runner/disk_store.py`): a block's file
+named by its hash chain under the group's fingerprint, and that fingerprint: everything a
+block's K/V depends on, so a file from another model, dtype or layout is never found (and
+one swapped in by hand fails its header check).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from engine.runner.disk_store import DiskStore
+
+
+def model_identity(path: str | Path) -> list:
+    """The model file's (or folder's files') names, sizes and modification times."""
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    out = [str(path.resolve())]
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        out.append([f.name, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def fingerprint(*parts: object) -> str:
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=16)
+    return h.hexdigest()
+
+
+class GroupDisk:
+    """The `LowerTier` of KV group ``group``'s pool."""
+
+    def __init__(self, store: DiskStore, model_fingerprint: str, group: int,
+                 payload_size: int) -> None:
+        self.store = store
+        self.fingerprint = model_fingerprint
+        self.group = group
+        self.payload_size = payload_size
+
+    def _path(self, block_hash: bytes) -> Path:
+        return self.store.path_for(self.fingerprint, self.group, block_hash)
+
+    def _header(self, block_hash: bytes, token_ids: tuple[int, ...]) -> dict:
+        return {"fingerprint": self.fingerprint, "group": self.group,
+                "hash": block_hash.hex(), "tokens": list(token_ids)}
+
+    def has(self, block_hash: bytes) -> bool:
+        return self.store.has(self._path(block_hash))
+
+    def load(self, block_hash: bytes, token_ids: tuple[int, ...]) -> bytes | None:
+        return self.store.load(self._path(block_hash), self._header(block_hash, token_ids),
+                               self.payload_size)
+
+    def save(self, block_hash: bytes, token_ids: tuple[int, ...], payload: bytes) -> None:
+        self.store.put(self._path(block_hash), self._header(block_hash, token_ids), payload)
