@@ -43,8 +43,9 @@ def test_the_dock_shows_the_pool_reserved_and_resident(qtbot, make_starter_bridg
     if sys.platform.startswith("linux"):
         [pool] = bridge.llm.engine.runner.kv_caches
         assert resident == smaps_rss(pool.untyped_storage().data_ptr())
-    assert mem.kv_pool_bytes == kv.num_blocks * kv.bytes_per_block  # reserved: all 384
-    assert panel.value("kv_pool") == "270.0 MiB"
+    # Reserved: all 384 blocks and the pool's null block (core/block_pool.py).
+    assert mem.kv_pool_bytes == (kv.num_blocks + 1) * kv.bytes_per_block
+    assert panel.value("kv_pool") == "270.7 MiB"
     assert panel.value("kv_resident") == resident_text(mem)
     other = mem.process_rss_bytes - mem.weights_bytes - resident
     assert mem.other_bytes == other > 0
