@@ -7,7 +7,7 @@ import sys
 
 from PySide6.QtCore import QEvent, QObject
 
-from desktop_app.widgets.memory_rows import resident_text
+from desktop_app.widgets.memory_rows import format_bytes, resident_text
 from desktop_app.widgets.refresh_schedule import BUSY_INTERVAL_MS
 from tests.desktop_app.test_main_window import send, settings
 from tests.engine.runner.test_resident import smaps_rss
@@ -49,7 +49,7 @@ def test_the_dock_shows_the_pool_reserved_and_resident(qtbot, make_starter_bridg
     assert panel.value("kv_resident") == resident_text(mem)
     other = mem.process_rss_bytes - mem.weights_bytes - resident
     assert mem.other_bytes == other > 0
-    assert panel.value("other") == f"{other / 2**20:.1f} MiB"
+    assert panel.value("other") == format_bytes(other)  # MiB or GiB, with the RSS
 
 
 def test_no_timer_fires_in_the_panel_while_the_engine_is_idle(qtbot, qapp,
