@@ -200,7 +200,7 @@ class Scheduler:
         """Blocks for this step's tokens of ``request``, preempting later requests (or this
         one) as needed. Returns whether ``request`` still runs this step."""
         seqs = _active(request)
-        while not self.kv.can_append(seqs):
+        while not self._append(seqs):
             victim = self.running[-1]
             if victim is request and len(self.running) == 1:
                 # Alone and still out of room: the request has outgrown the pool, the
@@ -213,6 +213,16 @@ class Scheduler:
             self._preempt(victim, out)
             if victim is request:
                 return False
+        return True
+
+    def _append(self, seqs: list[Sequence]) -> bool:
+        """Room for each of ``seqs``' next tokens, or nothing changed. One sequence (the
+        usual case) asks once: append_slots is all or nothing by itself, and planning it
+        twice is most of a decode step's bookkeeping."""
+        if len(seqs) == 1:
+            return self.kv.append_slots(seqs[0])
+        if not self.kv.can_append(seqs):
+            return False
         for seq in seqs:
             ok = self.kv.append_slots(seq)
             assert ok, "can_append promised room"
