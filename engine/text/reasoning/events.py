@@ -1,0 +1,44 @@
+"""What a reasoning parser emits while a reply streams: the model's thinking, and the
+answer (``TextDelta``, the tool parsers' text event, so the answer can go on to a
+``ToolParser``); harmony replies may also carry a call (``CallStart``, ``CallArguments``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.tools.events import CallArguments, CallStart, TextDelta, ToolCall, assemble
+
+
+@dataclass(slots=True, frozen=True)
+class Thinking:
+    text: str
+
+
+ReasoningEvent = Thinking | TextDelta | CallStart | CallArguments
+
+
+@dataclass(slots=True, frozen=True)
+class SplitReply:
+    """A whole reply put together from its events, as a client does."""
+
+    thinking: str
+    answer: str
+    calls: tuple[ToolCall, ...] = ()
+
+
+def split_reply(events: list[ReasoningEvent]) -> SplitReply:
+    thinking = "".join(e.text for e in events if isinstance(e, Thinking))
+    answer, calls = assemble([e for e in events if not isinstance(e, Thinking)])
+    return SplitReply(thinking, answer, tuple(calls))
+
+
+def partial_tag(text: str, tags: tuple[str, ...]) -> int:
+    """How many characters at the end of ``text`` could be the start of one of ``tags``
+    (cut by a delta boundary): they wait for the next delta."""
+    best = 0
+    for tag in tags:
+        for size in range(min(len(tag) - 1, len(text)), best, -1):
+            if tag.startswith(text[-size:]):
+                best = size
+                break
+    return best
