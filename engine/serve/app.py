@@ -6,7 +6,8 @@ join the worker's continuous batch like the app's chats do, so they share its pr
 cache: a client that sends a conversation again finds its earlier turns cached, and
 ``usage.prompt_tokens_details.cached_tokens`` says how many. Chat requests with tools, or
 with tool calls and results in their history, are rendered here (``tool_prompt.py``) and
-their replies read for calls (``tool_replies.py``).
+their replies read for calls (``tool_replies.py``); a model whose template shows reasoning
+has its replies' thinking split off into ``reasoning_content`` the same way.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from engine.serve.protocol import (
 )
 from engine.serve.reply_tokens import ReplyTokens
 from engine.serve.streaming import RequestStream
-from engine.serve.tool_prompt import ModelTools, tool_prompt
+from engine.serve.tool_prompt import ModelTools, template_source, tool_prompt
 from engine.serve.tool_replies import ToolReplies
+from engine.text.reasoning import reasoning_format
 from engine.tools.constrained import SchemaCallParser
 from engine.tools.parser import ToolParser
 from engine.worker import EngineWorker
@@ -79,6 +81,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
     metrics = ServerMetrics(worker)
     texts = TokenTexts(llm.tokenizer)  # read on the first request with logprobs
     model_tools = ModelTools.of(llm)
+    thinks = reasoning_format(template_source(llm.tokenizer.hf))
     reply_tokens = ReplyTokens()
     app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine")
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
@@ -123,7 +126,12 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
                            "invalid_value", "response_format")
         if not tools.tools and not body.has_tool_history:
             await _check_format(params.response_format, "response_format")
-            return await _complete(body, body.engine_messages(), params, "chat", request)
+            messages = body.engine_messages()
+            if thinks is None or params.response_format is not None:
+                return await _complete(body, messages, params, "chat", request)
+            ids = await _encode(messages)
+            replies = ToolReplies(None, n=body.n, reasoning=_reader(ids, params))
+            return await _complete(body, ids, params, "chat", request, replies)
         try:
             # Off the event loop: a long history takes a while to render and tokenize.
             prompt = await asyncio.to_thread(tool_prompt, model_tools, tools,
@@ -133,15 +141,35 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             raise _invalid(exc) from exc
         prompt.adjust(params)
         replies = None
+        # A reply started with a call, or constrained to one, has no thinking to read.
+        reasoning = (None if prompt.prefix or prompt.call_format is not None
+                     else _reader(prompt.ids, params))
         if prompt.fmt is not None:
             fmt, max_calls = prompt.fmt, prompt.max_calls
-            replies = ToolReplies(lambda: ToolParser(fmt, max_calls), prompt.prefix, body.n)
+            replies = ToolReplies(lambda: ToolParser(fmt, max_calls), prompt.prefix, body.n,
+                                  reasoning)
         elif prompt.call_format is not None:
             params.response_format = prompt.call_format
             replies = ToolReplies(SchemaCallParser, n=body.n)
+        elif reasoning is not None:
+            replies = ToolReplies(None, n=body.n, reasoning=reasoning)
         await _check_format(params.response_format, "tools" if prompt.call_format else
                             "response_format")
         return await _complete(body, prompt.ids, params, "chat", request, replies)
+
+    def _reader(ids: list[int], params):
+        """Each candidate's reasoning reader, where the template shows reasoning."""
+        if thinks is None:
+            return None
+        if thinks.keeps_special_tokens:
+            params.skip_special_tokens = False  # its markers are special tokens
+        return lambda: thinks.reader(llm.tokenizer, ids)
+
+    async def _encode(messages: list[dict]) -> list[int]:
+        try:
+            return await asyncio.to_thread(llm.tokenizer.encode_chat, messages)
+        except ValueError as exc:
+            raise APIError(400, str(exc), "invalid_value", "messages") from exc
 
     async def _check_format(fmt, field: str) -> None:
         """Compiled here, off the event loop, so a schema the engine cannot enforce is a
@@ -196,7 +224,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
                                          texts, replies)
         metrics.running += 1
         try:
-            output = await _collect(stream, first, watch, replies and replies.again())
+            output = await _collect(stream, first, watch, replies)
         finally:
             metrics.running -= 1
             watch.close()
@@ -227,14 +255,14 @@ def _invalid(exc: InvalidField) -> APIError:
 
 async def _collect(stream: RequestStream, first, watch: _Disconnect,
                    replies: ToolReplies | None = None):
-    """The finished output; ``replies`` read the text as it comes, to stop generating once
-    every candidate made its last allowed call."""
+    """The finished output; ``replies`` read the text as it comes (the message is made of
+    what they read), to stop generating once every candidate made its last allowed call."""
     event = first
     while not isinstance(event, FinishedEvent):
         if isinstance(event, ErrorEvent):
             raise APIError(500, event.message)
         if replies is not None and isinstance(event, TokenEvent):
-            replies.deltas(event.index, event.text)
+            replies.deltas(event.index, event.text, len(event.token_ids))
             if replies.all_done:
                 stream.cancel()
         event = await watch.wait_for(stream.next_event())

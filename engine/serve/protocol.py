@@ -57,6 +57,9 @@ class ChatMessage(BaseModel):
     function_call: Any = None
     audio: Any = None
     refusal: Any = None
+    # An earlier reply's thinking, as clients send back what they got: the prompt shows
+    # earlier replies without it, as the templates of thinking models do.
+    reasoning_content: str | None = None
 
     def check(self, i: int) -> None:
         where = f"messages.{i}."

@@ -4,7 +4,7 @@
 time); ``completion_body`` builds the one-piece answer, ``EventStream`` the streamed one:
 ``data: {chunk}`` lines, each candidate's final chunk with its finish reason, optionally a
 usage chunk, then ``data: [DONE]``. Log-probabilities, for requests that ask, are shaped
-by ``logprobs.py``; replies read for tool calls by ``tool_replies.py``.
+by ``logprobs.py``; replies read for thinking and tool calls by ``tool_replies.py``.
 """
 
 from __future__ import annotations
@@ -64,12 +64,18 @@ def finish_reason(reason: str | None) -> str:
     return "length" if reason in ("length", "context") else "stop"
 
 
-def usage(output: RequestOutput) -> dict:
+def usage(output: RequestOutput, replies: ToolReplies | None = None) -> dict:
+    """``completion_tokens`` counts every generated token, the thinking's too; a reply read
+    for thinking says how many of them it was (``completion_tokens_details``)."""
     m = output.metrics
     completion = sum(len(c.token_ids) for c in output.outputs)
-    return {"prompt_tokens": m.num_prompt_tokens, "completion_tokens": completion,
+    body = {"prompt_tokens": m.num_prompt_tokens, "completion_tokens": completion,
             "total_tokens": m.num_prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": m.num_cached_tokens}}
+    reasoning = replies.reasoning_tokens if replies is not None else None
+    if reasoning is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return body
 
 
 def model_card(llm) -> dict:
@@ -81,7 +87,7 @@ def completion_body(shape: Shape, output: RequestOutput, texts: TokenTexts,
                     tools: ToolReplies | None = None) -> dict:
     logprobs = LogprobsFormat(shape.kind, texts)
     if shape.kind == "chat" and tools is not None:
-        choices = [{"index": c.index, "message": tools.message(c.index, c.text),
+        choices = [{"index": c.index, "message": tools.message(c.index),
                     "logprobs": logprobs(c.index, c.logprobs),
                     "finish_reason": tools.finish_reason(c.index, c.finish_reason)}
                    for c in output.outputs]
@@ -96,7 +102,7 @@ def completion_body(shape: Shape, output: RequestOutput, texts: TokenTexts,
                     "finish_reason": finish_reason(c.finish_reason)} for c in output.outputs]
         kind = "text_completion"
     return {"id": shape.id, "object": kind, "created": shape.created, "model": shape.model,
-            "choices": choices, "usage": usage(output)}
+            "choices": choices, "usage": usage(output, tools)}
 
 
 def sse(body: dict | str) -> bytes:
@@ -138,7 +144,8 @@ async def _chunks(stream, first, shape: Shape, include_usage: bool,
         if isinstance(event, TokenEvent) and tools is not None:
             entries = logprobs(event.index, event.logprobs)
             # A token held back by the parser still reports its log-probabilities.
-            deltas = tools.deltas(event.index, event.text) or ([{}] if entries else [])
+            deltas = (tools.deltas(event.index, event.text, len(event.token_ids))
+                      or ([{}] if entries else []))
             for k, delta in enumerate(deltas):
                 yield sse(shape.chunk([shape.chat_delta(event.index, delta,
                                                         event.index not in started,
@@ -165,7 +172,7 @@ async def _chunks(stream, first, shape: Shape, include_usage: bool,
             yield sse(shape.chunk([shape.last(c.index, reason)
                                    for c, reason in zip(output.outputs, reasons, strict=True)]))
             if include_usage:
-                yield sse(shape.chunk([], usage(output)))
+                yield sse(shape.chunk([], usage(output, tools)))
             break
         elif isinstance(event, ErrorEvent):
             # Headers are sent already: the error travels as an event, as OpenAI does.

@@ -25,7 +25,7 @@ from engine.tools.registry import tool_format
 from engine.tools.template import TemplateToolError, TemplateTools, prepare
 
 
-def _template_source(hf_tokenizer) -> str | None:
+def template_source(hf_tokenizer) -> str | None:
     template = getattr(hf_tokenizer, "chat_template", None)
     if isinstance(template, dict):  # named templates ("default", "tool_use"): any of them
         return "\n".join(str(t) for t in template.values())
@@ -39,7 +39,7 @@ class ModelTools:
 
     @classmethod
     def of(cls, llm) -> ModelTools:
-        source = _template_source(llm.tokenizer.hf)
+        source = template_source(llm.tokenizer.hf)
         fmt = tool_format(family_of(llm.engine.hf_config).model_type, source)
         return cls(fmt, TemplateTools.of(source))
 

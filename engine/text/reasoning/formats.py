@@ -73,15 +73,18 @@ def has_think_switch(chat_template: str | None) -> bool:
 class ReasoningReader:
     """One candidate's reply read through its parser, counting the tokens and the time
     the thinking took. ``feed`` takes each delta with the number of tokens it brought: a
-    token that arrives, or leaves the parser, inside the thinking is a thinking token."""
+    token that arrives, or leaves the parser, inside the thinking is a thinking token, and
+    so are the tokens held before it that showed nothing (an opening tag spelled out in
+    several tokens, a harmony header)."""
 
-    __slots__ = ("parser", "thinking_s", "thinking_tokens", "_since")
+    __slots__ = ("_held", "_since", "parser", "thinking_s", "thinking_tokens")
 
     def __init__(self, parser: Parser) -> None:
         self.parser = parser
         self.thinking_tokens = 0
         self.thinking_s = 0.0
         self._since: float | None = None
+        self._held = 0
 
     def feed(self, text: str, num_tokens: int = 1,
              now: float | None = None) -> list[ReasoningEvent]:
@@ -90,7 +93,10 @@ class ReasoningReader:
         thought = before or self.parser.thinking or any(isinstance(e, Thinking)
                                                         for e in events)
         if thought:
-            self.thinking_tokens += num_tokens
+            self.thinking_tokens += num_tokens + self._held
+            self._held = 0
+        else:
+            self._held = 0 if events else self._held + num_tokens
         self._clock(now, thought)
         return events
 

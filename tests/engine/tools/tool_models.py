@@ -134,8 +134,12 @@ FAMILIES = {
 TOOL_FAMILIES = tuple(FAMILIES)
 
 
-def tool_tokenizer(family: str, template: str | None = None) -> PreTrainedTokenizerFast:
-    _, default_template, specials, bos, eos, plain = FAMILIES[family]
+def tool_tokenizer(family: str, template: str | None = None,
+                   specials: list[str] | None = None,
+                   eos: str | None = None) -> PreTrainedTokenizerFast:
+    """``specials`` and ``eos`` replace the family's (another chat format's tokens)."""
+    _, default_template, family_specials, bos, family_eos, plain = FAMILIES[family]
+    specials, eos = specials or family_specials, eos or family_eos
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
     for token in specials + plain:
@@ -151,9 +155,10 @@ def tool_tokenizer(family: str, template: str | None = None) -> PreTrainedTokeni
     return tok
 
 
-def save_tool_model(path: Path, family: str, template: str | None = None) -> Path:
+def save_tool_model(path: Path, family: str, template: str | None = None,
+                    **tokens) -> Path:
     config_class = FAMILIES[family][0]
-    tokenizer = tool_tokenizer(family, template)
+    tokenizer = tool_tokenizer(family, template, **tokens)
     extra = {"head_dim": 16} if family == "qwen3" else {}
     config = config_class(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
