@@ -18,7 +18,9 @@ from typing import Any
 from desktop_app.data.chat_schema import Chat, Message
 
 JSON_FORMAT = "folio-chat"
-JSON_VERSION = 2  # 2: tool calls (Message.tool_calls) and results ("tool" messages)
+# 2: tool calls (Message.tool_calls) and results ("tool" messages); 3: a reply's thinking
+# (Message.thinking), apart from its answer.
+JSON_VERSION = 3
 
 # "scheme://user:secret@host" -> "scheme://host"
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s#]*@")
@@ -39,8 +41,16 @@ def branch_markdown(chat: Chat, branch: list[Message]) -> str:
             continue
         calls = "".join(f"\n\nCalls `{c['name']}` with `{c['arguments']}`"
                         for c in msg.tool_calls or ())
-        parts.append(f"## {msg.role.capitalize()}{note}\n\n{msg.content}{calls}\n")
+        parts.append(f"## {msg.role.capitalize()}{note}\n\n{_thinking(msg)}{msg.content}"
+                     f"{calls}\n")
     return "\n".join(parts)
+
+
+def _thinking(msg: Message) -> str:
+    """A reply's thinking as a folded block before its answer, never part of it."""
+    if not msg.thinking:
+        return ""
+    return f"<details><summary>Thinking</summary>\n\n{msg.thinking}\n\n</details>\n\n"
 
 
 def chat_json(chat: Chat, messages: list[Message]) -> str:

@@ -30,6 +30,7 @@ MAX_TOKEN_ID = 2**32 - 1  # token ids are stored as uint32
 _CHAT_FIELDS = {"id", "title", "created_at", "updated_at", "settings", "active_leaf_id"}
 _MESSAGE_FIELDS = {f.name for f in fields(Message)}
 _TOOL_FIELDS = {"tool_calls", "tool_call"}  # since version 2
+_THINKING_DEFAULTS = {"thinking": ""}  # since version 3
 
 
 class ChatImportError(ValueError):
@@ -105,6 +106,8 @@ def parse_chat_json(text: str) -> ParsedChat:
     for i, raw in enumerate(raw_messages):
         if version == 1 and isinstance(raw, dict):
             raw = {**dict.fromkeys(_TOOL_FIELDS), **raw}
+        if version <= 2 and isinstance(raw, dict):
+            raw = {**_THINKING_DEFAULTS, **raw}
         msg = _message(raw, i, chat_id, seen)
         seen[msg.id] = msg
         messages.append(msg)
@@ -128,11 +131,13 @@ def insert_chat(conn: sqlite3.Connection, parsed: ParsedChat, now: float) -> int
         cur = conn.execute(
             "INSERT INTO messages (chat_id, parent_id, role, content, token_ids, metrics,"
             " status, created_at, touched_at, model, candidate_group, candidate_index,"
-            " tool_calls, tool_call) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+            " tool_calls, tool_call, thinking)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
             (chat_id, None if msg.parent_id is None else new_id[msg.parent_id], msg.role,
              msg.content, schema.pack_token_ids(msg.token_ids), json.dumps(msg.metrics),
              msg.status, msg.created_at, msg.created_at, msg.model, msg.candidate_index,
-             schema.json_or_null(msg.tool_calls), schema.json_or_null(msg.tool_call)))
+             schema.json_or_null(msg.tool_calls), schema.json_or_null(msg.tool_call),
+             msg.thinking))
         new_id[msg.id] = cur.lastrowid
     for msg in parsed.messages:
         if msg.candidate_group is not None:
@@ -168,9 +173,10 @@ def _message(raw: Any, i: int, chat_id: Any, seen: dict[int, Message]) -> Messag
     if raw["role"] not in ROLES:
         raise ChatImportError(f"{where}'s role must be one of {', '.join(ROLES)}, got "
                               f"{raw['role']!r}.")
-    if not isinstance(raw["content"], str):
-        raise ChatImportError(f"{where}'s content must be a string, got "
-                              f"{_kind(raw['content'])}.")
+    for name in ("content", "thinking"):
+        if not isinstance(raw[name], str):
+            raise ChatImportError(f"{where}'s {name} must be a string, got "
+                                  f"{_kind(raw[name])}.")
     ids = raw["token_ids"]
     if ids is not None and not (isinstance(ids, list) and all(
             _is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in ids)):
@@ -211,7 +217,8 @@ def _message(raw: Any, i: int, chat_id: Any, seen: dict[int, Message]) -> Messag
                    status="interrupted" if status == "streaming" else status,
                    created_at=float(raw["created_at"]), model=raw["model"],
                    candidate_group=group, candidate_index=index,
-                   tool_calls=raw["tool_calls"], tool_call=raw["tool_call"])
+                   tool_calls=raw["tool_calls"], tool_call=raw["tool_call"],
+                   thinking=raw["thinking"])
 
 
 def _fields_exactly(data: dict[str, Any], expected: set[str], what: str) -> None:

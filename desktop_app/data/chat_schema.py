@@ -60,6 +60,8 @@ class Message:
     # A tool message's call (data.tool_records): which call it answers, on which server,
     # and its state (pending, done, error, denied).
     tool_call: dict[str, Any] | None = None
+    # A reply's thinking (reasoning models), kept apart from its answer (``content``).
+    thinking: str = ""
 
 
 def _message_columns(table: str, roles: tuple[str, ...]) -> str:
@@ -129,9 +131,14 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
                      [(leaf, chat) for chat, leaf in leaves])
 
 
+def _migrate_v3(conn: sqlite3.Connection) -> None:
+    """Reasoning output: a reply's thinking in a column of its own (empty for older ones)."""
+    conn.execute("ALTER TABLE messages ADD COLUMN thinking TEXT NOT NULL DEFAULT ''")
+
+
 Migration = Callable[[sqlite3.Connection], None]
-# Index i upgrades a database from user_version i to i + 1; v3 is one more function here.
-MIGRATIONS: list[Migration] = [_migrate_v1, _migrate_v2]
+# Index i upgrades a database from user_version i to i + 1; v4 is one more function here.
+MIGRATIONS: list[Migration] = [_migrate_v1, _migrate_v2, _migrate_v3]
 
 # The ancestors of message ? (itself at depth 0, the root deepest).
 PATH_CTE = """WITH RECURSIVE path(id, parent_id, depth) AS (
@@ -224,7 +231,7 @@ def message_from_row(row: sqlite3.Row) -> Message:
                    created_at=row["created_at"], model=row["model"],
                    candidate_group=row["candidate_group"], candidate_index=row["candidate_index"],
                    tool_calls=_json_or_none(row["tool_calls"]),
-                   tool_call=_json_or_none(row["tool_call"]))
+                   tool_call=_json_or_none(row["tool_call"]), thinking=row["thinking"])
 
 
 def _json_or_none(text: str | None) -> Any:

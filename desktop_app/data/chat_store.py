@@ -159,16 +159,18 @@ class ChatStore:
             raise KeyError(f"no message with id {message_id}")
         return schema.message_from_row(row)
 
-    def set_partial(self, message_id: int, content: str) -> None:
+    def set_partial(self, message_id: int, content: str, thinking: str = "") -> None:
         """Replace a streaming message's text; cheap enough for several calls a second."""
         with self._tx() as c:
-            c.execute("UPDATE messages SET content = ? WHERE id = ? AND status = 'streaming'",
-                      (content, message_id))
+            c.execute("UPDATE messages SET content = ?, thinking = ? WHERE id = ?"
+                      " AND status = 'streaming'", (content, thinking, message_id))
 
     def finish_message(self, message_id: int, content: str, token_ids: list[int] | None = None,
                        metrics: dict[str, Any] | None = None, status: str = "complete",
-                       tool_calls: list[dict[str, Any]] | None = None) -> None:
-        """tool_calls: the calls the reply made, [{"id", "name", "arguments"}]."""
+                       tool_calls: list[dict[str, Any]] | None = None,
+                       thinking: str = "") -> None:
+        """tool_calls: the calls the reply made, [{"id", "name", "arguments"}]; thinking:
+        a reasoning model's thinking before its answer (``content``)."""
         if status not in ("complete", "interrupted"):
             raise ValueError(f"status must be 'complete' or 'interrupted', got {status!r}")
         now = self._stamp()
@@ -177,9 +179,9 @@ class ChatStore:
             if row is None:
                 raise KeyError(f"no message with id {message_id}")
             c.execute("UPDATE messages SET content = ?, token_ids = ?, metrics = ?, status = ?,"
-                      " tool_calls = ? WHERE id = ?",
+                      " tool_calls = ?, thinking = ? WHERE id = ?",
                       (content, schema.pack_token_ids(token_ids), json.dumps(metrics or {}),
-                       status, schema.json_or_null(tool_calls or None), message_id))
+                       status, schema.json_or_null(tool_calls or None), thinking, message_id))
             c.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, row["chat_id"]))
 
     def set_tool_result(self, message_id: int, content: str, tool_call: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ def test_pragmas_and_schema_version(store):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
-    assert store.schema_version == len(chat_store.MIGRATIONS) == 2
+    assert store.schema_version == len(chat_store.MIGRATIONS) == 3
 
 
 def test_default_path_honours_env(monkeypatch, tmp_path):
@@ -282,7 +282,7 @@ def test_v2_makes_room_for_tool_messages_keeping_the_tree_and_active_leaves(tmp_
     conn.execute("UPDATE chats SET active_leaf_id = 2")
     conn.close()
     with ChatStore(path) as s:
-        assert s.schema_version == 2
+        assert s.schema_version == 3
         assert s.get_chat(1).active_leaf_id == 2
         assert [m.id for m in s.path_to(2)] == [1, 2]
         tool = s.add_message(1, 2, "tool", "42", tool_call={
@@ -293,16 +293,36 @@ def test_v2_makes_room_for_tool_messages_keeping_the_tree_and_active_leaves(tmp_
         assert s.roots(1) == []
 
 
+def test_v3_keeps_a_reply_s_thinking_apart_from_its_answer(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    _v1_database_with_data(path)
+    with ChatStore(path) as s:
+        assert s.get_message(1).thinking == ""  # older messages have none
+        reply = s.add_candidates(1, 1, 1)[0]
+        s.set_partial(reply.id, "Hel", "The user greets")
+        assert (s.get_message(reply.id).content,
+                s.get_message(reply.id).thinking) == ("Hel", "The user greets")
+        s.finish_message(reply.id, "Hello!", [1, 2], {}, thinking="The user greets me.")
+        done = s.get_message(reply.id)
+        assert (done.content, done.thinking) == ("Hello!", "The user greets me.")
+        assert s.messages_for_engine(reply.id)[-1]["content"] == "Hello!"
+        assert "The user greets me." in s.export_markdown(1)
+        assert "<summary>Thinking</summary>" in s.export_markdown(1)
+        again = s.import_json(s.export_json(1))
+        leaf = s.active_leaf(again.id)
+        assert s.get_message(leaf).thinking == "The user greets me."
+
+
 def test_migrates_to_a_later_version_keeping_data(tmp_path, monkeypatch):
     path = tmp_path / "chats.sqlite3"
     _v1_database_with_data(path)
 
-    def v3(conn):
+    def v4(conn):
         conn.execute("ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
 
-    monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, v3])
+    monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, v4])
     with ChatStore(path) as s:
-        assert s.schema_version == 3
+        assert s.schema_version == 4
         chat = s.get_chat(1)
         assert chat.title == "old" and chat.settings == ChatSettings(temperature=0.3)
         assert s.get_message(1).content == "hello"
@@ -313,15 +333,15 @@ def test_failed_migration_rolls_back(tmp_path, monkeypatch):
     path = tmp_path / "chats.sqlite3"
     _v1_database_with_data(path)
 
-    def broken_v2(conn):
+    def broken_v4(conn):
         conn.execute("ALTER TABLE chats ADD COLUMN pinned INTEGER")
         conn.execute("SELECT no_such_column FROM chats")
 
-    monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, broken_v2])
+    monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, broken_v4])
     with pytest.raises(sqlite3.OperationalError):
         ChatStore(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
     assert "pinned" not in [r[1] for r in conn.execute("PRAGMA table_info(chats)")]
     conn.close()
 
