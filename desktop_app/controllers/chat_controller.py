@@ -16,7 +16,7 @@ model's tokenizer (controllers.context_window); the stored chat is never shorten
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
@@ -24,6 +24,7 @@ from desktop_app.controllers import context_window
 from desktop_app.controllers.context_window import ContextTracker, branch_tokens
 from desktop_app.controllers.json_mode import JsonModeController, reply_metrics
 from desktop_app.controllers.pending_send import PendingSend
+from desktop_app.controllers.thinking import ThinkingReplies
 from desktop_app.data.context_policy import ContextPlan
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.conversation_view import ConversationView, GroupItem
@@ -45,6 +46,10 @@ class Stream:
     last_saved: float = 0.0
     prompt_tokens: int = 0  # as measured when it was sent (the gauge, while streaming)
     reply_metrics: dict | None = None  # what the replies record of how they were asked
+    # A reasoning model's replies: each one's thinking, and its answer before tool calls
+    # were taken out of it (texts holds what is shown).
+    thinking: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
 
 
 def metrics_dict(metrics) -> dict:
@@ -85,6 +90,7 @@ class ChatController(QObject):
         # MCP tool calls in turns (controllers.tool_turns.ToolTurns sets itself here).
         self.tools = None
         self.json_mode = JsonModeController(self, view.json_button)
+        self.thinking = ThinkingReplies(self)
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
@@ -96,6 +102,7 @@ class ChatController(QObject):
         bridge.requestFailed.connect(self._on_failed)
         for signal in (bridge.modelLoaded, bridge.modelUnloaded):
             signal.connect(lambda *_: self.update_gauge())
+            signal.connect(lambda *_: self.thinking.refresh())
         # The gauge counts the draft too: re-measured once typing pauses.
         self._gauge_timer = QTimer(self)
         self._gauge_timer.setSingleShot(True)
@@ -148,16 +155,20 @@ class ChatController(QObject):
             self.view.show_items(self.branch_items(leaf) if leaf is not None else [])
         self.view.set_generating(self.is_generating(self.chat_id))
         self.json_mode.refresh()
+        self.thinking.refresh()
         self.update_gauge()
 
     def branch_items(self, leaf_id: int) -> list:
         live = {mid: s.texts[i] for s in self.streams.values()
                 for i, mid in enumerate(s.message_ids)}
+        thought = {mid: s.thinking[i] for s in self.streams.values()
+                   for i, mid in enumerate(s.message_ids) if s.thinking}
         items: list = []
         pending = self.pending_group.get(self.chat_id)
         for msg in self.store.path_to(leaf_id):
             if msg.id in live:
                 msg.content = live[msg.id]  # fresher than the last partial save
+            msg.thinking = thought.get(msg.id, msg.thinking)
             if msg.role == "tool" and self.tools is not None:
                 items.append(self.tools.card(msg))
             elif msg.role == "assistant" and pending is not None and msg.candidate_group == pending:
@@ -165,6 +176,7 @@ class ChatController(QObject):
                 group.sort(key=lambda m: m.candidate_index or 0)
                 for m in group:
                     m.content = live.get(m.id, m.content)
+                    m.thinking = thought.get(m.id, m.thinking)
                     if self.tools is not None:
                         m.content = self.tools.candidate_text(m)
                 items.append(GroupItem(group))
@@ -318,8 +330,11 @@ class ChatController(QObject):
                 plan = self._plan(chat_id, parent_id)
                 if plan is None:
                     return
-            request_id = (self.tools.submit(chat, plan.messages, params) if self.tools
-                          else self.bridge.submit(plan.messages, params))
+            messages, thought = self.thinking.prepare(chat, plan.messages)
+            request_id = (self.tools.submit(chat, messages, params,
+                                            lambda: self.thinking.prompt(chat, messages))
+                          if self.tools else
+                          self.bridge.submit(self.thinking.prompt(chat, messages), params))
         except (RuntimeError, ValueError) as exc:
             self.render()
             self.errorRaised.emit("Could not start the reply", str(exc))
@@ -328,10 +343,12 @@ class ChatController(QObject):
                                             model=self.bridge.model_name)
         if params.n > 1:
             self.pending_group[chat_id] = replies[0].candidate_group
+        self.thinking.start(request_id, chat, len(replies))
         self.streams[request_id] = Stream(request_id, chat_id, parent_id,
                                           [m.id for m in replies], [""] * len(replies),
                                           time.monotonic(), plan.prompt_tokens,
-                                          reply_metrics(params))
+                                          {**reply_metrics(params), **thought},
+                                          [""] * len(replies), [""] * len(replies))
         self._set_generating()
         if chat_id == self.chat_id:
             self.render()
@@ -341,16 +358,28 @@ class ChatController(QObject):
         stream = self.streams.get(request_id)
         if stream is None or not 0 <= index < len(stream.texts):
             return
-        if self.tools is not None:
-            text = self.tools.visible(request_id, index, text)  # without call markup
-        stream.texts[index] += text
-        if text and stream.chat_id == self.chat_id:
-            self.view.append_text(stream.message_ids[index], text)
+        thought, text = self.thinking.split(request_id, index, text)
+        self._show(stream, index, thought, text)
         now = time.monotonic()
         if now - stream.last_saved >= SAVE_INTERVAL_S:
             stream.last_saved = now
-            for mid, partial in zip(stream.message_ids, stream.texts, strict=True):
-                self.store.set_partial(mid, partial)
+            for mid, partial, thinking in zip(stream.message_ids, stream.texts,
+                                              stream.thinking, strict=True):
+                self.store.set_partial(mid, partial, thinking)
+
+    def _show(self, stream: Stream, index: int, thought: str, text: str) -> None:
+        """A delta of a reply's thinking and answer, into the stream and the view."""
+        stream.thinking[index] += thought
+        stream.answers[index] += text
+        if self.tools is not None:
+            text = self.tools.visible(stream.request_id, index, text)  # without call markup
+        stream.texts[index] += text
+        if stream.chat_id != self.chat_id:
+            return
+        if thought:
+            self.view.append_thinking(stream.message_ids[index], thought)
+        if text:
+            self.view.append_text(stream.message_ids[index], text)
 
     def _on_finished(self, request_id: str, output) -> None:
         stream = self.streams.pop(request_id, None)
@@ -362,15 +391,21 @@ class ChatController(QObject):
             done = by_index.get(i)
             text = done.text if done is not None and (done.text or not stream.texts[i]) \
                 else stream.texts[i]
+            reasoned = self.thinking.reading(request_id, i)
+            thought, answer, think_metrics = self.thinking.finish(request_id, i)
+            if reasoned:  # the engine's text is thinking and answer: the answer is ours
+                self._show(stream, i, thought, answer)
+                text = stream.answers[i]
             # A remote server sends text only: no ids, so the next turn re-tokenizes it.
             token_ids = list(done.token_ids) if done is not None and done.token_ids else None
             reason = done.finish_reason if done is not None else "abort"
             calls = None
             if self.tools is not None:
-                text, calls = self.tools.reply(request_id, i, done.text if done else "", text)
+                raw = text if reasoned else done.text if done else ""
+                text, calls = self.tools.reply(request_id, i, raw, text)
             self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason,
-                                       **(stream.reply_metrics or {})},
-                                      tool_calls=calls)
+                                       **(stream.reply_metrics or {}), **think_metrics},
+                                      tool_calls=calls, thinking=stream.thinking[i])
             if stream.chat_id == self.chat_id:
                 shown = self.store.get_message(mid)
                 if self.tools is not None and len(stream.message_ids) > 1:
@@ -389,12 +424,15 @@ class ChatController(QObject):
             return
         if self.tools is not None:
             self.tools.forget(request_id)
-        for mid, text in zip(stream.message_ids, stream.texts, strict=True):
-            if text:
-                self.store.finish_message(mid, text, None, {"error": message}, "interrupted")
+        self.thinking.forget(request_id)
+        for mid, text, thought in zip(stream.message_ids, stream.texts, stream.thinking,
+                                      strict=True):
+            if text or thought:
+                self.store.finish_message(mid, text, None, {"error": message}, "interrupted",
+                                          thinking=thought)
             else:
                 self.store.delete_message(mid)
-        if not any(stream.texts):
+        if not any(stream.texts) and not any(stream.thinking):
             self.pending_group.pop(stream.chat_id, None)
             self.store.set_active_leaf(stream.chat_id, stream.parent_id)
         self._set_generating()

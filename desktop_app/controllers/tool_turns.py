@@ -64,15 +64,16 @@ class ToolTurns(QObject):
             self._model = (llm, ModelTools.of(llm))
         return self._model[1]
 
-    def submit(self, chat, messages: list[dict], params) -> str:
-        """The bridge's submit, with the chat's tools in the prompt where it has any."""
+    def submit(self, chat, messages: list[dict], params, plain=None) -> str:
+        """The bridge's submit, with the chat's tools in the prompt where it has any;
+        ``plain()``: what to submit for a turn without tools (the messages by default)."""
         model = self.model_tools()
         history = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
         toolset = self.tools.toolset(chat.settings.tools)
         if model is None or model.fmt is None:
             toolset = None
         if model is None or not (toolset or history):
-            return self.bridge.submit(messages, params)
+            return self.bridge.submit(plain() if plain else messages, params)
         request = tool_request(toolset.definitions() if toolset else None,
                                "auto" if toolset else None, None)
         prompt = tool_prompt(model, request, messages, self.bridge.tokenizer)

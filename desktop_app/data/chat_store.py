@@ -267,7 +267,8 @@ class ChatStore:
 
     def messages_for_engine(self, leaf_id: int) -> list[dict[str, Any]]:
         """The chat's system prompt, then the branch root..leaf, as engine chat messages;
-        "token_ids" is present where the message's exact tokens are known."""
+        "token_ids" is present where the message's exact tokens are known, "thinking"
+        where a reply has some (not an engine key: the caller takes it out)."""
         path = self.path_to(leaf_id)
         prompt = self.get_chat(path[0].chat_id).settings.system_prompt
         out: list[dict[str, Any]] = [{"role": "system", "content": prompt}] if prompt else []
@@ -275,6 +276,8 @@ class ChatStore:
             item: dict[str, Any] = {"role": msg.role, "content": msg.content}
             if msg.token_ids is not None:
                 item["token_ids"] = msg.token_ids
+            if msg.thinking:  # for the controller to show as the template wants, or not
+                item["thinking"] = msg.thinking
             out.append(tool_records.for_engine(msg, item))
         return out
 

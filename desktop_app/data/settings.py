@@ -69,6 +69,9 @@ class ChatSettings:
     # schema in json_schema's text when it is not blank.
     json_mode: bool = False
     json_schema: str = ""
+    # "Think": a reasoning model whose template has the switch (``enable_thinking``)
+    # thinks before it answers; off, it answers at once. Other models ignore it.
+    think: bool = True
 
     def __post_init__(self) -> None:
         check = _checker("ChatSettings")
@@ -98,6 +101,7 @@ class ChatSettings:
             "tools", self.tools, "an object of server names to null or lists of tool names")
         check(isinstance(self.json_mode, bool), "json_mode", self.json_mode, "true or false")
         check(isinstance(self.json_schema, str), "json_schema", self.json_schema, "a string")
+        check(isinstance(self.think, bool), "think", self.think, "true or false")
         if self.json_mode:
             json_mode.parse_schema(self.json_schema)
 

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 
 from desktop_app.widgets import theme
 from desktop_app.widgets.markdown import MarkdownView
+from desktop_app.widgets.thinking_section import ThinkingSection
 
 
 def format_metrics(metrics: dict | None) -> str:
@@ -34,6 +35,14 @@ def format_metrics(metrics: dict | None) -> str:
         f"first token {1000 * float(metrics.get('ttft_s', 0.0)):.0f} ms",
         f"{prompt} prompt tokens ({source}, {prompt - cached} computed)",
     ]
+    thought = int(metrics.get("thinking_tokens", 0))
+    if thought:
+        parts.append(f"thinking {thought} tokens in {float(metrics.get('thinking_s', 0)):.1f} s")
+    dropped = int(metrics.get("thinking_dropped_tokens", 0))
+    if dropped:
+        # The template shows earlier replies without their thinking: what was cached of
+        # them after it is computed again.
+        parts.append(f"{dropped} tokens recomputed: earlier thinking left out of the history")
     return " · ".join(parts)
 
 
@@ -67,7 +76,7 @@ class CandidateColumn(QFrame):
     keepClicked = Signal(int)  # message id
 
     def __init__(self, message_id: int, index: int, text: str = "",
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, thinking: str = "") -> None:
         super().__init__(parent)
         self.setObjectName("candidateColumn")
         self.setAccessibleName(f"Candidate {index + 1}")
@@ -92,6 +101,8 @@ class CandidateColumn(QFrame):
         self.copy_button.clicked.connect(self.copy_to_clipboard)
         header.addWidget(self.copy_button)
         layout.addLayout(header)
+        self.thinking = ThinkingSection(thinking)
+        layout.addWidget(self.thinking)
         self.body = MarkdownView(text)
         layout.addWidget(self.body)
         layout.addStretch(1)
@@ -117,7 +128,12 @@ class CandidateColumn(QFrame):
         return self.body.markdown()
 
     def append(self, delta: str) -> None:
+        if delta:
+            self.thinking.answer_started()
         self.body.append(delta)
+
+    def append_thinking(self, delta: str) -> None:
+        self.thinking.append(delta)
 
     def copy_to_clipboard(self) -> None:
         QGuiApplication.clipboard().setText(self.text())
@@ -144,9 +160,11 @@ class CandidateColumn(QFrame):
         if height > 0 and height != self.minimumHeight():
             self.setMinimumHeight(height)
 
-    def finish(self, text: str, metrics: dict | None, status: str = "complete") -> None:
+    def finish(self, text: str, metrics: dict | None, status: str = "complete",
+               thinking: str = "") -> None:
         self.finished = True
         self.body.set_markdown(text)
+        self.thinking.finish(thinking, metrics)
         line = footer_line(metrics, status)
         self.metrics_label.setText(line)
         self.metrics_label.setVisible(bool(line))
@@ -166,10 +184,10 @@ class CandidateGroup(QWidget):
         layout.setSpacing(10)
         self.columns: list[CandidateColumn] = []
         for i, msg in enumerate(messages):
-            column = CandidateColumn(msg.id, i, msg.content)
+            column = CandidateColumn(msg.id, i, msg.content, thinking=msg.thinking)
             column.keepClicked.connect(self.keepRequested)
             if msg.status != "streaming":
-                column.finish(msg.content, msg.metrics, msg.status)
+                column.finish(msg.content, msg.metrics, msg.status, msg.thinking)
             layout.addWidget(column, 1)
             self.columns.append(column)
 

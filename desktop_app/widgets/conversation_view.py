@@ -145,6 +145,14 @@ class ConversationView(QWidget):
         buttons.addWidget(self.regenerate_button)
         self.json_button = JsonModeButton()  # desktop_app/controllers/json_mode.py drives it
         buttons.addWidget(self.json_button)
+        # A reasoning model's switch (desktop_app/controllers/thinking.py shows and drives it).
+        self.think_button = QPushButton("Think")
+        self.think_button.setObjectName("thinkButton")
+        self.think_button.setCheckable(True)
+        self.think_button.setToolTip("Think before answering (this chat)")
+        self.think_button.setAccessibleName("Think before answering")
+        self.think_button.setVisible(False)
+        buttons.addWidget(self.think_button)
         buttons.addStretch(1)
         bottom.addLayout(buttons)
 
@@ -250,10 +258,15 @@ class ConversationView(QWidget):
         if target is not None:
             target.append(delta)
 
+    def append_thinking(self, message_id: int, delta: str) -> None:
+        target = self.widget_for(message_id)
+        if target is not None and hasattr(target, "append_thinking"):
+            target.append_thinking(delta)
+
     def finish_message(self, message) -> None:
         target = self.widget_for(message.id)
         if target is not None:
-            target.finish(message.content, message.metrics, message.status)
+            target.finish(message.content, message.metrics, message.status, message.thinking)
 
     def set_generating(self, generating: bool) -> None:
         self.generating = generating

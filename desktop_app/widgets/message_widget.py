@@ -1,5 +1,6 @@
-"""One message bubble of the conversation: role, alternates navigator ("‹ 2/3 ›"),
-Markdown body, copy / edit / regenerate buttons, and the metrics line under a reply."""
+"""One message bubble of the conversation: role, alternates navigator ("‹ 2/3 ›"), a
+reply's "Thinking" section, Markdown body, copy / edit / regenerate buttons (copy takes the
+answer only), and the metrics line under a reply."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from desktop_app.data.json_mode import reply_label
 from desktop_app.widgets import theme
 from desktop_app.widgets.candidates import footer_line
 from desktop_app.widgets.markdown import MarkdownView
+from desktop_app.widgets.thinking_section import ThinkingSection
 
 
 @dataclass(slots=True)
@@ -92,6 +94,8 @@ class MessageWidget(QFrame):
             header.addWidget(self.regen_button)
         outer.addLayout(header)
 
+        self.thinking = ThinkingSection(msg.thinking, msg.metrics)
+        outer.addWidget(self.thinking)
         self.body = MarkdownView(msg.content)
         outer.addWidget(self.body)
         self.editor: QPlainTextEdit | None = None
@@ -118,10 +122,16 @@ class MessageWidget(QFrame):
         return self.body.markdown()
 
     def append(self, delta: str) -> None:
+        if delta:
+            self.thinking.answer_started()
         self.body.append(delta)
 
-    def finish(self, text: str, metrics: dict | None, status: str) -> None:
+    def append_thinking(self, delta: str) -> None:
+        self.thinking.append(delta)
+
+    def finish(self, text: str, metrics: dict | None, status: str, thinking: str = "") -> None:
         self.body.set_markdown(text)
+        self.thinking.finish(thinking, metrics)
         self.set_footer(metrics, status)
 
     def set_footer(self, metrics: dict | None, status: str) -> None:
@@ -154,8 +164,9 @@ class MessageWidget(QFrame):
         buttons.addWidget(cancel)
         buttons.addWidget(save)
         layout = self.layout()
-        layout.insertWidget(2, self.editor)
-        layout.insertWidget(3, row)
+        at = layout.indexOf(self.body)
+        layout.insertWidget(at, self.editor)
+        layout.insertWidget(at + 1, row)
         self._edit_row = row
         self.body.setVisible(False)
         self.editor.setFocus()

@@ -82,20 +82,23 @@ class ChatTokenizer:
 
     def encode_chat(
         self, messages: Sequence[dict], add_generation_prompt: bool = True,
-        tools: Sequence[dict] | None = None,
+        tools: Sequence[dict] | None = None, enable_thinking: bool | None = None,
     ) -> list[int]:
         """Prompt ids for `messages`: dicts with "role" (system, user, assistant or tool),
         "content" (str) and, on assistant messages, optional "token_ids" (the exact ids the
         model generated for that reply; ignored on other roles). ``tools``: function
         definitions in OpenAI's shape, for the template's ``tools`` variable; the keys of
-        ``TEMPLATE_KEYS`` on a message reach the template unchanged."""
+        ``TEMPLATE_KEYS`` on a message reach the template unchanged. ``enable_thinking``:
+        the template variable of reasoning models' switch (None: the template's default)."""
         _validate(messages)
         if (tools or _uses_tools(messages)) and not self.has_chat_template:
             raise ValueError("tools: this model has no chat template, so nothing can show "
                              "it tools, tool calls or tool results")
         ids = [] if self.has_chat_template else list(self._bos_prefix)
         end_of_reply: str | None = None
-        for piece in self._render(messages, add_generation_prompt, list(tools or ())):
+        options = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        for piece in self._render(messages, add_generation_prompt, list(tools or ()),
+                                  options):
             if isinstance(piece, int):
                 generated = [int(t) for t in messages[piece]["token_ids"]]
                 ids += generated
@@ -112,7 +115,7 @@ class ChatTokenizer:
         return ids
 
     def _render(self, messages: Sequence[dict], add_generation_prompt: bool,
-                tools: list[dict]) -> list[str | int]:
+                tools: list[dict], options: dict | None = None) -> list[str | int]:
         """The prompt as text pieces and, between them, indices of messages to splice."""
         spliced = [
             i for i, m in enumerate(messages)
@@ -127,7 +130,7 @@ class ChatTokenizer:
             {"role": m["role"], "content": f"{tag}N{i}E"} if i in spliced else _for_template(m)
             for i, m in enumerate(messages)
         ]
-        text = self._apply_template(conversation, add_generation_prompt, tools)
+        text = self._apply_template(conversation, add_generation_prompt, tools, options)
         parts = re.split(f"{tag}N(\\d+)E", text)
         found = [int(p) for p in parts[1::2]]
         if found == spliced:
@@ -135,14 +138,15 @@ class ChatTokenizer:
         # The template dropped, repeated or reordered a reply: fall back to its text.
         logger.warning("chat template did not render each reply once; re-tokenizing replies")
         plain_conversation = [_for_template(m) for m in messages]
-        return [self._apply_template(plain_conversation, add_generation_prompt, tools)]
+        return [self._apply_template(plain_conversation, add_generation_prompt, tools,
+                                     options)]
 
     def _apply_template(self, conversation: list[dict], add_generation_prompt: bool,
-                        tools: list[dict] | None = None) -> str:
+                        tools: list[dict] | None = None, options: dict | None = None) -> str:
         try:
             return self.hf.apply_chat_template(
                 conversation, add_generation_prompt=add_generation_prompt, tokenize=False,
-                **({"tools": tools} if tools else {}),
+                **({"tools": tools} if tools else {}), **(options or {}),
             )
         except TemplateError as exc:
             # raise_exception() in a template: its own words on what it cannot render.

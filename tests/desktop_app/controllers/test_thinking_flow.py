@@ -1,0 +1,145 @@
+"""Reasoning output in the real window, on a tiny model with a Qwen 3-style thinking
+template whose replies a test scripts: the thinking streams into a "Thinking" section
+above the answer, folds once the answer comes, with its tokens and time on its header and
+the metrics line; the copy button and the stored answer leave it out, the store and the
+exports keep it apart; the template's dropping of earlier thinking is followed and its
+cost said; the per-chat Think switch reaches the template; candidates each show their
+own; a model without reasoning shows neither section nor switch."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
+
+from tests.engine.text.reasoning.thinking_models import save_thinking_model
+from tests.engine.tools.tool_models import scripted
+
+THOUGHT = "The user greets me. I greet back."
+ANSWER = "Hello! How can I help?"
+REPLY = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
+
+
+@pytest.fixture(scope="module")
+def thinking_llm(tmp_path_factory):
+    from engine import LLM
+
+    llm = LLM(str(save_thinking_model(tmp_path_factory.mktemp("think") / "model")),
+              num_gpu_blocks=256, max_model_len=2048)
+    sampler = scripted(llm)
+    sampler.script = llm.tokenizer.encode(REPLY, add_special_tokens=False)
+    return llm
+
+
+@pytest.fixture
+def thinking_bridge(qtbot, thinking_llm):
+    from desktop_app.services.engine_bridge import EngineBridge
+
+    bridge = EngineBridge(llm_factory=lambda source, config=None, progress=None: thinking_llm)
+    with qtbot.waitSignal(bridge.modelLoaded, timeout=30000):
+        bridge.load_model("thinking")
+    prompts = []
+    submit = bridge.submit
+
+    def recording(prompt, params):
+        prompts.append(prompt)
+        return submit(prompt, params)
+
+    bridge.submit = recording
+    bridge.prompts = prompts
+    yield bridge
+    bridge.shutdown()
+
+
+def send(qtbot, window, text: str) -> None:
+    window.conversation.composer.setPlainText(text)
+    with qtbot.waitSignal(window.controller.turnFinished, timeout=60000):
+        qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)
+
+
+def last_reply(window):
+    controller = window.controller
+    leaf = window.store.active_leaf(controller.chat_id)
+    return window.store.get_message(leaf), window.conversation.widget_for(leaf)
+
+
+def prompt_text(bridge, prompt) -> str:
+    if isinstance(prompt[0], int):
+        return bridge.tokenizer.decode(prompt, skip_special_tokens=False)
+    return "".join(m["content"] for m in prompt)
+
+
+def test_thinking_folds_above_the_answer_and_stays_out_of_it(qtbot, thinking_bridge,
+                                                             make_window):
+    window = make_window(thinking_bridge)
+    send(qtbot, window, "Hi there")
+    message, widget = last_reply(window)
+    assert (message.content, message.thinking) == (ANSWER, THOUGHT)
+    assert message.metrics["thinking_tokens"] > 0
+    section = widget.findChild(type(widget.thinking), "thinkingSection")
+    assert section.isVisible() and not section.is_open
+    toggle = section.findChild(type(section.toggle), "thinkingToggle")
+    assert toggle.text().startswith("Thought for") and "tokens" in toggle.text()
+    assert "thinking" in widget.metrics_label.text()
+    qtbot.mouseClick(toggle, Qt.MouseButton.LeftButton)
+    assert section.is_open and section.text() == THOUGHT
+    assert widget.text() == ANSWER
+    qtbot.mouseClick(widget.copy_button, Qt.MouseButton.LeftButton)
+    assert QGuiApplication.clipboard().text() == ANSWER
+    markdown = window.store.export_markdown(window.controller.chat_id)
+    answer_part = markdown.split("</details>")[-1]
+    assert THOUGHT in markdown and THOUGHT not in answer_part and ANSWER in answer_part
+    window.controller.render()  # from the store again: still apart
+    _, widget = last_reply(window)
+    assert not widget.thinking.isHidden() and widget.thinking.text() == THOUGHT
+
+
+def test_earlier_thinking_is_dropped_as_the_template_does_and_its_cost_said(
+        qtbot, thinking_bridge, make_window):
+    window = make_window(thinking_bridge)
+    send(qtbot, window, "Hi there")
+    send(qtbot, window, "And again")
+    second = prompt_text(thinking_bridge, thinking_bridge.prompts[-1])
+    assert THOUGHT not in second and ANSWER in second
+    message, widget = last_reply(window)
+    assert message.metrics["thinking_dropped_tokens"] > 0
+    assert "recomputed" in widget.metrics_label.text()
+
+
+def test_the_think_switch_reaches_the_template(qtbot, thinking_bridge, make_window):
+    window = make_window(thinking_bridge)
+    send(qtbot, window, "Hi there")
+    button = window.findChild(type(window.conversation.think_button), "thinkButton")
+    assert button.isVisible() and button.isChecked()
+    assert not prompt_text(thinking_bridge, thinking_bridge.prompts[-1]).endswith("</think>\n\n")
+    qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    assert not window.store.get_chat(window.controller.chat_id).settings.think
+    send(qtbot, window, "Quick, please")
+    assert prompt_text(thinking_bridge, thinking_bridge.prompts[-1]).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_candidates_each_show_their_own_thinking(qtbot, thinking_bridge, make_window):
+    from dataclasses import replace
+
+    window = make_window(thinking_bridge)
+    send(qtbot, window, "Hi there")
+    chat_id = window.controller.chat_id
+    settings = window.store.get_chat(chat_id).settings
+    window.store.update_chat_settings(chat_id, replace(settings, num_candidates=2))
+    send(qtbot, window, "Two answers")
+    group = window.conversation.rows()[-1]
+    assert len(group.columns) == 2
+    for column in group.columns:
+        assert not column.thinking.isHidden() and column.thinking.text() == THOUGHT
+        assert column.text() == ANSWER
+        assert window.store.get_message(column.message_id).thinking == THOUGHT
+
+
+def test_a_model_without_reasoning_shows_no_section_and_no_switch(qtbot, fake_bridge,
+                                                                  make_window):
+    window = make_window(fake_bridge)
+    send(qtbot, window, "hello")
+    _, widget = last_reply(window)
+    assert widget.thinking.isHidden()
+    assert not window.conversation.think_button.isVisible()
