@@ -32,6 +32,26 @@ def split_reply(events: list[ReasoningEvent]) -> SplitReply:
     return SplitReply(thinking, answer, tuple(calls))
 
 
+class HeldText:
+    """What both parsers share: the text not yet emitted, and ``feed`` stepping their
+    state machine (``_step``: one move, False when it waits for more text)."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self, held: str = "") -> None:
+        self._held = held
+
+    def feed(self, text: str) -> list[ReasoningEvent]:
+        out: list[ReasoningEvent] = []
+        self._held += text
+        while self._step(out):
+            pass
+        return out
+
+    def _step(self, out: list[ReasoningEvent]) -> bool:
+        raise NotImplementedError
+
+
 def partial_tag(text: str, tags: tuple[str, ...]) -> int:
     """How many characters at the end of ``text`` could be the start of one of ``tags``
     (cut by a delta boundary): they wait for the next delta."""

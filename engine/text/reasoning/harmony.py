@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 
-from engine.text.reasoning.events import ReasoningEvent, Thinking, partial_tag
+from engine.text.reasoning.events import HeldText, ReasoningEvent, Thinking, partial_tag
 from engine.tools.events import CallArguments, CallStart, TextDelta
 from engine.tools.format import openai_call_id
 
@@ -35,15 +35,16 @@ _HEADER, _BODY, _BETWEEN = "header", "body", "between"
 _JOIN = "\n\n"
 
 
-class HarmonyParser:
+class HarmonyParser(HeldText):
     """``opened``: what the prompt already wrote of the reply's first header (after its
     ``<|start|>``: ``assistant``, or a whole header ending ``<|message|>`` when the prompt
     chose the channel)."""
 
-    __slots__ = ("_call", "_calls", "_held", "_kind", "_lead", "_said", "_state")
+    __slots__ = ("_call", "_calls", "_kind", "_lead", "_said", "_state")
 
     def __init__(self, opened: str = "assistant") -> None:
-        self._state, self._held = _HEADER, opened
+        super().__init__(opened)
+        self._state = _HEADER
         self._kind: type = TextDelta  # what the open body is
         self._call: str | None = None  # the open body's recipient, when it is a call
         self._lead = True  # the open body has shown nothing but whitespace yet
@@ -54,13 +55,6 @@ class HarmonyParser:
     @property
     def thinking(self) -> bool:
         return self._state == _BODY and self._kind is Thinking and self._call is None
-
-    def feed(self, text: str) -> list[ReasoningEvent]:
-        out: list[ReasoningEvent] = []
-        self._held += text
-        while self._step(out):
-            pass
-        return out
 
     def finish(self) -> list[ReasoningEvent]:
         """A reply cut short (max_tokens, a stop) ends its open body as it stands."""

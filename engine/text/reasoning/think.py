@@ -12,34 +12,27 @@ reply that ends inside its thinking has no answer.
 
 from __future__ import annotations
 
-from engine.text.reasoning.events import ReasoningEvent, Thinking, partial_tag
+from engine.text.reasoning.events import HeldText, ReasoningEvent, Thinking, partial_tag
 from engine.tools.events import TextDelta
 
 OPEN, CLOSE = "<think>", "</think>"
 _START, _THINKING, _ANSWER = "start", "thinking", "answer"
 
 
-class ThinkParser:
+class ThinkParser(HeldText):
     """``feed(delta)`` as the reply streams, ``finish()`` at its end."""
 
-    __slots__ = ("_held", "_lead", "_state")
+    __slots__ = ("_lead", "_state")
 
     def __init__(self, in_thinking: bool = False) -> None:
+        super().__init__()
         self._state = _THINKING if in_thinking else _START
-        self._held = ""
         self._lead = True  # the current part has shown nothing but whitespace yet
 
     @property
     def thinking(self) -> bool:
         """The text that comes next is (still) thinking."""
         return self._state == _THINKING
-
-    def feed(self, text: str) -> list[ReasoningEvent]:
-        out: list[ReasoningEvent] = []
-        self._held += text
-        while self._step(out):
-            pass
-        return out
 
     def finish(self) -> list[ReasoningEvent]:
         out: list[ReasoningEvent] = []

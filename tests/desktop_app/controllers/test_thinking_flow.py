@@ -12,6 +12,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 
+from tests.desktop_app.controllers.test_json_mode_flow import send
 from tests.engine.text.reasoning.thinking_models import save_thinking_model
 from tests.engine.tools.tool_models import scripted
 
@@ -49,12 +50,6 @@ def thinking_bridge(qtbot, thinking_llm):
     bridge.prompts = prompts
     yield bridge
     bridge.shutdown()
-
-
-def send(qtbot, window, text: str) -> None:
-    window.conversation.composer.setPlainText(text)
-    with qtbot.waitSignal(window.controller.turnFinished, timeout=60000):
-        qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)
 
 
 def last_reply(window):

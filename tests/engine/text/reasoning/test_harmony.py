@@ -7,6 +7,7 @@ import json
 
 from engine.text.reasoning import HarmonyParser, Thinking, split_reply
 from engine.tools.events import CallArguments, CallStart, TextDelta
+from tests.engine.text.reasoning import streams
 
 ANSWER = ("<|channel|>analysis<|message|>User asks the weather. Need the tool.<|end|>"
           "<|start|>assistant<|channel|>final<|message|>It is sunny in Paris.<|return|>")
@@ -16,12 +17,7 @@ CALL = ("<|channel|>analysis<|message|>Need to call get_weather.<|end|>"
 
 
 def run(reply: str, cuts: list[int], opened: str = "assistant"):
-    parser = HarmonyParser(opened)
-    events, start = [], 0
-    for cut in [*cuts, len(reply)]:
-        events += parser.feed(reply[start:cut])
-        start = cut
-    return split_reply(events + parser.finish()), events
+    return streams.run(HarmonyParser(opened), reply, cuts)
 
 
 def shape(split):

@@ -8,17 +8,13 @@ import pytest
 
 from engine.text.reasoning import Thinking, ThinkParser, split_reply
 from engine.tools.events import TextDelta
+from tests.engine.text.reasoning import streams
 
 REPLY = "<think>\nThe user greets me.\nI should greet back.\n</think>\n\nHello! How can I help?"
 
 
 def run(reply: str, cuts: list[int], in_thinking: bool = False):
-    parser = ThinkParser(in_thinking)
-    events, start = [], 0
-    for cut in [*cuts, len(reply)]:
-        events += parser.feed(reply[start:cut])
-        start = cut
-    return split_reply(events + parser.finish()), events
+    return streams.run(ThinkParser(in_thinking), reply, cuts)
 
 
 def test_one_piece():
