@@ -57,6 +57,8 @@ def partial_tag(text: str, tags: tuple[str, ...]) -> int:
     (cut by a delta boundary): they wait for the next delta."""
     best = 0
     for tag in tags:
+        if tag[0] not in text[-len(tag) + 1:]:  # most deltas: no tag can start here
+            continue
         for size in range(min(len(tag) - 1, len(text)), best, -1):
             if tag.startswith(text[-size:]):
                 best = size
