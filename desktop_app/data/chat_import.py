@@ -53,7 +53,10 @@ def parse_chat_json(text: str) -> ParsedChat:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        truncated = err.pos >= len(text.rstrip()) - 1 or err.msg.startswith("Unterminated")
+        # Cut at the end, inside a string, or inside a literal ("nu" of null).
+        rest = text[err.pos:].strip()
+        truncated = (err.msg.startswith("Unterminated") or len(rest) <= 1
+                     or any(word.startswith(rest) for word in ("null", "true", "false")))
         hint = " (the file looks truncated)" if truncated else ""
         raise ChatImportError(f"The file is not valid JSON{hint}: {err.msg} at line "
                               f"{err.lineno}, column {err.colno}.") from None

@@ -41,7 +41,7 @@ def _one_of(*allowed: Any) -> Callable[[Any], bool]:
 HONOURED_CHAT = ("model", "messages", "n", "temperature", "top_p", "max_tokens",
                  "max_completion_tokens", "stop", "seed", "stream", "stream_options",
                  "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                 "response_format")
+                 "response_format", "chat_template_kwargs")
 HONOURED_TEXT = ("model", "prompt", "n", "temperature", "top_p", "max_tokens", "stop",
                  "seed", "stream", "stream_options", "logprobs")
 # vLLM's names for what SamplingParams has beyond OpenAI's fields.

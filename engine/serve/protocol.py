@@ -154,6 +154,8 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: Any = None
     # Checked by response_format.py, which names the bad part.
     response_format: Any = None
+    # vLLM's variables for the chat template: only reasoning models' switch is read.
+    chat_template_kwargs: dict[str, Any] | None = None
     # Refused unless left at what Folio does (fields.DEFAULT_ONLY_CHAT); typed loosely so
     # that a value in any shape is refused by name, not mistyped.
     functions: Any = None
@@ -193,6 +195,19 @@ class ChatCompletionRequest(SamplingFields):
         params = super().sampling_params(max_tokens_default)
         params.response_format = response_format(self.response_format)
         return params
+
+    def enable_thinking(self) -> bool | None:
+        """``chat_template_kwargs.enable_thinking``; InvalidField names anything else."""
+        options = dict(self.chat_template_kwargs or {})
+        value = options.pop("enable_thinking", None)
+        for name in options:
+            raise InvalidField(f"chat_template_kwargs.{name}", f"chat_template_kwargs."
+                               f"{name} is not read: the chat template gets only "
+                               "enable_thinking (a reasoning model's switch)")
+        if value is not None and not isinstance(value, bool):
+            raise InvalidField("chat_template_kwargs.enable_thinking",
+                               "chat_template_kwargs.enable_thinking must be true or false")
+        return value
 
     def tool_request(self) -> ToolRequest:
         """The request's tools and how they may be called; InvalidField names a bad one."""

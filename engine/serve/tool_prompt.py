@@ -64,12 +64,15 @@ class ToolPrompt:
 
 
 def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
-                tokenizer, replies: ReplyTokens | None = None) -> ToolPrompt:
+                tokenizer, replies: ReplyTokens | None = None,
+                enable_thinking: bool | None = None) -> ToolPrompt:
     """Prompt ids; InvalidField naming what the model or its template cannot take.
-    ``replies``: earlier replies' ids, spliced where calls are shown as their text."""
+    ``replies``: earlier replies' ids, spliced where calls are shown as their text;
+    ``enable_thinking``: a reasoning model's template switch (None: its default)."""
     forced = request.choice in ("required", "function")
     if model.fmt is None and (forced or not model.template.takes_tools):
-        return _constrained_prompt(model, request, messages, tokenizer, forced, replies)
+        return _constrained_prompt(model, request, messages, tokenizer, forced, replies,
+                                   enable_thinking)
     tools = request.tools if request.active else None
     try:
         prepared = prepare(messages, tools, model.fmt, model.template)
@@ -77,7 +80,7 @@ def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
         raise InvalidField(exc.field, str(exc)) from exc
     prefix = model.fmt.prefix(request.function) if forced else ""
     try:
-        ids = tokenizer.encode_chat(prepared, tools=tools)
+        ids = tokenizer.encode_chat(prepared, tools=tools, enable_thinking=enable_thinking)
     except (ValueError, TypeError) as exc:  # a template's own errors: the model's, not ours
         raise InvalidField("tools" if str(exc).startswith("tools") else "messages",
                            str(exc)) from exc
@@ -89,7 +92,8 @@ def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
 
 
 def _constrained_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
-                        tokenizer, forced: bool, replies: ReplyTokens | None) -> ToolPrompt:
+                        tokenizer, forced: bool, replies: ReplyTokens | None,
+                        enable_thinking: bool | None = None) -> ToolPrompt:
     """A family without a call format: the template shows the tools where it can, else
     they go into the conversation as text; a forced call is a constrained reply."""
     tools = request.tools if request.active else None
@@ -103,7 +107,7 @@ def _constrained_prompt(model: ModelTools, request: ToolRequest, messages: list[
         if replies is not None:
             prepared = replies.attach(prepared)
     try:
-        ids = tokenizer.encode_chat(prepared, tools=tools)
+        ids = tokenizer.encode_chat(prepared, tools=tools, enable_thinking=enable_thinking)
     except (ValueError, TypeError) as exc:
         raise InvalidField("messages", str(exc)) from exc
     fmt = None

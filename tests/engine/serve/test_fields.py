@@ -47,6 +47,8 @@ CHAT = {
     "tools": ([TOOL], HONOURED, lambda body: body["choices"][0]["message"]["role"]),
     "tool_choice": ("required", HONOURED, None),
     "parallel_tool_calls": (False, HONOURED, None),
+    # A reasoning model's switch (test_reasoning_api); other templates ignore it.
+    "chat_template_kwargs": ({"enable_thinking": False}, HONOURED, None),
     "functions": ([{"name": "f", "parameters": {}}], REFUSED, None),
     "function_call": ("auto", REFUSED, None),
     "audio": ({"voice": "alloy", "format": "wav"}, REFUSED, None),

@@ -147,3 +147,17 @@ def test_an_earlier_reply_sent_back_with_its_thinking(thinking):
     choice, _ = ask(served, sampler, REPLY,
                     messages=[*QUESTION, earlier, {"role": "user", "content": "Bye"}])
     assert (reasoning_of(choice), choice.message.content) == (THOUGHT, ANSWER)
+
+
+def test_chat_template_kwargs_turn_the_thinking_off(thinking):
+    served, sampler = thinking
+    _, thinking_on = ask(served, sampler, REPLY)
+    choice, usage = ask(served, sampler, ANSWER,
+                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert (reasoning_of(choice), choice.message.content) == (None, ANSWER)
+    empty = served.llm.tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
+    assert usage.prompt_tokens == thinking_on.prompt_tokens + len(empty)
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="chat_template_kwargs.tools"):
+        ask(served, sampler, ANSWER, extra_body={"chat_template_kwargs": {"tools": []}})
