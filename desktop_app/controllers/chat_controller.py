@@ -331,8 +331,10 @@ class ChatController(QObject):
                 if plan is None:
                     return
             messages, thought = self.thinking.prepare(chat, plan.messages)
+            self.thinking.adjust(params)
             request_id = (self.tools.submit(chat, messages, params,
-                                            lambda: self.thinking.prompt(chat, messages))
+                                            lambda: self.thinking.prompt(chat, messages),
+                                            self.thinking.enable_thinking(chat))
                           if self.tools else
                           self.bridge.submit(self.thinking.prompt(chat, messages), params))
         except (RuntimeError, ValueError) as exc:

@@ -62,6 +62,12 @@ class ThinkingReplies(QObject):
         return chat.settings.think if self.template().switch else None
 
     # -- the prompt --------------------------------------------------------------------
+    def adjust(self, params) -> None:
+        """A format whose markers are special tokens (harmony) reads them in the text."""
+        fmt = self.template().fmt
+        if fmt is not None and fmt.keeps_special_tokens:
+            params.skip_special_tokens = False
+
     def prepare(self, chat, messages: list[dict]) -> tuple[list[dict], dict]:
         """The messages as the template wants earlier replies, and what the replies'
         metrics record of it (the tokens computed again)."""

@@ -64,9 +64,11 @@ class ToolTurns(QObject):
             self._model = (llm, ModelTools.of(llm))
         return self._model[1]
 
-    def submit(self, chat, messages: list[dict], params, plain=None) -> str:
+    def submit(self, chat, messages: list[dict], params, plain=None,
+               enable_thinking: bool | None = None) -> str:
         """The bridge's submit, with the chat's tools in the prompt where it has any;
-        ``plain()``: what to submit for a turn without tools (the messages by default)."""
+        ``plain()``: what to submit for a turn without tools (the messages by default);
+        ``enable_thinking``: the chat's Think switch, for the template."""
         model = self.model_tools()
         history = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
         toolset = self.tools.toolset(chat.settings.tools)
@@ -76,7 +78,8 @@ class ToolTurns(QObject):
             return self.bridge.submit(plain() if plain else messages, params)
         request = tool_request(toolset.definitions() if toolset else None,
                                "auto" if toolset else None, None)
-        prompt = tool_prompt(model, request, messages, self.bridge.tokenizer)
+        prompt = tool_prompt(model, request, messages, self.bridge.tokenizer,
+                             enable_thinking=enable_thinking)
         prompt.adjust(params)
         request_id = self.bridge.submit(prompt.ids, params)
         if prompt.fmt is not None:

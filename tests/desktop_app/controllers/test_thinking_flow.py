@@ -138,3 +138,27 @@ def test_a_model_without_reasoning_shows_no_section_and_no_switch(qtbot, fake_br
     _, widget = last_reply(window)
     assert widget.thinking.isHidden()
     assert not window.conversation.think_button.isVisible()
+
+
+def test_a_harmony_reply_shows_its_analysis_as_thinking(qtbot, make_window, tmp_path):
+    from desktop_app.services.engine_bridge import EngineBridge
+    from engine import LLM
+    from tests.engine.text.reasoning.thinking_models import save_harmony_model
+
+    llm = LLM(str(save_harmony_model(tmp_path / "harmony")), num_gpu_blocks=128,
+              max_model_len=1024)
+    scripted(llm).script = llm.tokenizer.encode(
+        f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>final"
+        f"<|message|>{ANSWER}", add_special_tokens=False)
+    bridge = EngineBridge(llm_factory=lambda source, config=None, progress=None: llm)
+    with qtbot.waitSignal(bridge.modelLoaded, timeout=30000):
+        bridge.load_model("harmony")
+    try:
+        window = make_window(bridge)
+        send(qtbot, window, "Hi there")
+        message, widget = last_reply(window)
+        assert (message.content, message.thinking) == (ANSWER, THOUGHT)
+        assert widget.text() == ANSWER and widget.thinking.text() == THOUGHT
+        assert not window.conversation.think_button.isVisible()  # no switch in its template
+    finally:
+        bridge.shutdown()
