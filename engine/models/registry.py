@@ -20,6 +20,7 @@ from torch import nn
 
 from engine.dtypes import resolve_dtype
 from engine.models.gemma import GemmaForCausalLM, gemma_spec
+from engine.models.gemma4 import Gemma4ForCausalLM, gemma4_spec
 from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import MoEForCausalLM, moe_spec
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
@@ -122,6 +123,9 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("Gemma3ForCausalLM", "gemma3_text", ("gemma3",), False,
                 FamilyTraits(qk_norm=True), GemmaForCausalLM, gemma_spec,
                 gguf_block_names=GGUF_GEMMA3_BLOCK_NAMES, gguf_norm_offset=1.0),
+    # Gemma 4 text (engine/models/gemma4.py).
+    ModelFamily("Gemma4ForCausalLM", "gemma4_text", (), False, FamilyTraits(qk_norm=True),
+                Gemma4ForCausalLM, gemma4_spec),
     # llama.cpp keeps Phi-3's fused qkv in HF row order (NEOX rope): not permuted. Its
     # rope_factors_long/short tensors are LongRoPE's factors, read into the config.
     ModelFamily("Phi3ForCausalLM", "phi3", ("phi3",), False, FamilyTraits(), Phi3ForCausalLM,
