@@ -53,6 +53,13 @@ GGUF_GEMMA3_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
     **GGUF_GEMMA2_BLOCK_NAMES,
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 })
+# Gemma 4 (MODEL_TENSORS[GEMMA4], its dense text part): Gemma 3's, the layer scalar and
+# the per-layer embeddings' gate, projection and norm.
+GGUF_GEMMA4_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    **GGUF_GEMMA3_BLOCK_NAMES, "layer_output_scale": "layer_scalar",
+    "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
+})
 # Phi-3 (MODEL_TENSORS[PHI3]): the fused matrices as HF stores them, q/k/v rows in one
 # attn_qkv, and ffn_up holding gate then up rows (2 * intermediate_size of them).
 GGUF_PHI3_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
@@ -123,9 +130,12 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("Gemma3ForCausalLM", "gemma3_text", ("gemma3",), False,
                 FamilyTraits(qk_norm=True), GemmaForCausalLM, gemma_spec,
                 gguf_block_names=GGUF_GEMMA3_BLOCK_NAMES, gguf_norm_offset=1.0),
-    # Gemma 4 text (engine/models/gemma4.py).
-    ModelFamily("Gemma4ForCausalLM", "gemma4_text", (), False, FamilyTraits(qk_norm=True),
-                Gemma4ForCausalLM, gemma4_spec),
+    # Gemma 4 text (engine/models/gemma4.py). llama.cpp converts the multimodal checkpoint
+    # (Gemma4ForConditionalGeneration) to a "gemma4" file of its text part, Q/K rows in HF
+    # order and norms as stored (its RMSNorm scales by the weight itself: no offset).
+    ModelFamily("Gemma4ForCausalLM", "gemma4_text", ("gemma4",), False,
+                FamilyTraits(qk_norm=True), Gemma4ForCausalLM, gemma4_spec,
+                gguf_block_names=GGUF_GEMMA4_BLOCK_NAMES),
     # llama.cpp keeps Phi-3's fused qkv in HF row order (NEOX rope): not permuted. Its
     # rope_factors_long/short tensors are LongRoPE's factors, read into the config.
     ModelFamily("Phi3ForCausalLM", "phi3", ("phi3",), False, FamilyTraits(), Phi3ForCausalLM,
