@@ -43,7 +43,7 @@ from engine.runner.model_runner import ModelRunner
 from engine.runner.sampler import Sampler, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
 from engine.text.candidate import CandidateText
-from engine.text.chat_template import ChatTokenizer
+from engine.text.chat_template import chat_tokenizer_for
 
 Prompt = str | list[int] | list[dict]
 
@@ -65,7 +65,7 @@ class LLMEngine:
     ) -> None:
         from engine.loaders import load_model_files
         from engine.loaders.catalog import resolve_model
-        from engine.models import build_model
+        from engine.models import build_model, family_of
         from kernels import get_backend
 
         self.config = config = config or EngineConfig()
@@ -79,7 +79,9 @@ class LLMEngine:
                                   keep_quantized=config.weights == "stored")
         self.model_name = loaded.name
         self.hf_config = loaded.config
-        self.tokenizer = ChatTokenizer(loaded.tokenizer)
+        self.tokenizer = chat_tokenizer_for(loaded.tokenizer,
+                                            family_of(loaded.config).turn_format,
+                                            config.chat_template)
         # Structured output; its tokenizer table is built on the first constrained request.
         self.grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
                                  sorted(self.tokenizer.eos_token_ids))
