@@ -36,7 +36,7 @@ from engine.layers.native import fused_cpu, native_ops
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary, proportional_inv_freq
 from engine.models.base import CausalLM, LayerKV, Target
-from engine.models.gemma import FULL, SLIDING
+from engine.models.gemma import FULL, SLIDING, softcap
 from engine.models.llama import mlp_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec
 from kernels import AttentionBackend, AttentionMetadata
@@ -291,9 +291,7 @@ class Gemma4ForCausalLM(CausalLM):
         return [self.spec.layer_heads[i] for i in self.owners]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = super().compute_logits(hidden)
-        cap = self.spec.final_logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return softcap(super().compute_logits(hidden), self.spec.final_logit_softcap)
 
     def checkpoint_targets(self) -> dict[str, Target]:
         targets = self.shared_targets()

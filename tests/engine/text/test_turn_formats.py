@@ -28,7 +28,11 @@ from engine.text.turn_formats import (
     check_template,
     family_format,
 )
-from tests.engine.loaders.gguf.test_gguf_families import byte_level_metadata, put
+from tests.engine.loaders.gguf.test_gguf_families import (  # noqa: F401 - cache_dir: autouse
+    byte_level_metadata,
+    cache_dir,
+    put,
+)
 from tests.engine.loaders.gguf.test_gguf_gemma4 import gemma4_metadata
 from tests.engine.tiny_models import (
     tiny_gemma4_config,
@@ -127,12 +131,6 @@ def write_without_template(path: Path, family: str) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
-
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("FOLIO_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

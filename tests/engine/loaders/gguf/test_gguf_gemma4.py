@@ -20,7 +20,11 @@ from engine import LLM, SamplingParams
 from engine.loaders import FolioLoadError, load_model_files
 from engine.models import build_model
 from engine.models.gemma import FULL, SLIDING
-from tests.engine.loaders.gguf.test_gguf_families import byte_level_metadata, put
+from tests.engine.loaders.gguf.test_gguf_families import (  # noqa: F401 - cache_dir: autouse
+    byte_level_metadata,
+    cache_dir,
+    put,
+)
 from tests.engine.models.test_gemma4 import save_gemma4
 from tests.engine.tiny_models import random_prompt, tiny_gemma4_config
 
@@ -84,12 +88,6 @@ def write_gemma4_gguf(path: Path, config, state: dict[str, torch.Tensor],
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-
-
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("FOLIO_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 @pytest.fixture(scope="module")
