@@ -23,6 +23,7 @@ from engine.loaders.gguf.header import read_gguf_header
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
 from engine.models import SUPPORTED_MODEL_TYPES
 from engine.models.moe import active_parameters
+from engine.models.registry import text_part
 from engine.models.spec import head_dim_of, kv_bytes_per_token
 
 STARTER = "starter"
@@ -146,13 +147,17 @@ def model_info(path: Path) -> ModelInfo:
     config_path = path / "config.json"
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
+        prefix = text_part(config.get("architectures"))
+        if prefix is not None:  # a multimodal checkpoint: Folio runs its text part
+            config = config["text_config"]
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
         num_layers = int(config["num_hidden_layers"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise FolioLoadError(f"{config_path}: missing or unreadable ({exc}); a model folder "
                              "needs a valid config.json") from exc
     shapes = {name: shape for shard in safetensors_shards(path)
-              for name, shape in read_safetensors_header(shard).items()}
+              for name, shape in read_safetensors_header(shard).items()
+              if prefix is None or name.startswith(prefix)}
     num_parameters = sum(math.prod(shape) for shape in shapes.values())
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return ModelInfo(display_name(path), path, "hf", str(config.get("model_type", "")),

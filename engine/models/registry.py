@@ -159,6 +159,11 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 gguf_block_names=GGUF_MIXTRAL_BLOCK_NAMES, gguf_experts_of="llama",
                 turn_format="mistral"),
 )
+# Multimodal checkpoints whose text part Folio runs (no image or audio input): the class ->
+# the prefix of its text weights, which load under the text family's "model." names.
+TEXT_PARTS: Mapping[str, str] = MappingProxyType({
+    "Gemma4ForConditionalGeneration": "model.language_model.",
+})
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
 GGUF_ARCHITECTURES: tuple[str, ...] = tuple(a for f in FAMILIES for a in f.gguf_architectures)
@@ -183,6 +188,12 @@ def family_of(hf_config: Any) -> ModelFamily:
         f"unsupported model architecture {described}; supported: "
         f"{', '.join(SUPPORTED_ARCHITECTURES)}"
     )
+
+
+def text_part(architectures: object) -> str | None:
+    """The text weights' prefix when ``architectures`` (a config's list) names a
+    multimodal class whose text part Folio runs, else None."""
+    return next((TEXT_PARTS[a] for a in architectures or () if a in TEXT_PARTS), None)
 
 
 def gguf_family(gguf_architecture: object, expert_count: object = 0) -> ModelFamily | None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, Gemma4Config, Gemma4ForConditionalGeneration
 
 from engine import LLM, SamplingParams
+from engine.loaders.catalog import model_info
 from engine.models import build_model
 from engine.models.gemma import FULL, SLIDING
 from tests.engine.models.test_gemma import hf_greedy
@@ -129,3 +130,24 @@ def test_preemption_changes_no_token(gemma4_dir, num_host_blocks):
     assert tight.engine.scheduler.num_preemptions > 0
     assert got == expected
     assert tight.engine.kv_stats(with_blocks=False).num_used == 0
+
+
+def test_a_multimodal_checkpoint_loads_its_text_part(gemma4_dir, tmp_path):
+    """Gemma4ForConditionalGeneration (as Google publishes Gemma 4): the vision tower is
+    left out and the text weights reply as the text model they are."""
+    text = AutoModelForCausalLM.from_pretrained(gemma4_dir, dtype=torch.float32)
+    config = Gemma4Config(text_config=text.config.to_dict(), audio_config=None,
+                          vision_config=dict(hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2,
+                                             num_key_value_heads=2, head_dim=16))
+    multimodal = Gemma4ForConditionalGeneration(config).eval()
+    multimodal.model.language_model.load_state_dict(text.model.state_dict())
+    folder = tmp_path / "gemma4-multimodal"
+    multimodal.save_pretrained(folder)
+    byte_level_tokenizer().save_pretrained(folder)
+    info = model_info(folder)
+    assert info.architecture == "gemma4_text" and info.num_layers == 6
+    assert info.num_parameters == model_info(gemma4_dir).num_parameters  # text weights only
+    replies = [LLM(str(source), num_gpu_blocks=32).generate([PROMPT], GREEDY)[0]
+               .outputs[0].token_ids for source in (gemma4_dir, folder)]
+    assert replies[0] == replies[1]
