@@ -16,7 +16,6 @@ from engine.models.gemma import FULL, SLIDING
 from tests.engine.models.test_gemma import hf_greedy
 from tests.engine.tiny_models import (
     byte_level_tokenizer,
-    peaked_weights,
     random_prompt,
     tiny_gemma4_config,
 )
@@ -28,12 +27,19 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def save_gemma4(path, config, seed: int = 0):
-    """A random Gemma 4 folder whose norms and layer scalars are off one, so that a
-    norm scaled by 1 + weight, or a scalar left out, changes the tokens."""
+    """A random Gemma 4 folder whose replies vary (peaked_weights' unit-scale embeddings
+    collapse this model to one repeated token, which would hide any bug), with norms and
+    layer scalars off one, so that a norm scaled by 1 + weight, or a scalar left out,
+    changes the tokens."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
-    peaked_weights(model, seed)
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                param.normal_(0, 0.08, generator=generator)
+            elif name.endswith("norm.weight"):
+                param.copy_(1 + 0.2 * torch.randn(param.shape, generator=generator))
         for i, layer in enumerate(model.model.layers):
             layer.layer_scalar.fill_(0.6 + 0.15 * i)
     model.save_pretrained(path, safe_serialization=True)
@@ -92,6 +98,7 @@ def test_greedy_replies_equal_transformers(gemma4_dir, hf_model, chunk):
     llm = LLM(str(gemma4_dir), num_gpu_blocks=64, max_num_batched_tokens=chunk)
     [out] = llm.generate([PROMPT], GREEDY)
     assert out.outputs[0].token_ids == hf_greedy(hf_model, PROMPT, 30)
+    assert len(set(out.outputs[0].token_ids)) > 10  # a reply that can show a difference
 
 
 def test_a_chat_reuses_its_earlier_turns(gemma4_dir, hf_model):
