@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 from desktop_app.controllers.chat_controller import ChatController
 from desktop_app.controllers.serve_switch import ServeSwitch
 from desktop_app.controllers.tool_turns import ToolTurns
+from desktop_app.data.model_templates import template_config
 from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, config_dir, save_settings
 from desktop_app.dialogs import error_dialog
 from desktop_app.dialogs.chat_files import ChatFileActions
@@ -239,7 +240,11 @@ class MainWindow(QMainWindow):
 
     # -- models ----------------------------------------------------------------------------
     def load_model(self, source: str) -> None:
-        self.bridge.load_model(source)
+        choice = self.settings.model_templates.get(source)
+        config = None if choice is None else template_config(
+            self.bridge.engine_config or self.settings.engine.to_engine_config(), choice,
+            source)
+        self.bridge.load_model(source, config)
 
     def _on_picker_activated(self, index: int) -> None:
         source = self.model_picker.itemData(index)

@@ -54,6 +54,10 @@ class EngineConfig:
     cpu_activation_bits: int = 16
     num_threads: int | None = None  # torch CPU threads; None = torch's default
     seed: int = 0
+    # A Jinja chat template instead of the model file's (None: the file's, else the
+    # family's turn format, engine/text/turn_formats.py); checked by rendering a two-turn
+    # chat when the engine loads.
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         _check.types(
@@ -98,6 +102,9 @@ class EngineConfig:
                ">= 0 (bytes; 0: off)")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",
                self.num_threads, ">= 1 or None")
+        _check(self.chat_template is None or (isinstance(self.chat_template, str)
+                                              and self.chat_template.strip() != ""),
+               "chat_template", self.chat_template, "a Jinja template or None")
 
     @property
     def preemption_mode(self) -> str:

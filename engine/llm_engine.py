@@ -43,7 +43,7 @@ from engine.runner.model_runner import ModelRunner
 from engine.runner.sampler import Sampler, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
 from engine.text.candidate import CandidateText
-from engine.text.chat_template import ChatTokenizer
+from engine.text.chat_template import chat_tokenizer_for
 
 Prompt = str | list[int] | list[dict]
 
@@ -65,7 +65,7 @@ class LLMEngine:
     ) -> None:
         from engine.loaders import load_model_files
         from engine.loaders.catalog import resolve_model
-        from engine.models import build_model
+        from engine.models import build_model, family_of
         from kernels import get_backend
 
         self.config = config = config or EngineConfig()
@@ -79,7 +79,9 @@ class LLMEngine:
                                   keep_quantized=config.weights == "stored")
         self.model_name = loaded.name
         self.hf_config = loaded.config
-        self.tokenizer = ChatTokenizer(loaded.tokenizer)
+        self.tokenizer = chat_tokenizer_for(loaded.tokenizer,
+                                            family_of(loaded.config).turn_format,
+                                            config.chat_template)
         # Structured output; its tokenizer table is built on the first constrained request.
         self.grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
                                  sorted(self.tokenizer.eos_token_ids))
@@ -92,7 +94,7 @@ class LLMEngine:
         self.expert_bytes = expert_bytes(net)
         context = net.max_context_len
         self.max_model_len = min(config.max_model_len or context, context)
-        shape = KVShape.from_spec(net.spec, config.block_size, dtype)
+        shape = KVShape.of_model(net, config.block_size, dtype)
         num_blocks = num_blocks_for(config, shape, device, self.max_model_len)
         backend = get_backend(device, resolved.backend)
         windows = net.layer_windows()
@@ -104,7 +106,7 @@ class LLMEngine:
         self.kv_cache = KVCacheCoordinator.build(
             self.kv_groups, counts, config.block_size, num_host_blocks=config.num_host_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
-            bytes_per_layer_block=shape.bytes_per_block // shape.num_layers,
+            group_block_bytes=[shape.block_bytes(g.layers) for g in self.kv_groups],
             lookahead=config.max_num_batched_tokens)
         self.disk: DiskStore | None = None
         if config.kv_disk_bytes:
@@ -132,7 +134,7 @@ class LLMEngine:
         model = (model_identity(path), str(shape.dtype), config.weights,
                  config.cpu_activation_bits, self.resolved_device.device.type,
                  type(runner.backend).__name__, runner.backend.head_major_kv,
-                 shape.block_size, shape.num_kv_heads, shape.head_size)
+                 shape.block_size, shape.num_kv_heads, shape.head_size, shape.layer_heads)
         runner.disks = []
         for g, (spec, pool) in enumerate(zip(self.kv_groups, self.kv_cache.pools,
                                              strict=True)):

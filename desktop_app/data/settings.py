@@ -34,6 +34,7 @@ import platformdirs
 from desktop_app.data import json_mode
 from desktop_app.data.context_policy import DEFAULT_POLICY, POLICIES
 from desktop_app.data.engine_settings import EngineSettings
+from desktop_app.data.model_templates import ModelTemplate
 from desktop_app.data.servers import ServerEntry
 
 if TYPE_CHECKING:
@@ -160,6 +161,8 @@ class AppSettings:
     engine: EngineSettings = field(default_factory=EngineSettings)
     # MCP tools that run without asking ("server/tool"), chosen on a tool call's card.
     always_allowed_tools: list[str] = field(default_factory=list)
+    # Each model's chat template choice by its source (data.model_templates).
+    model_templates: dict[str, ModelTemplate] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.chat_defaults, dict):
@@ -168,6 +171,10 @@ class AppSettings:
             self.engine = EngineSettings.from_dict(self.engine)
         if isinstance(self.servers, list):
             self.servers = [ServerEntry.from_dict(s) for s in self.servers]
+        if isinstance(self.model_templates, dict):
+            self.model_templates = {
+                source: t if isinstance(t, ModelTemplate) else ModelTemplate.from_dict(t)
+                for source, t in self.model_templates.items()}
         check = _checker("AppSettings")
         check(isinstance(self.chat_defaults, ChatSettings), "chat_defaults",
               self.chat_defaults, "a ChatSettings")
@@ -191,6 +198,9 @@ class AppSettings:
               and all(isinstance(k, str) and "/" in k for k in self.always_allowed_tools),
               "always_allowed_tools", self.always_allowed_tools,
               "a list of \"server/tool\" names")
+        check(isinstance(self.model_templates, dict)
+              and all(isinstance(k, str) and k for k in self.model_templates),
+              "model_templates", self.model_templates, "an object of templates by model")
 
     def remember_model_path(self, path: str) -> None:
         """Add a model path (most recent first, no duplicates)."""

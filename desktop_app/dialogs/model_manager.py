@@ -41,8 +41,10 @@ from desktop_app.dialogs.model_rows import (  # noqa: F401 - tests import them f
     list_local_models,
     memory_needed,
     source_for,
+    template_cell,
 )
 from desktop_app.dialogs.server_dialog import AddServerDialog
+from desktop_app.dialogs.template_dialog import TemplateDialog
 from desktop_app.services import downloads
 from desktop_app.widgets import theme
 from desktop_app.widgets.vram_panel import format_bytes
@@ -92,11 +94,17 @@ class ModelManagerDialog(QDialog):
         add_server.setToolTip("An OpenAI-compatible server (vLLM, SGLang, folio serve) "
                               "as a model source")
         add_server.clicked.connect(self.open_add_server)
+        self.template_button = QPushButton("Chat template…")
+        self.template_button.setObjectName("templateButton")
+        self.template_button.setToolTip("The selected model's chat template: the file's, "
+                                        "its family's, ChatML or a pasted one")
+        self.template_button.clicked.connect(self.open_template_settings)
         self.load_progress = QProgressBar()
         self.load_progress.setObjectName("managerLoadProgress")
         self.load_progress.setVisible(False)
         actions = QHBoxLayout()
-        for w in (self.load_button, self.unload_button, add_folder, add_file, add_server):
+        for w in (self.load_button, self.unload_button, add_folder, add_file, add_server,
+                  self.template_button):
             actions.addWidget(w)
         actions.addWidget(self.load_progress, 1)
 
@@ -154,14 +162,16 @@ class ModelManagerDialog(QDialog):
             if isinstance(info, ServerRow):
                 cells = info.cells(loaded == info.source)
             elif info.error:
-                cells = (info.name, info.format, "", "", "", "", "", info.error)
+                cells = (info.name, info.format, "", "", "", "", "", info.error, "")
             else:
                 status = "● loaded" if loaded and loaded == source_for(info) else ""
                 cells = (info.name, info.format, info.architecture,
                          format_parameters(info.num_parameters, info.active_parameters),
                          str(info.context_length),
                          format_bytes(info.size_bytes),
-                         format_bytes(memory_needed(info, config)), status)
+                         format_bytes(memory_needed(info, config)), status,
+                         template_cell(info, self.settings.model_templates.get(
+                             source_for(info))))
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(str(info.path))
@@ -179,6 +189,34 @@ class ModelManagerDialog(QDialog):
         row = self.table.currentRow()
         if 0 <= row < len(self.infos):
             self.loadRequested.emit(source_for(self.infos[row]))
+
+    def open_template_settings(self) -> TemplateDialog | None:
+        """The selected local model's template choice; kept (and the model reloaded when
+        it is the loaded one) once it renders."""
+        row = self.table.currentRow()
+        if not 0 <= row < len(self.infos):
+            return None
+        info = self.infos[row]
+        if isinstance(info, ServerRow) or info.error:
+            return None
+        source = source_for(info)
+        dialog = TemplateDialog(info, self.settings.model_templates.get(source), self)
+        dialog.accepted.connect(lambda: self.set_template(source, dialog.choice))
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        self.template_dialog = dialog
+        return dialog
+
+    def set_template(self, source: str, choice) -> None:
+        if choice.kind == "file":
+            self.settings.model_templates.pop(source, None)
+        else:
+            self.settings.model_templates[source] = choice
+        self._persist(self.settings)
+        self.refresh()
+        self.select_source(source)
+        if self.bridge.is_loaded and self.bridge.source == source:
+            self.loadRequested.emit(source)  # the template is read when the model loads
 
     def add_path(self, path: str) -> None:
         self.settings.remember_model_path(str(Path(path).expanduser()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from desktop_app.data.model_templates import turn_format_of
 from desktop_app.data.servers import ServerEntry
 
 
@@ -30,11 +31,26 @@ class ServerRow:
     def cells(self, loaded: bool) -> tuple[str, ...]:
         context = str(self.entry.max_model_len or "")
         return (self.entry.model, "remote", self.entry.host, "", context, "",
-                "on the server", "● loaded" if loaded else "")
+                "on the server", "● loaded" if loaded else "", "the server's")
 
 
 COLUMNS = ("Name", "Format", "Architecture", "Parameters", "Context", "On disk",
-           "Memory needed", "Status")
+           "Memory needed", "Status", "Chat template")
+
+
+def template_cell(info, choice) -> str:
+    """The "Chat template" column: the file's, its family's format where the file has
+    none, or the choice made in the model's template settings (data.model_templates)."""
+    from desktop_app.data.model_templates import CHATML, FAMILY, FILE
+    from engine.text.turn_formats import FORMATS
+
+    label = FORMATS[turn_format_of(info.architecture)].label
+    kind = FILE if choice is None else choice.kind
+    if kind == FILE:
+        return "the file's" if info.has_chat_template else f"{label} (the file has none)"
+    if kind == FAMILY:
+        return f"{label} (chosen)"
+    return "ChatML (chosen)" if kind == CHATML else "pasted (chosen)"
 
 
 def format_parameters(n: int, active: int | None = None) -> str:

@@ -65,14 +65,19 @@ class KVCacheCoordinator:
     @classmethod
     def build(cls, specs: Seq[KVGroupSpec], num_blocks: Seq[int], block_size: int, *,
               num_host_blocks: int = 0, enable_prefix_caching: bool = True,
-              bytes_per_layer_block: int = 0, lookahead: int = 512) -> KVCacheCoordinator:
+              bytes_per_layer_block: int = 0, lookahead: int = 512,
+              group_block_bytes: Seq[int] | None = None) -> KVCacheCoordinator:
         """A pool and a manager per spec: ``num_blocks[g]`` blocks for group g, the same
         host pool size for each; ``lookahead`` is the most tokens a step computes of a
-        sequence (the scheduler's budget), how far ahead a window gets blocks."""
+        sequence (the scheduler's budget), how far ahead a window gets blocks. A block's
+        bytes: ``group_block_bytes[g]`` where given (groups whose layers differ in head
+        shape), else ``bytes_per_layer_block`` per layer."""
         managers: list[KVCacheManager] = []
         for g, (spec, count) in enumerate(zip(specs, num_blocks, strict=True)):
+            block_bytes = (group_block_bytes[g] if group_block_bytes is not None
+                           else bytes_per_layer_block * len(spec.layers))
             pool = BlockPool(count, block_size, num_host_blocks, enable_prefix_caching,
-                             bytes_per_layer_block * len(spec.layers))
+                             block_bytes)
             managers.append(FullAttentionManager(pool, g) if spec.window is None
                             else SlidingWindowManager(pool, spec.window, lookahead, g))
         return cls(managers, specs)

@@ -65,6 +65,17 @@ def _llama3_inv_freq(
     return torch.where(in_band, blended, slowed)
 
 
+def proportional_inv_freq(head_dim: int, theta: float, rotary_factor: float,
+                          factor: float = 1.0) -> torch.Tensor:
+    """Gemma 4's proportional rope [head_dim // 2]: the first ``rotary_factor`` of each
+    half's pairs turn at theta ** (-2i / head_dim) (the exponent over the whole head, not
+    the rotated part), the rest not at all (frequency 0), all divided by ``factor``."""
+    angles = int(rotary_factor * head_dim // 2)
+    exponents = torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim
+    rotated = 1.0 / (theta**exponents)
+    return torch.cat((rotated, torch.zeros(head_dim // 2 - angles))) / factor
+
+
 def rope_type_of(scaling: Mapping[str, Any] | None) -> str:
     """The scaling rule's name; configs spell it `rope_type` (or `type` in older files)."""
     if not scaling:
@@ -115,12 +126,16 @@ class RotaryEmbedding(nn.Module):
         scaling: Mapping[str, Any] | None,
         dtype: torch.dtype,
         device: torch.device | str,
+        inv_freq: torch.Tensor | None = None,
     ) -> None:
+        """``inv_freq``: the frequencies when a family computes its own (Gemma 4's
+        proportional rope); else from theta and the scaling rule."""
         super().__init__()
         if head_dim % 2 != 0:
             raise ValueError(f"head_dim must be even for rotary embedding, got {head_dim}")
         self.max_position = max_position
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        if inv_freq is None:
+            inv_freq = rope_inv_freq(head_dim, theta, scaling)
         cos, sin = rope_tables(inv_freq, max_position, 1.0, dtype, device)
         self.cos: torch.Tensor
         self.sin: torch.Tensor

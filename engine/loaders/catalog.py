@@ -23,6 +23,7 @@ from engine.loaders.gguf.header import read_gguf_header
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
 from engine.models import SUPPORTED_MODEL_TYPES
 from engine.models.moe import active_parameters
+from engine.models.registry import text_part
 from engine.models.spec import head_dim_of, kv_bytes_per_token
 
 STARTER = "starter"
@@ -46,6 +47,8 @@ class ModelInfo:
     # A mixture of experts: the parameters one token reads (num_parameters counts every
     # expert, as memory must hold them all); None for a dense model.
     active_parameters: int | None = None
+    # Whether the file carries a chat template (without one the family's turn format runs).
+    has_chat_template: bool = True
 
     def kv_bytes(self, tokens: int, dtype: torch.dtype | str = torch.float32) -> int:
         """KV cache bytes for `tokens` tokens: K and V for every layer and KV head."""
@@ -144,20 +147,25 @@ def model_info(path: Path) -> ModelInfo:
     config_path = path / "config.json"
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
+        prefix = text_part(config.get("architectures"))
+        if prefix is not None:  # a multimodal checkpoint: Folio runs its text part
+            config = config["text_config"]
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
         num_layers = int(config["num_hidden_layers"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise FolioLoadError(f"{config_path}: missing or unreadable ({exc}); a model folder "
                              "needs a valid config.json") from exc
     shapes = {name: shape for shard in safetensors_shards(path)
-              for name, shape in read_safetensors_header(shard).items()}
+              for name, shape in read_safetensors_header(shard).items()
+              if prefix is None or name.startswith(prefix)}
     num_parameters = sum(math.prod(shape) for shape in shapes.values())
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return ModelInfo(display_name(path), path, "hf", str(config.get("model_type", "")),
                      num_parameters, int(config.get("max_position_embeddings", 0)), size,
                      num_layers, int(config.get("num_key_value_heads") or heads),
                      head_dim_of(config.get("head_dim"), hidden, heads),
-                     active_parameters=active_parameters(shapes, config))
+                     active_parameters=active_parameters(shapes, config),
+                     has_chat_template=folder_has_chat_template(path))
 
 
 def gguf_info(path: Path, name: str) -> ModelInfo:
@@ -168,7 +176,19 @@ def gguf_info(path: Path, name: str) -> ModelInfo:
     return ModelInfo(name, path, "gguf", config["model_type"], num_parameters,
                      config["max_position_embeddings"], path.stat().st_size,
                      config["num_hidden_layers"], config["num_key_value_heads"],
-                     config["head_dim"], active_parameters=active_parameters(shapes, config))
+                     config["head_dim"], active_parameters=active_parameters(shapes, config),
+                     has_chat_template=bool(metadata.get("tokenizer.chat_template")))
+
+
+def folder_has_chat_template(path: Path) -> bool:
+    """A Hugging Face folder's template: its own file, or tokenizer_config.json's key."""
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    try:
+        tokenizer_config = json.loads((path / "tokenizer_config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(tokenizer_config, dict) and tokenizer_config.get("chat_template"))
 
 
 def hf_cache_dir() -> Path:

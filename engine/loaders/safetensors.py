@@ -7,6 +7,7 @@ caught) and the tensors only when the weight stream is iterated.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from engine.loaders.base import (
     check_weight_shapes,
     display_name,
 )
+from engine.models.registry import text_part
+
+log = logging.getLogger(__name__)
 
 
 def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None) -> LoadedModel:
@@ -35,6 +39,11 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
     except Exception as exc:  # transformers raises many types for a bad config
         raise FolioLoadError(f"{config_path}: cannot be read as a model config ({exc})") from exc
+    prefix = text_part(getattr(config, "architectures", None))
+    if prefix is not None:
+        log.info("%s: a multimodal checkpoint (%s): loading its text part only", folder,
+                 ", ".join(config.architectures))
+        config = config.text_config
     report("config", 1.0)
     report("tokenizer", 0.0)
     try:
@@ -49,6 +58,10 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
     origin: dict[str, Path] = {}
     for shard in shards:
         for name, shape in read_safetensors_header(shard).items():
+            if prefix is not None:
+                if not name.startswith(prefix):
+                    continue  # the vision and audio towers
+                name = "model." + name[len(prefix):]
             shapes[name] = shape
             origin[name] = shard
     check_weight_shapes(config, shapes, lambda name: str(origin[name]), str(folder))
@@ -61,7 +74,11 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
             try:
                 with safe_open(str(shard), framework="pt") as handle:
                     for name in handle.keys():
+                        if prefix is not None and not name.startswith(prefix):
+                            continue
                         tensor = handle.get_tensor(name)
+                        if prefix is not None:
+                            name = "model." + name[len(prefix):]
                         yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
             except SafetensorError as exc:
                 raise FolioLoadError(f"{shard}: unreadable safetensors data ({exc}); "

@@ -85,6 +85,11 @@ class CausalLM(nn.Module):
         """Each layer's sliding window (None: full attention), which groups the KV cache."""
         return [self.spec.sliding_window] * self.spec.num_layers
 
+    def kv_heads(self) -> list[tuple[int, int]]:
+        """(num_kv_heads, head_dim) of each layer that keeps K/V, as ``layer_windows``
+        lists them: the pool's shape per layer."""
+        return [(self.spec.num_kv_heads, self.spec.head_dim)] * len(self.layer_windows())
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""
         return self.lm_head(hidden)

@@ -136,9 +136,7 @@ class GemmaForCausalLM(CausalLM):
         return [self.spec.window if kind == SLIDING else None for kind in self.spec.layer_types]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = super().compute_logits(hidden)
-        cap = self.spec.final_logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return softcap(super().compute_logits(hidden), self.spec.final_logit_softcap)
 
     def checkpoint_targets(self) -> dict[str, Target]:
         targets = self.shared_targets()
@@ -149,3 +147,8 @@ class GemmaForCausalLM(CausalLM):
                 targets[f"{prefix}{name}.weight"] = getattr(layer, name).weight.data
             targets |= projection_targets(prefix, layer.self_attn, layer.mlp, self.spec)
         return targets
+
+
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma's tanh cap on the final logits (None: none)."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -20,6 +20,7 @@ from torch import nn
 
 from engine.dtypes import resolve_dtype
 from engine.models.gemma import GemmaForCausalLM, gemma_spec
+from engine.models.gemma4 import Gemma4ForCausalLM, gemma4_spec
 from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import MoEForCausalLM, moe_spec
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
@@ -51,6 +52,13 @@ GGUF_GEMMA2_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
 GGUF_GEMMA3_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
     **GGUF_GEMMA2_BLOCK_NAMES,
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+})
+# Gemma 4 (MODEL_TENSORS[GEMMA4], its dense text part): Gemma 3's, the layer scalar and
+# the per-layer embeddings' gate, projection and norm.
+GGUF_GEMMA4_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    **GGUF_GEMMA3_BLOCK_NAMES, "layer_output_scale": "layer_scalar",
+    "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+    "post_norm": "post_per_layer_input_norm",
 })
 # Phi-3 (MODEL_TENSORS[PHI3]): the fused matrices as HF stores them, q/k/v rows in one
 # attn_qkv, and ffn_up holding gate then up rows (2 * intermediate_size of them).
@@ -103,13 +111,18 @@ class ModelFamily:
     # The GGUF architecture whose files hold this family when they have experts
     # ({arch}.expert_count > 0): Mixtral's files say "llama".
     gguf_experts_of: str | None = None
+    # The family's turn format (engine/text/turn_formats.py) for a file without a chat
+    # template.
+    turn_format: str = "chatml"
 
 
 FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("LlamaForCausalLM", "llama", ("llama",), True,
-                FamilyTraits(mlp_bias_from_config=True), LlamaForCausalLM),
+                FamilyTraits(mlp_bias_from_config=True), LlamaForCausalLM,
+                turn_format="llama3"),
     ModelFamily("MistralForCausalLM", "mistral", (), True,
-                FamilyTraits(o_bias_from_config=False), LlamaForCausalLM),
+                FamilyTraits(o_bias_from_config=False), LlamaForCausalLM,
+                turn_format="mistral"),
     ModelFamily("Qwen2ForCausalLM", "qwen2", ("qwen2",), False,
                 FamilyTraits(qkv_bias_always=True, o_bias_from_config=False), LlamaForCausalLM),
     ModelFamily("Qwen3ForCausalLM", "qwen3", ("qwen3",), False,
@@ -118,14 +131,22 @@ FAMILIES: tuple[ModelFamily, ...] = (
     # weight, q/k norms included (Gemma2Model / Gemma3Model in convert_hf_to_gguf.py).
     ModelFamily("Gemma2ForCausalLM", "gemma2", ("gemma2",), False,
                 FamilyTraits(), GemmaForCausalLM, gemma_spec,
-                gguf_block_names=GGUF_GEMMA2_BLOCK_NAMES, gguf_norm_offset=1.0),
+                gguf_block_names=GGUF_GEMMA2_BLOCK_NAMES, gguf_norm_offset=1.0,
+                turn_format="gemma"),
     ModelFamily("Gemma3ForCausalLM", "gemma3_text", ("gemma3",), False,
                 FamilyTraits(qk_norm=True), GemmaForCausalLM, gemma_spec,
-                gguf_block_names=GGUF_GEMMA3_BLOCK_NAMES, gguf_norm_offset=1.0),
+                gguf_block_names=GGUF_GEMMA3_BLOCK_NAMES, gguf_norm_offset=1.0,
+                turn_format="gemma"),
+    # Gemma 4 text (engine/models/gemma4.py). llama.cpp converts the multimodal checkpoint
+    # (Gemma4ForConditionalGeneration) to a "gemma4" file of its text part, Q/K rows in HF
+    # order and norms as stored (its RMSNorm scales by the weight itself: no offset).
+    ModelFamily("Gemma4ForCausalLM", "gemma4_text", ("gemma4",), False,
+                FamilyTraits(qk_norm=True), Gemma4ForCausalLM, gemma4_spec,
+                gguf_block_names=GGUF_GEMMA4_BLOCK_NAMES, turn_format="gemma4"),
     # llama.cpp keeps Phi-3's fused qkv in HF row order (NEOX rope): not permuted. Its
     # rope_factors_long/short tensors are LongRoPE's factors, read into the config.
     ModelFamily("Phi3ForCausalLM", "phi3", ("phi3",), False, FamilyTraits(), Phi3ForCausalLM,
-                phi3_spec, gguf_block_names=GGUF_PHI3_BLOCK_NAMES),
+                phi3_spec, gguf_block_names=GGUF_PHI3_BLOCK_NAMES, turn_format="phi3"),
     # Mixtures of experts (engine/models/moe.py). llama.cpp keeps OLMoE's and Qwen3-MoE's
     # Q/K rows in HF order (NEOX rope); Mixtral is converted as Llama, rows permuted.
     ModelFamily("OlmoeForCausalLM", "olmoe", ("olmoe",), False, FamilyTraits(),
@@ -135,8 +156,14 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 gguf_block_names=GGUF_MOE_BLOCK_NAMES),
     ModelFamily("MixtralForCausalLM", "mixtral", (), True,
                 FamilyTraits(o_bias_from_config=False), MoEForCausalLM, moe_spec,
-                gguf_block_names=GGUF_MIXTRAL_BLOCK_NAMES, gguf_experts_of="llama"),
+                gguf_block_names=GGUF_MIXTRAL_BLOCK_NAMES, gguf_experts_of="llama",
+                turn_format="mistral"),
 )
+# Multimodal checkpoints whose text part Folio runs (no image or audio input): the class ->
+# the prefix of its text weights, which load under the text family's "model." names.
+TEXT_PARTS: Mapping[str, str] = MappingProxyType({
+    "Gemma4ForConditionalGeneration": "model.language_model.",
+})
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
 GGUF_ARCHITECTURES: tuple[str, ...] = tuple(a for f in FAMILIES for a in f.gguf_architectures)
@@ -161,6 +188,12 @@ def family_of(hf_config: Any) -> ModelFamily:
         f"unsupported model architecture {described}; supported: "
         f"{', '.join(SUPPORTED_ARCHITECTURES)}"
     )
+
+
+def text_part(architectures: object) -> str | None:
+    """The text weights' prefix when ``architectures`` (a config's list) names a
+    multimodal class whose text part Folio runs, else None."""
+    return next((TEXT_PARTS[a] for a in architectures or () if a in TEXT_PARTS), None)
 
 
 def gguf_family(gguf_architecture: object, expert_count: object = 0) -> ModelFamily | None:

@@ -78,16 +78,38 @@ class KVShape:
     head_size: int
     block_size: int
     dtype: torch.dtype
+    # (num_kv_heads, head_size) per KV layer where layers differ (Gemma 4's global layers
+    # have wider heads than its sliding ones); empty: every layer has the two fields above.
+    layer_heads: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_spec(cls, spec, block_size: int, dtype: torch.dtype) -> KVShape:
         """From the model's DecoderSpec, which already resolved the config's head sizes."""
         return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, dtype)
 
+    @classmethod
+    def of_model(cls, model, block_size: int, dtype: torch.dtype) -> KVShape:
+        """From a built model: its KV layers' heads (``kv_heads``), one entry per layer
+        that keeps K/V (a layer reading another's K/V keeps none)."""
+        heads = tuple(model.kv_heads())
+        spec = model.spec
+        uniform = all(h == (spec.num_kv_heads, spec.head_dim) for h in heads)
+        return cls(len(heads), spec.num_kv_heads, spec.head_dim, block_size, dtype,
+                   () if uniform else heads)
+
+    def heads(self, layer: int) -> tuple[int, int]:
+        """(num_kv_heads, head_size) of KV layer ``layer``."""
+        return self.layer_heads[layer] if self.layer_heads else (self.num_kv_heads,
+                                                                 self.head_size)
+
+    def block_bytes(self, layers) -> int:
+        """Bytes of one block across ``layers`` (KV layer indices)."""
+        return sum(kv_bytes_per_token(1, *self.heads(i), self.dtype.itemsize)
+                   for i in layers) * self.block_size
+
     @property
     def bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_size,
-                                  self.dtype.itemsize)
+        return self.block_bytes(range(self.num_layers)) // self.block_size
 
     @property
     def bytes_per_block(self) -> int:
@@ -148,7 +170,6 @@ def group_blocks(config: EngineConfig, shape: KVShape, num_blocks: int,
     bytes of a ``num_blocks`` pool of ``shape`` (the module doc has the rule)."""
     if len(groups) == 1:
         return [num_blocks]
-    layer_block = shape.bytes_per_block // shape.num_layers  # one layer's share of a block
     budget = num_blocks * shape.bytes_per_block
     counts = []
     for group in groups:
@@ -157,11 +178,11 @@ def group_blocks(config: EngineConfig, shape: KVShape, num_blocks: int,
             continue
         per_seq = shape.context_blocks(group.window + config.max_num_batched_tokens) + 1
         counts.append(min(num_blocks, config.max_num_seqs * per_seq))
-        budget -= counts[-1] * len(group.layers) * layer_block
+        budget -= counts[-1] * shape.block_bytes(group.layers)
     full = [g for g, group in enumerate(groups) if group.window is None]
-    full_layers = sum(len(groups[g].layers) for g in full)
+    full_bytes = sum(shape.block_bytes(groups[g].layers) for g in full)
     for g in full:
-        counts[g] = max(num_blocks, budget // (full_layers * layer_block))
+        counts[g] = max(num_blocks, budget // full_bytes)
     return counts
 
 

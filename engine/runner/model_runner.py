@@ -61,11 +61,11 @@ class ModelRunner:
         self.kv_groups = list(kv_groups)
         # The null block's id in each group: its last block.
         self.null_ids = list(num_blocks)
-        self.kv_caches = [self._allocate(len(g.layers), n + 1, device)
+        self.kv_caches = [self._allocate(g.layers, n + 1, device)
                           for g, n in zip(self.kv_groups, num_blocks, strict=True)]
         self.host_caches: list[torch.Tensor | None] = [None] * len(self.kv_groups)
         if num_host_blocks:
-            self.host_caches = [self._allocate(len(g.layers), num_host_blocks,
+            self.host_caches = [self._allocate(g.layers, num_host_blocks,
                                                torch.device("cpu"),
                                                pin_memory=device.type == "cuda")
                                 for g in self.kv_groups]
@@ -81,13 +81,19 @@ class ModelRunner:
             self.graphs = CudaGraphRunner(self._decode_logits, device, shape.block_size,
                                           -(-max_model_len // shape.block_size))
 
-    def _allocate(self, num_layers: int, num_blocks: int, device: torch.device,
+    def _allocate(self, layers: Sequence[int], num_blocks: int, device: torch.device,
                   pin_memory: bool = False) -> torch.Tensor:
-        """A pool in the memory order the backend reads best; the host pool matches the
-        device pool so that swaps move blocks between like layouts."""
+        """A group's pool in the memory order the backend reads best; the host pool
+        matches the device pool so that swaps move blocks between like layouts. A
+        group's layers share one head shape (a group is one attention kind)."""
         s = self.shape
-        return allocate_kv_cache(num_layers, num_blocks, s.block_size, s.num_kv_heads,
-                                 s.head_size, s.dtype, device,
+        heads = {s.heads(layer) for layer in layers}
+        if len(heads) != 1:
+            raise ValueError(f"the KV layers {list(layers)} of one group have different "
+                             f"head shapes {sorted(heads)}")
+        [(num_kv_heads, head_size)] = heads
+        return allocate_kv_cache(len(layers), num_blocks, s.block_size, num_kv_heads,
+                                 head_size, s.dtype, device,
                                  head_major=self.backend.head_major_kv, pin_memory=pin_memory)
 
     @property

@@ -38,6 +38,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from engine.text.turn_formats import FROM_FILE, chat_template_for, check_template
+
 logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -53,9 +55,13 @@ class ChatTokenizer:
     ``eos_token_id`` list.
     """
 
-    def __init__(self, hf_tokenizer: Any, extra_eos_token_ids: Iterable[int] = ()) -> None:
+    def __init__(self, hf_tokenizer: Any, extra_eos_token_ids: Iterable[int] = (),
+                 template_source: str = FROM_FILE) -> None:
+        """``template_source``: where the tokenizer's template came from (the file, the
+        family's turn format, the user: engine/text/turn_formats.py)."""
         self.hf = hf_tokenizer
         self.has_chat_template = bool(getattr(hf_tokenizer, "chat_template", None))
+        self.template_source = template_source
         self._special = _special_tokens(hf_tokenizer)
         self._special_text = {token_id: text for text, token_id in self._special.items()}
         self.end_of_turn_token_id = self._find_end_of_turn()
@@ -165,6 +171,21 @@ class ChatTokenizer:
         after = text.partition(marker)[2].lstrip()
         matches = [token for token in self._special if after.startswith(token)]
         return self._special[max(matches, key=len)] if matches else None
+
+
+def chat_tokenizer_for(hf_tokenizer: Any, turn_format: str,
+                       choice: str | None = None) -> ChatTokenizer:
+    """The ChatTokenizer of a loaded model: the user's template ``choice`` (checked by
+    rendering a two-turn chat: ValueError naming chat_template), else the file's, else
+    its family's ``turn_format``, set on ``hf_tokenizer``."""
+    if choice is not None:
+        check_template(choice, hf_tokenizer.bos_token or "", hf_tokenizer.eos_token or "")
+    template, source = chat_template_for(getattr(hf_tokenizer, "chat_template", None),
+                                         turn_format, hf_tokenizer.get_vocab(), choice)
+    if source != FROM_FILE:
+        logger.info("chat template: %s (%s)", "the user's" if choice else turn_format, source)
+    hf_tokenizer.chat_template = template
+    return ChatTokenizer(hf_tokenizer, template_source=source)
 
 
 def _special_tokens(hf_tokenizer: Any) -> dict[str, int]:

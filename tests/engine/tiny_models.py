@@ -13,6 +13,7 @@ from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
     Gemma3TextConfig,
+    Gemma4TextConfig,
     LlamaConfig,
     Phi3Config,
     PreTrainedTokenizerFast,
@@ -74,6 +75,26 @@ def tiny_gemma_config(version: int, **overrides):
         config_class = Gemma3TextConfig
     fields.update(overrides)
     return config_class(**fields)
+
+
+def tiny_gemma4_config(**overrides):
+    """Gemma 4 (text) with the byte-level vocabulary, every change from Gemma 3 in play:
+    global layers with wider heads sharing keys and values over one KV head, proportional
+    rope, per-layer embeddings, the last two layers reading earlier layers' K/V (with a
+    double-wide MLP), a final soft-cap; a 16-token window on the sliding layers."""
+    fields = dict(
+        vocab_size=len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIALS),
+        vocab_size_per_layer_input=len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIALS),
+        hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+        attention_k_eq_v=True, hidden_size_per_layer_input=8, num_kv_shared_layers=2,
+        use_double_wide_mlp=True, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        max_position_embeddings=1024, rms_norm_eps=1e-6, sliding_window=16,
+        bos_token_id=256, eos_token_id=258, pad_token_id=256,
+    )
+    fields.update(overrides)
+    return Gemma4TextConfig(**fields)
 
 
 def tiny_phi3_config(**overrides):

@@ -33,7 +33,7 @@ def config_tensor_names(model_type: str) -> tuple[str, ...]:
         return ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT
     if model_type in ("gemma2", "gemma3_text"):
         return ()
-    return (ROPE_FREQS,)
+    return (ROPE_FREQS,)  # Llama 3's scaling; Gemma 4's rotated share (_gemma4_keys)
 
 
 def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
@@ -49,7 +49,7 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
     if family is None:
         raise FolioLoadError(f"{where}: architecture {arch!r} is not supported; Folio runs "
                              f"these GGUF architectures: {', '.join(GGUF_ARCHITECTURES)}")
-    keys = _Keys(metadata, str(arch), where)
+    keys = _Keys(metadata, str(arch), where, tensor_names)
     key = keys.get
 
     heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
@@ -64,9 +64,11 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
     config: dict[str, object] = {
         "model_type": family.model_type, "architectures": [family.architecture],
         "vocab_size": int(vocab),
-        "hidden_size": hidden, "intermediate_size": int(key("feed_forward_length")),
+        # A per-layer array (Gemma 4's) gives its first layer's; the family's reader the rest.
+        "hidden_size": hidden, "intermediate_size": _first(key("feed_forward_length")),
         "num_hidden_layers": int(key("block_count")), "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)), "head_dim": head_dim,
+        "num_key_value_heads": _first(key("attention.head_count_kv", heads)),
+        "head_dim": head_dim,
         "max_position_embeddings": int(key("context_length")),
         "rms_norm_eps": _f32(key("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": _f32(key("rope.freq_base", 10000.0)),
@@ -83,7 +85,7 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
     elif scaling != "none":
         raise FolioLoadError(f"{where}: rope scaling {scaling!r} is not supported")
     tensors = config_tensors or {}
-    if tensors.get(ROPE_FREQS) is not None:
+    if tensors.get(ROPE_FREQS) is not None and family.model_type not in _OWN_ROPE_FREQS:
         config["rope_scaling"] = _llama3_scaling(tensors[ROPE_FREQS], config, metadata, where)
     reader = _FAMILY_KEYS.get(family.model_type)
     if reader is not None:
@@ -94,8 +96,10 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
 class _Keys:
     """The file's `{arch}.*` keys, each read or rejected by name."""
 
-    def __init__(self, metadata: Mapping[str, object], arch: str, where: Path) -> None:
+    def __init__(self, metadata: Mapping[str, object], arch: str, where: Path,
+                 tensor_names: set[str] | frozenset[str] = frozenset()) -> None:
         self.metadata, self.arch, self.where = metadata, arch, where
+        self.tensor_names = tensor_names
 
     def optional(self, name: str) -> object:
         return self.metadata.get(f"{self.arch}.{name}")
@@ -186,6 +190,56 @@ def _gemma3_keys(keys: _Keys, config: dict[str, object],
                                  FULL: full}
 
 
+def _gemma4_keys(keys: _Keys, config: dict[str, object],
+                 tensors: Mapping[str, np.ndarray] | None) -> None:
+    """Gemma4Model's keys over Gemma 3's: key_length is the global layers' head size
+    (key_length_swa the sliding ones'), head counts and MLP widths may be per layer (the
+    global layers' KV heads; the KV-shared layers' double-wide MLP), and the global
+    layers' proportional rope keeps its rotated share in rope_freqs (1 turns, 1e30 not)."""
+    _gemma3_keys(keys, config, tensors)
+    del config["query_pre_attn_scalar"]  # Gemma 4 scales scores by 1
+    layers, types = int(config["num_hidden_layers"]), config["layer_types"]
+    config["global_head_dim"] = config["head_dim"]
+    config["head_dim"] = keys.count("attention.key_length_swa", config["head_dim"])
+    kv = _per_layer(keys, "attention.head_count_kv", layers)
+    by_kind = {kind: {kv[i] for i in range(layers) if types[i] == kind} for kind in set(types)}
+    if any(len(counts) != 1 for counts in by_kind.values()):
+        raise keys.bad("attention.head_count_kv", kv, "one count per layer kind")
+    config["num_key_value_heads"] = min(by_kind.get(SLIDING, by_kind[FULL]))
+    config["num_global_key_value_heads"] = min(by_kind.get(FULL, by_kind[SLIDING]))
+    widths = _per_layer(keys, "feed_forward_length", layers)
+    config["use_double_wide_mlp"] = any(w != widths[0] for w in widths)
+    shared = keys.count("attention.shared_kv_layers", 0, minimum=0)
+    config["num_kv_shared_layers"] = shared
+    # A global layer with keys but no values shares one projection (attention_k_eq_v).
+    first_full = types.index(FULL) if FULL in types else None
+    config["attention_k_eq_v"] = first_full is not None and (
+        f"blk.{first_full}.attn_v.weight" not in keys.tensor_names)
+    per_layer = keys.count("embedding_length_per_layer_input", 0, minimum=0)
+    config["hidden_size_per_layer_input"] = per_layer
+    config["vocab_size_per_layer_input"] = config["vocab_size"]
+    freqs = None if tensors is None else tensors.get(ROPE_FREQS)
+    share = 1.0 if freqs is None else float(np.count_nonzero(freqs == 1.0)) / len(freqs)
+    full = config["rope_parameters"][FULL]
+    config["rope_parameters"][FULL] = {"rope_type": "proportional",
+                                       "rope_theta": full["rope_theta"],
+                                       "partial_rotary_factor": share}
+
+
+def _per_layer(keys: _Keys, name: str, layers: int) -> tuple[int, ...]:
+    """A key stored once or once per layer, as one value per layer."""
+    value = keys.get(name)
+    if not isinstance(value, tuple):
+        return (int(value),) * layers
+    if len(value) != layers:
+        raise keys.bad(name, value, f"one value per layer ({layers})")
+    return value
+
+
+def _first(value: object) -> int:
+    return int(value[0] if isinstance(value, tuple) else value)
+
+
 def _phi3_keys(keys: _Keys, config: dict[str, object],
                tensors: Mapping[str, np.ndarray] | None) -> None:
     if "rope_scaling" in config:
@@ -263,10 +317,12 @@ def _moe_keys(keys: _Keys, config: dict[str, object],
 _FamilyKeys = Callable[[_Keys, dict[str, object], Mapping[str, np.ndarray] | None], None]
 # Families whose config needs more than the shared Llama keys, by model_type.
 _FAMILY_KEYS: dict[str, _FamilyKeys] = {
-    "gemma2": _gemma2_keys, "gemma3_text": _gemma3_keys, "phi3": _phi3_keys,
+    "gemma2": _gemma2_keys, "gemma3_text": _gemma3_keys, "gemma4_text": _gemma4_keys,
+    "phi3": _phi3_keys,
     "olmoe": _moe_keys, "qwen3_moe": _moe_keys, "mixtral": _moe_keys,
 }
 _PARTIAL_ROTARY = ("phi3",)  # families whose rope.dimension_count may be < head_dim
+_OWN_ROPE_FREQS = ("gemma4_text",)  # families whose rope_freqs is not Llama 3's scaling
 
 
 def llama3_rope_factors(theta: float, head_dim: int, scaling: Mapping[str, float]) -> np.ndarray:

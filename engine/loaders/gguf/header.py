@@ -19,6 +19,8 @@ from engine.loaders.base import FolioLoadError
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY, _BOOL = 8, 9, 7
+_INTEGERS = (0, 1, 2, 3, 4, 5, 10, 11)
+_MAX_LAYERS = 1024  # longer integer arrays are not per-layer values
 _DEFAULT_ALIGNMENT = 32  # the spec's, when general.alignment is absent
 _TRUNCATED = "the header runs past the end of the file: it is truncated"
 
@@ -34,7 +36,8 @@ class GGUFTensorInfo:
 @dataclass(slots=True)
 class GGUFHeader:
     # Arrays (vocabulary, merges) are given as their lengths, except arrays of bools
-    # (per-layer flags), given as tuples.
+    # (per-layer flags) and short integer arrays outside tokenizer.* (per-layer values),
+    # given as tuples.
     metadata: dict[str, object]
     tensors: list[GGUFTensorInfo]
 
@@ -70,7 +73,8 @@ def parse_gguf_header(path: Path) -> GGUFHeader:
             key = cursor.string()
             if key in metadata:
                 raise ValueError(f"the key {key} appears twice")
-            metadata[key] = cursor.value(cursor.take("<I"))
+            metadata[key] = cursor.value(cursor.take("<I"),
+                                         per_layer=not key.startswith("tokenizer."))
         directory = []
         for _ in range(tensor_count):
             name = cursor.string()
@@ -128,7 +132,9 @@ class _Cursor:
     def string(self) -> str:
         return self.raw_string().decode("utf-8")
 
-    def value(self, kind: int) -> object:
+    def value(self, kind: int, per_layer: bool = False) -> object:
+        """``per_layer``: a short array of integers is kept as a tuple (per-layer head
+        counts and widths, Gemma 4's), not given as its length."""
         if kind == _STRING:
             # A stray byte in a value (a name, a chat template) should not make the whole
             # model unloadable; keys and tensor names above must decode exactly.
@@ -143,6 +149,8 @@ class _Cursor:
                 raise ValueError(_TRUNCATED)
             self.pos += count
             return tuple(byte != 0 for byte in self.buf[self.pos - count:self.pos])
+        if per_layer and item in _INTEGERS and count <= _MAX_LAYERS:
+            return tuple(self.take(_SCALARS[item]) for _ in range(count))
         if item in _SCALARS:
             self.pos += count * struct.calcsize(_SCALARS[item])
         else:  # strings and nested arrays have per-item lengths to walk

@@ -47,7 +47,13 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 2
 # Every family's; the per-layer names (blk.N.<part>) are the family's gguf_block_names.
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
-                 "output": "lm_head"}
+                 "output": "lm_head",
+                 # Gemma 4's per-layer embeddings.
+                 "per_layer_token_embd": "model.embed_tokens_per_layer",
+                 "per_layer_model_proj": "model.per_layer_model_projection",
+                 "per_layer_proj_norm": "model.per_layer_projection_norm"}
+# Block parameters Hugging Face names without a .weight (llama.cpp's converter added one).
+_BARE_PARAMETERS = ("layer_scalar",)
 
 
 def cache_root() -> Path:
@@ -68,7 +74,8 @@ def hf_tensor_name(gguf_name: str, family: ModelFamily | None = None) -> str | N
         return f"{_GLOBAL_NAMES[stem]}.{kind}"
     parts = stem.split(".")
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in block_names:
-        return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{kind}"
+        name = f"model.layers.{parts[1]}.{block_names[parts[2]]}"
+        return name if block_names[parts[2]] in _BARE_PARAMETERS else f"{name}.{kind}"
     return None
 
 
@@ -217,17 +224,22 @@ def _convert_tokenizer(path: Path):
     """The file's tokenizer as transformers converts it. transformers' GGUF support lists
     the architectures it builds models of, and AutoTokenizer reads the file's config
     through that list; for an architecture outside it (OLMoE) the tokenizer, which is
-    the same GGUF vocabulary whatever the model, converts through the fast class itself."""
+    the same GGUF vocabulary whatever the model, converts through the fast class itself,
+    as for a config transformers' reader rejects (Gemma 4's per-layer head counts)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
                                              local_files_only=True)
-    except ValueError as exc:
-        if "is not supported yet" not in str(exc):
+    except Exception as exc:  # huggingface_hub's validation error is no ValueError
+        if not any(text in str(exc) for text in _CONFIG_REJECTIONS):
             raise
     return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name,
                                                    local_files_only=True)
+
+
+# What transformers says when it cannot build a GGUF file's config for AutoTokenizer.
+_CONFIG_REJECTIONS = ("is not supported yet", "Validation error for field")
 
 
 def _split_experts(entry: list, path: Path) -> list[list]:
