@@ -51,7 +51,7 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
         for name, shape in read_safetensors_header(shard).items():
             shapes[name] = shape
             origin[name] = shard
-    check_weight_shapes(config, shapes, lambda name: str(origin[name]), str(folder))
+    check_weight_shapes(config, shapes, lambda name: str(origin.get(name, folder)), str(folder))
     report("index", 1.0)
 
     def opener() -> Iterator[tuple[str, torch.Tensor]]:
