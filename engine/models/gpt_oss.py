@@ -136,14 +136,19 @@ class GptOssForCausalLM(CausalLM):
 
 # The fused expert tensors of a checkpoint, by name under model.layers.N.mlp.experts.
 _FUSED = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+_GGUF_SINKS = ".self_attn.sinks.weight"
 
 
 def split_experts(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
     """A checkpoint's fused expert tensors as one matrix and bias per expert: gate from
     gate_up's even columns and up from its odd ones, each transposed to [I, H], down
-    transposed to [H, I]; every other tensor (and per-expert ones) unchanged. Works on
-    meta tensors, so the loaders' shape check reads the same rule."""
+    transposed to [H, I]; a GGUF file's ``self_attn.sinks.weight`` (llama.cpp names every
+    tensor so) as ``self_attn.sinks``; every other tensor (and per-expert ones) unchanged.
+    Works on meta tensors, so the loaders' shape check reads the same rule."""
     for name, tensor in weights:
+        if name.endswith(_GGUF_SINKS):
+            yield name.removesuffix(".weight"), tensor
+            continue
         head, sep, tail = name.rpartition(".experts.")
         if not sep or tail not in _FUSED or not isinstance(tensor, torch.Tensor):
             yield name, tensor

@@ -1,8 +1,9 @@
 """Mixtures of experts through the whole engine: tiny random OLMoE, Qwen3-MoE, Mixtral and
 gpt-oss models, each as a Hugging Face folder and as a GGUF file (Q8_0 experts kept
-quantized, the native CPU products), chatting two turns (the second finding the first in the prefix
-cache and replying as a fresh run would), four seeded candidates equal to their single
-runs, and preemption (recompute and swap) changing no token."""
+quantized, the native CPU products; gpt-oss's MXFP4, dequantized on use), chatting two
+turns (the second finding the first in the prefix cache and replying as a fresh run
+would), four seeded candidates equal to their single runs, and preemption (recompute and
+swap) changing no token."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from engine import LLM, SamplingParams
+from tests.engine.loaders.gguf.test_gguf_gpt_oss import write_gpt_oss_gguf
 from tests.engine.loaders.gguf.test_gguf_moe import write_moe_gguf
 from tests.engine.tiny_gpt_oss import save_gpt_oss_model
 from tests.engine.tiny_moe import FAMILIES, save_moe_model
@@ -22,7 +24,7 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 PROMPTS = [[random.Random(seed).randrange(256) for _ in range(70)] for seed in (7, 8, 9)]
 
 
-SOURCES = [(f, kind) for f in FAMILIES for kind in ("hf", "gguf")] + [("gpt_oss", "hf")]
+SOURCES = [(f, kind) for f in (*FAMILIES, "gpt_oss") for kind in ("hf", "gguf")]
 
 
 @pytest.fixture(scope="module", params=SOURCES, ids=lambda p: f"{p[0]}-{p[1]}")
@@ -37,7 +39,10 @@ def source(request, tmp_path_factory, monkeypatch_module) -> str:
         return str(folder)
     path = folder / f"{family}.gguf"
     state = {name: t.detach().clone() for name, t in model.state_dict().items()}
-    write_moe_gguf(path, family, model.config, state, Q.Q8_0)
+    if family == "gpt_oss":  # its experts in MXFP4, as the released files
+        write_gpt_oss_gguf(path, model.config, state)
+    else:
+        write_moe_gguf(path, family, model.config, state, Q.Q8_0)
     return str(path)
 
 

@@ -42,14 +42,22 @@ def test_a_dense_model_has_no_active_count(tmp_path):
 
 
 def test_gpt_oss_folder_counts_every_expert_and_the_active_ones(tmp_path):
+    from tests.engine.loaders.gguf.test_gguf_gpt_oss import write_gpt_oss_gguf
     from tests.engine.tiny_gpt_oss import save_gpt_oss_model
 
     model = save_gpt_oss_model(tmp_path)
     total = sum(p.numel() for p in model.parameters())
     experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    active = total - experts + experts * 2 // 8
     info = model_info(tmp_path)
-    assert (info.num_parameters, info.active_parameters) == (
-        total, total - experts + experts * 2 // 8)
+    assert (info.num_parameters, info.active_parameters) == (total, active)
+    path = tmp_path / "m.gguf"
+    state = {name: t.detach().clone() for name, t in model.state_dict().items()}
+    write_gpt_oss_gguf(path, model.config, state)
+    file = model_info(path)
+    assert (file.num_parameters, file.active_parameters) == (total, active)
+    assert estimate_memory(file, EngineConfig(device="cpu")).weights_bytes == (
+        path.stat().st_size)
 
 
 def test_gpt_oss_20b_shows_as_the_models_dialog_expects():
