@@ -19,6 +19,7 @@ from kernels.interface import (
     AttentionMetadata,
     allocate_kv_cache,
     check_attention_options,
+    check_sinks,
     effective_window,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "AttentionMetadata",
     "allocate_kv_cache",
     "check_attention_options",
+    "check_sinks",
     "default_backend_name",
     "effective_window",
     "get_backend",

@@ -22,6 +22,7 @@ __all__ = [
     "AttentionMetadata",
     "allocate_kv_cache",
     "check_attention_options",
+    "check_sinks",
     "effective_window",
 ]
 
@@ -69,6 +70,7 @@ class AttentionBackend(Protocol):
         scale: float,
         sliding_window: int | None = None,
         logit_softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None: ...
@@ -95,6 +97,22 @@ def check_attention_options(sliding_window: int | None, logit_softcap: float | N
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
     if logit_softcap is not None and not logit_softcap > 0:
         raise ValueError(f"logit_softcap must be > 0 or None, got {logit_softcap!r}")
+
+
+def check_sinks(sinks: torch.Tensor | None, num_q_heads: int) -> None:
+    """The ValueError for attention sinks no backend can honour.
+
+    sinks [nq]: one learned logit per query head that joins the softmax's denominator
+    and weighs no value (gpt-oss): a row's weights are e^s_j / (e^sink + sum_k e^s_k),
+    its scores taken after the scale and the soft-cap, the sink as it is, seen by every
+    query whatever its window. So a row may give less than all its weight to its keys."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        raise ValueError(f"sinks must be a float tensor or None, got {type(sinks).__name__}")
+    if tuple(sinks.shape) != (num_q_heads,):
+        raise ValueError(f"sinks must have shape ({num_q_heads},) (one logit per query "
+                         f"head), got {tuple(sinks.shape)}")
 
 
 def effective_window(sliding_window: int | None, max_seq_len: int) -> int | None:

@@ -14,6 +14,8 @@ Two options of `attention` (kernels.interface.check_attention_options has the ex
 a sliding window trims what is read to the window's blocks (blocks wholly before a
 query's window are never read, not even through their block-table entry), and a logit
 soft-cap, which SDPA lacks, switches to an explicit fp32 softmax (`_explicit_attention`).
+So do attention sinks (`check_sinks`: a per-head logit in the softmax's denominator),
+which that softmax takes as one more column of scores that weighs no value.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.block_reads import heads_of_blocks
-from kernels.interface import AttentionMetadata, check_attention_options
+from kernels.interface import AttentionMetadata, check_attention_options, check_sinks
 from kernels.shared_prefix_ref import shared_prefix_decode
 from kernels.step_plan import DecodePlan, StepPlan
 
@@ -60,19 +62,21 @@ def _write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, scale: float,
                         sliding_window: int | None = None,
-                        logit_softcap: float | None = None) -> torch.Tensor:
+                        logit_softcap: float | None = None,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of a varlen batch over the paged cache; returns [num_tokens, nq, hd].
 
     Sequence i's rows query_start_loc[i]:query_start_loc[i+1] are its newest tokens: they
     see every cached position before them and, causally, each other. K/V of the new tokens
     must already be in the cache (write_kv first). sliding_window W: the token at position
     p sees only keys p - W + 1 .. p. logit_softcap c: scores are c * tanh(score / c)
-    (after the scale, before the mask).
+    (after the scale, before the mask). sinks [nq]: kernels.interface.check_sinks.
     """
     _check_heads(query, k_cache)
     check_attention_options(sliding_window, logit_softcap)
+    check_sinks(sinks, query.shape[1])
     plan = StepPlan.build(meta, k_cache.shape[1], k_cache.device, sliding_window)
-    return _attention(query, k_cache, v_cache, plan, scale, logit_softcap)
+    return _attention(query, k_cache, v_cache, plan, scale, logit_softcap, sinks)
 
 
 def _check_heads(query: torch.Tensor, k_cache: torch.Tensor) -> None:
@@ -86,38 +90,41 @@ def _check_heads(query: torch.Tensor, k_cache: torch.Tensor) -> None:
 
 
 def _attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               plan: StepPlan, scale: float, softcap: float | None = None) -> torch.Tensor:
+               plan: StepPlan, scale: float, softcap: float | None = None,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
     if plan.decode is not None and plan.decode_rows is None:
-        return _decode_attention(query, k_cache, v_cache, plan.decode, scale, softcap)
+        return _decode_attention(query, k_cache, v_cache, plan.decode, scale, softcap, sinks)
     out = torch.empty_like(query)
     if plan.decode is not None and plan.decode_rows is not None:
         rows = plan.decode_rows
         out[rows] = _decode_attention(query[rows], k_cache, v_cache, plan.decode, scale,
-                                      softcap)
+                                      softcap, sinks)
     for chunk in plan.chunks:
         # Batched 4-D inputs: with 3-D ones and enable_gqa, SDPA on CPU takes its unfused
         # math path, 3x slower on a 512-token chunk.
         keys = heads_of_blocks(k_cache, chunk.ids, chunk.num_keys, chunk.skip)[None]
         values = heads_of_blocks(v_cache, chunk.ids, chunk.num_keys, chunk.skip)[None]
         chunk_query = query[None, chunk.start:chunk.end].transpose(1, 2)  # [1, nq, q_len, hd]
-        if softcap is None:
+        if softcap is None and sinks is None:
             chunk_out = F.scaled_dot_product_attention(
                 chunk_query, keys, values, attn_mask=chunk.mask, scale=scale, enable_gqa=True)
         else:
-            chunk_out = _explicit_attention(chunk_query, keys, values, chunk.mask[None, None],
-                                            scale, softcap)
+            mask = None if chunk.mask is None else chunk.mask[None, None]
+            chunk_out = _explicit_attention(chunk_query, keys, values, mask, scale, softcap,
+                                            sinks)
         out[chunk.start:chunk.end] = chunk_out[0].transpose(0, 1)
     return out
 
 
 def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      plan: DecodePlan, scale: float, softcap: float | None = None
-                      ) -> torch.Tensor:
+                      plan: DecodePlan, scale: float, softcap: float | None = None,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One new token per sequence: every sequence's blocks, padded to the longest, in a
     single SDPA over the batch with a length mask."""
     num_seqs, num_q_heads, head_size = query.shape
     if plan.shared is not None:
-        return shared_prefix_decode(query, k_cache, v_cache, plan.shared, scale, softcap)
+        return shared_prefix_decode(query, k_cache, v_cache, plan.shared, scale, softcap,
+                                    sinks)
     if plan.mask is None:  # one sequence: its exact context or window, [1, nkv, seq_len, hd]
         keys = heads_of_blocks(k_cache, plan.ids, plan.seq_len, plan.skip)[None]
         values = heads_of_blocks(v_cache, plan.ids, plan.seq_len, plan.skip)[None]
@@ -126,33 +133,42 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         keys = heads_of_blocks(k_cache, plan.ids).view(num_kv_heads, num_seqs, -1, head_size)
         values = heads_of_blocks(v_cache, plan.ids).view(num_kv_heads, num_seqs, -1, head_size)
         keys, values = keys.transpose(0, 1), values.transpose(0, 1)
-    if softcap is None:
+    if softcap is None and sinks is None:
         out = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values,
                                              attn_mask=plan.mask_for(query.dtype), scale=scale,
                                              enable_gqa=True)
     else:
-        out = _explicit_attention(query.unsqueeze(2), keys, values, plan.mask, scale, softcap)
+        out = _explicit_attention(query.unsqueeze(2), keys, values, plan.mask, scale, softcap,
+                                  sinks)
     return out.view(num_seqs, num_q_heads, head_size)
 
 
 def _explicit_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                        mask: torch.Tensor | None, scale: float, softcap: float
-                        ) -> torch.Tensor:
-    """SDPA's contract with a soft-cap, which SDPA lacks: query [B, nq, q_len, hd], keys
-    and values [B, nkv, n, hd], mask bool broadcastable to [B, 1, q_len, n] (True = seen)
-    or None. As Gemma 2's eager attention: scale, then c * tanh(score / c), then the mask,
-    then softmax, all in fp32; returns [B, nq, q_len, hd] in query's dtype."""
+                        mask: torch.Tensor | None, scale: float, softcap: float | None,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA's contract with a soft-cap or sinks, which SDPA lacks: query [B, nq, q_len,
+    hd], keys and values [B, nkv, n, hd], mask bool broadcastable to [B, 1, q_len, n]
+    (True = seen) or None. As Gemma 2's eager attention: scale, then c * tanh(score / c),
+    then the mask, then softmax, all in fp32; with sinks [nq] (gpt-oss's eager attention)
+    each head's sink logit is one more column of the softmax, dropped after it. Returns
+    [B, nq, q_len, hd] in query's dtype."""
     batch, num_q_heads, q_len, head_size = query.shape
     num_kv_heads = keys.shape[1]
     group = num_q_heads // num_kv_heads
     # Query head h uses KV head h // group: heads split as (nkv, group).
     q = query.float().reshape(batch, num_kv_heads, group * q_len, head_size)
     scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scale  # [B, nkv, G*q, n]
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.view(batch, num_kv_heads, group, q_len, -1)
     if mask is not None:
         scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
-    probs = scores.softmax(-1).view(batch, num_kv_heads, group * q_len, -1)
+    if sinks is None:
+        probs = scores.softmax(-1)
+    else:
+        sink = sinks.float().view(1, num_kv_heads, group, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+    probs = probs.reshape(batch, num_kv_heads, group * q_len, -1)
     out = torch.matmul(probs, values.float())
     return out.view(batch, num_q_heads, q_len, head_size).to(query.dtype)
 
@@ -223,7 +239,8 @@ class TorchBackend:
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
-                  logit_softcap: float | None = None) -> torch.Tensor:
+                  logit_softcap: float | None = None, sinks: torch.Tensor | None = None
+                  ) -> torch.Tensor:
         block_size, device = k_cache.shape[1], k_cache.device
         key = (meta, block_size, device)
         cached = self._plans.get(sliding_window)
@@ -238,7 +255,8 @@ class TorchBackend:
             self._plans[sliding_window] = (key, plan)
         if logit_softcap is not None:
             check_attention_options(None, logit_softcap)
-        return _attention(query, k_cache, v_cache, plan, scale, logit_softcap)
+        check_sinks(sinks, query.shape[1])
+        return _attention(query, k_cache, v_cache, plan, scale, logit_softcap, sinks)
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         copy_blocks_ref(kv_cache, src, dst)

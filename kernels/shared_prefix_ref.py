@@ -48,8 +48,11 @@ class SharedPrefix:
 
 def shared_prefix_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          shared: SharedPrefix, scale: float,
-                         softcap: float | None = None) -> torch.Tensor:
-    """query [num_seqs, nq, hd] -> [num_seqs, nq, hd]; caches [blocks, bs, nkv, hd]."""
+                         softcap: float | None = None,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """query [num_seqs, nq, hd] -> [num_seqs, nq, hd]; caches [blocks, bs, nkv, hd].
+    sinks [nq] (kernels.interface.check_sinks) join the merge as a third part whose
+    log-sum-exp is the sink and whose output is zero."""
     num_seqs, num_q_heads, head_size = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -73,6 +76,8 @@ def shared_prefix_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     tail_out, tail_lse = _attend(q, tail_keys, tail_values, scale, softcap, shared.tail_mask,
                                  shared.tail_additive)
     lse = torch.logaddexp(head_lse, tail_lse)
+    if sinks is not None:
+        lse = torch.logaddexp(lse, sinks.float().view(1, num_kv_heads, group))
     out = (head_out * (head_lse - lse).exp().unsqueeze(-1)
            + tail_out * (tail_lse - lse).exp().unsqueeze(-1))
     return out.reshape(num_seqs, num_q_heads, head_size).to(query.dtype)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
@@ -36,12 +37,15 @@ class PagedSelfAttention(Layer):
         logit_softcap: float | None = None,
         norm_class: type[RMSNorm] = RMSNorm,
         rotate: Callable[..., torch.Tensor] = apply_rotary,
+        sinks: bool = False,
     ) -> None:
         """qk_norm_eps: set for Qwen3/Gemma 3-style per-head norms of q and k before rope
         (of ``norm_class``). scale: the score scale (default head_dim ** -0.5; Gemma's
         query_pre_attn_scalar sets its own). sliding_window: attend to the last W tokens
         only. logit_softcap: Gemma 2's tanh cap on the scores. rotate: the rotary step
-        (Phi-4-mini's turns only the leading dims of each head)."""
+        (Phi-4-mini's turns only the leading dims of each head). sinks: a learned logit per
+        query head in the softmax's denominator (gpt-oss; kernels.check_sinks), loaded
+        into ``self.sinks``."""
         super().__init__()
         if num_heads % num_kv_heads != 0:
             raise ValueError(
@@ -59,6 +63,12 @@ class PagedSelfAttention(Layer):
             self.attention_options["sliding_window"] = sliding_window
         if logit_softcap is not None:
             self.attention_options["logit_softcap"] = logit_softcap
+        self.sinks: torch.Tensor | None = None
+        if sinks:
+            # The backends read it in float32 whatever the model's dtype.
+            self.sinks = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32,
+                                                  device=device), requires_grad=False)
+            self.attention_options["sinks"] = self.sinks
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.qkv_proj = StackedLinear(hidden_size, (q_size, kv_size, kv_size), qkv_bias,
                                       dtype, device)

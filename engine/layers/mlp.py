@@ -45,9 +45,12 @@ class GatedMLP(Layer):
         self.down_proj = StackedLinear(intermediate_size, (hidden_size,), bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        return self.down_proj(self.activate(self.gate_up_proj(x)))
+
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[..., 2 * intermediate] (gate then up) -> act(gate) * up [..., intermediate]."""
         if gate_up.dim() == 2 and fused_cpu(gate_up):
-            return self.down_proj(getattr(native_ops(), self.fused_op)(gate_up))
+            return getattr(native_ops(), self.fused_op)(gate_up)
         size = self.intermediate_size
         # Slices and an in-place multiply: a decode step pays a fixed cost per op, per layer.
-        return self.down_proj(self.act(gate_up[..., :size]).mul_(gate_up[..., size:]))
+        return self.act(gate_up[..., :size]).mul_(gate_up[..., size:])

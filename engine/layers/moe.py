@@ -15,13 +15,15 @@ its k experts' gate/up products in one call (`NativeQuantized.matmul_all`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.base import Layer
 from engine.layers.mlp import GatedMLP
-from engine.layers.native import fused_cpu, native_ops
+from engine.layers.native import fused_cpu
 from engine.layers.weights import NativeQuantized
 
 
@@ -57,11 +59,16 @@ class SparseMoE(Layer):
     """sum over each token's top-k experts e of weight_e * expert_e(x)."""
 
     def __init__(self, hidden_size: int, expert_size: int, num_experts: int, top_k: int,
-                 normalize: bool, dtype: torch.dtype, device: torch.device | str) -> None:
+                 normalize: bool, dtype: torch.dtype, device: torch.device | str,
+                 gate: Layer | None = None, experts: Sequence[GatedMLP] | None = None) -> None:
+        """``gate`` and ``experts``: a family's own router (x -> weights, ids [T, k]) and
+        experts (gpt-oss's), instead of the softmax router and plain SiLU experts."""
         super().__init__()
-        self.gate = TopKRouter(hidden_size, num_experts, top_k, normalize, dtype, device)
-        self.experts = nn.ModuleList(
-            GatedMLP(hidden_size, expert_size, False, dtype, device) for _ in range(num_experts))
+        self.gate = gate or TopKRouter(hidden_size, num_experts, top_k, normalize, dtype,
+                                       device)
+        self.experts = nn.ModuleList(experts or (
+            GatedMLP(hidden_size, expert_size, False, dtype, device)
+            for _ in range(num_experts)))
 
     @property
     def num_experts(self) -> int:
@@ -110,7 +117,7 @@ class SparseMoE(Layer):
         experts = [self.experts[e] for e in ids]
         gate_up = NativeQuantized.matmul_all(
             x, [e.gate_up_proj.storage for e in experts]).view(len(ids), -1)
-        hidden = getattr(native_ops(), experts[0].fused_op)(gate_up)
+        hidden = experts[0].activate(gate_up)
         outs = torch.cat([e.down_proj(hidden[j:j + 1]) for j, e in enumerate(experts)])
         return (weights.unsqueeze(0) @ outs).to(x.dtype)
 

@@ -1,5 +1,5 @@
-"""Rotary position embedding (rotate-half layout) with default, linear and llama3 scaling,
-and Phi-3's partial rotary and LongRoPE.
+"""Rotary position embedding (rotate-half layout) with default, linear, llama3 and YaRN
+scaling, and Phi-3's partial rotary and LongRoPE.
 
 The cos/sin tables cover every position up to max_position_embeddings, built once, so a
 step only indexes them; the model looks them up once per forward and every layer reuses
@@ -22,7 +22,7 @@ from torch import nn
 if TYPE_CHECKING:
     from kernels import AttentionMetadata
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def rope_inv_freq(
@@ -39,7 +39,51 @@ def rope_inv_freq(
     if rope_type == "linear":
         # Dividing the frequencies equals dividing the positions by `factor`.
         return inv_freq / factor
+    if rope_type == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, factor, scaling)
     return _llama3_inv_freq(inv_freq, factor, scaling)
+
+
+def rope_attention_factor(scaling: Mapping[str, Any] | None) -> float:
+    """The factor cos and sin are scaled by: YaRN's (its ``attention_factor``, else
+    0.1 ln(factor) + 1, or the mscale ratio DeepSeek-style configs give); 1 elsewhere."""
+    if rope_type_of(scaling) != "yarn":
+        return 1.0
+    assert scaling is not None
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(_require(scaling, "factor"))
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(float(scaling["mscale"])) / mscale(float(scaling["mscale_all_dim"]))
+    return mscale()
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, factor: float,
+                   scaling: Mapping[str, Any]) -> torch.Tensor:
+    """YaRN (gpt-oss): frequencies that turn fewer than beta_slow times over the original
+    context are interpolated (divided by `factor`), those turning more than beta_fast
+    times kept, and a linear ramp between them over the pair index, as transformers'
+    _compute_yarn_parameters (``truncate`` rounds the ramp's ends outwards, the default)."""
+    original = float(_require(scaling, "original_max_position_embeddings"))
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+
+    def pair_of(rotations: float) -> float:  # the pair index turning `rotations` times
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = pair_of(beta_fast), pair_of(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # keeps the ramp finite
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: the original frequency, 0: interpolated
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
 
 
 def _llama3_inv_freq(
@@ -136,7 +180,8 @@ class RotaryEmbedding(nn.Module):
         self.max_position = max_position
         if inv_freq is None:
             inv_freq = rope_inv_freq(head_dim, theta, scaling)
-        cos, sin = rope_tables(inv_freq, max_position, 1.0, dtype, device)
+        cos, sin = rope_tables(inv_freq, max_position, rope_attention_factor(scaling), dtype,
+                               device)
         self.cos: torch.Tensor
         self.sin: torch.Tensor
         self.register_buffer("cos", cos, persistent=False)

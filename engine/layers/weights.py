@@ -8,7 +8,9 @@ when its weights are loaded (`StackedLinear.prepare`, `Embedding.prepare`).
                               map of the GGUF file), kernels/cpu      activations, integer dots
     TritonQuantized   CUDA    the file's blocks on the card           Triton GEMV / GEMM
     TorchQuantized    CPU     PyTorch's int4pack / int8-rows layouts  aten weight-only ops
-                              (the native library is not built)
+                              (the native library is not built);
+                      any     MXFP4 blocks (no native or Triton       dequantize on use,
+                              kernel yet)                             F.linear
 
 Every storage multiplies (`matmul`, x [m, k] -> [m, n]) and reads rows back (`rows`: an
 embedding lookup, the LM head's float32 refinement), so a tied embedding and LM head share
@@ -29,6 +31,7 @@ from torch import nn
 from engine.layers import onednn
 from kernels.quant.formats import QuantizedTensor
 from kernels.quant.matrix import QuantMatrix, for_product, for_rows, native_cpu
+from kernels.quant.mxfp4 import MXFP4_TYPE
 
 # Without oneDNN, below this many rows (decode steps) CPU fp32 matmuls run faster as
 # W @ x.T than as F.linear (README, "Performance"). One row is padded to two, which beats
@@ -177,7 +180,8 @@ class TritonQuantized(QuantizedRuns):
 
 
 class TorchQuantized(QuantizedRuns):
-    """A CPU without the native library: PyTorch's weight-only ops (Int4Packed, Int8Rows)."""
+    """A CPU without the native library: PyTorch's weight-only ops (Int4Packed, Int8Rows);
+    and MXFP4 on any device (Mxfp4Blocks), which no kernel of the library takes yet."""
 
     __slots__ = ()
 
@@ -191,6 +195,8 @@ def quantized_storage(parts: Sequence[QuantizedTensor], device: torch.device,
     recomputed in float32 anyway). The others join adjacent parts of one block type into
     one layout, built from the blocks in order."""
     kind = _quantized_kind(device)
+    if any(part.type_id == MXFP4_TYPE for part in parts):
+        kind = TorchQuantized
     if kind is NativeQuantized:
         return NativeQuantized([for_product(part, device) for part in parts], pairs=precise)
     merged: list[QuantizedTensor] = []
@@ -214,7 +220,8 @@ def set_activation_bits(model: nn.Module, bits: int) -> None:
 
 def lookup_storage(table: QuantizedTensor, device: torch.device) -> QuantizedRuns:
     """The storage of an embedding table that only looks rows up (not tied to a head)."""
-    return _quantized_kind(device)([for_rows(table, device)])
+    kind = TorchQuantized if table.type_id == MXFP4_TYPE else _quantized_kind(device)
+    return kind([for_rows(table, device)])
 
 
 def _quantized_kind(device: torch.device) -> type[QuantizedRuns]:

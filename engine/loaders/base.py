@@ -80,12 +80,13 @@ def check_weight_shapes(config, shapes: Mapping[str, tuple[int, ...]],
     ones. An architecture Folio does not run is left to the model registry's error; names
     the model does not take (old checkpoints' rotary inv_freq buffers) pass through here.
     """
-    from engine.models import checkpoint_shapes
+    from engine.models import checkpoint_shapes, split_fused_shapes
 
     try:
         expected_shapes = checkpoint_shapes(config)
     except ValueError:
         return
+    shapes = split_fused_shapes(config, dict(shapes))
     num_layers = config.num_hidden_layers
     for name, shape in shapes.items():
         expected = expected_shapes.get(name)

@@ -64,7 +64,7 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
                 name = "model." + name[len(prefix):]
             shapes[name] = shape
             origin[name] = shard
-    check_weight_shapes(config, shapes, lambda name: str(origin[name]), str(folder))
+    check_weight_shapes(config, shapes, lambda name: str(origin.get(name, folder)), str(folder))
     report("index", 1.0)
 
     def opener() -> Iterator[tuple[str, torch.Tensor]]:

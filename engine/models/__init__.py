@@ -14,6 +14,7 @@ from engine.models.registry import (
     gguf_family,
     gguf_file_family,
     resolve_architecture,
+    split_fused_shapes,
 )
 from engine.models.spec import DecoderSpec
 
@@ -32,4 +33,5 @@ __all__ = [
     "build_model",
     "resolve_architecture",
     "resolve_dtype",
+    "split_fused_shapes",
 ]

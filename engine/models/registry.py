@@ -21,6 +21,7 @@ from torch import nn
 from engine.dtypes import resolve_dtype
 from engine.models.gemma import GemmaForCausalLM, gemma_spec
 from engine.models.gemma4 import Gemma4ForCausalLM, gemma4_spec
+from engine.models.gpt_oss import GptOssForCausalLM, gpt_oss_spec, split_expert_shapes
 from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import MoEForCausalLM, moe_spec
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
@@ -87,6 +88,16 @@ GGUF_MIXTRAL_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
     "ffn_down_exps": "block_sparse_moe.experts.{}.w2",
 })
 
+# gpt-oss (MODEL_TENSORS[GPT_OSS]): Llama's attention with biases and sinks, llama.cpp's
+# post_attention_norm before the experts, biased router and experts.
+GGUF_GPT_OSS_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    **{k: v for k, v in GGUF_MOE_BLOCK_NAMES.items() if k in (
+        "attn_q", "attn_k", "attn_v", "attn_output", "attn_norm", "ffn_gate_exps",
+        "ffn_up_exps", "ffn_down_exps")},
+    "attn_sinks": "self_attn.sinks", "post_attention_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.router",
+})
+
 
 @dataclass(slots=True, frozen=True)
 class ModelFamily:
@@ -114,6 +125,9 @@ class ModelFamily:
     # The family's turn format (engine/text/turn_formats.py) for a file without a chat
     # template.
     turn_format: str = "chatml"
+    # A checkpoint's tensor shapes (name -> shape) under the model's own names, where its
+    # files fuse what the model keeps apart (gpt-oss's experts); None: the same names.
+    split_shapes: Callable[[dict[str, tuple[int, ...]]], dict[str, tuple[int, ...]]] | None = None
 
 
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -158,6 +172,10 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 FamilyTraits(o_bias_from_config=False), MoEForCausalLM, moe_spec,
                 gguf_block_names=GGUF_MIXTRAL_BLOCK_NAMES, gguf_experts_of="llama",
                 turn_format="mistral"),
+    # gpt-oss (engine/models/gpt_oss.py): NEOX rope, rows in HF order.
+    ModelFamily("GptOssForCausalLM", "gpt_oss", ("gpt-oss",), False, FamilyTraits(),
+                GptOssForCausalLM, gpt_oss_spec, gguf_block_names=GGUF_GPT_OSS_BLOCK_NAMES,
+                split_shapes=split_expert_shapes),
 )
 # Multimodal checkpoints whose text part Folio runs (no image or audio input): the class ->
 # the prefix of its text weights, which load under the text family's "model." names.
@@ -225,6 +243,14 @@ def build_model(
     family = family_of(hf_config)
     spec = family.build_spec(hf_config, family.architecture, family.traits)
     return family.model_class(spec, resolve_dtype(dtype), device)
+
+
+def split_fused_shapes(hf_config: Any,
+                       shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """A checkpoint's shapes under the names `checkpoint_shapes` gives (its family's
+    ``split_shapes``), or as they are."""
+    split = family_of(hf_config).split_shapes
+    return split(shapes) if split is not None else shapes
 
 
 def checkpoint_shapes(hf_config: Any) -> dict[str, tuple[int, ...]]:

@@ -3,7 +3,8 @@
 
 `attention` is one op per layer: a varlen batch of prefill chunks and decode tokens read
 in place from the paged pool through the block tables (causal, GQA, sliding window,
-logit soft-cap with the reference's exact semantics), split over sequences, KV heads and,
+logit soft-cap and attention sinks with the reference's exact semantics), split over
+sequences, KV heads and,
 when that leaves threads idle, block ranges of the keys. `write_kv` is one scatter op.
 Float32 pools run natively, prefill chunks of any length included (their tasks score a
 block through its keys transposed: faster than the reference's SDPA at 512 x 512
@@ -19,7 +20,12 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu import available, ops, status
-from kernels.interface import AttentionMetadata, check_attention_options, effective_window
+from kernels.interface import (
+    AttentionMetadata,
+    check_attention_options,
+    check_sinks,
+    effective_window,
+)
 from kernels.reference import TorchBackend, copy_blocks_ref, swap_blocks_ref
 
 
@@ -55,23 +61,27 @@ class CpuBackend:
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
-                  logit_softcap: float | None = None) -> torch.Tensor:
+                  logit_softcap: float | None = None, sinks: torch.Tensor | None = None
+                  ) -> torch.Tensor:
         if not self._native(query, k_cache, v_cache):
             return self._fallback.attention(query, k_cache, v_cache, meta, scale,
-                                            sliding_window, logit_softcap)
+                                            sliding_window, logit_softcap, sinks)
         if query.dim() != 3:
             raise ValueError(f"query must be [num_tokens, nq, hd], got shape {tuple(query.shape)}")
         if query.shape[1] % k_cache.shape[2] != 0:
             raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of KV heads "
                              f"({k_cache.shape[2]})")
         check_attention_options(sliding_window, logit_softcap)
+        check_sinks(sinks, query.shape[1])
+        if sinks is not None:
+            sinks = sinks.to(device="cpu", dtype=torch.float32).contiguous()
         window = effective_window(sliding_window, meta.max_seq_len) or 0
         if query.stride(2) != 1:
             query = query.contiguous()
         return ops().paged_attention(
             query, k_cache, v_cache, _int32(meta.query_start_loc), _int32(meta.seq_lens),
             _int32(meta.block_tables), float(scale), int(window),
-            float(logit_softcap or 0.0))
+            float(logit_softcap or 0.0), sinks)
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         copy_blocks_ref(kv_cache, src, dst)

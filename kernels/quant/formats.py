@@ -33,7 +33,8 @@ def _formats() -> tuple[QuantFormat, ...]:
     # Block sizes and type ids come from gguf's own table, never a copy of it.
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    names = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+    names = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+             "MXFP4")
     types = (GGMLQuantizationType[name] for name in names)
     return tuple(QuantFormat(t.name, int(t), *GGML_QUANT_SIZES[t]) for t in types)
 

@@ -12,6 +12,9 @@ fastest, plus the row lookups an embedding table needs.
     Int4Packed   CPU     aten int4pack (Q4_0/Q4_1/Q4_K,   the rows' nibbles read out of
                          and Q8_0 as two 4-bit halves)     the packed layout
     Int8Rows     CPU     aten int8pack / F.linear         int8 rows times their scale
+    Mxfp4Blocks  any     dequantize on use, F.linear      the rows' blocks dequantized
+                         (MXFP4: no native or Triton
+                         kernel yet; kernels/quant/mxfp4)
 
 NativeBlocks reads the blocks where they lie (a map of the GGUF file) and keeps the file's
 row order; the other layouts are built at load from the blocks in order. Without the
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 
 from kernels.quant.cpu import INT4_TYPES, Int4Packed, Int8Rows, tile_rows
 from kernels.quant.formats import QuantizedTensor
+from kernels.quant.mxfp4 import MXFP4_TYPE, Mxfp4Blocks
 
 
 @dataclass(slots=True)
@@ -101,7 +105,7 @@ class NativeBlocks:
         return quant.dequantize_rows(t.data, ids, t.type_id, t.shape[1]).to(dtype)
 
 
-QuantMatrix = RawBlocks | Int4Packed | Int8Rows | NativeBlocks
+QuantMatrix = RawBlocks | Int4Packed | Int8Rows | NativeBlocks | Mxfp4Blocks
 
 
 def dequantize_cpu(data: torch.Tensor, type_id: int) -> torch.Tensor:
@@ -121,6 +125,8 @@ def native_cpu(device: torch.device) -> bool:
 
 def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
     """The layout that multiplies fastest on `device` (the tensor's data is on the CPU)."""
+    if tensor.type_id == MXFP4_TYPE:
+        return Mxfp4Blocks(_moved(tensor.in_order(), device))
     if native_cpu(device):
         return NativeBlocks(tensor)
     tensor = tensor.in_order()
@@ -131,8 +137,10 @@ def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
     return Int8Rows.from_float(dequantize_cpu(tensor.data, tensor.type_id))
 
 
-def for_rows(tensor: QuantizedTensor, device: torch.device) -> RawBlocks:
+def for_rows(tensor: QuantizedTensor, device: torch.device) -> RawBlocks | Mxfp4Blocks:
     """The layout for an embedding table that only looks rows up."""
+    if tensor.type_id == MXFP4_TYPE:
+        return Mxfp4Blocks(_moved(tensor.in_order(), device))
     if native_cpu(device):
         return NativeBlocks(tensor)
     tensor = tensor.in_order()

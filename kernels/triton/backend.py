@@ -28,6 +28,7 @@ class TritonBackend:
     decode kernel: it starts each sequence's loop at its window, whereas the cascade
     kernel reads the shared blocks whole, and those may lie before a member's window (and
     be freed); a window covering every context is dropped, so it keeps the cascade.
+    So do attention sinks, which only the plain kernels' merge takes.
 
     shared_prefix: None reads $FOLIO_SHARED_PREFIX ("1" turns it on).
     min_shared_blocks: the fewest shared blocks worth a group of their own.
@@ -56,14 +57,17 @@ class TritonBackend:
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
-                  logit_softcap: float | None = None) -> torch.Tensor:
+                  logit_softcap: float | None = None, sinks: torch.Tensor | None = None
+                  ) -> torch.Tensor:
         query = _heads_contiguous(query)
         check_attention_options(sliding_window, logit_softcap)
         window = effective_window(sliding_window, meta.max_seq_len)
         options = dict(sliding_window=window, logit_softcap=logit_softcap)
+        if sinks is not None:
+            options["sinks"] = sinks
         if not meta.is_decode_only:
             return paged_prefill(query, k_cache, v_cache, meta, scale, **options)
-        if self.shared_prefix and window is None:
+        if self.shared_prefix and window is None and sinks is None:
             groups = self._shared_groups(meta, k_cache.shape[1])
             if groups:
                 return shared_prefix_decode(query, k_cache, v_cache, meta, scale, groups,

@@ -18,6 +18,9 @@ launch without them compiles to the plain kernel:
   window's W tokens only.
 - SOFTCAP (c): scores become c * tanh(score * scale / c) before the softmax; qk_scale
   is then scale / c and softcap_log2 = c * log2(e) carries the scores to base 2.
+
+Attention sinks (kernels.interface.check_sinks) join the merge kernel's denominator, so a
+launch with sinks always writes partials and merges them, even with one split.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.interface import AttentionMetadata, check_attention_options, effective_window
+from kernels.interface import (
+    AttentionMetadata,
+    check_attention_options,
+    check_sinks,
+    effective_window,
+)
 
 LOG2E = 1.4426950408889634
 _NEG_TWO_LOG2E = tl.constexpr(-2.0 * LOG2E)
@@ -203,6 +211,8 @@ def _merge_kernel(
     G_PAD: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     SLOT_PAD: tl.constexpr,  # >= num_slots
+    HAS_SINKS: tl.constexpr,
+    sinks_ptr,  # HAS_SINKS: fp32 [nq] base-2 logits, one more term of each denominator
 ):
     """One program per (sequence, KV head) merges the slots of its G query heads."""
     seq = tl.program_id(0).to(tl.int64)
@@ -220,8 +230,13 @@ def _merge_kernel(
                       mask=g_mask[:, None] & (offs_s < num_slots)[None, :], other=float("-inf"))
     # Every real head has a filled slot (a sequence has >= 1 token); padded heads do not.
     m = tl.max(lse_all, 1)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + heads, mask=g_mask, other=float("-inf"))
+        m = tl.maximum(m, sink)
     m = tl.where(m > float("-inf"), m, 0.0)
     denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m)
     acc = tl.zeros([G_PAD, HEAD_PAD], dtype=tl.float32)
     for slot in range(num_slots):
         lse = tl.load(lse_rows + slot, mask=g_mask, other=float("-inf"))
@@ -324,9 +339,18 @@ def launch_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     )
 
 
+def sinks_operand(sinks: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """The sinks as the kernels read them (fp32, to base 2), or any tensor where there
+    are none (a launch without HAS_SINKS never reads it)."""
+    if sinks is None:
+        return like
+    return (sinks.to(device=like.device, dtype=torch.float32) * LOG2E).contiguous()
+
+
 def merge_partials(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
-                   num_kv_heads: int) -> None:
-    """out[s, h] = softmax-weighted sum of the filled partial slots of (s, h)."""
+                   num_kv_heads: int, sinks: torch.Tensor | None = None) -> None:
+    """out[s, h] = softmax-weighted sum of the filled partial slots of (s, h), the sink
+    of head h (natural log, [nq]) one more term of the weights' denominator."""
     num_seqs, nq, num_slots, head_size = part_out.shape
     group = nq // num_kv_heads
     _merge_kernel[(num_seqs, num_kv_heads)](
@@ -334,22 +358,26 @@ def merge_partials(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Te
         *part_out.stride()[:3], *part_lse.stride()[:2], out.stride(0), out.stride(1),
         G=group, HEAD_SIZE=head_size, G_PAD=triton.next_power_of_2(group),
         HEAD_PAD=triton.next_power_of_2(head_size),
-        SLOT_PAD=triton.next_power_of_2(num_slots), num_warps=4,
+        SLOT_PAD=triton.next_power_of_2(num_slots), HAS_SINKS=sinks is not None,
+        sinks_ptr=sinks_operand(sinks, part_lse), num_warps=4,
     )
 
 
 def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMetadata, scale: float, *, num_splits: int | None = None,
                  out: torch.Tensor | None = None, sliding_window: int | None = None,
-                 logit_softcap: float | None = None) -> torch.Tensor:
+                 logit_softcap: float | None = None,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Decode attention for a batch with one new token per sequence.
 
     query [num_seqs, nq, hd]; returns [num_seqs, nq, hd] in query's dtype. `num_splits`
     None picks from the batch and the keys attended (choose_num_splits). sliding_window
-    and logit_softcap as in kernels.interface.check_attention_options."""
+    and logit_softcap as in kernels.interface.check_attention_options, sinks [nq] as in
+    kernels.interface.check_sinks."""
     check_inputs(query, k_cache, v_cache)
     check_attention_options(sliding_window, logit_softcap)
     num_seqs, nq, head_size = query.shape
+    check_sinks(sinks, nq)
     if num_seqs != meta.num_seqs:
         raise ValueError(f"decode query has {num_seqs} rows for {meta.num_seqs} sequences")
     window = effective_window(sliding_window, meta.max_seq_len)
@@ -362,7 +390,7 @@ def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if num_seqs == 0:
         return out
-    if num_splits == 1:
+    if num_splits == 1 and sinks is None:
         launch_decode(query, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale,
                       max_tokens=max_tokens, num_splits=1, out=out, window=window,
                       softcap=logit_softcap)
@@ -374,5 +402,5 @@ def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     launch_decode(query, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale,
                   max_tokens=max_tokens, num_splits=num_splits,
                   partials=(part_out, part_lse), window=window, softcap=logit_softcap)
-    merge_partials(part_out, part_lse, out, k_cache.shape[2])
+    merge_partials(part_out, part_lse, out, k_cache.shape[2], sinks)
     return out

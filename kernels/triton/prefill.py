@@ -14,6 +14,7 @@ Options, constexpr-specialized as in kernels/triton/decode.py: SLIDING (window W
 token at position p see keys p - W + 1 .. p only (transformers' sliding_window_overlay);
 each tile's key loop starts at its first query's window start, so blocks wholly before
 every query of the tile are never read. SOFTCAP (c): c * tanh(score / c) before the mask.
+HAS_SINKS: a per-head logit joins each row's denominator (kernels.interface.check_sinks).
 """
 
 from __future__ import annotations
@@ -22,12 +23,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.interface import AttentionMetadata, check_attention_options, effective_window
+from kernels.interface import (
+    AttentionMetadata,
+    check_attention_options,
+    check_sinks,
+    effective_window,
+)
 from kernels.triton.decode import (
     check_inputs,
     dot_precision,
     paged_token_offsets,
     score_scales,
+    sinks_operand,
     tanh,
 )
 
@@ -60,6 +67,8 @@ def _prefill_kernel(
     DOT_PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    sinks_ptr,  # HAS_SINKS: fp32 [nq] base-2 logits in each row's denominator
 ):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -122,6 +131,14 @@ def _prefill_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    if HAS_SINKS:
+        # The sink (to base 2) is one more term of the denominator; both sides taken
+        # relative to the larger of it and the row's max so that neither overflows.
+        sink = tl.load(sinks_ptr + heads, mask=row_valid, other=0.0)
+        top = tl.maximum(m_i, sink)
+        keys_weight = tl.exp2(m_i - top)
+        acc = acc * keys_weight[:, None]
+        l_i = l_i * keys_weight + tl.exp2(sink - top)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + row_tok[:, None] * stride_ot + heads[:, None] * stride_oh
              + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -140,15 +157,18 @@ def tile_shape(group: int, head_size: int) -> tuple[int, int, int]:
 def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float, *,
                   out: torch.Tensor | None = None, sliding_window: int | None = None,
-                  logit_softcap: float | None = None) -> torch.Tensor:
+                  logit_softcap: float | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention for a varlen batch of new-token chunks (any q_len >= 1 per sequence).
 
     query [num_tokens, nq, hd]; the new tokens' K/V must already be in the cache (the
     caller runs write_kv first). Returns [num_tokens, nq, hd] in query's dtype.
-    sliding_window and logit_softcap as in kernels.interface.check_attention_options."""
+    sliding_window and logit_softcap as in kernels.interface.check_attention_options,
+    sinks [nq] as in kernels.interface.check_sinks."""
     check_inputs(query, k_cache, v_cache)
     check_attention_options(sliding_window, logit_softcap)
     num_tokens, nq, head_size = query.shape
+    check_sinks(sinks, nq)
     if meta.query_start_loc.shape[0] != meta.num_seqs + 1:
         raise ValueError("query_start_loc must have num_seqs + 1 entries, got "
                          f"{meta.query_start_loc.shape[0]} for {meta.num_seqs} sequences")
@@ -173,7 +193,8 @@ def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         G=nq // nkv, HEAD_SIZE=head_size, BLOCK_SIZE=k_cache.shape[1], G_PAD=g_pad,
         BLOCK_Q=block_q, HEAD_PAD=triton.next_power_of_2(head_size), BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(query.dtype), SLIDING=window is not None,
-        SOFTCAP=logit_softcap is not None, num_stages=2,
+        SOFTCAP=logit_softcap is not None, HAS_SINKS=sinks is not None,
+        sinks_ptr=sinks_operand(sinks, query), num_stages=2,
         # 64 rows x 128+ head dims: 4 warps would need ~200 registers a thread.
         num_warps=8 if head_size > 64 else 4,
     )

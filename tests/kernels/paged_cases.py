@@ -100,19 +100,22 @@ def make_case(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, grou
 
 
 def reference_attention(case: PagedCase, sliding_window: int | None = None,
-                        logit_softcap: float | None = None) -> torch.Tensor:
+                        logit_softcap: float | None = None,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
     return TorchBackend().attention(case.query, case.k_cache, case.v_cache, case.meta,
                                     case.scale, sliding_window=sliding_window,
-                                    logit_softcap=logit_softcap)
+                                    logit_softcap=logit_softcap, sinks=sinks)
 
 
 def naive_attention(case: PagedCase, sliding_window: int | None = None,
-                    logit_softcap: float | None = None) -> torch.Tensor:
+                    logit_softcap: float | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The oracle of the options, in float64, one sequence at a time: K/V gathered token by
     token through the block table, the full [q_len, seq_len] score matrix, scale, then
     c * tanh(score / c), then an explicit mask (causal; with a window W, key k is seen by
     the query at position p iff p - W < k <= p, as transformers' sliding_window_overlay),
-    then softmax."""
+    then softmax; with sinks [nq], each head's sink logit appended to its scores as one
+    more column before the softmax and that column dropped after it."""
     meta, block_size = case.meta, case.k_cache.shape[1]
     starts = meta.query_start_loc.tolist()
     outs = []
@@ -133,7 +136,12 @@ def naive_attention(case: PagedCase, sliding_window: int | None = None,
         if sliding_window is not None:
             seen &= positions[None, :] > query_pos - sliding_window
         scores = scores.masked_fill(~seen, float("-inf"))
-        outs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v))
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            sink = sinks.double().to(scores.device).view(-1, 1, 1).expand(-1, q_len, 1)
+            probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+        outs.append(torch.einsum("hqk,khd->qhd", probs, v))
     return torch.cat(outs).to(case.query.dtype)
 
 
@@ -247,7 +255,7 @@ def compile_every_kernel_for_hopper() -> list[str]:
 
     bf16 = "bf16"
     attn = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, bt_ptr="i32", out_ptr=bf16,
-                part_out_ptr="fp32", part_lse_ptr="fp32")
+                part_out_ptr="fp32", part_lse_ptr="fp32", sinks_ptr="fp32")
     built = []
     for group, head in ((4, 128), (3, 64)):
         shape = dict(G=group, HEAD_SIZE=head, BLOCK_SIZE=16, HEAD_PAD=head,
@@ -259,11 +267,12 @@ def compile_every_kernel_for_hopper() -> list[str]:
                      SLIDING=False))
         compile_for_hopper(
             triton_decode._merge_kernel, attn,
-            dict(G=group, HEAD_SIZE=head, G_PAD=4, HEAD_PAD=head, SLOT_PAD=64))
+            dict(G=group, HEAD_SIZE=head, G_PAD=4, HEAD_PAD=head, SLOT_PAD=64, HAS_SINKS=False))
         g_pad, block_q, block_n = triton_prefill.tile_shape(group, head)
         compile_for_hopper(
             triton_prefill._prefill_kernel, dict(attn, seq_lens_ptr="i32", qsl_ptr="i32"),
-            dict(shape, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n, SLIDING=False),
+            dict(shape, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n, SLIDING=False,
+                 HAS_SINKS=False),
             num_warps=8 if head > 64 else 4)
         compile_for_hopper(
             triton_shared_prefix._shared_prefix_kernel,
@@ -283,15 +292,16 @@ def compile_every_kernel_for_hopper() -> list[str]:
 
 
 def compile_option_kernels_for_hopper() -> list[str]:
-    """bf16 builds of the attention kernels with a sliding window and a logit soft-cap
-    (SLIDING, SOFTCAP) in a Gemma-2-like shape (group 2, head 256); returns their names."""
+    """bf16 builds of the attention kernels with a sliding window, a logit soft-cap and
+    attention sinks (SLIDING, SOFTCAP, HAS_SINKS) in a Gemma-2-like shape (group 2, head
+    256); returns their names."""
     from kernels.triton import decode as triton_decode
     from kernels.triton import prefill as triton_prefill
     from kernels.triton import shared_prefix as triton_shared_prefix
 
     bf16 = "bf16"
     attn = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, bt_ptr="i32", out_ptr=bf16,
-                part_out_ptr="fp32", part_lse_ptr="fp32")
+                part_out_ptr="fp32", part_lse_ptr="fp32", sinks_ptr="fp32")
     shape = dict(G=2, HEAD_SIZE=256, BLOCK_SIZE=16, HEAD_PAD=256, DOT_PRECISION="tf32",
                  SOFTCAP=True)
     for final in (True, False):
@@ -302,9 +312,13 @@ def compile_option_kernels_for_hopper() -> list[str]:
     g_pad, block_q, block_n = triton_prefill.tile_shape(2, 256)
     compile_for_hopper(
         triton_prefill._prefill_kernel, dict(attn, seq_lens_ptr="i32", qsl_ptr="i32"),
-        dict(shape, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n, SLIDING=True), num_warps=8)
+        dict(shape, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n, SLIDING=True,
+             HAS_SINKS=True), num_warps=8)
+    compile_for_hopper(
+        triton_decode._merge_kernel, attn,
+        dict(G=2, HEAD_SIZE=256, G_PAD=2, HEAD_PAD=256, SLOT_PAD=64, HAS_SINKS=True))
     compile_for_hopper(
         triton_shared_prefix._shared_prefix_kernel,
         dict(attn, members_ptr="i32", shared_len_ptr="i32"),
         dict(shape, G_PAD=2, MEMBERS_PAD=8, BLOCK_N=32))
-    return ["decode/prefill/shared with sliding window and soft-cap g2 h256"]
+    return ["decode/merge/prefill/shared with sliding window, soft-cap and sinks g2 h256"]

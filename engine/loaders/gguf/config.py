@@ -82,6 +82,14 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
     if scaling == "linear":
         config["rope_scaling"] = {"rope_type": "linear",
                                   "factor": _f32(key("rope.scaling.factor"))}
+    elif scaling == "yarn":
+        config["rope_scaling"] = {
+            "rope_type": "yarn", "factor": _f32(keys.positive("rope.scaling.factor")),
+            "original_max_position_embeddings": keys.count(
+                "rope.scaling.original_context_length")}
+        if keys.optional("rope.scaling.attn_factor") is not None:
+            config["rope_scaling"]["attention_factor"] = _f32(
+                keys.positive("rope.scaling.attn_factor"))
     elif scaling != "none":
         raise FolioLoadError(f"{where}: rope scaling {scaling!r} is not supported")
     tensors = config_tensors or {}
@@ -314,12 +322,41 @@ def _moe_keys(keys: _Keys, config: dict[str, object],
         config["sliding_window"] = None
 
 
+def _gpt_oss_keys(keys: _Keys, config: dict[str, object],
+                  tensors: Mapping[str, np.ndarray] | None) -> None:
+    """gpt-oss (llama.cpp's GptOssModel): the experts, each of expert_feed_forward_length;
+    sliding and full layers alternating (llama.cpp's swa pattern 2, as transformers'
+    default layer_types), the window; YaRN as gpt-oss's config states it (its ramp ends
+    not rounded, ``truncate`` false, which the file does not record). The SwiGLU's limit:
+    swiglu_clamp_exp where a file states it, else gpt-oss's 7.0, which llama.cpp
+    hard-codes (as its alpha, 1.702, the config's default)."""
+    experts = keys.count("expert_count")
+    used = keys.count("expert_used_count")
+    if used > experts:
+        raise keys.bad("expert_used_count", used, f"at most expert_count ({experts})")
+    config["num_local_experts"] = experts
+    config["num_experts_per_tok"] = used
+    config["intermediate_size"] = keys.count("expert_feed_forward_length",
+                                             config["intermediate_size"])
+    layers = int(config["num_hidden_layers"])
+    config["layer_types"] = [SLIDING if i % 2 == 0 else FULL for i in range(layers)]
+    config["sliding_window"] = keys.count("attention.sliding_window")
+    if keys.optional("swiglu_clamp_exp") is not None:
+        config["swiglu_limit"] = _f32(keys.positive("swiglu_clamp_exp"))
+    rope = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
+    scaling = config.pop("rope_scaling", None)
+    if isinstance(scaling, dict):
+        rope |= {**scaling, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+    config["rope_parameters"] = rope
+
+
 _FamilyKeys = Callable[[_Keys, dict[str, object], Mapping[str, np.ndarray] | None], None]
 # Families whose config needs more than the shared Llama keys, by model_type.
 _FAMILY_KEYS: dict[str, _FamilyKeys] = {
     "gemma2": _gemma2_keys, "gemma3_text": _gemma3_keys, "gemma4_text": _gemma4_keys,
     "phi3": _phi3_keys,
     "olmoe": _moe_keys, "qwen3_moe": _moe_keys, "mixtral": _moe_keys,
+    "gpt_oss": _gpt_oss_keys,
 }
 _PARTIAL_ROTARY = ("phi3",)  # families whose rope.dimension_count may be < head_dim
 _OWN_ROPE_FREQS = ("gemma4_text",)  # families whose rope_freqs is not Llama 3's scaling

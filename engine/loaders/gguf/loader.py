@@ -234,6 +234,10 @@ def _convert_tokenizer(path: Path):
     except Exception as exc:  # huggingface_hub's validation error is no ValueError
         if not any(text in str(exc) for text in _CONFIG_REJECTIONS):
             raise
+    except TypeError:
+        # transformers 5.24's gpt-oss reader turns its rope.scaling.* keys into numbers
+        # from the wrong part of the field and fails; the vocabulary does not need them.
+        pass
     return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name,
                                                    local_files_only=True)
 
@@ -249,7 +253,8 @@ def _split_experts(entry: list, path: Path) -> list[list]:
     hf_name, shape, qtype, offset, n_bytes, heads, shift = entry
     if "{}" not in hf_name:
         return [entry]
-    if len(shape) != 3:
+    # gpt-oss's experts carry biases: [experts, rows], one row per expert.
+    if len(shape) != 3 and not (len(shape) == 2 and hf_name.endswith(".bias")):
         raise FolioLoadError(f"{path}: expert tensor {hf_name.replace('{}', '*')} has shape "
                              f"{shape}, not [experts, rows, columns]; the file is damaged")
     size = n_bytes // shape[0]

@@ -23,6 +23,9 @@ struct AttentionArgs {
   float scale;
   float softcap;   // 0: none
   int64_t window;  // 0: none; else the query at p sees keys p - window + 1 .. p
+  // nullptr: none; else [nq] logits in each row's softmax denominator that weigh no value
+  // (attention sinks), folded in where a row's output is normalized.
+  const float* sinks = nullptr;
 };
 
 // One unit of work: some query tokens of one sequence, the query heads of one KV head,

@@ -1,6 +1,6 @@
 // paged_attention: a varlen batch (prefill chunks and decode tokens mixed) over the
 // paged KV pool, read in place through the block tables; the semantics of
-// kernels/reference.py (causal, GQA, sliding window, logit soft-cap).
+// kernels/reference.py (causal, GQA, sliding window, logit soft-cap, attention sinks).
 //
 // The batch becomes tasks (attention_task.h): per sequence, per KV head, tiles of query
 // tokens; when that gives too few tasks to keep every thread busy (a decode step of one
@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "attention/attend_isa.h"
@@ -170,7 +171,8 @@ Plan plan_shared_prefix(const AttentionArgs& a, int64_t num_seqs, int64_t thread
   return plan;
 }
 
-// Each split-K tile's rows: out = sum_i acc_i * e^(m_i - M) / sum_i l_i * e^(m_i - M).
+// Each split-K tile's rows: out = sum_i acc_i * e^(m_i - M) / sum_i l_i * e^(m_i - M),
+// with a sink s one more term e^(s - M) of the denominator (M then covers s too).
 void merge_splits(const AttentionArgs& a, const Plan& plan, const Partials& p) {
   const int64_t hd = a.head_size;
   const int64_t group = a.num_q_heads / a.num_kv_heads;
@@ -180,7 +182,10 @@ void merge_splits(const AttentionArgs& a, const Plan& plan, const Partials& p) {
       for (int64_t i = 0; i < tile.splits; ++i)
         top = std::max(top, p.max_score[tile.first_slot + i * tile.stride + r]);
       const int64_t token = tile.token_begin + r / group;
-      float* out = a.out + (token * a.num_q_heads + tile.kv_head * group + r % group) * hd;
+      const int64_t head = tile.kv_head * group + r % group;
+      const bool seen_any = top > -INFINITY;
+      if (a.sinks != nullptr && seen_any) top = std::max(top, a.sinks[head]);
+      float* out = a.out + (token * a.num_q_heads + head) * hd;
       std::fill(out, out + hd, 0.0f);
       float total = 0.0f;
       for (int64_t i = 0; i < tile.splits; ++i) {
@@ -191,6 +196,7 @@ void merge_splits(const AttentionArgs& a, const Plan& plan, const Partials& p) {
         const float* acc = p.acc + slot * hd;
         for (int64_t d = 0; d < hd; ++d) out[d] += acc[d] * weight;
       }
+      if (a.sinks != nullptr && seen_any) total += std::exp(a.sinks[head] - top);
       const float inv = total > 0.0f ? 1.0f / total : 0.0f;
       for (int64_t d = 0; d < hd; ++d) out[d] *= inv;
     }
@@ -205,7 +211,8 @@ void check_int32(const at::Tensor& t, const char* name) {
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, const at::Tensor& block_tables,
-                           double scale, int64_t window, double softcap) {
+                           double scale, int64_t window, double softcap,
+                           const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1,
               "query must be float32 [num_tokens, nq, hd] with contiguous heads");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat &&
@@ -224,6 +231,11 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
   const int64_t num_seqs = seq_lens.size(0);
   TORCH_CHECK(query_start_loc.size(0) == num_seqs + 1 && block_tables.size(0) == num_seqs,
               "query_start_loc, seq_lens and block_tables disagree on the number of sequences");
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->device().is_cpu() && sinks->scalar_type() == at::kFloat &&
+                    sinks->is_contiguous() && sinks->dim() == 1 && sinks->size(0) == nq,
+                "sinks must be a contiguous float32 CPU tensor of shape [", nq, "]");
+  }
   auto out = at::empty({num_tokens, nq, hd}, query.options());
   if (num_tokens == 0 || num_seqs == 0) return out;
 
@@ -233,7 +245,8 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                      out.data_ptr<float>(), query_start_loc.data_ptr<int32_t>(),
                      seq_lens.data_ptr<int32_t>(), block_tables.data_ptr<int32_t>(),
                      block_tables.stride(0), k_cache.size(1), hd, nq, nkv,
-                     static_cast<float>(scale), static_cast<float>(softcap), window};
+                     static_cast<float>(scale), static_cast<float>(softcap), window,
+                     sinks.has_value() ? sinks->data_ptr<float>() : nullptr};
   const int64_t threads = at::get_num_threads();
   Plan plan = plan_shared_prefix(args, num_seqs, threads);
   if (plan.tasks.empty()) plan = plan_tasks(args, num_seqs, threads);
@@ -272,6 +285,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
 
 TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
   m.def("paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
-        "Tensor seq_lens, Tensor block_tables, float scale, int window, float softcap) -> Tensor",
+        "Tensor seq_lens, Tensor block_tables, float scale, int window, float softcap, "
+        "Tensor? sinks=None) -> Tensor",
         &folio_cpu::attention::paged_attention);
 }

@@ -1,0 +1,70 @@
+"""MXFP4 (GGUF type 39, gpt-oss's expert weights): 32 weights per 17-byte block, one E8M0
+scale byte then 16 bytes of 4-bit E2M1 codes (weight j in the low nibble of byte j,
+weight j + 16 in its high nibble), as ggml-common.h's block_mxfp4.
+
+`Mxfp4Blocks` keeps a matrix's blocks as the file holds them and dequantizes them when it
+multiplies: a mixture of experts holds each expert as its own matrix, so a step
+dequantizes only the experts its tokens were routed to. PyTorch ops on the blocks' device
+(no native or Triton kernel yet); the oracle is `gguf.quants.dequantize`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels.quant.formats import QuantizedTensor
+
+MXFP4_TYPE = 39  # gguf.GGMLQuantizationType.MXFP4
+BLOCK, BLOCK_BYTES = 32, 17
+# E2M1's values doubled, as ggml's kvalues_mxfp4: the scale below is halved to match.
+_CODES = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0,
+          -12.0)
+
+
+def half_scales(e: torch.Tensor) -> torch.Tensor:
+    """E8M0 bytes -> 2^(e - 128) in float32, ggml_e8m0_to_fp32_half (e < 2: subnormal)."""
+    e = e.to(torch.int32)
+    bits = torch.where(e < 2, torch.full_like(e, 0x00200000) << e, (e - 1) << 23)
+    return bits.view(torch.float32)
+
+
+def dequantize_mxfp4(data: torch.Tensor, k: int, dtype: torch.dtype = torch.float32
+                     ) -> torch.Tensor:
+    """uint8 [r, k / 32 * 17] MXFP4 rows -> [r, k] in `dtype`, on data's device."""
+    rows = data.shape[0]
+    blocks = data.reshape(rows, k // BLOCK, BLOCK_BYTES)
+    codes = blocks[..., 1:]
+    nibbles = torch.cat([codes & 0x0F, codes >> 4], dim=-1).to(torch.int64)
+    table = torch.tensor(_CODES, dtype=torch.float32, device=data.device)
+    values = table[nibbles] * half_scales(blocks[..., 0])[..., None]
+    return values.reshape(rows, k).to(dtype)
+
+
+@dataclass(slots=True)
+class Mxfp4Blocks:
+    """An MXFP4 matrix's blocks, in row order, dequantized on use."""
+
+    tensor: QuantizedTensor
+
+    def __post_init__(self) -> None:
+        if self.tensor.type_id != MXFP4_TYPE:
+            raise ValueError(f"Mxfp4Blocks holds MXFP4 blocks, not type {self.tensor.type_id}")
+        self.tensor = self.tensor.in_order()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tensor.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.nbytes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [m, k] -> x @ W.T [m, n] in x's dtype."""
+        return F.linear(x, self.rows(None, x.dtype))
+
+    def rows(self, ids: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        data = self.tensor.data if ids is None else self.tensor.data[ids]
+        return dequantize_mxfp4(data, self.tensor.shape[1], dtype)
