@@ -231,13 +231,13 @@ def _convert_tokenizer(path: Path):
     try:
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
                                              local_files_only=True)
-    except Exception as exc:  # huggingface_hub's validation error is no ValueError
-        if not any(text in str(exc) for text in _CONFIG_REJECTIONS):
-            raise
     except TypeError:
         # transformers 5.24's gpt-oss reader turns its rope.scaling.* keys into numbers
         # from the wrong part of the field and fails; the vocabulary does not need them.
         pass
+    except Exception as exc:  # huggingface_hub's validation error is no ValueError
+        if not any(text in str(exc) for text in _CONFIG_REJECTIONS):
+            raise
     return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name,
                                                    local_files_only=True)
 
