@@ -39,6 +39,19 @@ def test_decode_at_block_boundaries(isa_path, lengths):
     check(case)
 
 
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("window", [None, 100])
+def test_decode_rows_over_several_spans(isa_path, head_size, block_size, window):
+    """Decode rows (fewer than the transposed path's 16) take the online softmax over spans
+    of 16 blocks and keep their value sums in registers: lengths around one span (256 keys
+    of 16-slot blocks) and across several, a window that starts inside a span; 8-slot
+    blocks keep one block per span."""
+    case = make_case([255, 256, 257, 600], [1, 1, 1, 1], num_kv_heads=2, group=3,
+                     head_size=head_size, block_size=block_size, seed=head_size + block_size)
+    check(case, window)
+
+
 @pytest.mark.parametrize("window", [1, 7, 16, 17, 40])
 @pytest.mark.parametrize("softcap", [None, 5.0])
 def test_sliding_window_and_softcap(isa_path, window, softcap):
