@@ -41,6 +41,7 @@ from engine.runner.logprobs import token_logprobs
 from engine.runner.memory import MemoryStats, memory_stats
 from engine.runner.model_runner import ModelRunner
 from engine.runner.sampler import Sampler, SamplingRow, make_generator
+from engine.runner.state_pool import state_slots
 from engine.sampling_params import SamplingParams
 from engine.text.candidate import CandidateText
 from engine.text.chat_template import ChatTokenizer
@@ -96,16 +97,25 @@ class LLMEngine:
         num_blocks = num_blocks_for(config, shape, device, self.max_model_len)
         backend = get_backend(device, resolved.backend)
         windows = net.layer_windows()
-        self.kv_groups = (group_layers(windows, self.max_model_len) if config.kv_groups
-                          else [KVGroupSpec(tuple(range(len(windows))))])
-        counts = group_blocks(config, shape, num_blocks, self.kv_groups)
+        linear = net.linear_layers() if hasattr(net, "linear_layers") else ()
+        self.kv_groups = (group_layers(windows, self.max_model_len, linear) if config.kv_groups
+                          or linear else [KVGroupSpec(tuple(range(len(windows))))])
+        attention_groups = [g for g in self.kv_groups if not g.linear]
+        counts = group_blocks(config, shape, num_blocks, attention_groups)
+        slot_bytes, live_slots = 0, 1
+        if linear:
+            slot_bytes = net.deltanet_shape.state_bytes(dtype.itemsize) * len(linear)
+            total, live_slots = state_slots(config, slot_bytes, num_blocks *
+                                            shape.bytes_per_block)
+            counts.append(total)
         self.runner = ModelRunner(net, shape, self.kv_groups, counts, config.num_host_blocks,
                                   backend, device, config.cuda_graphs, self.max_model_len)
         self.kv_cache = KVCacheCoordinator.build(
             self.kv_groups, counts, config.block_size, num_host_blocks=config.num_host_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
             bytes_per_layer_block=shape.bytes_per_block // shape.num_layers,
-            lookahead=config.max_num_batched_tokens)
+            lookahead=config.max_num_batched_tokens, state_slot_bytes=slot_bytes,
+            live_state_slots=live_slots)
         self.disk: DiskStore | None = None
         if config.kv_disk_bytes:
             self._open_disk_tier(path, shape)
@@ -136,6 +146,8 @@ class LLMEngine:
         runner.disks = []
         for g, (spec, pool) in enumerate(zip(self.kv_groups, self.kv_cache.pools,
                                              strict=True)):
+            if spec.linear:
+                continue  # snapshots stay in memory (engine/core/state_manager.py)
             disk = GroupDisk(self.disk, fingerprint(model, spec.layers, spec.window), g,
                              runner.block_payload_bytes(g))
             pool.tier = disk

@@ -34,6 +34,9 @@ class StateMetadata:
     query_start_loc: list[int]  # len = sequences + 1: each sequence's rows
     slots: list[int]  # each sequence's state slot
     resumes: list[bool]  # whether its chunk continues the slot's state (else: zeros)
+    # Per sequence, (tokens into its chunk, slot): copy the state there once that many
+    # of its tokens are in (a snapshot at a block boundary).
+    snapshots: list[list[tuple[int, int]]] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,17 +124,30 @@ class GatedDeltaNet(Layer):
             q, k, v = self._heads(conv_out)
             core[rows], rec_states[slots] = recurrent_step(q, k, v, g[rows], beta[rows],
                                                            rec_states[slots])
+        snapshots = meta.snapshots or [[] for _ in meta.slots]
+        for i in decodes:
+            for _, snap in snapshots[i]:
+                conv_states[snap] = conv_states[meta.slots[i]]
+                rec_states[snap] = rec_states[meta.slots[i]]
         done = set(decodes)
         for i, slot in enumerate(meta.slots):
             if i in done:
                 continue
             r0, r1 = starts[i], starts[i + 1]
-            resume = meta.resumes[i]
-            conv_out, conv_states[slot] = conv_prefill(
-                mixed[r0:r1], self.conv_weight, conv_states[slot] if resume else None)
-            q, k, v = self._heads(conv_out)
-            core[r0:r1], rec_states[slot] = chunked_prefill(
-                q, k, v, g[r0:r1], beta[r0:r1], rec_states[slot] if resume else None)
+            conv, rec = (conv_states[slot], rec_states[slot]) if meta.resumes[i] else (None, None)
+            # The chunk in pieces ending at its snapshots: splitting a prompt anywhere
+            # leaves the same states.
+            cuts = [(r0 + offset, snap) for offset, snap in snapshots[i]]
+            start = r0
+            for end, snap in [*cuts, (r1, slot)]:
+                if end > start:
+                    conv_out, conv = conv_prefill(mixed[start:end], self.conv_weight, conv)
+                    q, k, v = self._heads(conv_out)
+                    core[start:end], rec = chunked_prefill(q, k, v, g[start:end],
+                                                           beta[start:end], rec)
+                    start = end
+                if conv is not None:
+                    conv_states[snap], rec_states[snap] = conv, rec
         out = self.norm(core.to(hidden.dtype), z.unflatten(-1, (s.num_v_heads, s.head_v_dim)))
         return self.out_proj(out.flatten(-2))
 

@@ -23,6 +23,7 @@ from engine.models.gemma import GemmaForCausalLM, gemma_spec
 from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import MoEForCausalLM, moe_spec
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
+from engine.models.qwen35 import Qwen35ForCausalLM, qwen35_spec
 from engine.models.spec import DecoderSpec, FamilyTraits, spec_from_hf_config
 
 SpecBuilder = Callable[[Any, str, FamilyTraits], DecoderSpec]
@@ -136,6 +137,10 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("MixtralForCausalLM", "mixtral", (), True,
                 FamilyTraits(o_bias_from_config=False), MoEForCausalLM, moe_spec,
                 gguf_block_names=GGUF_MIXTRAL_BLOCK_NAMES, gguf_experts_of="llama"),
+    # Hybrid linear attention (engine/models/qwen35.py): Gated DeltaNet and gated full
+    # attention layers. llama.cpp keeps its Q/K rows in HF order (NEOX rope).
+    ModelFamily("Qwen3_5ForCausalLM", "qwen3_5_text", ("qwen35",), False,
+                FamilyTraits(qk_norm=True), Qwen35ForCausalLM, qwen35_spec),
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)

@@ -81,8 +81,10 @@ class KVShape:
 
     @classmethod
     def from_spec(cls, spec, block_size: int, dtype: torch.dtype) -> KVShape:
-        """From the model's DecoderSpec, which already resolved the config's head sizes."""
-        return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, dtype)
+        """From the model's DecoderSpec, which already resolved the config's head sizes.
+        A hybrid model's linear-attention layers hold no KV (``num_kv_layers``)."""
+        return cls(getattr(spec, "num_kv_layers", spec.num_layers), spec.num_kv_heads,
+                   spec.head_dim, block_size, dtype)
 
     @property
     def bytes_per_token(self) -> int:
