@@ -68,14 +68,20 @@ class LinearStateManager(KVCacheManager):
     def plan(self, seq: Sequence, found: list[Found], hit_tokens: int) -> Plan:
         if self.table(seq):
             raise RuntimeError(f"{seq.label} already holds a state slot")
-        snapshot = found[hit_tokens // self.block_size - 1] if hit_tokens else None
-        return [snapshot], max(1, seq.fork_width if seq.needs_fork else 1)
+        # As the other kinds' plans, one entry per hit block: only the last one's
+        # snapshot is read.
+        num_hits = hit_tokens // self.block_size
+        hits: list[Found] = [None] * num_hits
+        if num_hits:
+            hits[-1] = found[num_hits - 1]
+        return hits, max(1, seq.fork_width if seq.needs_fork else 1)
 
     def cost(self, plan: Plan) -> int:
         return plan[1]
 
     def apply(self, seq: Sequence, plan: Plan) -> int:
-        (snapshot,), count = plan
+        hits, count = plan
+        snapshot = hits[-1] if hits else None
         pool = self.pool
         slots = [pool.take().block_id for _ in range(count)]
         self.num_live += count
@@ -87,7 +93,7 @@ class LinearStateManager(KVCacheManager):
             self.cow_pairs.append((snapshot.block_id, slots[0]))
             pool.touch(snapshot)
             pool.release([snapshot.block_id])
-        self._take_snapshots(seq)
+        self._take_snapshots(seq, len(hits) * self.block_size)
         return 0
 
     # ------------------------------------------------------------------ append
@@ -95,16 +101,17 @@ class LinearStateManager(KVCacheManager):
         return 0, []  # a state never grows; snapshots come from spare slots only
 
     def append_slots(self, seq: Sequence, plan: tuple[int, list[int]]) -> None:
-        self._take_snapshots(seq)
+        self._take_snapshots(seq, seq.num_computed_tokens)
 
-    def _take_snapshots(self, seq: Sequence) -> None:
-        """Spare slots for the boundaries the sequence's uncomputed tokens cross."""
+    def _take_snapshots(self, seq: Sequence, computed: int) -> None:
+        """Spare slots for the boundaries the sequence's tokens after ``computed`` cross
+        (at admission its prefix hit, not yet its ``num_computed_tokens``)."""
         pool = self.pool
         if not pool.enable_prefix_caching:
             return
         bs, k = self.block_size, self.snapshot_every
         table = self.table(seq)
-        first = seq.num_computed_tokens // bs  # boundary after block `first` is next
+        first = computed // bs  # the boundary after block `first` is the next one
         num_full = seq.num_tokens // bs
         extend_hashes(seq, num_full, bs)
         for i in range(first, num_full):
@@ -114,7 +121,7 @@ class LinearStateManager(KVCacheManager):
                 continue
             if seq.block_hashes[i] in pool.cached:
                 continue  # this prefix's state is cached already
-            if pool.num_free_blocks <= self.live_slots - self.num_live:
+            if pool.num_free_blocks <= max(0, self.live_slots - self.num_live):
                 return
             table += [pool.null_id] * (2 + i - len(table))
             table[1 + i] = pool.take().block_id
