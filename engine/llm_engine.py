@@ -360,5 +360,6 @@ class LLMEngine:
 
     def memory_stats(self) -> MemoryStats:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_caches,
-                            self.resolved_device.status_line, self.expert_bytes)
+                            self.resolved_device.status_line, self.expert_bytes,
+                            self.runner.state_pool_bytes)
 

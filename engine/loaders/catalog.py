@@ -23,6 +23,7 @@ from engine.loaders.gguf.header import read_gguf_header
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
 from engine.models import SUPPORTED_MODEL_TYPES
 from engine.models.moe import active_parameters
+from engine.models.qwen35 import HybridLayout, hybrid_layout
 from engine.models.spec import head_dim_of, kv_bytes_per_token
 
 STARTER = "starter"
@@ -46,12 +47,26 @@ class ModelInfo:
     # A mixture of experts: the parameters one token reads (num_parameters counts every
     # expert, as memory must hold them all); None for a dense model.
     active_parameters: int | None = None
+    # A hybrid model (Qwen3.5): its layer kinds and linear layers' shape; None otherwise.
+    hybrid: HybridLayout | None = None
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers with a KV cache (a hybrid model's linear layers keep a state instead)."""
+        return self.num_layers - (self.hybrid.num_linear if self.hybrid else 0)
+
+    @property
+    def layer_summary(self) -> str:
+        """"hybrid: 24 linear + 8 full layers" for a hybrid model, else ""."""
+        if self.hybrid is None:
+            return ""
+        return f"hybrid: {self.hybrid.num_linear} linear + {self.hybrid.num_full} full layers"
 
     def kv_bytes(self, tokens: int, dtype: torch.dtype | str = torch.float32) -> int:
         """KV cache bytes for `tokens` tokens: K and V for every layer and KV head."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
-        per_token = kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim,
+        per_token = kv_bytes_per_token(self.kv_layers, self.num_kv_heads, self.head_dim,
                                        dtype_itemsize(dtype))
         return per_token * tokens
 
@@ -157,7 +172,15 @@ def model_info(path: Path) -> ModelInfo:
                      num_parameters, int(config.get("max_position_embeddings", 0)), size,
                      num_layers, int(config.get("num_key_value_heads") or heads),
                      head_dim_of(config.get("head_dim"), hidden, heads),
-                     active_parameters=active_parameters(shapes, config))
+                     active_parameters=active_parameters(shapes, config),
+                     hybrid=_hybrid(config, config_path))
+
+
+def _hybrid(config: dict, where: Path) -> HybridLayout | None:
+    try:
+        return hybrid_layout(config)
+    except (ValueError, TypeError) as exc:
+        raise FolioLoadError(f"{where}: {exc}") from exc
 
 
 def gguf_info(path: Path, name: str) -> ModelInfo:
@@ -168,7 +191,8 @@ def gguf_info(path: Path, name: str) -> ModelInfo:
     return ModelInfo(name, path, "gguf", config["model_type"], num_parameters,
                      config["max_position_embeddings"], path.stat().st_size,
                      config["num_hidden_layers"], config["num_key_value_heads"],
-                     config["head_dim"], active_parameters=active_parameters(shapes, config))
+                     config["head_dim"], active_parameters=active_parameters(shapes, config),
+                     hybrid=_hybrid(config, path))
 
 
 def hf_cache_dir() -> Path:

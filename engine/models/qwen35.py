@@ -53,14 +53,54 @@ class Qwen35Spec(DecoderSpec):
         return self.num_layers - len(self.linear_layers)
 
 
-def qwen35_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Qwen35Spec:
-    base = base_spec(hf_config, architecture, traits, read_rope=False)
-    n = base.num_layers
-    layer_types = tuple(getattr(hf_config, "layer_types", None) or
+@dataclass(slots=True, frozen=True)
+class HybridLayout:
+    """What the models list and the memory estimate read of a hybrid config."""
+
+    layer_types: tuple[str, ...]
+    deltanet: DeltaNetShape
+
+    @property
+    def num_linear(self) -> int:
+        return self.layer_types.count(LINEAR)
+
+    @property
+    def num_full(self) -> int:
+        return self.layer_types.count(FULL)
+
+    def state_bytes(self, itemsize: int) -> int:
+        """One sequence's state across the linear layers (conv windows at ``itemsize``)."""
+        return self.deltanet.state_bytes(itemsize) * self.num_linear
+
+
+def hybrid_layout(config: Any) -> HybridLayout | None:
+    """The layer kinds and Gated DeltaNet shape of a Qwen3.5 config (a HF config object
+    or config.json's dict); None for a config without linear-attention fields."""
+    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
+    if get("linear_num_value_heads") is None:
+        return None
+    n = int(get("num_hidden_layers"))
+    layer_types = tuple(get("layer_types") or
                         [FULL if (i + 1) % 4 == 0 else LINEAR for i in range(n)])
     if len(layer_types) != n or set(layer_types) - {LINEAR, FULL}:
         raise ValueError(f"layer_types must name {n} layers as {LINEAR!r} or {FULL!r}, "
                          f"got {list(layer_types)!r}")
+    shape = DeltaNetShape(
+        int(get("hidden_size")), int(get("linear_num_key_heads")),
+        int(get("linear_num_value_heads")), int(get("linear_key_head_dim")),
+        int(get("linear_value_head_dim")), int(get("linear_conv_kernel_dim") or 4),
+        float(get("rms_norm_eps") or 1e-6))
+    if shape.num_v_heads % shape.num_k_heads:
+        raise ValueError(f"linear_num_value_heads ({shape.num_v_heads}) must be a "
+                         f"multiple of linear_num_key_heads ({shape.num_k_heads})")
+    return HybridLayout(layer_types, shape)
+
+
+def qwen35_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Qwen35Spec:
+    base = base_spec(hf_config, architecture, traits, read_rope=False)
+    layout = hybrid_layout(hf_config)
+    if layout is None:
+        raise ValueError("a Qwen3.5 config needs its linear_* fields (linear_num_value_heads)")
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
     partial = float(params.pop("partial_rotary_factor", None) or
                     getattr(hf_config, "partial_rotary_factor", 0.25))
@@ -69,16 +109,8 @@ def qwen35_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Qwen
     theta, scaling = rope_from_params(params)
     shared = {f.name: getattr(base, f.name) for f in fields(DecoderSpec)}
     shared.update(rope_theta=theta, rope_scaling=scaling, qk_norm=True)
-    deltanet = DeltaNetShape(
-        base.hidden_size, int(hf_config.linear_num_key_heads),
-        int(hf_config.linear_num_value_heads), int(hf_config.linear_key_head_dim),
-        int(hf_config.linear_value_head_dim), int(hf_config.linear_conv_kernel_dim),
-        base.rms_norm_eps)
-    if deltanet.num_v_heads % deltanet.num_k_heads:
-        raise ValueError(f"linear_num_value_heads ({deltanet.num_v_heads}) must be a "
-                         f"multiple of linear_num_key_heads ({deltanet.num_k_heads})")
-    return Qwen35Spec(**shared, layer_types=layer_types,
-                      rotary_dim=int(base.head_dim * partial), deltanet=deltanet)
+    return Qwen35Spec(**shared, layer_types=layout.layer_types,
+                      rotary_dim=int(base.head_dim * partial), deltanet=layout.deltanet)
 
 
 class GatedAttention(PagedSelfAttention):

@@ -40,6 +40,7 @@ from engine.config import EngineConfig
 from engine.dtypes import resolve_dtype
 from engine.models.spec import kv_bytes_per_token
 from engine.runner.device import estimate_dtype
+from engine.runner.state_pool import state_slots
 
 # Full contexts the pool holds by default: a chat and its candidates (they share the
 # prompt's blocks) beside a few other chats streaming at once. When more is asked, the
@@ -171,10 +172,11 @@ def group_blocks(config: EngineConfig, shape: KVShape, num_blocks: int,
 class MemoryEstimate:
     weights_bytes: int
     kv_bytes: int
+    state_bytes: int = 0  # a hybrid model's linear-attention state pool
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes
+        return self.weights_bytes + self.kv_bytes + self.state_bytes
 
 
 def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
@@ -187,7 +189,7 @@ def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
     dtype = estimate_dtype(config)
     context = info.context_length
     max_model_len = max(1, min(config.max_model_len or context, context))
-    shape = KVShape(info.num_layers, info.num_kv_heads, info.head_dim, config.block_size, dtype)
+    shape = KVShape(info.kv_layers, info.num_kv_heads, info.head_dim, config.block_size, dtype)
     try:
         blocks = planned_blocks(config, shape, max_model_len)
     except KVBudgetError:
@@ -197,4 +199,9 @@ def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
     else:
         weight_dtype = dtype if config.weights == "stored" else resolve_dtype(config.weights)
         weights = info.num_parameters * weight_dtype.itemsize
-    return MemoryEstimate(weights, blocks * shape.bytes_per_block)
+    kv = blocks * shape.bytes_per_block
+    states = 0
+    if info.hybrid is not None:
+        slot = info.hybrid.state_bytes(dtype.itemsize)
+        states = (state_slots(config, slot, kv)[0] + 1) * slot  # and the null slot
+    return MemoryEstimate(weights, kv, states)
