@@ -29,15 +29,18 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def prepare_qk(query: torch.Tensor, key: torch.Tensor,
-               num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def prepare_qk(query: torch.Tensor, key: torch.Tensor, num_v_heads: int,
+               tiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., k_heads, Dk] q and k to float32, normalized, q scaled, and each k head
-    repeated for the value heads it serves (consecutive value heads share one)."""
+    repeated for the value heads it serves: consecutive value heads share one (Hugging
+    Face's order), or with ``tiled`` value head j uses k head j % k_heads (llama.cpp's
+    files, whose value heads it reorders so)."""
     ratio = num_v_heads // query.shape[-2]
     query, key = l2_normalize(query.float()), l2_normalize(key.float())
     if ratio > 1:
-        query = query.repeat_interleave(ratio, dim=-2)
-        key = key.repeat_interleave(ratio, dim=-2)
+        repeat = ((lambda x: x.repeat(*[1] * (x.dim() - 2), ratio, 1)) if tiled
+                  else (lambda x: x.repeat_interleave(ratio, dim=-2)))
+        query, key = repeat(query), repeat(key)
     return query * query.shape[-1] ** -0.5, key
 
 

@@ -48,6 +48,8 @@ class DeltaNetShape:
     head_v_dim: int
     conv_width: int
     eps: float
+    # Value heads in llama.cpp's tiled order (a GGUF file): see delta_rule.prepare_qk.
+    v_heads_tiled: bool = False
 
     @property
     def key_dim(self) -> int:
@@ -156,7 +158,8 @@ class GatedDeltaNet(Layer):
         s = self.shape
         q, k, v = conv_out.split((s.key_dim, s.key_dim, s.value_dim), dim=-1)
         q, k = prepare_qk(q.unflatten(-1, (s.num_k_heads, s.head_k_dim)),
-                          k.unflatten(-1, (s.num_k_heads, s.head_k_dim)), s.num_v_heads)
+                          k.unflatten(-1, (s.num_k_heads, s.head_k_dim)), s.num_v_heads,
+                          s.v_heads_tiled)
         return q, k, v.unflatten(-1, (s.num_v_heads, s.head_v_dim))
 
     def checkpoint_targets(self, prefix: str) -> dict:

@@ -35,6 +35,9 @@ from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_p
 from kernels import AttentionBackend, AttentionMetadata
 
 LINEAR, FULL = "linear_attention", "full_attention"
+# A config flag the GGUF reader sets: llama.cpp reorders the linear layers' value heads
+# from grouped by k head to tiled (every tensor alike), so k head j % k_heads serves v head j.
+TILED_V_HEADS = "linear_value_heads_tiled"
 
 
 @dataclass(slots=True)
@@ -89,7 +92,7 @@ def hybrid_layout(config: Any) -> HybridLayout | None:
         int(get("hidden_size")), int(get("linear_num_key_heads")),
         int(get("linear_num_value_heads")), int(get("linear_key_head_dim")),
         int(get("linear_value_head_dim")), int(get("linear_conv_kernel_dim") or 4),
-        float(get("rms_norm_eps") or 1e-6))
+        float(get("rms_norm_eps") or 1e-6), bool(get(TILED_V_HEADS)))
     if shape.num_v_heads % shape.num_k_heads:
         raise ValueError(f"linear_num_value_heads ({shape.num_v_heads}) must be a "
                          f"multiple of linear_num_key_heads ({shape.num_k_heads})")

@@ -61,6 +61,20 @@ GGUF_PHI3_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 })
 
+# Qwen3.5 (MODEL_TENSORS[QWEN35]): the Llama names for the full-attention layers (q_proj
+# holding each head's query and gate), post_attention_norm before the MLP, and the linear
+# layers' in attn_qkv / attn_gate / ssm_*. A name with its kind ("ssm_dt.bias") or without
+# one ("ssm_a") is a whole parameter name.
+GGUF_QWEN35_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    **{k: v for k, v in GGUF_LLAMA_BLOCK_NAMES.items() if k != "ffn_norm"},
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_proj_z",
+    "ssm_alpha": "linear_attn.in_proj_a", "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_conv1d": "linear_attn.conv1d", "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj", "ssm_dt.bias": "linear_attn.dt_bias",
+    "ssm_a": "linear_attn.A_log",
+})
+
 # Mixture-of-experts files (OLMoE, Qwen3-MoE, Mixtral's "llama" ones): the router and the
 # experts' stacked 3-D tensors, which the loader hands over one expert at a time ("{}").
 _GGUF_EXPERT_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{}.gate_proj",
@@ -104,6 +118,8 @@ class ModelFamily:
     # The GGUF architecture whose files hold this family when they have experts
     # ({arch}.expert_count > 0): Mixtral's files say "llama".
     gguf_experts_of: str | None = None
+    # HF names ending so that get no norm offset (Qwen3.5's gated norm scales by weight).
+    gguf_unshifted_norms: tuple[str, ...] = ()
 
 
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -139,8 +155,11 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 gguf_block_names=GGUF_MIXTRAL_BLOCK_NAMES, gguf_experts_of="llama"),
     # Hybrid linear attention (engine/models/qwen35.py): Gated DeltaNet and gated full
     # attention layers. llama.cpp keeps its Q/K rows in HF order (NEOX rope).
+    # llama.cpp adds 1 to its zero-centred norms, not to the linear layers' gated one.
     ModelFamily("Qwen3_5ForCausalLM", "qwen3_5_text", ("qwen35",), False,
-                FamilyTraits(qk_norm=True), Qwen35ForCausalLM, qwen35_spec),
+                FamilyTraits(qk_norm=True), Qwen35ForCausalLM, qwen35_spec,
+                gguf_block_names=GGUF_QWEN35_BLOCK_NAMES, gguf_norm_offset=1.0,
+                gguf_unshifted_norms=("linear_attn.norm.weight",)),
 )
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
