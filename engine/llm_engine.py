@@ -189,6 +189,11 @@ class LLMEngine:
         # GrammarError (ValueError) and nothing is left behind.
         fmt = params.response_format
         matcher = None if fmt is None else self.grammars.matcher(fmt)
+        slots = self.runner.states and self.kv_cache.managers[-1].pool.num_blocks
+        if slots and params.n > slots:
+            # Each candidate needs a linear-attention state slot at once.
+            raise ValueError(f"SamplingParams.n: {params.n} candidates need as many state "
+                             f"slots, but this model's state pool has {slots}")
         request = self.scheduler.add_request(request_id, ids, params)
         seq = request.seqs[0]
         seq.generator = make_generator(params.seed, 0)

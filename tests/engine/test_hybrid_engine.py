@@ -154,3 +154,11 @@ def test_an_aborted_request_frees_its_slots(qwen35_dir):
     assert len(request.seqs) == 3 and engine.kv_cache.managers[-1].num_live == 3
     engine.abort("long")
     assert_all_free(engine)
+
+
+def test_more_candidates_than_state_slots_is_refused_by_name(qwen35_dir):
+    engine = engine_for(qwen35_dir)
+    slots = engine.kv_cache.managers[-1].pool.num_blocks
+    with pytest.raises(ValueError, match=r"SamplingParams\.n: .* state pool has"):
+        engine.add_request([1, 2, 3], SamplingParams(n=slots + 1))
+    assert not engine.has_unfinished_requests()
