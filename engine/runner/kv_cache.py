@@ -189,7 +189,10 @@ def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
     dtype = estimate_dtype(config)
     context = info.context_length
     max_model_len = max(1, min(config.max_model_len or context, context))
-    shape = KVShape(info.kv_layers, info.num_kv_heads, info.head_dim, config.block_size, dtype)
+    # A hybrid model's linear layers hold no KV (catalog.ModelInfo.kv_layers, .hybrid).
+    hybrid = getattr(info, "hybrid", None)
+    kv_layers = getattr(info, "kv_layers", info.num_layers)
+    shape = KVShape(kv_layers, info.num_kv_heads, info.head_dim, config.block_size, dtype)
     try:
         blocks = planned_blocks(config, shape, max_model_len)
     except KVBudgetError:
@@ -201,7 +204,7 @@ def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
         weights = info.num_parameters * weight_dtype.itemsize
     kv = blocks * shape.bytes_per_block
     states = 0
-    if info.hybrid is not None:
-        slot = info.hybrid.state_bytes(dtype.itemsize)
+    if hybrid is not None:
+        slot = hybrid.state_bytes(dtype.itemsize)
         states = (state_slots(config, slot, kv)[0] + 1) * slot  # and the null slot
     return MemoryEstimate(weights, kv, states)
