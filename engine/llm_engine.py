@@ -41,6 +41,7 @@ from engine.runner.logprobs import token_logprobs
 from engine.runner.memory import MemoryStats, memory_stats
 from engine.runner.model_runner import ModelRunner
 from engine.runner.sampler import Sampler, SamplingRow, make_generator
+from engine.runner.state_pool import state_slots
 from engine.sampling_params import SamplingParams
 from engine.text.candidate import CandidateText
 from engine.text.chat_template import chat_tokenizer_for
@@ -98,16 +99,26 @@ class LLMEngine:
         num_blocks = num_blocks_for(config, shape, device, self.max_model_len)
         backend = get_backend(device, resolved.backend)
         windows = net.layer_windows()
-        self.kv_groups = (group_layers(windows, self.max_model_len) if config.kv_groups
-                          else [KVGroupSpec(tuple(range(len(windows))))])
-        counts = group_blocks(config, shape, num_blocks, self.kv_groups)
+        linear = net.linear_layers() if hasattr(net, "linear_layers") else ()
+        self.kv_groups = (group_layers(windows, self.max_model_len, linear) if config.kv_groups
+                          or linear else [KVGroupSpec(tuple(range(len(windows))))])
+        attention_groups = [g for g in self.kv_groups if not g.linear]
+        counts = group_blocks(config, shape, num_blocks, attention_groups)
+        slot_bytes, live_slots = 0, 1
+        if linear:
+            slot_bytes = net.deltanet_shape.state_bytes(dtype.itemsize) * len(linear)
+            total, live_slots = state_slots(config, slot_bytes, num_blocks *
+                                            shape.bytes_per_block)
+            counts.append(total)
         self.runner = ModelRunner(net, shape, self.kv_groups, counts, config.num_host_blocks,
                                   backend, device, config.cuda_graphs, self.max_model_len)
         self.kv_cache = KVCacheCoordinator.build(
             self.kv_groups, counts, config.block_size, num_host_blocks=config.num_host_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
-            group_block_bytes=[shape.block_bytes(g.layers) for g in self.kv_groups],
-            lookahead=config.max_num_batched_tokens)
+            group_block_bytes=[0 if g.linear else shape.block_bytes(g.layers)
+                               for g in self.kv_groups],
+            lookahead=config.max_num_batched_tokens, state_slot_bytes=slot_bytes,
+            live_state_slots=live_slots)
         self.disk: DiskStore | None = None
         if config.kv_disk_bytes:
             self._open_disk_tier(path, shape)
@@ -138,6 +149,8 @@ class LLMEngine:
         runner.disks = []
         for g, (spec, pool) in enumerate(zip(self.kv_groups, self.kv_cache.pools,
                                              strict=True)):
+            if spec.linear:
+                continue  # snapshots stay in memory (engine/core/state_manager.py)
             disk = GroupDisk(self.disk, fingerprint(model, spec.layers, spec.window), g,
                              runner.block_payload_bytes(g))
             pool.tier = disk
@@ -179,6 +192,11 @@ class LLMEngine:
         # GrammarError (ValueError) and nothing is left behind.
         fmt = params.response_format
         matcher = None if fmt is None else self.grammars.matcher(fmt)
+        slots = self.runner.states and self.kv_cache.managers[-1].pool.num_blocks
+        if slots and params.n > slots:
+            # Each candidate needs a linear-attention state slot at once.
+            raise ValueError(f"SamplingParams.n: {params.n} candidates need as many state "
+                             f"slots, but this model's state pool has {slots}")
         request = self.scheduler.add_request(request_id, ids, params)
         seq = request.seqs[0]
         seq.generator = make_generator(params.seed, 0)
@@ -350,5 +368,6 @@ class LLMEngine:
 
     def memory_stats(self) -> MemoryStats:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_caches,
-                            self.resolved_device.status_line, self.expert_bytes)
+                            self.resolved_device.status_line, self.expert_bytes,
+                            self.runner.state_pool_bytes)
 

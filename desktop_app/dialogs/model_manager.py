@@ -165,7 +165,8 @@ class ModelManagerDialog(QDialog):
                 cells = (info.name, info.format, "", "", "", "", "", info.error, "")
             else:
                 status = "● loaded" if loaded and loaded == source_for(info) else ""
-                cells = (info.name, info.format, info.architecture,
+                kind = f" ({info.layer_summary})" if info.layer_summary else ""
+                cells = (info.name, info.format, info.architecture + kind,
                          format_parameters(info.num_parameters, info.active_parameters),
                          str(info.context_length),
                          format_bytes(info.size_bytes),

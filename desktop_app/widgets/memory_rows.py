@@ -15,6 +15,9 @@ TOOLTIPS = {
                "system gives it memory only as chats fill its blocks.",
     "kv_resident": "The part of the KV pool that holds memory now: the blocks written so "
                    "far (all of it on a GPU).",
+    "state_pool": "Memory set aside for the linear-attention layers' states (a hybrid "
+                  "model such as Qwen3.5): one slot per running chat, the rest snapshots "
+                  "that let the next turn resume without recomputing the history.",
     "other": "Memory in use that is neither the weights nor the resident part of the KV "
              "pool: libraries, the tokenizer, activations.",
 }
@@ -51,6 +54,8 @@ def memory_rows(mem) -> dict[str, str]:
             "other": format_bytes(mem.other_bytes)}
     if mem.expert_bytes is not None:  # a mixture of experts
         rows["experts"] = format_bytes(mem.expert_bytes)
+    if getattr(mem, "state_pool_bytes", 0):  # a hybrid model's linear layers
+        rows["state_pool"] = format_bytes(mem.state_pool_bytes)
     if mem.device_total_bytes is not None:  # a CUDA device
         rows["total"] = format_bytes(mem.device_total_bytes)
         rows["used"] = format_bytes(mem.device_used_bytes)

@@ -189,7 +189,8 @@ class VramPanel(QScrollArea):
             ("device", "Device"), ("total", "Total"), ("used", "Used"), ("free", "Free"),
             ("rss", "Process RSS"), ("weights", "Weights"), ("experts", "of which experts"),
             ("kv_pool", "KV pool reserved"),
-            ("kv_resident", "KV pool resident"), ("other", "Everything else")])
+            ("kv_resident", "KV pool resident"), ("state_pool", "State pool (linear layers)"),
+            ("other", "Everything else")])
         for key, tip in TOOLTIPS.items():
             self._values[key].setToolTip(tip)
         self._section(layout, "KV cache pool", [
@@ -335,6 +336,7 @@ class VramPanel(QScrollArea):
             self._memory_form.setRowVisible(self._values[key], cuda)
         self._memory_form.setRowVisible(self._values["rss"], not cuda)
         self._memory_form.setRowVisible(self._values["experts"], "experts" in texts)
+        self._memory_form.setRowVisible(self._values["state_pool"], "state_pool" in texts)
         room = headroom_tokens(kv, self.source.max_model_len, self.current_chat_tokens())
         texts["headroom"] = f"This chat can grow about {room} more tokens"
         texts["disk"] = disk_row(kv)

@@ -8,11 +8,18 @@ naive app does) and once continuing one ``DynamicCache`` (only the new tokens ar
 llama.cpp joins when it can run the model. Every side is fed the prompt ids Folio's
 tokenizer makes of the messages, and the summary says whether its greedy replies match
 Folio's. Folio's chat is repeated on fresh engines and each turn's TTFT is the median.
+
+Turns 2 on should compute only what is new: the ratio of the prompt tokens Folio computed
+to the tokens new since the last turn's prompt and reply is a target. For a hybrid model
+(Qwen3.5) the summary adds the state snapshot's bytes per cached block against the
+full-attention KV bytes of that block, the snapshot interval, and what a snapshot's copy
+costs against recomputing the block it stands for.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 
 from engine.bench.baselines import HFCached, HFRecompute, LlamaCppChat, Reply
 from engine.bench.common import bench_result, ms, run_chat, warm_up
@@ -67,7 +74,46 @@ def bench_chat(ctx: BenchContext) -> dict:
         Target(f"Folio turn-{s.turns} TTFT / turn-1 TTFT", round(last / first, 3), 1.3, "<="),
         Target(recompute_target(s.turns), round(recompute_last / last, 2), 10.0, ">="),
     ]
+    computed_ratio = new_token_ratio(results["folio"])
+    if computed_ratio is not None:
+        targets.append(Target(f"Folio computed prompt tokens / new tokens, turns 2-{s.turns}",
+                              round(computed_ratio, 3), 1.3, "<="))
+    summary |= state_figures(llm, folio_ttft[0], results["folio"][0].prompt_tokens)
     return bench_result("chat", ctx, rows, summary, targets, notes)
+
+
+def new_token_ratio(replies: list[Reply]) -> float | None:
+    """Prompt tokens computed at turns 2.. over the tokens new at each (the prompt past
+    the last turn's prompt and reply); None for a one-turn chat."""
+    computed = new = 0
+    for before, turn in zip(replies, replies[1:], strict=False):
+        computed += turn.computed_prompt_tokens
+        new += turn.prompt_tokens - before.prompt_tokens - len(before.token_ids)
+    return computed / new if new > 0 else None
+
+
+def state_figures(llm, turn1_ttft_s: float, turn1_prompt: int) -> dict:
+    """A hybrid model's snapshot figures (empty for a model without linear layers): the
+    bytes a cached block's snapshot adds over the block's KV bytes, the interval, and one
+    snapshot copy against the time turn 1 spent per block of its prompt."""
+    engine = llm.engine
+    states = engine.runner.states
+    if states is None:
+        return {}
+    manager = engine.kv_cache.managers[-1]
+    kv_block = engine.kv_cache.pools[0].bytes_per_block
+    copies = 20
+    start = time.perf_counter()
+    for _ in range(copies):
+        states.move([], [], [(0, 1)])
+    copy_s = (time.perf_counter() - start) / copies
+    blocks = max(1, turn1_prompt // engine.config.block_size)
+    return {"state_slot_bytes": states.slot_bytes, "snapshot_every_blocks":
+            manager.snapshot_every,
+            "snapshot_bytes_per_block / kv_bytes_per_block": round(
+                states.slot_bytes / manager.snapshot_every / kv_block, 3),
+            "snapshot_copy_ms": round(copy_s * 1e3, 3),
+            "turn1_prefill_ms_per_block": round(turn1_ttft_s / blocks * 1e3, 3)}
 
 
 def recompute_target(turns: int) -> str:

@@ -18,29 +18,40 @@ from engine.core.kv_manager import FullAttentionManager, KVCacheManager, Sliding
 from engine.core.kv_protocol import GroupMoves
 from engine.core.kv_stats import KVStats, merge_stats, pool_stats
 from engine.core.sequence import Sequence
+from engine.core.state_manager import LinearStateManager
 
 
 @dataclass(slots=True, frozen=True)
 class KVGroupSpec:
-    """The layers of one attention kind; ``window`` None for full attention."""
+    """The layers of one attention kind; ``window`` None for full attention. A
+    ``linear`` group holds linear-attention state slots, not token blocks
+    (engine/core/state_manager.py); it comes after the attention groups."""
 
     layers: tuple[int, ...]
     window: int | None = None
+    linear: bool = False
 
     @property
     def name(self) -> str:
+        if self.linear:
+            return "linear state"
         return "global" if self.window is None else f"sliding (window {self.window})"
 
 
-def group_layers(windows: Seq[int | None], max_model_len: int) -> list[KVGroupSpec]:
+def group_layers(windows: Seq[int | None], max_model_len: int,
+                 linear: Seq[int] = ()) -> list[KVGroupSpec]:
     """Each layer's window (None: full attention) to groups, full attention first. A
-    window as long as the context hides nothing: that layer is a full one."""
+    window as long as the context hides nothing: that layer is a full one. The
+    ``linear`` layers (linear attention) form one state group, last."""
     kinds: dict[int | None, list[int]] = {}
     for layer, window in enumerate(windows):
+        if layer in linear:
+            continue
         kinds.setdefault(None if window is None or window >= max_model_len else window,
                          []).append(layer)
     order = sorted(kinds, key=lambda w: (w is not None, w or 0))
-    return [KVGroupSpec(tuple(kinds[w]), w) for w in order]
+    groups = [KVGroupSpec(tuple(kinds[w]), w) for w in order]
+    return groups + ([KVGroupSpec(tuple(linear), linear=True)] if linear else [])
 
 
 class KVCacheCoordinator:
@@ -66,14 +77,24 @@ class KVCacheCoordinator:
     def build(cls, specs: Seq[KVGroupSpec], num_blocks: Seq[int], block_size: int, *,
               num_host_blocks: int = 0, enable_prefix_caching: bool = True,
               bytes_per_layer_block: int = 0, lookahead: int = 512,
-              group_block_bytes: Seq[int] | None = None) -> KVCacheCoordinator:
+              group_block_bytes: Seq[int] | None = None, state_slot_bytes: int = 0,
+              live_state_slots: int = 1, snapshot_every: int = 1) -> KVCacheCoordinator:
         """A pool and a manager per spec: ``num_blocks[g]`` blocks for group g, the same
         host pool size for each; ``lookahead`` is the most tokens a step computes of a
         sequence (the scheduler's budget), how far ahead a window gets blocks. A block's
         bytes: ``group_block_bytes[g]`` where given (groups whose layers differ in head
-        shape), else ``bytes_per_layer_block`` per layer."""
+        shape), else ``bytes_per_layer_block`` per layer. A linear group's count is its
+        state slots (``live_state_slots`` of them for running states, as many host slots
+        when there is a host pool) of ``state_slot_bytes``; ``snapshot_every`` is its
+        snapshot interval in blocks."""
         managers: list[KVCacheManager] = []
         for g, (spec, count) in enumerate(zip(specs, num_blocks, strict=True)):
+            if spec.linear:
+                pool = BlockPool(count, block_size, count if num_host_blocks else 0,
+                                 enable_prefix_caching, state_slot_bytes)
+                managers.append(LinearStateManager(pool, g, live_state_slots,
+                                                   snapshot_every))
+                continue
             block_bytes = (group_block_bytes[g] if group_block_bytes is not None
                            else bytes_per_layer_block * len(spec.layers))
             pool = BlockPool(count, block_size, num_host_blocks, enable_prefix_caching,

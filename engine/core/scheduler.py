@@ -107,6 +107,7 @@ class Scheduler:
             )
         seq = Sequence(next(self._seq_ids), request_id, 0, list(prompt_token_ids), n)
         seq.needs_fork = params.n > 1
+        seq.fork_width = params.n
         request = Request(request_id, list(prompt_token_ids), params, [seq])
         self.requests[request_id] = request
         self.waiting.append(request)

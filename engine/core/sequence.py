@@ -48,6 +48,9 @@ class Sequence:
     # Set when this sequence's next prefill chunk ends its prompt for the first time
     # (the moment a request with n candidates forks).
     needs_fork: bool = False
+    # The candidates it forks into (its request's n): a linear-attention state slot is
+    # taken for each at admission (engine/core/state_manager.py).
+    fork_width: int = 1
 
     @property
     def label(self) -> str:

@@ -23,6 +23,7 @@ from engine.loaders.gguf.header import read_gguf_header
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
 from engine.models import SUPPORTED_MODEL_TYPES
 from engine.models.moe import active_parameters
+from engine.models.qwen35 import HybridLayout, hybrid_layout
 from engine.models.registry import text_part
 from engine.models.spec import head_dim_of, kv_bytes_per_token
 
@@ -49,12 +50,26 @@ class ModelInfo:
     active_parameters: int | None = None
     # Whether the file carries a chat template (without one the family's turn format runs).
     has_chat_template: bool = True
+    # A hybrid model (Qwen3.5): its layer kinds and linear layers' shape; None otherwise.
+    hybrid: HybridLayout | None = None
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers with a KV cache (a hybrid model's linear layers keep a state instead)."""
+        return self.num_layers - (self.hybrid.num_linear if self.hybrid else 0)
+
+    @property
+    def layer_summary(self) -> str:
+        """"hybrid: 24 linear + 8 full layers" for a hybrid model, else ""."""
+        if self.hybrid is None:
+            return ""
+        return f"hybrid: {self.hybrid.num_linear} linear + {self.hybrid.num_full} full layers"
 
     def kv_bytes(self, tokens: int, dtype: torch.dtype | str = torch.float32) -> int:
         """KV cache bytes for `tokens` tokens: K and V for every layer and KV head."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
-        per_token = kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim,
+        per_token = kv_bytes_per_token(self.kv_layers, self.num_kv_heads, self.head_dim,
                                        dtype_itemsize(dtype))
         return per_token * tokens
 
@@ -165,7 +180,15 @@ def model_info(path: Path) -> ModelInfo:
                      num_layers, int(config.get("num_key_value_heads") or heads),
                      head_dim_of(config.get("head_dim"), hidden, heads),
                      active_parameters=active_parameters(shapes, config),
-                     has_chat_template=folder_has_chat_template(path))
+                     has_chat_template=folder_has_chat_template(path),
+                     hybrid=_hybrid(config, config_path))
+
+
+def _hybrid(config: dict, where: Path) -> HybridLayout | None:
+    try:
+        return hybrid_layout(config)
+    except (ValueError, TypeError) as exc:
+        raise FolioLoadError(f"{where}: {exc}") from exc
 
 
 def gguf_info(path: Path, name: str) -> ModelInfo:
@@ -177,7 +200,8 @@ def gguf_info(path: Path, name: str) -> ModelInfo:
                      config["max_position_embeddings"], path.stat().st_size,
                      config["num_hidden_layers"], config["num_key_value_heads"],
                      config["head_dim"], active_parameters=active_parameters(shapes, config),
-                     has_chat_template=bool(metadata.get("tokenizer.chat_template")))
+                     has_chat_template=bool(metadata.get("tokenizer.chat_template")),
+                     hybrid=_hybrid(config, path))
 
 
 def folder_has_chat_template(path: Path) -> bool:

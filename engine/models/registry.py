@@ -25,6 +25,7 @@ from engine.models.gpt_oss import GptOssForCausalLM, gpt_oss_spec, split_expert_
 from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import MoEForCausalLM, moe_spec
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
+from engine.models.qwen35 import Qwen35ForCausalLM, qwen35_spec
 from engine.models.spec import DecoderSpec, FamilyTraits, spec_from_hf_config
 
 SpecBuilder = Callable[[Any, str, FamilyTraits], DecoderSpec]
@@ -67,6 +68,20 @@ GGUF_PHI3_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
     "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
     "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+})
+
+# Qwen3.5 (MODEL_TENSORS[QWEN35]): the Llama names for the full-attention layers (q_proj
+# holding each head's query and gate), post_attention_norm before the MLP, and the linear
+# layers' in attn_qkv / attn_gate / ssm_*. A name with its kind ("ssm_dt.bias") or without
+# one ("ssm_a") is a whole parameter name.
+GGUF_QWEN35_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    **{k: v for k, v in GGUF_LLAMA_BLOCK_NAMES.items() if k != "ffn_norm"},
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_proj_z",
+    "ssm_alpha": "linear_attn.in_proj_a", "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_conv1d": "linear_attn.conv1d", "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj", "ssm_dt.bias": "linear_attn.dt_bias",
+    "ssm_a": "linear_attn.A_log",
 })
 
 # Mixture-of-experts files (OLMoE, Qwen3-MoE, Mixtral's "llama" ones): the router and the
@@ -128,6 +143,8 @@ class ModelFamily:
     # A checkpoint's tensor shapes (name -> shape) under the model's own names, where its
     # files fuse what the model keeps apart (gpt-oss's experts); None: the same names.
     split_shapes: Callable[[dict[str, tuple[int, ...]]], dict[str, tuple[int, ...]]] | None = None
+    # HF names ending so that get no norm offset (Qwen3.5's gated norm scales by weight).
+    gguf_unshifted_norms: tuple[str, ...] = ()
 
 
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -176,6 +193,13 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("GptOssForCausalLM", "gpt_oss", ("gpt-oss",), False, FamilyTraits(),
                 GptOssForCausalLM, gpt_oss_spec, gguf_block_names=GGUF_GPT_OSS_BLOCK_NAMES,
                 split_shapes=split_expert_shapes),
+    # Hybrid linear attention (engine/models/qwen35.py): Gated DeltaNet and gated full
+    # attention layers. llama.cpp keeps its Q/K rows in HF order (NEOX rope).
+    # llama.cpp adds 1 to its zero-centred norms, not to the linear layers' gated one.
+    ModelFamily("Qwen3_5ForCausalLM", "qwen3_5_text", ("qwen35",), False,
+                FamilyTraits(qk_norm=True), Qwen35ForCausalLM, qwen35_spec,
+                gguf_block_names=GGUF_QWEN35_BLOCK_NAMES, gguf_norm_offset=1.0,
+                gguf_unshifted_norms=("linear_attn.norm.weight",)),
 )
 # Multimodal checkpoints whose text part Folio runs (no image or audio input): the class ->
 # the prefix of its text weights, which load under the text family's "model." names.

@@ -40,6 +40,7 @@ from engine.config import EngineConfig
 from engine.dtypes import resolve_dtype
 from engine.models.spec import kv_bytes_per_token
 from engine.runner.device import estimate_dtype
+from engine.runner.state_pool import state_slots
 
 # Full contexts the pool holds by default: a chat and its candidates (they share the
 # prompt's blocks) beside a few other chats streaming at once. When more is asked, the
@@ -84,14 +85,18 @@ class KVShape:
 
     @classmethod
     def from_spec(cls, spec, block_size: int, dtype: torch.dtype) -> KVShape:
-        """From the model's DecoderSpec, which already resolved the config's head sizes."""
-        return cls(spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size, dtype)
+        """From the model's DecoderSpec, which already resolved the config's head sizes.
+        A hybrid model's linear-attention layers hold no KV (``num_kv_layers``)."""
+        return cls(getattr(spec, "num_kv_layers", spec.num_layers), spec.num_kv_heads,
+                   spec.head_dim, block_size, dtype)
 
     @classmethod
     def of_model(cls, model, block_size: int, dtype: torch.dtype) -> KVShape:
         """From a built model: its KV layers' heads (``kv_heads``), one entry per layer
-        that keeps K/V (a layer reading another's K/V keeps none)."""
-        heads = tuple(model.kv_heads())
+        that keeps K/V (a layer reading another's K/V keeps none; a hybrid model's
+        linear-attention layers keep a state slot instead)."""
+        linear = set(model.linear_layers()) if hasattr(model, "linear_layers") else set()
+        heads = tuple(h for layer, h in enumerate(model.kv_heads()) if layer not in linear)
         spec = model.spec
         uniform = all(h == (spec.num_kv_heads, spec.head_dim) for h in heads)
         return cls(len(heads), spec.num_kv_heads, spec.head_dim, block_size, dtype,
@@ -190,10 +195,11 @@ def group_blocks(config: EngineConfig, shape: KVShape, num_blocks: int,
 class MemoryEstimate:
     weights_bytes: int
     kv_bytes: int
+    state_bytes: int = 0  # a hybrid model's linear-attention state pool
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes
+        return self.weights_bytes + self.kv_bytes + self.state_bytes
 
 
 def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
@@ -206,7 +212,10 @@ def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
     dtype = estimate_dtype(config)
     context = info.context_length
     max_model_len = max(1, min(config.max_model_len or context, context))
-    shape = KVShape(info.num_layers, info.num_kv_heads, info.head_dim, config.block_size, dtype)
+    # A hybrid model's linear layers hold no KV (catalog.ModelInfo.kv_layers, .hybrid).
+    hybrid = getattr(info, "hybrid", None)
+    kv_layers = getattr(info, "kv_layers", info.num_layers)
+    shape = KVShape(kv_layers, info.num_kv_heads, info.head_dim, config.block_size, dtype)
     try:
         blocks = planned_blocks(config, shape, max_model_len)
     except KVBudgetError:
@@ -216,4 +225,9 @@ def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
     else:
         weight_dtype = dtype if config.weights == "stored" else resolve_dtype(config.weights)
         weights = info.num_parameters * weight_dtype.itemsize
-    return MemoryEstimate(weights, blocks * shape.bytes_per_block)
+    kv = blocks * shape.bytes_per_block
+    states = 0
+    if hybrid is not None:
+        slot = hybrid.state_bytes(dtype.itemsize)
+        states = (state_slots(config, slot, kv)[0] + 1) * slot  # and the null slot
+    return MemoryEstimate(weights, kv, states)

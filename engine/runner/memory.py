@@ -26,6 +26,9 @@ class MemoryStats:
     kv_pool_resident_bytes: int | None = None
     # A mixture of experts: the bytes of its experts, part of weights_bytes; None otherwise.
     expert_bytes: int | None = None
+    # A hybrid model's linear-attention state pool (runner/state_pool.py), reserved beside
+    # the KV pool; 0 without linear layers.
+    state_pool_bytes: int = 0
 
     @property
     def other_bytes(self) -> int | None:
@@ -37,7 +40,8 @@ class MemoryStats:
             return None
         used = (self.device_used_bytes if self.device_used_bytes is not None
                 else self.process_rss_bytes)
-        return max(0, used - self.weights_bytes - self.kv_pool_resident_bytes)
+        return max(0, used - self.weights_bytes - self.kv_pool_resident_bytes
+                   - self.state_pool_bytes)
 
 
 def process_rss_bytes() -> int:
@@ -49,7 +53,8 @@ def process_rss_bytes() -> int:
 
 
 def memory_stats(device: torch.device, weights_bytes: int, kv_pools: Sequence[torch.Tensor],
-                 label: str | None = None, expert_bytes: int | None = None) -> MemoryStats:
+                 label: str | None = None, expert_bytes: int | None = None,
+                 state_pool_bytes: int = 0) -> MemoryStats:
     """`kv_pools`: the KV pool tensors (one per KV group); `label` names the device for
     the memory panel, without it torch's name."""
     total = used = free = None
@@ -58,4 +63,5 @@ def memory_stats(device: torch.device, weights_bytes: int, kv_pools: Sequence[to
         used = total - free
     reserved = sum(pool.numel() * pool.element_size() for pool in kv_pools)
     return MemoryStats(label or str(device), weights_bytes, reserved, total, used, free,
-                       process_rss_bytes(), resident_bytes(kv_pools), expert_bytes)
+                       process_rss_bytes(), resident_bytes(kv_pools), expert_bytes,
+                       state_pool_bytes)

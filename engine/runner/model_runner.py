@@ -16,6 +16,11 @@ With the disk tier (`disk_tier.py`), a step's ``disk_saves`` (cached blocks abou
 reused) are copied out first, before any move or forward writes into them, and its
 ``disk_loads`` (prefix blocks found on disk) copied in after the moves, before the
 forward.
+
+A hybrid model's linear-attention layers (a ``linear`` KV group, the last) read and
+write the state pool (`state_pool.py`) instead: their group's "blocks" are state slots,
+its copy pairs forks and prefix hits resuming from a snapshot, and each of their layers
+gets (conv states, recurrent states, `StateMetadata`).
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ import torch
 
 from engine.core.kv_coordinator import KVGroupSpec
 from engine.core.scheduler import ScheduledSeq, SchedulerOutput
+from engine.layers.gated_deltanet import StateMetadata
 from engine.runner.cuda_graphs import CudaGraphRunner, backend_is_capturable
 from engine.runner.disk_tier import GroupDisk
 from engine.runner.kv_cache import KVShape
+from engine.runner.state_pool import StatePool
 from kernels import AttentionBackend, AttentionMetadata, allocate_kv_cache
 
 log = logging.getLogger(__name__)
@@ -61,21 +68,33 @@ class ModelRunner:
         self.kv_groups = list(kv_groups)
         # The null block's id in each group: its last block.
         self.null_ids = list(num_blocks)
-        self.kv_caches = [self._allocate(g.layers, n + 1, device)
-                          for g, n in zip(self.kv_groups, num_blocks, strict=True)]
-        self.host_caches: list[torch.Tensor | None] = [None] * len(self.kv_groups)
+        attention = [(g, n) for g, n in zip(self.kv_groups, num_blocks, strict=True)
+                     if not g.linear]
+        self.kv_caches = [self._allocate(g.layers, n + 1, device) for g, n in attention]
+        self.host_caches: list[torch.Tensor | None] = [None] * len(attention)
         if num_host_blocks:
             self.host_caches = [self._allocate(g.layers, num_host_blocks,
                                                torch.device("cpu"),
                                                pin_memory=device.type == "cuda")
-                                for g in self.kv_groups]
+                                for g, _ in attention]
         self.disks: list[GroupDisk] | None = None  # each group's disk tier, if on
-        # Per layer: its group and its K and V views in the group's pool.
+        # Per layer: its group and its K and V views in the group's pool (a linear
+        # layer's conv and recurrent states).
         self._layer_views: list[tuple[int, torch.Tensor, torch.Tensor]] = [None] * sum(
             len(g.layers) for g in self.kv_groups)  # type: ignore[list-item]
-        for g, (group, cache) in enumerate(zip(self.kv_groups, self.kv_caches, strict=True)):
+        for g, (group, cache) in enumerate(zip(self.kv_groups[:len(attention)], self.kv_caches,
+                                               strict=True)):
             for i, layer in enumerate(group.layers):
                 self._layer_views[layer] = (g, cache[i, 0], cache[i, 1])
+        self.states: StatePool | None = None
+        self.state_group: int | None = None
+        if len(attention) < len(self.kv_groups):
+            g = self.state_group = len(attention)
+            group, slots = self.kv_groups[g], num_blocks[g]
+            self.states = StatePool(model.deltanet_shape, len(group.layers), slots,
+                                    slots if num_host_blocks else 0, shape.dtype, device)
+            for i, layer in enumerate(group.layers):
+                self._layer_views[layer] = (g, *self.states.layer(i))
         self.graphs: CudaGraphRunner | None = None
         if cuda_graphs and max_model_len and backend_is_capturable(backend, device):
             self.graphs = CudaGraphRunner(self._decode_logits, device, shape.block_size,
@@ -100,13 +119,22 @@ class ModelRunner:
     def kv_pool_bytes(self) -> int:
         return sum(c.numel() * c.element_size() for c in self.kv_caches)
 
+    @property
+    def state_pool_bytes(self) -> int:
+        """The linear-attention state pool (0 without linear layers)."""
+        return 0 if self.states is None else self.states.nbytes
+
     def apply_block_moves(self, out: SchedulerOutput) -> None:
         """Each group's moves, swap-outs first: the blocks they free may be reused by
         this step's swap-ins and copies."""
         self.save_blocks(out.disk_saves)
         for g in range(len(self.kv_groups)):
-            self._move_blocks(g, _group(out.swap_out, g), _group(out.swap_in, g),
-                              _group(out.cow_pairs, g))
+            moves = _group(out.swap_out, g), _group(out.swap_in, g), _group(out.cow_pairs, g)
+            if g == self.state_group:
+                assert self.states is not None
+                self.states.move(*moves)
+            else:
+                self._move_blocks(g, *moves)
         for g, loads in enumerate(out.disk_loads):
             for block_id, payload in loads:
                 self._fill_block(g, block_id, payload)
@@ -121,6 +149,8 @@ class ModelRunner:
         if self.disks is None:
             return
         for g, group_saves in enumerate(saves):
+            if not group_saves:
+                continue
             cache, disk = self.kv_caches[g], self.disks[g]
             for block_id, block_hash, token_ids in group_saves:
                 block = cache[:, :, block_id].contiguous().cpu()
@@ -192,8 +222,11 @@ class ModelRunner:
         query_start_loc = torch.tensor(starts, dtype=torch.int32, device=dev)
         lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
         max_query_len = max(s.num_new_tokens for s in out.scheduled)
-        metas = []
+        metas: list = []
         for g in range(len(self.kv_groups)):
+            if g == self.state_group:
+                metas.append(self._state_metadata(out.scheduled, starts, g))
+                continue
             tables, slots = self._tables_and_slots(out.scheduled, g)
             metas.append(AttentionMetadata(
                 query_start_loc=query_start_loc,
@@ -206,6 +239,25 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
         return input_ids, pos, metas, sample_rows
+
+    def _state_metadata(self, scheduled: list[ScheduledSeq], starts: list[int],
+                        g: int) -> StateMetadata:
+        """Each sequence's running state slot, whether its chunk continues it, and the
+        snapshot slots of the block boundaries its chunk reaches."""
+        bs = self.shape.block_size
+        null = self.null_ids[g]
+        slots, resumes, snapshots = [], [], []
+        for item in scheduled:
+            seq = item.seq
+            table = seq.block_tables[g]
+            start = seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            slots.append(table[0])
+            resumes.append(start > 0)
+            snapshots.append([((i + 1) * bs - start, table[1 + i])
+                              for i in range(start // bs, min(end // bs, len(table) - 1))
+                              if table[1 + i] != null])
+        return StateMetadata(starts, slots, resumes, snapshots)
 
     def _tables_and_slots(self, scheduled: list[ScheduledSeq],
                           g: int) -> tuple[list[list[int]], list[int]]:

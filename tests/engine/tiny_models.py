@@ -17,6 +17,7 @@ from transformers import (
     LlamaConfig,
     Phi3Config,
     PreTrainedTokenizerFast,
+    Qwen3_5TextConfig,
 )
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -108,6 +109,22 @@ def tiny_phi3_config(**overrides):
     )
     fields.update(overrides)
     return Phi3Config(**fields)
+
+
+def tiny_qwen35_config(**overrides) -> Qwen3_5TextConfig:
+    """Qwen3.5 (hybrid) with the byte-level vocabulary: 3 Gated DeltaNet layers and 1
+    full-attention layer, grouped k/v heads in both kinds, partial rotary 0.25."""
+    fields = dict(
+        vocab_size=len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIALS),
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+        rms_norm_eps=1e-6, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        bos_token_id=256, eos_token_id=258, pad_token_id=256, tie_word_embeddings=False,
+        architectures=["Qwen3_5ForCausalLM"],
+    )
+    fields.update(overrides)
+    return Qwen3_5TextConfig(**fields)
 
 
 def save_tiny_model(path: Path, config=None, seed: int = 0) -> Path:

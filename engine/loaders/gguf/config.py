@@ -17,6 +17,7 @@ import numpy as np
 from engine.loaders.base import FolioLoadError
 from engine.models import GGUF_ARCHITECTURES, gguf_file_family
 from engine.models.gemma import FULL, SLIDING
+from engine.models.qwen35 import LINEAR, TILED_V_HEADS
 from engine.models.spec import head_dim_of
 
 ROPE_FREQS = "rope_freqs.weight"  # llama 3 rope scaling, folded into the config
@@ -350,6 +351,30 @@ def _gpt_oss_keys(keys: _Keys, config: dict[str, object],
     config["rope_parameters"] = rope
 
 
+def _qwen35_keys(keys: _Keys, config: dict[str, object],
+                 tensors: Mapping[str, np.ndarray] | None) -> None:
+    """Qwen3.5's linear layers (Qwen3NextModel's ssm.* keys), the layer period, the
+    partial rotary, and llama.cpp's tiled value heads."""
+    v_heads = keys.count("ssm.time_step_rank")
+    inner = keys.count("ssm.inner_size")
+    if inner % v_heads:
+        raise keys.bad("ssm.inner_size", inner, f"a multiple of ssm.time_step_rank ({v_heads})")
+    config |= {"linear_num_value_heads": v_heads, "linear_value_head_dim": inner // v_heads,
+               "linear_num_key_heads": keys.count("ssm.group_count"),
+               "linear_key_head_dim": keys.count("ssm.state_size"),
+               "linear_conv_kernel_dim": keys.count("ssm.conv_kernel"), TILED_V_HEADS: True}
+    period = keys.count("full_attention_interval", 4)
+    config["layer_types"] = [FULL if (i + 1) % period == 0 else LINEAR
+                             for i in range(int(config["num_hidden_layers"]))]
+    head_dim = int(config["head_dim"])
+    rotary = keys.count("rope.dimension_count", head_dim // 4)
+    if rotary > head_dim or rotary % 2:
+        raise keys.bad("rope.dimension_count", rotary,
+                       f"an even number of dims of the {head_dim}-dim heads")
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta"),
+                                 "partial_rotary_factor": rotary / head_dim}
+
+
 _FamilyKeys = Callable[[_Keys, dict[str, object], Mapping[str, np.ndarray] | None], None]
 # Families whose config needs more than the shared Llama keys, by model_type.
 _FAMILY_KEYS: dict[str, _FamilyKeys] = {
@@ -357,8 +382,9 @@ _FAMILY_KEYS: dict[str, _FamilyKeys] = {
     "phi3": _phi3_keys,
     "olmoe": _moe_keys, "qwen3_moe": _moe_keys, "mixtral": _moe_keys,
     "gpt_oss": _gpt_oss_keys,
+    "qwen3_5_text": _qwen35_keys,
 }
-_PARTIAL_ROTARY = ("phi3",)  # families whose rope.dimension_count may be < head_dim
+_PARTIAL_ROTARY = ("phi3", "qwen3_5_text")  # families whose rope.dimension_count may be < head_dim
 _OWN_ROPE_FREQS = ("gemma4_text",)  # families whose rope_freqs is not Llama 3's scaling
 
 

@@ -43,8 +43,12 @@ from kernels.quant.formats import QuantizedTensor, quant_format
 
 log = logging.getLogger(__name__)
 
-# 2: each tensor entry gained the norm offset to subtract.
-CACHE_VERSION = 2
+# 2: each tensor entry gained the norm offset to subtract. 3: and a value transform.
+CACHE_VERSION = 3
+# Values llama.cpp's converter changed, undone on load (by the entry's transform name):
+# Qwen3.5's ssm_a holds -exp(A_log).
+_TRANSFORMS = {"log_neg": lambda w: np.log(-w)}
+_TRANSFORMED = {"linear_attn.A_log": "log_neg"}
 # Every family's; the per-layer names (blk.N.<part>) are the family's gguf_block_names.
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
                  "output": "lm_head",
@@ -67,6 +71,11 @@ def hf_tensor_name(gguf_name: str, family: ModelFamily | None = None) -> str | N
     when None), or None when it has none."""
     block_names: Mapping[str, str] = (GGUF_LLAMA_BLOCK_NAMES if family is None
                                       else family.gguf_block_names)
+    parts = gguf_name.split(".")
+    if len(parts) >= 3 and parts[0] == "blk" and parts[1].isdigit():
+        whole = ".".join(parts[2:])  # a name the family maps whole ("ssm_a", "ssm_dt.bias")
+        if whole in block_names and whole not in ("weight", "bias"):
+            return f"model.layers.{parts[1]}.{block_names[whole]}"
     stem, dot, kind = gguf_name.rpartition(".")
     if not dot or kind not in ("weight", "bias"):
         return None
@@ -126,8 +135,9 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
         data = np.memmap(path, dtype=np.uint8, mode="c")
         if data.size != meta["size"]:
             raise FolioLoadError(f"{path}: the file changed after it was opened; load it again")
-        for name, shape, qtype_id, offset, n_bytes, permute_heads, shift in tensors:
-            if keep_quantized and len(shape) == 2 and not shift and quant_format(qtype_id):
+        for name, shape, qtype_id, offset, n_bytes, permute_heads, shift, transform in tensors:
+            if (keep_quantized and len(shape) == 2 and not shift and not transform
+                    and quant_format(qtype_id)):
                 # A view of the map: pages are read when a product first touches them.
                 rows = torch.from_numpy(data[offset:offset + n_bytes].reshape(shape[0], -1))
                 order = None
@@ -141,6 +151,8 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
                 weight = unpermute_rows(weight, permute_heads)
             if shift:  # a new array, so never a view of the file
                 weight = weight - np.float32(shift)
+            elif transform:
+                weight = _TRANSFORMS[transform](weight).astype(np.float32)
             elif np.may_share_memory(weight, data):  # F32 comes back as a view of the file
                 weight = weight.copy()
             yield name, torch.from_numpy(weight).to(dtype)
@@ -203,8 +215,14 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
             heads = config["num_key_value_heads"]
         # llama.cpp's converter added the offset to these (the name test is its own).
         shift = family.gguf_norm_offset if hf_name.endswith("norm.weight") else 0.0
-        tensors += _split_experts([hf_name, list(shape), qtype, offset, n_bytes, heads, shift],
-                                  path)
+        if hf_name.endswith(family.gguf_unshifted_norms or ("\0",)):
+            shift = 0.0
+        transform = next((t for suffix, t in _TRANSFORMED.items() if hf_name.endswith(suffix)),
+                         "")
+        if hf_name.endswith("conv1d.weight") and len(shape) == 2:
+            shape = (shape[0], 1, shape[1])  # llama.cpp squeezed the depthwise conv's [C, 1, K]
+        tensors += _split_experts([hf_name, list(shape), qtype, offset, n_bytes, heads, shift,
+                                   transform], path)
     report("open", 1.0)
     report("tokenizer", 0.0)
     try:
@@ -250,7 +268,7 @@ def _split_experts(entry: list, path: Path) -> list[list]:
     """A mixture of experts' stacked [experts, rows, k] tensor as one entry per expert
     (its name's "{}" the expert's index), each its own run of the file's bytes: experts are
     then read, kept quantized and checked as the one-matrix-per-expert checkpoints are."""
-    hf_name, shape, qtype, offset, n_bytes, heads, shift = entry
+    hf_name, shape, qtype, offset, n_bytes, heads, shift, transform = entry
     if "{}" not in hf_name:
         return [entry]
     # gpt-oss's experts carry biases: [experts, rows], one row per expert.
@@ -258,7 +276,8 @@ def _split_experts(entry: list, path: Path) -> list[list]:
         raise FolioLoadError(f"{path}: expert tensor {hf_name.replace('{}', '*')} has shape "
                              f"{shape}, not [experts, rows, columns]; the file is damaged")
     size = n_bytes // shape[0]
-    return [[hf_name.format(e), shape[1:], qtype, offset + e * size, size, heads, shift]
+    return [[hf_name.format(e), shape[1:], qtype, offset + e * size, size, heads, shift,
+             transform]
             for e in range(shape[0])]
 
 

@@ -73,7 +73,11 @@ def test_chat_counts_what_each_side_computes(ctx):
                for side in ("folio", "hf_recompute", "hf_cache"))
     assert set(result["summary"]["same_replies_as_folio"]) == {"hf_recompute", "hf_cache"}
     assert _targets(result) == ["Folio turn-2 TTFT / turn-1 TTFT",
-                                "transformers-recompute / Folio TTFT at turn 2"]
+                                "transformers-recompute / Folio TTFT at turn 2",
+                                "Folio computed prompt tokens / new tokens, turns 2-2"]
+    new = p2 - p1 - 6
+    assert result["targets"][2]["value"] == round(second["folio_computed"] / new, 3)
+    assert "snapshot_every_blocks" not in result["summary"]  # no linear layers
     if importlib.util.find_spec("llama_cpp") is None:
         assert result["notes"] == ["llama.cpp skipped: llama_cpp is not installed "
                                    "(pip install -e '.[bench]')"]

@@ -1,0 +1,186 @@
+"""Linear-attention state as one more kind of KV group: a state slot per sequence, and
+snapshots of the state at block boundaries cached under the block's hash.
+
+A Gated DeltaNet layer keeps a fixed-size state per sequence (a conv window and a
+recurrent matrix per linear layer), not a KV entry per token. The group's `BlockPool`
+hands out state slots instead of token blocks: the runner's state pool has one row per
+slot (engine/runner/state_pool.py). A sequence's table in this group is::
+
+    table[0]       its running state (the layers read and write it every step)
+    table[1 + i]   a snapshot slot for the boundary after token block i, taken before
+                   the step that crosses it and cached once that step ran (null: none)
+
+A snapshot is registered under the hash of block i, the chain hash of every token up to
+that boundary, and released at once: it waits in the pool's LRU like a freed full block,
+evicted when a slot is needed. A prefix hit is a boundary whose snapshot and whose
+full-attention blocks are all cached (the coordinator agrees the groups' hits): the
+running slot starts as a copy of the snapshot (a copy pair, applied before the forward)
+and only the tokens after it are computed.
+
+Snapshots are taken only from slots the live sequences cannot need (``live_slots`` of
+the pool are theirs): a snapshot never keeps a sequence from being admitted. A sequence
+about to fork into n candidates takes its n slots at admission, so the fork always has
+them: each candidate's running state is one copy of the prompt's final state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from engine.core.block_pool import BlockPool
+from engine.core.kv_manager import Found, KVCacheManager, Plan, extend_hashes
+from engine.core.sequence import Sequence
+
+
+class LinearStateManager(KVCacheManager):
+    def __init__(self, pool: BlockPool, group: int, live_slots: int,
+                 snapshot_every: int = 1) -> None:
+        """``live_slots``: slots kept for running states (the rest may hold snapshots);
+        ``snapshot_every``: snapshot each k-th block boundary."""
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
+        super().__init__(pool, group)
+        self.live_slots = min(live_slots, pool.num_blocks)
+        self.snapshot_every = snapshot_every
+        self.reserved: dict[int, list[int]] = {}  # a sequence's slots for its fork
+        self.num_live = 0  # running and reserved slots held
+
+    # ------------------------------------------------------------------ lookup
+    def lookup(self, seq: Sequence) -> list[Found]:
+        """The cached snapshot at each full prompt block's end (None: a miss); the last
+        token is never a hit, as in every group."""
+        if not self.pool.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        num_full = (seq.num_tokens - 1) // bs
+        extend_hashes(seq, num_full, bs)
+        return [self.pool.lookup(seq.block_hashes[i], self._tokens(seq, i))
+                for i in range(num_full)]
+
+    def longest_hit(self, found: list[Found], limit: int | None = None) -> int:
+        num = len(found) if limit is None else min(len(found), limit // self.block_size)
+        for k in range(num, 0, -1):
+            if found[k - 1] is not None:
+                return k * self.block_size
+        return 0
+
+    # -------------------------------------------------------------- allocation
+    def plan(self, seq: Sequence, found: list[Found], hit_tokens: int) -> Plan:
+        if self.table(seq):
+            raise RuntimeError(f"{seq.label} already holds a state slot")
+        # As the other kinds' plans, one entry per hit block: only the last one's
+        # snapshot is read.
+        num_hits = hit_tokens // self.block_size
+        hits: list[Found] = [None] * num_hits
+        if num_hits:
+            hits[-1] = found[num_hits - 1]
+        return hits, max(1, seq.fork_width if seq.needs_fork else 1)
+
+    def cost(self, plan: Plan) -> int:
+        return plan[1]
+
+    def apply(self, seq: Sequence, plan: Plan) -> int:
+        hits, count = plan
+        snapshot = hits[-1] if hits else None
+        pool = self.pool
+        slots = [pool.take().block_id for _ in range(count)]
+        self.num_live += count
+        self._set_table(seq, slots[:1])
+        if count > 1:
+            self.reserved[seq.seq_id] = slots[1:]
+        if snapshot is not None:
+            # Read before this step's forward; touched so the LRU keeps it longest.
+            self.cow_pairs.append((snapshot.block_id, slots[0]))
+            pool.touch(snapshot)
+            pool.release([snapshot.block_id])
+        self._take_snapshots(seq, len(hits) * self.block_size)
+        return 0
+
+    # ------------------------------------------------------------------ append
+    def plan_append(self, seq: Sequence) -> tuple[int, list[int]]:
+        return 0, []  # a state never grows; snapshots come from spare slots only
+
+    def append_slots(self, seq: Sequence, plan: tuple[int, list[int]]) -> None:
+        self._take_snapshots(seq, seq.num_computed_tokens)
+
+    def _take_snapshots(self, seq: Sequence, computed: int) -> None:
+        """Spare slots for the boundaries the sequence's tokens after ``computed`` cross
+        (at admission its prefix hit, not yet its ``num_computed_tokens``)."""
+        pool = self.pool
+        if not pool.enable_prefix_caching:
+            return
+        bs, k = self.block_size, self.snapshot_every
+        table = self.table(seq)
+        first = computed // bs  # the boundary after block `first` is the next one
+        num_full = seq.num_tokens // bs
+        extend_hashes(seq, num_full, bs)
+        for i in range(first, num_full):
+            if (i + 1) % k:
+                continue
+            if 1 + i < len(table) and table[1 + i] != pool.null_id:
+                continue
+            if seq.block_hashes[i] in pool.cached:
+                continue  # this prefix's state is cached already
+            if pool.num_free_blocks <= max(0, self.live_slots - self.num_live):
+                return
+            table += [pool.null_id] * (2 + i - len(table))
+            table[1 + i] = pool.take().block_id
+
+    # ------------------------------------------------------- fork, commit, free
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child's running state: a copy of the parent's (the prompt's final state),
+        into a slot the parent took for it at admission."""
+        spare = self.reserved.get(parent.seq_id)
+        if spare:
+            slot = spare.pop()
+        else:
+            slot = self.pool.take().block_id
+            self.num_live += 1
+        self._set_table(child, [slot])
+        self.cow_pairs.append((self.table(parent)[0], slot))
+
+    def commit_computed(self, seq: Sequence) -> None:
+        """Cache the snapshots of the boundaries this step reached, then let them go."""
+        pool = self.pool
+        table = self.table(seq)
+        bs = self.block_size
+        done = min(seq.num_computed_tokens // bs, len(table) - 1)
+        if done <= 0:
+            return
+        extend_hashes(seq, done, bs)
+        for i in range(done):
+            block_id = table[1 + i]
+            if block_id == pool.null_id:
+                continue
+            pool.register(pool.blocks[block_id], seq.block_hashes[i], self._tokens(seq, i))
+            pool.release([block_id])
+            table[1 + i] = pool.null_id
+
+    def free(self, seq: Sequence) -> None:
+        table = self.table(seq)
+        self.num_live -= 1 if table else 0
+        spare = self.reserved.pop(seq.seq_id, [])
+        self.num_live -= len(spare)
+        self.pool.release([*table[1:], *table[:1], *spare])
+        self._set_table(seq, [])
+        seq.num_computed_tokens = 0
+
+    # -------------------------------------------------------------------- swap
+    def swap_out(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
+        """Running states and pending snapshots go to the host; reserved slots are given
+        back (a fork after the swap takes fresh ones)."""
+        for seq in seqs:
+            spare = self.reserved.pop(seq.seq_id, [])
+            self.num_live -= len(spare)
+            self.pool.release(spare)
+        moves = super().swap_out(seqs)
+        return moves
+
+    def swap_in(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
+        moves = super().swap_in(seqs)
+        self.num_live += sum(1 for s in seqs if self.table(s))
+        return moves
+
+    def _tokens(self, seq: Sequence, i: int) -> tuple[int, ...]:
+        bs = self.block_size
+        return tuple(seq.token_ids[i * bs:(i + 1) * bs])

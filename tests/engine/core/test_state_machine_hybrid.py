@@ -1,0 +1,193 @@
+"""Random operation sequences on a full-attention group and a linear-state group behind
+the coordinator: allocation with prefix hits at snapshots, steps crossing block
+boundaries, forks, frees, recompute and swaps.
+
+The machine plays the runner: each state slot holds the token prefix its state has
+absorbed, each KV block its tokens. Copy and swap pairs are applied as the runner does
+(before the next write: the engine drains them every step),
+a step's snapshots are written as its chunk crosses their boundaries, and every resumed
+step checks that the running state holds exactly the sequence's computed tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.sequence import Sequence
+
+BS, LOOKAHEAD = 2, 3
+NUM_BLOCKS, NUM_SLOTS, LIVE_SLOTS, HOST = 14, 9, 4, 6
+FULL, LINEAR = 0, 1
+PREFIXES = [[], [1, 2, 1, 2, 1, 2, 1], [1, 2, 1, 2, 3, 3], [3, 3, 3, 3]]
+prompts = st.tuples(st.sampled_from(PREFIXES), st.lists(st.integers(0, 3), max_size=6)).map(
+    lambda parts: parts[0] + parts[1]).filter(bool)
+
+
+class HybridMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = KVCacheCoordinator.build(
+            [KVGroupSpec((1,)), KVGroupSpec((0,), linear=True)], [NUM_BLOCKS, NUM_SLOTS], BS,
+            num_host_blocks=HOST, live_state_slots=LIVE_SLOTS)
+        self.state = self.kv.managers[LINEAR]
+        self.live: list[Sequence] = []
+        self.swapped: list[Sequence] = []
+        self.blocks: list[list] = [[None] * BS for _ in range(NUM_BLOCKS + 1)]
+        self.host_blocks: list[list] = [[None] * BS for _ in range(HOST)]
+        self.slots: list[tuple | None] = [None] * (NUM_SLOTS + 1)
+        self.host_slots: list[tuple | None] = [None] * NUM_SLOTS
+        self.prefix_of: dict[bytes, tuple] = {}  # a block hash -> every token up to it
+        self.ids = itertools.count()
+        self.fresh = itertools.count(1000)
+
+    def _apply_copies(self) -> None:
+        full, linear = self.kv.take_cow_pairs()
+        for src, dst in full:
+            self.blocks[dst] = list(self.blocks[src])
+        for src, dst in linear:
+            self.slots[dst] = self.slots[src]
+
+    def _step(self, seq: Sequence) -> bool:
+        if not self.kv.append_slots(seq):
+            return False
+        self._apply_copies()
+        start = seq.num_computed_tokens
+        end = min(seq.num_tokens, start + LOOKAHEAD)
+        table = seq.block_tables[FULL]
+        for pos in range(start, end):
+            self.blocks[table[pos // BS]][pos % BS] = seq.token_ids[pos]
+        states = seq.block_tables[LINEAR]
+        null = self.state.pool.null_id
+        if start:
+            assert self.slots[states[0]] == tuple(seq.token_ids[:start]), seq.label
+        for i in range(start // BS, min(end // BS, len(states) - 1)):
+            if states[1 + i] != null:
+                self.slots[states[1 + i]] = tuple(seq.token_ids[:(i + 1) * BS])
+        self.slots[states[0]] = tuple(seq.token_ids[:end])
+        seq.num_computed_tokens = end
+        self.kv.commit_computed(seq)
+        for i, h in enumerate(seq.block_hashes):
+            self.prefix_of[h] = tuple(seq.token_ids[:(i + 1) * BS])
+        return True
+
+    def _allocate(self, seq: Sequence, prefill: bool) -> bool:
+        hit = self.kv.allocate(seq)
+        if hit is None:
+            assert all(t == [] for t in seq.block_tables)
+            return False
+        assert hit % BS == 0 and hit < seq.num_tokens
+        # The engine applies a step's copies before anything else writes a slot.
+        self._apply_copies()
+        self.live.append(seq)
+        while prefill and seq.num_uncomputed_tokens and self._step(seq):
+            pass
+        return True
+
+    def _new(self, tokens: list[int], width: int = 1) -> Sequence:
+        seq = Sequence(next(self.ids), "r", 0, list(tokens), len(tokens))
+        seq.needs_fork, seq.fork_width = width > 1, width
+        return seq
+
+    @rule(tokens=prompts, prefill=st.booleans(), width=st.integers(1, 3))
+    def allocate(self, tokens, prefill, width) -> None:
+        self._allocate(self._new(tokens, width), prefill)
+
+    @precondition(lambda self: self.live)
+    @rule(pick=st.integers(0, 100), token=st.integers(0, 3))
+    def step(self, pick, token) -> None:
+        seq = self.live[pick % len(self.live)]
+        if seq.num_uncomputed_tokens == 0:
+            seq.append_token(token)
+        self._step(seq)
+
+    @precondition(lambda self: self.live)
+    @rule(pick=st.integers(0, 100))
+    def fork(self, pick) -> None:
+        parent = self.live[pick % len(self.live)]
+        if not (self.state.reserved.get(parent.seq_id) or self.state.pool.num_free_blocks):
+            return
+        child = Sequence(next(self.ids), "r", 1, list(parent.token_ids),
+                         parent.num_prompt_tokens)
+        self.kv.fork(parent, child)
+        self._apply_copies()
+        parent.needs_fork = False
+        self.live.append(child)
+
+    @precondition(lambda self: self.live)
+    @rule(pick=st.integers(0, 100), recompute=st.booleans())
+    def free(self, pick, recompute) -> None:
+        seq = self.live.pop(pick % len(self.live))
+        self.kv.free(seq)
+        assert seq.block_tables == [[], []]
+        if recompute:
+            self._allocate(seq, prefill=True)
+
+    @precondition(lambda self: self.live)
+    @rule(pick=st.integers(0, 100))
+    def swap_out(self, pick) -> None:
+        seq = self.live[pick % len(self.live)]
+        if not self.kv.can_swap_out([seq]):
+            return
+        full, linear = self.kv.swap_out([seq])
+        for dev, host in full:
+            self.host_blocks[host] = list(self.blocks[dev])
+        for dev, host in linear:
+            self.host_slots[host] = self.slots[dev]
+        self.live.remove(seq)
+        self.swapped.append(seq)
+
+    @precondition(lambda self: self.swapped)
+    @rule(pick=st.integers(0, 100))
+    def swap_in(self, pick) -> None:
+        seq = self.swapped[pick % len(self.swapped)]
+        if not self.kv.can_swap_in([seq]):
+            return
+        full, linear = self.kv.swap_in([seq])
+        for host, dev in full:
+            self.blocks[dev] = list(self.host_blocks[host])
+        for host, dev in linear:
+            self.slots[dev] = self.host_slots[host]
+        self.swapped.remove(seq)
+        self.live.append(seq)
+
+    @rule(num_tokens=st.integers(1, 12))
+    def pressure(self, num_tokens) -> None:
+        seq = self._new([next(self.fresh) for _ in range(num_tokens)])
+        if self._allocate(seq, prefill=True):
+            self.live.remove(seq)
+            self.kv.free(seq)
+
+    @invariant()
+    def refs_equal_holders_and_live_count(self) -> None:
+        pool = self.state.pool
+        holders = [0] * pool.num_blocks
+        for seq in self.live:
+            for slot in seq.block_tables[LINEAR]:
+                if slot != pool.null_id:
+                    holders[slot] += 1
+        for spare in self.state.reserved.values():
+            for slot in spare:
+                holders[slot] += 1
+        assert [b.ref_count for b in pool.blocks] == holders
+        assert {b.block_id for b in pool.free_queue} == {
+            b.block_id for b in pool.blocks if b.ref_count == 0}
+        running = sum(1 for s in self.live if s.block_tables[LINEAR])
+        assert self.state.num_live == running + sum(map(len, self.state.reserved.values()))
+
+    @invariant()
+    def snapshots_hold_their_prefix(self) -> None:
+        for block_hash, block in self.state.pool.cached.items():
+            assert self.slots[block.block_id] == self.prefix_of[block_hash]
+        for block in self.kv.pools[FULL].cached.values():
+            assert tuple(self.blocks[block.block_id]) == block.token_ids
+
+
+HybridMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_hybrid_state_machine = HybridMachine.TestCase
