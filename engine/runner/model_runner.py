@@ -101,8 +101,12 @@ class ModelRunner:
         for g in range(len(self.kv_groups)):
             self._move_blocks(g, _group(out.swap_out, g), _group(out.swap_in, g),
                               _group(out.cow_pairs, g))
-        for g, loads in enumerate(out.disk_loads):
-            for block_id, payload in loads:
+        self.load_blocks(out.disk_loads)
+
+    def load_blocks(self, loads) -> None:
+        """Copy each group's (block id, payload) blocks read from disk into the pool."""
+        for g, group_loads in enumerate(loads):
+            for block_id, payload in group_loads:
                 self._fill_block(g, block_id, payload)
 
     def block_payload_bytes(self, g: int) -> int:
