@@ -12,21 +12,13 @@ import pytest
 
 from engine import EngineWorker, SamplingParams
 from engine.outputs import ErrorEvent, FinishedEvent
+from tests.engine import test_disk_tier_engine as disk_tests
 from tests.engine.test_disk_tier_engine import GREEDY, chat, new_llm, next_turn
-from tests.engine.tiny_models import save_tiny_model
+
+# The disk tier tests' fixtures: a cache folder per test, the tiny model.
+cache, tiny = disk_tests.cache, disk_tests.tiny
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("FOLIO_KV_CACHE_DIR", str(tmp_path / "kv"))
-    return tmp_path / "kv"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
 def history_blocks(llm, messages) -> int:

@@ -113,12 +113,16 @@ def test_a_tier_hit_is_read_then_placed_in_a_free_block():
     assert pool.unsaved_cached() == []
 
 
-def _held_pool(shelf: Shelf) -> tuple[KVCacheCoordinator, BlockPool]:
-    """Five blocks of two tokens: 0 caches (3, 4) after (1, 2) and 1 another prefix, both
-    free (0 at the queue's head); 2, 3 and 4 held by someone else."""
+H1 = hash_block(None, (1, 2))
+
+
+def _held_pool() -> tuple[KVCacheCoordinator, BlockPool]:
+    """Five blocks of two tokens: (1, 2) on the tier below; 0 caches (3, 4) after it and
+    1 another prefix, both free (0 at the queue's head); 2, 3 and 4 held by someone else."""
     kv = KVCacheCoordinator.build([KVGroupSpec((0,))], [5], 2)
     pool = kv.pools[0]
-    pool.tier = shelf
+    pool.tier = Shelf()
+    pool.tier.kept = {H1: (1, 2)}
     blocks = [pool.take() for _ in range(5)]
     pool.register(blocks[0], hash_block(hash_block(None, (1, 2)), (3, 4)), (3, 4))
     pool.register(blocks[1], b"other", (9, 9))
@@ -127,16 +131,13 @@ def _held_pool(shelf: Shelf) -> tuple[KVCacheCoordinator, BlockPool]:
 
 
 def test_preload_leaves_disk_hits_cached_and_held_by_nothing():
-    shelf = Shelf()
-    h1 = hash_block(None, (1, 2))
-    shelf.kept = {h1: (1, 2)}
-    kv, pool = _held_pool(shelf)
+    kv, pool = _held_pool()
     seq = Sequence(0, "preload", 0, [1, 2, 3, 4, 5], 5)
     # (1, 2) is on disk, (3, 4) in memory at the queue's head: held before a block is
     # taken, so the load goes into block 1 (its prefix saved first), not over block 0.
     assert kv.preload(seq) == 2
-    assert pool.lookup(h1, (1, 2)) is pool.blocks[1]
-    assert pool.lookup(hash_block(h1, (3, 4)), (3, 4)) is pool.blocks[0]
+    assert pool.lookup(H1, (1, 2)) is pool.blocks[1]
+    assert pool.lookup(hash_block(H1, (3, 4)), (3, 4)) is pool.blocks[0]
     assert [pool.blocks[i].ref_count for i in range(5)] == [0, 0, 1, 1, 1]
     assert pool.preloaded == {1}  # the request that uses it counts it as from disk
     # Freed newest first: the chain's first block is evicted last.
@@ -147,22 +148,16 @@ def test_preload_leaves_disk_hits_cached_and_held_by_nothing():
 
 
 def test_preload_without_room_changes_nothing():
-    shelf = Shelf()
-    h1 = hash_block(None, (1, 2))
-    shelf.kept = {h1: (1, 2)}
-    kv, pool = _held_pool(shelf)
+    kv, pool = _held_pool()
     seq = Sequence(0, "preload", 0, [1, 2, 3, 4, 5], 5)
     assert kv.preload(seq, spare_blocks=1) == 0  # 2 free blocks, 2 needed, 1 to spare
-    assert queue_ids(pool) == [0, 1] and pool.lookup(h1, (1, 2)) is None
+    assert queue_ids(pool) == [0, 1] and pool.lookup(H1, (1, 2)) is None
     assert pool.take_tier_moves() == ([], []) and seq.block_tables == [[]]
     assert pool.preloaded == set()
 
 
 def test_a_preloaded_block_counts_as_from_disk_once():
-    shelf = Shelf()
-    h1 = hash_block(None, (1, 2))
-    shelf.kept = {h1: (1, 2)}
-    kv, pool = _held_pool(shelf)
+    kv, pool = _held_pool()
     assert kv.preload(Sequence(0, "preload", 0, [1, 2, 3, 4, 5], 5)) == 2
     # Opened again: found in memory now, still unused, so still counted.
     assert kv.preload(Sequence(1, "preload", 0, [1, 2, 3, 4, 5], 5)) == 2
