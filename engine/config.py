@@ -40,6 +40,9 @@ class EngineConfig:
     # The KV cache's disk tier ("Keep chats warm on disk"): full blocks leaving memory are
     # kept under FOLIO_CACHE_DIR/kv, this many bytes at most; 0: off.
     kv_disk_bytes: int = 0
+    # One short request through the whole step at load (as llama.cpp does), so the first
+    # reply does not pay the first forward's one-time costs; it counts as load time.
+    warm_up: bool = True
     dtype: str | None = None  # compute and KV dtype; None = the device's (runner/device.py)
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
     weights: str = "stored"  # one of WEIGHTS
@@ -98,6 +101,7 @@ class EngineConfig:
         _check(isinstance(self.kv_groups, bool), "kv_groups", self.kv_groups, "True or False")
         _check(isinstance(self.cuda_graphs, bool), "cuda_graphs", self.cuda_graphs,
                "True or False")
+        _check(isinstance(self.warm_up, bool), "warm_up", self.warm_up, "True or False")
         _check(self.kv_disk_bytes >= 0, "kv_disk_bytes", self.kv_disk_bytes,
                ">= 0 (bytes; 0: off)")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",

@@ -133,8 +133,26 @@ class LLMEngine:
         # Request id -> tokens sampled for it by the last step (StepLoop's hooks read it).
         self.last_step_tokens: dict[str, int] = {}
         self._ids = itertools.count()
+        if config.warm_up and self.max_model_len > 2:
+            if progress:
+                progress("warming up", 0.0)
+            self._warm_up()
         if progress:
             progress("ready", 1.0)
+
+    def _warm_up(self) -> None:
+        """A prompt shorter than a block and one decode token: the first forward's
+        one-time costs (weights paged in, kernels' first calls, the pool's first pages)
+        are paid now. No full block is computed, so nothing is cached or saved to disk;
+        the prefix counters are put back."""
+        kv = self.kv_cache
+        counters = kv.prefix_hit_tokens, kv.prefix_query_tokens, kv.disk_hit_tokens
+        n = max(1, min(8, self.config.block_size - 1, self.max_model_len - 2))
+        params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+        request_id = self.add_request([0] * n, params, "warm-up")
+        while request_id in self._requests:
+            self.step()
+        kv.prefix_hit_tokens, kv.prefix_query_tokens, kv.disk_hit_tokens = counters
 
     def _open_disk_tier(self, path, shape: KVShape) -> None:
         """Each group's pool and the runner over one store; the fingerprint names what a
@@ -168,6 +186,22 @@ class LLMEngine:
         """Remove every block file of the disk tier (the memory panel's Clear)."""
         if self.disk is not None:
             self.disk.clear()
+
+    def preload(self, prompt: Prompt) -> int:
+        """Load ``prompt``'s prefix blocks found on disk into free blocks now, between
+        steps, as prefix-cache entries (a chat opened after a restart): the request that
+        sends it next finds them in memory. Returns the prompt tokens loaded; 0 without
+        the disk tier or when the pool has no room for them."""
+        if self.disk is None or not self.disk.enabled:
+            return 0
+        ids = self.encode(prompt)
+        loaded = self.kv_cache.preload(Sequence(-1, "preload", 0, ids, len(ids)))
+        # Blocks the loads took from the free queue may have held cached prefixes: they
+        # are saved first, as a step would.
+        saves, loads = self.kv_cache.take_tier_moves()
+        self.runner.save_blocks(saves)
+        self.runner.load_blocks(loads)
+        return loaded
 
     # ---------------------------------------------------------------- requests
     def encode(self, prompt: Prompt) -> list[int]:

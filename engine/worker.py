@@ -87,6 +87,12 @@ class EngineWorker:
         """`listener` runs on the worker thread: it must only hand the event on."""
         self._activity_listener = listener
 
+    def preload(self, prompt: Prompt) -> None:
+        """Load ``prompt``'s blocks found on disk ahead of its request (a chat opened
+        after a restart), on the worker thread when no request runs: one queued with a
+        request, or while requests run, is dropped (that request loads what it needs)."""
+        self._commands.put(("preload", prompt))
+
     def clear_disk(self) -> None:
         """Remove the KV disk tier's files (on the worker thread, between steps)."""
         self._commands.put(("clear_disk",))
@@ -118,8 +124,12 @@ class EngineWorker:
             except queue.Empty:
                 command = None
             changed = False
+            preload = None  # the last chat opened: runs after the other commands
             while command is not None:
-                self._handle(command)
+                if command[0] == "preload":
+                    preload = command[1]
+                else:
+                    self._handle(command)
                 changed = True
                 try:
                     command = self._commands.get_nowait()
@@ -127,6 +137,8 @@ class EngineWorker:
                     command = None
             if self._stop.is_set():
                 break
+            if preload is not None and not self._steps.busy:
+                self._preload(preload)
             if self._steps.busy:
                 self._note_activity(True)
                 self._step()
@@ -152,6 +164,12 @@ class EngineWorker:
             self._steps.cancel(command[1])
         elif kind == "clear_disk":
             self._engine.clear_disk()
+
+    def _preload(self, prompt: Prompt) -> None:
+        try:
+            self._engine.preload(prompt)
+        except Exception:  # a failed load-ahead costs the next turn its speed, nothing else
+            log.exception("loading a chat's blocks ahead failed")
 
     def _note_activity(self, busy: bool) -> None:
         if busy == self._busy:

@@ -103,6 +103,7 @@ class ChatController(QObject):
         for signal in (bridge.modelLoaded, bridge.modelUnloaded):
             signal.connect(lambda *_: self.update_gauge())
             signal.connect(lambda *_: self.thinking.refresh())
+        bridge.modelLoaded.connect(lambda *_: self._load_ahead())
         # The gauge counts the draft too: re-measured once typing pauses.
         self._gauge_timer = QTimer(self)
         self._gauge_timer.setSingleShot(True)
@@ -134,6 +135,16 @@ class ChatController(QObject):
         self.chat_id = chat_id
         self.render()
         self.chatOpened.emit(chat_id or 0)
+        self._load_ahead()
+
+    def _load_ahead(self) -> None:
+        """The chat in view (opened, or there when a model loads) gets its history's KV
+        blocks from disk now, while the user types, not when the next turn is sent."""
+        leaf = None if self.chat_id is None else self.store.active_leaf(self.chat_id)
+        if leaf is not None and self.bridge.is_loaded and not self.is_generating(self.chat_id):
+            # The whole branch, not the context plan: planning counts every token here
+            # on the GUI thread, and the engine loads only what its pool has room for.
+            self.bridge.preload(self.store.messages_for_engine(leaf))
 
     def delete_chat(self, chat_id: int) -> None:
         for stream in [s for s in self.streams.values() if s.chat_id == chat_id]:

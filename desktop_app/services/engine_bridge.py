@@ -279,6 +279,13 @@ class EngineBridge(QObject):
     def memory_stats(self):
         return None if self._worker is None else self._worker.memory_stats()
 
+    def preload(self, messages) -> None:
+        """A chat was opened: its history's blocks on disk are loaded ahead of its next
+        turn, when the engine has nothing else to do (a local model only)."""
+        preload = getattr(self._worker, "preload", None)
+        if preload is not None and not self.is_remote:
+            preload(messages)
+
     def clear_disk(self) -> None:
         """Remove the KV cache's disk tier files (the memory panel's Clear)."""
         if self._worker is not None:

@@ -14,9 +14,11 @@ threads, in one run:
 - ``scheduler``: one schedule step plus the block bookkeeping with 64 running sequences,
   without a model.
 - ``serve``: the OpenAI-compatible API through the openai client, 16 clients at once.
-- ``reopen``: a 12-turn, ~4,000-token chat reopened after a restart: turn 13's TTFT with
-  the history loaded from the KV cache's disk tier, next to the app kept open and to
-  recomputing the history; decode tok/s while blocks are written; disk bytes per block.
+- ``reopen``: a 12-turn, ~4,000-token chat reopened after a restart, on the model and the
+  synthetic 1B shape (``--reopen-sizes``): turn 13's TTFT with the history loaded from the
+  KV cache's disk tier (sent at once, or after the chat was opened and loaded ahead), next
+  to the app kept open and to recomputing the history; decode tok/s while blocks are
+  written; disk bytes per block.
 - ``memory``: peak RSS after one short chat with an 8,192-token context, each side in a
   fresh process (Folio stored, Folio float32, llama.cpp); Folio's weight bytes / GGUF bytes.
 - ``8b``: a synthetic Llama-3-8B-shaped Q4_K_M file (written once into the cache): does it
@@ -84,8 +86,9 @@ EPILOG = """workloads:
   waste       internal KV waste sampled during the chat
   scheduler   one scheduling step with 64 running sequences, no model
   serve       the OpenAI API: 16 clients at once against one, TTFT across a 4-turn chat
-  reopen      turn 13 of a ~4,000-token chat after a restart (the disk tier) against
-              the app kept open and a recompute; decode while writing; disk bytes/block
+  reopen      turn 13 of a ~4,000-token chat after a restart (the disk tier; the model
+              and the 1B shape) against the app kept open and a recompute; decode
+              while writing; disk bytes/block
   memory      peak RSS after one chat, 8,192-token context, each side in a fresh process
   8b          synthetic 8B Q4_K_M (written once to the cache): loads? decode tok/s
   sizes       synthetic 1B / 3B / 8B Q4_K_M (--sizes 1b,3b,8b), a fresh process per side:
@@ -131,6 +134,11 @@ def parse_sizes(text: str) -> tuple[str, ...]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return sizes
+
+
+def parse_sizes_or_none(text: str) -> tuple[str, ...]:
+    """``--reopen-sizes``: as ``--sizes``, or 'none' for no synthetic size."""
+    return () if text.strip().lower() == "none" else parse_sizes(text)
 
 
 def _cell(value) -> str:
@@ -201,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=parse_sizes, default=None, metavar="1b,3b,8b",
                         help="sizes (and all): the synthetic sizes to run, comma-separated "
                              "(default: all three)")
+    parser.add_argument("--reopen-sizes", type=parse_sizes_or_none, default=None,
+                        metavar="1b", help="reopen: the synthetic sizes to run after the "
+                        "model, comma-separated, or 'none' (default: 1b)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--plot", metavar="DIR", help="also write PNG charts into DIR")
     args, rest = parser.parse_known_args(argv)
@@ -212,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         sizes = {"sizes": args.sizes} if args.sizes else {}
+        if args.reopen_sizes is not None:
+            sizes["reopen_sizes"] = args.reopen_sizes
         settings = BenchSettings(model=args.model, threads=args.threads, turns=args.turns,
                                  kv_blocks=args.kv_blocks, weights=args.weights,
                                  cpu_activation_bits=args.cpu_activation_bits, **sizes)

@@ -67,6 +67,8 @@ class BenchSettings:
     decode_rounds: int = 3  # each side decodes this many fresh prompts, taking turns
     concurrent_chats: int = 8
     reopen_tokens: int = 4000  # reopen: the chat's length before turn 13
+    reopen_repeats: int = 3  # reopen: runs of each turn-13 TTFT; the median
+    reopen_sizes: tuple[str, ...] = ("1b",)  # reopen: synthetic sizes after the model
     serve_clients: int = 16  # concurrent API clients (serve)
     serve_turns: int = 4  # turns of the API chat (serve)
     kv_blocks: int | None = None  # None = the engine's default KV budget
@@ -92,7 +94,7 @@ class BenchSettings:
         for name in ("turns", "chat_repeats", "user_tokens", "reply_tokens",
                      "candidate_prompt_tokens", "candidate_tokens", "decode_tokens",
                      "decode_rounds", "concurrent_chats", "serve_clients", "serve_turns",
-                     "memory_context", "memory_turns", "reopen_tokens",
+                     "memory_context", "memory_turns", "reopen_tokens", "reopen_repeats",
                      "eightb_prompt_tokens", "eightb_tokens", "eightb_rounds",
                      "sizes_prompt_tokens", "sizes_tokens", "sizes_followup_tokens",
                      "structured_rounds", "structured_tokens", "moe_runs"):
@@ -105,6 +107,8 @@ class BenchSettings:
                 raise ValueError(f"{name} must be >= 2 (a decode rate needs two tokens), "
                                  f"got {getattr(self, name)!r}")
         check_sizes(self.sizes)
+        if self.reopen_sizes:
+            check_sizes(self.reopen_sizes)
         if self.weights not in ("stored", "float32"):
             raise ValueError(f"weights must be 'stored' or 'float32', got {self.weights!r}")
         if self.cpu_activation_bits not in (8, 16):

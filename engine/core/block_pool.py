@@ -69,6 +69,9 @@ class BlockPool:
         self.tier: LowerTier | None = None
         self.pending_saves: list[Save] = []
         self.pending_loads: list[Load] = []
+        # Blocks loaded from the tier below ahead of a request (a chat opened), not yet
+        # used by one: the first request that does counts them as loaded from disk.
+        self.preloaded: set[int] = set()
         # Host pool for swap preemption: host block id -> ref count; no prefix cache there.
         self.num_host_blocks = num_host_blocks
         self.host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
@@ -87,6 +90,7 @@ class BlockPool:
         """The least recently freed block, ref count 1; a cached prefix in it is evicted
         now (lazily: only when the block is needed)."""
         block = self.free_queue.popleft()
+        self.preloaded.discard(block.block_id)
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]

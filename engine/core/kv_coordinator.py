@@ -114,12 +114,7 @@ class KVCacheCoordinator:
         serves: a group may have to go lower than another's hit, so repeat until all
         agree; a block read from disk that fails its checks is a miss, and the groups
         agree again."""
-        pairs = [(m, m.lookup(seq)) for m in self.managers]
-        hit = None
-        while True:
-            hit = self._agreed_hit(pairs, hit)
-            if all([m.read_tier_hits(f, hit) for m, f in pairs]):
-                break
+        pairs, hit = self._find(seq)
         plans = [m.plan(seq, f, hit) for m, f in pairs]
         if any(m.cost(p) > m.pool.num_free_blocks
                for m, p in zip(self.managers, plans, strict=True)):
@@ -127,11 +122,40 @@ class KVCacheCoordinator:
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
         seq.num_computed_tokens = hit
         # Prompt tokens that came from disk: the first group's (it holds every token).
-        seq.num_disk_tokens = loaded[0] * self.block_size
+        seq.num_disk_tokens = len(loaded[0]) * self.block_size
         self.prefix_hit_tokens += hit
         self.prefix_query_tokens += seq.num_tokens
         self.disk_hit_tokens += seq.num_disk_tokens
         return hit
+
+    def preload(self, seq: Sequence, spare_blocks: int = 0) -> int:
+        """Load the blocks of ``seq``'s prefix hit that are on disk into free blocks, as
+        prefix-cache entries no sequence holds (a chat opened ahead of its next turn:
+        that turn's lookup then finds them in memory, and counts them as loaded from
+        disk). Returns the tokens loaded, now or by an earlier preload; 0,
+        changing nothing, when some group would have fewer than ``spare_blocks`` free
+        blocks left. Counts no prefix hit: the request that uses them does."""
+        pairs, hit = self._find(seq)
+        plans = [(m.plan(seq, f, hit)[0], 0) for m, f in pairs]
+        if any(m.cost(p) + spare_blocks > m.pool.num_free_blocks
+               for m, p in zip(self.managers, plans, strict=True)):
+            return 0
+        loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
+        for m, blocks in zip(self.managers, loaded, strict=True):
+            m.pool.preloaded.update(blocks)  # still unused, whether loaded now or before
+        seq.num_computed_tokens = hit
+        self.free(seq)
+        return len(loaded[0]) * self.block_size
+
+    def _find(self, seq: Sequence) -> tuple[list, int]:
+        """Each manager with its lookup of ``seq``, and the hit they agree on, its blocks
+        on disk read (one that fails its checks is a miss, and they agree again)."""
+        pairs = [(m, m.lookup(seq)) for m in self.managers]
+        hit = None
+        while True:
+            hit = self._agreed_hit(pairs, hit)
+            if all([m.read_tier_hits(f, hit) for m, f in pairs]):
+                return pairs, hit
 
     @staticmethod
     def _agreed_hit(pairs, limit: int | None) -> int:

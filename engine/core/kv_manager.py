@@ -148,21 +148,22 @@ class KVCacheManager:
         return num_new + sum(1 for b in hits if isinstance(b, TierHit)
                              or (b is not None and b.ref_count == 0))
 
-    def apply(self, seq: Sequence, plan: Plan) -> int:
-        """Returns how many of the hit's blocks come from a tier below."""
+    def apply(self, seq: Sequence, plan: Plan) -> list[int]:
+        """Returns the hit's blocks that come from a tier below: loaded now, or loaded
+        ahead (``BlockPool.preloaded``) and used for the first time."""
         hits, num_new = plan
         pool = self.pool
-        table = []
-        loaded = 0
+        # Memory hits are held before any block is taken: a taken block is the free
+        # queue's head, which may be one of them (cached, ref count 0).
         for block in hits:
-            if block is None:
-                table.append(pool.null_id)
-            elif isinstance(block, TierHit):
-                table.append(pool.place(block).block_id)
-                loaded += 1
-            else:
+            if block is not None and not isinstance(block, TierHit):
                 pool.touch(block)
-                table.append(block.block_id)
+        table = [pool.null_id if block is None
+                 else pool.place(block).block_id if isinstance(block, TierHit)
+                 else block.block_id for block in hits]
+        loaded = [b for b, hit in zip(table, hits, strict=True)
+                  if isinstance(hit, TierHit) or b in pool.preloaded]
+        pool.preloaded.difference_update(loaded)
         table += [pool.take().block_id for _ in range(num_new)]
         self._set_table(seq, table)
         return loaded

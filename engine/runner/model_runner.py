@@ -135,8 +135,12 @@ class ModelRunner:
                 self.states.move(*moves)
             else:
                 self._move_blocks(g, *moves)
-        for g, loads in enumerate(out.disk_loads):
-            for block_id, payload in loads:
+        self.load_blocks(out.disk_loads)
+
+    def load_blocks(self, loads) -> None:
+        """Copy each group's (block id, payload) blocks read from disk into the pool."""
+        for g, group_loads in enumerate(loads):
+            for block_id, payload in group_loads:
                 self._fill_block(g, block_id, payload)
 
     def block_payload_bytes(self, g: int) -> int:

@@ -23,6 +23,7 @@ def test_engine_config_defaults() -> None:
     assert config.weights == "stored" and config.gpu_memory_utilization is None
     assert config.preemption_mode == "recompute"
     assert config.cuda_graphs is True  # used only on CUDA with Triton (runner/cuda_graphs.py)
+    assert config.warm_up is True
 
 
 def test_engine_config_swap_mode_follows_host_blocks() -> None:
@@ -57,6 +58,7 @@ def test_engine_config_swap_mode_follows_host_blocks() -> None:
         ("num_threads", 0),
         ("cuda_graphs", 1),
         ("cuda_graphs", None),
+        ("warm_up", "yes"),
     ],
 )
 def test_engine_config_rejects_bad_field(field: str, value: object) -> None:

@@ -174,20 +174,24 @@ def test_reopen_finds_the_history_on_disk_after_a_restart(tiny_dir):
     from engine.bench.reopen import bench_reopen
 
     settings = BenchSettings(model=str(tiny_dir), threads=1, reply_tokens=4, kv_blocks=256,
-                             reopen_tokens=240)
+                             reopen_tokens=240, reopen_repeats=1, reopen_sizes=())
     threads = torch.get_num_threads()
     try:
         result = bench_reopen(BenchContext.create(settings))
     finally:
         torch.set_num_threads(threads)
-    row = result["rows"][0]
+    [row] = result["rows"]
     assert row["same_reply"] and row["block_files"] > 0
-    # Every full block of the history (the last token is always computed) from disk.
-    assert row["restart_disk_tokens"] == row["restart_cached_tokens"] == (
-        (row["prompt_tokens"] - 1) // 16 * 16)
+    # Every full block of the history (up to where the new message starts) from disk.
+    history = row["history_tokens"] // 16 * 16
+    assert row["restart_disk_tokens"] == row["restart_cached_tokens"] == history > 0
+    # Opened first: the history was loaded ahead, found in memory, still from disk.
+    assert row["opened_cached_tokens"] == row["opened_disk_tokens"] == history
     assert row["disk_over_kv_bytes"] <= 1.05
+    name = str(tiny_dir)
     assert _targets(result) == [
-        "restart / kept-open TTFT of turn 13", "restart / recompute TTFT of turn 13",
+        f"{name}: restart (opened, then sent) / kept-open TTFT of turn 13",
+        f"{name}: restart / recompute TTFT of turn 13",
         "decode tok/s while writing blocks / tier off", "disk bytes / KV bytes per block"]
 
 

@@ -1,5 +1,6 @@
 """BlockPool: the null block is never handed out, the free queue's order, lazy eviction
-into the tier below (saves queued, hits read and placed), host block refs."""
+into the tier below (saves queued, hits read and placed), a chat's disk hits loaded
+ahead as cached blocks nothing holds, host block refs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from engine.core.block_pool import BlockPool, TierHit
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_manager import hash_block
 from engine.core.sequence import Sequence
 
 
@@ -109,3 +111,60 @@ def test_a_tier_hit_is_read_then_placed_in_a_free_block():
         pool.take()
     assert pool.take_tier_moves() == ([], [])
     assert pool.unsaved_cached() == []
+
+
+H1 = hash_block(None, (1, 2))
+
+
+def _held_pool() -> tuple[KVCacheCoordinator, BlockPool]:
+    """Five blocks of two tokens: (1, 2) on the tier below; 0 caches (3, 4) after it and
+    1 another prefix, both free (0 at the queue's head); 2, 3 and 4 held by someone else."""
+    kv = KVCacheCoordinator.build([KVGroupSpec((0,))], [5], 2)
+    pool = kv.pools[0]
+    pool.tier = Shelf()
+    pool.tier.kept = {H1: (1, 2)}
+    blocks = [pool.take() for _ in range(5)]
+    pool.register(blocks[0], hash_block(hash_block(None, (1, 2)), (3, 4)), (3, 4))
+    pool.register(blocks[1], b"other", (9, 9))
+    pool.release([0, 1])
+    return kv, pool
+
+
+def test_preload_leaves_disk_hits_cached_and_held_by_nothing():
+    kv, pool = _held_pool()
+    seq = Sequence(0, "preload", 0, [1, 2, 3, 4, 5], 5)
+    # (1, 2) is on disk, (3, 4) in memory at the queue's head: held before a block is
+    # taken, so the load goes into block 1 (its prefix saved first), not over block 0.
+    assert kv.preload(seq) == 2
+    assert pool.lookup(H1, (1, 2)) is pool.blocks[1]
+    assert pool.lookup(hash_block(H1, (3, 4)), (3, 4)) is pool.blocks[0]
+    assert [pool.blocks[i].ref_count for i in range(5)] == [0, 0, 1, 1, 1]
+    assert pool.preloaded == {1}  # the request that uses it counts it as from disk
+    # Freed newest first: the chain's first block is evicted last.
+    assert queue_ids(pool) == [0, 1]
+    assert pool.take_tier_moves() == ([(1, b"other", (9, 9))], [(1, b"(1, 2)")])
+    assert seq.block_tables == [[]] and seq.num_computed_tokens == 0
+    assert (kv.prefix_hit_tokens, kv.prefix_query_tokens, kv.disk_hit_tokens) == (0, 0, 0)
+
+
+def test_preload_without_room_changes_nothing():
+    kv, pool = _held_pool()
+    seq = Sequence(0, "preload", 0, [1, 2, 3, 4, 5], 5)
+    assert kv.preload(seq, spare_blocks=1) == 0  # 2 free blocks, 2 needed, 1 to spare
+    assert queue_ids(pool) == [0, 1] and pool.lookup(H1, (1, 2)) is None
+    assert pool.take_tier_moves() == ([], []) and seq.block_tables == [[]]
+    assert pool.preloaded == set()
+
+
+def test_a_preloaded_block_counts_as_from_disk_once():
+    kv, pool = _held_pool()
+    assert kv.preload(Sequence(0, "preload", 0, [1, 2, 3, 4, 5], 5)) == 2
+    # Opened again: found in memory now, still unused, so still counted.
+    assert kv.preload(Sequence(1, "preload", 0, [1, 2, 3, 4, 5], 5)) == 2
+    first = Sequence(2, "r", 0, [1, 2, 3, 4, 5], 5)
+    pool.release([2])  # room for the request's own block
+    assert kv.allocate(first) == 4 and first.num_disk_tokens == 2
+    assert pool.preloaded == set() and kv.disk_hit_tokens == 2
+    kv.free(first)
+    again = Sequence(3, "r", 0, [1, 2, 3, 4, 6], 5)
+    assert kv.allocate(again) == 4 and again.num_disk_tokens == 0
