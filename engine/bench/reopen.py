@@ -9,6 +9,9 @@ disk as the app quits (``LLMEngine.close``). Then turn 13's time to first token,
 median of ``reopen_repeats`` runs, in one run:
 
 - kept open: the first engine (the history in memory), between the restarts;
+
+each repeat's turn 13 a message of its own (so the kept-open engine never finds the
+previous repeat's turn 13 in memory), the same for every case of that repeat;
 - restart, sent at once: the engine closed (its cached blocks written to disk), a new
   engine on the same folder, turn 13 sent as soon as it is loaded: the history is read
   from disk inside the request;
@@ -38,6 +41,7 @@ from engine.bench.setup import BenchContext, Target, filler_prompt, folio_config
 from engine.sampling_params import SamplingParams
 
 TURNS = 12
+FINAL_MESSAGE = "Sum the whole conversation up."  # turn 13
 DISK_BYTES = 4 << 30
 # Restart TTFTs, each a fresh engine on the same folder: (row key, engine options, preload).
 RESTARTS = (("restart", {}, False), ("opened", {}, True),
@@ -118,7 +122,7 @@ def _chat(llm, params, user_tokens: int) -> list[dict]:
         reply = llm.chat(messages, params).outputs[0]
         messages.append({"role": "assistant", "content": reply.text,
                          "token_ids": reply.token_ids})
-    messages.append({"role": "user", "content": "Sum the whole conversation up."})
+    messages.append({"role": "user", "content": FINAL_MESSAGE})
     return messages
 
 
@@ -132,17 +136,23 @@ def _measure(ctx, path: Path, params, user_tokens: int, root: Path) -> tuple[dic
     history = _common_prefix(llm.engine.encode(messages[:-1]), llm.engine.encode(messages))
     outputs: dict[str, list] = {"open": []}
     preload_s = []
-    for _ in range(repeats):  # the cases take turns, so a load spike hits them alike
-        outputs["open"].append(llm.chat(messages, params))
+    same_reply = True
+    for repeat in range(repeats):  # the cases take turns, so a load spike hits them alike
+        # Each repeat's turn 13 is a message of its own: the kept-open engine would
+        # otherwise find the blocks of its previous repeat's turn 13 in memory.
+        turn = [*messages[:-1], {"role": "user", "content": f"{FINAL_MESSAGE} ({repeat + 1})"}]
+        kept = llm.chat(turn, params)
+        outputs["open"].append(kept)
         for key, options, opened in RESTARTS:
             reopened = _llm(ctx, path, disk=True, **options)
             if opened:
                 start = time.perf_counter()
                 reopened.engine.preload(messages[:-1])  # the chat as it was left
                 preload_s.append(time.perf_counter() - start)
-            outputs.setdefault(key, []).append(reopened.chat(messages, params))
+            output = reopened.chat(turn, params)
+            outputs.setdefault(key, []).append(output)
+            same_reply &= output.outputs[0].token_ids == kept.outputs[0].token_ids
             del reopened
-    kept = outputs["open"]
     del llm
     ttft = {key: _median_ttft(runs) for key, runs in outputs.items()}
     recomputing = _llm(ctx, path, disk=False)
@@ -160,8 +170,7 @@ def _measure(ctx, path: Path, params, user_tokens: int, root: Path) -> tuple[dic
            "restart_cached_tokens": restart.metrics.num_cached_tokens,
            "opened_cached_tokens": opened.metrics.num_cached_tokens,
            "opened_disk_tokens": opened.metrics.num_disk_tokens,
-           "same_reply": all(o.outputs[0].token_ids == kept[0].outputs[0].token_ids
-                             for runs in outputs.values() for o in runs),
+           "same_reply": same_reply,
            **{f"{key}_over_open": _ratio(ttft[key], ttft["open"]) for key, _, _ in RESTARTS},
            "opened_over_recompute": _ratio(ttft["opened"], ttft["recompute"]),
            "restart_over_recompute": _ratio(ttft["restart"], ttft["recompute"]),
