@@ -100,17 +100,29 @@ def chunked_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out.flatten(1, 2)[:, :num_tokens].transpose(0, 1), state
 
 
+def conv_window(x: torch.Tensor, conv_state: torch.Tensor | None,
+                width: int) -> torch.Tensor:
+    """The conv's input over T tokens x [T, C]: [C, K - 1 + T], the K - 1 inputs before
+    them (``conv_state`` [C, K - 1]; None: zeros), then their own. The conv state after
+    n of the tokens is its columns [n, n + K - 1)."""
+    if conv_state is None:
+        conv_state = x.new_zeros(x.shape[1], width - 1)
+    return torch.cat((conv_state.to(x.dtype), x.transpose(0, 1)), dim=1)
+
+
+def conv_of_window(window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Causal depthwise conv1d and SiLU over a `conv_window` [C, K - 1 + T] -> [T, C]."""
+    out = F.conv1d(window[None], weight[:, None, :], groups=window.shape[0])[0]
+    return F.silu(out).transpose(0, 1)
+
+
 def conv_prefill(x: torch.Tensor, weight: torch.Tensor,
                  conv_state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal depthwise conv1d and SiLU over one sequence's T tokens. x [T, C], weight
     [C, K], conv_state [C, K - 1] (the previous K - 1 inputs; None: zeros) ->
     (out [T, C], the state after the last token)."""
-    width = weight.shape[-1]
-    if conv_state is None:
-        conv_state = x.new_zeros(x.shape[1], width - 1)
-    window = torch.cat((conv_state.to(x.dtype), x.transpose(0, 1)), dim=1)
-    out = F.conv1d(window[None], weight[:, None, :], groups=x.shape[1])[0]
-    return F.silu(out).transpose(0, 1), window[:, -(width - 1):]
+    window = conv_window(x, conv_state, weight.shape[-1])
+    return conv_of_window(window, weight), window[:, -(weight.shape[-1] - 1):]
 
 
 def conv_step(x: torch.Tensor, weight: torch.Tensor,

@@ -3,9 +3,9 @@
 Each sequence of a step owns one state slot (the runner's pool: a conv state and a
 recurrent state per linear layer, engine/runner/state_pool.py). A chunk that starts a
 sequence starts from zeros; one that continues it reads the slot; either way the slot
-holds the state after the chunk's last token when the layer returns. Decode rows go
-through the recurrent step together; prompt chunks through the chunked delta rule one
-sequence at a time (their matmuls are already wide).
+holds the state after the chunk's last token when the layer returns. The token mixing
+itself (conv, delta rule: decode rows by the recurrent step together, prompt chunks by the
+chunked delta rule) is engine/layers/token_mixers.py's, Triton or PyTorch.
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.base import Layer
-from engine.layers.delta_rule import (
-    chunked_prefill,
-    conv_prefill,
-    conv_step,
-    prepare_qk,
-    recurrent_step,
-)
 from engine.layers.linear import StackedLinear
+from engine.layers.token_mixers import MixerInputs, TokenMixer, token_mixer_for
 
 
 @dataclass(slots=True)
@@ -87,10 +81,14 @@ class GatedRMSNorm(Layer):
 
 
 class GatedDeltaNet(Layer):
-    def __init__(self, shape: DeltaNetShape, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+    """``mixer``: the token mixing's implementation, by default the device's
+    (`token_mixer_for`: Triton on CUDA, PyTorch elsewhere), chosen here once."""
+
+    def __init__(self, shape: DeltaNetShape, dtype: torch.dtype, device: torch.device | str,
+                 mixer: TokenMixer | None = None) -> None:
         super().__init__()
         self.shape = shape
+        self.mixer = mixer or token_mixer_for(device)
         s = shape
         # qkv, z, b, a: one matmul.
         self.in_proj = StackedLinear(s.hidden_size, (s.conv_dim, s.value_dim, s.num_v_heads,
@@ -113,54 +111,10 @@ class GatedDeltaNet(Layer):
             (s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads), dim=-1)
         beta = b.float().sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        core = torch.empty(hidden.shape[0], s.num_v_heads, s.head_v_dim, dtype=torch.float32,
-                           device=hidden.device)
-        starts = meta.query_start_loc
-        decodes = [i for i in range(len(meta.slots))
-                   if meta.resumes[i] and starts[i + 1] - starts[i] == 1]
-        if decodes:
-            rows = torch.tensor([starts[i] for i in decodes], device=hidden.device)
-            slots = torch.tensor([meta.slots[i] for i in decodes], device=hidden.device)
-            conv_out, conv_states[slots] = conv_step(mixed[rows], self.conv_weight,
-                                                     conv_states[slots])
-            q, k, v = self._heads(conv_out)
-            core[rows], rec_states[slots] = recurrent_step(q, k, v, g[rows], beta[rows],
-                                                           rec_states[slots])
-        snapshots = meta.snapshots or [[] for _ in meta.slots]
-        for i in decodes:
-            for _, snap in snapshots[i]:
-                conv_states[snap] = conv_states[meta.slots[i]]
-                rec_states[snap] = rec_states[meta.slots[i]]
-        done = set(decodes)
-        for i, slot in enumerate(meta.slots):
-            if i in done:
-                continue
-            r0, r1 = starts[i], starts[i + 1]
-            conv, rec = (conv_states[slot], rec_states[slot]) if meta.resumes[i] else (None, None)
-            # The chunk in pieces ending at its snapshots: splitting a prompt anywhere
-            # leaves the same states.
-            cuts = [(r0 + offset, snap) for offset, snap in snapshots[i]]
-            start = r0
-            for end, snap in [*cuts, (r1, slot)]:
-                if end > start:
-                    conv_out, conv = conv_prefill(mixed[start:end], self.conv_weight, conv)
-                    q, k, v = self._heads(conv_out)
-                    core[start:end], rec = chunked_prefill(q, k, v, g[start:end],
-                                                           beta[start:end], rec)
-                    start = end
-                if conv is not None:
-                    conv_states[snap], rec_states[snap] = conv, rec
+        core = self.mixer(s, MixerInputs(mixed, g, beta, self.conv_weight, conv_states,
+                                         rec_states, meta))
         out = self.norm(core.to(hidden.dtype), z.unflatten(-1, (s.num_v_heads, s.head_v_dim)))
         return self.out_proj(out.flatten(-2))
-
-    def _heads(self, conv_out: torch.Tensor):
-        """The conv's output [..., C] to prepared q, k [..., Hv, Dk] and v [..., Hv, Dv]."""
-        s = self.shape
-        q, k, v = conv_out.split((s.key_dim, s.key_dim, s.value_dim), dim=-1)
-        q, k = prepare_qk(q.unflatten(-1, (s.num_k_heads, s.head_k_dim)),
-                          k.unflatten(-1, (s.num_k_heads, s.head_k_dim)), s.num_v_heads,
-                          s.v_heads_tiled)
-        return q, k, v.unflatten(-1, (s.num_v_heads, s.head_v_dim))
 
     def checkpoint_targets(self, prefix: str) -> dict:
         """This layer's parameters by Hugging Face name (``prefix`` ends in

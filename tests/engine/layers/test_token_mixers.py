@@ -1,0 +1,62 @@
+"""Gated DeltaNet's token mixers: the Triton one (interpreted here, compiled on CUDA) leaves
+the same outputs, running states and snapshots as the PyTorch one on a step mixing decode
+rows and prompt chunks, and the layer over it equals transformers'; each device gets its
+mixer once, at build time."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.layers.gated_deltanet import GatedDeltaNet, StateMetadata
+from engine.layers.token_mixers import TorchMixer, TritonMixer, token_mixer_for
+from tests.engine.layers.test_gated_deltanet import TOL, layer_pair
+
+
+def _random_pool(shape, slots: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    conv = torch.randn(slots, shape.conv_dim, shape.conv_width - 1, generator=gen)
+    rec = torch.randn(slots, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim,
+                      generator=gen)
+    return conv, rec
+
+
+def test_triton_mixer_equals_torch_on_a_mixed_step():
+    """Row order: a decode row (snapshot after it), a fresh 20-token prompt (snapshot at
+    16), a second decode row, a 70-token chunk resuming its slot (snapshots at 10, 42)."""
+    _, ours, shape = layer_pair(4)
+    meta = StateMetadata([0, 1, 21, 22, 92], [1, 0, 7, 2], [True, False, True, True],
+                         [[(1, 4)], [(16, 3)], [], [(10, 5), (42, 6)]])
+    x = torch.randn(92, shape.hidden_size, generator=torch.Generator().manual_seed(5))
+    results = []
+    for mixer in (TorchMixer(), TritonMixer()):
+        ours.mixer = mixer
+        conv, rec = _random_pool(shape, 8, seed=6)
+        results.append((ours(x, conv, rec, meta), conv, rec))
+    (want, want_conv, want_rec), (got, got_conv, got_rec) = results
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(got_conv, want_conv, **TOL)
+    torch.testing.assert_close(got_rec, want_rec, **TOL)
+
+
+def test_layer_on_triton_equals_transformers_prefill_then_decode():
+    theirs, ours, shape = layer_pair(7)
+    ours.mixer = TritonMixer()
+    x = torch.randn(1, 22, shape.hidden_size, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        expected = theirs(x)[0]
+    conv, rec = _random_pool(shape, 2, seed=9)
+    got = [ours(x[0, :20], conv, rec, StateMetadata([0, 20], [1], [False]))]
+    for t in (20, 21):
+        got.append(ours(x[0, t:t + 1], conv, rec, StateMetadata([0, 1], [1], [True])))
+    torch.testing.assert_close(torch.cat(got), expected, **TOL)
+
+
+def test_each_device_gets_its_mixer_once():
+    assert isinstance(token_mixer_for("cpu"), TorchMixer)
+    _, ours, shape = layer_pair(0)
+    assert isinstance(ours.mixer, TorchMixer)  # built on the CPU
+    layer = GatedDeltaNet(shape, torch.float32, "cpu", mixer=TritonMixer())
+    assert layer.mixer.name == "triton"
+    if torch.cuda.is_available():
+        assert isinstance(token_mixer_for("cuda"), TritonMixer)
+
