@@ -9,14 +9,20 @@ import triton.language as tl
 
 
 @triton.jit
+def l2_normalized(x):
+    """x [..., BK] float32, each row L2-normalized as the reference model does
+    (x * rsqrt(|x|^2 + 1e-6)); zero padding leaves the norm as it is."""
+    return x * tl.rsqrt(tl.sum(x * x, -1, keep_dims=True) + 1e-6)
+
+
+@triton.jit
 def load_normalized(head_ptr, rows, row_mask, stride_row, offs_k, DK: tl.constexpr):
     """Rows [R] of one q or k head (``head_ptr`` at the head's first element) as float32
-    [R, BK], each L2-normalized as the reference model does (x * rsqrt(|x|^2 + 1e-6));
-    masked rows and the padding past DK read 0."""
+    [R, BK], `l2_normalized`; masked rows and the padding past DK read 0."""
     mask = row_mask[:, None] & (offs_k < DK)[None, :]
     x = tl.load(head_ptr + rows[:, None] * stride_row + offs_k[None, :], mask=mask,
                 other=0.0).to(tl.float32)
-    return x * tl.rsqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
+    return l2_normalized(x)
 
 
 @triton.jit

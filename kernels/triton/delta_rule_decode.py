@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.delta_rule_common import check_heads, head_pad, k_head_of, load_normalized
+from kernels.triton.delta_rule_common import check_heads, head_pad, k_head_of, l2_normalized
 
 DECODE_BV = 32  # value columns per program: a [128, 32] float32 tile of the state
 
@@ -39,11 +39,10 @@ def _recurrent_step_kernel(
     offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
     mask_k, mask_v = offs_k < DK, offs_v < DV
     k_head = k_head_of(head, RATIO, K_HEADS, TILED)
-    one = tl.arange(0, 1)
-    qk_offset = row * stride_qb + k_head * stride_qh
-    q = tl.sum(load_normalized(q_ptr + qk_offset, one, one == 0, 0, offs_k, DK), 0)
+    qk = row * stride_qb + k_head * stride_qh + offs_k
+    q = l2_normalized(tl.load(q_ptr + qk, mask=mask_k, other=0.0).to(tl.float32))
     q = q * (DK ** -0.5)
-    k = tl.sum(load_normalized(k_ptr + qk_offset, one, one == 0, 0, offs_k, DK), 0)
+    k = l2_normalized(tl.load(k_ptr + qk, mask=mask_k, other=0.0).to(tl.float32))
     v = tl.load(v_ptr + row * stride_vb + head * stride_vh + offs_v, mask=mask_v,
                 other=0.0).to(tl.float32)
     g = tl.load(g_ptr + row * stride_gb + head)

@@ -5,11 +5,15 @@ mixer once, at build time."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 
 from engine.layers.gated_deltanet import GatedDeltaNet, StateMetadata
-from engine.layers.token_mixers import TorchMixer, TritonMixer, token_mixer_for
+from engine.layers.token_mixers import MixerInputs, TorchMixer, TritonMixer, token_mixer_for
 from tests.engine.layers.test_gated_deltanet import TOL, layer_pair
+from tests.kernels.paged_cases import DEVICE
 
 
 def _random_pool(shape, slots: int, seed: int):
@@ -17,27 +21,33 @@ def _random_pool(shape, slots: int, seed: int):
     conv = torch.randn(slots, shape.conv_dim, shape.conv_width - 1, generator=gen)
     rec = torch.randn(slots, shape.num_v_heads, shape.head_k_dim, shape.head_v_dim,
                       generator=gen)
-    return conv, rec
+    return conv.to(DEVICE), rec.to(DEVICE)
 
 
-def test_triton_mixer_equals_torch_on_a_mixed_step():
+@pytest.mark.parametrize("tiled", [False, True])
+def test_triton_mixer_equals_torch_on_a_mixed_step(tiled):
     """Row order: a decode row (snapshot after it), a fresh 20-token prompt (snapshot at
     16), a second decode row, a 70-token chunk resuming its slot (snapshots at 10, 42)."""
-    _, ours, shape = layer_pair(4)
+    _, layer, shape = layer_pair(4)
+    shape = dataclasses.replace(shape, v_heads_tiled=tiled)  # True: a GGUF file's order
     meta = StateMetadata([0, 1, 21, 22, 92], [1, 0, 7, 2], [True, False, True, True],
                          [[(1, 4)], [(16, 3)], [], [(10, 5), (42, 6)]])
-    x = torch.randn(92, shape.hidden_size, generator=torch.Generator().manual_seed(5))
+    gen = torch.Generator().manual_seed(5)
+    mixed = torch.randn(92, shape.conv_dim, generator=gen).to(DEVICE)
+    g = (-0.5 * torch.rand(92, shape.num_v_heads, generator=gen)).to(DEVICE)
+    beta = torch.rand(92, shape.num_v_heads, generator=gen).to(DEVICE)
+    weight = layer.conv_weight.data.to(DEVICE)
     results = []
     for mixer in (TorchMixer(), TritonMixer()):
-        ours.mixer = mixer
         conv, rec = _random_pool(shape, 8, seed=6)
-        results.append((ours(x, conv, rec, meta), conv, rec))
-    (want, want_conv, want_rec), (got, got_conv, got_rec) = results
-    torch.testing.assert_close(got, want, **TOL)
-    torch.testing.assert_close(got_conv, want_conv, **TOL)
-    torch.testing.assert_close(got_rec, want_rec, **TOL)
+        results.append((mixer(shape, MixerInputs(mixed, g, beta, weight, conv, rec, meta)),
+                        conv, rec))
+    for got, want in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, want, **TOL)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="the layer is built on the CPU, where Triton is interpreted")
 def test_layer_on_triton_equals_transformers_prefill_then_decode():
     theirs, ours, shape = layer_pair(7)
     ours.mixer = TritonMixer()
@@ -59,4 +69,3 @@ def test_each_device_gets_its_mixer_once():
     assert layer.mixer.name == "triton"
     if torch.cuda.is_available():
         assert isinstance(token_mixer_for("cuda"), TritonMixer)
-
