@@ -38,7 +38,8 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-logo
 
 # The checks that need a CUDA GPU (compiled Triton kernel tests, CUDA-graph decode, folio
-# bench kernels, synthetic 1B and 8B models end to end), within 8 minutes, ending in one
+# bench kernels, a Gated DeltaNet layer Triton vs PyTorch vs fla-core, synthetic 1B and
+# 8B models end to end), within 9 minutes, ending in one
 # table; on a machine without CUDA it says so after the preflight and stops. Where there
 # is no venv but a device bundle (the lent GPU machine: no network, no setup) it runs
 # scripts/gpu_check.sh on that machine's own python3.

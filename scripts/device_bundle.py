@@ -35,15 +35,20 @@ VOCAB_NAME = "starter-vocab.gguf"
 # sentencepiece, tokenizers, pyyaml, tqdm, requests, pytest and hypothesis are used as
 # they are there.
 WHEELS = ("gguf", "platformdirs")
+# For the check's fla-core row only (pyproject's optional `fla` extra; nothing where the
+# suite runs installs them, so their versions are pinned here): pure-Python wheels.
+FLA_WHEELS = {"fla-core": "0.6.0", "einops": "0.8.2"}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
-def download_wheels(dest: Path, names: tuple[str, ...] = WHEELS) -> list[Path]:
-    """Each wheel at the version installed here, for CPython 3.12 on manylinux x86-64."""
+def download_wheels(dest: Path, names: tuple[str, ...] = WHEELS,
+                    versions: dict[str, str] | None = None) -> list[Path]:
+    """Each wheel at the version installed here (or ``versions``'), for CPython 3.12 on
+    manylinux x86-64."""
     dest.mkdir(parents=True, exist_ok=True)
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
-    pins = [f"{name}=={version(name)}" for name in names]
+    pins = [f"{name}=={(versions or {}).get(name) or version(name)}" for name in names]
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                     "--only-binary=:all:", "--python-version", "3.12", "--implementation",
                     "cp", *platforms, "--dest", str(dest), *pins], check=True)
@@ -81,7 +86,7 @@ def manifest(folder: Path) -> dict:
                                              "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
                for p in files}
     return {"python": "cp312 manylinux x86-64",
-            "wheels": {name: version(name) for name in WHEELS},
+            "wheels": {name: version(name) for name in WHEELS} | FLA_WHEELS,
             "files": entries, "total_bytes": sum(e["bytes"] for e in entries.values())}
 
 
@@ -89,6 +94,7 @@ def build(folder: Path = BUNDLE) -> dict:
     if folder.exists():
         shutil.rmtree(folder)
     download_wheels(folder / "wheels")
+    download_wheels(folder / "wheels", tuple(FLA_WHEELS), FLA_WHEELS)
     from engine.loaders.catalog import starter_path
 
     write_vocab_gguf(starter_path(), folder / VOCAB_NAME)

@@ -1,5 +1,5 @@
 """`make gpu-check` (on the lent GPU machine: scripts/gpu_check.sh): the checks that need a
-CUDA GPU, in one run of at most 8 minutes.
+CUDA GPU, in one run of at most 9 minutes.
 
 0. preflight: every module the GPU steps import, and the collection of their tests, so a
    missing package shows in seconds, before any GPU time (it runs without CUDA too);
@@ -8,7 +8,10 @@ CUDA GPU, in one run of at most 8 minutes.
    CUDA-graph replay against eager decode (tests/engine/runner/test_cuda_graphs_cuda.py);
 2. kernel bench: `folio bench kernels` at Llama-8B shapes (attention decode, 4,096-token
    contexts, and the Q4_K / Q6_K GEMVs), as shares of the card's peak bandwidth;
-3. end to end (engine/bench/gpu_e2e.py): synthetic Llama-3.2-1B and Llama-3-8B-shaped
+3. Gated DeltaNet (engine/bench/gpu_deltanet.py): a Qwen3.5-0.8B-shaped linear layer's
+   token mixing, Triton against the PyTorch path (prefill of 4 x 2,048 tokens, a decode
+   step at batch 32), and fla-core's kernels against ours where the bundle brings it;
+4. end to end (engine/bench/gpu_e2e.py): synthetic Llama-3.2-1B and Llama-3-8B-shaped
    Q4_K_M models written from the starter's vocabulary (the bundle's vocabulary-only GGUF
    where the starter is not installed), loaded with the default device.
 
@@ -36,21 +39,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The tree this script is in, not whichever Folio is installed, as for `python -m` from ROOT.
 sys.path.insert(0, str(ROOT))
-TOTAL_S = 480.0
+TOTAL_S = 540.0
 RESERVE_S = 10.0  # left for the table and process start-up, out of TOTAL_S
 E2E_MARK = "@@gpu-e2e@@ "  # engine/bench/gpu_e2e.py's MARK, without importing torch here
+DELTANET_MARK = "@@gpu-deltanet@@ "  # engine/bench/gpu_deltanet.py's MARK
 NO_CUDA = ("gpu-check: no CUDA device on this machine ({why}); the preflight passed and no "
            "GPU step was run. Run `make gpu-check` on a machine with an NVIDIA GPU and a "
            "CUDA build of torch.")
 # The native CPU library's tests stay out: nothing builds that library on the GPU machine.
 KERNEL_TESTS = ("tests/kernels", "--ignore=tests/kernels/cpu",
                 "--ignore=tests/kernels/test_cpu_library.py",
-                "tests/engine/runner/test_cuda_graphs_cuda.py")
+                "tests/engine/runner/test_cuda_graphs_cuda.py",
+                "tests/engine/layers/test_token_mixers.py")
 # What the GPU steps import beyond the test files (which the preflight collects).
 GPU_IMPORTS = ("torch", "triton", "transformers", "gguf", "platformdirs", "numpy",
                "kernels.triton.backend", "kernels.triton.quant_matmul", "kernels.bench",
                "engine.cli", "engine.bench.cli", "engine.bench.gpu_e2e", "engine.llm",
-               "engine.runner.cuda_graphs",
+               "engine.runner.cuda_graphs", "engine.bench.gpu_deltanet",
                "engine.loaders.gguf.loader")
 BENCH_ARGS = ("--shapes", "llama8b", "--batches", "1,8,32", "--contexts", "4096",
               "--reps", "10")
@@ -102,6 +107,7 @@ def steps(python: str = sys.executable, triton_cache: Path | None = None) -> lis
               *KERNEL_TESTS], 150.0, env),
         Step("folio bench kernels", [python, "-m", "engine.cli", "bench", "kernels",
                                      *BENCH_ARGS], 60.0, env),
+        deltanet_step(python, env),
         Step("e2e 1b", [python, me, "--e2e", "1b"], 70.0, e2e_env),
         Step("e2e 8b", [python, me, "--e2e", "8b"], 140.0, e2e_env),
     ]
@@ -134,6 +140,9 @@ def figures_of(name: str, output: str) -> list[tuple[str, str, str]]:
     if name.startswith("e2e"):
         marked = [ln for ln in lines if ln.startswith(E2E_MARK)]
         return e2e_figures(json.loads(marked[-1][len(E2E_MARK):])) if marked else []
+    if name.startswith("gated deltanet"):
+        marked = [ln for ln in lines if ln.startswith(DELTANET_MARK)]
+        return deltanet_figures(json.loads(marked[-1][len(DELTANET_MARK):])) if marked else []
     return [("last line", lines[-1][:70], "")] if lines else []
 
 
@@ -179,6 +188,41 @@ def e2e_figures(got: dict) -> list[tuple[str, str, str]]:
                      f"{got['peak_bytes'] / gib:.2f} / {got['budget_bytes'] / gib:.2f} GiB",
                      "<= budget"))
     return rows
+
+
+def deltanet_step(python: str, env: dict[str, str]) -> Step:
+    return Step("gated deltanet (0.8B layer)", [python, str(Path(__file__).resolve()),
+                                                "--deltanet"], 60.0, env)
+
+
+def deltanet_figures(got: dict) -> list[tuple[str, str, str]]:
+    """Triton against the PyTorch path, and fla-core against our kernels where it ran."""
+    def versus(slow: float, fast: float) -> str:
+        return f"{slow * 1e3:.2f} / {fast * 1e3:.2f} ms = {slow / fast:.1f}x"
+
+    rows = [("GDN prefill 4 x 2,048, torch / triton",
+             versus(got["prefill_torch_s"], got["prefill_triton_s"]), "> 1x"),
+            ("GDN decode batch 32, torch / triton",
+             versus(got["decode_torch_s"], got["decode_triton_s"]), "> 1x"),
+            ("GDN triton vs torch (outputs, states)",
+             f"{max(got['prefill_rel_err'], got['decode_rel_err']):.1e} rel", "<= 1e-3")]
+    if got.get("prefill_fla_s") is None or got.get("decode_fla_s") is None:
+        return [*rows, ("GDN fla-core", got["fla"][:70], "")]
+    return [*rows,
+            ("GDN prefill, fla-core / our kernels",
+             versus(got["prefill_fla_s"], got["prefill_kernel_s"]), ""),
+            ("GDN decode b32, fla-core / our kernels",
+             versus(got["decode_fla_s"], got["decode_kernel_s"]), ""),
+            (f"GDN {got['fla']} vs ours", f"{got['fla_rel_err']:.1e} rel", "<= 1e-2")]
+
+
+def deltanet_bench_step() -> int:
+    """Step 3, in its own process."""
+    from engine.bench.gpu_deltanet import MARK, run_deltanet_bench
+
+    result = run_deltanet_bench("cuda")
+    print(MARK + result.to_json(), flush=True)
+    return 0 if max(result.prefill_rel_err, result.decode_rel_err) <= 1e-3 else 1
 
 
 def format_summary(outcomes: list[Outcome]) -> str:
@@ -245,6 +289,8 @@ def main(argv: list[str] | None = None, cuda_reason=cuda_missing_reason,
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--preflight"]:
         return preflight()
+    if argv == ["--deltanet"]:
+        return deltanet_bench_step()
     if argv[:1] == ["--e2e"]:
         return e2e_step(argv[1], *argv[2:3])
     deadline = time.monotonic() + TOTAL_S - RESERVE_S

@@ -110,3 +110,33 @@ def test_time_limits_fit_the_budget(gpu_check):
     cache = Path("/tmp/folio-triton-test")
     e2e = [s for s in gpu_check.steps(triton_cache=cache) if s.name.startswith("e2e")]
     assert [s.env["TRITON_CACHE_DIR"] for s in e2e] == [str(cache)] * 2
+
+
+DELTANET = {"device": "cuda", "prefill_torch_s": 0.120, "prefill_triton_s": 0.008,
+            "decode_torch_s": 0.0012, "decode_triton_s": 0.0001, "prefill_rel_err": 2e-6,
+            "decode_rel_err": 4e-7, "fla": "not installed", "prefill_kernel_s": None,
+            "prefill_fla_s": None, "decode_kernel_s": None, "decode_fla_s": None,
+            "fla_rel_err": None}
+
+
+def test_gated_deltanet_figures_with_and_without_fla_core(gpu_check):
+    from engine.bench.gpu_deltanet import MARK
+
+    assert gpu_check.DELTANET_MARK == MARK  # the script reads it without importing torch
+    name = gpu_check.deltanet_step(sys.executable, {}).name
+    output = "compiling\n" + gpu_check.DELTANET_MARK + json.dumps(DELTANET)
+    rows = gpu_check.figures_of(name, output)
+    assert rows == [
+        ("GDN prefill 4 x 2,048, torch / triton", "120.00 / 8.00 ms = 15.0x", "> 1x"),
+        ("GDN decode batch 32, torch / triton", "1.20 / 0.10 ms = 12.0x", "> 1x"),
+        ("GDN triton vs torch (outputs, states)", "2.0e-06 rel", "<= 1e-3"),
+        ("GDN fla-core", "not installed", "")]
+    with_fla = DELTANET | {"fla": "fla-core 0.6.0", "prefill_kernel_s": 0.006,
+                           "prefill_fla_s": 0.003, "decode_kernel_s": 0.0001,
+                           "decode_fla_s": 0.0002, "fla_rel_err": 3e-3}
+    rows = gpu_check.figures_of(name, gpu_check.DELTANET_MARK + json.dumps(with_fla))
+    assert rows[3:] == [
+        ("GDN prefill, fla-core / our kernels", "3.00 / 6.00 ms = 0.5x", ""),
+        ("GDN decode b32, fla-core / our kernels", "0.20 / 0.10 ms = 2.0x", ""),
+        ("GDN fla-core 0.6.0 vs ours", "3.0e-03 rel", "<= 1e-2")]
+    assert gpu_check.figures_of(name, "Traceback: no mark") == []
