@@ -10,7 +10,7 @@ chunked delta rule) is engine/layers/token_mixers.py's, Triton or PyTorch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,9 @@ class StateMetadata:
     # Per sequence, (tokens into its chunk, slot): copy the state there once that many
     # of its tokens are in (a snapshot at a block boundary).
     snapshots: list[list[tuple[int, int]]] | None = None
+    # What the token mixer derives from the lists above (device tensors, chunk tables),
+    # built by the step's first linear layer and reused by the others.
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(slots=True, frozen=True)

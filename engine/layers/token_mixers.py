@@ -62,13 +62,21 @@ def split_heads(shape: DeltaNetShape, conv_out: torch.Tensor):
             v.unflatten(-1, (s.num_v_heads, s.head_v_dim)))
 
 
+def derived(meta: StateMetadata, key: str, build):
+    """``build()``, once per step: the step's layers share one StateMetadata."""
+    if key not in meta.derived:
+        meta.derived[key] = build()
+    return meta.derived[key]
+
+
 def _decode(shape: DeltaNetShape, x: MixerInputs, core: torch.Tensor, decodes: list[int],
             step) -> None:
     """The decode rows through ``step(q, k, v, g, beta, slots)`` (the recurrent state
     update, in place), the conv step before it, and their snapshots after."""
     meta, device = x.meta, x.mixed.device
-    rows = torch.tensor([meta.query_start_loc[i] for i in decodes], device=device)
-    slots = torch.tensor([meta.slots[i] for i in decodes], device=device)
+    rows, slots = derived(meta, "decode_rows", lambda: (
+        torch.tensor([meta.query_start_loc[i] for i in decodes], device=device),
+        torch.tensor([meta.slots[i] for i in decodes], device=device)))
     conv_out, x.conv_states[slots] = delta_rule.conv_step(x.mixed[rows], x.conv_weight,
                                                           x.conv_states[slots])
     core[rows] = step(*split_heads(shape, conv_out), x.g[rows], x.beta[rows], slots)
@@ -157,10 +165,10 @@ class TritonMixer:
             for offset, snap in snapshots[i]:
                 x.conv_states[snap] = window[:, offset:offset + width - 1]
             x.conv_states[slot] = window[:, -(width - 1):]
-        layout = self._layout([(starts[i], starts[i + 1]) for i in prompts],
-                              [meta.slots[i] for i in prompts],
-                              [meta.resumes[i] for i in prompts],
-                              [snapshots[i] for i in prompts], x.mixed.device)
+        layout = derived(meta, "chunk_layout", lambda: self._layout(
+            [(starts[i], starts[i + 1]) for i in prompts], [meta.slots[i] for i in prompts],
+            [meta.resumes[i] for i in prompts], [snapshots[i] for i in prompts],
+            x.mixed.device))
         q, k, v = split_heads(shape, conv_out)
         self._prefill(q, k, v, x.g, x.beta, x.rec_states, layout, core, tiled)
         return core

@@ -36,6 +36,9 @@ from kernels.triton.delta_rule_common import check_heads, head_pad, k_head_of, l
 CHUNK = 64  # tokens per chunk, as the PyTorch path (engine/layers/delta_rule.py)
 SUB = 16  # the diagonal blocks the WY kernel inverts by substitution: CHUNK / SUB = 4
 SCAN_BV = 32  # value columns per scan program
+# Both kernels hold [CHUNK, 128] float32 tiles of q, k, w (or v) at head size 128: eight
+# warps keep them in registers where four would spill.
+NUM_WARPS = 8
 
 
 @dataclass(slots=True)
@@ -235,12 +238,12 @@ def chunked_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     _wy_kernel[(num_chunks, num_v_heads)](
         key, value, g, beta, layout.chunk_start, layout.chunk_len, u, w, decay,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1), g.stride(0),
-        beta.stride(0), BV=head_pad(dv), SUB=SUB, **heads,
+        beta.stride(0), BV=head_pad(dv), SUB=SUB, **heads, num_warps=NUM_WARPS,
     )
     block_v = min(SCAN_BV, head_pad(dv))
     _scan_kernel[(num_seqs, num_v_heads, triton.cdiv(dv, block_v))](
         query, key, u, w, decay, states, out, layout.chunk_start, layout.chunk_len,
         layout.chunk_snapshot, layout.seq_first_chunk, layout.seq_slot, layout.seq_resume,
         query.stride(0), query.stride(1), states.stride(0), states.stride(1), out.stride(0),
-        out.stride(1), BV=block_v, **heads,
+        out.stride(1), BV=block_v, **heads, num_warps=NUM_WARPS,
     )

@@ -44,6 +44,8 @@ def test_triton_mixer_equals_torch_on_a_mixed_step(tiled):
                         conv, rec))
     for got, want in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(got, want, **TOL)
+    # Built by the first layer of the step, reused by the rest (and by the second mixer).
+    assert set(meta.derived) == {"decode_rows", "chunk_layout"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),
