@@ -156,6 +156,7 @@ def _scan_kernel(
     seq_first_chunk_ptr,  # int64 [S + 1]
     seq_slot_ptr, seq_resume_ptr,  # int64 [S]
     stride_qt, stride_qh, stride_slot, stride_sh, stride_ot, stride_oh,
+    scale,  # Dk ** -0.5
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HV: tl.constexpr, C: tl.constexpr,
     RATIO: tl.constexpr, K_HEADS: tl.constexpr, TILED: tl.constexpr,
@@ -181,7 +182,7 @@ def _scan_kernel(
         rows = start + offs_c
         valid = offs_c < length
         q = load_normalized(q_ptr + qk_offset, rows, valid, stride_qt, offs_k, DK)
-        q = q * (DK ** -0.5)
+        q = q * scale
         k = load_normalized(k_ptr + qk_offset, rows, valid, stride_qt, offs_k, DK)
         w = tl.load(w_ptr + (rows[:, None] * HV + head) * DK + offs_k[None, :],
                     mask=valid[:, None] & mask_k[None, :], other=0.0)
@@ -245,5 +246,5 @@ def chunked_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         query, key, u, w, decay, states, out, layout.chunk_start, layout.chunk_len,
         layout.chunk_snapshot, layout.seq_first_chunk, layout.seq_slot, layout.seq_resume,
         query.stride(0), query.stride(1), states.stride(0), states.stride(1), out.stride(0),
-        out.stride(1), BV=block_v, **heads, num_warps=NUM_WARPS,
+        out.stride(1), dk ** -0.5, BV=block_v, **heads, num_warps=NUM_WARPS,
     )

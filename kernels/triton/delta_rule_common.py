@@ -30,8 +30,10 @@ def k_head_of(v_head, RATIO: tl.constexpr, K_HEADS: tl.constexpr, TILED: tl.cons
     """The q/k head a value head reads: consecutive value heads share one (Hugging Face's
     order), or value head j reads k head j % K_HEADS (llama.cpp's tiled order)."""
     if TILED:
-        return v_head % K_HEADS
-    return v_head // RATIO
+        k_head = v_head % K_HEADS
+    else:
+        k_head = v_head // RATIO
+    return k_head
 
 
 def head_pad(size: int) -> int:

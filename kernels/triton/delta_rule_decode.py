@@ -30,6 +30,7 @@ def _recurrent_step_kernel(
     out_ptr,  # float32 [B, Hv, Dv]
     stride_qb, stride_qh, stride_vb, stride_vh, stride_gb, stride_betab,
     stride_slot, stride_sh, stride_ob, stride_oh,
+    scale,  # Dk ** -0.5
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     RATIO: tl.constexpr, K_HEADS: tl.constexpr, TILED: tl.constexpr,
 ):
@@ -41,7 +42,7 @@ def _recurrent_step_kernel(
     k_head = k_head_of(head, RATIO, K_HEADS, TILED)
     qk = row * stride_qb + k_head * stride_qh + offs_k
     q = l2_normalized(tl.load(q_ptr + qk, mask=mask_k, other=0.0).to(tl.float32))
-    q = q * (DK ** -0.5)
+    q = q * scale
     k = l2_normalized(tl.load(k_ptr + qk, mask=mask_k, other=0.0).to(tl.float32))
     v = tl.load(v_ptr + row * stride_vb + head * stride_vh + offs_v, mask=mask_v,
                 other=0.0).to(tl.float32)
@@ -82,7 +83,7 @@ def recurrent_step(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         query, key, value, g, beta, states, slots.to(torch.int64), out,
         query.stride(0), query.stride(1), value.stride(0), value.stride(1), g.stride(0),
         beta.stride(0), states.stride(0), states.stride(1), out.stride(0), out.stride(1),
-        DK=dk, DV=dv, BK=head_pad(dk), BV=block_v, RATIO=num_v_heads // k_heads,
+        dk ** -0.5, DK=dk, DV=dv, BK=head_pad(dk), BV=block_v, RATIO=num_v_heads // k_heads,
         K_HEADS=k_heads, TILED=tiled,
     )
     return out
