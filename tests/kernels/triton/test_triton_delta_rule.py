@@ -93,6 +93,22 @@ def test_varlen_prefill_with_chunk_tails_equals_transformers():
     assert torch.equal(pool[[1, 2, 4]], before[[1, 2, 4]])
 
 
+def test_prefill_at_key_head_128_with_a_padded_value_head():
+    """Qwen3.5's key head size (128) and a value head (24) that pads to 32 columns, with a
+    chunk tail: transformers' result, and nothing written past the real columns."""
+    hk, hv, dk, dv, tokens = 1, 2, 128, 24, CHUNK + 7
+    q, k, v, g, beta = inputs(tokens, hk, hv, dk, dv, seed=9)
+    pool = states(2, hv, dk, dv, seed=10)
+    before = pool.clone()
+    out = torch.zeros_like(v)
+    chunked_prefill(q, k, v, g, beta, pool, chunk_layout([(0, tokens)], [1], [True], None,
+                                                         DEVICE), out)
+    theirs, their_state = transformers_chunk(q, k, v, g, beta, before[1])
+    torch.testing.assert_close(out, theirs, **TOL)
+    torch.testing.assert_close(pool[1], their_state, **TOL)
+    assert torch.equal(pool[0], before[0])
+
+
 @pytest.mark.parametrize("cuts", [[1, 67], [63, 64, 65]])
 def test_prompt_split_at_arbitrary_points_then_decode_equals_one_run(cuts):
     """A 100-token prompt in successive launches resuming one slot, then three decode
