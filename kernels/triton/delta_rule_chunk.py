@@ -1,9 +1,10 @@
 """The gated delta rule's chunked prefill (Triton) over a batch of variable-length
 sequences, their states in the state pool.
 
-The batch's tokens are one [T, ...] tensor; each sequence's rows cut into chunks of at
-most ``CHUNK`` tokens (`ChunkLayout`), with a cut wherever a snapshot is wanted, so the
-state after a chunk is the state at that boundary. Two launches:
+The batch's tokens are one [T, ...] tensor; each sequence's rows cut into chunks of
+``CHUNK`` tokens (the last one shorter), and each snapshot (the state after n of a
+sequence's tokens, copied into a slot) filed under the chunk holding its boundary
+(`ChunkLayout`). Two launches:
 
 1. `_wy_kernel`, one program per (chunk, value head), all in parallel: the chunk's
    corrections as the WY / UT form. With decay_i the cumulated log gate through token i
@@ -15,8 +16,10 @@ state after a chunk is the state at that boundary. Two launches:
        v' = u - w S
        o  = (q exp(decay)) S + (q k^T * exp(decay_i - decay_j), j <= i) v'
        S  = exp(decay_last) S + (k exp(decay_last - decay))^T v'
-   reading S from the sequence's slot (or zeros), writing it after each chunk that ends
-   at a snapshot and, at the end, back into the slot.
+   reading S from the sequence's slot (or zeros) and writing it back at the end. A
+   snapshot n rows into a chunk is the same update over those rows only,
+       S_n = exp(decay_{n-1}) S + (k exp(decay_{n-1} - decay), rows < n)^T v',
+   one more product, so snapshots at every 16-token block do not cut the chunks.
 
 q and k arrive one head per k head, not normalized: both kernels normalize them (the
 first only k). Everything is float32; the dots run at IEEE precision (no TF32), as the
@@ -47,7 +50,9 @@ class ChunkLayout:
 
     chunk_start: torch.Tensor  # [N] first row of each chunk
     chunk_len: torch.Tensor  # [N] its rows, 1..CHUNK
-    chunk_snapshot: torch.Tensor  # [N] slot to copy the state into after it, -1 none
+    chunk_first_snapshot: torch.Tensor  # [N + 1] chunk c's snapshots: [first[c], first[c+1])
+    snapshot_rows: torch.Tensor  # [M] rows of its chunk the snapshot's state has seen, 0..len
+    snapshot_slot: torch.Tensor  # [M] the slot it is copied into
     seq_first_chunk: torch.Tensor  # [S + 1] each sequence's chunks: [first[s], first[s+1])
     seq_slot: torch.Tensor  # [S] the slot its state starts from and ends in
     seq_resume: torch.Tensor  # [S] 1: start from the slot's state, 0: from zeros
@@ -59,7 +64,7 @@ def chunk_layout(seq_rows: list[tuple[int, int]], slots: list[int], resumes: lis
     """Sequence s has the batch's rows [seq_rows[s][0], seq_rows[s][1]) and slot
     slots[s]; snapshots[s] lists (tokens into its rows, slot) for states to keep on the
     way (a token count of 0 keeps the state it starts from)."""
-    starts, lens, snaps, firsts = [], [], [], [0]
+    starts, lens, snap_first, snap_rows, snap_slots, firsts = [], [], [0], [], [], [0]
     for s, (r0, r1) in enumerate(seq_rows):
         if r1 <= r0:
             raise ValueError(f"seq_rows: sequence {s} has no rows ({r0}, {r1})")
@@ -67,24 +72,23 @@ def chunk_layout(seq_rows: list[tuple[int, int]], slots: list[int], resumes: lis
         if any(not 0 <= offset <= r1 - r0 for offset, _ in cuts):
             raise ValueError(f"snapshots: sequence {s} has an offset outside its "
                              f"{r1 - r0} rows")
-        pos, pieces = r0, [*((r0 + offset, slot) for offset, slot in cuts), (r1, -1)]
-        for end, snap in pieces:
-            if pos == end and snap >= 0:  # no rows since the last cut: an empty chunk
-                starts.append(pos)
-                lens.append(0)
-                snaps.append(snap)
-            while pos < end:
-                starts.append(pos)
-                lens.append(min(chunk, end - pos))
-                pos += lens[-1]
-                snaps.append(snap if pos == end else -1)
+        for c, pos in enumerate(range(r0, r1, chunk)):
+            starts.append(pos)
+            lens.append(min(chunk, r1 - pos))
+            # A boundary at a chunk's end is filed under that chunk (all its rows seen).
+            mine = [(offset - c * chunk, slot) for offset, slot in cuts
+                    if max(0, offset - 1) // chunk == c]
+            snap_rows += [rows for rows, _ in mine]
+            snap_slots += [slot for _, slot in mine]
+            snap_first.append(len(snap_rows))
         firsts.append(len(starts))
 
     def tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=device)
 
-    return ChunkLayout(tensor(starts), tensor(lens), tensor(snaps), tensor(firsts),
-                       tensor(slots), tensor([int(r) for r in resumes]))
+    return ChunkLayout(tensor(starts), tensor(lens), tensor(snap_first), tensor(snap_rows),
+                       tensor(snap_slots), tensor(firsts), tensor(slots),
+                       tensor([int(r) for r in resumes]))
 
 
 @triton.jit
@@ -152,7 +156,9 @@ def _scan_kernel(
     u_ptr, w_ptr, decay_ptr,  # the first kernel's scratch
     state_ptr,  # float32 [slots, Hv, Dk, Dv], contiguous in its last two dimensions
     out_ptr,  # float32 [T, Hv, Dv]
-    chunk_start_ptr, chunk_len_ptr, chunk_snapshot_ptr,  # int64 [N]
+    chunk_start_ptr, chunk_len_ptr,  # int64 [N]
+    chunk_first_snapshot_ptr,  # int64 [N + 1]
+    snapshot_rows_ptr, snapshot_slot_ptr,  # int64 [M]
     seq_first_chunk_ptr,  # int64 [S + 1]
     seq_slot_ptr, seq_resume_ptr,  # int64 [S]
     stride_qt, stride_qh, stride_slot, stride_sh, stride_ot, stride_oh,
@@ -189,7 +195,7 @@ def _scan_kernel(
         u = tl.load(u_ptr + (rows[:, None] * HV + head) * DV + offs_v[None, :],
                     mask=valid[:, None] & mask_v[None, :], other=0.0)
         decay = tl.load(decay_ptr + rows * HV + head, mask=valid, other=0.0)
-        # The chunk's last decay (0 for an empty chunk, which only takes a snapshot).
+        # The chunk's last decay.
         last = tl.sum(tl.where(offs_c == length - 1, decay, 0.0), 0)
         v_new = u - tl.dot(w, state, input_precision="ieee")  # [C, BV]
         causal = (offs_c[:, None] >= offs_c[None, :]) & valid[:, None]
@@ -199,14 +205,18 @@ def _scan_kernel(
                + tl.dot(scores, v_new, input_precision="ieee"))
         tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_v[None, :],
                  out, mask=valid[:, None] & mask_v[None, :])
+        for snap in range(tl.load(chunk_first_snapshot_ptr + chunk),
+                          tl.load(chunk_first_snapshot_ptr + chunk + 1)):
+            seen = tl.load(snapshot_rows_ptr + snap)
+            upto = tl.sum(tl.where(offs_c == seen - 1, decay, 0.0), 0)
+            k_to_n = k * tl.exp(tl.where(offs_c < seen, upto - decay, float("-inf")))[:, None]
+            snapshot = state * tl.exp(upto) + tl.dot(tl.trans(k_to_n), v_new,
+                                                     input_precision="ieee")
+            tl.store(state_ptr + tl.load(snapshot_slot_ptr + snap) * stride_slot + tile,
+                     snapshot, mask=tile_mask)
         k_to_end = k * tl.exp(tl.where(valid, last - decay, float("-inf")))[:, None]
         state = state * tl.exp(last) + tl.dot(tl.trans(k_to_end), v_new,
                                               input_precision="ieee")
-        snapshot = tl.load(chunk_snapshot_ptr + chunk)
-        # (The scalar condition broadcast by hand: the interpreter takes no scalar mask.)
-        keep = (tl.zeros([BK, BV], dtype=tl.int64) + snapshot) >= 0
-        tl.store(state_ptr + tl.maximum(snapshot, 0) * stride_slot + tile, state,
-                 mask=tile_mask & keep)
     tl.store(state_ptr + slot * stride_slot + tile, state, mask=tile_mask)
 
 
@@ -244,7 +254,8 @@ def chunked_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     block_v = min(SCAN_BV, head_pad(dv))
     _scan_kernel[(num_seqs, num_v_heads, triton.cdiv(dv, block_v))](
         query, key, u, w, decay, states, out, layout.chunk_start, layout.chunk_len,
-        layout.chunk_snapshot, layout.seq_first_chunk, layout.seq_slot, layout.seq_resume,
+        layout.chunk_first_snapshot, layout.snapshot_rows, layout.snapshot_slot,
+        layout.seq_first_chunk, layout.seq_slot, layout.seq_resume,
         query.stride(0), query.stride(1), states.stride(0), states.stride(1), out.stride(0),
         out.stride(1), dk ** -0.5, BV=block_v, **heads, num_warps=NUM_WARPS,
     )

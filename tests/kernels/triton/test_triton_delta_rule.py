@@ -133,33 +133,38 @@ def test_prompt_split_at_arbitrary_points_then_decode_equals_one_run(cuts):
 
 
 def test_snapshots_equal_the_torch_path_at_their_boundaries():
-    """Snapshots at 16-token block boundaries inside and at the end of a chunk (and of a
-    64-token chunk's edge), in llama.cpp's tiled head order: each snapshot slot holds the
-    PyTorch path's state after that many tokens."""
+    """Snapshots at the start, inside a chunk, at a chunk's edge, inside the tail and at
+    the end, in llama.cpp's tiled head order: each snapshot slot holds the PyTorch path's
+    state after that many tokens."""
     hk, hv, dk, dv, tokens = 2, 4, 8, 8, 80
     q, k, v, g, beta = inputs(tokens, hk, hv, dk, dv, seed=6)
-    pool = states(6, hv, dk, dv, seed=7)
+    pool = states(8, hv, dk, dv, seed=7)
     before = pool.clone()
-    snapshots = [(16, 2), (64, 3), (80, 4)]
+    snapshots = [(0, 6), (16, 2), (64, 3), (72, 5), (80, 4)]
     out = torch.zeros_like(v)
     chunked_prefill(q, k, v, g, beta, pool,
                     chunk_layout([(0, tokens)], [1], [True], [snapshots], DEVICE), out,
                     tiled=True)
-    for offset, snap in snapshots:
+    for offset, snap in snapshots[1:]:
         _, expected = torch_prefill(*(t[:offset] for t in (q, k, v, g, beta)), before[1],
                                     hv, tiled=True)
         torch.testing.assert_close(pool[snap], expected, **TOL)
+    torch.testing.assert_close(pool[6], before[1])
     torch.testing.assert_close(pool[1], pool[4])
-    assert torch.equal(pool[[0, 5]], before[[0, 5]])
+    assert torch.equal(pool[[0, 7]], before[[0, 7]])
 
 
-def test_chunk_layout_cuts_at_snapshots_and_chunk_size():
+def test_chunk_layout_files_snapshots_under_their_chunks():
     layout = chunk_layout([(10, 150), (0, 3)], [7, 8], [True, False],
-                          [[(16, 1), (16, 2), (100, 3)], [(0, 4)]], torch.device("cpu"))
-    assert layout.chunk_start.tolist() == [10, 26, 26, 90, 110, 0, 0]
-    assert layout.chunk_len.tolist() == [16, 0, 64, 20, 40, 0, 3]
-    assert layout.chunk_snapshot.tolist() == [1, 2, -1, 3, -1, 4, -1]
-    assert layout.seq_first_chunk.tolist() == [0, 5, 7]
+                          [[(16, 1), (16, 2), (64, 5), (100, 3)], [(0, 4)]],
+                          torch.device("cpu"))
+    assert layout.chunk_start.tolist() == [10, 74, 138, 0]
+    assert layout.chunk_len.tolist() == [64, 64, 12, 3]
+    # Offset 64 ends the first chunk; 100 is 36 rows into the second.
+    assert layout.chunk_first_snapshot.tolist() == [0, 3, 4, 4, 5]
+    assert layout.snapshot_rows.tolist() == [16, 16, 64, 36, 0]
+    assert layout.snapshot_slot.tolist() == [1, 2, 5, 3, 4]
+    assert layout.seq_first_chunk.tolist() == [0, 3, 4]
     assert layout.seq_slot.tolist() == [7, 8]
     assert layout.seq_resume.tolist() == [1, 0]
 
