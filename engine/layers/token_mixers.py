@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from engine.layers import delta_rule
-
-if TYPE_CHECKING:
-    from engine.layers.gated_deltanet import DeltaNetShape, StateMetadata
+from engine.layers.deltanet_data import DeltaNetShape, StateMetadata
 
 
 @dataclass(slots=True)
