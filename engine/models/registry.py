@@ -23,9 +23,10 @@ from engine.models.gemma import GemmaForCausalLM, gemma_spec
 from engine.models.gemma4 import Gemma4ForCausalLM, gemma4_spec
 from engine.models.gpt_oss import GptOssForCausalLM, gpt_oss_spec, split_expert_shapes
 from engine.models.llama import LlamaForCausalLM
-from engine.models.moe import MoEForCausalLM, moe_spec
+from engine.models.moe import MoEForCausalLM, moe_spec, per_expert_shapes
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
 from engine.models.qwen35 import Qwen35ForCausalLM, qwen35_spec
+from engine.models.qwen35_moe import Qwen35MoeForCausalLM, qwen35_moe_spec
 from engine.models.spec import DecoderSpec, FamilyTraits, spec_from_hf_config
 
 SpecBuilder = Callable[[Any, str, FamilyTraits], DecoderSpec]
@@ -101,6 +102,15 @@ GGUF_MIXTRAL_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
     "ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{}.w1",
     "ffn_up_exps": "block_sparse_moe.experts.{}.w3",
     "ffn_down_exps": "block_sparse_moe.experts.{}.w2",
+})
+
+# Qwen3.5-MoE (MODEL_TENSORS[QWEN35MOE]): Qwen3.5's, every layer's MLP the router, the
+# stacked experts and the shared expert with its gate.
+GGUF_QWEN35_MOE_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    **{k: v for k, v in GGUF_QWEN35_BLOCK_NAMES.items() if not k.startswith("ffn_")},
+    **_GGUF_EXPERT_NAMES, "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 })
 
 # gpt-oss (MODEL_TENSORS[GPT_OSS]): Llama's attention with biases and sinks, llama.cpp's
@@ -200,6 +210,13 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 FamilyTraits(qk_norm=True), Qwen35ForCausalLM, qwen35_spec,
                 gguf_block_names=GGUF_QWEN35_BLOCK_NAMES, gguf_norm_offset=1.0,
                 gguf_unshifted_norms=("linear_attn.norm.weight",)),
+    # Qwen3.5-MoE (engine/models/qwen35_moe.py): the same hybrid layers, sparse MLPs with
+    # a shared expert; its checkpoints store each layer's experts fused.
+    ModelFamily("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", ("qwen35moe",), False,
+                FamilyTraits(qk_norm=True), Qwen35MoeForCausalLM, qwen35_moe_spec,
+                gguf_block_names=GGUF_QWEN35_MOE_BLOCK_NAMES, gguf_norm_offset=1.0,
+                gguf_unshifted_norms=("linear_attn.norm.weight",),
+                split_shapes=per_expert_shapes),
 )
 # Multimodal checkpoints whose text part Folio runs (no image or audio input): the class ->
 # the prefix of its text weights, which load under the text family's "model." names.
