@@ -5,6 +5,7 @@ tokenizer, model, scheduler) in seconds and download nothing."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -128,18 +129,19 @@ def tiny_qwen35_config(**overrides) -> Qwen3_5TextConfig:
     return Qwen3_5TextConfig(**fields)
 
 
-def save_tiny_model(path: Path, config=None, seed: int = 0, peaked: bool = False) -> Path:
+def save_tiny_model(path: Path, config=None, seed: int = 0,
+                    init: Callable[[torch.nn.Module, int], None] | None = None) -> Path:
     """A random model folder: config.json, model.safetensors, tokenizer files.
-    ``peaked``: `peaked_weights` (a mixture's stacked 3-D experts included)."""
+    ``init(model, seed)``: the weights' own initialization (`peaked_weights`, ...)."""
     config = config or tiny_llama_config()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     # Larger weights than the default init give peaked logits, so greedy decoding is
     # not decided by float noise between implementations.
     with torch.no_grad():
-        if peaked:
-            peaked_weights(model, seed)
-        for p in model.parameters() if not peaked else ():
+        if init is not None:
+            init(model, seed)
+        for p in model.parameters() if init is None else ():
             if p.dim() == 2:
                 p.normal_(0, 0.08)
     model.save_pretrained(path, safe_serialization=True)
@@ -164,6 +166,22 @@ def peaked_weights(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(noise)
             else:
                 param.copy_(noise * param.shape[-1] ** -0.5)
+
+
+def calm_qwen35_weights(model: torch.nn.Module, seed: int) -> None:
+    """`peaked_weights` for a Qwen3.5 model that quantization noise does not throw off: its
+    zero-centred norms near one (scale 1 + w, w near 0, where peaked_weights' near-one w
+    doubles every norm and sharpens attention into chaos), and the matrices writing to the
+    residual stream (o_proj, out_proj, down_proj) a third as large, so each layer nudges
+    the stream rather than swamping it. Logits then move by about what the weights do."""
+    peaked_weights(model, seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+                param.sub_(1.0)
+            elif name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight",
+                                "experts.down_proj")):
+                param.mul_(0.3)
 
 
 def random_prompt(seed: int, length: int) -> list[int]:
