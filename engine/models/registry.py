@@ -222,7 +222,14 @@ FAMILIES: tuple[ModelFamily, ...] = (
 # the prefix of its text weights, which load under the text family's "model." names.
 TEXT_PARTS: Mapping[str, str] = MappingProxyType({
     "Gemma4ForConditionalGeneration": "model.language_model.",
+    # The Qwen3.5 / Qwen3.6 releases (a vision tower, and mtp.* multi-token prediction
+    # weights beside the text model, which Folio does not run either).
+    "Qwen3_5ForConditionalGeneration": "model.language_model.",
+    "Qwen3_5MoeForConditionalGeneration": "model.language_model.",
 })
+# A multimodal checkpoint's top-level tensors that belong to its text model: an untied
+# LM head (Qwen3.5's) sits beside the towers, not under the text prefix.
+_TEXT_HEADS = ("lm_head.",)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
 GGUF_ARCHITECTURES: tuple[str, ...] = tuple(a for f in FAMILIES for a in f.gguf_architectures)
@@ -253,6 +260,14 @@ def text_part(architectures: object) -> str | None:
     """The text weights' prefix when ``architectures`` (a config's list) names a
     multimodal class whose text part Folio runs, else None."""
     return next((TEXT_PARTS[a] for a in architectures or () if a in TEXT_PARTS), None)
+
+
+def text_weight_name(name: str, prefix: str) -> str | None:
+    """A multimodal checkpoint's tensor `name` under its text model's names (``prefix``:
+    the TEXT_PARTS entry), or None for a tensor of the parts Folio does not run."""
+    if name.startswith(prefix):
+        return "model." + name[len(prefix):]
+    return name if name.startswith(_TEXT_HEADS) else None
 
 
 def gguf_family(gguf_architecture: object, expert_count: object = 0) -> ModelFamily | None:
