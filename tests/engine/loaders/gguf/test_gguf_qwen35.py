@@ -203,3 +203,17 @@ def test_the_list_reads_the_files_layers(folders, family, tmp_path):
     else:
         assert info.architecture == "qwen3_5_moe_text"
         assert 0 < info.active_parameters < info.num_parameters
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+def test_the_registry_maps_the_block_tensors_llama_cpp_lists(arch):
+    from engine.models import gguf_family
+
+    model_arch = MODEL_ARCH.QWEN35 if arch == "qwen35" else MODEL_ARCH.QWEN35MOE
+    listed = {name.removeprefix("blk.{bid}.") for name in
+              (gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[model_arch])
+              if name.startswith("blk.")}
+    mapped = {part.removesuffix(".bias") for part in gguf_family(arch).gguf_block_names}
+    # ffn_gate_up_exps: gate and up experts fused in one tensor, which Folio does not read
+    # (the converters write them apart).
+    assert listed - mapped <= {"ffn_gate_up_exps"}
