@@ -127,7 +127,7 @@ def read_experts(hf_config: Any, architecture: str, hidden_act: str,
                          f"({num_experts}), got {top_k!r}")
     shared = getattr(hf_config, "shared_expert_intermediate_size", None) or 0
     if not isinstance(shared, int) or shared < 0:
-        raise ValueError(f"shared_expert_intermediate_size must be a positive integer, "
+        raise ValueError(f"shared_expert_intermediate_size must be an integer >= 0, "
                          f"got {shared!r}")
     always = MOE_TRAITS[architecture].always_normalize
     return Experts(num_experts, top_k,
@@ -245,9 +245,9 @@ def sparse_targets(block: str, mlp: SparseMoE,
 
 def per_expert(weights: Iterable[tuple[str, Any]],
                moe: MoETraits = MoETraits()) -> Iterator[tuple[str, Any]]:
-    """transformers 5's names (every expert in one 3-D tensor, the router under ``mlp``:
-    how it holds them in memory, and how Qwen3.5-MoE's files store them) as one matrix per
-    expert under the family's names; others unchanged."""
+    """transformers 5's in-memory names (every expert in one 3-D tensor, the router under
+    ``mlp``) as the files' names, one matrix per expert under the family's names; others
+    unchanged."""
     gate, up, down = moe.expert_names
     for name, tensor in weights:
         head, sep, tail = name.partition(".mlp.")
@@ -265,12 +265,6 @@ def per_expert(weights: Iterable[tuple[str, Any]],
         else:
             for e, matrix in enumerate(tensor):
                 yield f"{block}experts.{e}.{down}.weight", matrix
-
-
-def per_expert_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """`per_expert` on a checkpoint's shapes (name -> shape)."""
-    meta = ((name, torch.empty(shape, device="meta")) for name, shape in shapes.items())
-    return {name: tuple(t.shape) for name, t in per_expert(meta)}
 
 
 _FUSED = ("gate.weight", "experts.gate_up_proj", "experts.down_proj")

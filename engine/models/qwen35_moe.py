@@ -5,9 +5,9 @@ with every layer's MLP a sparse block (engine/layers/moe.py) that has a shared e
 Matched to transformers' ``models/qwen3_5_moe/modeling_qwen3_5_moe.py`` (5.x): a softmax
 router whose top k are always rescaled to sum to one, routed experts of
 ``moe_intermediate_size``, and a shared expert of ``shared_expert_intermediate_size``
-scaled by sigmoid(``shared_expert_gate``). The checkpoints store each layer's experts
-fused (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj`` [E, H, I]);
-they load split per expert, as the other mixtures' files are.
+scaled by sigmoid(``shared_expert_gate``). The checkpoints hold one matrix per expert
+(transformers 5 fuses them in memory only: ``mlp.experts.gate_up_proj`` [E, 2I, H],
+``down_proj`` [E, H, I], which `load_weights` takes too, split per expert).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from engine.models.gemma import GemmaForCausalLM, gemma_spec
 from engine.models.gemma4 import Gemma4ForCausalLM, gemma4_spec
 from engine.models.gpt_oss import GptOssForCausalLM, gpt_oss_spec, split_expert_shapes
 from engine.models.llama import LlamaForCausalLM
-from engine.models.moe import MoEForCausalLM, moe_spec, per_expert_shapes
+from engine.models.moe import MoEForCausalLM, moe_spec
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
 from engine.models.qwen35 import Qwen35ForCausalLM, qwen35_spec
 from engine.models.qwen35_moe import Qwen35MoeForCausalLM, qwen35_moe_spec
@@ -211,12 +211,11 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 gguf_block_names=GGUF_QWEN35_BLOCK_NAMES, gguf_norm_offset=1.0,
                 gguf_unshifted_norms=("linear_attn.norm.weight",)),
     # Qwen3.5-MoE (engine/models/qwen35_moe.py): the same hybrid layers, sparse MLPs with
-    # a shared expert; its checkpoints store each layer's experts fused.
+    # a shared expert.
     ModelFamily("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", ("qwen35moe",), False,
                 FamilyTraits(qk_norm=True), Qwen35MoeForCausalLM, qwen35_moe_spec,
                 gguf_block_names=GGUF_QWEN35_MOE_BLOCK_NAMES, gguf_norm_offset=1.0,
-                gguf_unshifted_norms=("linear_attn.norm.weight",),
-                split_shapes=per_expert_shapes),
+                gguf_unshifted_norms=("linear_attn.norm.weight",)),
 )
 # Multimodal checkpoints whose text part Folio runs (no image or audio input): the class ->
 # the prefix of its text weights, which load under the text family's "model." names.
