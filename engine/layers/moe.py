@@ -11,6 +11,9 @@ decode step touches only its tokens' k experts, so only their blocks are read; a
 chunk multiplies every routed expert once over its rows, a batch the native prefill tiles
 take, instead of a product per token. A lone decode token on the native CPU library takes
 its k experts' gate/up products in one call (`NativeQuantized.matmul_all`).
+
+A family may add a shared expert (Qwen3.5-MoE): a dense MLP every token runs, its output
+scaled by sigmoid(x @ gate) and added to the routed experts' sum.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.base import Layer
+from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
 from engine.layers.native import fused_cpu
 from engine.layers.weights import NativeQuantized
@@ -56,14 +60,25 @@ class TopKRouter(Layer):
 
 
 class SparseMoE(Layer):
-    """sum over each token's top-k experts e of weight_e * expert_e(x)."""
+    """sum over each token's top-k experts e of weight_e * expert_e(x), plus
+    sigmoid(x @ shared_gate) * shared_expert(x) where the family has a shared expert."""
 
     def __init__(self, hidden_size: int, expert_size: int, num_experts: int, top_k: int,
                  normalize: bool, dtype: torch.dtype, device: torch.device | str,
-                 gate: Layer | None = None, experts: Sequence[GatedMLP] | None = None) -> None:
+                 gate: Layer | None = None, experts: Sequence[GatedMLP] | None = None,
+                 shared_expert_size: int = 0) -> None:
         """``gate`` and ``experts``: a family's own router (x -> weights, ids [T, k]) and
-        experts (gpt-oss's), instead of the softmax router and plain SiLU experts."""
+        experts (gpt-oss's), instead of the softmax router and plain SiLU experts.
+        ``shared_expert_size``: the shared expert's intermediate size (0: none)."""
         super().__init__()
+        if shared_expert_size < 0:
+            raise ValueError(f"shared_expert_intermediate_size must be >= 0, got "
+                             f"{shared_expert_size}")
+        self.shared_expert: GatedMLP | None = None
+        self.shared_expert_gate: StackedLinear | None = None
+        if shared_expert_size:
+            self.shared_expert = GatedMLP(hidden_size, shared_expert_size, False, dtype, device)
+            self.shared_expert_gate = StackedLinear(hidden_size, (1,), False, dtype, device)
         self.gate = gate or TopKRouter(hidden_size, num_experts, top_k, normalize, dtype,
                                        device)
         self.experts = nn.ModuleList(experts or (
@@ -77,7 +92,15 @@ class SparseMoE(Layer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""
         weights, ids = self.gate(x)
-        return self.mix(x, weights, ids)
+        routed = self.mix(x, weights, ids)
+        if self.shared_expert is None:
+            return routed
+        return routed + self.shared(x)
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert's output, scaled by its sigmoid gate (one scalar per token)."""
+        assert self.shared_expert is not None and self.shared_expert_gate is not None
+        return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
     def mix(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The experts' outputs for routes (weights, ids) [T, k]: the routes sorted by

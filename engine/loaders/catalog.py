@@ -24,7 +24,7 @@ from engine.loaders.safetensors import read_safetensors_header, safetensors_shar
 from engine.models import SUPPORTED_MODEL_TYPES
 from engine.models.moe import active_parameters
 from engine.models.qwen35 import HybridLayout, hybrid_layout
-from engine.models.registry import text_part
+from engine.models.registry import text_part, text_weight_name
 from engine.models.spec import head_dim_of, kv_bytes_per_token
 
 STARTER = "starter"
@@ -52,6 +52,8 @@ class ModelInfo:
     has_chat_template: bool = True
     # A hybrid model (Qwen3.5): its layer kinds and linear layers' shape; None otherwise.
     hybrid: HybridLayout | None = None
+    # A multimodal checkpoint (registry.TEXT_PARTS) of which Folio runs the text part only.
+    text_only: bool = False
 
     @property
     def kv_layers(self) -> int:
@@ -60,10 +62,11 @@ class ModelInfo:
 
     @property
     def layer_summary(self) -> str:
-        """"hybrid: 24 linear + 8 full layers" for a hybrid model, else ""."""
-        if self.hybrid is None:
-            return ""
-        return f"hybrid: {self.hybrid.num_linear} linear + {self.hybrid.num_full} full layers"
+        """"hybrid: 24 linear + 8 full layers" for a hybrid model, "text only" for a
+        multimodal checkpoint (both, comma-separated, for a multimodal hybrid), else ""."""
+        parts = [f"hybrid: {self.hybrid.num_linear} linear + {self.hybrid.num_full} full "
+                 "layers"] if self.hybrid is not None else []
+        return ", ".join(parts + ["text only"] * self.text_only)
 
     def kv_bytes(self, tokens: int, dtype: torch.dtype | str = torch.float32) -> int:
         """KV cache bytes for `tokens` tokens: K and V for every layer and KV head."""
@@ -172,7 +175,7 @@ def model_info(path: Path) -> ModelInfo:
                              "needs a valid config.json") from exc
     shapes = {name: shape for shard in safetensors_shards(path)
               for name, shape in read_safetensors_header(shard).items()
-              if prefix is None or name.startswith(prefix)}
+              if prefix is None or text_weight_name(name, prefix) is not None}
     num_parameters = sum(math.prod(shape) for shape in shapes.values())
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return ModelInfo(display_name(path), path, "hf", str(config.get("model_type", "")),
@@ -181,7 +184,7 @@ def model_info(path: Path) -> ModelInfo:
                      head_dim_of(config.get("head_dim"), hidden, heads),
                      active_parameters=active_parameters(shapes, config),
                      has_chat_template=folder_has_chat_template(path),
-                     hybrid=_hybrid(config, config_path))
+                     hybrid=_hybrid(config, config_path), text_only=prefix is not None)
 
 
 def _hybrid(config: dict, where: Path) -> HybridLayout | None:

@@ -21,7 +21,7 @@ from engine.loaders.base import (
     check_weight_shapes,
     display_name,
 )
-from engine.models.registry import text_part
+from engine.models.registry import text_part, text_weight_name
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +57,10 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
     shapes: dict[str, tuple[int, ...]] = {}
     origin: dict[str, Path] = {}
     for shard in shards:
-        for name, shape in read_safetensors_header(shard).items():
-            if prefix is not None:
-                if not name.startswith(prefix):
-                    continue  # the vision and audio towers
-                name = "model." + name[len(prefix):]
+        for stored, shape in read_safetensors_header(shard).items():
+            name = stored if prefix is None else text_weight_name(stored, prefix)
+            if name is None:
+                continue  # the vision and audio towers
             shapes[name] = shape
             origin[name] = shard
     check_weight_shapes(config, shapes, lambda name: str(origin.get(name, folder)), str(folder))
@@ -73,12 +72,11 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
         for shard in shards:
             try:
                 with safe_open(str(shard), framework="pt") as handle:
-                    for name in handle.keys():
-                        if prefix is not None and not name.startswith(prefix):
-                            continue
-                        tensor = handle.get_tensor(name)
-                        if prefix is not None:
-                            name = "model." + name[len(prefix):]
+                    for stored in handle.keys():
+                        name = stored if prefix is None else text_weight_name(stored, prefix)
+                        if name is None:
+                            continue  # never read: the towers Folio does not run
+                        tensor = handle.get_tensor(stored)
                         yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
             except SafetensorError as exc:
                 raise FolioLoadError(f"{shard}: unreadable safetensors data ({exc}); "

@@ -53,6 +53,9 @@ MOE_TRAITS = MappingProxyType({
     "Qwen3MoeForCausalLM": MoETraits(),
     "MixtralForCausalLM": MoETraits(block="block_sparse_moe", expert_names=("w1", "w3", "w2"),
                                     always_normalize=True),
+    # Qwen3.5-MoE's hybrid decoder (engine/models/qwen35_moe.py): its router always
+    # rescales the top k (its config has no norm_topk_prob).
+    "Qwen3_5MoeForCausalLM": MoETraits(always_normalize=True),
 })
 
 
@@ -72,8 +75,47 @@ class MoESpec(DecoderSpec):
 
 def moe_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> MoESpec:
     base = base_spec(hf_config, architecture, traits)
-    if base.hidden_act != "silu":
-        raise ValueError(f"hidden_act {base.hidden_act!r} is not supported; the experts use "
+    experts = read_experts(hf_config, architecture, base.hidden_act, base.intermediate_size)
+    clip = getattr(hf_config, "clip_qkv", None)
+    if clip is not None and (not isinstance(clip, int | float) or clip <= 0):
+        raise ValueError(f"clip_qkv must be a positive number or None, got {clip!r}")
+    shared = {f.name: getattr(base, f.name) for f in fields(DecoderSpec)}
+    return MoESpec(
+        **shared,
+        num_experts=experts.num_experts,
+        top_k=experts.top_k,
+        normalize_top_k=experts.normalize_top_k,
+        expert_size=experts.expert_size,
+        dense_layers=_dense_layers(hf_config, base.num_layers),
+        clip_qkv=None if clip is None else float(clip),
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class Experts:
+    """A sparse block's shape and routing, as a config states them."""
+
+    num_experts: int
+    top_k: int
+    normalize_top_k: bool
+    expert_size: int  # each routed expert's intermediate size
+    shared_expert_size: int = 0  # the shared expert's intermediate size; 0: none
+
+    def block(self, hidden_size: int, dtype: torch.dtype,
+              device: torch.device | str) -> SparseMoE:
+        return SparseMoE(hidden_size, self.expert_size, self.num_experts, self.top_k,
+                         self.normalize_top_k, dtype, device,
+                         shared_expert_size=self.shared_expert_size)
+
+
+def read_experts(hf_config: Any, architecture: str, hidden_act: str,
+                 default_size: int) -> Experts:
+    """The experts of a config (``num_experts`` or Mixtral's ``num_local_experts``,
+    ``num_experts_per_tok``, ``moe_intermediate_size`` else ``default_size``,
+    ``shared_expert_intermediate_size``), the top k normalised where the family always
+    does or ``norm_topk_prob`` says; ValueError naming a bad field."""
+    if hidden_act != "silu":
+        raise ValueError(f"hidden_act {hidden_act!r} is not supported; the experts use "
                          "'silu'")
     num_experts = getattr(hf_config, "num_experts", None) or getattr(
         hf_config, "num_local_experts", None)
@@ -83,22 +125,15 @@ def moe_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> MoESpec
     if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
         raise ValueError(f"num_experts_per_tok must be between 1 and num_experts "
                          f"({num_experts}), got {top_k!r}")
-    moe = MOE_TRAITS[architecture]
-    clip = getattr(hf_config, "clip_qkv", None)
-    if clip is not None and (not isinstance(clip, int | float) or clip <= 0):
-        raise ValueError(f"clip_qkv must be a positive number or None, got {clip!r}")
-    shared = {f.name: getattr(base, f.name) for f in fields(DecoderSpec)}
-    return MoESpec(
-        **shared,
-        num_experts=num_experts,
-        top_k=top_k,
-        normalize_top_k=moe.always_normalize or bool(getattr(hf_config, "norm_topk_prob",
-                                                             False)),
-        expert_size=int(getattr(hf_config, "moe_intermediate_size", None)
-                        or base.intermediate_size),
-        dense_layers=_dense_layers(hf_config, base.num_layers),
-        clip_qkv=None if clip is None else float(clip),
-    )
+    shared = getattr(hf_config, "shared_expert_intermediate_size", None) or 0
+    if not isinstance(shared, int) or shared < 0:
+        raise ValueError(f"shared_expert_intermediate_size must be an integer >= 0, "
+                         f"got {shared!r}")
+    always = MOE_TRAITS[architecture].always_normalize
+    return Experts(num_experts, top_k,
+                   always or bool(getattr(hf_config, "norm_topk_prob", False)),
+                   int(getattr(hf_config, "moe_intermediate_size", None) or default_size),
+                   shared)
 
 
 def _dense_layers(hf_config: Any, num_layers: int) -> tuple[int, ...]:
@@ -153,8 +188,8 @@ class MoEDecoderLayer(PreNormLayer):
         if index in spec.dense_layers:
             self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, False, dtype, device)
         else:
-            self.mlp = SparseMoE(spec.hidden_size, spec.expert_size, spec.num_experts,
-                                 spec.top_k, spec.normalize_top_k, dtype, device)
+            self.mlp = Experts(spec.num_experts, spec.top_k, spec.normalize_top_k,
+                               spec.expert_size).block(spec.hidden_size, dtype, device)
 
 
 class MoEForCausalLM(CausalLM):
@@ -187,36 +222,49 @@ class MoEForCausalLM(CausalLM):
             if isinstance(mlp, GatedMLP):
                 targets |= mlp_targets(f"{prefix}mlp.", mlp, False)
                 continue
-            block = f"{prefix}{moe.block}."
-            targets[block + "gate.weight"] = mlp.gate.weight.data
-            for e, expert in enumerate(mlp.experts):
-                targets |= mlp_targets(f"{block}experts.{e}.", expert, False, moe.expert_names)
+            targets |= sparse_targets(f"{prefix}{moe.block}.", mlp, moe.expert_names)
         return targets
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        copy_checkpoint(self, self._per_expert(weights))
+        copy_checkpoint(self, per_expert(weights, self.spec.moe))
 
-    def _per_expert(self, weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
-        """transformers 5's in-memory names (every expert in one 3-D tensor, the router
-        under ``mlp``) as the files' names, one matrix per expert; others unchanged."""
-        moe = self.spec.moe
-        gate, up, down = moe.expert_names
-        for name, tensor in weights:
-            head, sep, tail = name.partition(".mlp.")
-            if not sep or isinstance(tensor, QuantizedTensor) or tail not in _FUSED:
-                yield name, tensor
-                continue
-            block = f"{head}.{moe.block}."
-            if tail == "gate.weight":
-                yield block + tail, tensor
-            elif tail == "experts.gate_up_proj":
-                size = tensor.shape[1] // 2
-                for e, matrix in enumerate(tensor):
-                    yield f"{block}experts.{e}.{gate}.weight", matrix[:size]
-                    yield f"{block}experts.{e}.{up}.weight", matrix[size:]
-            else:
-                for e, matrix in enumerate(tensor):
-                    yield f"{block}experts.{e}.{down}.weight", matrix
+
+def sparse_targets(block: str, mlp: SparseMoE,
+                   expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                   ) -> dict[str, Target]:
+    """A sparse block's checkpoint names under ``block`` (``model.layers.N.mlp.``): the
+    router, each expert's matrices, the shared expert and its gate where it has one."""
+    targets: dict[str, Target] = {block + "gate.weight": mlp.gate.weight.data}
+    for e, expert in enumerate(mlp.experts):
+        targets |= mlp_targets(f"{block}experts.{e}.", expert, False, expert_names)
+    if mlp.shared_expert is not None and mlp.shared_expert_gate is not None:
+        targets |= mlp_targets(f"{block}shared_expert.", mlp.shared_expert, False)
+        targets[block + "shared_expert_gate.weight"] = mlp.shared_expert_gate.slot(0)
+    return targets
+
+
+def per_expert(weights: Iterable[tuple[str, Any]],
+               moe: MoETraits = MoETraits()) -> Iterator[tuple[str, Any]]:
+    """transformers 5's in-memory names (every expert in one 3-D tensor, the router under
+    ``mlp``) as the files' names, one matrix per expert under the family's names; others
+    unchanged."""
+    gate, up, down = moe.expert_names
+    for name, tensor in weights:
+        head, sep, tail = name.partition(".mlp.")
+        if not sep or isinstance(tensor, QuantizedTensor) or tail not in _FUSED:
+            yield name, tensor
+            continue
+        block = f"{head}.{moe.block}."
+        if tail == "gate.weight":
+            yield block + tail, tensor
+        elif tail == "experts.gate_up_proj":
+            size = tensor.shape[1] // 2
+            for e, matrix in enumerate(tensor):
+                yield f"{block}experts.{e}.{gate}.weight", matrix[:size]
+                yield f"{block}experts.{e}.{up}.weight", matrix[size:]
+        else:
+            for e, matrix in enumerate(tensor):
+                yield f"{block}experts.{e}.{down}.weight", matrix
 
 
 _FUSED = ("gate.weight", "experts.gate_up_proj", "experts.down_proj")

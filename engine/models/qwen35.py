@@ -100,7 +100,13 @@ def hybrid_layout(config: Any) -> HybridLayout | None:
 
 
 def qwen35_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Qwen35Spec:
-    base = base_spec(hf_config, architecture, traits, read_rope=False)
+    return Qwen35Spec(**hybrid_fields(hf_config, architecture, traits))
+
+
+def hybrid_fields(hf_config: Any, architecture: str, traits: FamilyTraits,
+                  size_field: str = "intermediate_size") -> dict[str, Any]:
+    """The fields of a Qwen3.5 spec (``size_field``: the config's MLP width)."""
+    base = base_spec(hf_config, architecture, traits, read_rope=False, size_field=size_field)
     layout = hybrid_layout(hf_config)
     if layout is None:
         raise ValueError("a Qwen3.5 config needs its linear_* fields (linear_num_value_heads)")
@@ -112,8 +118,8 @@ def qwen35_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Qwen
     theta, scaling = rope_from_params(params)
     shared = {f.name: getattr(base, f.name) for f in fields(DecoderSpec)}
     shared.update(rope_theta=theta, rope_scaling=scaling, qk_norm=True)
-    return Qwen35Spec(**shared, layer_types=layout.layer_types,
-                      rotary_dim=int(base.head_dim * partial), deltanet=layout.deltanet)
+    return dict(**shared, layer_types=layout.layer_types,
+                rotary_dim=int(base.head_dim * partial), deltanet=layout.deltanet)
 
 
 class GatedAttention(PagedSelfAttention):
@@ -157,7 +163,12 @@ class Qwen35DecoderLayer(Layer):
             self.linear_attn = GatedDeltaNet(spec.deltanet, dtype, device)
         else:
             self.self_attn = GatedAttention(spec, dtype, device)
-        self.mlp = GatedMLP(hidden, spec.intermediate_size, spec.mlp_bias, dtype, device)
+        self.mlp = self.feed_forward(spec, dtype, device)
+
+    def feed_forward(self, spec: Qwen35Spec, dtype: torch.dtype,
+                     device: torch.device | str) -> Layer:
+        """The layer's MLP: dense here, sparse in Qwen3.5-MoE."""
+        return GatedMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias, dtype, device)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache_a: torch.Tensor, cache_b: torch.Tensor, meta: Any,
@@ -174,12 +185,14 @@ class Qwen35DecoderLayer(Layer):
 
 
 class Qwen35ForCausalLM(CausalLM):
+    layer_class: type[Qwen35DecoderLayer] = Qwen35DecoderLayer
+
     def __init__(self, spec: Qwen35Spec, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__(spec, dtype, device,
                          GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device))
         self.rotary = RotaryEmbedding(spec.rotary_dim, spec.max_position_embeddings,
                                       spec.rope_theta, spec.rope_scaling, dtype, device)
-        self.layers = nn.ModuleList(Qwen35DecoderLayer(spec, kind, dtype, device)
+        self.layers = nn.ModuleList(self.layer_class(spec, kind, dtype, device)
                                     for kind in spec.layer_types)
 
     @property
@@ -202,5 +215,8 @@ class Qwen35ForCausalLM(CausalLM):
                 targets |= layer.linear_attn.checkpoint_targets(prefix + "linear_attn.")
             else:
                 targets |= attention_targets(prefix, layer.self_attn, self.spec)
-            targets |= mlp_targets(prefix + "mlp.", layer.mlp, self.spec.mlp_bias)
+            targets |= self.feed_forward_targets(prefix + "mlp.", layer.mlp)
         return targets
+
+    def feed_forward_targets(self, prefix: str, mlp: Any) -> dict[str, Target]:
+        return mlp_targets(prefix, mlp, self.spec.mlp_bias)

@@ -26,6 +26,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import MoEForCausalLM, moe_spec
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
 from engine.models.qwen35 import Qwen35ForCausalLM, qwen35_spec
+from engine.models.qwen35_moe import Qwen35MoeForCausalLM, qwen35_moe_spec
 from engine.models.spec import DecoderSpec, FamilyTraits, spec_from_hf_config
 
 SpecBuilder = Callable[[Any, str, FamilyTraits], DecoderSpec]
@@ -101,6 +102,15 @@ GGUF_MIXTRAL_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
     "ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{}.w1",
     "ffn_up_exps": "block_sparse_moe.experts.{}.w3",
     "ffn_down_exps": "block_sparse_moe.experts.{}.w2",
+})
+
+# Qwen3.5-MoE (MODEL_TENSORS[QWEN35MOE]): Qwen3.5's, every layer's MLP the router, the
+# stacked experts and the shared expert with its gate.
+GGUF_QWEN35_MOE_BLOCK_NAMES: Mapping[str, str] = MappingProxyType({
+    **{k: v for k, v in GGUF_QWEN35_BLOCK_NAMES.items() if not k.startswith("ffn_")},
+    **_GGUF_EXPERT_NAMES, "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 })
 
 # gpt-oss (MODEL_TENSORS[GPT_OSS]): Llama's attention with biases and sinks, llama.cpp's
@@ -200,12 +210,25 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 FamilyTraits(qk_norm=True), Qwen35ForCausalLM, qwen35_spec,
                 gguf_block_names=GGUF_QWEN35_BLOCK_NAMES, gguf_norm_offset=1.0,
                 gguf_unshifted_norms=("linear_attn.norm.weight",)),
+    # Qwen3.5-MoE (engine/models/qwen35_moe.py): the same hybrid layers, sparse MLPs with
+    # a shared expert.
+    ModelFamily("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", ("qwen35moe",), False,
+                FamilyTraits(qk_norm=True), Qwen35MoeForCausalLM, qwen35_moe_spec,
+                gguf_block_names=GGUF_QWEN35_MOE_BLOCK_NAMES, gguf_norm_offset=1.0,
+                gguf_unshifted_norms=("linear_attn.norm.weight",)),
 )
 # Multimodal checkpoints whose text part Folio runs (no image or audio input): the class ->
 # the prefix of its text weights, which load under the text family's "model." names.
 TEXT_PARTS: Mapping[str, str] = MappingProxyType({
     "Gemma4ForConditionalGeneration": "model.language_model.",
+    # The Qwen3.5 / Qwen3.6 releases (a vision tower, and mtp.* multi-token prediction
+    # weights beside the text model, which Folio does not run either).
+    "Qwen3_5ForConditionalGeneration": "model.language_model.",
+    "Qwen3_5MoeForConditionalGeneration": "model.language_model.",
 })
+# A multimodal checkpoint's top-level tensors that belong to its text model: an untied
+# LM head (Qwen3.5's) sits beside the towers, not under the text prefix.
+_TEXT_HEADS = ("lm_head.",)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES)
 GGUF_ARCHITECTURES: tuple[str, ...] = tuple(a for f in FAMILIES for a in f.gguf_architectures)
@@ -236,6 +259,14 @@ def text_part(architectures: object) -> str | None:
     """The text weights' prefix when ``architectures`` (a config's list) names a
     multimodal class whose text part Folio runs, else None."""
     return next((TEXT_PARTS[a] for a in architectures or () if a in TEXT_PARTS), None)
+
+
+def text_weight_name(name: str, prefix: str) -> str | None:
+    """A multimodal checkpoint's tensor `name` under its text model's names (``prefix``:
+    the TEXT_PARTS entry), or None for a tensor of the parts Folio does not run."""
+    if name.startswith(prefix):
+        return "model." + name[len(prefix):]
+    return name if name.startswith(_TEXT_HEADS) else None
 
 
 def gguf_family(gguf_architecture: object, expert_count: object = 0) -> ModelFamily | None:

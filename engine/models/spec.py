@@ -63,11 +63,13 @@ def spec_from_hf_config(hf_config: Any, architecture: str, traits: FamilyTraits)
 
 
 def base_spec(hf_config: Any, architecture: str, traits: FamilyTraits,
-              act_field: str = "hidden_act", read_rope: bool = True) -> DecoderSpec:
+              act_field: str = "hidden_act", read_rope: bool = True,
+              size_field: str = "intermediate_size") -> DecoderSpec:
     """The fields every family's spec shares; ``act_field`` names the config's activation
-    (Gemma calls it hidden_activation). ``read_rope=False`` leaves the rope fields plain
-    (theta 10000, no scaling) for a family that reads its own rope (Phi-3's partial rotary
-    and LongRoPE, which the shared reader refuses)."""
+    (Gemma calls it hidden_activation), ``size_field`` its MLP width (Qwen3.5-MoE, whose
+    every layer is sparse, has only moe_intermediate_size). ``read_rope=False`` leaves
+    the rope fields plain (theta 10000, no scaling) for a family that reads its own rope
+    (Phi-3's partial rotary and LongRoPE, which the shared reader refuses)."""
     hidden_act = getattr(hf_config, act_field, None) or "silu"
     num_heads = int(_field(hf_config, "num_attention_heads"))
     hidden_size = int(_field(hf_config, "hidden_size"))
@@ -79,7 +81,7 @@ def base_spec(hf_config: Any, architecture: str, traits: FamilyTraits,
         architecture=architecture,
         vocab_size=int(_field(hf_config, "vocab_size")),
         hidden_size=hidden_size,
-        intermediate_size=int(_field(hf_config, "intermediate_size")),
+        intermediate_size=int(_field(hf_config, size_field)),
         num_layers=int(_field(hf_config, "num_hidden_layers")),
         num_heads=num_heads,
         num_kv_heads=int(num_kv_heads),

@@ -1,5 +1,6 @@
-"""A tiny random Qwen3.5 (3 Gated DeltaNet layers + 1 full-attention layer) through the
-whole engine: greedy equal to transformers; a 6-turn chat whose turns compute only the
+"""A tiny random Qwen3.5 (3 Gated DeltaNet layers + 1 full-attention layer), and the same
+layers as a Qwen3.5-MoE (a folder, and a Q8_0 GGUF file of it, experts kept quantized),
+through the whole engine: greedy equal to transformers; a 6-turn chat whose turns compute only the
 new message plus at most a block (state snapshots at block boundaries), replying as with
 prefix caching off; n=4 candidates equal their seeded single runs; recompute and swap
 preemption equal an unpreempted run; every block and state slot free after a chat and
@@ -11,11 +12,19 @@ import random
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.outputs import FinishedEvent
-from tests.engine.tiny_models import random_prompt, save_tiny_model, tiny_qwen35_config
+from tests.engine.loaders.gguf.test_gguf_qwen35 import write_qwen35_gguf
+from tests.engine.tiny_models import (
+    calm_qwen35_weights,
+    random_prompt,
+    save_tiny_model,
+    tiny_qwen35_config,
+    tiny_qwen35_moe_config,
+)
 
 BLOCK = 16
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -25,9 +34,34 @@ PROMPTS = [random_prompt(seed, 120) for seed in (3, 4, 5)]
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
+SOURCES = ["qwen35", "qwen35_moe", "qwen35_moe-q8_0"]
+
+
 @pytest.fixture(scope="module")
-def qwen35_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("models") / "qwen35", tiny_qwen35_config())
+def folders(tmp_path_factory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("models")
+    return {"qwen35": save_tiny_model(root / "qwen35", tiny_qwen35_config()),
+            "qwen35_moe": save_tiny_model(root / "qwen35_moe", tiny_qwen35_moe_config(),
+                                          init=calm_qwen35_weights)}
+
+
+@pytest.fixture(scope="module", params=SOURCES)
+def source(request, folders, tmp_path_factory):
+    """(what the engine loads, the folder transformers loads)."""
+    family, _, matrices = request.param.partition("-")
+    folder = folders[family]
+    if not matrices:
+        return folder, folder
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FOLIO_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    request.addfinalizer(mp.undo)
+    path = tmp_path_factory.mktemp("files") / f"{request.param}.gguf"
+    return write_qwen35_gguf(path, folder, Q[matrices.upper()]), folder
+
+
+@pytest.fixture(scope="module")
+def qwen35_dir(source):
+    return source[0]
 
 
 def engine_for(path, **fields) -> LLMEngine:
@@ -44,11 +78,11 @@ def assert_all_free(engine: LLMEngine) -> None:
     assert state.num_live == 0 and not state.reserved
 
 
-def test_groups_and_greedy_equal_transformers(qwen35_dir):
-    engine = engine_for(qwen35_dir)
+def test_groups_and_greedy_equal_transformers(source):
+    engine = engine_for(source[0])
     assert [(g.name, g.layers) for g in engine.kv_groups] == [
         ("global", (3,)), ("linear state", (0, 1, 2))]
-    hf = AutoModelForCausalLM.from_pretrained(qwen35_dir, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(source[1], dtype=torch.float32).eval()
     prompt = PROMPTS[0]
     with torch.no_grad():
         expected = hf.generate(torch.tensor([prompt]), max_new_tokens=24,
@@ -162,3 +196,12 @@ def test_more_candidates_than_state_slots_is_refused_by_name(qwen35_dir):
     with pytest.raises(ValueError, match=r"SamplingParams\.n: .* state pool has"):
         engine.add_request([1, 2, 3], SamplingParams(n=slots + 1))
     assert not engine.has_unfinished_requests()
+
+
+def test_memory_stats_name_the_expert_bytes(source, request):
+    stats = LLM(str(source[0]), num_gpu_blocks=16).memory_stats()
+    assert stats.state_pool_bytes > 0
+    if "moe" in request.node.callspec.id:
+        assert 0 < stats.expert_bytes < stats.weights_bytes
+    else:
+        assert stats.expert_bytes is None

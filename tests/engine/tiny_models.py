@@ -5,6 +5,7 @@ tokenizer, model, scheduler) in seconds and download nothing."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from transformers import (
     LlamaConfig,
     Phi3Config,
     PreTrainedTokenizerFast,
+    Qwen3_5MoeTextConfig,
     Qwen3_5TextConfig,
 )
 
@@ -127,15 +129,19 @@ def tiny_qwen35_config(**overrides) -> Qwen3_5TextConfig:
     return Qwen3_5TextConfig(**fields)
 
 
-def save_tiny_model(path: Path, config=None, seed: int = 0) -> Path:
-    """A random model folder: config.json, model.safetensors, tokenizer files."""
+def save_tiny_model(path: Path, config=None, seed: int = 0,
+                    init: Callable[[torch.nn.Module, int], None] | None = None) -> Path:
+    """A random model folder: config.json, model.safetensors, tokenizer files.
+    ``init(model, seed)``: the weights' own initialization (`peaked_weights`, ...)."""
     config = config or tiny_llama_config()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     # Larger weights than the default init give peaked logits, so greedy decoding is
     # not decided by float noise between implementations.
     with torch.no_grad():
-        for p in model.parameters():
+        if init is not None:
+            init(model, seed)
+        for p in model.parameters() if init is None else ():
             if p.dim() == 2:
                 p.normal_(0, 0.08)
     model.save_pretrained(path, safe_serialization=True)
@@ -162,7 +168,39 @@ def peaked_weights(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(noise * param.shape[-1] ** -0.5)
 
 
+def calm_qwen35_weights(model: torch.nn.Module, seed: int) -> None:
+    """`peaked_weights` for a Qwen3.5 model that quantization noise does not throw off: its
+    zero-centred norms near one (scale 1 + w, w near 0, where peaked_weights' near-one w
+    doubles every norm and sharpens attention into chaos), and the matrices writing to the
+    residual stream (o_proj, out_proj, down_proj) a third as large, so each layer nudges
+    the stream rather than swamping it. Logits then move by about what the weights do."""
+    peaked_weights(model, seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+                param.sub_(1.0)
+            elif name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight",
+                                "experts.down_proj")):
+                param.mul_(0.3)
+
+
 def random_prompt(seed: int, length: int) -> list[int]:
     """length token ids below 256 (the tiny models' byte vocabulary), reproducible by seed."""
     rng = random.Random(seed)
     return [rng.randrange(0, 256) for _ in range(length)]
+
+
+def tiny_qwen35_moe_config(**overrides) -> Qwen3_5MoeTextConfig:
+    """Qwen3.5-MoE: the tiny Qwen3.5's layers, each MLP 8 routed experts (2 a token) and a
+    shared expert of its own width (rows of whole Q8_0 blocks: 32 values)."""
+    base = tiny_qwen35_config().to_dict()
+    fields = {key: base[key] for key in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+        "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+        "linear_value_head_dim", "linear_conv_kernel_dim", "bos_token_id", "eos_token_id",
+        "pad_token_id", "tie_word_embeddings")}
+    fields |= dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                   shared_expert_intermediate_size=64, architectures=["Qwen3_5MoeForCausalLM"])
+    fields.update(overrides)
+    return Qwen3_5MoeTextConfig(**fields)

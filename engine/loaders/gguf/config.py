@@ -66,7 +66,9 @@ def gguf_config_dict(metadata: Mapping[str, object], tensor_names: set[str],
         "model_type": family.model_type, "architectures": [family.architecture],
         "vocab_size": int(vocab),
         # A per-layer array (Gemma 4's) gives its first layer's; the family's reader the rest.
-        "hidden_size": hidden, "intermediate_size": _first(key("feed_forward_length")),
+        # Qwen3.5-MoE files (every layer sparse) have no feed_forward_length.
+        "hidden_size": hidden, "intermediate_size": _first(key(
+            "feed_forward_length", keys.optional("expert_feed_forward_length"))),
         "num_hidden_layers": int(key("block_count")), "num_attention_heads": heads,
         "num_key_value_heads": _first(key("attention.head_count_kv", heads)),
         "head_dim": head_dim,
@@ -375,6 +377,21 @@ def _qwen35_keys(keys: _Keys, config: dict[str, object],
                                  "partial_rotary_factor": rotary / head_dim}
 
 
+def _qwen35_moe_keys(keys: _Keys, config: dict[str, object],
+                     tensors: Mapping[str, np.ndarray] | None) -> None:
+    """Qwen3.5-MoE (Qwen3NextModel's keys for its experts): Qwen3.5's linear layers, the
+    experts and the shared expert's width; the top k always rescaled (the model's rule)."""
+    _qwen35_keys(keys, config, tensors)
+    experts = keys.count("expert_count")
+    used = keys.count("expert_used_count")
+    if used > experts:
+        raise keys.bad("expert_used_count", used, f"at most expert_count ({experts})")
+    config |= {"num_experts": experts, "num_experts_per_tok": used,
+               "moe_intermediate_size": keys.count("expert_feed_forward_length"),
+               "shared_expert_intermediate_size": keys.count(
+                   "expert_shared_feed_forward_length")}
+
+
 _FamilyKeys = Callable[[_Keys, dict[str, object], Mapping[str, np.ndarray] | None], None]
 # Families whose config needs more than the shared Llama keys, by model_type.
 _FAMILY_KEYS: dict[str, _FamilyKeys] = {
@@ -382,9 +399,10 @@ _FAMILY_KEYS: dict[str, _FamilyKeys] = {
     "phi3": _phi3_keys,
     "olmoe": _moe_keys, "qwen3_moe": _moe_keys, "mixtral": _moe_keys,
     "gpt_oss": _gpt_oss_keys,
-    "qwen3_5_text": _qwen35_keys,
+    "qwen3_5_text": _qwen35_keys, "qwen3_5_moe_text": _qwen35_moe_keys,
 }
-_PARTIAL_ROTARY = ("phi3", "qwen3_5_text")  # families whose rope.dimension_count may be < head_dim
+# Families whose rope.dimension_count may be < head_dim.
+_PARTIAL_ROTARY = ("phi3", "qwen3_5_text", "qwen3_5_moe_text")
 _OWN_ROPE_FREQS = ("gemma4_text",)  # families whose rope_freqs is not Llama 3's scaling
 
 

@@ -1,7 +1,7 @@
 """The MoE block (engine/layers/moe.py) against transformers' routers and sparse blocks of
-each family, in float32 with tied router scores; the expert-grouped step against a
-per-token loop, in float and on quantized experts; and that a step reads only the experts
-its tokens were routed to."""
+each family (Qwen3.5-MoE's with its shared expert), in float32 with tied router scores;
+the expert-grouped step against a per-token loop, in float and on quantized experts; and
+that a step reads only the experts its tokens were routed to."""
 
 from __future__ import annotations
 
@@ -10,16 +10,24 @@ import torch
 
 from engine.layers.moe import SparseMoE, TopKRouter
 from kernels.quant.formats import QuantizedTensor
+from tests.engine.tiny_models import peaked_weights, tiny_qwen35_moe_config
 from tests.engine.tiny_moe import FAMILIES, moe_model
 from tests.kernels.quant_cases import random_quantized
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 HIDDEN = 64
+BLOCK_FAMILIES = (*FAMILIES, "qwen3_5_moe")
 
 
 def hf_block(family: str) -> torch.nn.Module:
     """Layer 0's sparse block of a tiny transformers model of `family`."""
+    if family == "qwen3_5_moe":
+        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+
+        block = modeling_qwen3_5_moe.Qwen3_5MoeSparseMoeBlock(tiny_qwen35_moe_config()).eval()
+        peaked_weights(block, 0)
+        return block
     return moe_model(family).model.layers[0].mlp
 
 
@@ -29,10 +37,20 @@ def ours_like(block: torch.nn.Module) -> SparseMoE:
     num_experts, double, hidden = experts.gate_up_proj.shape
     router = block.gate
     normalize = getattr(router, "norm_topk_prob", True)  # Mixtral's always normalises
+    shared = getattr(block, "shared_expert", None)
     ours = SparseMoE(hidden, double // 2, num_experts, router.top_k, normalize,
-                     torch.float32, "cpu")
+                     torch.float32, "cpu",
+                     shared_expert_size=shared.intermediate_size if shared else 0)
     with torch.no_grad():
         ours.gate.weight.copy_(router.weight)
+        if shared is not None:
+            mine = ours.shared_expert
+            mine.gate_up_proj.slot(0).copy_(shared.gate_proj.weight)
+            mine.gate_up_proj.slot(1).copy_(shared.up_proj.weight)
+            mine.down_proj.slot(0).copy_(shared.down_proj.weight)
+            ours.shared_expert_gate.slot(0).copy_(block.shared_expert_gate.weight)
+            for linear in (mine.gate_up_proj, mine.down_proj, ours.shared_expert_gate):
+                linear.prepare()
         for e, expert in enumerate(ours.experts):
             expert.gate_up_proj.slot(None).copy_(experts.gate_up_proj[e])
             expert.down_proj.slot(0).copy_(experts.down_proj[e])
@@ -45,7 +63,7 @@ def tokens(count: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(count, HIDDEN, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", BLOCK_FAMILIES)
 def test_router_matches_transformers_with_tied_scores(family):
     block = hf_block(family)
     with torch.no_grad():
@@ -67,7 +85,7 @@ def test_router_matches_transformers_with_tied_scores(family):
     assert ((ids == 1) | (ids == 4) | (ids == 6)).sum(1).eq(2).any()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", BLOCK_FAMILIES)
 def test_sparse_block_matches_transformers(family):
     block = hf_block(family)
     ours = ours_like(block)
@@ -75,6 +93,14 @@ def test_sparse_block_matches_transformers(family):
     with torch.no_grad():
         expected = block(x.unsqueeze(0))[0]
     torch.testing.assert_close(ours(x), expected, atol=1e-5, rtol=0)
+    if family == "qwen3_5_moe":  # the shared expert counts, its gate per token
+        routed = ours.mix(x, *ours.gate(x))
+        assert (expected - routed).abs().max() > 0.1
+
+
+def test_a_negative_shared_expert_size_is_refused_by_name():
+    with pytest.raises(ValueError, match="shared_expert_intermediate_size"):
+        SparseMoE(HIDDEN, 32, 8, 2, True, torch.float32, "cpu", shared_expert_size=-1)
 
 
 def test_normalize_off_keeps_the_raw_probabilities():

@@ -231,6 +231,7 @@ def test_unsupported_architecture_names_it_and_the_supported_ones():
     assert {"Gemma2ForCausalLM", "Gemma3ForCausalLM"} <= set(SUPPORTED_ARCHITECTURES)
     assert {"OlmoeForCausalLM", "Qwen3MoeForCausalLM",
             "MixtralForCausalLM"} <= set(SUPPORTED_ARCHITECTURES)
+    assert {"Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"} <= set(SUPPORTED_ARCHITECTURES)
 
 
 def test_architecture_falls_back_to_model_type(tiny_hf_config):

@@ -3,7 +3,10 @@
 key_length_swa, KV heads and MLP widths per layer, the KV-shared layers and per-layer
 embeddings by their keys, the proportional rope's rotated share in rope_freqs, norms as
 stored, the layer scalar as a .weight tensor. The file loads to the folder's config,
-weights and greedy replies; per-layer keys of the wrong length fail naming the key."""
+weights and greedy replies; per-layer keys of the wrong length fail naming the key.
+Quantized (Q8_0; Q4_K where a row holds whole 256-value blocks, Q8_0 elsewhere) and kept
+as stored, a file replies as the folder of its own weights read back by gguf's dequantize:
+this random model's first token already moves with Q8_0's rounding of its weights."""
 
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ from engine import LLM, SamplingParams
 from engine.loaders import FolioLoadError, load_model_files
 from engine.models import build_model
 from engine.models.gemma import FULL, SLIDING
+from kernels.quant.formats import QuantizedTensor
+from tests.engine.loaders.gguf.quantized_files import encode, file_type, held_folder
 from tests.engine.loaders.gguf.test_gguf_families import (  # noqa: F401 - cache_dir: autouse
     byte_level_metadata,
     cache_dir,
@@ -77,8 +82,10 @@ def write_gemma4_gguf(path: Path, config, state: dict[str, torch.Tensor],
             gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         if data.ndim == 2 and matrices == Q.F16:
-            data = data.astype(np.float16)
-        writer.add_tensor(gguf_name, data)
+            writer.add_tensor(gguf_name, data.astype(np.float16))
+            continue
+        data, raw = encode(data, file_type(name, data.shape, matrices))
+        writer.add_tensor(gguf_name, data, raw_dtype=raw)
     full_dim = config.per_layer_config[config.layer_types.index(FULL)].head_dim
     share = config.rope_parameters[FULL]["partial_rotary_factor"]
     turning = int(full_dim * share / 2)
@@ -138,3 +145,21 @@ def test_a_per_layer_key_of_the_wrong_length_names_the_key(reference, tmp_path, 
     write_gemma4_gguf(path, loaded.config, weights, metadata={key: [2, 2, 2]})
     with pytest.raises(FolioLoadError, match=key.replace(".", r"\.")):
         load_model_files(path)
+
+
+@pytest.mark.parametrize("matrices", [Q.Q8_0, Q.Q4_K], ids=["q8_0", "q4_k"])
+def test_a_quantized_file_replies_as_its_weights(tmp_path, matrices):
+    sizes = {"hidden_size": 256} if matrices == Q.Q4_K else {}  # rows of whole Q4_K blocks
+    folder = save_gemma4(tmp_path / "folder", tiny_gemma4_config(**sizes))
+    loaded = load_model_files(folder)
+    path = tmp_path / "gemma4.gguf"
+    write_gemma4_gguf(path, loaded.config, dict(loaded.weights), matrices)
+    kept = dict(load_model_files(path, keep_quantized=True).weights)
+    assert matrices in {w.type_id for w in kept.values() if isinstance(w, QuantizedTensor)}
+    folder = held_folder(folder, tmp_path / "held", matrices)
+    # (16 tokens: the native products' rounding of the activations flips a near tie later)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    prompt = random_prompt(3, 40)
+    replies = [LLM(str(source), num_gpu_blocks=32).generate([prompt], params)[0]
+               .outputs[0].token_ids for source in (folder, path)]
+    assert replies[0] == replies[1]
