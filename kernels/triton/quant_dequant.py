@@ -5,8 +5,8 @@ llama.cpp blocks, row by row (kernels.quant.formats). `dequant_tile` turns any t
 into float32 registers: the caller gives each element's row (as a byte offset) and column,
 broadcastable to the tile's shape, so the same helper yields a [BLOCK_N, BLOCK_K] tile for
 the GEMV and a transposed [BLOCK_K, BLOCK_N] one for the tl.dot GEMM (quant_matmul.py).
-The per-type helpers are in quant_blocks.py (32-weight blocks) and quant_kquants.py
-(256-weight super-blocks).
+The per-type helpers are in quant_blocks.py (32-weight blocks, MXFP4 among them) and
+quant_kquants.py (256-weight super-blocks).
 
 `dequantize_rows` materializes a few whole rows (embedding lookups gather the token rows
 first, so only those are ever dequantized).
@@ -20,6 +20,7 @@ import triton.language as tl
 
 from kernels.quant.formats import QuantFormat, quant_format
 from kernels.triton.quant_blocks import (
+    dequant_mxfp4,
     dequant_q4_0,
     dequant_q4_1,
     dequant_q5_0,
@@ -70,6 +71,8 @@ def dequant_tile(
         w = dequant_q4_k(blk, j, mask)
     elif TYPE_ID == 13:
         w = dequant_q5_k(blk, j, mask)
+    elif TYPE_ID == 39:
+        w = dequant_mxfp4(blk, j, mask)
     else:
         tl.static_assert(TYPE_ID == 14, "unsupported GGUF block type")
         w = dequant_q6_k(blk, j, mask)
