@@ -73,7 +73,10 @@ def sort_routes(ids: torch.Tensor, weights: torch.Tensor, num_experts: int,
     flat = ids.reshape(-1).to(torch.int64)
     order = torch.argsort(flat, stable=True)  # routes grouped by expert, ties in order
     experts = flat[order]
-    counts = torch.bincount(flat, minlength=num_experts)[:num_experts]
+    # Not bincount: on CUDA it reads the largest id back to size its output, a host sync
+    # that would also break a CUDA graph's capture.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).index_add_(
+        0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
     run_start = torch.cumsum(counts, 0) - counts  # each expert's first route in `order`
