@@ -37,7 +37,7 @@ import triton.language as tl
 
 from kernels.quant.formats import QUANT_FORMATS
 from kernels.triton.moe_routing import ExpertRouting, sort_routes
-from kernels.triton.quant_dequant import check_quantized, dequant_tile
+from kernels.triton.quant_dequant import check_quantized, tile_product
 from kernels.triton.quant_matmul import GEMV_MAX_M, SUPPORTED_DTYPES, gemv_tiles
 
 
@@ -127,16 +127,8 @@ def _moe_kernel(
         k_mask = kk < K
         a = tl.load(a_base + kk[None, :], mask=m_mask[:, None] & k_mask[None, :],
                     other=0.0)  # [BLOCK_M, BLOCK_K], a's dtype
-        if DOT:
-            w = dequant_tile(w_expert, row_off[None, :], kk[:, None],
-                             k_mask[:, None] & n_mask[None, :],
-                             TYPE_ID, QBLOCK, QBYTES)  # fp32 [BLOCK_K, BLOCK_N]
-            acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
-        else:
-            w = dequant_tile(w_expert, row_off[:, None], kk[None, :],
-                             n_mask[:, None] & k_mask[None, :],
-                             TYPE_ID, QBLOCK, QBYTES)  # fp32 [BLOCK_N, BLOCK_K]
-            acc += tl.sum(w[None, :, :] * a.to(tl.float32)[:, None, :], axis=2)
+        acc = tile_product(acc, a, w_expert, row_off, kk, n_mask, k_mask, DOT,
+                           DOT_PRECISION, TYPE_ID, QBLOCK, QBYTES)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + expert.to(tl.int64) * bias_stride + offs_n, mask=n_mask,
                        other=0.0)  # fp32 [BLOCK_N]

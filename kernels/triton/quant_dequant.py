@@ -79,6 +79,38 @@ def dequant_tile(
     return w
 
 
+@triton.jit
+def tile_product(
+    acc,  # fp32 [BLOCK_M, BLOCK_N]
+    a,  # [BLOCK_M, BLOCK_K] activations (masked lanes 0), in their dtype
+    w_ptr,  # uint8 [N, row_bytes]
+    row_off,  # int64 [BLOCK_N]: each output column's row of W, as a byte offset
+    kk,  # int32 [BLOCK_K]
+    n_mask,
+    k_mask,
+    DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    TYPE_ID: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    QBYTES: tl.constexpr,
+):
+    """acc + a @ W[rows, kk].T with the W tile dequantized in registers: tl.dot on the
+    tile built transposed ([BLOCK_K, BLOCK_N], cast to a's dtype: tensor-core inputs for
+    16-bit a) when DOT, else the [BLOCK_M, BLOCK_N, BLOCK_K] broadcast product in float32
+    reduced over K on the CUDA cores (the GEMVs, below tl.dot's 16 rows)."""
+    if DOT:
+        w = dequant_tile(w_ptr, row_off[None, :], kk[:, None],
+                         k_mask[:, None] & n_mask[None, :],
+                         TYPE_ID, QBLOCK, QBYTES)  # fp32 [BLOCK_K, BLOCK_N]
+        acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
+    else:
+        w = dequant_tile(w_ptr, row_off[:, None], kk[None, :],
+                         n_mask[:, None] & k_mask[None, :],
+                         TYPE_ID, QBLOCK, QBYTES)  # fp32 [BLOCK_N, BLOCK_K]
+        acc += tl.sum(w[None, :, :] * a.to(tl.float32)[:, None, :], axis=2)
+    return acc
+
+
 def check_quantized(qweight: torch.Tensor, type_id: int, n: int | None,
                     k: int) -> tuple[QuantFormat, torch.Tensor]:
     """The format, and qweight as the kernels read it (contiguous rows, 2-byte aligned for
