@@ -58,11 +58,37 @@ class ExpertPart:
 @dataclass(slots=True, frozen=True)
 class ExpertMatrix:
     """Every expert's [n, k] matrix as parts stacked by rows, and its bias (float32
-    [E, n]) when it has one."""
+    [E, n]) when it has one. Checked when built (once, at load), so a step checks only
+    that the shapes meet; ValueError naming the bad field."""
 
     parts: tuple[ExpertPart, ...]
     k: int
     bias: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise ValueError("parts must hold at least one ExpertPart")
+        start = 0
+        for part in self.parts:
+            data = part.data
+            if data.dim() != 3 or data.shape[0] != self.parts[0].data.shape[0]:
+                raise ValueError(f"parts must be uint8 [E, n, row_bytes] stacks of one E, "
+                                 f"got {list(data.shape)}")
+            check_quantized(data[0], part.type_id, None, self.k)
+            if not data.is_contiguous() or data.data_ptr() % 2:
+                raise ValueError("parts must be contiguous at an even address (the "
+                                 "kernels' fp16 loads)")
+            if part.start != start:
+                raise ValueError(f"part starts must follow each other: {part.start} "
+                                 f"where {start} was due")
+            start += part.rows
+        if self.bias is not None and (
+                self.bias.dtype != torch.float32 or self.bias.shape != (self.num_experts,
+                                                                        start)
+                or self.bias.stride(1) != 1):
+            raise ValueError(f"bias must be float32 [{self.num_experts}, {start}] with "
+                             f"contiguous rows, got {self.bias.dtype} "
+                             f"{list(self.bias.shape)}")
 
     @property
     def n(self) -> int:
@@ -149,21 +175,6 @@ def block_m_for(num_tokens: int, top_k: int, num_experts: int) -> int:
     return min(64, max(16, triton.next_power_of_2(max(mean, 1))))
 
 
-def _check_matrix(matrix: ExpertMatrix, k: int, name: str) -> None:
-    if matrix.k != k:
-        raise ValueError(f"{name} takes rows of {matrix.k}, not {k}")
-    for part in matrix.parts:
-        if part.data.dim() != 3:
-            raise ValueError(f"{name}'s parts must be uint8 [E, n, row_bytes], got "
-                             f"{list(part.data.shape)}")
-        check_quantized(part.data[0], part.type_id, None, k)
-        if part.data.shape[0] != matrix.num_experts or not part.data.is_contiguous():
-            raise ValueError(f"{name}'s parts must be contiguous stacks of "
-                             f"{matrix.num_experts} experts")
-        if part.data.data_ptr() % 2:
-            raise ValueError(f"{name}'s blocks must start at an even address (fp16 loads)")
-
-
 def grouped_matmul(a: torch.Tensor, matrix: ExpertMatrix, routing: ExpertRouting,
                    out: torch.Tensor, *, gather: bool, scale: bool) -> torch.Tensor:
     """out[p] = (a[row p] @ W[e_p].T + b[e_p]) (* the route's weight when `scale`) for each
@@ -205,11 +216,11 @@ def fused_moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         raise ValueError(f"x must be 2-D in one of {SUPPORTED_DTYPES}, got {x.dtype} "
                          f"{list(x.shape)}")
     hidden = x.shape[1]
-    _check_matrix(gate_up, hidden, "gate_up")
-    if down.n != hidden or down.num_experts != gate_up.num_experts:
-        raise ValueError(f"down must be [{gate_up.num_experts}, {hidden}, I], got "
-                         f"[{down.num_experts}, {down.n}, {down.k}]")
-    _check_matrix(down, gate_up.n // 2, "down")
+    if gate_up.k != hidden:
+        raise ValueError(f"gate_up takes rows of {gate_up.k}, not {hidden}")
+    if (down.n, down.k, down.num_experts) != (hidden, gate_up.n // 2, gate_up.num_experts):
+        raise ValueError(f"down must be [{gate_up.num_experts}, {hidden}, "
+                         f"{gate_up.n // 2}], got [{down.num_experts}, {down.n}, {down.k}]")
     if x.stride(1) != 1:
         x = x.contiguous()
     tokens, top_k = ids.shape

@@ -114,6 +114,20 @@ def test_biases_and_gate_up_of_two_types(tokens):
     assert_close(*case("Q5_0", "Q4_1", tokens=tokens, bias=True, seed=tokens))
 
 
+def test_a_bad_stack_is_refused_when_built():
+    part, _ = stacked("Q4_0", 64, 64, 0)
+    with pytest.raises(ValueError, match="qweight"):
+        ExpertMatrix((part,), 96)  # rows of 64 weights called 96
+    with pytest.raises(ValueError, match="parts must be uint8"):
+        ExpertMatrix((ExpertPart(part.type_id, part.data[0], 0),), 64)
+    with pytest.raises(ValueError, match="part starts"):
+        ExpertMatrix((part, ExpertPart(part.type_id, part.data, 32)), 64)
+    with pytest.raises(ValueError, match="bias must be float32"):
+        ExpertMatrix((part,), 64, torch.zeros(EXPERTS, 63, device=DEVICE))
+    with pytest.raises(ValueError, match="at least one"):
+        ExpertMatrix((), 64)
+
+
 def test_no_tokens():
     part, _ = stacked("Q4_0", 64, 64, 0)
     down, _ = stacked("Q4_0", 64, 32, 1)
@@ -139,7 +153,7 @@ def test_bad_shapes_are_named():
                   gate_up, down, silu_mul)
     with pytest.raises(ValueError, match="gate_up takes rows of 64"):
         fused_moe(torch.zeros(2, 32, device=DEVICE), ids, weights, gate_up, down, silu_mul)
-    with pytest.raises(ValueError, match="down takes rows of 64"):
+    with pytest.raises(ValueError, match="down must"):
         fused_moe(torch.zeros(2, 64, device=DEVICE), ids, weights, gate_up, gate_up,
                   silu_mul)
     with pytest.raises(ValueError, match="down must"):
