@@ -22,8 +22,8 @@ One kernel, two inner products (constexpr DOT):
   each token at most once), and the [BLOCK_M, BLOCK_N, BLOCK_K] broadcast product is
   reduced on the CUDA cores, as the dense GEMV (quant_matmul.py): each routed expert's
   blocks are read once, whatever its share of the batch, and no other expert's at all.
-Tiles past the last run, and programs of experts with no tokens (which get no tile),
-return at once.
+An expert with no tokens gets no tile, so none of its blocks is read; the programs of the
+tiles past the last run (the buffers are sized for the worst case) return at once.
 """
 
 from __future__ import annotations
