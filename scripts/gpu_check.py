@@ -1,5 +1,5 @@
 """`make gpu-check` (on the lent GPU machine: scripts/gpu_check.sh): the checks that need a
-CUDA GPU, in one run of at most 9 minutes.
+CUDA GPU, in one run of at most 9.5 minutes.
 
 0. preflight: every module the GPU steps import, and the collection of their tests, so a
    missing package shows in seconds, before any GPU time (it runs without CUDA too);
@@ -13,7 +13,10 @@ CUDA GPU, in one run of at most 9 minutes.
    step at batch 32), and fla-core's kernels against ours where the bundle brings it;
 4. end to end (engine/bench/gpu_e2e.py): synthetic Llama-3.2-1B and Llama-3-8B-shaped
    Q4_K_M models written from the starter's vocabulary (the bundle's vocabulary-only GGUF
-   where the starter is not installed), loaded with the default device.
+   where the starter is not installed), loaded with the default device;
+5. MoE (engine/bench/gpu_moe.py): an OLMoE-1B-7B-shaped Q4_K layer and a gpt-oss-20b-shaped
+   MXFP4 one, the fused Triton kernels against the per-expert loop (prefill of 512 tokens,
+   decode at batch 1 and 32), each row also checking the two agree.
 
 Each step runs in its own process group under a time limit (cut further so the whole run
 ends within TOTAL_S), then one table: each step's status and seconds, and the figures it
@@ -39,10 +42,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The tree this script is in, not whichever Folio is installed, as for `python -m` from ROOT.
 sys.path.insert(0, str(ROOT))
-TOTAL_S = 540.0
+TOTAL_S = 570.0
 RESERVE_S = 10.0  # left for the table and process start-up, out of TOTAL_S
 E2E_MARK = "@@gpu-e2e@@ "  # engine/bench/gpu_e2e.py's MARK, without importing torch here
 DELTANET_MARK = "@@gpu-deltanet@@ "  # engine/bench/gpu_deltanet.py's MARK
+MOE_MARK = "@@gpu-moe@@ "  # engine/bench/gpu_moe.py's MARK
 NO_CUDA = ("gpu-check: no CUDA device on this machine ({why}); the preflight passed and no "
            "GPU step was run. Run `make gpu-check` on a machine with an NVIDIA GPU and a "
            "CUDA build of torch.")
@@ -50,12 +54,14 @@ NO_CUDA = ("gpu-check: no CUDA device on this machine ({why}); the preflight pas
 KERNEL_TESTS = ("tests/kernels", "--ignore=tests/kernels/cpu",
                 "--ignore=tests/kernels/test_cpu_library.py",
                 "tests/engine/runner/test_cuda_graphs_cuda.py",
-                "tests/engine/layers/test_token_mixers.py")
+                "tests/engine/layers/test_token_mixers.py",
+                "tests/engine/layers/test_moe_fused.py")
 # What the GPU steps import beyond the test files (which the preflight collects).
 GPU_IMPORTS = ("torch", "triton", "transformers", "gguf", "platformdirs", "numpy",
                "kernels.triton.backend", "kernels.triton.quant_matmul", "kernels.bench",
                "engine.cli", "engine.bench.cli", "engine.bench.gpu_e2e", "engine.llm",
                "engine.runner.cuda_graphs", "engine.bench.gpu_deltanet",
+               "engine.bench.gpu_moe", "kernels.triton.fused_moe",
                "engine.loaders.gguf.loader")
 BENCH_ARGS = ("--shapes", "llama8b", "--batches", "1,8,32", "--contexts", "4096",
               "--reps", "10")
@@ -110,7 +116,14 @@ def steps(python: str = sys.executable, triton_cache: Path | None = None) -> lis
         deltanet_step(python, env),
         Step("e2e 1b", [python, me, "--e2e", "1b"], 70.0, e2e_env),
         Step("e2e 8b", [python, me, "--e2e", "8b"], 140.0, e2e_env),
+        moe_bench_step(python, env),
     ]
+
+
+def moe_bench_step(python: str, env: dict[str, str]) -> Step:
+    """Step 5: first-use compiles of about twenty kernel variants, then the timed rows."""
+    return Step("moe fused vs loop", [python, str(Path(__file__).resolve()), "--moe"], 90.0,
+                env)
 
 
 def run_step(step: Step, limit_s: float) -> tuple[Outcome, str]:
@@ -143,6 +156,9 @@ def figures_of(name: str, output: str) -> list[tuple[str, str, str]]:
     if name.startswith("gated deltanet"):
         marked = [ln for ln in lines if ln.startswith(DELTANET_MARK)]
         return deltanet_figures(json.loads(marked[-1][len(DELTANET_MARK):])) if marked else []
+    if name.startswith("moe"):
+        marked = [ln for ln in lines if ln.startswith(MOE_MARK)]
+        return moe_figures(json.loads(marked[-1][len(MOE_MARK):])) if marked else []
     return [("last line", lines[-1][:70], "")] if lines else []
 
 
@@ -226,6 +242,28 @@ def deltanet_bench_step() -> int:
     return 0 if max(result.prefill_rel_err, result.decode_rel_err) <= 1e-3 else 1
 
 
+def moe_figures(rows: list[dict]) -> list[tuple[str, str, str]]:
+    """A row per layer and case: fused and loop times, the speed-up, whether they agree."""
+    return [(f"{r['shape']} {r['case']}",
+             f"{r['fused_ms']:.3f} / {r['loop_ms']:.3f} ms = {r['loop_ms'] / r['fused_ms']:.2f}x"
+             f" (rel {r['rel_err']:.1e})", "fused faster") for r in rows]
+
+
+def moe_step() -> int:
+    """Step 5, in its own process: the rows as one marked JSON line; fails where a fused
+    result is off the loop's or there is no CUDA."""
+    import torch
+
+    from engine.bench.gpu_moe import MARK, run_moe_bench, to_json
+
+    if not torch.cuda.is_available():
+        print("the MoE timing needs CUDA", file=sys.stderr)
+        return 1
+    rows = run_moe_bench()
+    print(MARK + to_json(rows), flush=True)
+    return 0 if all(row.ok for row in rows) else 1
+
+
 def format_summary(outcomes: list[Outcome]) -> str:
     """One table: a line per step (status, seconds), then its figures indented under it."""
     rows = [("step / figure", "status", "seconds", "value", "target")]
@@ -294,6 +332,8 @@ def main(argv: list[str] | None = None, cuda_reason=cuda_missing_reason,
         return deltanet_bench_step()
     if argv[:1] == ["--e2e"]:
         return e2e_step(argv[1], *argv[2:3])
+    if argv == ["--moe"]:
+        return moe_step()
     deadline = time.monotonic() + TOTAL_S - RESERVE_S
     outcomes: list[Outcome] = []
     run_all(outcomes, [first or preflight_step()], deadline)

@@ -10,7 +10,8 @@ The step runs each expert once on the rows routed to it (tokens sorted by expert
 decode step touches only its tokens' k experts, so only their blocks are read; a prefill
 chunk multiplies every routed expert once over its rows, a batch the native prefill tiles
 take, instead of a product per token. A lone decode token on the native CPU library takes
-its k experts' gate/up products in one call (`NativeQuantized.matmul_all`).
+its k experts' gate/up products in one call (`NativeQuantized.matmul_all`). On CUDA with
+quantized experts `prepare` picks the fused Triton kernels instead (moe_fused.py).
 
 A family may add a shared expert (Qwen3.5-MoE): a dense MLP every token runs, its output
 scaled by sigmoid(x @ gate) and added to the routed experts' sum.
@@ -27,6 +28,7 @@ from torch import nn
 from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
+from engine.layers.moe_fused import TritonExperts, triton_experts
 from engine.layers.native import fused_cpu
 from engine.layers.weights import NativeQuantized
 
@@ -84,6 +86,12 @@ class SparseMoE(Layer):
         self.experts = nn.ModuleList(experts or (
             GatedMLP(hidden_size, expert_size, False, dtype, device)
             for _ in range(num_experts)))
+        self.fused: TritonExperts | None = None  # the method prepare() picks, if any
+
+    def prepare(self) -> None:
+        """Call once the experts are loaded: the fused Triton kernels where every expert
+        took Triton's quantized storage (CUDA), else the loop of `mix`."""
+        self.fused = triton_experts(self.experts)
 
     @property
     def num_experts(self) -> int:
@@ -105,6 +113,8 @@ class SparseMoE(Layer):
     def mix(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The experts' outputs for routes (weights, ids) [T, k]: the routes sorted by
         expert, each routed expert run once over its tokens' rows."""
+        if self.fused is not None:
+            return self.fused(x, weights, ids)
         if x.shape[0] == 1 and self._native_decode(x):
             return self._one_token(x, weights[0], ids[0].tolist())
         top_k = ids.shape[1]

@@ -6,11 +6,12 @@ when its weights are loaded (`StackedLinear.prepare`, `Embedding.prepare`).
                               copy of it on CPU float32
     NativeQuantized   CPU     the file's blocks where they lie (a     folio_cpu: 8-bit
                               map of the GGUF file), kernels/cpu      activations, integer dots
-    TritonQuantized   CUDA    the file's blocks on the card           Triton GEMV / GEMM
+    TritonQuantized   CUDA    the file's blocks on the card (MXFP4    Triton GEMV / GEMM
+                              too)
     TorchQuantized    CPU     PyTorch's int4pack / int8-rows layouts  aten weight-only ops
                               (the native library is not built);
-                      any     MXFP4 blocks (no native or Triton       dequantize on use,
-                              kernel yet)                             F.linear
+                      not     MXFP4 blocks (no native kernel yet)     dequantize on use,
+                      CUDA                                            F.linear
 
 Every storage multiplies (`matmul`, x [m, k] -> [m, n]) and reads rows back (`rows`: an
 embedding lookup, the LM head's float32 refinement), so a tied embedding and LM head share
@@ -181,7 +182,7 @@ class TritonQuantized(QuantizedRuns):
 
 class TorchQuantized(QuantizedRuns):
     """A CPU without the native library: PyTorch's weight-only ops (Int4Packed, Int8Rows);
-    and MXFP4 on any device (Mxfp4Blocks), which no kernel of the library takes yet."""
+    and MXFP4 off CUDA (Mxfp4Blocks), which no kernel of the library takes yet."""
 
     __slots__ = ()
 
@@ -195,7 +196,7 @@ def quantized_storage(parts: Sequence[QuantizedTensor], device: torch.device,
     recomputed in float32 anyway). The others join adjacent parts of one block type into
     one layout, built from the blocks in order."""
     kind = _quantized_kind(device)
-    if any(part.type_id == MXFP4_TYPE for part in parts):
+    if any(part.type_id == MXFP4_TYPE for part in parts) and kind is not TritonQuantized:
         kind = TorchQuantized
     if kind is NativeQuantized:
         return NativeQuantized([for_product(part, device) for part in parts], pairs=precise)
@@ -220,7 +221,9 @@ def set_activation_bits(model: nn.Module, bits: int) -> None:
 
 def lookup_storage(table: QuantizedTensor, device: torch.device) -> QuantizedRuns:
     """The storage of an embedding table that only looks rows up (not tied to a head)."""
-    kind = TorchQuantized if table.type_id == MXFP4_TYPE else _quantized_kind(device)
+    kind = _quantized_kind(device)
+    if table.type_id == MXFP4_TYPE and kind is not TritonQuantized:
+        kind = TorchQuantized
     return kind([for_rows(table, device)])
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from engine.layers.embedding import Embedding
 from engine.layers.linear import StackedLinear, WeightSlot
 from engine.layers.lm_head import LMHead
+from engine.layers.moe import SparseMoE
 from engine.models.spec import DecoderSpec
 from kernels import AttentionBackend, AttentionMetadata
 from kernels.quant.formats import QuantizedTensor
@@ -149,4 +150,7 @@ def copy_checkpoint(model: nn.Module,
             module.prepare()
     for module in model.modules():
         if isinstance(module, Embedding):
+            module.prepare()
+    for module in model.modules():  # once their experts' storages are chosen
+        if isinstance(module, SparseMoE):
             module.prepare()

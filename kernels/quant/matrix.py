@@ -12,9 +12,10 @@ fastest, plus the row lookups an embedding table needs.
     Int4Packed   CPU     aten int4pack (Q4_0/Q4_1/Q4_K,   the rows' nibbles read out of
                          and Q8_0 as two 4-bit halves)     the packed layout
     Int8Rows     CPU     aten int8pack / F.linear         int8 rows times their scale
-    Mxfp4Blocks  any     dequantize on use, F.linear      the rows' blocks dequantized
-                         (MXFP4: no native or Triton
-                         kernel yet; kernels/quant/mxfp4)
+    Mxfp4Blocks  not     dequantize on use, F.linear      the rows' blocks dequantized
+                 CUDA    (MXFP4: no native kernel yet;
+                         kernels/quant/mxfp4; on CUDA
+                         it is RawBlocks like the rest)
 
 NativeBlocks reads the blocks where they lie (a map of the GGUF file) and keeps the file's
 row order; the other layouts are built at load from the blocks in order. Without the
@@ -125,7 +126,7 @@ def native_cpu(device: torch.device) -> bool:
 
 def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
     """The layout that multiplies fastest on `device` (the tensor's data is on the CPU)."""
-    if tensor.type_id == MXFP4_TYPE:
+    if tensor.type_id == MXFP4_TYPE and device.type != "cuda":
         return Mxfp4Blocks(_moved(tensor.in_order(), device))
     if native_cpu(device):
         return NativeBlocks(tensor)
@@ -139,7 +140,7 @@ def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
 
 def for_rows(tensor: QuantizedTensor, device: torch.device) -> RawBlocks | Mxfp4Blocks:
     """The layout for an embedding table that only looks rows up."""
-    if tensor.type_id == MXFP4_TYPE:
+    if tensor.type_id == MXFP4_TYPE and device.type != "cuda":
         return Mxfp4Blocks(_moved(tensor.in_order(), device))
     if native_cpu(device):
         return NativeBlocks(tensor)

@@ -5,7 +5,8 @@ weight j + 16 in its high nibble), as ggml-common.h's block_mxfp4.
 `Mxfp4Blocks` keeps a matrix's blocks as the file holds them and dequantizes them when it
 multiplies: a mixture of experts holds each expert as its own matrix, so a step
 dequantizes only the experts its tokens were routed to. PyTorch ops on the blocks' device
-(no native or Triton kernel yet); the oracle is `gguf.quants.dequantize`."""
+(no native kernel yet); on CUDA the Triton kernels read the blocks themselves
+(kernels/triton/quant_blocks.py). The oracle is `gguf.quants.dequantize`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Triton device helpers dequantizing the 32-weight GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0), plus the byte/fp16 loads shared with the K-quant helpers (quant_kquants.py).
+Q8_0, MXFP4), plus the byte/fp16 loads shared with the K-quant helpers (quant_kquants.py).
 
 Every helper takes `blk`, a uint8 pointer tensor to the start of the block holding each
 weight, `j`, the weight's index inside its block, and `mask`, all broadcastable to the
@@ -19,6 +19,9 @@ size is even, so the fp16 loads are aligned):
   qs[16]; value d * (q - 16).
 - Q5_1 (24 B): d, m fp16, qh[4], qs[16]; value d * q + m.
 - Q8_0 (34 B): d fp16, int8 qs[32]; value q * d.
+- MXFP4 (17 B): e E8M0 (one byte), qs[16] (E2M1 codes, nibbles as Q4_0); value
+  2^(e - 128) * doubled E2M1 (ggml's kvalues_mxfp4 and e8m0_to_fp32_half, whose products
+  are exact, so any order of operations gives gguf's result).
 """
 
 from __future__ import annotations
@@ -95,3 +98,23 @@ def dequant_q5_1(blk, j, mask):
 def dequant_q8_0(blk, j, mask):
     d = load_f16(blk, mask)
     return load_i8(blk + 2 + j, mask) * d
+
+
+@triton.jit
+def e8m0_half(e):
+    """E8M0 byte (int32) -> 2^(e - 128) as float32, built from its bits: a normal float's
+    exponent field for e >= 2, the subnormals 2^-128 and 2^-127 below."""
+    bits = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def dequant_mxfp4(blk, j, mask):
+    scale = e8m0_half(load_u8(blk, mask))
+    code = nibble(blk + 1, j, mask)
+    mag = code & 7
+    # Doubled E2M1 magnitudes 0, 1, 2, 3, 4, 6, 8, 12: the codes themselves below 4, then
+    # 2 or 3 (the mantissa bit) shifted by the exponent.
+    value = tl.where(mag < 4, mag, (2 + (mag & 1)) << ((mag >> 1) - 1))
+    value = tl.where(code >= 8, -value, value)
+    return scale * value.to(tl.float32)

@@ -5,8 +5,8 @@ llama.cpp blocks, row by row (kernels.quant.formats). `dequant_tile` turns any t
 into float32 registers: the caller gives each element's row (as a byte offset) and column,
 broadcastable to the tile's shape, so the same helper yields a [BLOCK_N, BLOCK_K] tile for
 the GEMV and a transposed [BLOCK_K, BLOCK_N] one for the tl.dot GEMM (quant_matmul.py).
-The per-type helpers are in quant_blocks.py (32-weight blocks) and quant_kquants.py
-(256-weight super-blocks).
+The per-type helpers are in quant_blocks.py (32-weight blocks, MXFP4 among them) and
+quant_kquants.py (256-weight super-blocks).
 
 `dequantize_rows` materializes a few whole rows (embedding lookups gather the token rows
 first, so only those are ever dequantized).
@@ -20,6 +20,7 @@ import triton.language as tl
 
 from kernels.quant.formats import QuantFormat, quant_format
 from kernels.triton.quant_blocks import (
+    dequant_mxfp4,
     dequant_q4_0,
     dequant_q4_1,
     dequant_q5_0,
@@ -70,10 +71,44 @@ def dequant_tile(
         w = dequant_q4_k(blk, j, mask)
     elif TYPE_ID == 13:
         w = dequant_q5_k(blk, j, mask)
+    elif TYPE_ID == 39:
+        w = dequant_mxfp4(blk, j, mask)
     else:
         tl.static_assert(TYPE_ID == 14, "unsupported GGUF block type")
         w = dequant_q6_k(blk, j, mask)
     return w
+
+
+@triton.jit
+def tile_product(
+    acc,  # fp32 [BLOCK_M, BLOCK_N]
+    a,  # [BLOCK_M, BLOCK_K] activations (masked lanes 0), in their dtype
+    w_ptr,  # uint8 [N, row_bytes]
+    row_off,  # int64 [BLOCK_N]: each output column's row of W, as a byte offset
+    kk,  # int32 [BLOCK_K]
+    n_mask,
+    k_mask,
+    DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    TYPE_ID: tl.constexpr,
+    QBLOCK: tl.constexpr,
+    QBYTES: tl.constexpr,
+):
+    """acc + a @ W[rows, kk].T with the W tile dequantized in registers: tl.dot on the
+    tile built transposed ([BLOCK_K, BLOCK_N], cast to a's dtype: tensor-core inputs for
+    16-bit a) when DOT, else the [BLOCK_M, BLOCK_N, BLOCK_K] broadcast product in float32
+    reduced over K on the CUDA cores (the GEMVs, below tl.dot's 16 rows)."""
+    if DOT:
+        w = dequant_tile(w_ptr, row_off[None, :], kk[:, None],
+                         k_mask[:, None] & n_mask[None, :],
+                         TYPE_ID, QBLOCK, QBYTES)  # fp32 [BLOCK_K, BLOCK_N]
+        acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
+    else:
+        w = dequant_tile(w_ptr, row_off[:, None], kk[None, :],
+                         n_mask[:, None] & k_mask[None, :],
+                         TYPE_ID, QBLOCK, QBYTES)  # fp32 [BLOCK_N, BLOCK_K]
+        acc += tl.sum(w[None, :, :] * a.to(tl.float32)[:, None, :], axis=2)
+    return acc
 
 
 def check_quantized(qweight: torch.Tensor, type_id: int, n: int | None,

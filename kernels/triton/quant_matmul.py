@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.quant_dequant import check_quantized, dequant_tile
+from kernels.triton.quant_dequant import check_quantized, tile_product
 
 GEMV_MAX_M = 8
 MAX_SPLITS = 16
@@ -68,12 +68,10 @@ def _gemv_kernel(
     for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)  # int32 [BLOCK_K]
         k_mask = kk < K
-        w = dequant_tile(w_ptr, row_off[:, None], kk[None, :],
-                         n_mask[:, None] & k_mask[None, :],
-                         TYPE_ID, QBLOCK, QBYTES)  # fp32 [BLOCK_N, BLOCK_K]
         xt = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                     other=0.0).to(tl.float32)  # fp32 [BLOCK_M, BLOCK_K]
-        acc += tl.sum(w[None, :, :] * xt[:, None, :], axis=2)
+                     other=0.0)  # [BLOCK_M, BLOCK_K], x's dtype
+        acc = tile_product(acc, xt, w_ptr, row_off, kk, n_mask, k_mask, False, "ieee",
+                           TYPE_ID, QBLOCK, QBYTES)
     out = part_ptr + split.to(tl.int64) * M * N  # fp32 ptr: this split's [M, N] slice
     out_ptrs = out + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]  # [BLOCK_M, BLOCK_N]
     tl.store(out_ptrs, acc, mask=m_mask[:, None] & n_mask[None, :])
@@ -113,10 +111,8 @@ def _gemm_kernel(
                      other=0.0)  # [BLOCK_M, BLOCK_K], x's dtype
         # Rows of W become columns of the tile: W^T's [BLOCK_K, BLOCK_N] is what the dot
         # wants, built directly instead of transposing in registers.
-        w = dequant_tile(w_ptr, row_off[None, :], kk[:, None],
-                         k_mask[:, None] & n_mask[None, :],
-                         TYPE_ID, QBLOCK, QBYTES)  # fp32 [BLOCK_K, BLOCK_N]
-        acc = tl.dot(xt, w.to(xt.dtype), acc, input_precision=DOT_PRECISION)
+        acc = tile_product(acc, xt, w_ptr, row_off, kk, n_mask, k_mask, True,
+                           DOT_PRECISION, TYPE_ID, QBLOCK, QBYTES)
     y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]  # [BLOCK_M, BLOCK_N]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 

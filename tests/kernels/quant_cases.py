@@ -2,7 +2,8 @@
 
 Random bytes are valid blocks of every type except in the fp16 scale fields (d, dmin, m),
 where they could be inf or NaN or huge; those are overwritten with fp16 values uniform in
-[-0.05, 0.05], the size of real weight scales.
+[-0.05, 0.05], the size of real weight scales. MXFP4's E8M0 scale byte (its first) is
+drawn from 118..129, scales 2^-10..2^1.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ FP16_FIELDS = {
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
 }
 TYPE_NAMES = list(FP16_FIELDS)
+# The Triton kernels also take MXFP4 (gpt-oss's experts), which the native CPU ones do not.
+TRITON_TYPE_NAMES = [*TYPE_NAMES, "MXFP4"]
 
 
 def random_quantized(name: str, n: int, k: int, seed: int = 0) -> tuple[QuantFormat,
@@ -32,7 +35,9 @@ def random_quantized(name: str, n: int, k: int, seed: int = 0) -> tuple[QuantFor
     rng = numpy.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(n, k // fmt.block_size, fmt.block_bytes),
                           dtype=numpy.uint8)
-    for offset in FP16_FIELDS[name]:
+    if name == "MXFP4":
+        blocks[..., 0] = rng.integers(118, 130, size=blocks.shape[:2])
+    for offset in FP16_FIELDS.get(name, ()):
         scales = rng.uniform(-0.05, 0.05, size=blocks.shape[:2]).astype(numpy.float16)
         blocks[..., offset:offset + 2] = scales.view(numpy.uint8).reshape(*scales.shape, 2)
     return fmt, blocks.reshape(n, -1)

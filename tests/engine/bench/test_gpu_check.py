@@ -103,6 +103,16 @@ def test_summary_table_and_figures(gpu_check):
     assert all(line[value_at - 2:value_at] == "  " for line in lines[2:] if len(line) > value_at)
 
 
+def test_moe_rows(gpu_check):
+    rows = [{"shape": "OLMoE-1B-7B", "case": "decode b1", "tokens": 1, "fused_ms": 0.05,
+             "loop_ms": 0.4, "rel_err": 0.0031}]
+    output = "compiling\n" + gpu_check.MOE_MARK + json.dumps(rows) + "\n"
+    assert gpu_check.figures_of("moe fused vs loop", output) == [
+        ("OLMoE-1B-7B decode b1", "0.050 / 0.400 ms = 8.00x (rel 3.1e-03)", "fused faster")]
+    assert gpu_check.figures_of("moe fused vs loop", "crashed\n") == []
+    assert gpu_check.MOE_MARK == __import__("engine.bench.gpu_moe").bench.gpu_moe.MARK
+
+
 def test_time_limits_fit_the_budget(gpu_check):
     steps = [gpu_check.preflight_step(), *gpu_check.steps()]
     assert sum(step.limit_s for step in steps) <= gpu_check.TOTAL_S

@@ -8,7 +8,7 @@ import torch
 
 from kernels.quant.formats import BY_NAME
 from kernels.triton.quant_dequant import dequantize_rows
-from tests.kernels.quant_cases import TYPE_NAMES, oracle_weights, random_quantized
+from tests.kernels.quant_cases import TRITON_TYPE_NAMES, oracle_weights, random_quantized
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -20,7 +20,7 @@ def _exact_or_fp32_rounding(actual: torch.Tensor, expected: torch.Tensor) -> Non
         torch.testing.assert_close(actual, expected, rtol=2**-22, atol=1e-9)
 
 
-@pytest.mark.parametrize("name", TYPE_NAMES)
+@pytest.mark.parametrize("name", TRITON_TYPE_NAMES)
 def test_dequantize_rows_matches_oracle(name):
     fmt, qweight = random_quantized(name, 5, 3 * BY_NAME[name].block_size, seed=1)
     expected = oracle_weights(fmt, qweight)

@@ -9,7 +9,7 @@ import torch
 from kernels import bench
 from kernels.quant.formats import BY_NAME
 from kernels.triton.quant_matmul import GEMV_MAX_M, choose_num_splits, quant_matmul
-from tests.kernels.quant_cases import TYPE_NAMES, oracle_weights, random_quantized
+from tests.kernels.quant_cases import TRITON_TYPE_NAMES, oracle_weights, random_quantized
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # float32 x: the kernels differ from the oracle only in summation order (~1e-7); a wrong
@@ -47,7 +47,7 @@ def _rel_err(actual: torch.Tensor, reference: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("m,n,blocks,splits", CASES, ids=[f"m{c[0]}-n{c[1]}-b{c[2]}-s{c[3]}"
                                                           for c in CASES])
-@pytest.mark.parametrize("name", TYPE_NAMES)
+@pytest.mark.parametrize("name", TRITON_TYPE_NAMES)
 def test_matches_oracle(name, m, n, blocks, splits):
     fmt, qweight, x, weights = _case(name, m, n, blocks, seed=m + n)
     k = weights.shape[1]
