@@ -114,15 +114,15 @@ def steps(python: str = sys.executable, triton_cache: Path | None = None) -> lis
         Step("folio bench kernels", [python, "-m", "engine.cli", "bench", "kernels",
                                      *BENCH_ARGS], 60.0, env),
         deltanet_step(python, env),
-        Step("e2e 1b", [python, me, "--e2e", "1b"], 70.0, e2e_env),
-        Step("e2e 8b", [python, me, "--e2e", "8b"], 140.0, e2e_env),
+        Step("e2e 1b", [python, me, "--e2e", "1b"], 60.0, e2e_env),
+        Step("e2e 8b", [python, me, "--e2e", "8b"], 110.0, e2e_env),
         moe_bench_step(python, env),
     ]
 
 
 def moe_bench_step(python: str, env: dict[str, str]) -> Step:
     """Step 5: first-use compiles of about twenty kernel variants, then the timed rows."""
-    return Step("moe fused vs loop", [python, str(Path(__file__).resolve()), "--moe"], 90.0,
+    return Step("moe fused vs loop", [python, str(Path(__file__).resolve()), "--moe"], 80.0,
                 env)
 
 
@@ -208,7 +208,7 @@ def e2e_figures(got: dict) -> list[tuple[str, str, str]]:
 
 def deltanet_step(python: str, env: dict[str, str]) -> Step:
     return Step("gated deltanet (0.8B layer)", [python, str(Path(__file__).resolve()),
-                                                "--deltanet"], 60.0, env)
+                                                "--deltanet"], 50.0, env)
 
 
 def deltanet_figures(got: dict) -> list[tuple[str, str, str]]:
