@@ -8,8 +8,13 @@ from __future__ import annotations
 import pytest
 
 from engine import EngineConfig, LLMEngine
-from engine.outputs import FinishedEvent
-from tests.engine.test_hybrid_engine import BLOCK, GREEDY, assert_all_free, qwen35_dir, user_text
+from tests.engine.test_hybrid_engine import (
+    BLOCK,
+    assert_all_free,
+    qwen35_dir,
+    reply,
+    user_text,
+)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -26,17 +31,6 @@ def engine_for(path, **fields) -> LLMEngine:
     fields = {"num_gpu_blocks": 128, "max_num_batched_tokens": 48, "kv_disk_bytes": 1 << 30,
               **fields}
     return LLMEngine(str(path), EngineConfig(device="cpu", **fields))
-
-
-def reply(engine: LLMEngine, messages: list[dict]):
-    engine.add_request(messages, GREEDY)
-    output = None
-    while engine.has_unfinished_requests():
-        for event in engine.step():
-            if isinstance(event, FinishedEvent):
-                output = event.output
-    assert output is not None
-    return output
 
 
 def closed_chat(path, turns: int = 3) -> tuple[list[dict], list[int]]:
