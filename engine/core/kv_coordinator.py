@@ -182,14 +182,15 @@ class KVCacheCoordinator:
         if entry is None:
             return
         read, seq = entry
-        preload = seq.seq_id in self._preloads
         if ok:
-            self.managers[read.group].loaded(seq, read.block_id, read.block_hash,
-                                             read.token_ids, resume=not preload)
-        if preload:
+            self.managers[read.group].loaded(read.block_id, read.block_hash, read.token_ids)
+        if seq.seq_id in self._preloads:
             if not ok:
                 self.loads.clear(seq)  # the rest are of no use to a failed load-ahead
             self._end_preload(seq)
+        elif self.loads.state(seq) is LoadState.NONE:  # the whole load is in
+            for m in self.managers:
+                m.load_done(seq)
 
     def _find(self, seq: Sequence) -> tuple[list, int]:
         """Each manager with its lookup of ``seq``, and the hit they agree on."""

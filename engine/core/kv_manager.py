@@ -191,11 +191,13 @@ class KVCacheManager:
         for _ in range(needed):
             table.append(pool.take().block_id)
 
-    def loaded(self, seq: Sequence, block_id: int, block_hash: bytes,
-               token_ids: tuple[int, ...], resume: bool) -> None:
-        """A block placed for ``seq`` has its content from the tier below: it joins the
-        prefix cache (``resume``: the sequence will run; a state group copies from it)."""
+    def loaded(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
+        """A block placed for a sequence has its content from the tier below: it joins
+        the prefix cache."""
         self.pool.register(self.pool.blocks[block_id], block_hash, token_ids)
+
+    def load_done(self, seq: Sequence) -> None:
+        """Every read ``seq`` waited for is in: it runs from the next step."""
 
     def take_cow_pairs(self) -> list[tuple[int, int]]:
         pairs, self.cow_pairs = self.cow_pairs, []

@@ -44,6 +44,7 @@ class LinearStateManager(KVCacheManager):
         self.snapshot_every = snapshot_every
         self.reserved: dict[int, list[int]] = {}  # a sequence's slots for its fork
         self.num_live = 0  # running and reserved slots held
+        self.from_disk: dict[int, int] = {}  # a sequence's snapshot slot being read
 
     # ------------------------------------------------------------------ lookup
     def lookup(self, seq: Sequence) -> list[Found]:
@@ -96,9 +97,10 @@ class LinearStateManager(KVCacheManager):
             self.reserved[seq.seq_id] = slots[1:]
         if isinstance(snapshot, TierHit):
             # On disk: read into a slot of its own, in the table at its boundary (after
-            # block len(hits) - 1); copied into the running state once read (`loaded`).
+            # block len(hits) - 1); copied into the running state once read (`load_done`).
             table = self.table(seq)
             table += [pool.null_id] * (len(hits) - 1) + [pool.place(snapshot).block_id]
+            self.from_disk[seq.seq_id] = table[-1]
         elif snapshot is not None:
             # Read before this step's forward; touched so the LRU keeps it longest.
             self.cow_pairs.append((snapshot.block_id, slots[0]))
@@ -107,19 +109,18 @@ class LinearStateManager(KVCacheManager):
         self._take_snapshots(seq, len(hits) * self.block_size)
         return []
 
-    def loaded(self, seq: Sequence, block_id: int, block_hash: bytes,
-               token_ids: tuple[int, ...], resume: bool) -> None:
-        """A snapshot read from disk: cached, and copied into the running state of a
-        sequence that will run (before its first forward), then let go like a memory
-        hit's."""
-        pool = self.pool
-        pool.register(pool.blocks[block_id], block_hash, token_ids)
-        if not resume:
-            return  # a load-ahead: freed with its table
+    def load_done(self, seq: Sequence) -> None:
+        """A snapshot read from disk (cached when read) is copied into the running state
+        before the first forward, then let go like a memory hit's. Only now: a load
+        that fails frees the sequence, and a copy into its freed slot could race
+        another's."""
+        slot = self.from_disk.pop(seq.seq_id, None)
+        if slot is None:
+            return
         table = self.table(seq)
-        self.cow_pairs.append((block_id, table[0]))
-        table[table.index(block_id)] = pool.null_id
-        pool.release([block_id])
+        self.cow_pairs.append((slot, table[0]))
+        table[table.index(slot)] = self.pool.null_id
+        self.pool.release([slot])
 
     # ------------------------------------------------------------------ append
     def plan_append(self, seq: Sequence) -> tuple[int, list[int]]:
@@ -182,6 +183,7 @@ class LinearStateManager(KVCacheManager):
             table[1 + i] = pool.null_id
 
     def free(self, seq: Sequence) -> None:
+        self.from_disk.pop(seq.seq_id, None)  # released with the table
         table = self.table(seq)
         self.num_live -= 1 if table else 0
         spare = self.reserved.pop(seq.seq_id, [])
