@@ -40,9 +40,11 @@ class EngineConfig:
     # The KV cache's disk tier ("Keep chats warm on disk"): full blocks leaving memory are
     # kept under FOLIO_CACHE_DIR/kv, this many bytes at most; 0: off.
     kv_disk_bytes: int = 0
-    # One short request through the whole step at load (as llama.cpp does), so the first
-    # reply does not pay the first forward's one-time costs; it counts as load time.
-    warm_up: bool = True
+    # One short request through the whole step at load (as llama.cpp does), moving the
+    # first forward's one-time costs from the first reply to the load. Off: measured in
+    # fresh processes (docs/ARCHITECTURE.md, "Warm-up") it cost more at load than the
+    # first reply saved.
+    warm_up: bool = False
     dtype: str | None = None  # compute and KV dtype; None = the device's (runner/device.py)
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
     weights: str = "stored"  # one of WEIGHTS

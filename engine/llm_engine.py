@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
+from engine.core.disk_loads import LoadState
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec, group_layers
 from engine.core.kv_stats import KVStats
 from engine.core.scheduler import Scheduler
@@ -34,6 +35,7 @@ from engine.outputs import (
     TokenLogprobs,
 )
 from engine.runner.device import resolve_device
+from engine.runner.disk_reader import DiskReader
 from engine.runner.disk_store import DiskStore, kv_cache_root
 from engine.runner.disk_tier import GroupDisk, fingerprint, model_identity
 from engine.runner.kv_cache import KVShape, group_blocks, num_blocks_for
@@ -120,6 +122,7 @@ class LLMEngine:
             lookahead=config.max_num_batched_tokens, state_slot_bytes=slot_bytes,
             live_state_slots=live_slots)
         self.disk: DiskStore | None = None
+        self.reader: DiskReader | None = None
         if config.kv_disk_bytes:
             self._open_disk_tier(path, shape)
         self.scheduler = Scheduler(
@@ -160,6 +163,7 @@ class LLMEngine:
         layout, block and head shapes) and, per group, its layers and window."""
         config, runner = self.config, self.runner
         self.disk = DiskStore(kv_cache_root(), config.kv_disk_bytes)
+        self.reader = DiskReader()
         model = (model_identity(path), str(shape.dtype), config.weights,
                  config.cpu_activation_bits, self.resolved_device.device.type,
                  type(runner.backend).__name__, runner.backend.head_major_kv,
@@ -167,10 +171,10 @@ class LLMEngine:
         runner.disks = []
         for g, (spec, pool) in enumerate(zip(self.kv_groups, self.kv_cache.pools,
                                              strict=True)):
-            if spec.linear:
-                continue  # snapshots stay in memory (engine/core/state_manager.py)
-            disk = GroupDisk(self.disk, fingerprint(model, spec.layers, spec.window), g,
-                             runner.block_payload_bytes(g))
+            # A linear group's "blocks" are state snapshots: their layout is the state's.
+            layout = repr(self.runner.model.deltanet_shape) if spec.linear else spec.window
+            disk = GroupDisk(self.disk, fingerprint(model, spec.layers, spec.linear, layout),
+                             g, runner.block_payload_bytes(g))
             pool.tier = disk
             runner.disks.append(disk)
 
@@ -195,13 +199,41 @@ class LLMEngine:
         if self.disk is None or not self.disk.enabled:
             return 0
         ids = self.encode(prompt)
-        loaded = self.kv_cache.preload(Sequence(-1, "preload", 0, ids, len(ids)))
+        seq = Sequence(-1, "preload", 0, ids, len(ids))
+        kv = self.kv_cache
+        loaded = kv.preload(seq)
         # Blocks the loads took from the free queue may have held cached prefixes: they
-        # are saved first, as a step would.
-        saves, loads = self.kv_cache.take_tier_moves()
-        self.runner.save_blocks(saves)
-        self.runner.load_blocks(loads)
+        # are saved first, as a step would, before any read lands in them.
+        self.runner.save_blocks(kv.take_saves())
+        self._submit_reads()
+        while kv.load_state(seq) is LoadState.LOADING:
+            self._copy_reads(wait_s=0.05)  # each block as it comes, the next being read
         return loaded
+
+    def _submit_reads(self) -> None:
+        """Hand the reader the reads queued by this step's admissions (and cancels)."""
+        if self.reader is None or self.runner.disks is None:
+            return
+        loads = self.kv_cache.loads
+        for ticket in loads.take_cancelled():
+            self.reader.cancel(ticket)
+        for read in loads.take_new():
+            self.reader.submit(read.ticket, self.runner.disks[read.group], read.block_hash,
+                               read.token_ids)
+
+    def _copy_reads(self, wait_s: float = 0.0) -> None:
+        """Copy the finished reads into their blocks (between steps, before any forward
+        reads them); a ticket cancelled meanwhile is dropped, its block maybe reused."""
+        if self.reader is None:
+            return
+        kv = self.kv_cache
+        for ticket, payload in self.reader.poll(wait_s):
+            read = kv.loads.get(ticket)
+            if read is None:
+                continue
+            if payload is not None:
+                self.runner.fill_block(read.group, read.block_id, payload)
+            kv.finish_read(ticket, payload is not None)
 
     # ---------------------------------------------------------------- requests
     def encode(self, prompt: Prompt) -> list[int]:
@@ -260,10 +292,16 @@ class LLMEngine:
     # -------------------------------------------------------------------- step
     def step(self) -> list[Event]:
         """Run one scheduled step; return the token deltas and finished requests."""
+        if self.kv_cache.loads.pending:
+            self._copy_reads()
         out = self.scheduler.schedule()
+        self._submit_reads()
         events: list[Event] = []
         self.last_step_tokens = {}
-        if not out.is_empty:
+        if out.is_empty and self.kv_cache.loads.pending:
+            # Only loads to wait for: wait for the next read instead of spinning.
+            self._copy_reads(wait_s=0.05)
+        elif not out.is_empty:
             logits = self.runner.execute(out)
             sampled = [item for item in out.scheduled if item.samples]
             self.scheduler.mark_computed(out)

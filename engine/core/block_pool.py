@@ -15,7 +15,8 @@ and the tokens behind it; freed, it stays in ``cached`` until popped for reuse. 
 ``tier`` below (`LowerTier`, the disk), a cached block popped for reuse is queued to be
 saved there first (``pending_saves``: the runner copies it out before the step writes
 into it), and a prefix block missing in memory but found there is placed in a free block
-(``pending_loads``: the runner copies it in before the step's forward).
+(``placed``: the coordinator queues its read, engine/core/disk_loads.py; the block is
+registered once its content is in).
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from engine.core.free_block_queue import Block, FreeBlockQueue
 
 # (block id, block hash, tokens) of a block to save a tier below before it is reused.
 Save = tuple[int, bytes, tuple[int, ...]]
-# (block id, payload) of a block to fill from a tier below before the forward.
-Load = tuple[int, bytes]
 
 
 class LowerTier(Protocol):
@@ -37,18 +36,13 @@ class LowerTier(Protocol):
 
     def has(self, block_hash: bytes) -> bool: ...
 
-    def load(self, block_hash: bytes, token_ids: tuple[int, ...]) -> bytes | None:
-        """The block's checked content, or None (missing, corrupt, foreign)."""
-        ...
-
 
 @dataclass(slots=True, eq=False)
 class TierHit:
-    """A prefix block found a tier below; ``payload`` is read when the hit is used."""
+    """A prefix block found a tier below (its file exists; it is checked when read)."""
 
     block_hash: bytes
     token_ids: tuple[int, ...]
-    payload: bytes | None = None
 
 
 class BlockPool:
@@ -68,7 +62,7 @@ class BlockPool:
         self.cached: dict[bytes, Block] = {}
         self.tier: LowerTier | None = None
         self.pending_saves: list[Save] = []
-        self.pending_loads: list[Load] = []
+        self.placed: list[tuple[int, TierHit]] = []  # blocks taken for tier hits, unread
         # Blocks loaded from the tier below ahead of a request (a chat opened), not yet
         # used by one: the first request that does counts them as loaded from disk.
         self.preloaded: set[int] = set()
@@ -146,26 +140,20 @@ class BlockPool:
             return None
         return TierHit(block_hash, token_ids)
 
-    def read(self, hit: TierHit) -> bool:
-        """Read and check a hit's content; False: it cannot be used (recompute it)."""
-        if hit.payload is None and self.tier is not None:
-            hit.payload = self.tier.load(hit.block_hash, hit.token_ids)
-        return hit.payload is not None
-
     def place(self, hit: TierHit) -> Block:
-        """A free block for a read hit, registered in the prefix cache; its content is
-        copied in before the step's forward."""
-        if hit.payload is None:
-            raise RuntimeError("a tier hit is placed only once read")
+        """A free block for a tier hit, to be read into (``placed``); not in the prefix
+        cache until its content is in, so nothing else can hit on it meanwhile."""
         block = self.take()
-        self.register(block, hit.block_hash, hit.token_ids)
-        self.pending_loads.append((block.block_id, hit.payload))
+        self.placed.append((block.block_id, hit))
         return block
 
-    def take_tier_moves(self) -> tuple[list[Save], list[Load]]:
-        saves, loads = self.pending_saves, self.pending_loads
-        self.pending_saves, self.pending_loads = [], []
-        return saves, loads
+    def take_placed(self) -> list[tuple[int, TierHit]]:
+        placed, self.placed = self.placed, []
+        return placed
+
+    def take_saves(self) -> list[Save]:
+        saves, self.pending_saves = self.pending_saves, []
+        return saves
 
     def unsaved_cached(self) -> list[Save]:
         """Every cached block the tier below lacks (saved when the model unloads)."""

@@ -5,6 +5,10 @@ A sequence is admitted, or gets room for its next tokens, only when every group 
 its prefix hit is one length that every group serves; forks, frees and swaps touch every
 group. Block ids never mix: the moves it returns (copy-on-write and swap pairs) are a
 list per group, in that group's own ids, which is how the runner applies them.
+
+Blocks found on disk are read in the background (`disk_loads.py`): ``allocate`` takes
+blocks for them and queues their reads; the sequence's ``load_state`` is ``LOADING``
+until every read is in (``finish_read``), and ``FAILED`` when one fails its checks.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from engine.core.block_pool import BlockPool, Load, Save
+from engine.core.block_pool import BlockPool, Save
+from engine.core.disk_loads import DiskLoads, LoadState
 from engine.core.kv_manager import FullAttentionManager, KVCacheManager, SlidingWindowManager
 from engine.core.kv_protocol import GroupMoves
 from engine.core.kv_stats import KVStats, merge_stats, pool_stats
@@ -72,6 +77,9 @@ class KVCacheCoordinator:
         self.prefix_hit_tokens = 0  # prompt tokens served from the prefix cache, since start
         self.prefix_query_tokens = 0  # prompt tokens looked up, since start
         self.disk_hit_tokens = 0  # of the hits, prompt tokens loaded from disk
+        self.loads = DiskLoads()
+        # Load-ahead sequences whose reads are out: seq id -> (sequence, placed blocks).
+        self._preloads: dict[int, tuple[Sequence, list[list[int]]]] = {}
 
     @classmethod
     def build(cls, specs: Seq[KVGroupSpec], num_blocks: Seq[int], block_size: int, *,
@@ -109,17 +117,17 @@ class KVCacheCoordinator:
     # -------------------------------------------------------------- allocation
     def allocate(self, seq: Sequence) -> int | None:
         """Every group's blocks for ``seq``; returns the tokens found in the prefix cache
-        (their K/V need no compute, some maybe loaded from disk), or None, changing
-        nothing, when some group cannot serve. The hit is the longest every group
-        serves: a group may have to go lower than another's hit, so repeat until all
-        agree; a block read from disk that fails its checks is a miss, and the groups
-        agree again."""
+        (their K/V need no compute; those on disk are read before ``seq`` runs: its
+        ``load_state``), or None, changing nothing, when some group cannot serve. The
+        hit is the longest every group serves: a group may have to go lower than
+        another's hit, so repeat until all agree."""
         pairs, hit = self._find(seq)
         plans = [m.plan(seq, f, hit) for m, f in pairs]
         if any(m.cost(p) > m.pool.num_free_blocks
                for m, p in zip(self.managers, plans, strict=True)):
             return None
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
+        self._queue_reads(seq)
         seq.num_computed_tokens = hit
         # Prompt tokens that came from disk: the first group's (it holds every token).
         seq.num_disk_tokens = len(loaded[0]) * self.block_size
@@ -132,7 +140,8 @@ class KVCacheCoordinator:
         """Load the blocks of ``seq``'s prefix hit that are on disk into free blocks, as
         prefix-cache entries no sequence holds (a chat opened ahead of its next turn:
         that turn's lookup then finds them in memory, and counts them as loaded from
-        disk). Returns the tokens loaded, now or by an earlier preload; 0,
+        disk). Their reads are queued; ``seq`` holds the blocks until the last is in,
+        then is freed. Returns the tokens loaded, now or by an earlier preload; 0,
         changing nothing, when some group would have fewer than ``spare_blocks`` free
         blocks left. Counts no prefix hit: the request that uses them does."""
         pairs, hit = self._find(seq)
@@ -141,21 +150,52 @@ class KVCacheCoordinator:
                for m, p in zip(self.managers, plans, strict=True)):
             return 0
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
-        for m, blocks in zip(self.managers, loaded, strict=True):
-            m.pool.preloaded.update(blocks)  # still unused, whether loaded now or before
+        self._queue_reads(seq)
         seq.num_computed_tokens = hit
-        self.free(seq)
+        self._preloads[seq.seq_id] = (seq, loaded)
+        self._end_preload(seq)
         return len(loaded[0]) * self.block_size
 
+    def _end_preload(self, seq: Sequence) -> None:
+        """Once no read of a preload is out: its loaded blocks are cached and free."""
+        if self.loads.state(seq) is LoadState.LOADING:
+            return
+        _, loaded = self._preloads.pop(seq.seq_id)
+        for m, blocks in zip(self.managers, loaded, strict=True):
+            # Still unused, whether loaded now or before; a failed read holds nothing.
+            m.pool.preloaded.update(b for b in blocks
+                                    if m.pool.blocks[b].block_hash is not None)
+        self.free(seq)
+
+    def _queue_reads(self, seq: Sequence) -> None:
+        for g, pool in enumerate(self.pools):
+            for block_id, hit in pool.take_placed():
+                self.loads.add(seq, g, block_id, hit.block_hash, hit.token_ids)
+
+    def load_state(self, seq: Sequence) -> LoadState:
+        return self.loads.state(seq)
+
+    def finish_read(self, ticket: int, ok: bool) -> None:
+        """The read of ``ticket`` is over: its content is in its block (``ok``), or it
+        failed its checks. A cancelled ticket changes nothing."""
+        entry = self.loads.finish(ticket, ok)
+        if entry is None:
+            return
+        read, seq = entry
+        if ok:
+            self.managers[read.group].loaded(read.block_id, read.block_hash, read.token_ids)
+        if seq.seq_id in self._preloads:
+            if not ok:
+                self.loads.clear(seq)  # the rest are of no use to a failed load-ahead
+            self._end_preload(seq)
+        elif self.loads.state(seq) is LoadState.NONE:  # the whole load is in
+            for m in self.managers:
+                m.load_done(seq)
+
     def _find(self, seq: Sequence) -> tuple[list, int]:
-        """Each manager with its lookup of ``seq``, and the hit they agree on, its blocks
-        on disk read (one that fails its checks is a miss, and they agree again)."""
+        """Each manager with its lookup of ``seq``, and the hit they agree on."""
         pairs = [(m, m.lookup(seq)) for m in self.managers]
-        hit = None
-        while True:
-            hit = self._agreed_hit(pairs, hit)
-            if all([m.read_tier_hits(f, hit) for m, f in pairs]):
-                return pairs, hit
+        return pairs, self._agreed_hit(pairs, None)
 
     @staticmethod
     def _agreed_hit(pairs, limit: int | None) -> int:
@@ -199,8 +239,15 @@ class KVCacheCoordinator:
             m.commit_computed(seq)
 
     def free(self, seq: Sequence) -> None:
+        """Give back ``seq``'s blocks, cancelling the reads it waits for; blocks of a
+        load cut short that were read are cached, as if loaded ahead."""
+        read = self.loads.clear(seq)
         for m in self.managers:
             m.free(seq)
+        for g, block_id in read:
+            pool = self.pools[g]
+            if pool.blocks[block_id].block_hash is not None and not self.specs[g].linear:
+                pool.preloaded.add(block_id)
 
     def free_host(self, seq: Sequence) -> None:
         for m in self.managers:
@@ -209,11 +256,9 @@ class KVCacheCoordinator:
     def take_cow_pairs(self) -> GroupMoves:
         return [m.take_cow_pairs() for m in self.managers]
 
-    def take_tier_moves(self) -> tuple[list[list[Save]], list[list[Load]]]:
-        """Per group, the blocks to save to disk before this step writes into them and
-        the blocks to fill from disk before its forward."""
-        moves = [p.take_tier_moves() for p in self.pools]
-        return [saves for saves, _ in moves], [loads for _, loads in moves]
+    def take_saves(self) -> list[list[Save]]:
+        """Per group, the blocks to save to disk before this step writes into them."""
+        return [p.take_saves() for p in self.pools]
 
     def unsaved_cached(self) -> list[list[Save]]:
         """Per group, every cached block the disk lacks (saved when the model unloads)."""

@@ -119,17 +119,6 @@ class KVCacheManager:
                 best = k
         return best * self.block_size
 
-    def read_tier_hits(self, found: list[Found], hit_tokens: int) -> bool:
-        """Read the tier hits a hit of ``hit_tokens`` uses; one that cannot be used
-        becomes a miss in ``found`` (False: the hit must be agreed again)."""
-        ok = True
-        for i in range(self.first_kept(hit_tokens), hit_tokens // self.block_size):
-            hit = found[i]
-            if isinstance(hit, TierHit) and not self.pool.read(hit):
-                found[i] = None
-                ok = False
-        return ok
-
     # -------------------------------------------------------------- allocation
     def plan(self, seq: Sequence, found: list[Found], hit_tokens: int) -> Plan:
         if any(b != self.pool.null_id for b in self.table(seq)):
@@ -143,14 +132,15 @@ class KVCacheManager:
 
     def cost(self, plan: Plan) -> int:
         """Free blocks a plan takes: its new blocks, the cached ones it revives and one
-        for each block loaded from a tier below."""
+        for each block to read from a tier below."""
         hits, num_new = plan
         return num_new + sum(1 for b in hits if isinstance(b, TierHit)
                              or (b is not None and b.ref_count == 0))
 
     def apply(self, seq: Sequence, plan: Plan) -> list[int]:
-        """Returns the hit's blocks that come from a tier below: loaded now, or loaded
-        ahead (``BlockPool.preloaded``) and used for the first time."""
+        """Returns the hit's blocks that come from a tier below: placed now to be read
+        (``BlockPool.placed``), or loaded ahead (``BlockPool.preloaded``) and used for
+        the first time."""
         hits, num_new = plan
         pool = self.pool
         # Memory hits are held before any block is taken: a taken block is the free
@@ -200,6 +190,14 @@ class KVCacheManager:
             self.cow_pairs.append((src.block_id, dst.block_id))
         for _ in range(needed):
             table.append(pool.take().block_id)
+
+    def loaded(self, block_id: int, block_hash: bytes, token_ids: tuple[int, ...]) -> None:
+        """A block placed for a sequence has its content from the tier below: it joins
+        the prefix cache."""
+        self.pool.register(self.pool.blocks[block_id], block_hash, token_ids)
+
+    def load_done(self, seq: Sequence) -> None:
+        """Every read ``seq`` waited for is in: it runs from the next step."""
 
     def take_cow_pairs(self) -> list[tuple[int, int]]:
         pairs, self.cow_pairs = self.cow_pairs, []

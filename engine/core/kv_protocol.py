@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import Protocol
 
-from engine.core.block_pool import Load, Save
+from engine.core.block_pool import Save
+from engine.core.disk_loads import LoadState
 from engine.core.sequence import Sequence
 
 # Per KV group, a list of (from, to) block pairs in that group's ids.
@@ -44,4 +45,6 @@ class KVCache(Protocol):
 
     def swap_in(self, seqs: Seq[Sequence]) -> GroupMoves: ...
 
-    def take_tier_moves(self) -> tuple[list[list[Save]], list[list[Load]]]: ...
+    def take_saves(self) -> list[list[Save]]: ...
+
+    def load_state(self, seq: Sequence) -> LoadState: ...

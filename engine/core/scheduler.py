@@ -8,6 +8,11 @@ swapped to the host pool when one is configured, else freed and requeued at the 
 of the waiting queue to be recomputed (its blocks stay in the prefix cache, so the
 recompute is often cheap). A recomputed request with several candidates comes back
 one candidate first; the others join once the shared prompt is cached again.
+
+A request whose prefix hit uses blocks on disk waits in ``loading`` (its blocks taken,
+their reads in the background) while the running requests keep stepping; it runs from
+the first step after its last read is in. A read that fails its checks sends it back to
+the front of the waiting queue, to be admitted again without that block (recomputed).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.core.block_pool import Load, Save
+from engine.core.block_pool import Save
+from engine.core.disk_loads import LoadState
 from engine.core.kv_protocol import GroupMoves, KVCache
 from engine.core.sequence import Request, Sequence, SequenceStatus
 
@@ -44,10 +50,8 @@ class SchedulerOutput:
     cow_pairs: GroupMoves = field(default_factory=list)  # (src, dst) device blocks
     swap_out: GroupMoves = field(default_factory=list)  # (device, host)
     swap_in: GroupMoves = field(default_factory=list)  # (host, device)
-    # Per group: blocks to save to disk before anything writes into them, blocks to fill
-    # from disk before the forward.
+    # Per group: blocks to save to disk before anything writes into them.
     disk_saves: list[list[Save]] = field(default_factory=list)
-    disk_loads: list[list[Load]] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)  # request ids
     finished: list[Request] = field(default_factory=list)  # ended by the scheduler
 
@@ -58,7 +62,7 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not (self.scheduled or any(self.swap_out) or any(self.swap_in)
-                    or any(self.disk_saves) or any(self.disk_loads))
+                    or any(self.cow_pairs) or any(self.disk_saves))
 
 
 def _add_moves(into: GroupMoves, moves: GroupMoves) -> None:
@@ -83,6 +87,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order
         self.swapped: deque[Request] = deque()
+        self.loading: list[Request] = []  # admitted, waiting for their disk reads
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.num_preemptions = 0
@@ -153,14 +158,14 @@ class Scheduler:
         done = [r for r in self.requests.values() if r.is_finished]
         for request in done:
             del self.requests[request.request_id]
-            for queue in (self.running, self.waiting, self.swapped):
+            for queue in (self.running, self.waiting, self.swapped, self.loading):
                 if request in queue:
                     queue.remove(request)
         return done
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.waiting or self.running or self.swapped or self.loading)
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
@@ -168,6 +173,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         num_seqs = 0
         gone: set[str] = set()  # preempted or ended earlier in this step
+        self._end_loads()
         for request in list(self.running):
             if request.request_id in gone:
                 continue
@@ -194,14 +200,43 @@ class Scheduler:
         if not out.preempted and not self.swapped and not parked:
             self._admit(out, budget, num_seqs)
         out.cow_pairs = self.kv.take_cow_pairs()
-        out.disk_saves, out.disk_loads = self.kv.take_tier_moves()
+        out.disk_saves = self.kv.take_saves()
         return out
+
+    def _end_loads(self) -> None:
+        """Loading requests whose reads are all in run from this step on; one whose read
+        failed goes back to the front of the waiting queue."""
+        for request in list(self.loading):
+            leader = request.live_seqs[0]
+            state = self.kv.load_state(leader)
+            if state is LoadState.LOADING:
+                continue
+            self.loading.remove(request)
+            if state is LoadState.FAILED:
+                self.kv.free(leader)
+                leader.status = SequenceStatus.WAITING
+                self.waiting.appendleft(request)
+                continue
+            self._start(request)
+
+    def _start(self, request: Request) -> None:
+        leader = request.live_seqs[0]
+        if not request.admitted_once:
+            request.admitted_once = True
+            request.num_cached_tokens = leader.num_computed_tokens
+            request.num_disk_tokens = leader.num_disk_tokens
+        leader.status = SequenceStatus.RUNNING
+        self._unpark(request)
+        self.running.append(request)
 
     def _make_room(self, request: Request, out: SchedulerOutput) -> bool:
         """Blocks for this step's tokens of ``request``, preempting later requests (or this
         one) as needed. Returns whether ``request`` still runs this step."""
         seqs = _active(request)
         while not self._append(seqs):
+            if self.loading:  # its reads are the cheapest to give up
+                self._preempt_loading(self.loading[-1], out)
+                continue
             victim = self.running[-1]
             if victim is request and len(self.running) == 1:
                 # Alone and still out of room: the request has outgrown the pool, the
@@ -245,6 +280,16 @@ class Scheduler:
             seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(request)
 
+    def _preempt_loading(self, request: Request, out: SchedulerOutput) -> None:
+        """Free a loading request's blocks (its reads cancelled); admitted again later."""
+        self.loading.remove(request)
+        self.num_preemptions += 1
+        out.preempted.append(request.request_id)
+        leader = request.live_seqs[0]
+        self.kv.free(leader)
+        leader.status = SequenceStatus.WAITING
+        self.waiting.appendleft(request)
+
     def _swap_in(self, out: SchedulerOutput, budget: int, num_seqs: int) -> tuple[int, int]:
         while self.swapped and budget > 0 and num_seqs < self.max_num_seqs:
             request = self.swapped[0]
@@ -282,15 +327,13 @@ class Scheduler:
             if self.kv.allocate(leader) is None:
                 break
             self.waiting.popleft()
-            if not request.admitted_once:
-                request.admitted_once = True
-                request.num_cached_tokens = leader.num_computed_tokens
-                request.num_disk_tokens = leader.num_disk_tokens
-            leader.status = SequenceStatus.RUNNING
             for seq in request.live_seqs[1:]:
                 seq.status = SequenceStatus.PARKED
-            self._unpark(request)
-            self.running.append(request)
+            if self.kv.load_state(leader) is LoadState.LOADING:
+                leader.status = SequenceStatus.LOADING
+                self.loading.append(request)
+                continue  # takes no budget until its blocks are in
+            self._start(request)
             for seq in _active(request):
                 budget, num_seqs = self._schedule_chunk(out, seq, budget, num_seqs)
             if _has_parked(request):

@@ -17,6 +17,9 @@ class SequenceStatus(enum.Enum):
     # blocks until another candidate has recomputed the shared prompt (Scheduler._unpark).
     PARKED = "parked"
     SWAPPED = "swapped"  # its KV sits in the host pool
+    # Admitted with blocks whose content is still being read from disk
+    # (engine/core/disk_loads.py); it runs once every read is in.
+    LOADING = "loading"
     FINISHED = "finished"
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from engine.core.block_pool import BlockPool
+from engine.core.block_pool import BlockPool, TierHit
 from engine.core.kv_manager import Found, KVCacheManager, Plan, extend_hashes
 from engine.core.sequence import Sequence
 
@@ -44,18 +44,24 @@ class LinearStateManager(KVCacheManager):
         self.snapshot_every = snapshot_every
         self.reserved: dict[int, list[int]] = {}  # a sequence's slots for its fork
         self.num_live = 0  # running and reserved slots held
+        self.from_disk: dict[int, int] = {}  # a sequence's snapshot slot being read
 
     # ------------------------------------------------------------------ lookup
     def lookup(self, seq: Sequence) -> list[Found]:
-        """The cached snapshot at each full prompt block's end (None: a miss); the last
-        token is never a hit, as in every group."""
-        if not self.pool.enable_prefix_caching:
+        """The cached snapshot at each full prompt block's end, in memory or on disk
+        (None: a miss); the last token is never a hit, as in every group."""
+        pool = self.pool
+        if not pool.enable_prefix_caching:
             return []
         bs = self.block_size
         num_full = (seq.num_tokens - 1) // bs
         extend_hashes(seq, num_full, bs)
-        return [self.pool.lookup(seq.block_hashes[i], self._tokens(seq, i))
-                for i in range(num_full)]
+        found: list[Found] = []
+        for i in range(num_full):
+            tokens = self._tokens(seq, i)
+            hit: Found = pool.lookup(seq.block_hashes[i], tokens)
+            found.append(hit if hit is not None else pool.tier_hit(seq.block_hashes[i], tokens))
+        return found
 
     def longest_hit(self, found: list[Found], limit: int | None = None) -> int:
         num = len(found) if limit is None else min(len(found), limit // self.block_size)
@@ -77,9 +83,10 @@ class LinearStateManager(KVCacheManager):
         return hits, max(1, seq.fork_width if seq.needs_fork else 1)
 
     def cost(self, plan: Plan) -> int:
-        return plan[1]
+        hits, count = plan
+        return count + (1 if hits and isinstance(hits[-1], TierHit) else 0)
 
-    def apply(self, seq: Sequence, plan: Plan) -> int:
+    def apply(self, seq: Sequence, plan: Plan) -> list[int]:
         hits, count = plan
         snapshot = hits[-1] if hits else None
         pool = self.pool
@@ -88,13 +95,32 @@ class LinearStateManager(KVCacheManager):
         self._set_table(seq, slots[:1])
         if count > 1:
             self.reserved[seq.seq_id] = slots[1:]
-        if snapshot is not None:
+        if isinstance(snapshot, TierHit):
+            # On disk: read into a slot of its own, in the table at its boundary (after
+            # block len(hits) - 1); copied into the running state once read (`load_done`).
+            table = self.table(seq)
+            table += [pool.null_id] * (len(hits) - 1) + [pool.place(snapshot).block_id]
+            self.from_disk[seq.seq_id] = table[-1]
+        elif snapshot is not None:
             # Read before this step's forward; touched so the LRU keeps it longest.
             self.cow_pairs.append((snapshot.block_id, slots[0]))
             pool.touch(snapshot)
             pool.release([snapshot.block_id])
         self._take_snapshots(seq, len(hits) * self.block_size)
-        return 0
+        return []
+
+    def load_done(self, seq: Sequence) -> None:
+        """A snapshot read from disk (cached when read) is copied into the running state
+        before the first forward, then let go like a memory hit's. Only now: a load
+        that fails frees the sequence, and a copy into its freed slot could race
+        another's."""
+        slot = self.from_disk.pop(seq.seq_id, None)
+        if slot is None:
+            return
+        table = self.table(seq)
+        self.cow_pairs.append((slot, table[0]))
+        table[table.index(slot)] = self.pool.null_id
+        self.pool.release([slot])
 
     # ------------------------------------------------------------------ append
     def plan_append(self, seq: Sequence) -> tuple[int, list[int]]:
@@ -157,6 +183,7 @@ class LinearStateManager(KVCacheManager):
             table[1 + i] = pool.null_id
 
     def free(self, seq: Sequence) -> None:
+        self.from_disk.pop(seq.seq_id, None)  # released with the table
         table = self.table(seq)
         self.num_live -= 1 if table else 0
         spare = self.reserved.pop(seq.seq_id, [])

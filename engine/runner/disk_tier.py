@@ -41,6 +41,9 @@ class GroupDisk:
         self.fingerprint = model_fingerprint
         self.group = group
         self.payload_size = payload_size
+        # Blocks whose file failed a read: a miss from then on, even if the file stays
+        # (an unreadable one is not removed), so a retried request never waits on it.
+        self.bad: set[bytes] = set()
 
     def _path(self, block_hash: bytes) -> Path:
         return self.store.path_for(self.fingerprint, self.group, block_hash)
@@ -50,11 +53,16 @@ class GroupDisk:
                 "hash": block_hash.hex(), "tokens": list(token_ids)}
 
     def has(self, block_hash: bytes) -> bool:
-        return self.store.has(self._path(block_hash))
+        return block_hash not in self.bad and self.store.has(self._path(block_hash))
 
     def load(self, block_hash: bytes, token_ids: tuple[int, ...]) -> bytes | None:
-        return self.store.load(self._path(block_hash), self._header(block_hash, token_ids),
-                               self.payload_size)
+        """The block's checked content, or None (missing, corrupt, foreign)."""
+        payload = self.store.load(self._path(block_hash),
+                                  self._header(block_hash, token_ids), self.payload_size)
+        if payload is None:
+            self.bad.add(block_hash)
+        return payload
 
     def save(self, block_hash: bytes, token_ids: tuple[int, ...], payload: bytes) -> None:
+        self.bad.discard(block_hash)  # a fresh, whole file
         self.store.put(self._path(block_hash), self._header(block_hash, token_ids), payload)

@@ -13,9 +13,9 @@ positions, query starts and lengths are shared. The model gets a (k_cache, v_cac
 metadata) per layer.
 
 With the disk tier (`disk_tier.py`), a step's ``disk_saves`` (cached blocks about to be
-reused) are copied out first, before any move or forward writes into them, and its
-``disk_loads`` (prefix blocks found on disk) copied in after the moves, before the
-forward.
+reused, state snapshots among them) are copied out first, before any move or forward
+writes into them; blocks read from disk are copied in by ``fill_block`` between steps
+(the engine, once the background reader has them).
 
 A hybrid model's linear-attention layers (a ``linear`` KV group, the last) read and
 write the state pool (`state_pool.py`) instead: their group's "blocks" are state slots,
@@ -135,18 +135,18 @@ class ModelRunner:
                 self.states.move(*moves)
             else:
                 self._move_blocks(g, *moves)
-        self.load_blocks(out.disk_loads)
 
-    def load_blocks(self, loads) -> None:
-        """Copy each group's (block id, payload) blocks read from disk into the pool."""
-        for g, group_loads in enumerate(loads):
-            for block_id, payload in group_loads:
-                self._fill_block(g, block_id, payload)
+    def _block_views(self, g: int, block_id: int) -> list[torch.Tensor]:
+        """The tensors of block ``block_id`` of group g across its layers: K/V, or a
+        state slot's conv window and recurrent state."""
+        if g == self.state_group:
+            assert self.states is not None
+            return [self.states.conv[:, block_id], self.states.rec[:, block_id]]
+        return [self.kv_caches[g][:, :, block_id]]
 
     def block_payload_bytes(self, g: int) -> int:
         """Bytes of one block of group g across its layers (a disk file's payload)."""
-        block = self.kv_caches[g][:, :, 0]
-        return block.numel() * block.element_size()
+        return sum(t.numel() * t.element_size() for t in self._block_views(g, 0))
 
     def save_blocks(self, saves) -> None:
         """Hand each group's (block id, hash, tokens) blocks to its disk tier."""
@@ -155,17 +155,22 @@ class ModelRunner:
         for g, group_saves in enumerate(saves):
             if not group_saves:
                 continue
-            cache, disk = self.kv_caches[g], self.disks[g]
+            disk = self.disks[g]
             for block_id, block_hash, token_ids in group_saves:
-                block = cache[:, :, block_id].contiguous().cpu()
-                disk.save(block_hash, token_ids, block.reshape(-1).view(torch.uint8)
-                          .numpy().tobytes())
+                payload = b"".join(
+                    t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+                    for t in self._block_views(g, block_id))
+                disk.save(block_hash, token_ids, payload)
 
-    def _fill_block(self, g: int, block_id: int, payload: bytes) -> None:
-        cache = self.kv_caches[g]
-        target = cache[:, :, block_id]
+    def fill_block(self, g: int, block_id: int, payload: bytes) -> None:
+        """Copy a block read from disk (``save_blocks``' layout) into group g's pool."""
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        target.copy_(data.view(cache.dtype).view(target.shape))
+        offset = 0
+        for target in self._block_views(g, block_id):
+            size = target.numel() * target.element_size()
+            part = data[offset:offset + size].view(target.dtype).view(target.shape)
+            target.copy_(part)
+            offset += size
 
     def _move_blocks(self, g: int, swap_out: list[tuple[int, int]],
                      swap_in: list[tuple[int, int]], cow: list[tuple[int, int]]) -> None:

@@ -23,7 +23,7 @@ def test_engine_config_defaults() -> None:
     assert config.weights == "stored" and config.gpu_memory_utilization is None
     assert config.preemption_mode == "recompute"
     assert config.cuda_graphs is True  # used only on CUDA with Triton (runner/cuda_graphs.py)
-    assert config.warm_up is True
+    assert config.warm_up is False  # measured: it cost more at load than it saved
 
 
 def test_engine_config_swap_mode_follows_host_blocks() -> None:

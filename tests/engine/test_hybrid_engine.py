@@ -103,6 +103,18 @@ def user_text(turn: int) -> str:
                     for _ in range(12))
 
 
+def reply(engine: LLMEngine, messages: list[dict]):
+    """The greedy reply to ``messages``, run to its end."""
+    engine.add_request(messages, GREEDY)
+    output = None
+    while engine.has_unfinished_requests():
+        for event in engine.step():
+            if isinstance(event, FinishedEvent):
+                output = event.output
+    assert output is not None
+    return output
+
+
 def run_chat(engine: LLMEngine, turns: int) -> tuple[list[list[int]], list[tuple[int, int]]]:
     """Replies, and per turn (computed prompt tokens, tokens new since the last turn's
     prompt and reply)."""
@@ -111,20 +123,14 @@ def run_chat(engine: LLMEngine, turns: int) -> tuple[list[list[int]], list[tuple
     previous = 0
     for turn in range(turns):
         messages.append({"role": "user", "content": user_text(turn)})
-        engine.add_request(messages, GREEDY)
-        output = None
-        while engine.has_unfinished_requests():
-            for event in engine.step():
-                if isinstance(event, FinishedEvent):
-                    output = event.output
-        assert output is not None
+        output = reply(engine, messages)
         prompt_len = len(output.prompt_token_ids)
         computed.append((prompt_len - output.metrics.num_cached_tokens, prompt_len - previous))
-        reply = output.outputs[0]
-        previous = prompt_len + len(reply.token_ids)
-        messages.append({"role": "assistant", "content": reply.text,
-                         "token_ids": reply.token_ids})
-        replies.append(list(reply.token_ids))
+        answer = output.outputs[0]
+        previous = prompt_len + len(answer.token_ids)
+        messages.append({"role": "assistant", "content": answer.text,
+                         "token_ids": answer.token_ids})
+        replies.append(list(answer.token_ids))
     return replies, computed
 
 

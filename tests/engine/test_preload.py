@@ -127,7 +127,7 @@ def test_the_idle_worker_loads_an_opened_chat_ahead(tiny, closed_chat):
 
 
 def test_the_warm_up_forward_leaves_nothing_behind(tiny, cache):
-    warm, cold = new_llm(tiny), new_llm(tiny, warm_up=False)
+    warm, cold = new_llm(tiny, warm_up=True), new_llm(tiny)
     stats = warm.kv_stats(with_blocks=False)
     assert stats.num_used == stats.num_cached == stats.prefix_query_tokens == 0
     assert not warm.engine.has_unfinished_requests()

@@ -188,10 +188,13 @@ def test_reopen_finds_the_history_on_disk_after_a_restart(tiny_dir):
     # Opened first: the history was loaded ahead, found in memory, still from disk.
     assert row["opened_cached_tokens"] == row["opened_disk_tokens"] == history
     assert row["disk_over_kv_bytes"] <= 1.05
+    # The running request took its steps while the other's history was read.
+    assert row["decode_steps_while_loading"] >= 1 and row["decode_while_loading_over_alone"] > 0
     name = str(tiny_dir)
     assert _targets(result) == [
         f"{name}: restart (opened, then sent) / kept-open TTFT of turn 13",
         f"{name}: restart / recompute TTFT of turn 13",
+        f"{name}: decode tok/s while another request's blocks load / alone",
         "decode tok/s while writing blocks / tier off", "disk bytes / KV bytes per block"]
 
 

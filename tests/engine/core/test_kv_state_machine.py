@@ -6,12 +6,14 @@ invariants after every step.
 The machine plays the model runner too: per group it keeps what each physical block
 would hold (the token whose K/V sits in each slot), applies copy-on-write pairs, swap
 mappings and the disk tier's saves (a block's content copied out before it is reused)
-and loads (a file's content copied into a block) to that content, and checks that every
+and reads (a file's content copied into the block taken for it, then reported done, as
+the engine does with its background reader) to that content, and checks that every
 position a group still reads holds its own token. That catches a wrong prefix hit, a
 missed copy, a bad swap mapping or a block loaded into the wrong place, not only
 bookkeeping slips. The disk is a dict that a rule can damage: a damaged file must be
-recomputed, never read. A sliding table holds no block wholly before its window and never
-more than the window and one step's tokens.
+recomputed, never read; a sequence may be freed while its reads are out (an abort), and
+its reads' results must then be dropped. A sliding table holds no block wholly before
+its window and never more than the window and one step's tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from engine.core.disk_loads import LoadState
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
 from engine.core.kv_manager import SlidingWindowManager
 from engine.core.sequence import Sequence
@@ -93,18 +96,24 @@ class KVMachine(RuleBasedStateMachine):
             [[list(t) for t in s.block_tables] for s in self.live])
 
     def _tier_moves(self) -> None:
-        """What the runner does first in a step: save the blocks about to be reused,
-        then (after any swap or copy) fill the blocks loaded from disk."""
-        saves, loads = self.kv.take_tier_moves()
-        for g in self.groups:
-            for block_id, block_hash, tokens in saves[g]:
+        """What the runner does first in a step: save the blocks about to be reused."""
+        for g, saves in enumerate(self.kv.take_saves()):
+            for block_id, block_hash, tokens in saves:
                 content = self.device[g][block_id]
                 assert tuple(content) == tokens, f"saving block {g}/{block_id} wrongly"
                 self.disks[g].files[block_hash] = (tokens, list(content))
-            for block_id, payload in loads[g]:
-                self.device[g][block_id] = eval(payload.decode())  # the DictTier's repr
-                assert tuple(self.device[g][block_id]) == self.pools[g].blocks[
-                    block_id].token_ids
+
+    def _finish_reads(self, reads) -> None:
+        """The engine and its reader: each read's file checked, copied into its block
+        (unless cancelled meanwhile) and reported."""
+        for read in reads:
+            payload = self.disks[read.group].load(read.block_hash, read.token_ids)
+            if self.kv.loads.get(read.ticket) is None:
+                continue  # cancelled: the block may be someone else's by now
+            if payload is not None:
+                self.device[read.group][read.block_id] = eval(payload.decode())
+                assert tuple(self.device[read.group][read.block_id]) == read.token_ids
+            self.kv.finish_read(read.ticket, payload is not None)
 
     def _step(self, seq: Sequence) -> bool:
         """One scheduler step for ``seq``: room, copies, then at most LOOKAHEAD tokens."""
@@ -136,16 +145,37 @@ class KVMachine(RuleBasedStateMachine):
         self.kv.commit_computed(seq)
         return True
 
-    def _allocate(self, seq: Sequence, prefill: bool) -> bool:
-        before = self._snapshot()
-        cached = self.kv.allocate(seq)
-        self._tier_moves()
-        if cached is None:
-            assert self._snapshot() == before, "a failed allocate changed a pool"
-            assert all(t == [] for t in seq.block_tables) and seq.num_computed_tokens == 0
-            return False
-        assert cached == seq.num_computed_tokens
-        assert cached % BLOCK_SIZE == 0 and cached < seq.num_tokens
+    def _allocate(self, seq: Sequence, prefill: bool, abort_loading: bool = False) -> bool:
+        """Admission as the scheduler does it: allocate, wait for the disk reads, and
+        on a failed read free and allocate again (the bad file now a miss). With
+        ``abort_loading``, a sequence still waiting for reads is freed instead."""
+        while True:
+            before = self._snapshot()
+            cached = self.kv.allocate(seq)
+            self._tier_moves()
+            if cached is None:
+                assert self._snapshot() == before, "a failed allocate changed a pool"
+                assert all(t == [] for t in seq.block_tables)
+                assert seq.num_computed_tokens == 0
+                return False
+            assert cached == seq.num_computed_tokens
+            assert cached % BLOCK_SIZE == 0 and cached < seq.num_tokens
+            reads = self.kv.loads.take_new()
+            for read in reads:  # placed, not yet cached: nothing else can hit on them
+                block = self.pools[read.group].blocks[read.block_id]
+                assert block.ref_count == 1 and block.block_hash is None, block
+            if reads and abort_loading:
+                self.kv.free(seq)
+                assert seq.block_tables == self._no_tables()
+                self._finish_reads(reads)  # every one cancelled: dropped
+                assert self.kv.load_state(seq) is LoadState.NONE
+                return False
+            self._finish_reads(reads)
+            if self.kv.load_state(seq) is LoadState.FAILED:
+                self.kv.free(seq)
+                continue
+            assert self.kv.load_state(seq) is LoadState.NONE
+            break
         self.live.append(seq)
         while prefill and seq.num_uncomputed_tokens and self._step(seq):
             pass
@@ -155,9 +185,9 @@ class KVMachine(RuleBasedStateMachine):
         return [[] for _ in self.pools]
 
     # ------------------------------------------------------------------ rules
-    @rule(tokens=prompts, prefill=st.booleans())
-    def allocate(self, tokens: list[int], prefill: bool) -> None:
-        self._allocate(self._new_seq(tokens), prefill)
+    @rule(tokens=prompts, prefill=st.booleans(), abort_loading=st.booleans())
+    def allocate(self, tokens: list[int], prefill: bool, abort_loading: bool) -> None:
+        self._allocate(self._new_seq(tokens), prefill, abort_loading)
 
     @rule(tokens=prompts)
     def preload(self, tokens: list[int]) -> None:
@@ -166,6 +196,8 @@ class KVMachine(RuleBasedStateMachine):
         held = [[b.ref_count for b in p.blocks] for p in self.pools]
         self.kv.preload(seq)
         self._tier_moves()
+        self._finish_reads(self.kv.loads.take_new())
+        assert self.kv.load_state(seq) is LoadState.NONE
         assert seq.block_tables == self._no_tables() and seq.num_computed_tokens == 0
         assert [[b.ref_count for b in p.blocks] for p in self.pools] == held
 

@@ -7,6 +7,11 @@ absorbed, each KV block its tokens. Copy and swap pairs are applied as the runne
 (before the next write: the engine drains them every step),
 a step's snapshots are written as its chunk crosses their boundaries, and every resumed
 step checks that the running state holds exactly the sequence's computed tokens.
+
+Run again over a disk tier (a dict per group): blocks and snapshots leaving memory are
+saved there (a snapshot must hold its prefix), prefix hits read them back into the slots
+and blocks taken for them (then a snapshot is copied into the running state), and a
+rule damages files, which must fail their read and be recomputed.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from engine.core.disk_loads import LoadState
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
 from engine.core.sequence import Sequence
 
@@ -28,7 +34,28 @@ prompts = st.tuples(st.sampled_from(PREFIXES), st.lists(st.integers(0, 3), max_s
     lambda parts: parts[0] + parts[1]).filter(bool)
 
 
+class Shelf:
+    """One group's disk: hash -> content (a block's tokens, a snapshot's prefix)."""
+
+    def __init__(self) -> None:
+        self.files: dict[bytes, object] = {}
+        self.damaged: set[bytes] = set()
+
+    def has(self, block_hash: bytes) -> bool:
+        return block_hash in self.files
+
+    def read(self, block_hash: bytes):
+        """The content, or None for a damaged file (removed, as the store does)."""
+        if block_hash in self.damaged:
+            self.damaged.discard(block_hash)
+            del self.files[block_hash]
+            return None
+        return self.files[block_hash]
+
+
 class HybridMachine(RuleBasedStateMachine):
+    DISK = False
+
     def __init__(self) -> None:
         super().__init__()
         self.kv = KVCacheCoordinator.build(
@@ -44,8 +71,35 @@ class HybridMachine(RuleBasedStateMachine):
         self.prefix_of: dict[bytes, tuple] = {}  # a block hash -> every token up to it
         self.ids = itertools.count()
         self.fresh = itertools.count(1000)
+        self.disks = [Shelf(), Shelf()] if self.DISK else []
+        for pool, disk in zip(self.kv.pools, self.disks, strict=False):
+            pool.tier = disk
+
+    def _saves(self) -> None:
+        """What the runner does first: copy out the cached blocks about to be reused."""
+        for g, saves in enumerate(self.kv.take_saves()):
+            for block_id, block_hash, tokens in saves:
+                if g == LINEAR:
+                    content = self.slots[block_id]
+                    assert content == self.prefix_of[block_hash], "saving a wrong snapshot"
+                else:
+                    content = list(self.blocks[block_id])
+                    assert tuple(content) == tokens, "saving a wrong block"
+                self.disks[g].files[block_hash] = content
+
+    def _reads(self) -> None:
+        """The reader and the engine's copies of what it read."""
+        for read in self.kv.loads.take_new():
+            content = self.disks[read.group].read(read.block_hash)
+            if content is not None:
+                if read.group == LINEAR:
+                    self.slots[read.block_id] = content
+                else:
+                    self.blocks[read.block_id] = list(content)
+            self.kv.finish_read(read.ticket, content is not None)
 
     def _apply_copies(self) -> None:
+        self._saves()
         full, linear = self.kv.take_cow_pairs()
         for src, dst in full:
             self.blocks[dst] = list(self.blocks[src])
@@ -76,13 +130,21 @@ class HybridMachine(RuleBasedStateMachine):
         return True
 
     def _allocate(self, seq: Sequence, prefill: bool) -> bool:
-        hit = self.kv.allocate(seq)
-        if hit is None:
-            assert all(t == [] for t in seq.block_tables)
-            return False
-        assert hit % BS == 0 and hit < seq.num_tokens
-        # The engine applies a step's copies before anything else writes a slot.
-        self._apply_copies()
+        while True:
+            hit = self.kv.allocate(seq)
+            if hit is None:
+                assert all(t == [] for t in seq.block_tables)
+                return False
+            assert hit % BS == 0 and hit < seq.num_tokens
+            # The engine applies a step's copies before anything else writes a slot.
+            self._apply_copies()
+            self._reads()
+            self._apply_copies()  # a snapshot read from disk, into the running state
+            if self.kv.load_state(seq) is LoadState.FAILED:
+                self.kv.free(seq)  # admitted again: the damaged file is a miss now
+                continue
+            assert self.kv.load_state(seq) is LoadState.NONE
+            break
         self.live.append(seq)
         while prefill and seq.num_uncomputed_tokens and self._step(seq):
             pass
@@ -148,6 +210,7 @@ class HybridMachine(RuleBasedStateMachine):
         if not self.kv.can_swap_in([seq]):
             return
         full, linear = self.kv.swap_in([seq])
+        self._saves()
         for host, dev in full:
             self.blocks[dev] = list(self.host_blocks[host])
         for host, dev in linear:
@@ -161,6 +224,20 @@ class HybridMachine(RuleBasedStateMachine):
         if self._allocate(seq, prefill=True):
             self.live.remove(seq)
             self.kv.free(seq)
+
+    @precondition(lambda self: any(d.files for d in self.disks))
+    @rule(pick=st.integers(0, 100))
+    def damage_a_file(self, pick) -> None:
+        disk = next(d for d in self.disks if d.files)
+        disk.damaged.add(sorted(disk.files)[pick % len(disk.files)])
+
+    @invariant()
+    def disk_files_hold_their_content(self) -> None:
+        for g, disk in enumerate(self.disks):
+            for block_hash, content in disk.files.items():
+                expected = self.prefix_of[block_hash]
+                assert (content if g == LINEAR else tuple(content)) == (
+                    expected if g == LINEAR else expected[-BS:]), block_hash
 
     @invariant()
     def refs_equal_holders_and_live_count(self) -> None:
@@ -191,3 +268,13 @@ HybridMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_hybrid_state_machine = HybridMachine.TestCase
+
+
+class HybridMachineOnDisk(HybridMachine):
+    DISK = True
+
+
+HybridMachineOnDisk.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_hybrid_state_machine_on_disk = HybridMachineOnDisk.TestCase
