@@ -85,11 +85,15 @@ def gguf_tensors(config, state: dict[str, torch.Tensor]) -> dict[str, np.ndarray
 
 
 def write_gpt_oss_gguf(path: Path, config, state: dict[str, torch.Tensor],
-                       experts: Q = Q.MXFP4) -> dict[str, torch.Tensor]:
+                       experts: Q = Q.MXFP4, tokenizer: dict[str, object] | None = None
+                       ) -> dict[str, torch.Tensor]:
     """The file, its expert matrices in `experts` (everything else F32); returns `state`
-    with the experts as the file holds them (dequantized), for the folder's model."""
+    with the experts as the file holds them (dequantized), for the folder's model.
+    ``tokenizer``: its tokenizer keys (the tiny folders' byte-level vocabulary by
+    default)."""
     writer = gguf.GGUFWriter(str(path), "gpt-oss")
-    for key, value in {**gpt_oss_metadata(config), **byte_level_metadata()}.items():
+    keys = tokenizer if tokenizer is not None else byte_level_metadata()
+    for key, value in {**gpt_oss_metadata(config), **keys}.items():
         put(writer, key, value)
     for name, data in gguf_tensors(config, state).items():
         if name.endswith("_exps.weight") and experts != Q.F32:
