@@ -5,12 +5,13 @@ when its weights are loaded (`StackedLinear.prepare`, `Embedding.prepare`).
     DenseWeight       any     the float matrix, or oneDNN's packed    F.linear / oneDNN
                               copy of it on CPU float32
     NativeQuantized   CPU     the file's blocks where they lie (a     folio_cpu: 8-bit
-                              map of the GGUF file), kernels/cpu      activations, integer dots
+                              map of the GGUF file), kernels/cpu;     activations, integer dots
+                              MXFP4 too (kernels/quant/mxfp4)
     TritonQuantized   CUDA    the file's blocks on the card           Triton GEMV / GEMM
     TorchQuantized    CPU     PyTorch's int4pack / int8-rows layouts  aten weight-only ops
                               (the native library is not built);
-                      any     MXFP4 blocks (no native or Triton       dequantize on use,
-                              kernel yet)                             F.linear
+                      any     MXFP4 blocks where no native kernel     dequantize on use,
+                              takes them (no Triton kernel yet)       F.linear
 
 Every storage multiplies (`matmul`, x [m, k] -> [m, n]) and reads rows back (`rows`: an
 embedding lookup, the LM head's float32 refinement), so a tied embedding and LM head share
@@ -31,7 +32,7 @@ from torch import nn
 from engine.layers import onednn
 from kernels.quant.formats import QuantizedTensor
 from kernels.quant.matrix import QuantMatrix, for_product, for_rows, native_cpu
-from kernels.quant.mxfp4 import MXFP4_TYPE
+from kernels.quant.mxfp4 import MXFP4_TYPE, native_mxfp4
 
 # Without oneDNN, below this many rows (decode steps) CPU fp32 matmuls run faster as
 # W @ x.T than as F.linear (README, "Performance"). One row is padded to two, which beats
@@ -181,7 +182,8 @@ class TritonQuantized(QuantizedRuns):
 
 class TorchQuantized(QuantizedRuns):
     """A CPU without the native library: PyTorch's weight-only ops (Int4Packed, Int8Rows);
-    and MXFP4 on any device (Mxfp4Blocks), which no kernel of the library takes yet."""
+    and MXFP4 where the library does not take it (Mxfp4Blocks: a build from before its
+    MXFP4 kernel, or another device without one)."""
 
     __slots__ = ()
 
@@ -195,7 +197,7 @@ def quantized_storage(parts: Sequence[QuantizedTensor], device: torch.device,
     recomputed in float32 anyway). The others join adjacent parts of one block type into
     one layout, built from the blocks in order."""
     kind = _quantized_kind(device)
-    if any(part.type_id == MXFP4_TYPE for part in parts):
+    if any(part.type_id == MXFP4_TYPE for part in parts) and not native_mxfp4(device):
         kind = TorchQuantized
     if kind is NativeQuantized:
         return NativeQuantized([for_product(part, device) for part in parts], pairs=precise)
@@ -220,7 +222,8 @@ def set_activation_bits(model: nn.Module, bits: int) -> None:
 
 def lookup_storage(table: QuantizedTensor, device: torch.device) -> QuantizedRuns:
     """The storage of an embedding table that only looks rows up (not tied to a head)."""
-    kind = TorchQuantized if table.type_id == MXFP4_TYPE else _quantized_kind(device)
+    kind = (TorchQuantized if table.type_id == MXFP4_TYPE and not native_mxfp4(device)
+            else _quantized_kind(device))
     return kind([for_rows(table, device)])
 
 
