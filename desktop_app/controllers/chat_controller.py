@@ -412,10 +412,11 @@ class ChatController(QObject):
             # A remote server sends text only: no ids, so the next turn re-tokenizes it.
             token_ids = list(done.token_ids) if done is not None and done.token_ids else None
             reason = done.finish_reason if done is not None else "abort"
-            calls = None
+            calls, channel_calls = None, self.thinking.calls(request_id, i)
             if self.tools is not None:
                 raw = text if reasoned else done.text if done else ""
                 text, calls = self.tools.reply(request_id, i, raw, text)
+                calls = calls or channel_calls  # harmony's calls are in its channels
             self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason,
                                        **(stream.reply_metrics or {}), **think_metrics},
                                       tool_calls=calls, thinking=stream.thinking[i])

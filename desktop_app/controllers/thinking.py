@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject
 from desktop_app.controllers.context_window import chat_tokenizer
 from engine.text.reasoning import HARMONY, ReasoningReader, Thinking, reasoning_format
 from engine.text.reasoning.formats import has_think_switch
-from engine.tools.events import TextDelta
+from engine.tools.events import CallArguments, CallStart, TextDelta, assemble
 
 PROBE = "FolioThinkingProbe"
 DROPPED_METRIC = "thinking_dropped_tokens"
@@ -45,6 +45,8 @@ class ThinkingReplies(QObject):
         self.chats = chats
         self._template: tuple[object, _Template] | None = None
         self._readers: dict[tuple[str, int], ReasoningReader] = {}
+        # Calls a reply's channels carried (harmony), by (request id, candidate).
+        self._calls: dict[tuple[str, int], list] = {}
         button = getattr(chats.view, "think_button", None)
         self.button = button
         if button is not None:
@@ -79,7 +81,15 @@ class ThinkingReplies(QObject):
         for i, message in enumerate(messages):
             thinking = message.get("thinking")
             message = {k: v for k, v in message.items() if k != "thinking"}
-            if thinking and info.fmt is not None and info.drops_history:
+            if info.fmt is HARMONY:
+                # Its template writes each reply's headers again, so no reply is spliced
+                # as its ids; a call's reasoning goes along (shown in the turn it serves).
+                if thinking and message.get("tool_calls"):
+                    message["reasoning_content"] = thinking
+                if thinking and i == last_reply and message.get("token_ids") and tokenizer:
+                    cost = len(tokenizer.encode(message["content"], add_special_tokens=False))
+                message.pop("token_ids", None)
+            elif thinking and info.fmt is not None and info.drops_history:
                 if i == last_reply and message.get("token_ids") and tokenizer is not None:
                     cost = len(tokenizer.encode(message["content"], add_special_tokens=False))
                 message.pop("token_ids", None)
@@ -119,22 +129,37 @@ class ThinkingReplies(QObject):
         reader = self._readers.get((request_id, index))
         if reader is None:
             return "", text
-        return _texts(reader.feed(text, 1, time.monotonic()))
+        return self._read((request_id, index), reader.feed(text, 1, time.monotonic()))
 
     def finish(self, request_id: str, index: int) -> tuple[str, str, dict]:
         """What was held back, as (thinking, answer), and the reply's thinking metrics."""
         reader = self._readers.pop((request_id, index), None)
         if reader is None:
             return "", "", {}
-        thinking, answer = _texts(reader.finish(time.monotonic()))
+        thinking, answer = self._read((request_id, index), reader.finish(time.monotonic()))
         metrics = ({"thinking_tokens": reader.thinking_tokens,
                     "thinking_s": round(reader.thinking_s, 3)}
                    if reader.thinking_tokens else {})
         return thinking, answer, metrics
 
+    def calls(self, request_id: str, index: int) -> list[dict] | None:
+        """The calls the reply's channels made (harmony), once it has finished."""
+        events = self._calls.pop((request_id, index), None)
+        if not events:
+            return None
+        return [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                for c in assemble(events)[1]]
+
     def forget(self, request_id: str) -> None:
-        for key in [k for k in self._readers if k[0] == request_id]:
-            del self._readers[key]
+        for table in (self._readers, self._calls):
+            for key in [k for k in table if k[0] == request_id]:
+                del table[key]
+
+    def _read(self, key: tuple[str, int], events) -> tuple[str, str]:
+        calls = [e for e in events if isinstance(e, CallStart | CallArguments)]
+        if calls:
+            self._calls.setdefault(key, []).extend(calls)
+        return _texts(events)
 
     # -- the Think switch --------------------------------------------------------------
     def refresh(self) -> None:

@@ -72,7 +72,7 @@ class ToolTurns(QObject):
         model = self.model_tools()
         history = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
         toolset = self.tools.toolset(chat.settings.tools)
-        if model is None or model.fmt is None:
+        if model is None or not model.reads_calls:
             toolset = None
         if model is None or not (toolset or history):
             return self.bridge.submit(plain() if plain else messages, params)
@@ -273,7 +273,7 @@ class ToolTurns(QObject):
         model = self.model_tools()
         note = ("Add MCP servers in Settings ▸ Tools." if not entries else
                 "Open a chat to choose its tools." if chat_id is None else
-                NO_FORMAT_NOTE if model is not None and model.fmt is None else "")
+                NO_FORMAT_NOTE if model is not None and not model.reads_calls else "")
         self.button.set_entries(entries, note)
         self.button.setEnabled(chat_id is not None or not entries)
 

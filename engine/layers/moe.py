@@ -140,7 +140,7 @@ class SparseMoE(Layer):
         """Whether a lone token can take `_one_token`: float32 on the CPU library with every
         expert's gate/up in its quantized storage (read when asked: a reload may change it)."""
         return fused_cpu(x) and all(isinstance(e.gate_up_proj.storage, NativeQuantized)
-                                    and e.gate_up_proj.bias is None for e in self.experts)
+                                    for e in self.experts)
 
     def _one_token(self, x: torch.Tensor, weights: torch.Tensor,
                    ids: list[int]) -> torch.Tensor:
@@ -150,6 +150,8 @@ class SparseMoE(Layer):
         experts = [self.experts[e] for e in ids]
         gate_up = NativeQuantized.matmul_all(
             x, [e.gate_up_proj.storage for e in experts]).view(len(ids), -1)
+        if experts[0].gate_up_proj.bias is not None:  # gpt-oss's biased experts
+            gate_up = gate_up + torch.stack([e.gate_up_proj.bias for e in experts])
         hidden = experts[0].activate(gate_up)
         outs = torch.cat([e.down_proj(hidden[j:j + 1]) for j, e in enumerate(experts)])
         return (weights.unsqueeze(0) @ outs).to(x.dtype)

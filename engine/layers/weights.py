@@ -5,13 +5,14 @@ when its weights are loaded (`StackedLinear.prepare`, `Embedding.prepare`).
     DenseWeight       any     the float matrix, or oneDNN's packed    F.linear / oneDNN
                               copy of it on CPU float32
     NativeQuantized   CPU     the file's blocks where they lie (a     folio_cpu: 8-bit
-                              map of the GGUF file), kernels/cpu      activations, integer dots
+                              map of the GGUF file), kernels/cpu;     activations, integer dots
+                              MXFP4 too (kernels/quant/mxfp4)
     TritonQuantized   CUDA    the file's blocks on the card (MXFP4    Triton GEMV / GEMM
                               too)
     TorchQuantized    CPU     PyTorch's int4pack / int8-rows layouts  aten weight-only ops
                               (the native library is not built);
-                      not     MXFP4 blocks (no native kernel yet)     dequantize on use,
-                      CUDA                                            F.linear
+                      not     MXFP4 blocks where no native kernel     dequantize on use,
+                      CUDA    takes them (a build from before it)     F.linear
 
 Every storage multiplies (`matmul`, x [m, k] -> [m, n]) and reads rows back (`rows`: an
 embedding lookup, the LM head's float32 refinement), so a tied embedding and LM head share
@@ -32,7 +33,7 @@ from torch import nn
 from engine.layers import onednn
 from kernels.quant.formats import QuantizedTensor
 from kernels.quant.matrix import QuantMatrix, for_product, for_rows, native_cpu
-from kernels.quant.mxfp4 import MXFP4_TYPE
+from kernels.quant.mxfp4 import MXFP4_TYPE, native_mxfp4
 
 # Without oneDNN, below this many rows (decode steps) CPU fp32 matmuls run faster as
 # W @ x.T than as F.linear (README, "Performance"). One row is padded to two, which beats
@@ -182,7 +183,8 @@ class TritonQuantized(QuantizedRuns):
 
 class TorchQuantized(QuantizedRuns):
     """A CPU without the native library: PyTorch's weight-only ops (Int4Packed, Int8Rows);
-    and MXFP4 off CUDA (Mxfp4Blocks), which no kernel of the library takes yet."""
+    and MXFP4 where the library does not take it (Mxfp4Blocks: a build from before its
+    MXFP4 kernel, or another device without one)."""
 
     __slots__ = ()
 
@@ -196,7 +198,8 @@ def quantized_storage(parts: Sequence[QuantizedTensor], device: torch.device,
     recomputed in float32 anyway). The others join adjacent parts of one block type into
     one layout, built from the blocks in order."""
     kind = _quantized_kind(device)
-    if any(part.type_id == MXFP4_TYPE for part in parts) and kind is not TritonQuantized:
+    if (any(part.type_id == MXFP4_TYPE for part in parts) and kind is not TritonQuantized
+            and not native_mxfp4(device)):
         kind = TorchQuantized
     if kind is NativeQuantized:
         return NativeQuantized([for_product(part, device) for part in parts], pairs=precise)
@@ -222,7 +225,7 @@ def set_activation_bits(model: nn.Module, bits: int) -> None:
 def lookup_storage(table: QuantizedTensor, device: torch.device) -> QuantizedRuns:
     """The storage of an embedding table that only looks rows up (not tied to a head)."""
     kind = _quantized_kind(device)
-    if table.type_id == MXFP4_TYPE and kind is not TritonQuantized:
+    if table.type_id == MXFP4_TYPE and kind is not TritonQuantized and not native_mxfp4(device):
         kind = TorchQuantized
     return kind([for_rows(table, device)])
 

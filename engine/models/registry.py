@@ -202,7 +202,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     # gpt-oss (engine/models/gpt_oss.py): NEOX rope, rows in HF order.
     ModelFamily("GptOssForCausalLM", "gpt_oss", ("gpt-oss",), False, FamilyTraits(),
                 GptOssForCausalLM, gpt_oss_spec, gguf_block_names=GGUF_GPT_OSS_BLOCK_NAMES,
-                split_shapes=split_expert_shapes),
+                split_shapes=split_expert_shapes, turn_format="harmony"),
     # Hybrid linear attention (engine/models/qwen35.py): Gated DeltaNet and gated full
     # attention layers. llama.cpp keeps its Q/K rows in HF order (NEOX rope).
     # llama.cpp adds 1 to its zero-centred norms, not to the linear layers' gated one.

@@ -57,8 +57,9 @@ class ChatMessage(BaseModel):
     function_call: Any = None
     audio: Any = None
     refusal: Any = None
-    # An earlier reply's thinking, as clients send back what they got: the prompt shows
-    # earlier replies without it, as the templates of thinking models do.
+    # An earlier reply's thinking, as clients send back what they got: handed to the
+    # template, which shows it where the model reads it (harmony: before the calls of the
+    # turn in progress) and drops it elsewhere, as the templates of thinking models do.
     reasoning_content: str | None = None
 
     def check(self, i: int) -> None:
@@ -230,6 +231,8 @@ class ChatCompletionRequest(SamplingFields):
                                          for c in m.tool_calls]
             if m.tool_call_id is not None:
                 message["tool_call_id"] = m.tool_call_id
+            if m.role == "assistant" and m.reasoning_content:
+                message["reasoning_content"] = m.reasoning_content  # the template decides
             out.append(message)
         return out
 

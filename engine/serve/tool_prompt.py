@@ -9,6 +9,8 @@ model's, unconstrained by the schemas. A family without a call format is made to
 structured output instead: the reply is constrained to ``{"name", "arguments"}`` of the
 tools (``engine/tools/constrained.py``), and where its template has no place for tools,
 they, the earlier calls and their results are written into the conversation as text.
+A harmony template (gpt-oss) shows tools, calls and results itself, and a forced call
+opens the reply with harmony's call header (``engine/tools/harmony.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from engine.models.registry import family_of
 from engine.sampling_params import ResponseFormat, SamplingParams
 from engine.serve.reply_tokens import ReplyTokens
 from engine.serve.tool_fields import InvalidField, ToolRequest
+from engine.text.reasoning import HARMONY, reasoning_format
 from engine.tools.constrained import call_schema, shown_as_text
 from engine.tools.format import ToolFormat
+from engine.tools.harmony import call_opening
 from engine.tools.registry import tool_format
 from engine.tools.template import TemplateToolError, TemplateTools, prepare
 
@@ -36,12 +40,20 @@ def template_source(hf_tokenizer) -> str | None:
 class ModelTools:
     fmt: ToolFormat | None  # None: the family has no call format Folio reads
     template: TemplateTools
+    # The template speaks harmony: calls are messages of the reply's channels, read by its
+    # reasoning reader (engine/tools/harmony.py).
+    harmony: bool = False
 
     @classmethod
     def of(cls, llm) -> ModelTools:
         source = template_source(llm.tokenizer.hf)
         fmt = tool_format(family_of(llm.engine.hf_config).model_type, source)
-        return cls(fmt, TemplateTools.of(source))
+        return cls(fmt, TemplateTools.of(source), reasoning_format(source) is HARMONY)
+
+    @property
+    def reads_calls(self) -> bool:
+        """Replies' calls are read: by the family's format or the harmony channels."""
+        return self.fmt is not None or self.harmony
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,6 +82,8 @@ def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
     ``replies``: earlier replies' ids, spliced where calls are shown as their text;
     ``enable_thinking``: a reasoning model's template switch (None: its default)."""
     forced = request.choice in ("required", "function")
+    if model.harmony and model.template.takes_tools:
+        return _harmony_prompt(model, request, messages, tokenizer, forced, enable_thinking)
     if model.fmt is None and (forced or not model.template.takes_tools):
         return _constrained_prompt(model, request, messages, tokenizer, forced, replies,
                                    enable_thinking)
@@ -89,6 +103,23 @@ def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
     fmt = model.fmt if request.active else None
     return ToolPrompt(ids, fmt, prefix, None if request.parallel else 1,
                       _stop_ids(fmt, tokenizer))
+
+
+def _harmony_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
+                    tokenizer, forced: bool, enable_thinking: bool | None) -> ToolPrompt:
+    """Harmony: the template shows tools, calls and results; a forced call is the reply
+    opened with its header, which the reply's reader reads from the prompt's tail."""
+    tools = request.tools if request.active else None
+    try:
+        prepared = prepare(messages, tools, None, model.template)
+        ids = tokenizer.encode_chat(prepared, tools=tools, enable_thinking=enable_thinking)
+    except TemplateToolError as exc:
+        raise InvalidField(exc.field, str(exc)) from exc
+    except (ValueError, TypeError) as exc:
+        raise InvalidField("messages", str(exc)) from exc
+    if forced:
+        ids += tokenizer.encode(call_opening(request.function), add_special_tokens=False)
+    return ToolPrompt(ids, None, "", None if request.parallel else 1)
 
 
 def _constrained_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],

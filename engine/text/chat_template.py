@@ -38,13 +38,13 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from engine.text.turn_formats import FROM_FILE, chat_template_for, check_template
+from engine.text.turn_formats import FROM_FILE, chat_template_for, check_template, stop_tokens
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant", "tool")
 # Message keys handed to the template as they are, when a message sets them.
-TEMPLATE_KEYS = ("tool_calls", "tool_call_id", "name", "tools")
+TEMPLATE_KEYS = ("tool_calls", "tool_call_id", "name", "tools", "reasoning_content")
 PLAIN_STOP = "\nuser:"
 
 
@@ -177,7 +177,8 @@ def chat_tokenizer_for(hf_tokenizer: Any, turn_format: str,
                        choice: str | None = None) -> ChatTokenizer:
     """The ChatTokenizer of a loaded model: the user's template ``choice`` (checked by
     rendering a two-turn chat: ValueError naming chat_template), else the file's, else
-    its family's ``turn_format``, set on ``hf_tokenizer``."""
+    its family's ``turn_format``, set on ``hf_tokenizer``; its format's stop tokens
+    (harmony's ``<|call|>``) end replies too."""
     if choice is not None:
         check_template(choice, hf_tokenizer.bos_token or "", hf_tokenizer.eos_token or "")
     template, source = chat_template_for(getattr(hf_tokenizer, "chat_template", None),
@@ -185,7 +186,8 @@ def chat_tokenizer_for(hf_tokenizer: Any, turn_format: str,
     if source != FROM_FILE:
         logger.info("chat template: %s (%s)", "the user's" if choice else turn_format, source)
     hf_tokenizer.chat_template = template
-    return ChatTokenizer(hf_tokenizer, template_source=source)
+    stops = stop_tokens(template, hf_tokenizer.get_vocab())
+    return ChatTokenizer(hf_tokenizer, stops, template_source=source)
 
 
 def _special_tokens(hf_tokenizer: Any) -> dict[str, int]:

@@ -20,6 +20,8 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.text.harmony_format import HARMONY
+
 
 @dataclass(slots=True, frozen=True)
 class TurnFormat:
@@ -70,10 +72,14 @@ FORMATS: Mapping[str, TurnFormat] = {f.name: f for f in (
     TurnFormat("chatml", "ChatML", "<|im_start|>", CHATML),
     TurnFormat("phi3", "Phi-3", "<|user|>", _PHI3),
     TurnFormat("mistral", "Mistral", "[INST]", _MISTRAL),
+    TurnFormat("harmony", "Harmony", "<|channel|>", HARMONY),
 )}
 # Where the vocabulary lacks the family's markers: the first format it has them for,
 # ChatML last (llama.cpp's own fallback).
-_ORDER = ("llama3", "gemma4", "gemma", "phi3", "mistral", "chatml")
+_ORDER = ("llama3", "gemma4", "gemma", "harmony", "phi3", "mistral", "chatml")
+# Harmony ends a reply at a call as well as at its end (<|call|>, <|return|>): a template
+# that writes its channels stops on both, whoever wrote it.
+HARMONY_STOPS = ("<|call|>", "<|return|>")
 
 # Where a loaded model's template came from (ChatTokenizer.template_source).
 FROM_FILE, FROM_FAMILY, FROM_USER = "file", "family", "user"
@@ -97,6 +103,13 @@ def chat_template_for(file_template: str | None, turn_format: str,
     if file_template:
         return file_template, FROM_FILE
     return family_format(turn_format, vocab).template, FROM_FAMILY
+
+
+def stop_tokens(template: str | None, vocab: Mapping[str, int]) -> list[int]:
+    """Tokens beyond end-of-text that end a reply in the template's format."""
+    if not template or "<|channel|>" not in template:
+        return []
+    return [vocab[t] for t in HARMONY_STOPS if t in vocab]
 
 
 TWO_TURNS = ({"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi!"},

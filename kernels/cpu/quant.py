@@ -4,7 +4,8 @@ Thin wrappers over `torch.ops.folio_cpu.*` (kernels/cpu/csrc/quant); call them o
 `kernels.cpu.available()`. All tensors are on the CPU. A weight `w` is uint8
 [n, row_bytes], row_bytes = k / block_size * block_bytes (the file's own blocks, llama.cpp's
 layouts; unit stride along a row, any row stride, so a view into the mapped file works),
-and `type_id` its GGMLQuantizationType (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K).
+and `type_id` its GGMLQuantizationType (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4:
+csrc/quant/mxfp4.h).
 
 Quantized activations, one row of act_row_bytes(k) bytes, with K256 = 256 * ceil(k / 256)
 (zero padding past k, so the kernels only ever see whole groups of 256):

@@ -13,9 +13,9 @@ fastest, plus the row lookups an embedding table needs.
                          and Q8_0 as two 4-bit halves)     the packed layout
     Int8Rows     CPU     aten int8pack / F.linear         int8 rows times their scale
     Mxfp4Blocks  not     dequantize on use, F.linear      the rows' blocks dequantized
-                 CUDA    (MXFP4: no native kernel yet;
-                         kernels/quant/mxfp4; on CUDA
-                         it is RawBlocks like the rest)
+                 CUDA    (MXFP4 where the native library
+                         does not take it: kernels/quant/mxfp4;
+                         on CUDA it is RawBlocks like the rest)
 
 NativeBlocks reads the blocks where they lie (a map of the GGUF file) and keeps the file's
 row order; the other layouts are built at load from the blocks in order. Without the
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from kernels.quant.cpu import INT4_TYPES, Int4Packed, Int8Rows, tile_rows
 from kernels.quant.formats import QuantizedTensor
-from kernels.quant.mxfp4 import MXFP4_TYPE, Mxfp4Blocks
+from kernels.quant.mxfp4 import MXFP4_TYPE, Mxfp4Blocks, native_mxfp4
 
 
 @dataclass(slots=True)
@@ -126,7 +126,7 @@ def native_cpu(device: torch.device) -> bool:
 
 def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
     """The layout that multiplies fastest on `device` (the tensor's data is on the CPU)."""
-    if tensor.type_id == MXFP4_TYPE and device.type != "cuda":
+    if tensor.type_id == MXFP4_TYPE and device.type != "cuda" and not native_mxfp4(device):
         return Mxfp4Blocks(_moved(tensor.in_order(), device))
     if native_cpu(device):
         return NativeBlocks(tensor)
@@ -140,7 +140,7 @@ def for_product(tensor: QuantizedTensor, device: torch.device) -> QuantMatrix:
 
 def for_rows(tensor: QuantizedTensor, device: torch.device) -> RawBlocks | Mxfp4Blocks:
     """The layout for an embedding table that only looks rows up."""
-    if tensor.type_id == MXFP4_TYPE and device.type != "cuda":
+    if tensor.type_id == MXFP4_TYPE and device.type != "cuda" and not native_mxfp4(device):
         return Mxfp4Blocks(_moved(tensor.in_order(), device))
     if native_cpu(device):
         return NativeBlocks(tensor)

@@ -2,14 +2,18 @@
 scale byte then 16 bytes of 4-bit E2M1 codes (weight j in the low nibble of byte j,
 weight j + 16 in its high nibble), as ggml-common.h's block_mxfp4.
 
-`Mxfp4Blocks` keeps a matrix's blocks as the file holds them and dequantizes them when it
-multiplies: a mixture of experts holds each expert as its own matrix, so a step
-dequantizes only the experts its tokens were routed to. PyTorch ops on the blocks' device
-(no native kernel yet); on CUDA the Triton kernels read the blocks themselves
-(kernels/triton/quant_blocks.py). The oracle is `gguf.quants.dequantize`."""
+On the CPU with the native library built (`native_mxfp4`), the blocks are multiplied as
+stored by its integer kernels like the other GGUF types (kernels/cpu/csrc/quant/mxfp4.h:
+the E2M1 values doubled are int8 weights, the halved E8M0 scale their block's factor), so
+the loader keeps them as `NativeBlocks`. On CUDA the Triton kernels read the blocks
+themselves (kernels/triton/quant_blocks.py). Elsewhere `Mxfp4Blocks` keeps a matrix's
+blocks as the file holds them and dequantizes them when it multiplies, by PyTorch ops:
+a mixture of experts holds each expert as its own matrix, so a step dequantizes only the
+experts its tokens were routed to. The oracle of all three is `gguf.quants.dequantize`."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +26,26 @@ BLOCK, BLOCK_BYTES = 32, 17
 # E2M1's values doubled, as ggml's kvalues_mxfp4: the scale below is halved to match.
 _CODES = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0,
           -12.0)
+
+
+def native_mxfp4(device: torch.device) -> bool:
+    """Whether MXFP4 products on `device` run the native CPU library: a CPU, the library
+    loaded, and a build of it that takes type 39 (one built before MXFP4 refuses it)."""
+    from kernels import cpu
+
+    return device.type == "cpu" and cpu.available() and _library_takes_mxfp4()
+
+
+@functools.cache
+def _library_takes_mxfp4() -> bool:
+    from kernels.cpu import quant
+
+    try:
+        quant.quant_matmul(torch.zeros(1, BLOCK), torch.zeros(1, BLOCK_BYTES, dtype=torch.uint8),
+                           MXFP4_TYPE, BLOCK)
+    except RuntimeError:
+        return False
+    return True
 
 
 def half_scales(e: torch.Tensor) -> torch.Tensor:

@@ -59,13 +59,26 @@ def tool_llm(tmp_path_factory):
     return llm, llm.engine.sampler
 
 
+@pytest.fixture(scope="module")
+def harmony_llm(tmp_path_factory):
+    """A tiny gpt-oss GGUF without a template: the harmony format renders its chats."""
+    from engine import LLM
+    from tests.engine.harmony_gguf import write_harmony_gguf
+
+    path = write_harmony_gguf(tmp_path_factory.mktemp("gpt-oss") / "gpt-oss.gguf")
+    llm = LLM(str(path), num_gpu_blocks=256, max_model_len=1024)
+    llm.engine.sampler = Replies(llm.tokenizer.end_of_turn_token_id)
+    return llm, llm.engine.sampler
+
+
 @pytest.fixture
-def tools_window(qtbot, tool_llm, make_window, folio_dirs):
-    """The window on the tiny tool model with the test servers in mcp.json; returns
-    (window, say) where say(text) scripts the model's next replies."""
+def tools_window(request, qtbot, make_window, folio_dirs):
+    """The window on the tiny tool model (or the model fixture named by an indirect
+    parameter) with the test servers in mcp.json; returns (window, say) where say(text)
+    scripts the model's next replies."""
     from desktop_app.services.engine_bridge import EngineBridge
 
-    llm, sampler = tool_llm
+    llm, sampler = request.getfixturevalue(getattr(request, "param", "tool_llm"))
     made = []
 
     def make(servers: dict, **chat):
@@ -159,6 +172,29 @@ def test_a_call_waits_for_run_then_its_result_goes_back_and_the_reply_goes_on(
     assert card.result.toPlainText() == "42" and not card.body.isVisible()  # folded
     card.toggle.click()
     assert card.body.isVisible()
+
+
+@pytest.mark.parametrize("tools_window", ["harmony_llm"], indirect=True)
+def test_a_gpt_oss_call_in_its_channels_runs_and_the_turn_goes_on(qtbot, tools_window):
+    window, say = tools_window({"demo": stdio_entry()})
+    say("<|channel|>analysis<|message|>I add them.<|end|><|start|>assistant<|channel|>"
+        'commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 40}<|call|>')
+    send(qtbot, window, "What is 2 + 40?")
+    user, reply, tool = branch(window)
+    assert reply.thinking == "I add them." and reply.content == ""
+    assert [(c["name"], c["arguments"]) for c in reply.tool_calls] == [
+        ("add", '{"a": 2, "b": 40}')]
+    assert "namespace functions {" in prompt_text(window, 0)
+    say("<|channel|>final<|message|>The sum is 42.<|return|>")
+    click(qtbot, cards(window)[0], "toolRunButton", window)
+    *_, tool, final = branch(window)
+    assert (tool.content, final.content) == ("42", "The sum is 42.")
+    # The call's turn goes on with its reasoning, the call and harmony's result message.
+    assert ("<|start|>assistant<|channel|>analysis<|message|>I add them.<|end|><|start|>"
+            "assistant<|channel|>commentary to=functions.add <|constrain|>json<|message|>"
+            ) in prompt_text(window, 1)
+    assert ("<|start|>functions.add to=assistant<|channel|>commentary<|message|>42<|end|>"
+            "<|start|>assistant") in prompt_text(window, 1)
 
 
 def test_a_denied_call_tells_the_model_and_always_allow_runs_without_asking(

@@ -20,8 +20,9 @@ from engine.text.reasoning.think import CLOSE, OPEN, ThinkParser
 
 Parser = ThinkParser | HarmonyParser
 # The prompt's last tokens, decoded with special tokens, are enough to see how the reply
-# opens (a generation prompt is a few tokens).
-TAIL_TOKENS = 16
+# opens (a generation prompt is a few tokens; a harmony call's header, which a forced
+# call opens the reply with, a few more: its function's name).
+TAIL_TOKENS = 64
 SWITCH = "enable_thinking"  # the template variable that turns thinking on and off
 
 

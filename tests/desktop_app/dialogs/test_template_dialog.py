@@ -69,3 +69,12 @@ def test_a_failing_template_is_refused_then_chatml_is_kept(dialog, qtbot):
     assert dialog.settings.model_templates[dialog.gguf].kind == CHATML
     assert dialog.saved == [dialog.settings]
     assert _template_cells(dialog)[dialog.gguf] == "ChatML (chosen)"
+
+
+def test_a_gpt_oss_file_without_a_template_says_it_runs_harmony(tmp_path):
+    from desktop_app.dialogs.model_rows import template_cell
+    from engine.loaders.catalog import model_info
+    from tests.engine.harmony_gguf import write_harmony_gguf
+
+    info = model_info(write_harmony_gguf(tmp_path / "gpt-oss.gguf"))
+    assert template_cell(info, None) == "Harmony (the file has none)"

@@ -199,3 +199,30 @@ def test_quantized_experts_match_their_dequantized_floats():
     rel = (block(x) - dense(x)).norm() / dense(x).norm()
     assert rel < 2e-3
     assert block.expert_bytes() < dense.expert_bytes() / 5
+
+
+def test_a_decode_token_on_biased_mxfp4_experts_equals_its_experts_one_by_one():
+    # gpt-oss: biased gate/up and down, MXFP4 blocks (the native kernel where built).
+    from engine.models import build_model
+    from tests.engine.tiny_gpt_oss import gpt_oss_config
+    from tests.kernels.mxfp4_cases import MXFP4, random_mxfp4
+
+    model = build_model(gpt_oss_config(num_hidden_layers=1), torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(6)
+    weights = []
+    for i, (name, target) in enumerate(model.checkpoint_targets().items()):
+        if ".experts." in name and name.endswith("_proj.weight"):
+            n, k = target.shape
+            blocks = torch.from_numpy(random_mxfp4(n, k, seed=i, exponents=(124, 127)))
+            weights.append((name, QuantizedTensor(MXFP4, (n, k), blocks)))
+        else:
+            weights.append((name, torch.randn(tuple(target.shape), generator=gen) * 0.3))
+    model.load_weights(weights)
+    block = model.layers[0].mlp
+    import kernels.cpu
+    from engine.layers.weights import NativeQuantized
+    if kernels.cpu.available():  # the lone token's one call, biases added after it
+        assert isinstance(block.experts[0].gate_up_proj.storage, NativeQuantized)
+    for seed in range(4):
+        x = torch.randn(1, 64, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(block(x), per_token(block, x), atol=1e-5, rtol=1e-5)

@@ -145,3 +145,24 @@ def test_eight_bit_activations_are_one_row_each():
     assert torch.equal(layer(x), expected)
     set_activation_bits(model, 16)
     assert layer.storage.pairs and not head.storage.pairs  # the head's top logits refine
+
+
+def test_mxfp4_takes_the_native_kernel_and_the_pytorch_dequant_stays_the_fallback(
+        monkeypatch):
+    import kernels.quant.mxfp4 as mxfp4
+    from engine.layers.weights import TorchQuantized, quantized_storage
+    from kernels.quant.mxfp4 import Mxfp4Blocks
+    from tests.kernels.mxfp4_cases import MXFP4, model_weights, random_mxfp4
+
+    blocks = random_mxfp4(48, K, seed=4)
+    part = QuantizedTensor(MXFP4, (48, K), torch.from_numpy(blocks))
+    native = quantized_storage([part], torch.device("cpu"))
+    assert isinstance(native, NativeQuantized) and isinstance(native.runs[0], NativeBlocks)
+    monkeypatch.setattr(mxfp4, "_library_takes_mxfp4", lambda: False)  # a build before it
+    fallback = quantized_storage([part], torch.device("cpu"))
+    assert isinstance(fallback, TorchQuantized) and isinstance(fallback.runs[0], Mxfp4Blocks)
+    x = _x(5, seed=2)
+    exact = x.double() @ torch.from_numpy(model_weights(blocks, K)).T
+    torch.testing.assert_close(fallback.matmul(x).double(), exact, atol=1e-5, rtol=1e-5)
+    rel = (native.matmul(x).double() - exact).norm() / exact.norm()
+    assert rel < 1e-3  # (x, residual) pairs: about 15 bits of each activation

@@ -1,7 +1,9 @@
-"""MXFP4 (kernels/quant/mxfp4.py) against gguf's reference dequantizer: every scale byte
-(subnormal, normal, the largest) and every code, the product of a matrix with x equal to
-gguf.quants.dequantize(W) @ x, row lookups in a moved row order, and the storage a layer
-picks for MXFP4 parts (dequantized on use, never the native library)."""
+"""MXFP4's PyTorch path (kernels/quant/mxfp4.py, the fallback where the native library does
+not take MXFP4: every test here turns it off) against gguf's reference dequantizer: every
+scale byte (subnormal, normal, the largest) and every code, the product of a matrix with x
+equal to gguf.quants.dequantize(W) @ x, row lookups in a moved row order, and the storage
+a layer picks for MXFP4 parts (dequantized on use). The native kernel's tests are
+tests/kernels/cpu/test_quant_mxfp4.py."""
 
 from __future__ import annotations
 
@@ -16,15 +18,19 @@ from engine.layers.weights import TorchQuantized
 from kernels.quant.formats import QuantizedTensor, quant_format
 from kernels.quant.matrix import for_product, for_rows
 from kernels.quant.mxfp4 import MXFP4_TYPE, Mxfp4Blocks, dequantize_mxfp4
+from tests.kernels.mxfp4_cases import random_mxfp4
+
+
+@pytest.fixture(autouse=True)
+def pytorch_path(monkeypatch):
+    import kernels.quant.mxfp4 as mxfp4
+
+    monkeypatch.setattr(mxfp4, "_library_takes_mxfp4", lambda: False)
 
 
 def random_blocks(n: int, k: int, seed: int, scales: tuple[int, int] = (118, 130)
                   ) -> np.ndarray:
-    """uint8 [n, k / 32 * 17]: random codes, scale bytes drawn from `scales`."""
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(n, k // 32, 17), dtype=np.uint8)
-    blocks[..., 0] = rng.integers(*scales, size=(n, k // 32))
-    return blocks.reshape(n, -1)
+    return random_mxfp4(n, k, seed, exponents=scales)
 
 
 def oracle(blocks: np.ndarray) -> torch.Tensor:

@@ -10,7 +10,8 @@ namespace folio_cpu::quant {
 inline BlockType check_type(int64_t type_id, int64_t k) {
   const BlockType bt = block_type(type_id);
   TORCH_CHECK(bt.block_size != 0, "type_id ", type_id,
-              " is not a supported GGUF block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K)");
+              " is not a supported GGUF block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, ",
+              "MXFP4)");
   TORCH_CHECK(k > 0 && k % bt.block_size == 0, "k (", k, ") must be a positive multiple of ",
               "the block size ", bt.block_size, " of type_id ", type_id);
   return bt;

@@ -22,7 +22,8 @@ void dequantize_group(int type, const Group& g, int64_t n, float* out) {
     switch (type) {
       case kQ4_0:
       case kQ5_0: out[i] = d * static_cast<float>(q - g.o[j]); break;
-      case kQ8_0: out[i] = static_cast<float>(static_cast<int8_t>(g.q[i])) * d; break;
+      case kQ8_0:
+      case kMXFP4: out[i] = static_cast<float>(static_cast<int8_t>(g.q[i])) * d; break;
       // M holds -m: d * q - (-m) is d * q + m exactly.
       case kQ4_1:
       case kQ5_1: out[i] = d * static_cast<float>(q) - g.m[b]; break;

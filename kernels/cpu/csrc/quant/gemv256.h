@@ -243,12 +243,22 @@ inline void gemv_block32(const uint8_t* w, int64_t k, const ActRow* x, float* ou
   }
 }
 
+}  // namespace
+}  // namespace folio_cpu::quant
+
+#include "gemv_mxfp4.h"  // MXFP4's kernel, on this file's hsum256 and the ISA's dot4
+
+namespace folio_cpu::quant {
+namespace {
+
 // Rows j0..j1 of the output: out[i * n + j] = w_row(j) . x[i] for i < m, w_row(j) the
 // weight row rows[j] (j without rows). One call per thread's share, so the type switch
 // and setup happen once, not per row.
 template <int T, int MR>
 inline void gemv_row(const uint8_t* row, int64_t k, const ActRow* x, float* out) {
-  if constexpr (T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1 || T == kQ8_0)
+  if constexpr (T == kMXFP4)
+    gemv_mxfp4<MR>(row, k, x, out);
+  else if constexpr (T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1 || T == kQ8_0)
     gemv_block32<T, MR>(row, k, x, out);
   else
     gemv_k_quant<T, MR>(row, k, x, out);
@@ -295,6 +305,7 @@ void gemv(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows, int
     case kQ4_K: gemv_type<kQ4_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
     case kQ5_K: gemv_type<kQ5_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
     case kQ6_K: gemv_type<kQ6_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
+    case kMXFP4: gemv_type<kMXFP4>(w, w_stride, rows, j0, j1, k, x, m, out, n); break;
   }
 }
 

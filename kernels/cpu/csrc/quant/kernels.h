@@ -24,7 +24,8 @@ struct Kernels {
   void (*quantize_row)(const float* x, int64_t k, uint8_t* out);
   // row: one weight row's file bytes (k weights) -> out[padded_k(k) / 256].
   void (*unpack_row)(int type, const uint8_t* row, int64_t k, Group* out);
-  // out[i] = sum over `groups` groups of w . x[i] for i < mr <= kMaxRows; signed_q for Q8_0.
+  // out[i] = sum over `groups` groups of w . x[i] for i < mr <= kMaxRows; signed_q for the
+  // signed_weights types (Q8_0, MXFP4).
   void (*dot)(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
               float* out);
   // out[i * n + j] = w_row(j) . x[i] for j0 <= j < j1, i < m <= kGemvRows, straight from

@@ -12,7 +12,7 @@
 //
 // 2. An unpacked weight group (Group): 256 weights of any block type rewritten as
 //    w_i = D[b] * s[j] * q_i - M[b] * o[j]    (b = i / 32, j = i / 16)
-//    with q unsigned (0..63; Q8_0 alone stores signed int8) and integer s, o. Each block
+//    with q unsigned (0..63; Q8_0 and MXFP4 store signed int8) and integer s, o. Each block
 //    type is unpacked from its file layout once per tile; one generic integer kernel per
 //    ISA then multiplies any type. 32-element block types fill 8 blocks per group.
 #pragma once
@@ -50,8 +50,11 @@ static_assert(sizeof(Group) == 384);  // six cache lines, no padding
 
 enum TypeId : int {
   kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
-  kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+  kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kMXFP4 = 39,
 };
+
+// Types whose unpacked q are signed int8 (no offset): Q8_0, and MXFP4 (mxfp4.h).
+inline bool signed_weights(int type) { return type == kQ8_0 || type == kMXFP4; }
 
 struct BlockType {
   int block_size;   // weights per block
@@ -71,6 +74,7 @@ inline BlockType block_type(int64_t id) {
     case kQ4_K: return {256, 144};
     case kQ5_K: return {256, 176};
     case kQ6_K: return {256, 210};
+    case kMXFP4: return {32, 17};
     default: return {0, 0};
   }
 }

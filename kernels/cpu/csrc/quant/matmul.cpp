@@ -80,7 +80,7 @@ void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* 
   const int64_t groups = padded_k(k) / kGroup;
   // m-tiles of a multiple of 4 rows: a pair never straddles two.
   const TileGrid grid(m, n, kTileN, kMaxTileM, 4);
-  const bool signed_q = type == kQ8_0;
+  const bool signed_q = signed_weights(type);
   // A chunk's bytes in a weight row: whole blocks (a 32-block type's chunk is 8 blocks
   // per group, its last chunk possibly fewer).
   const BlockType bt = block_type(type);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "layout.h"
+#include "mxfp4.h"
 
 namespace folio_cpu::quant {
 namespace {
@@ -64,6 +65,10 @@ inline void set_dm(Group& g, float d, float m) {
 // qh (u32: bit i is weight i's 5th bit), qs[16]; weight i < 16 is the low nibble of qs[i],
 // weight 16 + i its high nibble. Q8_0: d, int8 q[32].
 inline void unpack_block32(int type, const uint8_t* blk, Group& g, int b) {
+  if (type == kMXFP4) {
+    unpack_mxfp4_block(blk, g, b);
+    return;
+  }
   uint8_t* q = g.q + 32 * b;
   const float d = half_to_float(blk);
   int offset = 0;

@@ -59,7 +59,8 @@ static_assert(sizeof(WideChunk) == 1216);  // 19 cache lines, no padding
 // Whether a type's unpacked M equals its D block by block (or is zero), so its offsets
 // fold into q and its products have no min terms.
 inline bool wide_folds(int type) {
-  return type == kQ4_0 || type == kQ5_0 || type == kQ8_0 || type == kQ3_K || type == kQ6_K;
+  return type == kQ4_0 || type == kQ5_0 || type == kQ8_0 || type == kQ3_K || type == kQ6_K ||
+         type == kMXFP4;
 }
 
 // How many of a weight type's offset terms (m0, m1) can be non-zero: its m1 only where

@@ -40,7 +40,7 @@ inline void transpose8(const __m256i* r, __m256i* out) {
 // registers (a tail chunk in plain C++).
 void unpack_wide256(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
                     WideChunk* out) {
-  const bool fold = wide_folds(type), signed_q = type == kQ8_0;
+  const bool fold = wide_folds(type), signed_q = signed_weights(type);
   Group g[2];
   for (int64_t c = 0; c < count; ++c) {
     unpack_chunk_groups(type, row, k, c0 + c, g);

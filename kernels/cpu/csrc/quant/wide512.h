@@ -193,7 +193,7 @@ inline void block32_chunk(int type, const uint8_t* row, __m512i* v, float* d, fl
 // chunk, at most one per row, in plain C++).
 void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
                     WideChunk* out) {
-  const bool fold = wide_folds(type), signed_q = type == kQ8_0;
+  const bool fold = wide_folds(type), signed_q = signed_weights(type);
   Group g[2];
   for (int64_t c = 0; c < count; ++c) {
     WideChunk& o = out[c];

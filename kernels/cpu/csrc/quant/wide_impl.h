@@ -142,7 +142,7 @@ void dot_wide_simd(const WideChunk* const* w, int nr, const WideChunk* const* x,
 // M o_2b+1; the other blocks zero.
 inline void wide_values(const Group& g, int type, int h, int nb, int16_t (*v)[32], float* d,
                         float* m0, float* m1) {
-  const bool fold = wide_folds(type), signed_q = type == kQ8_0;
+  const bool fold = wide_folds(type), signed_q = signed_weights(type);
   std::memset(v[8 * h], 0, 8 * sizeof(v[0]));
   for (int i = 0; i < 32 * nb; ++i) {
     const int q = signed_q ? static_cast<int8_t>(g.q[i]) : g.q[i];

@@ -5,7 +5,8 @@ de-interleaved) in one stacked tensor with a stacked bias, MXFP4 experts, YaRN k
 
 Each file loads to the logits of the Hugging Face folder it was converted from, given the
 experts as the file holds them (gguf.quants.dequantize of the MXFP4 blocks); kept
-quantized, each expert is a view of its MXFP4 rows of the file."""
+quantized, each expert is a view of its MXFP4 rows of the file, multiplied by the PyTorch
+dequantization (exactly) or the native kernel (within its rounding of the activations)."""
 
 from __future__ import annotations
 
@@ -85,11 +86,15 @@ def gguf_tensors(config, state: dict[str, torch.Tensor]) -> dict[str, np.ndarray
 
 
 def write_gpt_oss_gguf(path: Path, config, state: dict[str, torch.Tensor],
-                       experts: Q = Q.MXFP4) -> dict[str, torch.Tensor]:
+                       experts: Q = Q.MXFP4, tokenizer: dict[str, object] | None = None
+                       ) -> dict[str, torch.Tensor]:
     """The file, its expert matrices in `experts` (everything else F32); returns `state`
-    with the experts as the file holds them (dequantized), for the folder's model."""
+    with the experts as the file holds them (dequantized), for the folder's model.
+    ``tokenizer``: its tokenizer keys (the tiny folders' byte-level vocabulary by
+    default)."""
     writer = gguf.GGUFWriter(str(path), "gpt-oss")
-    for key, value in {**gpt_oss_metadata(config), **byte_level_metadata()}.items():
+    keys = tokenizer if tokenizer is not None else byte_level_metadata()
+    for key, value in {**gpt_oss_metadata(config), **keys}.items():
         put(writer, key, value)
     for name, data in gguf_tensors(config, state).items():
         if name.endswith("_exps.weight") and experts != Q.F32:
@@ -140,8 +145,16 @@ def test_gguf_gives_the_folders_logits(folder, experts, tmp_path, build_attentio
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
 
 
-def test_kept_quantized_each_expert_is_a_view_of_its_mxfp4_rows(folder, tmp_path,
-                                                                build_attention_metadata):
+@pytest.mark.parametrize("native", [False, True], ids=["pytorch", "native"])
+def test_kept_quantized_each_expert_is_a_view_of_its_mxfp4_rows(folder, tmp_path, native,
+                                                                build_attention_metadata,
+                                                                monkeypatch):
+    import kernels.quant.mxfp4 as mxfp4
+
+    if native and not mxfp4.native_mxfp4(torch.device("cpu")):
+        pytest.skip("the native CPU library (with its MXFP4 kernel) is not built")
+    if not native:  # the PyTorch dequantization, the fallback: exact
+        monkeypatch.setattr(mxfp4, "_library_takes_mxfp4", lambda: False)
     source, config, state = folder
     path = tmp_path / "gpt-oss.gguf"
     held = write_gpt_oss_gguf(path, config, state)
@@ -156,7 +169,10 @@ def test_kept_quantized_each_expert_is_a_view_of_its_mxfp4_rows(folder, tmp_path
                                build_attention_metadata)
     expected, _ = prefill_logits(load_model_files(source).config, held.items(),
                                  build_attention_metadata)
-    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+    if native:  # the kernel's rounded activations (kernels/cpu/test_quant_mxfp4.py's bounds)
+        assert (logits - expected).norm() / expected.norm() < 2e-3
+    else:
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
 
 
 def test_the_registry_maps_the_block_tensors_llama_cpp_lists():

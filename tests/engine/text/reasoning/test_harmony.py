@@ -79,3 +79,28 @@ def test_cut_short_inside_thinking():
     assert shape(split) == ("half a thou", "", [])
     assert run("<|channel|>ana", [])[0] == split_reply([])
     assert run("<|channel|>final<|message|>x", [])[1] == [TextDelta("x")]
+
+
+def test_thinking_answer_and_a_call_in_one_reply_at_every_cut():
+    reply = ("<|channel|>analysis<|message|>Check first.<|end|><|start|>assistant"
+             "<|channel|>commentary<|message|>Let me look that up.<|end|>" + CALL[
+                 CALL.index("<|start|>"):])
+    whole = shape(run(reply, [])[0])
+    assert whole == ("Check first.", "Let me look that up.",
+                     [("get_weather", '{"city": "Paris"}')])
+    for cut in range(len(reply) + 1):
+        assert shape(run(reply, [cut])[0]) == whole, cut
+    assert shape(run(reply, list(range(len(reply))))[0]) == whole
+
+
+def test_a_reply_opened_with_a_forced_calls_header():
+    from engine.tools.harmony import call_opening
+
+    arguments = '{"city": "Paris"}<|call|>'
+    named = "assistant" + call_opening("get_weather")
+    any_call = "assistant" + call_opening(None)
+    body = "get_weather <|constrain|>json<|message|>" + arguments
+    for opened, reply in ((named, arguments), (any_call, body)):
+        for cut in range(len(reply) + 1):
+            assert shape(run(reply, [cut], opened)[0]) == (
+                "", "", [("get_weather", '{"city": "Paris"}')]), (opened, cut)
