@@ -14,9 +14,22 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from engine.core.block_pool import BlockPool, Load, Save
-from engine.core.kv_manager import FullAttentionManager, KVCacheManager, SlidingWindowManager
+from engine.core.kv_manager import (
+    FullAttentionManager,
+    KVCacheManager,
+    SlidingWindowManager,
+    extend_hashes,
+)
 from engine.core.kv_protocol import GroupMoves
 from engine.core.kv_stats import KVStats, merge_stats, pool_stats
+from engine.core.partial_blocks import (
+    candidates,
+    extra_cost,
+    find_partial,
+    hold,
+    keep_partial,
+    release_sources,
+)
 from engine.core.sequence import Sequence
 from engine.core.state_manager import LinearStateManager
 
@@ -72,6 +85,9 @@ class KVCacheCoordinator:
         self.prefix_hit_tokens = 0  # prompt tokens served from the prefix cache, since start
         self.prefix_query_tokens = 0  # prompt tokens looked up, since start
         self.disk_hit_tokens = 0  # of the hits, prompt tokens loaded from disk
+        # A partial block is reused only where every group is token blocks.
+        self.reuse_partial = first.enable_prefix_caching and not any(
+            isinstance(m, LinearStateManager) for m in self.managers)
 
     @classmethod
     def build(cls, specs: Seq[KVGroupSpec], num_blocks: Seq[int], block_size: int, *,
@@ -113,20 +129,32 @@ class KVCacheCoordinator:
         nothing, when some group cannot serve. The hit is the longest every group
         serves: a group may have to go lower than another's hit, so repeat until all
         agree; a block read from disk that fails its checks is a miss, and the groups
-        agree again."""
+        agree again. A partial block cached after the hit's full blocks in every group
+        (`partial_blocks.py`) adds its tokens, copied into the first new block, unless
+        holding it for the copy is what would not fit."""
         pairs, hit = self._find(seq)
-        plans = [m.plan(seq, f, hit) for m, f in pairs]
-        if any(m.cost(p) > m.pool.num_free_blocks
-               for m, p in zip(self.managers, plans, strict=True)):
+        for num_partial, sources in self._partial_options(seq, hit):
+            computed = hit + num_partial
+            plans = [m.plan(seq, f, hit, computed) for m, f in pairs]
+            if all(m.cost(p) + (extra_cost(src) if src else 0) <= m.pool.num_free_blocks
+                   for m, p, src in zip(self.managers, plans, sources, strict=True)):
+                break
+        else:
             return None
+        for m, src in zip(self.managers, sources, strict=True):
+            if src is not None:
+                hold(m.pool, src)
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
-        seq.num_computed_tokens = hit
+        for m, src in zip(self.managers, sources, strict=True):
+            if src is not None:
+                m.cow_pairs.append((src.block_id, m.table(seq)[hit // self.block_size]))
+        seq.num_computed_tokens = computed
         # Prompt tokens that came from disk: the first group's (it holds every token).
         seq.num_disk_tokens = len(loaded[0]) * self.block_size
-        self.prefix_hit_tokens += hit
+        self.prefix_hit_tokens += computed
         self.prefix_query_tokens += seq.num_tokens
         self.disk_hit_tokens += seq.num_disk_tokens
-        return hit
+        return computed
 
     def preload(self, seq: Sequence, spare_blocks: int = 0) -> int:
         """Load the blocks of ``seq``'s prefix hit that are on disk into free blocks, as
@@ -146,6 +174,14 @@ class KVCacheCoordinator:
         seq.num_computed_tokens = hit
         self.free(seq)
         return len(loaded[0]) * self.block_size
+
+    def _partial_options(self, seq: Sequence, hit: int) -> list[tuple[int, list]]:
+        """The tokens of the longest partial block cached after ``hit`` in every group
+        with each group's block, then none (0 and Nones)."""
+        none = (0, [None] * len(self.managers))
+        found = self.reuse_partial and find_partial(
+            self.pools, candidates(seq, hit, self.block_size))
+        return [found, none] if found else [none]
 
     def _find(self, seq: Sequence) -> tuple[list, int]:
         """Each manager with its lookup of ``seq``, and the hit they agree on, its blocks
@@ -199,15 +235,28 @@ class KVCacheCoordinator:
             m.commit_computed(seq)
 
     def free(self, seq: Sequence) -> None:
+        """A sequence leaves (finished, or preempted by recompute; a swap keeps its
+        blocks elsewhere): its partial last block stays cached where it may be reused."""
+        if self.reuse_partial:
+            self._keep_partial(seq)
         for m in self.managers:
             m.free(seq)
+
+    def _keep_partial(self, seq: Sequence) -> None:
+        bs = self.block_size
+        extend_hashes(seq, seq.num_computed_tokens // bs, bs)
+        for m in self.managers:
+            keep_partial(m.pool, seq, m.table(seq))
 
     def free_host(self, seq: Sequence) -> None:
         for m in self.managers:
             m.free_host(seq)
 
     def take_cow_pairs(self) -> GroupMoves:
-        return [m.take_cow_pairs() for m in self.managers]
+        pairs = [m.take_cow_pairs() for m in self.managers]
+        for pool in self.pools:
+            release_sources(pool)  # their copies are in ``pairs``
+        return pairs
 
     def take_tier_moves(self) -> tuple[list[list[Save]], list[list[Load]]]:
         """Per group, the blocks to save to disk before this step writes into them and

@@ -10,8 +10,10 @@ and loads (a file's content copied into a block) to that content, and checks tha
 position a group still reads holds its own token. That catches a wrong prefix hit, a
 missed copy, a bad swap mapping or a block loaded into the wrong place, not only
 bookkeeping slips. The disk is a dict that a rule can damage: a damaged file must be
-recomputed, never read. A sliding table holds no block wholly before its window and never
-more than the window and one step's tokens.
+recomputed, never read. A sequence's partial last block stays cached when it leaves, and
+a next turn (its tokens and more) gets it copied into a block of its own. A sliding
+table holds no block wholly before its window and never more than the window and one
+step's tokens.
 """
 
 from __future__ import annotations
@@ -140,12 +142,21 @@ class KVMachine(RuleBasedStateMachine):
         before = self._snapshot()
         cached = self.kv.allocate(seq)
         self._tier_moves()
+        copies = self.kv.take_cow_pairs()
         if cached is None:
             assert self._snapshot() == before, "a failed allocate changed a pool"
             assert all(t == [] for t in seq.block_tables) and seq.num_computed_tokens == 0
+            assert copies == [[] for _ in self.pools]
             return False
+        for g, pairs in enumerate(copies):
+            # At most one copy per group: the partial block, into the first new block.
+            assert len(pairs) <= 1 and bool(pairs) == (cached % BLOCK_SIZE != 0)
+            for src, dst in pairs:
+                assert seq.block_tables[g][cached // BLOCK_SIZE] == dst
+                assert self.pools[g].blocks[src].ref_count == 0, "a copy source still held"
+                self.device[g][dst] = list(self.device[g][src])
         assert cached == seq.num_computed_tokens
-        assert cached % BLOCK_SIZE == 0 and cached < seq.num_tokens
+        assert cached < seq.num_tokens
         self.live.append(seq)
         while prefill and seq.num_uncomputed_tokens and self._step(seq):
             pass
@@ -200,6 +211,15 @@ class KVMachine(RuleBasedStateMachine):
         seq = self.live.pop(pick % len(self.live))
         self.kv.free(seq)
         assert seq.block_tables == self._no_tables() and seq.num_computed_tokens == 0
+
+    @precondition(lambda self: self.live)
+    @rule(pick=st.integers(0, 100), more=st.lists(st.integers(0, 3), min_size=1, max_size=4))
+    def next_turn(self, pick: int, more: list[int]) -> None:
+        """A chat's reply ends, and its next turn extends everything it holds."""
+        seq = self.live.pop(pick % len(self.live))
+        tokens = list(seq.token_ids) + more
+        self.kv.free(seq)
+        self._allocate(self._new_seq(tokens), prefill=False)
 
     @precondition(lambda self: self.live)
     @rule(pick=st.integers(0, 100), prefill=st.booleans())
@@ -297,7 +317,11 @@ class KVMachine(RuleBasedStateMachine):
         for g, pool in enumerate(self.pools):
             for block_hash, block in pool.cached.items():
                 assert block.block_hash == block_hash
-                assert tuple(self.device[g][block.block_id]) == block.token_ids, (g, block)
+                tokens = block.token_ids or ()  # a partial block's first slots only
+                assert tuple(self.device[g][block.block_id][:len(tokens)]) == tokens, (
+                    g, block)
+                assert block.ref_count == 0 or not pool.is_partial(block), "partial shared"
+            assert pool.copy_sources == []
             for block in pool.blocks:
                 if block.block_hash is not None:
                     assert pool.cached[block.block_hash] is block
