@@ -146,16 +146,18 @@ class LLMEngine:
     def _warm_up(self) -> None:
         """A prompt shorter than a block and one decode token: the first forward's
         one-time costs (weights paged in, kernels' first calls, the pool's first pages)
-        are paid now. No full block is computed, so nothing is cached or saved to disk;
-        the prefix counters are put back."""
+        are paid now. No full block is computed and its partial one is not kept, so
+        nothing is cached or saved to disk; the prefix counters are put back."""
         kv = self.kv_cache
         counters = kv.prefix_hit_tokens, kv.prefix_query_tokens, kv.disk_hit_tokens
+        reuse_partial, kv.reuse_partial = kv.reuse_partial, False
         n = max(1, min(8, self.config.block_size - 1, self.max_model_len - 2))
         params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
         request_id = self.add_request([0] * n, params, "warm-up")
         while request_id in self._requests:
             self.step()
         kv.prefix_hit_tokens, kv.prefix_query_tokens, kv.disk_hit_tokens = counters
+        kv.reuse_partial = reuse_partial
 
     def _open_disk_tier(self, path, shape: KVShape) -> None:
         """Each group's pool and the runner over one store; the fingerprint names what a

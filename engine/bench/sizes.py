@@ -12,8 +12,8 @@ template), the same ids on both sides (random but fixed, drawn from the vocabula
 - turn 1: a ``sizes_prompt_tokens``-token prompt (512), ``sizes_tokens`` greedy tokens (64);
 - turn 2, the follow-up: turn 1's prompt + its reply + ``sizes_followup_tokens`` new ids
   (64), ``sizes_tokens`` greedy tokens. Both sides find the earlier turn in their own cache
-  (Folio's prefix cache in whole 16-token blocks, llama.cpp's context by longest common
-  prefix), so each computes about the new ids and the reply.
+  (Folio's prefix cache, its last partial block copied; llama.cpp's context by longest
+  common prefix), so each computes the new ids and the reply's last token.
 
 The worker emits one JSON line: ``import_s`` (torch, the engine and transformers' config
 classes, or llama_cpp),

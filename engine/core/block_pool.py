@@ -11,7 +11,9 @@ free block still holds:
                                  written, so whatever a kernel reads there is harmless
 
 A full, computed block carries ``block_hash`` (a chain: the parent's hash and its tokens)
-and the tokens behind it; freed, it stays in ``cached`` until popped for reuse. With a
+and the tokens behind it; freed, it stays in ``cached`` until popped for reuse. So does a
+sequence's last, partial block once it leaves (`partial_blocks.py`), under a key of its
+own; it is only ever copied from, and never goes to the tier below. With a
 ``tier`` below (`LowerTier`, the disk), a cached block popped for reuse is queued to be
 saved there first (``pending_saves``: the runner copies it out before the step writes
 into it), and a prefix block missing in memory but found there is placed in a free block
@@ -63,6 +65,9 @@ class BlockPool:
         self.tier: LowerTier | None = None
         self.pending_saves: list[Save] = []
         self.placed: list[tuple[int, TierHit]] = []  # blocks taken for tier hits, unread
+        # Cached partial blocks held for a copy into a new sequence's block, released
+        # once the copy pairs are drained (engine/core/partial_blocks.py).
+        self.copy_sources: list[int] = []
         # Blocks loaded from the tier below ahead of a request (a chat opened), not yet
         # used by one: the first request that does counts them as loaded from disk.
         self.preloaded: set[int] = set()
@@ -88,7 +93,8 @@ class BlockPool:
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
-                if self.tier is not None and not self.tier.has(block.block_hash):
+                if (self.tier is not None and not self.is_partial(block)
+                        and not self.tier.has(block.block_hash)):
                     self.pending_saves.append((block.block_id, block.block_hash,
                                                block.token_ids or ()))
             block.block_hash = None
@@ -134,6 +140,11 @@ class BlockPool:
         self.cached[block_hash] = block
         return True
 
+    def is_partial(self, block: Block) -> bool:
+        """A cached block of fewer than block_size tokens (a sequence's last): it stays
+        in memory, the tier below keeps full blocks only."""
+        return block.token_ids is not None and len(block.token_ids) < self.block_size
+
     # -------------------------------------------------------------- tier below
     def tier_hit(self, block_hash: bytes, token_ids: tuple[int, ...]) -> TierHit | None:
         if self.tier is None or not self.tier.has(block_hash):
@@ -160,7 +171,7 @@ class BlockPool:
         if self.tier is None:
             return []
         return [(b.block_id, h, b.token_ids or ()) for h, b in self.cached.items()
-                if not self.tier.has(h)]
+                if not self.is_partial(b) and not self.tier.has(h)]
 
     # -------------------------------------------------------------------- host
     def take_host(self) -> int:

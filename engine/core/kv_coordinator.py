@@ -19,9 +19,22 @@ from dataclasses import dataclass
 
 from engine.core.block_pool import BlockPool, Save
 from engine.core.disk_loads import DiskLoads, LoadState
-from engine.core.kv_manager import FullAttentionManager, KVCacheManager, SlidingWindowManager
+from engine.core.kv_manager import (
+    FullAttentionManager,
+    KVCacheManager,
+    SlidingWindowManager,
+    extend_hashes,
+)
 from engine.core.kv_protocol import GroupMoves
 from engine.core.kv_stats import KVStats, merge_stats, pool_stats
+from engine.core.partial_blocks import (
+    candidates,
+    extra_cost,
+    find_partial,
+    hold,
+    keep_partial,
+    release_sources,
+)
 from engine.core.sequence import Sequence
 from engine.core.state_manager import LinearStateManager
 
@@ -80,6 +93,9 @@ class KVCacheCoordinator:
         self.loads = DiskLoads()
         # Load-ahead sequences whose reads are out: seq id -> (sequence, placed blocks).
         self._preloads: dict[int, tuple[Sequence, list[list[int]]]] = {}
+        # A partial block is reused only where every group is token blocks.
+        self.reuse_partial = first.enable_prefix_caching and not any(
+            isinstance(m, LinearStateManager) for m in self.managers)
 
     @classmethod
     def build(cls, specs: Seq[KVGroupSpec], num_blocks: Seq[int], block_size: int, *,
@@ -120,21 +136,33 @@ class KVCacheCoordinator:
         (their K/V need no compute; those on disk are read before ``seq`` runs: its
         ``load_state``), or None, changing nothing, when some group cannot serve. The
         hit is the longest every group serves: a group may have to go lower than
-        another's hit, so repeat until all agree."""
+        another's hit, so repeat until all agree. A partial block cached after the hit's
+        full blocks in every group (`partial_blocks.py`) adds its tokens, copied into the
+        first new block, unless holding it for the copy is what would not fit."""
         pairs, hit = self._find(seq)
-        plans = [m.plan(seq, f, hit) for m, f in pairs]
-        if any(m.cost(p) > m.pool.num_free_blocks
-               for m, p in zip(self.managers, plans, strict=True)):
+        for num_partial, sources in self._partial_options(seq, hit):
+            computed = hit + num_partial
+            plans = [m.plan(seq, f, hit, computed) for m, f in pairs]
+            if all(m.cost(p) + (extra_cost(src) if src else 0) <= m.pool.num_free_blocks
+                   for m, p, src in zip(self.managers, plans, sources, strict=True)):
+                break
+        else:
             return None
+        for m, src in zip(self.managers, sources, strict=True):
+            if src is not None:
+                hold(m.pool, src)
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
         self._queue_reads(seq)
-        seq.num_computed_tokens = hit
+        for m, src in zip(self.managers, sources, strict=True):
+            if src is not None:
+                m.cow_pairs.append((src.block_id, m.table(seq)[hit // self.block_size]))
+        seq.num_computed_tokens = computed
         # Prompt tokens that came from disk: the first group's (it holds every token).
         seq.num_disk_tokens = len(loaded[0]) * self.block_size
-        self.prefix_hit_tokens += hit
+        self.prefix_hit_tokens += computed
         self.prefix_query_tokens += seq.num_tokens
         self.disk_hit_tokens += seq.num_disk_tokens
-        return hit
+        return computed
 
     def preload(self, seq: Sequence, spare_blocks: int = 0) -> int:
         """Load the blocks of ``seq``'s prefix hit that are on disk into free blocks, as
@@ -192,6 +220,14 @@ class KVCacheCoordinator:
             for m in self.managers:
                 m.load_done(seq)
 
+    def _partial_options(self, seq: Sequence, hit: int) -> list[tuple[int, list]]:
+        """The tokens of the longest partial block cached after ``hit`` in every group
+        with each group's block, then none (0 and Nones)."""
+        none = (0, [None] * len(self.managers))
+        found = self.reuse_partial and find_partial(
+            self.pools, candidates(seq, hit, self.block_size))
+        return [found, none] if found else [none]
+
     def _find(self, seq: Sequence) -> tuple[list, int]:
         """Each manager with its lookup of ``seq``, and the hit they agree on."""
         pairs = [(m, m.lookup(seq)) for m in self.managers]
@@ -240,7 +276,12 @@ class KVCacheCoordinator:
 
     def free(self, seq: Sequence) -> None:
         """Give back ``seq``'s blocks, cancelling the reads it waits for; blocks of a
-        load cut short that were read are cached, as if loaded ahead."""
+        load cut short that were read are cached, as if loaded ahead. A sequence that
+        leaves (finished, or preempted by recompute; a swap keeps its blocks elsewhere)
+        keeps its partial last block cached where it may be reused, unless it leaves
+        while still loading."""
+        if self.reuse_partial and self.loads.state(seq) is LoadState.NONE:
+            self._keep_partial(seq)
         read = self.loads.clear(seq)
         for m in self.managers:
             m.free(seq)
@@ -249,12 +290,21 @@ class KVCacheCoordinator:
             if pool.blocks[block_id].block_hash is not None and not self.specs[g].linear:
                 pool.preloaded.add(block_id)
 
+    def _keep_partial(self, seq: Sequence) -> None:
+        bs = self.block_size
+        extend_hashes(seq, seq.num_computed_tokens // bs, bs)
+        for m in self.managers:
+            keep_partial(m.pool, seq, m.table(seq))
+
     def free_host(self, seq: Sequence) -> None:
         for m in self.managers:
             m.free_host(seq)
 
     def take_cow_pairs(self) -> GroupMoves:
-        return [m.take_cow_pairs() for m in self.managers]
+        pairs = [m.take_cow_pairs() for m in self.managers]
+        for pool in self.pools:
+            release_sources(pool)  # their copies are in ``pairs``
+        return pairs
 
     def take_saves(self) -> list[list[Save]]:
         """Per group, the blocks to save to disk before this step writes into them."""

@@ -120,14 +120,18 @@ class KVCacheManager:
         return best * self.block_size
 
     # -------------------------------------------------------------- allocation
-    def plan(self, seq: Sequence, found: list[Found], hit_tokens: int) -> Plan:
+    def plan(self, seq: Sequence, found: list[Found], hit_tokens: int,
+             computed: int | None = None) -> Plan:
+        """``computed``: the tokens that need no compute, when a partial block copied
+        after the hit's full blocks adds to them."""
         if any(b != self.pool.null_id for b in self.table(seq)):
             raise RuntimeError(f"{seq.label} already holds blocks")
+        computed = hit_tokens if computed is None else computed
         num_hits = hit_tokens // self.block_size
-        first = self.first_kept(hit_tokens)
+        first = self.first_kept(computed)
         hits: list[Found] = [None] * first + list(found[first:num_hits])
         end = seq.num_tokens if self.lookahead is None else min(
-            seq.num_tokens, hit_tokens + self.lookahead)
+            seq.num_tokens, computed + self.lookahead)
         return hits, self.blocks_needed(end) - num_hits
 
     def cost(self, plan: Plan) -> int:

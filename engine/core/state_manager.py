@@ -71,7 +71,9 @@ class LinearStateManager(KVCacheManager):
         return 0
 
     # -------------------------------------------------------------- allocation
-    def plan(self, seq: Sequence, found: list[Found], hit_tokens: int) -> Plan:
+    def plan(self, seq: Sequence, found: list[Found], hit_tokens: int,
+             computed: int | None = None) -> Plan:
+        """``computed`` is always ``hit_tokens`` here (no partial block is reused)."""
         if self.table(seq):
             raise RuntimeError(f"{seq.label} already holds a state slot")
         # As the other kinds' plans, one entry per hit block: only the last one's

@@ -63,11 +63,12 @@ def test_chat_counts_what_each_side_computes(ctx):
     assert first["folio_computed"] == first["hf_recompute_computed"] == p1
     assert first["hf_cache_computed"] == p1
     # Turn 2: recompute runs the whole history; the DynamicCache holds turn 1 but the last
-    # reply token; Folio's prefix cache holds turn 1's full blocks.
-    assert p2 > p1 + 6
+    # reply token, and so does Folio's prefix cache (turn 1's full blocks, and its partial
+    # last block copied).
+    assert p2 > p1 + 6 and (p1 + 6 - 1) % BLOCK
     assert second["hf_recompute_computed"] == p2
     assert second["hf_cache_computed"] == p2 - (p1 + 6 - 1)
-    assert second["folio_computed"] == p2 - (p1 + 6 - 1) // BLOCK * BLOCK
+    assert second["folio_computed"] == p2 - (p1 + 6 - 1)
     assert second["folio_computed"] < second["hf_recompute_computed"]
     assert all(row[f"{side}_ttft_ms"] > 0 for row in result["rows"]
                for side in ("folio", "hf_recompute", "hf_cache"))

@@ -84,8 +84,11 @@ def test_walk_through_fork_and_copy_on_write() -> None:
     bm.free(parent)
     assert pool(bm).num_free_blocks == 10
     assert refs(bm, *range(10)) == [0] * 10
-    # Unhashed blocks go to the head (reused first), the cached block 0 to the tail.
-    assert queue_ids(bm) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
+    # The child's partial block 2 ([5, 6]) stays cached; the parent's block 1 holds the
+    # same tokens, so it is not cached twice. Unhashed blocks go to the head (reused
+    # first), cached ones to the tail.
+    assert pool(bm).blocks[2].token_ids == (5, 6)
+    assert queue_ids(bm) == [1, 3, 4, 5, 6, 7, 8, 9, 2, 0]
     assert (parent.block_table, child.block_table) == ([], [])
 
 
@@ -133,7 +136,7 @@ def test_hash_block_is_stable_and_chained() -> None:
     assert hash_block(None, [1, 23]) != hash_block(None, [12, 3])
 
 
-def test_second_turn_reuses_the_first_turns_full_blocks() -> None:
+def test_second_turn_reuses_the_first_turns_full_blocks_and_copies_its_partial_one() -> None:
     bm = one_kind(num_blocks=10, block_size=4)
     turn1 = make_seq(0, list(range(100, 114)))  # 14 tokens: 3 full blocks + 2
     assert bm.allocate(turn1) == 0
@@ -143,13 +146,18 @@ def test_second_turn_reuses_the_first_turns_full_blocks() -> None:
 
     turn2 = make_seq(1, list(range(100, 114)) + [7, 8, 9, 10, 11])  # 19 tokens
     free_before = pool(bm).num_free_blocks
-    assert bm.allocate(turn2) == 12
-    assert turn2.num_computed_tokens == 12
+    assert bm.allocate(turn2) == 14
+    assert turn2.num_computed_tokens == 14
     assert turn2.block_table[:3] == first_blocks
     assert len(turn2.block_table) == 5
+    # Block 3 (tokens 112, 113) is held for its copy into turn2's fourth block.
+    assert turn2.block_table[3] != 3 and refs(bm, 3) == [1]
+    assert pool(bm).num_free_blocks == free_before - 6
+    assert bm.take_cow_pairs() == [[(3, turn2.block_table[3])]]
+    assert refs(bm, 3) == [0] and pool(bm).blocks[3].token_ids == (112, 113)
     assert pool(bm).num_free_blocks == free_before - 5  # 3 revived from the cache, 2 new
     stats = bm.stats()
-    assert (stats.prefix_hit_tokens, stats.prefix_query_tokens) == (12, 14 + 19)
+    assert (stats.prefix_hit_tokens, stats.prefix_query_tokens) == (14, 14 + 19)
 
 
 def test_prompt_of_exactly_k_full_blocks_reuses_k_minus_1() -> None:
@@ -188,7 +196,8 @@ def test_forced_hash_collision_is_not_reused(monkeypatch: pytest.MonkeyPatch) ->
     bm.allocate(a)
     compute(bm, a)
     bm.free(a)
-    assert pool(bm).cached == {b"same": pool(bm).blocks[0]}
+    assert pool(bm).cached[b"same"] is pool(bm).blocks[0]
+    assert set(pool(bm).cached.values()) == {pool(bm).blocks[0], pool(bm).blocks[1]}
 
     other = make_seq(1, [9, 9, 9, 9, 5])  # same hash, other tokens
     assert bm.allocate(other) == 0
@@ -226,29 +235,30 @@ def test_duplicate_content_keeps_the_first_cached_block() -> None:
 # ---------------------------------------------------------------------------- LRU
 def test_eviction_takes_least_recently_freed_and_chain_tail_first() -> None:
     bm = one_kind(num_blocks=8, block_size=2)
-    a = make_seq(0, [1, 2, 3, 4, 5, 6, 7])  # blocks 0 1 2 full, 3 partial
+    a = make_seq(0, [1, 2, 3, 4, 5, 6, 7])  # blocks 0 1 2 full, 3 partial: all cached
     bm.allocate(a)
     compute(bm, a)
     bm.free(a)
-    assert queue_ids(bm) == [3, 4, 5, 6, 7, 2, 1, 0]
+    assert queue_ids(bm) == [4, 5, 6, 7, 3, 2, 1, 0]
 
-    b = make_seq(1, [8, 9, 10, 11, 12])  # takes 3 4 5; 3 and 4 become cached
+    b = make_seq(1, [8, 9, 10, 11, 12])  # takes 4 5 6 (6 partial): all cached
     bm.allocate(b)
     compute(bm, b)
     bm.free(b)
-    assert queue_ids(bm) == [5, 6, 7, 2, 1, 0, 4, 3]
+    assert queue_ids(bm) == [7, 3, 2, 1, 0, 6, 5, 4]
 
     c = make_seq(2, [20, 21, 22, 23, 24])
     bm.allocate(c)
-    assert c.block_table == [5, 6, 7]
+    # a's chain goes before b's (freed earlier), and its tail (the partial 3, then 2)
+    # before its head.
+    assert c.block_table == [7, 3, 2]
     d = make_seq(3, [30, 31, 32])
     bm.allocate(d)
-    # a's chain goes before b's (freed earlier), and its tail (2) before its head.
-    assert d.block_table == [2, 1]
-    assert (pool(bm).blocks[2].block_hash, pool(bm).blocks[1].block_hash) == (None, None)
+    assert d.block_table == [1, 0]
     blocks = pool(bm).blocks
-    assert set(pool(bm).cached.values()) == {blocks[0], blocks[3], blocks[4]}
-    assert queue_ids(bm) == [0, 4, 3]
+    assert all(blocks[i].block_hash is None for i in (3, 2, 1, 0))
+    assert set(pool(bm).cached.values()) == {blocks[4], blocks[5], blocks[6]}
+    assert queue_ids(bm) == [6, 5, 4]
 
 
 def test_hit_on_a_free_cached_block_revives_it_from_the_middle() -> None:
@@ -261,17 +271,17 @@ def test_hit_on_a_free_cached_block_revives_it_from_the_middle() -> None:
     bm.allocate(b)
     compute(bm, b)
     bm.free(b)
-    assert queue_ids(bm) == [5, 6, 7, 2, 1, 0, 4, 3]
+    assert queue_ids(bm) == [7, 3, 2, 1, 0, 6, 5, 4]
 
     again = make_seq(2, [1, 2, 3, 4, 99])
     assert bm.allocate(again) == 4
-    assert again.block_table == [0, 1, 5]
-    assert refs(bm, 0, 1, 5) == [1, 1, 1]
-    assert queue_ids(bm) == [6, 7, 2, 4, 3]
+    assert again.block_table == [0, 1, 7]
+    assert refs(bm, 0, 1, 7) == [1, 1, 1]
+    assert queue_ids(bm) == [3, 2, 6, 5, 4]
     assert len(pool(bm).free_queue) == pool(bm).num_free_blocks == 5
     assert not pool(bm).free_queue.contains(pool(bm).blocks[0])
-    bm.free(again)
-    assert queue_ids(bm) == [5, 6, 7, 2, 4, 3, 1, 0]
+    bm.free(again)  # nothing computed past the hit: no partial block to keep
+    assert queue_ids(bm) == [7, 3, 2, 6, 5, 4, 1, 0]
 
 
 def test_allocate_returns_none_and_changes_nothing_when_full() -> None:
@@ -294,15 +304,18 @@ def test_allocate_returns_none_and_changes_nothing_when_full() -> None:
              bm.prefix_query_tokens)
     assert after == before
 
+    # Reusing the cached partial block 1 ([5]) would hold it too: 3 > 2 free, so the
+    # hit does without it.
     fits = make_seq(3, [1, 2, 3, 4, 5, 6, 7, 8])
     assert bm.allocate(fits) == 4
     assert pool(bm).num_free_blocks == 0
+    assert bm.take_cow_pairs() == [[]]
 
 
 # ------------------------------------------------------------------------- stats
 def test_kv_stats_in_a_small_scenario() -> None:
     bm = one_kind(num_blocks=8, block_size=4, bytes_per_block=100)
-    gone = make_seq(9, [9, 9, 9, 9, 9], request_id="gone")  # leaves block 0 cached
+    gone = make_seq(9, [9, 9, 9, 9], request_id="gone")  # leaves block 0 cached
     bm.allocate(gone)
     compute(bm, gone)
     bm.free(gone)
@@ -329,8 +342,8 @@ def test_kv_stats_in_a_small_scenario() -> None:
     # block 0: 4, 1: 4 (shared, once), 2: 3, 3: 3, 4: 4, 5: 1
     assert s.used_slots == 19
     assert s.waste_fraction == pytest.approx(5 / 24)
-    assert (s.prefix_hit_tokens, s.prefix_query_tokens) == (4, 5 + 6 + 9)
-    assert s.hit_rate == pytest.approx(4 / 20)
+    assert (s.prefix_hit_tokens, s.prefix_query_tokens) == (4, 4 + 6 + 9)
+    assert s.hit_rate == pytest.approx(4 / 19)
     assert (s.used_bytes, s.pool_bytes, s.headroom_tokens()) == (600, 800, 8)
     assert s.blocks == [
         BlockInfo(0, USED, 1, ("o:0",)),
@@ -345,9 +358,9 @@ def test_kv_stats_in_a_small_scenario() -> None:
     assert s.blocks_per_owner == {"p:0": 2, "p:1": 2, "o:0": 3}
 
     compute(bm, other)  # block 4 becomes full and cached; block 0 already is
-    bm.free(other)
+    bm.free(other)  # and the partial block 5 ([2]) stays cached
     s = bm.stats([parent, child, other], with_blocks=False)
-    assert (s.num_free, s.num_used, s.num_cached, s.num_shared) == (5, 3, 2, 1)
+    assert (s.num_free, s.num_used, s.num_cached, s.num_shared) == (5, 3, 3, 1)
     assert s.blocks == []
     assert s.blocks_per_owner == {"p:0": 2, "p:1": 2}
     assert bm.stats().blocks[4] == BlockInfo(4, CACHED, 0, ())

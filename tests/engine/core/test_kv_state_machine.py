@@ -12,8 +12,10 @@ position a group still reads holds its own token. That catches a wrong prefix hi
 missed copy, a bad swap mapping or a block loaded into the wrong place, not only
 bookkeeping slips. The disk is a dict that a rule can damage: a damaged file must be
 recomputed, never read; a sequence may be freed while its reads are out (an abort), and
-its reads' results must then be dropped. A sliding table holds no block wholly before
-its window and never more than the window and one step's tokens.
+its reads' results must then be dropped. A sequence's partial last block stays cached when
+it leaves, and a next turn (its tokens and more) gets it copied into a block of its own. A
+sliding table holds no block wholly before its window and never more than the window and
+one step's tokens.
 """
 
 from __future__ import annotations
@@ -146,20 +148,30 @@ class KVMachine(RuleBasedStateMachine):
         return True
 
     def _allocate(self, seq: Sequence, prefill: bool, abort_loading: bool = False) -> bool:
-        """Admission as the scheduler does it: allocate, wait for the disk reads, and
-        on a failed read free and allocate again (the bad file now a miss). With
-        ``abort_loading``, a sequence still waiting for reads is freed instead."""
+        """Admission as the scheduler does it: allocate (a cached partial block copied into
+        the first new block), wait for the disk reads, and on a failed read free and
+        allocate again (the bad file now a miss). With ``abort_loading``, a sequence still
+        waiting for reads is freed instead."""
         while True:
             before = self._snapshot()
             cached = self.kv.allocate(seq)
             self._tier_moves()
+            copies = self.kv.take_cow_pairs()
             if cached is None:
                 assert self._snapshot() == before, "a failed allocate changed a pool"
                 assert all(t == [] for t in seq.block_tables)
                 assert seq.num_computed_tokens == 0
+                assert copies == [[] for _ in self.pools]
                 return False
+            for g, pairs in enumerate(copies):
+                # At most one copy per group: the partial block, into the first new block.
+                assert len(pairs) <= 1 and bool(pairs) == (cached % BLOCK_SIZE != 0)
+                for src, dst in pairs:
+                    assert seq.block_tables[g][cached // BLOCK_SIZE] == dst
+                    assert self.pools[g].blocks[src].ref_count == 0, "a copy source still held"
+                    self.device[g][dst] = list(self.device[g][src])
             assert cached == seq.num_computed_tokens
-            assert cached % BLOCK_SIZE == 0 and cached < seq.num_tokens
+            assert cached < seq.num_tokens
             reads = self.kv.loads.take_new()
             for read in reads:  # placed, not yet cached: nothing else can hit on them
                 block = self.pools[read.group].blocks[read.block_id]
@@ -232,6 +244,15 @@ class KVMachine(RuleBasedStateMachine):
         seq = self.live.pop(pick % len(self.live))
         self.kv.free(seq)
         assert seq.block_tables == self._no_tables() and seq.num_computed_tokens == 0
+
+    @precondition(lambda self: self.live)
+    @rule(pick=st.integers(0, 100), more=st.lists(st.integers(0, 3), min_size=1, max_size=4))
+    def next_turn(self, pick: int, more: list[int]) -> None:
+        """A chat's reply ends, and its next turn extends everything it holds."""
+        seq = self.live.pop(pick % len(self.live))
+        tokens = list(seq.token_ids) + more
+        self.kv.free(seq)
+        self._allocate(self._new_seq(tokens), prefill=False)
 
     @precondition(lambda self: self.live)
     @rule(pick=st.integers(0, 100), prefill=st.booleans())
@@ -329,7 +350,11 @@ class KVMachine(RuleBasedStateMachine):
         for g, pool in enumerate(self.pools):
             for block_hash, block in pool.cached.items():
                 assert block.block_hash == block_hash
-                assert tuple(self.device[g][block.block_id]) == block.token_ids, (g, block)
+                tokens = block.token_ids or ()  # a partial block's first slots only
+                assert tuple(self.device[g][block.block_id][:len(tokens)]) == tokens, (
+                    g, block)
+                assert block.ref_count == 0 or not pool.is_partial(block), "partial shared"
+            assert pool.copy_sources == []
             for block in pool.blocks:
                 if block.block_hash is not None:
                     assert pool.cached[block.block_hash] is block
