@@ -11,14 +11,20 @@ from engine import EngineConfig, LLMEngine
 from tests.engine.test_hybrid_engine import (
     BLOCK,
     assert_all_free,
-    qwen35_dir,
+    folders,
     reply,
     user_text,
 )
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-__all__ = ["qwen35_dir"]  # the module's fixture, shared
+__all__ = ["folders"]  # the hybrid engine tests' module fixture, shared
+
+
+@pytest.fixture(scope="module")
+def qwen35_dir(folders):
+    """The dense tiny Qwen3.5 folder: the snapshots' disk path is the same for the MoE."""
+    return folders["qwen35"]
 
 
 @pytest.fixture
