@@ -172,7 +172,7 @@ def test_the_tier_below_never_gets_a_partial_block() -> None:
     finish(kv, seq, 6)
     assert [s[0] for s in pool.unsaved_cached()] == [0]  # the full block only
     kv.allocate(make_seq(1, [9] * 12))  # evicts both cached blocks
-    saves, _ = kv.take_tier_moves()
+    saves = kv.take_saves()
     assert [s[0] for s in saves[0]] == [0]
     assert pool.cached == {}
 
