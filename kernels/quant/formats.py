@@ -74,3 +74,19 @@ class QuantizedTensor:
         if self.row_order is None:
             return self
         return QuantizedTensor(self.type_id, self.shape, self.data[self.row_order])
+
+
+@dataclass(slots=True)
+class BlockStorage:
+    """A layout that keeps a QuantizedTensor's blocks as they are (RawBlocks, NativeBlocks,
+    Mxfp4Blocks): its shape and bytes are the tensor's."""
+
+    tensor: QuantizedTensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tensor.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.nbytes

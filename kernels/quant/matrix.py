@@ -33,25 +33,16 @@ import torch
 import torch.nn.functional as F
 
 from kernels.quant.cpu import INT4_TYPES, Int4Packed, Int8Rows, tile_rows
-from kernels.quant.formats import QuantizedTensor
+from kernels.quant.formats import BlockStorage, QuantizedTensor
 from kernels.quant.mxfp4 import MXFP4_TYPE, Mxfp4Blocks, native_mxfp4
 
 
 @dataclass(slots=True)
-class RawBlocks:
+class RawBlocks(BlockStorage):
     """The file's blocks as they are, uint8 [n, row_bytes] on the device."""
 
-    tensor: QuantizedTensor
     # Triton kernels (CUDA; tests run them interpreted on CPU) or gguf's reference code.
     triton: bool = False
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.tensor.shape
-
-    @property
-    def nbytes(self) -> int:
-        return self.tensor.nbytes
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [m, k] -> x @ W.T [m, n] in x's dtype."""
@@ -75,18 +66,9 @@ class RawBlocks:
 
 
 @dataclass(slots=True)
-class NativeBlocks:
+class NativeBlocks(BlockStorage):
     """The file's blocks multiplied in place by the native CPU library (kernels/cpu)."""
 
-    tensor: QuantizedTensor
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.tensor.shape
-
-    @property
-    def nbytes(self) -> int:
-        return self.tensor.nbytes
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x float32 [m, k], or its 8-bit blocks (quantize_activations), -> float32 [m, n]."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.quant.formats import QuantizedTensor
+from kernels.quant.formats import BlockStorage
 
 MXFP4_TYPE = 39  # gguf.GGMLQuantizationType.MXFP4
 BLOCK, BLOCK_BYTES = 32, 17
@@ -68,23 +68,13 @@ def dequantize_mxfp4(data: torch.Tensor, k: int, dtype: torch.dtype = torch.floa
 
 
 @dataclass(slots=True)
-class Mxfp4Blocks:
+class Mxfp4Blocks(BlockStorage):
     """An MXFP4 matrix's blocks, in row order, dequantized on use."""
-
-    tensor: QuantizedTensor
 
     def __post_init__(self) -> None:
         if self.tensor.type_id != MXFP4_TYPE:
             raise ValueError(f"Mxfp4Blocks holds MXFP4 blocks, not type {self.tensor.type_id}")
         self.tensor = self.tensor.in_order()
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.tensor.shape
-
-    @property
-    def nbytes(self) -> int:
-        return self.tensor.nbytes
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [m, k] -> x @ W.T [m, n] in x's dtype."""
