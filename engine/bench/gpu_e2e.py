@@ -27,7 +27,7 @@ import torch
 
 from engine.bench.synthetic import SIZES, Shape, ensure_synthetic_gguf
 from engine.config import EngineConfig
-from engine.core.scheduler import ScheduledSeq, SchedulerOutput
+from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.llm import LLM
 from engine.runner.kv_cache import CUDA_RESERVE_BYTES

@@ -19,57 +19,16 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
 
-from engine.core.block_pool import Save
 from engine.core.disk_loads import LoadState
-from engine.core.kv_protocol import GroupMoves, KVCache
+from engine.core.kv_protocol import KVCache
+from engine.core.parking import active, has_parked, unpark
+from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput, add_moves
 from engine.core.sequence import Request, Sequence, SequenceStatus
 
 
 class RequestTooLargeError(ValueError):
     """A request that could never run: longer than the context or the whole pool."""
-
-
-@dataclass(slots=True)
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int  # tokens computed this step, starting at seq.num_computed_tokens
-    # The chunk reaches the sequence's last token, so its logits are sampled.
-    samples: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.samples = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """A step's work. Block moves are a list per KV group, in that group's block ids."""
-
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    cow_pairs: GroupMoves = field(default_factory=list)  # (src, dst) device blocks
-    swap_out: GroupMoves = field(default_factory=list)  # (device, host)
-    swap_in: GroupMoves = field(default_factory=list)  # (host, device)
-    # Per group: blocks to save to disk before anything writes into them.
-    disk_saves: list[list[Save]] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)  # request ids
-    finished: list[Request] = field(default_factory=list)  # ended by the scheduler
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.scheduled or any(self.swap_out) or any(self.swap_in)
-                    or any(self.cow_pairs) or any(self.disk_saves))
-
-
-def _add_moves(into: GroupMoves, moves: GroupMoves) -> None:
-    while len(into) < len(moves):
-        into.append([])
-    for pairs, more in zip(into, moves, strict=False):
-        pairs += more
 
 
 class Scheduler:
@@ -178,11 +137,11 @@ class Scheduler:
             if request.request_id in gone:
                 continue
             if self._make_room(request, out):
-                self._unpark(request)
+                unpark(request, self.kv)
             else:
                 gone.add(request.request_id)
             gone.update(out.preempted)
-        live = [s for r in self.running for s in _active(r)]
+        live = [s for r in self.running for s in active(r)]
         # Decode tokens first, so that a long prompt's chunk never stalls the chats
         # already streaming.
         decodes = [s for s in live if s.num_uncomputed_tokens == 1]
@@ -196,7 +155,7 @@ class Scheduler:
             num_seqs += 1
         if not out.preempted:
             budget, num_seqs = self._swap_in(out, budget, num_seqs)
-        parked = any(_has_parked(r) for r in self.running)
+        parked = any(has_parked(r) for r in self.running)
         if not out.preempted and not self.swapped and not parked:
             self._admit(out, budget, num_seqs)
         out.cow_pairs = self.kv.take_cow_pairs()
@@ -226,13 +185,13 @@ class Scheduler:
             request.num_cached_tokens = leader.num_computed_tokens
             request.num_disk_tokens = leader.num_disk_tokens
         leader.status = SequenceStatus.RUNNING
-        self._unpark(request)
+        unpark(request, self.kv)
         self.running.append(request)
 
     def _make_room(self, request: Request, out: SchedulerOutput) -> bool:
         """Blocks for this step's tokens of ``request``, preempting later requests (or this
         one) as needed. Returns whether ``request`` still runs this step."""
-        seqs = _active(request)
+        seqs = active(request)
         while not self._append(seqs):
             if self.loading:  # its reads are the cheapest to give up
                 self._preempt_loading(self.loading[-1], out)
@@ -268,9 +227,9 @@ class Scheduler:
         self.running.remove(request)
         self.num_preemptions += 1
         out.preempted.append(request.request_id)
-        seqs = _active(request)  # parked candidates hold no blocks and stay parked
+        seqs = active(request)  # parked candidates hold no blocks and stay parked
         if self.kv.num_host_blocks and self.kv.can_swap_out(seqs):
-            _add_moves(out.swap_out, self.kv.swap_out(seqs))
+            add_moves(out.swap_out, self.kv.swap_out(seqs))
             for seq in seqs:
                 seq.status = SequenceStatus.SWAPPED
             self.swapped.appendleft(request)
@@ -299,7 +258,7 @@ class Scheduler:
             if not self.kv.can_swap_in(seqs, reserve=len(seqs) if self.running else 0):
                 break
             self.swapped.popleft()
-            _add_moves(out.swap_in, self.kv.swap_in(seqs))
+            add_moves(out.swap_in, self.kv.swap_in(seqs))
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
                 # Out of room only when alone: the next step's _make_room ends it.
@@ -322,7 +281,7 @@ class Scheduler:
         while self.waiting and budget > 0 and num_seqs < self.max_num_seqs:
             request = self.waiting[0]
             # A recomputed request with several candidates comes back leader first; the
-            # others join once the prompt is in the cache again (see _unpark).
+            # others join once the prompt is in the cache again (see parking.unpark).
             leader = request.live_seqs[0]
             if self.kv.allocate(leader) is None:
                 break
@@ -334,31 +293,10 @@ class Scheduler:
                 self.loading.append(request)
                 continue  # takes no budget until its blocks are in
             self._start(request)
-            for seq in _active(request):
+            for seq in active(request):
                 budget, num_seqs = self._schedule_chunk(out, seq, budget, num_seqs)
-            if _has_parked(request):
+            if has_parked(request):
                 break  # its parked candidates come before anything still waiting
-
-    def _unpark(self, request: Request) -> None:
-        """Give blocks to the parked candidates of a request preempted by recompute.
-
-        Allocated together, each would recompute the shared prompt into blocks of its
-        own (none is in the cache until computed), needing far more room than the
-        request held: it might never fit again. So they wait until an active candidate
-        has computed the prompt's full blocks, then find them in the prefix cache."""
-        if not _has_parked(request):
-            return
-        parked = [s for s in request.seqs if s.status is SequenceStatus.PARKED]
-        active = _active(request)
-        prompt_blocks_end = request.num_prompt_tokens // self.kv.block_size * self.kv.block_size
-        if active and all(s.num_computed_tokens < prompt_blocks_end for s in active):
-            return
-        if not active:  # every active candidate finished first: a new leader
-            parked = parked[:1]
-        for seq in parked:
-            if self.kv.allocate(seq) is None:
-                return
-            seq.status = SequenceStatus.RUNNING
 
     # ------------------------------------------------------------ after a step
     def mark_computed(self, out: SchedulerOutput) -> None:
@@ -367,13 +305,3 @@ class Scheduler:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.kv.commit_computed(item.seq)
 
-
-def _active(request: Request) -> list[Sequence]:
-    """The request's candidates that hold blocks (not finished, swapped out or parked)."""
-    return [s for s in request.seqs if s.status is SequenceStatus.RUNNING]
-
-
-def _has_parked(request: Request) -> bool:
-    """Whether some candidate of a running request still waits for its blocks (never so
-    with one sequence, the common case, checked first: it is the leader)."""
-    return len(request.seqs) > 1 and any(s.status is SequenceStatus.PARKED for s in request.seqs)

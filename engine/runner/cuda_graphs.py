@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core.scheduler import SchedulerOutput
+from engine.core.scheduler_output import SchedulerOutput
 from kernels import AttentionBackend, AttentionMetadata
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.core.kv_coordinator import KVGroupSpec
-from engine.core.scheduler import ScheduledSeq, SchedulerOutput
+from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from engine.layers.gated_deltanet import StateMetadata
 from engine.runner.cuda_graphs import CudaGraphRunner, backend_is_capturable
 from engine.runner.disk_tier import GroupDisk

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from engine.core.scheduler import ScheduledSeq, SchedulerOutput
+from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.runner.cuda_graphs import (
     BATCH_SIZES,

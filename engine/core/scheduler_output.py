@@ -1,0 +1,52 @@
+"""What the scheduler decides for one step: the sequences that run and with how many
+tokens, and the block moves (a list per KV group, in that group's ids) the runner applies
+before the forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.block_pool import Save
+from engine.core.kv_protocol import GroupMoves
+from engine.core.sequence import Request, Sequence
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # tokens computed this step, starting at seq.num_computed_tokens
+    # The chunk reaches the sequence's last token, so its logits are sampled.
+    samples: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.samples = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """A step's work. Block moves are a list per KV group, in that group's block ids."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    cow_pairs: GroupMoves = field(default_factory=list)  # (src, dst) device blocks
+    swap_out: GroupMoves = field(default_factory=list)  # (device, host)
+    swap_in: GroupMoves = field(default_factory=list)  # (host, device)
+    # Per group: blocks to save to disk before anything writes into them.
+    disk_saves: list[list[Save]] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)  # request ids
+    finished: list[Request] = field(default_factory=list)  # ended by the scheduler
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.scheduled or any(self.swap_out) or any(self.swap_in)
+                    or any(self.cow_pairs) or any(self.disk_saves))
+
+
+def add_moves(into: GroupMoves, moves: GroupMoves) -> None:
+    while len(into) < len(moves):
+        into.append([])
+    for pairs, more in zip(into, moves, strict=False):
+        pairs += more
