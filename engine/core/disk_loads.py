@@ -13,15 +13,24 @@ recomputes what the bad file held.
 Freeing a sequence (abort, preemption) cancels its reads: a ticket no longer here is a
 result the engine drops, never copied into a block that may belong to someone else by
 then.
+
+A load-ahead (a chat opened before its next turn, ``KVCacheCoordinator.preload``) is a
+sequence that holds its loaded blocks only until the last read is in; then they are
+cached, free, for that turn's lookup to find.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.core.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.core.kv_manager import KVCacheManager
 
 
 class LoadState(enum.Enum):
@@ -42,7 +51,10 @@ class DiskRead:
 
 
 class DiskLoads:
-    def __init__(self) -> None:
+    """The reads of every KV group: ``managers[g]`` keeps group g's blocks."""
+
+    def __init__(self, managers: Seq[KVCacheManager] = ()) -> None:
+        self.managers = list(managers)
         self._tickets = itertools.count()
         self._reads: dict[int, tuple[DiskRead, Sequence]] = {}
         self._by_seq: dict[int, set[int]] = {}  # seq id -> outstanding tickets
@@ -51,6 +63,8 @@ class DiskLoads:
         self._done: dict[int, list[tuple[int, int]]] = {}
         self._new: list[DiskRead] = []
         self._cancelled: list[int] = []
+        # Load-ahead sequences whose reads are out: seq id -> (sequence, placed blocks).
+        self._preloads: dict[int, tuple[Sequence, list[list[int]]]] = {}
 
     @property
     def pending(self) -> bool:
@@ -112,3 +126,46 @@ class DiskLoads:
             self._cancelled.append(ticket)
         self._new = [r for r in self._new if r.ticket in self._reads]
         return done
+
+    # ------------------------------------------------------ over the KV groups
+    def queue(self, seq: Sequence) -> None:
+        """A read for each block the groups' pools placed for ``seq``."""
+        for g, m in enumerate(self.managers):
+            for block_id, hit in m.pool.take_placed():
+                self.add(seq, g, block_id, hit.block_hash, hit.token_ids)
+
+    def start_preload(self, seq: Sequence, loaded: list[list[int]]) -> bool:
+        """Track the load-ahead ``seq`` of the blocks ``loaded`` (per group); returns
+        whether it is already over (no read out): the caller then frees ``seq``."""
+        self._preloads[seq.seq_id] = (seq, loaded)
+        return self._end_preload(seq)
+
+    def _end_preload(self, seq: Sequence) -> bool:
+        """Once no read of a preload is out: its loaded blocks are cached and free."""
+        if self.state(seq) is LoadState.LOADING:
+            return False
+        _, loaded = self._preloads.pop(seq.seq_id)
+        for m, blocks in zip(self.managers, loaded, strict=True):
+            # Still unused, whether loaded now or before; a failed read holds nothing.
+            m.pool.preloaded.update(b for b in blocks
+                                    if m.pool.blocks[b].block_hash is not None)
+        return True
+
+    def finish_read(self, ticket: int, ok: bool) -> Sequence | None:
+        """The read of ``ticket`` is over: its content is in its block (``ok``), or it
+        failed its checks. A cancelled ticket changes nothing. Returns the load-ahead
+        sequence this read ended, for the caller to free."""
+        entry = self.finish(ticket, ok)
+        if entry is None:
+            return None
+        read, seq = entry
+        if ok:
+            self.managers[read.group].loaded(read.block_id, read.block_hash, read.token_ids)
+        if seq.seq_id in self._preloads:
+            if not ok:
+                self.clear(seq)  # the rest are of no use to a failed load-ahead
+            return seq if self._end_preload(seq) else None
+        if self.state(seq) is LoadState.NONE:  # the whole load is in
+            for m in self.managers:
+                m.load_done(seq)
+        return None

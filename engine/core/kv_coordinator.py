@@ -6,9 +6,10 @@ its prefix hit is one length that every group serves; forks, frees and swaps tou
 group. Block ids never mix: the moves it returns (copy-on-write and swap pairs) are a
 list per group, in that group's own ids, which is how the runner applies them.
 
-Blocks found on disk are read in the background (`disk_loads.py`): ``allocate`` takes
-blocks for them and queues their reads; the sequence's ``load_state`` is ``LOADING``
-until every read is in (``finish_read``), and ``FAILED`` when one fails its checks.
+Blocks found on disk are read in the background (`disk_loads.py`, which keeps the
+tickets and load-aheads): ``allocate`` takes blocks for them and queues their reads; the
+sequence's ``load_state`` is ``LOADING`` until every read is in (``finish_read``), and
+``FAILED`` when one fails its checks. Partial-block reuse is `partial_blocks.py`'s.
 """
 
 from __future__ import annotations
@@ -19,20 +20,15 @@ from dataclasses import dataclass
 
 from engine.core.block_pool import BlockPool, Save
 from engine.core.disk_loads import DiskLoads, LoadState
-from engine.core.kv_manager import (
-    FullAttentionManager,
-    KVCacheManager,
-    SlidingWindowManager,
-    extend_hashes,
-)
+from engine.core.kv_manager import FullAttentionManager, KVCacheManager, SlidingWindowManager
 from engine.core.kv_protocol import GroupMoves
 from engine.core.kv_stats import KVStats, merge_stats, pool_stats
 from engine.core.partial_blocks import (
-    candidates,
+    copy_in,
     extra_cost,
-    find_partial,
-    hold,
-    keep_partial,
+    hold_sources,
+    keep_partials,
+    options,
     release_sources,
 )
 from engine.core.sequence import Sequence
@@ -90,9 +86,7 @@ class KVCacheCoordinator:
         self.prefix_hit_tokens = 0  # prompt tokens served from the prefix cache, since start
         self.prefix_query_tokens = 0  # prompt tokens looked up, since start
         self.disk_hit_tokens = 0  # of the hits, prompt tokens loaded from disk
-        self.loads = DiskLoads()
-        # Load-ahead sequences whose reads are out: seq id -> (sequence, placed blocks).
-        self._preloads: dict[int, tuple[Sequence, list[list[int]]]] = {}
+        self.loads = DiskLoads(self.managers)
         # A partial block is reused only where every group is token blocks.
         self.reuse_partial = first.enable_prefix_caching and not any(
             isinstance(m, LinearStateManager) for m in self.managers)
@@ -140,22 +134,18 @@ class KVCacheCoordinator:
         full blocks in every group (`partial_blocks.py`) adds its tokens, copied into the
         first new block, unless holding it for the copy is what would not fit."""
         pairs, hit = self._find(seq)
-        for num_partial, sources in self._partial_options(seq, hit):
+        for num_partial, sources in options(self.pools, seq, hit, self.reuse_partial):
             computed = hit + num_partial
             plans = [m.plan(seq, f, hit, computed) for m, f in pairs]
-            if all(m.cost(p) + (extra_cost(src) if src else 0) <= m.pool.num_free_blocks
+            if all(m.cost(p) + extra_cost(src) <= m.pool.num_free_blocks
                    for m, p, src in zip(self.managers, plans, sources, strict=True)):
                 break
         else:
             return None
-        for m, src in zip(self.managers, sources, strict=True):
-            if src is not None:
-                hold(m.pool, src)
+        hold_sources(self.managers, sources)
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
-        self._queue_reads(seq)
-        for m, src in zip(self.managers, sources, strict=True):
-            if src is not None:
-                m.cow_pairs.append((src.block_id, m.table(seq)[hit // self.block_size]))
+        self.loads.queue(seq)
+        copy_in(self.managers, sources, seq, hit)
         seq.num_computed_tokens = computed
         # Prompt tokens that came from disk: the first group's (it holds every token).
         seq.num_disk_tokens = len(loaded[0]) * self.block_size
@@ -178,55 +168,21 @@ class KVCacheCoordinator:
                for m, p in zip(self.managers, plans, strict=True)):
             return 0
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
-        self._queue_reads(seq)
+        self.loads.queue(seq)
         seq.num_computed_tokens = hit
-        self._preloads[seq.seq_id] = (seq, loaded)
-        self._end_preload(seq)
+        if self.loads.start_preload(seq, loaded):
+            self.free(seq)
         return len(loaded[0]) * self.block_size
-
-    def _end_preload(self, seq: Sequence) -> None:
-        """Once no read of a preload is out: its loaded blocks are cached and free."""
-        if self.loads.state(seq) is LoadState.LOADING:
-            return
-        _, loaded = self._preloads.pop(seq.seq_id)
-        for m, blocks in zip(self.managers, loaded, strict=True):
-            # Still unused, whether loaded now or before; a failed read holds nothing.
-            m.pool.preloaded.update(b for b in blocks
-                                    if m.pool.blocks[b].block_hash is not None)
-        self.free(seq)
-
-    def _queue_reads(self, seq: Sequence) -> None:
-        for g, pool in enumerate(self.pools):
-            for block_id, hit in pool.take_placed():
-                self.loads.add(seq, g, block_id, hit.block_hash, hit.token_ids)
 
     def load_state(self, seq: Sequence) -> LoadState:
         return self.loads.state(seq)
 
     def finish_read(self, ticket: int, ok: bool) -> None:
-        """The read of ``ticket`` is over: its content is in its block (``ok``), or it
-        failed its checks. A cancelled ticket changes nothing."""
-        entry = self.loads.finish(ticket, ok)
-        if entry is None:
-            return
-        read, seq = entry
-        if ok:
-            self.managers[read.group].loaded(read.block_id, read.block_hash, read.token_ids)
-        if seq.seq_id in self._preloads:
-            if not ok:
-                self.loads.clear(seq)  # the rest are of no use to a failed load-ahead
-            self._end_preload(seq)
-        elif self.loads.state(seq) is LoadState.NONE:  # the whole load is in
-            for m in self.managers:
-                m.load_done(seq)
-
-    def _partial_options(self, seq: Sequence, hit: int) -> list[tuple[int, list]]:
-        """The tokens of the longest partial block cached after ``hit`` in every group
-        with each group's block, then none (0 and Nones)."""
-        none = (0, [None] * len(self.managers))
-        found = self.reuse_partial and find_partial(
-            self.pools, candidates(seq, hit, self.block_size))
-        return [found, none] if found else [none]
+        """The read of ``ticket`` is over (`DiskLoads.finish_read`); a load-ahead it
+        ends is freed, its blocks cached."""
+        ended = self.loads.finish_read(ticket, ok)
+        if ended is not None:
+            self.free(ended)
 
     def _find(self, seq: Sequence) -> tuple[list, int]:
         """Each manager with its lookup of ``seq``, and the hit they agree on."""
@@ -281,7 +237,7 @@ class KVCacheCoordinator:
         keeps its partial last block cached where it may be reused, unless it leaves
         while still loading."""
         if self.reuse_partial and self.loads.state(seq) is LoadState.NONE:
-            self._keep_partial(seq)
+            keep_partials(self.managers, seq)
         read = self.loads.clear(seq)
         for m in self.managers:
             m.free(seq)
@@ -289,12 +245,6 @@ class KVCacheCoordinator:
             pool = self.pools[g]
             if pool.blocks[block_id].block_hash is not None and not self.specs[g].linear:
                 pool.preloaded.add(block_id)
-
-    def _keep_partial(self, seq: Sequence) -> None:
-        bs = self.block_size
-        extend_hashes(seq, seq.num_computed_tokens // bs, bs)
-        for m in self.managers:
-            keep_partial(m.pool, seq, m.table(seq))
 
     def free_host(self, seq: Sequence) -> None:
         for m in self.managers:

@@ -26,6 +26,7 @@ from collections.abc import Sequence as Seq
 
 from engine.core.block_pool import BlockPool
 from engine.core.free_block_queue import Block
+from engine.core.kv_manager import KVCacheManager, extend_hashes
 from engine.core.sequence import Sequence
 
 # One candidate of a partial hit: its length in tokens, its cache key, its tokens.
@@ -81,9 +82,10 @@ def find_partial(pools: Seq[BlockPool], found: list[Candidate]
     return None
 
 
-def extra_cost(block: Block) -> int:
-    """Free blocks that holding ``block`` for its copy takes (one when it is free)."""
-    return 1 if block.ref_count == 0 else 0
+def extra_cost(block: Block | None) -> int:
+    """Free blocks that holding ``block`` for its copy takes (one when it is free; none
+    for no block)."""
+    return 1 if block is not None and block.ref_count == 0 else 0
 
 
 def hold(pool: BlockPool, block: Block) -> None:
@@ -97,3 +99,36 @@ def release_sources(pool: BlockPool) -> None:
     """The step's copies are drained: the held partial blocks go back, still cached."""
     sources, pool.copy_sources = pool.copy_sources, []
     pool.release(sources)
+
+
+# ------------------------------------------------------------ over the KV groups
+def options(pools: Seq[BlockPool], seq: Sequence, hit: int, enabled: bool
+            ) -> list[tuple[int, list[Block | None]]]:
+    """The tokens of the longest partial block cached after ``hit`` in every pool with
+    each pool's block, then none (0 and Nones); only none where reuse is not ``enabled``."""
+    none: tuple[int, list[Block | None]] = (0, [None] * len(pools))
+    found = enabled and find_partial(pools, candidates(seq, hit, pools[0].block_size))
+    return [found, none] if found else [none]  # type: ignore[list-item]
+
+
+def hold_sources(managers: Seq[KVCacheManager], sources: Seq[Block | None]) -> None:
+    """Hold each group's partial block (if any) until its copy is drained."""
+    for m, src in zip(managers, sources, strict=True):
+        if src is not None:
+            hold(m.pool, src)
+
+
+def copy_in(managers: Seq[KVCacheManager], sources: Seq[Block | None], seq: Sequence,
+            hit: int) -> None:
+    """Each group's partial block copied into ``seq``'s first block after the ``hit``."""
+    for m, src in zip(managers, sources, strict=True):
+        if src is not None:
+            m.cow_pairs.append((src.block_id, m.table(seq)[hit // m.block_size]))
+
+
+def keep_partials(managers: Seq[KVCacheManager], seq: Sequence) -> None:
+    """``keep_partial`` in every group for a leaving ``seq``."""
+    bs = managers[0].block_size
+    extend_hashes(seq, seq.num_computed_tokens // bs, bs)
+    for m in managers:
+        keep_partial(m.pool, seq, m.table(seq))
