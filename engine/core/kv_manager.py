@@ -20,11 +20,10 @@ Window 4, block_size 4, after 11 computed tokens (11 - 4 + 1 = 8 skipped)::
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence as Seq
-
+from engine.core.block_hashes import extend_hashes
 from engine.core.block_pool import BlockPool, TierHit
 from engine.core.free_block_queue import Block
+from engine.core.host_swap import HostSwap
 from engine.core.sequence import Sequence
 
 # A prefix block found by a lookup: in memory, a tier below, or neither (None).
@@ -34,15 +33,9 @@ Found = Block | TierHit | None
 Plan = tuple[list[Found], int]
 
 
-def hash_block(parent: bytes | None, token_ids: Seq[int]) -> bytes:
-    """Stable across processes (unlike ``hash``): the parent's hash, then the tokens."""
-    h = hashlib.blake2b(parent or b"", digest_size=16)
-    h.update(b",".join(str(t).encode() for t in token_ids))
-    return h.digest()
-
-
-class KVCacheManager:
-    """The blocks of KV group ``group`` (``Sequence.block_tables[group]``)."""
+class KVCacheManager(HostSwap):
+    """The blocks of KV group ``group`` (``Sequence.block_tables[group]``); swaps to the
+    host pool are `HostSwap`'s."""
 
     # Freed tables enter the queue oldest block first (the end is evicted last), or
     # newest first (the beginning is evicted last): whichever a later hit needs most.
@@ -56,7 +49,6 @@ class KVCacheManager:
         self.block_size = pool.block_size
         self.lookahead = lookahead
         self.cow_pairs: list[tuple[int, int]] = []  # (src, dst), drained by the scheduler
-        # Swapped sequences' host tables (None: a null entry, nothing to move).
         self.host_tables: dict[int, list[int | None]] = {}
 
     def skipped_tokens(self, num_computed: int) -> int:
@@ -252,60 +244,6 @@ class KVCacheManager:
         self._set_table(seq, [])
         seq.num_computed_tokens = 0
 
-    # -------------------------------------------------------------------- swap
-    def blocks_held(self, seqs: Seq[Sequence]) -> int:
-        return len({b for s in seqs for b in self.table(s)} - {self.pool.null_id})
-
-    def host_blocks_held(self, seqs: Seq[Sequence]) -> int:
-        return len({b for s in seqs for b in self.host_tables[s.seq_id]} - {None})
-
-    def swap_out(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
-        """Move ``seqs`` (one request's candidates) to the host pool; blocks they share
-        map to one host block. Returns (device block, host block) pairs to copy."""
-        pool = self.pool
-        mapping: dict[int, int] = {}
-        for seq in seqs:
-            table: list[int | None] = []
-            for block_id in self.table(seq):
-                if block_id == pool.null_id:
-                    table.append(None)
-                elif block_id in mapping:
-                    pool.hold_host(mapping[block_id])
-                    table.append(mapping[block_id])
-                else:
-                    mapping[block_id] = pool.take_host()
-                    table.append(mapping[block_id])
-            num_computed = seq.num_computed_tokens
-            self.free(seq)
-            seq.num_computed_tokens = num_computed
-            self.host_tables[seq.seq_id] = table
-        return list(mapping.items())
-
-    def swap_in(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:
-        """Bring ``seqs`` back from the host pool. Returns (host, device) pairs."""
-        pool = self.pool
-        mapping: dict[int, int] = {}
-        for seq in seqs:
-            table = []
-            for host_id in self.host_tables.pop(seq.seq_id):
-                if host_id is None:
-                    table.append(pool.null_id)
-                    continue
-                if host_id not in mapping:
-                    mapping[host_id] = pool.take().block_id
-                else:
-                    pool.blocks[mapping[host_id]].ref_count += 1
-                table.append(mapping[host_id])
-                pool.release_host(host_id)
-            self._set_table(seq, table)
-        return list(mapping.items())
-
-    def free_host(self, seq: Sequence) -> None:
-        for host_id in self.host_tables.pop(seq.seq_id, []):
-            if host_id is not None:
-                self.pool.release_host(host_id)
-
-
 class FullAttentionManager(KVCacheManager):
     """Every token is read: nothing is skipped; a freed chat's beginning is kept longest."""
 
@@ -324,11 +262,3 @@ class SlidingWindowManager(KVCacheManager):
 
     def skipped_tokens(self, num_computed: int) -> int:
         return max(0, num_computed - self.window + 1)
-
-
-def extend_hashes(seq: Sequence, num_full: int, block_size: int) -> None:
-    """``seq.block_hashes`` for its first ``num_full`` blocks, each computed once."""
-    bs = block_size
-    for i in range(len(seq.block_hashes), num_full):
-        parent = seq.block_hashes[i - 1] if i else None
-        seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs]))

@@ -24,9 +24,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence as Seq
 
+from engine.core.block_hashes import extend_hashes
 from engine.core.block_pool import BlockPool
 from engine.core.free_block_queue import Block
-from engine.core.kv_manager import KVCacheManager, extend_hashes
+from engine.core.kv_manager import KVCacheManager
 from engine.core.sequence import Sequence
 
 # One candidate of a partial hit: its length in tokens, its cache key, its tokens.

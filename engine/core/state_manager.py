@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
+from engine.core.block_hashes import extend_hashes
 from engine.core.block_pool import BlockPool, TierHit
-from engine.core.kv_manager import Found, KVCacheManager, Plan, extend_hashes
+from engine.core.kv_manager import Found, KVCacheManager, Plan
 from engine.core.sequence import Sequence
 
 

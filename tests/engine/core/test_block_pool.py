@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool, TierHit
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
-from engine.core.kv_manager import hash_block
 from engine.core.sequence import Sequence
 
 

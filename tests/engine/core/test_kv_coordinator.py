@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-import engine.core.kv_manager
+import engine.core.block_hashes
+from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
-from engine.core.kv_manager import hash_block
 from engine.core.kv_stats import CACHED, FREE, SHARED, USED, BlockInfo
 from engine.core.sequence import Sequence
 
@@ -190,7 +190,7 @@ def test_prompts_sharing_a_system_prompt_share_its_blocks() -> None:
 
 
 def test_forced_hash_collision_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine.core.kv_manager, "hash_block", lambda parent, tokens: b"same")
+    monkeypatch.setattr(engine.core.block_hashes, "hash_block", lambda parent, tokens: b"same")
     bm = one_kind(num_blocks=6, block_size=4)
     a = make_seq(0, [1, 2, 3, 4, 5])
     bm.allocate(a)

@@ -4,9 +4,10 @@ candidates, swaps, the tier below, several KV groups, and never with linear stat
 
 from __future__ import annotations
 
+from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
-from engine.core.kv_manager import FullAttentionManager, SlidingWindowManager, hash_block
+from engine.core.kv_manager import FullAttentionManager, SlidingWindowManager
 from engine.core.partial_blocks import candidates, partial_hash
 from engine.core.sequence import Sequence
 from engine.core.state_manager import LinearStateManager

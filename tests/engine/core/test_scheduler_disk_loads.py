@@ -6,10 +6,10 @@ recomputed). The engine's part (the reader thread, the copies) is played by hand
 
 from __future__ import annotations
 
+from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool
 from engine.core.disk_loads import LoadState
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
-from engine.core.kv_manager import hash_block
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, SequenceStatus
 from engine.sampling_params import SamplingParams
