@@ -18,8 +18,9 @@ import torch
 
 from engine.dtypes import dtype_itemsize
 from engine.loaders.base import FolioLoadError, display_name
-from engine.loaders.gguf.config import CONFIG_TENSORS, gguf_config_dict
+from engine.loaders.gguf.config import gguf_config_dict
 from engine.loaders.gguf.header import read_gguf_header
+from engine.loaders.gguf.rope import CONFIG_TENSORS
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
 from engine.models import SUPPORTED_MODEL_TYPES
 from engine.models.moe import active_parameters

@@ -35,8 +35,9 @@ from engine.loaders.base import (
     check_weight_shapes,
     display_name,
 )
-from engine.loaders.gguf.config import config_tensor_names, gguf_config_dict
+from engine.loaders.gguf.config import gguf_config_dict
 from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
+from engine.loaders.gguf.rope import config_tensor_names
 from engine.models import ModelFamily, gguf_file_family
 from engine.models.registry import GGUF_LLAMA_BLOCK_NAMES
 from kernels.quant.formats import QuantizedTensor, quant_format
