@@ -20,7 +20,8 @@ from torch import nn
 
 from engine.dtypes import resolve_dtype
 from engine.models.gemma import GemmaForCausalLM, gemma_spec
-from engine.models.gemma4 import Gemma4ForCausalLM, gemma4_spec
+from engine.models.gemma4 import Gemma4ForCausalLM
+from engine.models.gemma4_spec import gemma4_spec
 from engine.models.gpt_oss import GptOssForCausalLM, gpt_oss_spec, split_expert_shapes
 from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import MoEForCausalLM, moe_spec
