@@ -34,12 +34,13 @@ def bench_moe(ctx) -> dict:
     from engine.bench.common import bench_result
     from engine.bench.probe import run_probe
     from engine.bench.setup import Target
+    from engine.bench.synthetic import ensure_synthetic_gguf
     from engine.loaders.catalog import model_info, starter_path
 
     s = ctx.settings
     shape = synthetic_moe.OLMOE_1B_7B  # looked up now, so a test can shrink it
     start = time.perf_counter()
-    path, written = synthetic_moe.ensure_synthetic_moe_gguf(starter_path(), shape)
+    path, written = ensure_synthetic_gguf(starter_path(), shape)
     write_s = time.perf_counter() - start
     info = model_info(path)
     notes = [f"model: {path} ({'written now' if written else 'reused'}, "

@@ -12,7 +12,9 @@ infinities, and large ones would overflow the activations somewhere in 32 layers
 It is written once into ``cache_root() / "bench"`` tensor by tensor (GGUFWriter's
 header-then-``write_tensor_data`` mode), so at most one tensor is in memory, to a temporary
 name renamed into place at the end; later runs reuse it. The file name carries the shape
-(``Shape.label``), so each shape has its own file.
+(``Shape.label``), so each shape has its own file. A mixture of experts' shape
+(synthetic_moe.py's ``MoEShape``) is this shape plus its expert fields: its own
+architecture, feed-forward tensors and keys, the same plan, writer and cache.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 import numpy as np
 
@@ -36,8 +38,16 @@ _SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208, 1)}
 SCALE_RANGE = {"Q4_K": (1e-4, 3e-4), "Q6_K": (3e-5, 1e-4)}
 
 
+# One tensor of a plan: GGUF name, shape outermost first, type name.
+Planned = tuple[str, tuple[int, ...], str]
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
+    """A dense Llama's shape; ``intermediate`` is the feed-forward width."""
+
+    arch: ClassVar[str] = "llama"
+    qk_norm: ClassVar[bool] = False  # per-layer q/k norm weights (OLMoE's)
     layers: int = 32
     hidden: int = 4096
     heads: int = 32
@@ -51,6 +61,22 @@ class Shape:
     def label(self) -> str:
         return (f"llama-{self.layers}l-{self.hidden}h-{self.heads}q{self.kv_heads}kv-"
                 f"{self.intermediate}ff")
+
+    def gguf_keys(self) -> dict[str, int | float]:
+        """The file's ``{arch}.*`` keys (without the prefix)."""
+        return {"block_count": self.layers, "context_length": self.context,
+                "embedding_length": self.hidden, "feed_forward_length": self.intermediate,
+                "attention.head_count": self.heads, "attention.head_count_kv": self.kv_heads,
+                "rope.dimension_count": self.head_dim, "rope.freq_base": self.rope_base,
+                "attention.layer_norm_rms_epsilon": 1e-5}
+
+    def ffn_plan(self, layer: int, more: str) -> list[Planned]:
+        """Layer ``layer``'s feed-forward tensors; ``more``: the type of its more-bits
+        matrices (use_more_bits)."""
+        h, f = self.hidden, self.intermediate
+        return [(f"blk.{layer}.ffn_gate.weight", (f, h), "Q4_K"),
+                (f"blk.{layer}.ffn_up.weight", (f, h), "Q4_K"),
+                (f"blk.{layer}.ffn_down.weight", (h, f), more)]
 
 
 # The sizes ``folio bench sizes`` knows, by name (``--sizes 1b,3b,8b``). The vocabulary is
@@ -72,8 +98,8 @@ def use_more_bits(layer: int, layers: int) -> bool:
             or (layer - layers // 8) % 3 == 2)
 
 
-def tensor_plan(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
-    """(GGUF name, shape outermost first, type name) of every tensor, in file order."""
+def tensor_plan(shape: Shape, vocab: int) -> list[Planned]:
+    """Every tensor of ``shape``'s file, in file order."""
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     plan = [("token_embd.weight", (vocab, h), "Q4_K")]
     for i in range(shape.layers):
@@ -83,12 +109,12 @@ def tensor_plan(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...], st
             (f"blk.{i}.attn_q.weight", (q, h), "Q4_K"),
             (f"blk.{i}.attn_k.weight", (kv, h), "Q4_K"),
             (f"blk.{i}.attn_v.weight", (kv, h), more),
-            (f"blk.{i}.attn_output.weight", (h, q), "Q4_K"),
-            (f"blk.{i}.ffn_norm.weight", (h,), "F32"),
-            (f"blk.{i}.ffn_gate.weight", (shape.intermediate, h), "Q4_K"),
-            (f"blk.{i}.ffn_up.weight", (shape.intermediate, h), "Q4_K"),
-            (f"blk.{i}.ffn_down.weight", (h, shape.intermediate), more),
         ]
+        if shape.qk_norm:
+            plan += [(f"blk.{i}.attn_q_norm.weight", (q,), "F32"),
+                     (f"blk.{i}.attn_k_norm.weight", (kv,), "F32")]
+        plan += [(f"blk.{i}.attn_output.weight", (h, q), "Q4_K"),
+                 (f"blk.{i}.ffn_norm.weight", (h,), "F32"), *shape.ffn_plan(i, more)]
     return plan + [("output_norm.weight", (h,), "F32"), ("output.weight", (vocab, h), "Q6_K")]
 
 
@@ -107,9 +133,8 @@ def _ggml_type(kind: str) -> str:
     return "F32" if kind == "F32_RANDOM" else kind
 
 
-def synthetic_path(shape: Any = LLAMA3_8B, root: Path | None = None) -> Path:
-    """Where a shape's file lives: named by its ``label`` (any shape with one, the MoE
-    shapes of synthetic_moe.py too)."""
+def synthetic_path(shape: Shape = LLAMA3_8B, root: Path | None = None) -> Path:
+    """Where a shape's file lives: named by its ``label``."""
     if root is None:
         from engine.loaders.gguf.loader import cache_root
 
@@ -130,18 +155,13 @@ def ensure_synthetic_gguf(tokenizer_gguf: Path, shape: Shape = LLAMA3_8B,
 
 def write_synthetic_gguf(path: Path, tokenizer_gguf: Path, shape: Shape = LLAMA3_8B,
                          seed: int = 0) -> None:
-    keys = {"block_count": shape.layers, "context_length": shape.context,
-            "embedding_length": shape.hidden, "feed_forward_length": shape.intermediate,
-            "attention.head_count": shape.heads, "attention.head_count_kv": shape.kv_heads,
-            "rope.dimension_count": shape.head_dim,
-            "rope.freq_base": shape.rope_base, "attention.layer_norm_rms_epsilon": 1e-5}
-    write_random_gguf(path, tokenizer_gguf, "llama", shape.label, keys,
+    write_random_gguf(path, tokenizer_gguf, shape.arch, shape.label, shape.gguf_keys(),
                       lambda vocab: tensor_plan(shape, vocab), seed)
 
 
 def write_random_gguf(path: Path, tokenizer_gguf: Path, arch: str, label: str,
                       keys: dict[str, int | float],
-                      plan_of: Callable[[int], list[tuple[str, tuple[int, ...], str]]],
+                      plan_of: Callable[[int], list[Planned]],
                       seed: int = 0) -> None:
     """A GGUF of `arch` with `keys` (``{arch}.`` names without the prefix: ints as uint32,
     floats as float32), the tokenizer of `tokenizer_gguf`, and the tensors `plan_of(vocab)`

@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from engine.bench import synthetic_moe
+from engine.bench import synthetic, synthetic_moe
 from engine.bench.moe import BARS, bench_moe, best_of, moe_target
 from engine.bench.setup import BenchContext, BenchSettings
 from engine.bench.targets import ISSUE_TARGETS, targets_table
@@ -18,12 +18,12 @@ from engine.loaders.catalog import model_info, starter_path
 
 LLAMA = importlib.util.find_spec("llama_cpp") is not None
 TINY = synthetic_moe.MoEShape(layers=2, hidden=256, heads=2, kv_heads=2, head_dim=128,
-                              experts=4, experts_used=2, expert_size=256, context=256)
+                              experts=4, experts_used=2, intermediate=256, context=256)
 
 
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory):
-    path, written = synthetic_moe.ensure_synthetic_moe_gguf(
+    path, written = synthetic.ensure_synthetic_gguf(
         starter_path(), TINY, root=tmp_path_factory.mktemp("moe"))
     assert written
     return path
@@ -38,7 +38,7 @@ def threads_kept():
 
 def test_the_default_shape_is_olmoe_1b_7b():
     shape = synthetic_moe.OLMOE_1B_7B
-    plan = synthetic_moe.moe_tensor_plan(shape, 50304)  # OLMoE's own vocabulary
+    plan = synthetic.tensor_plan(shape, 50304)  # OLMoE's own vocabulary
     shapes = {name: dims for name, dims, _ in plan}
     from engine.models.moe import active_parameters
 
