@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as Q
 
 from tests.engine.loaders.gguf.test_gguf_families import byte_level_metadata
 from tests.engine.loaders.gguf.test_gguf_gpt_oss import write_gpt_oss_gguf
-from tests.engine.tiny_gpt_oss import gpt_oss_model
+from tests.engine.tiny_moe import GPT_OSS, moe_model
 
 HARMONY_SPECIALS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
                     "<|return|>", "<|call|>"]
@@ -31,7 +31,7 @@ def write_harmony_gguf(path: Path, experts: Q = Q.F32, seed: int = 0) -> Path:
     keys = harmony_tokenizer_keys()
     size = len(keys["tokenizer.ggml.tokens"])
     eos = keys["tokenizer.ggml.eos_token_id"]
-    model = gpt_oss_model(seed, vocab_size=size, bos_token_id=256, eos_token_id=eos,
+    model = moe_model(GPT_OSS, seed, vocab_size=size, bos_token_id=256, eos_token_id=eos,
                           pad_token_id=256, max_position_embeddings=1024)
     state = {name: t.detach().clone() for name, t in model.state_dict().items()}
     write_gpt_oss_gguf(path, model.config, state, experts, tokenizer=keys)

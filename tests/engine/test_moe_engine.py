@@ -15,8 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from engine import LLM, SamplingParams
 from tests.engine.loaders.gguf.test_gguf_gpt_oss import write_gpt_oss_gguf
 from tests.engine.loaders.gguf.test_gguf_moe import write_moe_gguf
-from tests.engine.tiny_gpt_oss import save_gpt_oss_model
-from tests.engine.tiny_moe import FAMILIES, save_moe_model
+from tests.engine.tiny_moe import ALL_FAMILIES, GPT_OSS, save_moe_model
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -24,22 +23,19 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 PROMPTS = [[random.Random(seed).randrange(256) for _ in range(70)] for seed in (7, 8, 9)]
 
 
-SOURCES = [(f, kind) for f in (*FAMILIES, "gpt_oss") for kind in ("hf", "gguf")]
+SOURCES = [(f, kind) for f in ALL_FAMILIES for kind in ("hf", "gguf")]
 
 
 @pytest.fixture(scope="module", params=SOURCES, ids=lambda p: f"{p[0]}-{p[1]}")
 def source(request, tmp_path_factory, monkeypatch_module) -> str:
     family, kind = request.param
     folder = tmp_path_factory.mktemp(family)
-    if family == "gpt_oss":
-        model = save_gpt_oss_model(folder)
-    else:
-        model = save_moe_model(folder, family)
+    model = save_moe_model(folder, family)
     if kind == "hf":
         return str(folder)
     path = folder / f"{family}.gguf"
     state = {name: t.detach().clone() for name, t in model.state_dict().items()}
-    if family == "gpt_oss":  # its experts in MXFP4, as the released files
+    if family == GPT_OSS:  # its experts in MXFP4, as the released files
         write_gpt_oss_gguf(path, model.config, state)
     else:
         write_moe_gguf(path, family, model.config, state, Q.Q8_0)

@@ -204,10 +204,10 @@ def test_quantized_experts_match_their_dequantized_floats():
 def test_a_decode_token_on_biased_mxfp4_experts_equals_its_experts_one_by_one():
     # gpt-oss: biased gate/up and down, MXFP4 blocks (the native kernel where built).
     from engine.models import build_model
-    from tests.engine.tiny_gpt_oss import gpt_oss_config
+    from tests.engine.tiny_moe import GPT_OSS, moe_config
     from tests.kernels.mxfp4_cases import MXFP4, random_mxfp4
 
-    model = build_model(gpt_oss_config(num_hidden_layers=1), torch.float32, "cpu")
+    model = build_model(moe_config(GPT_OSS, num_hidden_layers=1), torch.float32, "cpu")
     gen = torch.Generator().manual_seed(6)
     weights = []
     for i, (name, target) in enumerate(model.checkpoint_targets().items()):

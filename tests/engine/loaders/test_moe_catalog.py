@@ -43,9 +43,9 @@ def test_a_dense_model_has_no_active_count(tmp_path):
 
 def test_gpt_oss_folder_counts_every_expert_and_the_active_ones(tmp_path):
     from tests.engine.loaders.gguf.test_gguf_gpt_oss import write_gpt_oss_gguf
-    from tests.engine.tiny_gpt_oss import save_gpt_oss_model
+    from tests.engine.tiny_moe import GPT_OSS, save_moe_model
 
-    model = save_gpt_oss_model(tmp_path)
+    model = save_moe_model(tmp_path, GPT_OSS)
     total = sum(p.numel() for p in model.parameters())
     experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
     active = total - experts + experts * 2 // 8

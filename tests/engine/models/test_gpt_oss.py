@@ -1,8 +1,8 @@
 """gpt-oss (engine/models/gpt_oss.py) against transformers' GptOssForCausalLM (float32,
-eager attention with its sinks) through the paged KV cache (test_llama.py's
-PagedHarness): chunked prefill past the sliding window, decode, mixed batches, greedy
-generation; its router and clamped experts alone; the saved folder's fused experts; the
-spec's checks."""
+eager attention with its sinks): its router and clamped experts alone; the saved
+folder's fused experts; the spec's checks. Chunked prefill past the sliding window,
+decode, mixed batches and greedy generation through the paged KV cache are test_moe.py's,
+for every mixture family."""
 
 from __future__ import annotations
 
@@ -13,64 +13,17 @@ from safetensors.torch import load_file
 from engine.models import SUPPORTED_ARCHITECTURES, build_model, checkpoint_shapes
 from engine.models.gpt_oss import GptOssSpec, split_expert_shapes
 from engine.models.moe import active_parameters
-from tests.engine.models.test_llama import PagedHarness, hf_logits, random_tokens
-from tests.engine.tiny_gpt_oss import WINDOW, gpt_oss_config, gpt_oss_model
+from tests.engine.tiny_moe import GPT_OSS, WINDOW, moe_config, moe_model
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
-
-ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def models():
-    hf_model = gpt_oss_model()
+    hf_model = moe_model(GPT_OSS)
     ours = build_model(hf_model.config)
     ours.load_weights(hf_model.state_dict().items())
     return hf_model, ours
-
-
-@pytest.mark.parametrize("head_major", [False, True])
-@pytest.mark.parametrize("chunk", [1, 16, 33])
-def test_chunked_prefill_then_decode_matches_transformers(models, build_attention_metadata,
-                                                          chunk, head_major):
-    hf_model, ours = models
-    harness = PagedHarness(ours, build_attention_metadata, seed=chunk, head_major=head_major)
-    prompt = random_tokens(41, seed=1)  # five windows long
-    logits = []
-    for start in range(0, len(prompt), chunk):
-        logits += harness.step([("a", prompt[start:start + chunk])])
-    tokens = list(prompt)
-    for _ in range(8):
-        tokens.append(int(logits[-1][-1].argmax()))
-        logits += harness.step([("a", tokens[-1:])])
-    torch.testing.assert_close(torch.cat(logits), hf_logits(hf_model, tokens), atol=ATOL,
-                               rtol=0)
-
-
-def test_mixed_batch_matches_transformers(models, build_attention_metadata):
-    hf_model, ours = models
-    harness = PagedHarness(ours, build_attention_metadata, seed=3)
-    prompts = {"a": random_tokens(30, 2), "b": random_tokens(9, 3)}
-    harness.step([("a", prompts["a"][:20])])
-    a_rest, b_all = harness.step([("a", prompts["a"][20:]), ("b", prompts["b"])])
-    torch.testing.assert_close(a_rest, hf_logits(hf_model, prompts["a"])[20:], atol=ATOL,
-                               rtol=0)
-    torch.testing.assert_close(b_all, hf_logits(hf_model, prompts["b"]), atol=ATOL, rtol=0)
-
-
-def test_greedy_generation_matches_transformers(models, build_attention_metadata):
-    hf_model, ours = models
-    harness = PagedHarness(ours, build_attention_metadata, seed=5)
-    prompt = random_tokens(12, seed=7)
-    logits = harness.step([("a", prompt)])[0]
-    tokens = list(prompt)
-    for _ in range(20):
-        tokens.append(int(logits[-1].argmax()))
-        logits = harness.step([("a", tokens[-1:])])[0]
-    with torch.no_grad():
-        expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=20,
-                                     do_sample=False)[0].tolist()
-    assert tokens == expected
 
 
 def test_router_and_experts_match_transformers(models):
@@ -98,7 +51,7 @@ def test_layers_alternate_sliding_and_full(models):
 
 
 def test_checkpoint_names_are_the_saved_folders(tmp_path):
-    hf_model = gpt_oss_model()
+    hf_model = moe_model(GPT_OSS)
     hf_model.save_pretrained(tmp_path)
     saved = load_file(tmp_path / "model.safetensors")
     shapes = {n: tuple(t.shape) for n, t in saved.items()}
@@ -112,7 +65,7 @@ def test_checkpoint_names_are_the_saved_folders(tmp_path):
 
 
 def test_spec_reads_the_config():
-    spec = build_model(gpt_oss_config(), torch.float32, "meta").spec
+    spec = build_model(moe_config(GPT_OSS), torch.float32, "meta").spec
     assert isinstance(spec, GptOssSpec)
     assert (spec.num_experts, spec.top_k, spec.window, spec.swiglu_limit) == (8, 2, WINDOW, 1.5)
     assert spec.qkv_bias and spec.o_bias and spec.sliding_window is None
@@ -120,7 +73,7 @@ def test_spec_reads_the_config():
 
 
 def test_active_parameters_count_only_the_routed_experts():
-    model = gpt_oss_model()
+    model = moe_model(GPT_OSS)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     total = sum(p.numel() for p in model.parameters())
     per_expert = 64 * 2 * 32 + 2 * 32 + 32 * 64 + 64  # gate/up, their biases, down, bias
@@ -135,7 +88,7 @@ def test_active_parameters_count_only_the_routed_experts():
     ("layer_types", ["sliding_attention"], "layer_types"),
 ])
 def test_bad_settings_are_value_errors_naming_the_field(field, value, complaint):
-    config = gpt_oss_config()
+    config = moe_config(GPT_OSS)
     setattr(config, field, value)
     with pytest.raises(ValueError, match=complaint):
         build_model(config, torch.float32, "meta")

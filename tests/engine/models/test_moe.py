@@ -1,7 +1,9 @@
-"""OLMoE, Qwen3-MoE and Mixtral (engine/models/moe.py) against transformers'
-OlmoeForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM through the paged KV cache
-(test_llama.py's PagedHarness): chunked prefill, decode steps, mixed batches, greedy
-generation; the checkpoint names of the saved folders, and the spec's checks."""
+"""OLMoE, Qwen3-MoE and Mixtral (engine/models/moe.py) and gpt-oss
+(engine/models/gpt_oss.py) against transformers' OlmoeForCausalLM, Qwen3MoeForCausalLM,
+MixtralForCausalLM and GptOssForCausalLM through the paged KV cache (test_llama.py's
+PagedHarness): chunked prefill (past gpt-oss's sliding window), decode steps, mixed
+batches, greedy generation; for moe.py's families the checkpoint names of the saved
+folders, and the spec's checks (gpt-oss's own are test_gpt_oss.py's)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from safetensors.torch import load_file
 from engine.models import SUPPORTED_ARCHITECTURES, build_model, checkpoint_shapes
 from engine.models.moe import MoESpec, active_parameters
 from tests.engine.models.test_llama import PagedHarness, hf_logits, random_tokens
-from tests.engine.tiny_moe import FAMILIES, moe_config, moe_model
+from tests.engine.tiny_moe import ALL_FAMILIES, FAMILIES, moe_config, moe_model
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -24,9 +26,9 @@ def family(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-@pytest.fixture(scope="module")
-def models(family):
-    hf_model = moe_model(family)
+@pytest.fixture(scope="module", params=ALL_FAMILIES)
+def models(request: pytest.FixtureRequest):
+    hf_model = moe_model(request.param)
     ours = build_model(hf_model.config)
     ours.load_weights(hf_model.state_dict().items())
     return hf_model, ours
@@ -38,7 +40,7 @@ def test_chunked_prefill_then_decode_matches_transformers(models, build_attentio
                                                           chunk, head_major):
     hf_model, ours = models
     harness = PagedHarness(ours, build_attention_metadata, seed=chunk, head_major=head_major)
-    prompt = random_tokens(41, seed=1)
+    prompt = random_tokens(41, seed=1)  # five of gpt-oss's windows long
     logits = []
     for start in range(0, len(prompt), chunk):
         logits += harness.step([("a", prompt[start:start + chunk])])

@@ -14,7 +14,7 @@ from engine.loaders import load_model_files
 from kernels.quant.matrix import RawBlocks
 from tests.engine.loaders.gguf.test_gguf_families import prefill_logits
 from tests.engine.loaders.gguf.test_gguf_gpt_oss import write_gpt_oss_gguf
-from tests.engine.tiny_gpt_oss import save_gpt_oss_model
+from tests.engine.tiny_moe import GPT_OSS, save_moe_model
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -23,7 +23,7 @@ def test_a_cuda_like_load_runs_every_layer_fused(tmp_path, monkeypatch,
                                                  build_attention_metadata):
     monkeypatch.setenv("FOLIO_CACHE_DIR", str(tmp_path / "cache"))
     source = tmp_path / "hf"
-    hf = save_gpt_oss_model(source, max_position_embeddings=128)
+    hf = save_moe_model(source, GPT_OSS, max_position_embeddings=128)
     state = {name: t.detach().clone() for name, t in hf.state_dict().items()}
     path = tmp_path / "gpt-oss.gguf"
     held = write_gpt_oss_gguf(path, hf.config, state)

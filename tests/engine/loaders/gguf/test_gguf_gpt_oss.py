@@ -27,7 +27,7 @@ from tests.engine.loaders.gguf.test_gguf_families import (
     prefill_logits,
     put,
 )
-from tests.engine.tiny_gpt_oss import save_gpt_oss_model
+from tests.engine.tiny_moe import GPT_OSS, moe_config, save_moe_model
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -124,7 +124,7 @@ def cache_dir(tmp_path, monkeypatch) -> Path:
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("gpt_oss")
-    hf = save_gpt_oss_model(path, max_position_embeddings=128)
+    hf = save_moe_model(path, GPT_OSS, max_position_embeddings=128)
     state = {name: t.detach().clone() for name, t in hf.state_dict().items()}
     return path, hf.config, state
 
@@ -185,9 +185,8 @@ def test_the_registry_maps_the_block_tensors_llama_cpp_lists():
 
 def test_a_file_without_the_clamp_key_gets_gpt_oss_limit_and_its_yarn():
     from engine.loaders.gguf.config import gguf_config_dict
-    from tests.engine.tiny_gpt_oss import gpt_oss_config
 
-    meta = {"general.architecture": "gpt-oss", **gpt_oss_metadata(gpt_oss_config()),
+    meta = {"general.architecture": "gpt-oss", **gpt_oss_metadata(moe_config(GPT_OSS)),
             "tokenizer.ggml.tokens": 256}
     del meta["gpt-oss.swiglu_clamp_exp"]
     read = gguf_config_dict(meta, {"output.weight"}, None, Path("x.gguf"))
