@@ -31,6 +31,7 @@ from engine.core.disk_loads import LoadState
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
 from engine.core.kv_manager import SlidingWindowManager
 from engine.core.sequence import Sequence
+from tests.engine.core.admission import admit
 
 BLOCK_SIZE, WINDOW, LOOKAHEAD = 2, 4, 3
 NUM_HOST_BLOCKS = 6
@@ -148,49 +149,44 @@ class KVMachine(RuleBasedStateMachine):
         return True
 
     def _allocate(self, seq: Sequence, prefill: bool, abort_loading: bool = False) -> bool:
-        """Admission as the scheduler does it: allocate (a cached partial block copied into
-        the first new block), wait for the disk reads, and on a failed read free and
-        allocate again (the bad file now a miss). With ``abort_loading``, a sequence still
-        waiting for reads is freed instead."""
-        while True:
-            before = self._snapshot()
-            cached = self.kv.allocate(seq)
-            self._tier_moves()
-            copies = self.kv.take_cow_pairs()
-            if cached is None:
-                assert self._snapshot() == before, "a failed allocate changed a pool"
-                assert all(t == [] for t in seq.block_tables)
-                assert seq.num_computed_tokens == 0
-                assert copies == [[] for _ in self.pools]
-                return False
-            for g, pairs in enumerate(copies):
-                # At most one copy per group: the partial block, into the first new block.
-                assert len(pairs) <= 1 and bool(pairs) == (cached % BLOCK_SIZE != 0)
-                for src, dst in pairs:
-                    assert seq.block_tables[g][cached // BLOCK_SIZE] == dst
-                    assert self.pools[g].blocks[src].ref_count == 0, "a copy source still held"
-                    self.device[g][dst] = list(self.device[g][src])
-            assert cached == seq.num_computed_tokens
-            assert cached < seq.num_tokens
-            reads = self.kv.loads.take_new()
-            for read in reads:  # placed, not yet cached: nothing else can hit on them
-                block = self.pools[read.group].blocks[read.block_id]
-                assert block.ref_count == 1 and block.block_hash is None, block
-            if reads and abort_loading:
-                self.kv.free(seq)
-                assert seq.block_tables == self._no_tables()
-                self._finish_reads(reads)  # every one cancelled: dropped
-                assert self.kv.load_state(seq) is LoadState.NONE
-                return False
-            self._finish_reads(reads)
-            if self.kv.load_state(seq) is LoadState.FAILED:
-                self.kv.free(seq)
-                continue
+        """Admission as the scheduler does it (admission.py). With ``abort_loading``, a
+        sequence still waiting for reads is freed instead."""
+        return admit(self.kv, seq, lambda: self._attempt(seq, abort_loading), self._step,
+                     self.live, prefill)
+
+    def _attempt(self, seq: Sequence, abort_loading: bool) -> bool:
+        """One allocate, a cached partial block copied into the first new block, then
+        its reads."""
+        before = self._snapshot()
+        cached = self.kv.allocate(seq)
+        self._tier_moves()
+        copies = self.kv.take_cow_pairs()
+        if cached is None:
+            assert self._snapshot() == before, "a failed allocate changed a pool"
+            assert all(t == [] for t in seq.block_tables)
+            assert seq.num_computed_tokens == 0
+            assert copies == [[] for _ in self.pools]
+            return False
+        for g, pairs in enumerate(copies):
+            # At most one copy per group: the partial block, into the first new block.
+            assert len(pairs) <= 1 and bool(pairs) == (cached % BLOCK_SIZE != 0)
+            for src, dst in pairs:
+                assert seq.block_tables[g][cached // BLOCK_SIZE] == dst
+                assert self.pools[g].blocks[src].ref_count == 0, "a copy source still held"
+                self.device[g][dst] = list(self.device[g][src])
+        assert cached == seq.num_computed_tokens
+        assert cached < seq.num_tokens
+        reads = self.kv.loads.take_new()
+        for read in reads:  # placed, not yet cached: nothing else can hit on them
+            block = self.pools[read.group].blocks[read.block_id]
+            assert block.ref_count == 1 and block.block_hash is None, block
+        if reads and abort_loading:
+            self.kv.free(seq)
+            assert seq.block_tables == self._no_tables()
+            self._finish_reads(reads)  # every one cancelled: dropped
             assert self.kv.load_state(seq) is LoadState.NONE
-            break
-        self.live.append(seq)
-        while prefill and seq.num_uncomputed_tokens and self._step(seq):
-            pass
+            return False
+        self._finish_reads(reads)
         return True
 
     def _no_tables(self) -> list[list[int]]:

@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.core.disk_loads import LoadState
 from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
 from engine.core.sequence import Sequence
+from tests.engine.core.admission import admit
 
 BS, LOOKAHEAD = 2, 3
 NUM_BLOCKS, NUM_SLOTS, LIVE_SLOTS, HOST = 14, 9, 4, 6
@@ -130,24 +130,19 @@ class HybridMachine(RuleBasedStateMachine):
         return True
 
     def _allocate(self, seq: Sequence, prefill: bool) -> bool:
-        while True:
-            hit = self.kv.allocate(seq)
-            if hit is None:
-                assert all(t == [] for t in seq.block_tables)
-                return False
-            assert hit % BS == 0 and hit < seq.num_tokens
-            # The engine applies a step's copies before anything else writes a slot.
-            self._apply_copies()
-            self._reads()
-            self._apply_copies()  # a snapshot read from disk, into the running state
-            if self.kv.load_state(seq) is LoadState.FAILED:
-                self.kv.free(seq)  # admitted again: the damaged file is a miss now
-                continue
-            assert self.kv.load_state(seq) is LoadState.NONE
-            break
-        self.live.append(seq)
-        while prefill and seq.num_uncomputed_tokens and self._step(seq):
-            pass
+        """Admission as the scheduler does it (admission.py)."""
+        return admit(self.kv, seq, lambda: self._attempt(seq), self._step, self.live, prefill)
+
+    def _attempt(self, seq: Sequence) -> bool:
+        hit = self.kv.allocate(seq)
+        if hit is None:
+            assert all(t == [] for t in seq.block_tables)
+            return False
+        assert hit % BS == 0 and hit < seq.num_tokens
+        # The engine applies a step's copies before anything else writes a slot.
+        self._apply_copies()
+        self._reads()
+        self._apply_copies()  # a snapshot read from disk, into the running state
         return True
 
     def _new(self, tokens: list[int], width: int = 1) -> Sequence:
