@@ -25,14 +25,6 @@ class MoEShape(Shape):
 
     arch: ClassVar[str] = "olmoe"
     qk_norm: ClassVar[bool] = True
-    layers: int = 16
-    hidden: int = 2048
-    heads: int = 16
-    kv_heads: int = 16
-    head_dim: int = 128
-    intermediate: int = 1024
-    context: int = 4096
-    rope_base: float = 10000.0
     experts: int = 64
     experts_used: int = 8
 
@@ -54,4 +46,5 @@ class MoEShape(Shape):
                 (f"blk.{layer}.ffn_down_exps.weight", (e, h, f), more)]
 
 
-OLMOE_1B_7B = MoEShape()
+OLMOE_1B_7B = MoEShape(layers=16, hidden=2048, heads=16, kv_heads=16, head_dim=128,
+                       intermediate=1024, context=4096, rope_base=10000.0)

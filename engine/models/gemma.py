@@ -50,12 +50,7 @@ def gemma_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Gemma
     num_layers = base.num_layers
     layer_types = tuple(getattr(hf_config, "layer_types", None) or
                         [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)])
-    if len(layer_types) != num_layers or set(layer_types) - {SLIDING, FULL}:
-        raise ValueError(f"layer_types must name {num_layers} layers as {SLIDING!r} or "
-                         f"{FULL!r}, got {list(layer_types)!r}")
-    window = getattr(hf_config, "sliding_window", None)
-    if SLIDING in layer_types and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
+    window = checked_window(layer_types, num_layers, getattr(hf_config, "sliding_window", None))
     scalar = getattr(hf_config, "query_pre_attn_scalar", None) or base.head_dim
     shared = {f.name: getattr(base, f.name) for f in fields(DecoderSpec)}
     shared["sliding_window"] = None  # Gemma's window is per layer kind: `window` below
@@ -66,9 +61,22 @@ def gemma_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Gemma
         attn_logit_softcap=getattr(hf_config, "attn_logit_softcapping", None),
         final_logit_softcap=getattr(hf_config, "final_logit_softcapping", None),
         layer_types=layer_types,
-        window=window if SLIDING in layer_types else None,
+        window=window,
         rope=_rope_by_kind(hf_config),
     )
+
+
+def checked_window(layer_types: tuple[str, ...], num_layers: int, window: Any) -> int | None:
+    """``layer_types`` checked to name every layer sliding or full, and the sliding
+    layers' window (None where there is none)."""
+    if len(layer_types) != num_layers or set(layer_types) - {SLIDING, FULL}:
+        raise ValueError(f"layer_types must name {num_layers} layers as {SLIDING!r} or "
+                         f"{FULL!r}, got {list(layer_types)!r}")
+    if SLIDING not in layer_types:
+        return None
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
+    return window
 
 
 def _rope_by_kind(hf_config: Any) -> dict[str, tuple[float, dict[str, Any] | None]]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any
 
-from engine.models.gemma import FULL, SLIDING
+from engine.models.gemma import checked_window
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec
 
 
@@ -44,12 +44,7 @@ def gemma4_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Gemm
                      act_field="hidden_activation", read_rope=False)
     n = base.num_layers
     layer_types = tuple(getattr(hf_config, "layer_types", None) or ())
-    if len(layer_types) != n or set(layer_types) - {SLIDING, FULL}:
-        raise ValueError(f"layer_types must name {n} layers as {SLIDING!r} or {FULL!r}, "
-                         f"got {list(layer_types)!r}")
-    window = getattr(hf_config, "sliding_window", None)
-    if SLIDING in layer_types and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
+    window = checked_window(layer_types, n, getattr(hf_config, "sliding_window", None))
     heads = tuple(_layer_heads(hf_config, i, base) for i in range(n))
     sources = _kv_sources(layer_types, int(getattr(hf_config, "num_kv_shared_layers", 0) or 0))
     double = bool(getattr(hf_config, "use_double_wide_mlp", False))
@@ -58,7 +53,7 @@ def gemma4_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Gemm
     shared = {f.name: getattr(base, f.name) for f in fields(DecoderSpec)}
     shared |= {"sliding_window": None, "qk_norm": True}
     return Gemma4Spec(
-        **shared, layer_types=layer_types, window=window if SLIDING in layer_types else None,
+        **shared, layer_types=layer_types, window=window,
         layer_heads=heads, kv_source=sources, layer_intermediate=widths,
         k_eq_v=bool(getattr(hf_config, "attention_k_eq_v", False)),
         ple_size=int(getattr(hf_config, "hidden_size_per_layer_input", 0) or 0),
