@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -152,6 +153,31 @@ def put(writer: gguf.GGUFWriter, key: str, value: object) -> None:
         writer.add_string(key, value)
     else:  # token types as int32, scores as float32, tokens as strings, flags as bools
         writer.add_array(key, list(value))
+
+
+def write_tensors(path: Path, arch: str, metadata: dict[str, object],
+                  tensors: dict[str, np.ndarray], matrices: Q,
+                  quantized: Callable[[str, np.ndarray], bool]) -> None:
+    """A GGUF of `arch` with `metadata` and `tensors`, those `quantized` picks stored as
+    `matrices` (all as they are for F32)."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in metadata.items():
+        put(writer, key, value)
+    for name, data in tensors.items():
+        if matrices != Q.F32 and quantized(name, data):
+            writer.add_tensor(name, gguf.quants.quantize(data, matrices), raw_dtype=matrices)
+        else:
+            writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def round_trip(data: np.ndarray, matrices: Q) -> torch.Tensor:
+    """`data` as a file holding it in `matrices` gives it back (dequantized)."""
+    back = gguf.quants.dequantize(gguf.quants.quantize(data, matrices), matrices)
+    return torch.from_numpy(back.reshape(data.shape))
 
 
 def write_gguf(path: Path, arch: str, config, state: dict[str, torch.Tensor], matrices: Q,

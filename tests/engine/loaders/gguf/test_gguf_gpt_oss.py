@@ -25,7 +25,8 @@ from kernels.quant.mxfp4 import MXFP4_TYPE
 from tests.engine.loaders.gguf.test_gguf_families import (
     byte_level_metadata,
     prefill_logits,
-    put,
+    round_trip,
+    write_tensors,
 )
 from tests.engine.tiny_moe import GPT_OSS, moe_config, save_moe_model
 
@@ -92,26 +93,16 @@ def write_gpt_oss_gguf(path: Path, config, state: dict[str, torch.Tensor],
     with the experts as the file holds them (dequantized), for the folder's model.
     ``tokenizer``: its tokenizer keys (the tiny folders' byte-level vocabulary by
     default)."""
-    writer = gguf.GGUFWriter(str(path), "gpt-oss")
     keys = tokenizer if tokenizer is not None else byte_level_metadata()
-    for key, value in {**gpt_oss_metadata(config), **keys}.items():
-        put(writer, key, value)
-    for name, data in gguf_tensors(config, state).items():
-        if name.endswith("_exps.weight") and experts != Q.F32:
-            writer.add_tensor(name, gguf.quants.quantize(data, experts), raw_dtype=experts)
-        else:
-            writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tensors(path, "gpt-oss", {**gpt_oss_metadata(config), **keys},
+                  gguf_tensors(config, state), experts,
+                  lambda name, data: name.endswith("_exps.weight"))
     held = dict(state)
     if experts != Q.F32:
         for name in state:
             if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
                 data = state[name].transpose(1, 2).contiguous().numpy()  # rows of k = input
-                back = gguf.quants.dequantize(gguf.quants.quantize(data, experts), experts)
-                held[name] = torch.from_numpy(back.reshape(data.shape)).transpose(1, 2)
+                held[name] = round_trip(data, experts).transpose(1, 2)
     return held
 
 

@@ -27,7 +27,8 @@ from kernels.quant.formats import QuantizedTensor
 from tests.engine.loaders.gguf.test_gguf_families import (
     byte_level_metadata,
     prefill_logits,
-    put,
+    round_trip,
+    write_tensors,
 )
 from tests.engine.loaders.gguf.test_gguf_loader import llama_cpp_permute
 from tests.engine.tiny_moe import FAMILIES, byte_moe_config, save_moe_model
@@ -96,26 +97,15 @@ def write_moe_gguf(path: Path, family: str, config, state: dict[str, torch.Tenso
                    ) -> dict[str, torch.Tensor]:
     """The file; returns `state` as the file holds it (matrices dequantized), fused as
     transformers keeps it, for the folder's model to run."""
-    writer = gguf.GGUFWriter(str(path), GGUF_ARCH[family])
     base = {**family_metadata(family, config), **byte_level_metadata()}
-    for key, value in (base if metadata is None else metadata).items():
-        put(writer, key, value)
-    for name, data in gguf_tensors(family, config, state).items():
-        # Norms, and the router as llama.cpp keeps it, stay F32.
-        if data.ndim == 1 or matrices == Q.F32 or name.endswith("ffn_gate_inp.weight"):
-            writer.add_tensor(name, data)
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(data, matrices), raw_dtype=matrices)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    # Norms, and the router as llama.cpp keeps it, stay F32.
+    write_tensors(path, GGUF_ARCH[family], base if metadata is None else metadata,
+                  gguf_tensors(family, config, state), matrices,
+                  lambda name, data: data.ndim > 1 and not name.endswith("ffn_gate_inp.weight"))
     held = {}
     for name, tensor in state.items():
         if tensor.dim() >= 2 and matrices != Q.F32 and not name.endswith("mlp.gate.weight"):
-            data = tensor.numpy()
-            tensor = torch.from_numpy(gguf.quants.dequantize(
-                gguf.quants.quantize(data, matrices), matrices).reshape(data.shape))
+            tensor = round_trip(tensor.numpy(), matrices)
         held[name] = tensor
     return held
 
