@@ -187,10 +187,8 @@ def write_gguf(path: Path, arch: str, config, state: dict[str, torch.Tensor], ma
     tensors besides); returns the state the file holds (matrices dequantized, norms as the
     folder's: what the F16 / Q8_0 reference runs)."""
     name_map = gguf.get_tensor_name_map(ARCHS[arch], config.num_hidden_layers)
-    writer = gguf.GGUFWriter(str(path), arch)
     base = {**family_metadata(arch, config), **byte_level_metadata()}
-    for key, value in (base if metadata is None else metadata).items():
-        put(writer, key, value)
+    tensors: dict[str, np.ndarray] = {}
     held = {}
     for name, tensor in state.items():
         if name == "lm_head.weight" and (arch.startswith("gemma") or config.tie_word_embeddings):
@@ -201,26 +199,25 @@ def write_gguf(path: Path, arch: str, config, state: dict[str, torch.Tensor], ma
         gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         if data.ndim == 1 or matrices == Q.F32:
-            writer.add_tensor(gguf_name, data)
+            tensors[gguf_name] = data
             held[name] = tensor
         elif matrices == Q.F16:
-            writer.add_tensor(gguf_name, data.astype(np.float16))
+            tensors[gguf_name] = data.astype(np.float16)
             held[name] = torch.from_numpy(data.astype(np.float16).astype(np.float32))
         else:
-            quantized = gguf.quants.quantize(data, matrices)
-            writer.add_tensor(gguf_name, quantized, raw_dtype=matrices)
-            held[name] = torch.from_numpy(gguf.quants.dequantize(quantized, matrices))
+            tensors[gguf_name] = data
+            held[name] = round_trip(data, matrices)
     rope = config.rope_parameters if arch == "phi3" else {}
     if rope.get("rope_type") == "longrope":
         for kind in ("long", "short"):
-            writer.add_tensor(f"rope_factors_{kind}.weight",
-                              np.array(rope[f"{kind}_factor"], dtype=np.float32))
-    for name, tensor in (extra or {}).items():
-        writer.add_tensor(name, tensor)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+            tensors[f"rope_factors_{kind}.weight"] = np.array(rope[f"{kind}_factor"],
+                                                              dtype=np.float32)
+    extras = set(extra or ())
+    tensors |= extra or {}
+    # Quantized: the matrices of `state`, unless F16 (converted above).
+    write_tensors(path, arch, base if metadata is None else metadata, tensors, matrices,
+                  lambda name, data: matrices != Q.F16 and data.ndim > 1
+                  and name not in extras)
     return held
 
 
