@@ -7,10 +7,10 @@ import math
 import struct
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import save_file
 
 from engine.loaders import catalog as models_catalog
@@ -23,6 +23,7 @@ from engine.loaders.catalog import (
     resolve_model,
     starter_path,
 )
+from tests.engine.loaders.gguf.test_gguf_families import write_tensors
 
 STARTER_SIZE = 98_362_432
 STARTER_PARAMS = 134_515_008
@@ -31,30 +32,18 @@ REV = "0" * 39 + "1"
 
 def write_llama_gguf(path: Path, arch: str = "llama", layers: int = 2) -> int:
     """A small GGUF with llama.cpp's keys; returns its parameter count."""
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(layers)
-    writer.add_context_length(256)
-    writer.add_embedding_length(64)
-    writer.add_feed_forward_length(128)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_token_list(["<s>", "</s>", "a"])
-    writer.add_token_merges(["a a"])
-    writer.add_array("test.nested", [[1, 2], [3]])
-    writer.add_float32("test.float", 0.5)
+    keys = {"block_count": layers, "context_length": 256, "embedding_length": 64,
+            "feed_forward_length": 128, "attention.head_count": 4,
+            "attention.head_count_kv": 2}
+    metadata = {**{f"{arch}.{key}": value for key, value in keys.items()},
+                "tokenizer.ggml.tokens": ["<s>", "</s>", "a"],
+                "tokenizer.ggml.merges": ["a a"], "test.nested": [[1, 2], [3]],
+                "test.float": 0.5}
     tensors = {"token_embd.weight": (3, 64), "output_norm.weight": (64,),
                "blk.0.attn_q.weight": (64, 64), "blk.0.ffn_down.weight": (64, 128)}
-    for name, shape in tensors.items():
-        data = np.ones(shape, dtype=np.float32)
-        if len(shape) == 2:
-            data = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tensors(path, arch, metadata,
+                  {name: np.ones(shape, dtype=np.float32) for name, shape in tensors.items()},
+                  Q.Q8_0, lambda name, data: data.ndim == 2)
     return sum(math.prod(shape) for shape in tensors.values())
 
 
