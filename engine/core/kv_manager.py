@@ -73,17 +73,23 @@ class KVCacheManager(HostSwap):
         seq.block_tables[self.group] = table
 
     # ------------------------------------------------------------------ lookup
+    def lookup_blocks(self, seq: Sequence) -> int:
+        """How many of ``seq``'s blocks a lookup may hit, their hashes computed: its full
+        blocks before the last token (never a hit: it is recomputed so that there are
+        logits to sample from); none without prefix caching."""
+        if not self.pool.enable_prefix_caching:
+            return 0
+        num_full = (seq.num_tokens - 1) // self.block_size
+        extend_hashes(seq, num_full, self.block_size)
+        return num_full
+
     def lookup(self, seq: Sequence) -> list[Found]:
         """The cached block of each of ``seq``'s full prompt blocks that could be a hit,
         in memory or a tier below (None: a miss), stopping where no later hit is
-        possible. The last token is never looked up: it is recomputed so that there are
-        logits to sample from."""
+        possible (``lookup_blocks``)."""
         pool = self.pool
-        if not pool.enable_prefix_caching:
-            return []
         bs = self.block_size
-        num_full = (seq.num_tokens - 1) // bs
-        extend_hashes(seq, num_full, bs)
+        num_full = self.lookup_blocks(seq)
         last_kept = self.first_kept(num_full * bs)
         found: list[Found] = []
         for i in range(num_full):

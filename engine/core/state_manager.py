@@ -52,13 +52,8 @@ class LinearStateManager(KVCacheManager):
         """The cached snapshot at each full prompt block's end, in memory or on disk
         (None: a miss); the last token is never a hit, as in every group."""
         pool = self.pool
-        if not pool.enable_prefix_caching:
-            return []
-        bs = self.block_size
-        num_full = (seq.num_tokens - 1) // bs
-        extend_hashes(seq, num_full, bs)
         found: list[Found] = []
-        for i in range(num_full):
+        for i in range(self.lookup_blocks(seq)):
             tokens = self._tokens(seq, i)
             hit: Found = pool.lookup(seq.block_hashes[i], tokens)
             found.append(hit if hit is not None else pool.tier_hit(seq.block_hashes[i], tokens))
