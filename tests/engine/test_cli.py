@@ -30,12 +30,9 @@ def test_folio_chat_passes_its_reasoning_effort_to_the_template(tmp_path):
 
     from engine import LLM, SamplingParams
     from engine.cli import TerminalChat
-    from engine.text.turn_formats import FORMATS
-    from tests.engine.text.reasoning.thinking_models import HARMONY_TOKENS
-    from tests.engine.tools.tool_models import save_tool_model
+    from tests.engine.text.reasoning.thinking_models import save_harmony_format_model
 
-    path = save_tool_model(tmp_path / "gpt-oss", "qwen3", FORMATS["harmony"].template,
-                           specials=HARMONY_TOKENS, eos="<|return|>")
+    path = save_harmony_format_model(tmp_path / "gpt-oss")
     llm = LLM(str(path), num_gpu_blocks=64, max_model_len=512)
     params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
     asked = [{"role": "user", "content": "hi"}]

@@ -138,13 +138,9 @@ def test_reasoning_effort_reaches_the_template_and_a_bad_one_is_refused(tmp_path
     400 naming the field and the values."""
     import openai
 
-    from engine.text.turn_formats import FORMATS
-    from tests.engine.text.reasoning.thinking_models import HARMONY_TOKENS
+    from tests.engine.text.reasoning.thinking_models import save_harmony_format_model
 
-    # The engine's harmony format, the template a gpt-oss file without one runs.
-    served, sampler = serve(save_tool_model(tmp_path / "gpt-oss", "qwen3",
-                                            FORMATS["harmony"].template,
-                                            specials=HARMONY_TOKENS, eos="<|return|>"))
+    served, sampler = serve(save_harmony_format_model(tmp_path / "gpt-oss"))
     answer = f"<|channel|>final<|message|>{ANSWER}"
     tokenizer = served.llm.tokenizer
     try:
