@@ -148,12 +148,15 @@ def test_a_second_turn_reuses_the_first_and_two_candidates_agree(folder, referen
 
 
 def test_the_catalog_shows_the_folder_as_gpt_oss_with_its_parameters(folder, reference):
+    from desktop_app.dialogs.model_rows import format_parameters
+
     info = model_info(folder)
     total = sum(p.numel() for p in reference.parameters())
     experts = sum(p.numel() for name, p in reference.named_parameters() if ".experts." in name)
     assert info.architecture == "gpt_oss" and info.error == ""
     assert (info.num_parameters, info.active_parameters) == (total,
                                                              total - experts + experts * 2 // 8)
+    assert format_parameters(info.num_parameters, info.active_parameters).startswith("MoE: ")
     assert info.mxfp4.parameters == sum(
         p.numel() for name, p in reference.named_parameters()
         if name.endswith(("gate_up_proj", "down_proj")))
