@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
+from engine.text.reasoning.options import REASONING_EFFORTS
+
 HELP = "/regen N  N new candidates for the last reply   /new  new chat   " \
        "/stats  KV cache   /quit"
 
@@ -32,8 +34,11 @@ def format_kv_stats(stats) -> str:
 
 
 class TerminalChat:
-    def __init__(self, llm, params, out: TextIO = sys.stdout) -> None:
+    def __init__(self, llm, params, out: TextIO = sys.stdout,
+                 reasoning_effort: str | None = None) -> None:
         self.llm = llm
+        # For the chat template (gpt-oss's harmony reads it; others ignore it).
+        self.reasoning_effort = reasoning_effort
         self.params = params
         self.out = out
         self.messages: list[dict] = []
@@ -50,7 +55,11 @@ class TerminalChat:
                 self.out.write(event.text)
                 self.out.flush()
 
-        result = self.llm.loop.run([self.messages], replace(self.params, n=n), stream)[0]
+        prompt = self.messages
+        if self.reasoning_effort is not None:  # the template gets it: tokenized here
+            prompt = self.llm.tokenizer.encode_chat(self.messages,
+                                                    reasoning_effort=self.reasoning_effort)
+        result = self.llm.loop.run([prompt], replace(self.params, n=n), stream)[0]
         for cand in result.outputs[1:]:
             self.out.write(f"\n--- candidate {cand.index + 1} ---\n{cand.text}")
         m = result.metrics
@@ -111,7 +120,7 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
     llm = LLM(args.model, engine_config(args), progress=_progress)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             seed=args.seed)
-    chat = TerminalChat(llm, params)
+    chat = TerminalChat(llm, params, reasoning_effort=args.reasoning_effort)
     print(f"Chatting with {llm.model_name}. {HELP}")
     try:
         while True:
@@ -213,6 +222,9 @@ def _run_command(argv: list[str]) -> int:
     chat.add_argument("--temperature", type=float, default=0.7)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--seed", type=int, default=None)
+    chat.add_argument("--reasoning-effort", default=None, choices=REASONING_EFFORTS,
+                      help="how hard a reasoning model thinks, for templates that read it "
+                           "(gpt-oss); default: the template's own")
     _engine_options(chat)
     serve = sub.add_parser("serve", help="an OpenAI-compatible API on this machine")
     serve.add_argument("--model", default="starter", help="'starter', a folder or a .gguf file")

@@ -345,7 +345,7 @@ class ChatController(QObject):
             self.thinking.adjust(params)
             request_id = (self.tools.submit(chat, messages, params,
                                             lambda: self.thinking.prompt(chat, messages),
-                                            self.thinking.enable_thinking(chat))
+                                            self.thinking.options(chat))
                           if self.tools else
                           self.bridge.submit(self.thinking.prompt(chat, messages), params))
         except (RuntimeError, ValueError) as exc:

@@ -1,10 +1,11 @@
 """Reasoning models in chats: each reply's thinking split from its answer as it streams,
-the chat's "Think" switch, and earlier replies' thinking in the history as the template
-wants it.
+the chat's "Think" switch and "Reasoning effort", and earlier replies' thinking in the
+history as the template wants it.
 
 The loaded model's chat template decides everything (``engine.text.reasoning``): which
 format its replies are written in (none: replies stay answers), whether it has the
-``enable_thinking`` switch (the composer's Think button shows only then), and whether it
+``enable_thinking`` switch (the composer's Think button shows only then) and the
+``reasoning_effort`` setting (gpt-oss's: the effort box shows only then), and whether it
 shows earlier replies' thinking. A template that leaves it out (Qwen 3's, gpt-oss's) gets
 earlier replies as their answer text, not their exact ids, so the prompt is what the model
 was trained on; the reply before the new message was cached with its thinking, so its
@@ -20,7 +21,8 @@ from PySide6.QtCore import QObject
 
 from desktop_app.controllers.context_window import chat_tokenizer
 from engine.text.reasoning import HARMONY, ReasoningReader, Thinking, reasoning_format
-from engine.text.reasoning.formats import has_think_switch
+from engine.text.reasoning.formats import has_effort_setting, has_think_switch
+from engine.text.reasoning.options import TemplateOptions
 from engine.tools.events import CallArguments, CallStart, TextDelta, assemble
 
 PROBE = "FolioThinkingProbe"
@@ -33,6 +35,7 @@ class _Template:
 
     fmt: object = None  # ReasoningFormat, or None: no reasoning
     switch: bool = False  # it reads enable_thinking
+    effort: bool = False  # it reads reasoning_effort
     drops_history: bool = False  # earlier replies are shown without their thinking
     tails: dict[bool | None, str] = field(default_factory=dict)  # generation prompt
 
@@ -51,6 +54,9 @@ class ThinkingReplies(QObject):
         self.button = button
         if button is not None:
             button.toggled.connect(self._switched)
+        self.effort_box = getattr(chats.view, "effort_box", None)
+        if self.effort_box is not None:
+            self.effort_box.effortChosen.connect(self._effort_chosen)
 
     # -- the model ---------------------------------------------------------------------
     def template(self) -> _Template:
@@ -59,9 +65,12 @@ class ThinkingReplies(QObject):
             self._template = (tokenizer, _read_template(chat_tokenizer(tokenizer)))
         return self._template[1]
 
-    def enable_thinking(self, chat) -> bool | None:
-        """What the prompt passes to the template: the chat's switch where it has one."""
-        return chat.settings.think if self.template().switch else None
+    def options(self, chat) -> TemplateOptions:
+        """What the prompt passes to the template: the chat's Think switch and reasoning
+        effort, each where the template reads it."""
+        info = self.template()
+        return TemplateOptions(chat.settings.think if info.switch else None,
+                               chat.settings.reasoning_effort if info.effort else None)
 
     # -- the prompt --------------------------------------------------------------------
     def adjust(self, params) -> None:
@@ -99,20 +108,20 @@ class ThinkingReplies(QObject):
         return out, ({DROPPED_METRIC: cost} if cost else {})
 
     def prompt(self, chat, messages: list[dict]):
-        """What the bridge submits: the messages, or their ids where the Think switch has
-        to reach the template."""
-        flag = self.enable_thinking(chat)
+        """What the bridge submits: the messages, or their ids where the Think switch or
+        the reasoning effort has to reach the template."""
+        variables = self.options(chat).variables()
         tokenizer = chat_tokenizer(self.chats.bridge.tokenizer)
-        if flag is None or tokenizer is None:
+        if not variables or tokenizer is None:
             return messages
-        return tokenizer.encode_chat(messages, enable_thinking=flag)
+        return tokenizer.encode_chat(messages, **variables)
 
     # -- the replies -------------------------------------------------------------------
     def start(self, request_id: str, chat, n: int) -> None:
         info = self.template()
         if info.fmt is None:
             return
-        flag = self.enable_thinking(chat)
+        flag = self.options(chat).enable_thinking
         if flag not in info.tails:
             info.tails[flag] = _generation_prompt(chat_tokenizer(self.chats.bridge.tokenizer),
                                                   flag)
@@ -161,17 +170,29 @@ class ThinkingReplies(QObject):
             self._calls.setdefault(key, []).extend(calls)
         return _texts(events)
 
-    # -- the Think switch --------------------------------------------------------------
+    # -- the Think switch and the effort box --------------------------------------------
     def refresh(self) -> None:
-        if self.button is None:
-            return
         chat_id = self.chats.chat_id
-        shown = chat_id is not None and self.template().switch
-        self.button.setVisible(shown)
-        if shown:
-            self.button.blockSignals(True)
-            self.button.setChecked(self.chats.store.get_chat(chat_id).settings.think)
-            self.button.blockSignals(False)
+        info = self.template() if chat_id is not None else None
+        settings = self.chats.store.get_chat(chat_id).settings if info else None
+        if self.button is not None:
+            self.button.setVisible(bool(info and info.switch))
+            if info and info.switch:
+                self.button.blockSignals(True)
+                self.button.setChecked(settings.think)
+                self.button.blockSignals(False)
+        if self.effort_box is not None:
+            self.effort_box.setVisible(bool(info and info.effort))
+            if info and info.effort:
+                self.effort_box.show_effort(settings.reasoning_effort)
+
+    def _effort_chosen(self, effort: str | None) -> None:
+        chat_id = self.chats.chat_id
+        if chat_id is None:
+            return
+        settings = self.chats.store.get_chat(chat_id).settings
+        self.chats.store.update_chat_settings(chat_id, replace(settings,
+                                                               reasoning_effort=effort))
 
     def _switched(self, on: bool) -> None:
         chat_id = self.chats.chat_id
@@ -193,9 +214,9 @@ def _read_template(tokenizer) -> _Template:
     if isinstance(source, dict):
         source = "\n".join(str(t) for t in source.values())
     fmt = reasoning_format(source)
-    if fmt is None:
-        return _Template()
-    info = _Template(fmt, has_think_switch(source))
+    if fmt is None:  # a template may read the effort without showing reasoning
+        return _Template(effort=has_effort_setting(source))
+    info = _Template(fmt, has_think_switch(source), has_effort_setting(source))
     info.drops_history = fmt is HARMONY or _drops_thinking(tokenizer)
     return info
 
@@ -215,10 +236,9 @@ def _drops_thinking(tokenizer) -> bool:
 
 def _generation_prompt(tokenizer, flag: bool | None) -> str:
     """How the template opens a reply (a reply may start inside its thinking)."""
-    options = {} if flag is None else {"enable_thinking": flag}
     try:
         return tokenizer.hf.apply_chat_template([{"role": "user", "content": "a"}],
                                                 add_generation_prompt=True, tokenize=False,
-                                                **options)
+                                                **TemplateOptions(flag).variables())
     except Exception:  # noqa: BLE001 - then the reply is read from its own start
         return ""

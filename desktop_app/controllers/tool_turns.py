@@ -25,6 +25,7 @@ from desktop_app.widgets.chat_tools import ChatToolsButton, ServerEntry
 from desktop_app.widgets.tool_card import ToolCallCard, ToolCallView
 from engine.serve.tool_fields import tool_request
 from engine.serve.tool_prompt import ModelTools, tool_prompt
+from engine.text.reasoning.options import TemplateOptions
 from engine.tools.events import TextDelta, assemble
 from engine.tools.parser import ToolParser
 
@@ -65,10 +66,10 @@ class ToolTurns(QObject):
         return self._model[1]
 
     def submit(self, chat, messages: list[dict], params, plain=None,
-               enable_thinking: bool | None = None) -> str:
+               options: TemplateOptions | None = None) -> str:
         """The bridge's submit, with the chat's tools in the prompt where it has any;
         ``plain()``: what to submit for a turn without tools (the messages by default);
-        ``enable_thinking``: the chat's Think switch, for the template."""
+        ``options``: the chat's Think switch and reasoning effort, for the template."""
         model = self.model_tools()
         history = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
         toolset = self.tools.toolset(chat.settings.tools)
@@ -79,7 +80,7 @@ class ToolTurns(QObject):
         request = tool_request(toolset.definitions() if toolset else None,
                                "auto" if toolset else None, None)
         prompt = tool_prompt(model, request, messages, self.bridge.tokenizer,
-                             enable_thinking=enable_thinking)
+                             options=options)
         prompt.adjust(params)
         request_id = self.bridge.submit(prompt.ids, params)
         if prompt.fmt is not None:

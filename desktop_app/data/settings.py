@@ -36,6 +36,7 @@ from desktop_app.data.context_policy import DEFAULT_POLICY, POLICIES
 from desktop_app.data.engine_settings import EngineSettings
 from desktop_app.data.model_templates import ModelTemplate
 from desktop_app.data.servers import ServerEntry
+from engine.text.reasoning.options import REASONING_EFFORTS
 
 if TYPE_CHECKING:
     from engine.sampling_params import SamplingParams
@@ -73,6 +74,9 @@ class ChatSettings:
     # "Think": a reasoning model whose template has the switch (``enable_thinking``)
     # thinks before it answers; off, it answers at once. Other models ignore it.
     think: bool = True
+    # "Reasoning effort": low, medium or high for a model whose template reads
+    # ``reasoning_effort`` (gpt-oss); None leaves the template's default. Others ignore it.
+    reasoning_effort: str | None = None
 
     def __post_init__(self) -> None:
         check = _checker("ChatSettings")
@@ -103,6 +107,9 @@ class ChatSettings:
         check(isinstance(self.json_mode, bool), "json_mode", self.json_mode, "true or false")
         check(isinstance(self.json_schema, str), "json_schema", self.json_schema, "a string")
         check(isinstance(self.think, bool), "think", self.think, "true or false")
+        check(self.reasoning_effort is None or self.reasoning_effort in REASONING_EFFORTS,
+              "reasoning_effort", self.reasoning_effort,
+              f"null or one of {', '.join(REASONING_EFFORTS)}")
         if self.json_mode:
             json_mode.parse_schema(self.json_schema)
 

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from desktop_app.widgets import theme
 from desktop_app.widgets.candidates import CandidateGroup
+from desktop_app.widgets.effort_box import ReasoningEffortBox
 from desktop_app.widgets.json_mode import JsonModeButton
 from desktop_app.widgets.message_widget import MessageWidget
 from desktop_app.widgets.pending_note import PendingNote
@@ -153,6 +154,8 @@ class ConversationView(QWidget):
         self.think_button.setAccessibleName("Think before answering")
         self.think_button.setVisible(False)
         buttons.addWidget(self.think_button)
+        self.effort_box = ReasoningEffortBox()  # shown and driven by thinking.py too
+        buttons.addWidget(self.effort_box)
         buttons.addStretch(1)
         bottom.addLayout(buttons)
 

@@ -26,7 +26,8 @@ def load_model_files(source: str | Path, dtype: torch.dtype = torch.float32,
     `progress(stage, fraction)` hears each stage start at 0.0 and end at 1.0; stages are
     "config", "tokenizer", "index" (folders) or "open", "tokenizer", "cache" (GGUF), then
     "weights" while `weights` is iterated. keep_quantized: a GGUF file's quantized
-    matrices come out as `kernels.quant.formats.QuantizedTensor` (folders are unaffected).
+    matrices come out as `kernels.quant.formats.QuantizedTensor`, a folder's MXFP4 experts
+    as `engine.models.gpt_oss.Mxfp4Experts` (else both are dequantized to `dtype`).
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
@@ -39,4 +40,4 @@ def load_model_files(source: str | Path, dtype: torch.dtype = torch.float32,
             return load_gguf(path, dtype, progress, keep_quantized)
         raise FolioLoadError(f"{path}: not a model; pass its folder (with config.json) "
                              "or a .gguf file")
-    return load_hf_folder(path, dtype, progress)
+    return load_hf_folder(path, dtype, progress, keep_quantized)

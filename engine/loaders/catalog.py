@@ -21,6 +21,7 @@ from engine.loaders.base import FolioLoadError, display_name
 from engine.loaders.gguf.config import gguf_config_dict
 from engine.loaders.gguf.header import read_gguf_header
 from engine.loaders.gguf.rope import CONFIG_TENSORS
+from engine.loaders.hf_mxfp4 import StoredMxfp4, fused_shapes, quant_method
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
 from engine.models import SUPPORTED_MODEL_TYPES
 from engine.models.moe import active_parameters
@@ -55,6 +56,8 @@ class ModelInfo:
     hybrid: HybridLayout | None = None
     # A multimodal checkpoint (registry.TEXT_PARTS) of which Folio runs the text part only.
     text_only: bool = False
+    # A folder's tensors stored in MXFP4 (gpt-oss as released), kept so by weights="stored".
+    mxfp4: StoredMxfp4 = StoredMxfp4()
 
     @property
     def kv_layers(self) -> int:
@@ -177,6 +180,9 @@ def model_info(path: Path) -> ModelInfo:
     shapes = {name: shape for shard in safetensors_shards(path)
               for name, shape in read_safetensors_header(shard).items()
               if prefix is None or text_weight_name(name, prefix) is not None}
+    stored = StoredMxfp4()
+    if quant_method(config, config_path) is not None:
+        shapes, stored = fused_shapes(shapes, path)
     num_parameters = sum(math.prod(shape) for shape in shapes.values())
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return ModelInfo(display_name(path), path, "hf", str(config.get("model_type", "")),
@@ -185,7 +191,8 @@ def model_info(path: Path) -> ModelInfo:
                      head_dim_of(config.get("head_dim"), hidden, heads),
                      active_parameters=active_parameters(shapes, config),
                      has_chat_template=folder_has_chat_template(path),
-                     hybrid=_hybrid(config, config_path), text_only=prefix is not None)
+                     hybrid=_hybrid(config, config_path), text_only=prefix is not None,
+                     mxfp4=stored)
 
 
 def _hybrid(config: dict, where: Path) -> HybridLayout | None:

@@ -1,7 +1,8 @@
 """Hugging Face model folders: config.json, a tokenizer and safetensors shards.
 
 The shards' headers are read first (shapes checked against the config, truncated files
-caught) and the tensors only when the weight stream is iterated.
+caught) and the tensors only when the weight stream is iterated. A folder whose experts
+are stored in MXFP4 (gpt-oss as released) reads them through `hf_mxfp4`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from engine.loaders.base import (
     check_weight_shapes,
     display_name,
 )
+from engine.loaders.hf_mxfp4 import fused_shapes, joined, quant_method
 from engine.models.registry import text_part, text_weight_name
 
 log = logging.getLogger(__name__)
 
 
-def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None) -> LoadedModel:
+def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None,
+                   keep_quantized: bool = False) -> LoadedModel:
+    """keep_quantized: MXFP4 experts come out as `Mxfp4Experts` (else dequantized to
+    `dtype`)."""
     from transformers import AutoConfig, AutoTokenizer
 
     report = progress or (lambda stage, fraction: None)
@@ -44,6 +49,7 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
         log.info("%s: a multimodal checkpoint (%s): loading its text part only", folder,
                  ", ".join(config.architectures))
         config = config.text_config
+    quantized = quant_method(config, config_path) is not None
     report("config", 1.0)
     report("tokenizer", 0.0)
     try:
@@ -63,10 +69,16 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
                 continue  # the vision and audio towers
             shapes[name] = shape
             origin[name] = shard
+    if quantized:
+        shapes = fused_shapes(shapes, folder)[0]
+        origin |= {name.removesuffix("_blocks"): path for name, path in origin.items()}
     check_weight_shapes(config, shapes, lambda name: str(origin.get(name, folder)), str(folder))
     report("index", 1.0)
 
     def opener() -> Iterator[tuple[str, torch.Tensor]]:
+        return joined(tensors(), keep_quantized, dtype) if quantized else tensors()
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         from safetensors import SafetensorError, safe_open
 
         for shard in shards:

@@ -14,7 +14,9 @@ Checkpoints hold the experts fused (``mlp.experts.gate_up_proj`` [E, H, 2I] with
 and up in interleaved columns, ``down_proj`` [E, I, H], both transposed, and their
 biases); the model's own names are one matrix per expert, as GGUF files give them, and
 ``split_experts`` turns the first into the second, for the weights and for the loaders'
-shape check alike.
+shape check alike. The folders as released store those two matrices in MXFP4 instead;
+the loader hands each over as an ``Mxfp4Experts`` (engine/loaders/hf_mxfp4.py), which
+splits the same way into one quantized matrix per expert.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, Target, copy_checkpoint
 from engine.models.llama import PreNormLayer, attention_targets, mlp_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec
+from kernels.quant.formats import QuantizedTensor
+from kernels.quant.mxfp4 import MXFP4_TYPE, dequantize_mxfp4
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -134,6 +138,39 @@ class GptOssForCausalLM(CausalLM):
         copy_checkpoint(self, split_experts(weights))
 
 
+@dataclass(slots=True, frozen=True)
+class Mxfp4Experts:
+    """One fused expert matrix of a layer kept in MXFP4: `blocks` uint8 [E, out, k / 32
+    * 17], each expert's rows (its outputs) in kernels/quant/mxfp4's blocks over `k`
+    inputs. `shape` is the float checkpoint's fused tensor's, [E, k, out] (transposed)."""
+
+    blocks: torch.Tensor
+    k: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.blocks.shape[0], self.k, self.blocks.shape[1])
+
+    def matrix(self, expert: int, rows: slice = slice(None)) -> QuantizedTensor:
+        """Rows `rows` of one expert's [out, k] matrix, their blocks contiguous."""
+        data = self.blocks[expert, rows].contiguous()
+        return QuantizedTensor(MXFP4_TYPE, (data.shape[0], self.k), data)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """The float fused tensor [E, k, out] the checkpoint would hold."""
+        experts, out = self.blocks.shape[:2]
+        dense = dequantize_mxfp4(self.blocks.reshape(experts * out, -1), self.k, dtype)
+        return dense.reshape(experts, out, self.k).transpose(1, 2)
+
+
+def _rows(fused: torch.Tensor | Mxfp4Experts, expert: int,
+          rows: slice = slice(None)) -> torch.Tensor | QuantizedTensor:
+    """Rows of one expert's [out, in] matrix from a fused tensor [E, in, out]."""
+    if isinstance(fused, Mxfp4Experts):
+        return fused.matrix(expert, rows)
+    return fused[expert].t()[rows]
+
+
 # The fused expert tensors of a checkpoint, by name under model.layers.N.mlp.experts.
 _FUSED = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
 _GGUF_SINKS = ".self_attn.sinks.weight"
@@ -144,27 +181,30 @@ def split_experts(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any
     gate_up's even columns and up from its odd ones, each transposed to [I, H], down
     transposed to [H, I]; a GGUF file's ``self_attn.sinks.weight`` (llama.cpp names every
     tensor so) as ``self_attn.sinks``; every other tensor (and per-expert ones) unchanged.
-    Works on meta tensors, so the loaders' shape check reads the same rule."""
+    Works on meta tensors, so the loaders' shape check reads the same rule, and on
+    `Mxfp4Experts`, whose experts come out as QuantizedTensors."""
+    even, odd = slice(0, None, 2), slice(1, None, 2)
     for name, tensor in weights:
         if name.endswith(_GGUF_SINKS):
             yield name.removesuffix(".weight"), tensor
             continue
         head, sep, tail = name.rpartition(".experts.")
-        if not sep or tail not in _FUSED or not isinstance(tensor, torch.Tensor):
+        if (not sep or tail not in _FUSED
+                or not isinstance(tensor, torch.Tensor | Mxfp4Experts)):
             yield name, tensor
             continue
-        for e, part in enumerate(tensor):
+        for e in range(tensor.shape[0]):
             base = f"{head}.experts.{e}."
             if tail == "gate_up_proj":
-                yield base + "gate_proj.weight", part[:, 0::2].t()
-                yield base + "up_proj.weight", part[:, 1::2].t()
+                yield base + "gate_proj.weight", _rows(tensor, e, even)
+                yield base + "up_proj.weight", _rows(tensor, e, odd)
             elif tail == "gate_up_proj_bias":
-                yield base + "gate_proj.bias", part[0::2]
-                yield base + "up_proj.bias", part[1::2]
+                yield base + "gate_proj.bias", tensor[e, even]
+                yield base + "up_proj.bias", tensor[e, odd]
             elif tail == "down_proj":
-                yield base + "down_proj.weight", part.t()
+                yield base + "down_proj.weight", _rows(tensor, e)
             else:
-                yield base + "down_proj.bias", part
+                yield base + "down_proj.bias", tensor[e]
 
 
 def split_expert_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:

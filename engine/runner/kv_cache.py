@@ -208,7 +208,8 @@ def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
     ``max_model_len`` rule). A budget too small for one context still shows what one
     context needs, the least that loads. Quantized GGUF weights kept as stored count as
     their file size (the tensor blocks; small tensors may be dequantized, so it is close,
-    not exact); dense weights count parameters times the dtype's bytes."""
+    not exact), a folder's MXFP4 experts their blocks' bytes; dense weights count
+    parameters times the dtype's bytes."""
     dtype = estimate_dtype(config)
     context = info.context_length
     max_model_len = max(1, min(config.max_model_len or context, context))
@@ -225,6 +226,9 @@ def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
     else:
         weight_dtype = dtype if config.weights == "stored" else resolve_dtype(config.weights)
         weights = info.num_parameters * weight_dtype.itemsize
+        mxfp4 = getattr(info, "mxfp4", None)
+        if config.weights == "stored" and mxfp4 is not None:  # those stay as their blocks
+            weights += mxfp4.nbytes - mxfp4.parameters * weight_dtype.itemsize
     kv = blocks * shape.bytes_per_block
     states = 0
     if hybrid is not None:

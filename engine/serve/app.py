@@ -39,7 +39,7 @@ from engine.serve.reply_tokens import ReplyTokens
 from engine.serve.streaming import RequestStream
 from engine.serve.tool_prompt import ModelTools, template_source, tool_prompt
 from engine.serve.tool_replies import ToolReplies
-from engine.text.reasoning import reasoning_format
+from engine.text.reasoning import TemplateOptions, reasoning_format
 from engine.tools.constrained import SchemaCallParser
 from engine.tools.parser import ToolParser
 from engine.worker import EngineWorker
@@ -118,7 +118,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
         params = _params(body, llm, llm.max_model_len)
         try:
             tools = body.tool_request()
-            enable_thinking = body.enable_thinking()
+            options = body.template_options()
         except InvalidField as exc:
             raise _invalid(exc) from exc
         if params.response_format is not None and tools.active:
@@ -128,11 +128,11 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
         if not tools.tools and not body.has_tool_history:
             await _check_format(params.response_format, "response_format")
             messages = body.engine_messages()
-            if thinks is None and enable_thinking is None:
+            if thinks is None and not options.variables():
                 return await _complete(body, messages, params, "chat", request)
             # Tokenized here: the reader sees how the prompt opens the reply, and the
-            # template gets the switch.
-            ids = await _encode(messages, enable_thinking)
+            # template gets the reasoning variables.
+            ids = await _encode(messages, options)
             replies = (None if thinks is None or params.response_format is not None else
                        ToolReplies(None, n=body.n, reasoning=_reader(ids, params)))
             return await _complete(body, ids, params, "chat", request, replies)
@@ -140,7 +140,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             # Off the event loop: a long history takes a while to render and tokenize.
             prompt = await asyncio.to_thread(tool_prompt, model_tools, tools,
                                              body.engine_messages(), llm.tokenizer,
-                                             reply_tokens, enable_thinking)
+                                             reply_tokens, options)
         except InvalidField as exc:
             raise _invalid(exc) from exc
         prompt.adjust(params)
@@ -169,10 +169,10 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             params.skip_special_tokens = False  # its markers are special tokens
         return lambda: thinks.reader(llm.tokenizer, ids)
 
-    async def _encode(messages: list[dict], enable_thinking: bool | None) -> list[int]:
+    async def _encode(messages: list[dict], options: TemplateOptions) -> list[int]:
         try:
-            return await asyncio.to_thread(llm.tokenizer.encode_chat, messages,
-                                           enable_thinking=enable_thinking)
+            return await asyncio.to_thread(lambda: llm.tokenizer.encode_chat(
+                messages, **options.variables()))
         except ValueError as exc:
             raise APIError(400, str(exc), "invalid_value", "messages") from exc
 

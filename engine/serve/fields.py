@@ -41,7 +41,7 @@ def _one_of(*allowed: Any) -> Callable[[Any], bool]:
 HONOURED_CHAT = ("model", "messages", "n", "temperature", "top_p", "max_tokens",
                  "max_completion_tokens", "stop", "seed", "stream", "stream_options",
                  "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                 "response_format", "chat_template_kwargs")
+                 "response_format", "chat_template_kwargs", "reasoning_effort")
 HONOURED_TEXT = ("model", "prompt", "n", "temperature", "top_p", "max_tokens", "stop",
                  "seed", "stream", "stream_options", "logprobs")
 # vLLM's names for what SamplingParams has beyond OpenAI's fields.
@@ -66,7 +66,6 @@ DEFAULT_ONLY_CHAT: dict[str, tuple[Callable[[Any], bool], str]] = _SHARED | {
     "audio": (_unset, "replies are text only"),
     "modalities": (_one_of(["text"]), "replies are text only"),
     "prediction": (_unset, "predicted outputs are not implemented"),
-    "reasoning_effort": (_unset, "the chat template gets no reasoning setting"),
     "verbosity": (_unset, "the chat template gets no verbosity setting"),
     "web_search_options": (_unset, "Folio searches nothing"),
     "moderation": (_unset, "Folio runs no moderation"),

@@ -7,6 +7,7 @@ that names it (``fields.py`` says which and why); unknown fields are refused too
 
 from __future__ import annotations
 
+from dataclasses import fields as dataclass_fields
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +23,7 @@ from engine.serve.tool_fields import (
     check_results_answer_calls,
     tool_request,
 )
+from engine.text.reasoning.options import TemplateOptions
 
 MAX_N = 16  # candidates per request; each holds its own decode state
 MAX_STOP = 4  # OpenAI's own limit on stop strings
@@ -155,8 +157,10 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: Any = None
     # Checked by response_format.py, which names the bad part.
     response_format: Any = None
-    # vLLM's variables for the chat template: only reasoning models' switch is read.
+    # vLLM's variables for the chat template: only reasoning models' are read
+    # (engine.text.reasoning.options), reasoning_effort OpenAI's own field too.
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Any = None
     # Refused unless left at what Folio does (fields.DEFAULT_ONLY_CHAT); typed loosely so
     # that a value in any shape is refused by name, not mistyped.
     functions: Any = None
@@ -164,7 +168,6 @@ class ChatCompletionRequest(SamplingFields):
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
-    reasoning_effort: Any = None
     verbosity: Any = None
     web_search_options: Any = None
     moderation: Any = None
@@ -197,18 +200,32 @@ class ChatCompletionRequest(SamplingFields):
         params.response_format = response_format(self.response_format)
         return params
 
-    def enable_thinking(self) -> bool | None:
-        """``chat_template_kwargs.enable_thinking``; InvalidField names anything else."""
+    def template_options(self) -> TemplateOptions:
+        """``reasoning_effort`` and ``chat_template_kwargs``' reasoning variables (which
+        may hold ``reasoning_effort`` too, as vLLM's clients send it); InvalidField names a
+        bad value or any other variable."""
         options = dict(self.chat_template_kwargs or {})
-        value = options.pop("enable_thinking", None)
+        readable = [f.name for f in dataclass_fields(TemplateOptions)]
         for name in options:
-            raise InvalidField(f"chat_template_kwargs.{name}", f"chat_template_kwargs."
-                               f"{name} is not read: the chat template gets only "
-                               "enable_thinking (a reasoning model's switch)")
-        if value is not None and not isinstance(value, bool):
-            raise InvalidField("chat_template_kwargs.enable_thinking",
-                               "chat_template_kwargs.enable_thinking must be true or false")
-        return value
+            if name not in readable:
+                raise InvalidField(f"chat_template_kwargs.{name}", f"chat_template_kwargs."
+                                   f"{name} is not read: the chat template gets only "
+                                   f"{' and '.join(readable)} (reasoning models' variables)")
+        effort = options.get("reasoning_effort")
+        if self.reasoning_effort is not None:
+            if effort is not None and effort != self.reasoning_effort:
+                raise InvalidField("reasoning_effort", "reasoning_effort and "
+                                   "chat_template_kwargs.reasoning_effort differ; send one")
+            options["reasoning_effort"] = self.reasoning_effort
+        for name, value in options.items():
+            try:
+                TemplateOptions(**{name: value})
+            except ValueError as exc:
+                where = (name if name == "reasoning_effort" and self.reasoning_effort
+                         is not None else f"chat_template_kwargs.{name}")
+                raise InvalidField(where, str(exc) if where == name else
+                                   f"chat_template_kwargs.{exc}") from exc
+        return TemplateOptions(**options)
 
     def tool_request(self) -> ToolRequest:
         """The request's tools and how they may be called; InvalidField names a bad one."""

@@ -21,7 +21,7 @@ from engine.models.registry import family_of
 from engine.sampling_params import ResponseFormat, SamplingParams
 from engine.serve.reply_tokens import ReplyTokens
 from engine.serve.tool_fields import InvalidField, ToolRequest
-from engine.text.reasoning import HARMONY, reasoning_format
+from engine.text.reasoning import HARMONY, TemplateOptions, reasoning_format
 from engine.tools.constrained import call_schema, shown_as_text
 from engine.tools.format import ToolFormat
 from engine.tools.harmony import call_opening
@@ -77,16 +77,17 @@ class ToolPrompt:
 
 def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
                 tokenizer, replies: ReplyTokens | None = None,
-                enable_thinking: bool | None = None) -> ToolPrompt:
+                options: TemplateOptions | None = None) -> ToolPrompt:
     """Prompt ids; InvalidField naming what the model or its template cannot take.
     ``replies``: earlier replies' ids, spliced where calls are shown as their text;
-    ``enable_thinking``: a reasoning model's template switch (None: its default)."""
+    ``options``: reasoning models' template variables (unset: the template's defaults)."""
+    options = options or TemplateOptions()
     forced = request.choice in ("required", "function")
     if model.harmony and model.template.takes_tools:
-        return _harmony_prompt(model, request, messages, tokenizer, forced, enable_thinking)
+        return _harmony_prompt(model, request, messages, tokenizer, forced, options)
     if model.fmt is None and (forced or not model.template.takes_tools):
         return _constrained_prompt(model, request, messages, tokenizer, forced, replies,
-                                   enable_thinking)
+                                   options)
     tools = request.tools if request.active else None
     try:
         prepared = prepare(messages, tools, model.fmt, model.template)
@@ -94,7 +95,7 @@ def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
         raise InvalidField(exc.field, str(exc)) from exc
     prefix = model.fmt.prefix(request.function) if forced else ""
     try:
-        ids = tokenizer.encode_chat(prepared, tools=tools, enable_thinking=enable_thinking)
+        ids = tokenizer.encode_chat(prepared, tools=tools, **options.variables())
     except (ValueError, TypeError) as exc:  # a template's own errors: the model's, not ours
         raise InvalidField("tools" if str(exc).startswith("tools") else "messages",
                            str(exc)) from exc
@@ -106,13 +107,13 @@ def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
 
 
 def _harmony_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
-                    tokenizer, forced: bool, enable_thinking: bool | None) -> ToolPrompt:
+                    tokenizer, forced: bool, options: TemplateOptions) -> ToolPrompt:
     """Harmony: the template shows tools, calls and results; a forced call is the reply
     opened with its header, which the reply's reader reads from the prompt's tail."""
     tools = request.tools if request.active else None
     try:
         prepared = prepare(messages, tools, None, model.template)
-        ids = tokenizer.encode_chat(prepared, tools=tools, enable_thinking=enable_thinking)
+        ids = tokenizer.encode_chat(prepared, tools=tools, **options.variables())
     except TemplateToolError as exc:
         raise InvalidField(exc.field, str(exc)) from exc
     except (ValueError, TypeError) as exc:
@@ -124,7 +125,7 @@ def _harmony_prompt(model: ModelTools, request: ToolRequest, messages: list[dict
 
 def _constrained_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
                         tokenizer, forced: bool, replies: ReplyTokens | None,
-                        enable_thinking: bool | None = None) -> ToolPrompt:
+                        options: TemplateOptions) -> ToolPrompt:
     """A family without a call format: the template shows the tools where it can, else
     they go into the conversation as text; a forced call is a constrained reply."""
     tools = request.tools if request.active else None
@@ -138,7 +139,7 @@ def _constrained_prompt(model: ModelTools, request: ToolRequest, messages: list[
         if replies is not None:
             prepared = replies.attach(prepared)
     try:
-        ids = tokenizer.encode_chat(prepared, tools=tools, enable_thinking=enable_thinking)
+        ids = tokenizer.encode_chat(prepared, tools=tools, **options.variables())
     except (ValueError, TypeError) as exc:
         raise InvalidField("messages", str(exc)) from exc
     fmt = None

@@ -38,6 +38,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from engine.text.reasoning.options import TemplateOptions
 from engine.text.turn_formats import FROM_FILE, chat_template_for, check_template, stop_tokens
 
 logger = logging.getLogger(__name__)
@@ -89,20 +90,22 @@ class ChatTokenizer:
     def encode_chat(
         self, messages: Sequence[dict], add_generation_prompt: bool = True,
         tools: Sequence[dict] | None = None, enable_thinking: bool | None = None,
+        reasoning_effort: str | None = None,
     ) -> list[int]:
         """Prompt ids for `messages`: dicts with "role" (system, user, assistant or tool),
         "content" (str) and, on assistant messages, optional "token_ids" (the exact ids the
         model generated for that reply; ignored on other roles). ``tools``: function
         definitions in OpenAI's shape, for the template's ``tools`` variable; the keys of
-        ``TEMPLATE_KEYS`` on a message reach the template unchanged. ``enable_thinking``:
-        the template variable of reasoning models' switch (None: the template's default)."""
+        ``TEMPLATE_KEYS`` on a message reach the template unchanged. ``enable_thinking``,
+        ``reasoning_effort``: reasoning models' template variables (None: the template's
+        default; engine.text.reasoning.options checks them)."""
         _validate(messages)
         if (tools or _uses_tools(messages)) and not self.has_chat_template:
             raise ValueError("tools: this model has no chat template, so nothing can show "
                              "it tools, tool calls or tool results")
         ids = [] if self.has_chat_template else list(self._bos_prefix)
         end_of_reply: str | None = None
-        options = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        options = TemplateOptions(enable_thinking, reasoning_effort).variables()
         for piece in self._render(messages, add_generation_prompt, list(tools or ()),
                                   options):
             if isinstance(piece, int):

@@ -9,7 +9,11 @@ the loader keeps them as `NativeBlocks`. On CUDA the Triton kernels read the blo
 themselves (kernels/triton/quant_blocks.py). Elsewhere `Mxfp4Blocks` keeps a matrix's
 blocks as the file holds them and dequantizes them when it multiplies, by PyTorch ops:
 a mixture of experts holds each expert as its own matrix, so a step dequantizes only the
-experts its tokens were routed to. The oracle of all three is `gguf.quants.dequantize`."""
+experts its tokens were routed to. The oracle of all three is `gguf.quants.dequantize`.
+
+Hugging Face folders (openai/gpt-oss-*) store the same codes and scale bytes apart, in
+another nibble order: `from_hf_blocks` moves them into these blocks once at load, so one
+set of storages serves both kinds of file."""
 
 from __future__ import annotations
 
@@ -65,6 +69,24 @@ def dequantize_mxfp4(data: torch.Tensor, k: int, dtype: torch.dtype = torch.floa
     table = torch.tensor(_CODES, dtype=torch.float32, device=data.device)
     values = table[nibbles] * half_scales(blocks[..., 0])[..., None]
     return values.reshape(rows, k).to(dtype)
+
+
+def from_hf_blocks(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """A Hugging Face checkpoint's MXFP4 tensor -> these blocks: `blocks` uint8
+    [..., G, 16] (weight 2b of a block in the low nibble of byte b, 2b + 1 in its high
+    one), `scales` uint8 [..., G] (E8M0) -> uint8 [..., G * 17], each block its scale
+    byte then the codes with weight j low and j + 16 high. The codes' table and the
+    scale bytes mean the same in both (transformers reads FP4 at half these values with
+    twice this scale), so the bytes move and no value is recomputed."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise ValueError(f"MXFP4 blocks and scales are uint8, got {blocks.dtype} and "
+                         f"{scales.dtype}")
+    if blocks.shape[-1] != BLOCK // 2 or blocks.shape[:-1] != scales.shape:
+        raise ValueError(f"MXFP4 blocks [..., G, 16] need scales [..., G], got "
+                         f"{list(blocks.shape)} and {list(scales.shape)}")
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)  # weight order
+    packed = codes[..., :BLOCK // 2] | (codes[..., BLOCK // 2:] << 4)
+    return torch.cat([scales.unsqueeze(-1), packed], dim=-1).flatten(-2)
 
 
 @dataclass(slots=True)

@@ -78,8 +78,9 @@ BYTE_SIZES: dict[str, Any] = dict(vocab_size=259, intermediate_size=64, bos_toke
                                   max_position_embeddings=1024)
 
 
-def _byte_fields(family: str) -> dict[str, Any]:
-    """No dense layer for Qwen3-MoE: GGUF files hold none."""
+def byte_fields(family: str) -> dict[str, Any]:
+    """`family`'s fields for the byte-level vocabulary (BYTE_SIZES; gpt-oss keeps its
+    width, Qwen3-MoE gets no dense layer: GGUF files hold none)."""
     if family == GPT_OSS:
         return {k: v for k, v in BYTE_SIZES.items() if k != "intermediate_size"}
     return {**BYTE_SIZES, **({"mlp_only_layers": []} if family == "qwen3_moe" else {})}
@@ -87,14 +88,14 @@ def _byte_fields(family: str) -> dict[str, Any]:
 
 def byte_moe_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
     """`family` with the byte-level tokenizer's vocabulary."""
-    return moe_config(family, **{**_byte_fields(family), **overrides})
+    return moe_config(family, **{**byte_fields(family), **overrides})
 
 
 def save_moe_model(path, family: str, seed: int = 0, **overrides: Any):
     """A random `family` folder (config, safetensors, the byte-level tokenizer)."""
     from tests.engine.tiny_models import byte_level_tokenizer
 
-    model = moe_model(family, seed, **{**_byte_fields(family), **overrides})
+    model = moe_model(family, seed, **{**byte_fields(family), **overrides})
     model.save_pretrained(path)
     byte_level_tokenizer().save_pretrained(path)
     return model

@@ -7,12 +7,14 @@ from engine.text.reasoning.formats import (
     THINK,
     ReasoningFormat,
     ReasoningReader,
+    has_effort_setting,
     has_think_switch,
     reasoning_format,
 )
 from engine.text.reasoning.harmony import HarmonyParser
+from engine.text.reasoning.options import REASONING_EFFORTS, TemplateOptions
 from engine.text.reasoning.think import ThinkParser
 
-__all__ = ["HARMONY", "THINK", "HarmonyParser", "ReasoningFormat", "ReasoningReader",
-           "SplitReply", "ThinkParser", "Thinking", "has_think_switch", "reasoning_format",
-           "split_reply"]
+__all__ = ["HARMONY", "REASONING_EFFORTS", "THINK", "HarmonyParser", "ReasoningFormat",
+           "ReasoningReader", "SplitReply", "TemplateOptions", "ThinkParser", "Thinking",
+           "has_effort_setting", "has_think_switch", "reasoning_format", "split_reply"]

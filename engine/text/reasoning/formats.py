@@ -24,6 +24,7 @@ Parser = ThinkParser | HarmonyParser
 # call opens the reply with, a few more: its function's name).
 TAIL_TOKENS = 64
 SWITCH = "enable_thinking"  # the template variable that turns thinking on and off
+EFFORT = "reasoning_effort"  # the one that sets how long it thinks (harmony's)
 
 
 def _think_parser(tail: str) -> Parser:
@@ -69,6 +70,11 @@ def reasoning_format(chat_template: str | None) -> ReasoningFormat | None:
 def has_think_switch(chat_template: str | None) -> bool:
     """The template reads ``enable_thinking``: thinking can be turned on and off."""
     return bool(chat_template) and SWITCH in chat_template
+
+
+def has_effort_setting(chat_template: str | None) -> bool:
+    """The template reads ``reasoning_effort``: how hard the model thinks can be set."""
+    return bool(chat_template) and EFFORT in chat_template
 
 
 class ReasoningReader:

@@ -162,3 +162,59 @@ def test_a_harmony_reply_shows_its_analysis_as_thinking(qtbot, make_window, tmp_
         assert not window.conversation.think_button.isVisible()  # no switch in its template
     finally:
         bridge.shutdown()
+
+
+def test_the_reasoning_effort_box_reaches_the_template_and_stays_with_the_chat(
+        qtbot, make_window, tmp_path):
+    """A template that reads reasoning_effort (the engine's harmony format, gpt-oss's):
+    the composer's effort box shows (the Think switch does not: harmony has none), each
+    turn's prompt carries the chat's level (the template's medium until one is chosen),
+    the choice is stored with the chat and shown again when the chat is reopened."""
+    from desktop_app.services.engine_bridge import EngineBridge
+    from desktop_app.widgets.effort_box import ReasoningEffortBox
+    from engine import LLM
+    from tests.engine.text.reasoning.thinking_models import save_harmony_format_model
+
+    path = save_harmony_format_model(tmp_path / "gpt-oss")
+    llm = LLM(str(path), num_gpu_blocks=128, max_model_len=1024)
+    scripted(llm).script = llm.tokenizer.encode(f"<|channel|>final<|message|>{ANSWER}",
+                                                add_special_tokens=False)
+    bridge = EngineBridge(llm_factory=lambda source, config=None, progress=None: llm)
+    with qtbot.waitSignal(bridge.modelLoaded, timeout=30000):
+        bridge.load_model("gpt-oss")
+    prompts = []
+    submit = bridge.submit
+    bridge.submit = lambda prompt, params: prompts.append(prompt) or submit(prompt, params)
+
+    def rendered(prompt) -> str:  # messages are rendered by the engine, at its default
+        ids = prompt if isinstance(prompt[0], int) else llm.tokenizer.encode_chat(prompt)
+        return llm.tokenizer.decode(ids, skip_special_tokens=False)
+
+    try:
+        window = make_window(bridge)
+        send(qtbot, window, "Hi there")
+        box = window.findChild(ReasoningEffortBox, "reasoningEffortBox")
+        assert box.isVisible() and box.effort() is None
+        assert not window.conversation.think_button.isVisible()
+        assert "Reasoning: medium" in rendered(prompts[-1])
+        chat_id = window.controller.chat_id
+        high = box.findData("high")
+        box.setCurrentIndex(high)
+        box.activated.emit(high)  # as a user's pick
+        assert window.store.get_chat(chat_id).settings.reasoning_effort == "high"
+        send(qtbot, window, "Think hard")
+        assert "Reasoning: high" in rendered(prompts[-1])
+        window.controller.open_chat(window.controller.new_chat())
+        assert box.isVisible() and box.effort() is None  # a new chat: the default
+        window.controller.open_chat(chat_id)
+        assert box.effort() == "high"
+    finally:
+        bridge.shutdown()
+
+
+def test_a_template_without_the_setting_shows_no_effort_box(qtbot, thinking_bridge,
+                                                            make_window):
+    window = make_window(thinking_bridge)
+    send(qtbot, window, "Hi there")
+    assert window.conversation.think_button.isVisible()
+    assert not window.conversation.effort_box.isVisible()

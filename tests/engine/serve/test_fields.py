@@ -54,7 +54,8 @@ CHAT = {
     "audio": ({"voice": "alloy", "format": "wav"}, REFUSED, None),
     "modalities": (["text", "audio"], REFUSED, None),
     "prediction": ({"type": "content", "content": "hello"}, REFUSED, None),
-    "reasoning_effort": ("low", REFUSED, None),
+    # Passed to the chat template (test_reasoning_api); templates without it ignore it.
+    "reasoning_effort": ("low", HONOURED, None),
     "verbosity": ("low", REFUSED, None),
     "web_search_options": ({"search_context_size": "low"}, REFUSED, None),
     "moderation": ({"model": "omni-moderation-latest"}, REFUSED, None),

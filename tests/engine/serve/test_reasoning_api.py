@@ -131,6 +131,53 @@ def test_harmony_thinking_answer_and_a_tool_call(tmp_path):
         served.stop()
 
 
+def test_reasoning_effort_reaches_the_template_and_a_bad_one_is_refused(tmp_path):
+    """OpenAI's reasoning_effort (and chat_template_kwargs.reasoning_effort, as vLLM's
+    clients send it) renders harmony's ``Reasoning:`` line: the prompt the server ran is
+    the one the chat tokenizer renders at that level; anything but low, medium, high is a
+    400 naming the field and the values."""
+    import openai
+
+    from tests.engine.text.reasoning.thinking_models import save_harmony_format_model
+
+    served, sampler = serve(save_harmony_format_model(tmp_path / "gpt-oss"))
+    answer = f"<|channel|>final<|message|>{ANSWER}"
+    tokenizer = served.llm.tokenizer
+    try:
+        prompt_tokens = {}
+        for effort in (None, "low", "medium", "high"):
+            fields = {} if effort is None else {"reasoning_effort": effort}
+            choice, usage = ask(served, sampler, answer, **fields)
+            assert choice.message.content == ANSWER
+            assert usage.prompt_tokens == len(tokenizer.encode_chat(
+                QUESTION, reasoning_effort=effort))
+            prompt_tokens[effort] = usage.prompt_tokens
+        assert prompt_tokens[None] == prompt_tokens["medium"]  # harmony's default
+        assert len({prompt_tokens[e] for e in ("low", "medium", "high")}) == 3
+        _, usage = ask(served, sampler, answer,
+                       extra_body={"chat_template_kwargs": {"reasoning_effort": "low"}})
+        assert usage.prompt_tokens == prompt_tokens["low"]
+        for bad in ("max", "LOW", 3):
+            with pytest.raises(openai.BadRequestError) as refused:
+                ask(served, sampler, answer, extra_body={"reasoning_effort": bad})
+            assert refused.value.body["param"] == "reasoning_effort"
+            assert "'low', 'medium', 'high'" in refused.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as refused:
+            ask(served, sampler, answer, extra_body={
+                "chat_template_kwargs": {"reasoning_effort": "none"}})
+        assert refused.value.body["param"] == "chat_template_kwargs.reasoning_effort"
+    finally:
+        served.stop()
+
+
+def test_a_template_without_the_variable_ignores_reasoning_effort(thinking):
+    served, sampler = thinking
+    _, plain = ask(served, sampler, REPLY)
+    choice, usage = ask(served, sampler, REPLY, reasoning_effort="high")
+    assert (reasoning_of(choice), choice.message.content) == (THOUGHT, ANSWER)
+    assert usage.prompt_tokens == plain.prompt_tokens
+
+
 def test_a_model_without_reasoning_keeps_its_reply_whole(tmp_path):
     served, sampler = serve(save_tool_model(tmp_path / "plain", "qwen2"))
     try:

@@ -124,11 +124,21 @@ def test_an_answered_turn_keeps_its_final_message_only_and_a_chat_ends_on_return
     assert tokenizer.end_of_turn_token_id == tokenizer.hf.convert_tokens_to_ids("<|return|>")
 
 
-def test_reasoning_effort_goes_into_the_system_message():
-    template = FORMATS["harmony"].template
-    text = render(template, CHAT[1:2], True, reasoning_effort="high")
-    assert text.startswith(SYSTEM.format(effort="high", calls=""))
+@pytest.mark.parametrize("effort", ["low", "medium", "high", None])
+def test_reasoning_effort_goes_into_the_system_message(tokenizer, effort):
+    """Each level the API and the app pass (engine.text.reasoning.options), through the
+    chat tokenizer; unset, harmony's default (medium)."""
+    ids = tokenizer.encode_chat(CHAT[1:2], reasoning_effort=effort)
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    assert text.startswith(SYSTEM.format(effort=effort or "medium", calls=""))
+    assert text.endswith("<|start|>user<|message|>Hello<|end|><|start|>assistant")
     assert "<|start|>developer" not in text  # no instructions, no tools: no developer message
+
+
+def test_an_effort_the_format_has_no_level_for_is_refused(tokenizer):
+    with pytest.raises(ValueError, match="reasoning_effort must be one of 'low', 'medium', "
+                                         "'high', got 'max'"):
+        tokenizer.encode_chat(CHAT[1:2], reasoning_effort="max")
 
 
 def test_a_result_for_a_call_never_made_is_refused_naming_it(tokenizer):

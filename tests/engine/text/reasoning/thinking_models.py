@@ -41,6 +41,15 @@ def save_thinking_model(path: Path) -> Path:
     return save_tool_model(path, "qwen3", THINK_TEMPLATE)
 
 
+def save_harmony_format_model(path: Path) -> Path:
+    """A model running the engine's own harmony format (what a gpt-oss file without a
+    template gets), whose system message reads ``reasoning_effort``."""
+    from engine.text.turn_formats import FORMATS
+
+    return save_tool_model(path, "qwen3", FORMATS["harmony"].template,
+                           specials=HARMONY_TOKENS, eos="<|return|>")
+
+
 def save_harmony_model(path: Path) -> Path:
     return save_tool_model(path, "qwen3", HARMONY_TEMPLATE, specials=HARMONY_TOKENS,
                            eos="<|return|>")
