@@ -150,6 +150,7 @@ def quantized_block(name: str) -> SparseMoE:
                                                     torch.from_numpy(blocks)))
             linear.prepare()
         assert expert.gate_up_proj.quantized
+    block.prepare()
     return block
 
 
