@@ -8,10 +8,11 @@ file's stacked ``ffn_*_exps`` tensors as views), oneDNN-packed floats, Triton.
 
 The step runs each expert once on the rows routed to it (tokens sorted by expert): a
 decode step touches only its tokens' k experts, so only their blocks are read; a prefill
-chunk multiplies every routed expert once over its rows, a batch the native prefill tiles
-take, instead of a product per token. A lone decode token on the native CPU library takes
-its k experts' gate/up products in one call (`NativeQuantized.matmul_all`). On CUDA with
-quantized experts `prepare` picks the fused Triton kernels instead (moe_fused.py).
+chunk multiplies every routed expert once over its rows, instead of a product per token.
+`prepare` picks a fused method where the experts' storage has one: on the native CPU
+library every expert's gate/up in one grouped call and every down with the weighted sum
+in another (moe_native.py), on CUDA with quantized experts the fused Triton kernels
+(moe_fused.py).
 
 A family may add a shared expert (Qwen3.5-MoE): a dense MLP every token runs, its output
 scaled by sigmoid(x @ gate) and added to the routed experts' sum.
@@ -29,8 +30,8 @@ from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
 from engine.layers.moe_fused import TritonExperts, triton_experts
+from engine.layers.moe_native import NativeExperts, native_experts
 from engine.layers.native import fused_cpu
-from engine.layers.weights import NativeQuantized
 
 
 class TopKRouter(Layer):
@@ -86,12 +87,17 @@ class SparseMoE(Layer):
         self.experts = nn.ModuleList(experts or (
             GatedMLP(hidden_size, expert_size, False, dtype, device)
             for _ in range(num_experts)))
-        self.fused: TritonExperts | None = None  # the method prepare() picks, if any
+        # The method prepare() picks, if any.
+        self.fused: TritonExperts | None = None
+        self.native: NativeExperts | None = None
 
     def prepare(self) -> None:
-        """Call once the experts are loaded: the fused Triton kernels where every expert
-        took Triton's quantized storage (CUDA), else the loop of `mix`."""
+        """Call once the experts are loaded (the loader does, after every load): the fused
+        Triton kernels where every expert took Triton's quantized storage (CUDA), the
+        native library's grouped products where they took its storage (CPU), else the
+        loop of `mix`."""
         self.fused = triton_experts(self.experts)
+        self.native = native_experts(self.experts)
 
     @property
     def num_experts(self) -> int:
@@ -115,8 +121,8 @@ class SparseMoE(Layer):
         expert, each routed expert run once over its tokens' rows."""
         if self.fused is not None:
             return self.fused(x, weights, ids)
-        if x.shape[0] == 1 and self._native_decode(x):
-            return self._one_token(x, weights[0], ids[0].tolist())
+        if self.native is not None and fused_cpu(x):
+            return self.native(x, weights, ids)
         top_k = ids.shape[1]
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
@@ -135,26 +141,6 @@ class SparseMoE(Layer):
             out.index_add_(0, rows, y)
             start = stop
         return out
-
-    def _native_decode(self, x: torch.Tensor) -> bool:
-        """Whether a lone token can take `_one_token`: float32 on the CPU library with every
-        expert's gate/up in its quantized storage (read when asked: a reload may change it)."""
-        return fused_cpu(x) and all(isinstance(e.gate_up_proj.storage, NativeQuantized)
-                                    for e in self.experts)
-
-    def _one_token(self, x: torch.Tensor, weights: torch.Tensor,
-                   ids: list[int]) -> torch.Tensor:
-        """A decode token on the native CPU path: its k experts' gate/up products in one
-        call (the token quantized once for all of them), one fused activation over the k
-        rows, then each expert's down product and the weighted sum."""
-        experts = [self.experts[e] for e in ids]
-        gate_up = NativeQuantized.matmul_all(
-            x, [e.gate_up_proj.storage for e in experts]).view(len(ids), -1)
-        if experts[0].gate_up_proj.bias is not None:  # gpt-oss's biased experts
-            gate_up = gate_up + torch.stack([e.gate_up_proj.bias for e in experts])
-        hidden = experts[0].activate(gate_up)
-        outs = torch.cat([e.down_proj(hidden[j:j + 1]) for j, e in enumerate(experts)])
-        return (weights.unsqueeze(0) @ outs).to(x.dtype)
 
     def expert_bytes(self) -> int:
         """Bytes of every expert's matrices (the router's are the model's other weights)."""

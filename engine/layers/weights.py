@@ -162,18 +162,6 @@ class NativeQuantized(QuantizedRuns):
         return quant.quant_matmul_stack(x, self._data, self._type_ids, self._k, self._orders,
                                         self.pairs)
 
-    @staticmethod
-    def matmul_all(x: torch.Tensor, storages: Sequence[NativeQuantized]) -> torch.Tensor:
-        """x @ [W_1; W_2; ...].T for several storages of one input width (and one `pairs`
-        setting) in one call, as if they were one stack: a token's experts."""
-        from kernels.cpu import quant
-
-        first = storages[0]
-        data = [d for s in storages for d in s._data]
-        types = [t for s in storages for t in s._type_ids]
-        orders = [o for s in storages for o in s._orders]
-        return quant.quant_matmul_stack(x, data, types, first._k, orders, first.pairs)
-
 
 class TritonQuantized(QuantizedRuns):
     """CUDA: the file's blocks on the card, through the Triton kernels (RawBlocks)."""

@@ -66,6 +66,28 @@ def quant_matmul_stack(x: torch.Tensor, ws: list[torch.Tensor], type_ids: list[i
     return torch.ops.folio_cpu.quant_matmul_stack(x, ws, type_ids, k, rows, pairs)
 
 
+def quant_matmul_grouped(x: torch.Tensor, ws: list[torch.Tensor], type_ids: list[int], k: int,
+                         rows: list[torch.Tensor | None], per_expert: int,
+                         experts: torch.Tensor, route_weights: torch.Tensor | None,
+                         pairs: bool) -> torch.Tensor:
+    """A mixture of experts' product in one call (csrc/quant/grouped.cpp).
+
+    ws, type_ids, rows: every expert's matrices as quant_matmul_stack takes them, expert e
+    the `per_expert` entries from e * per_expert (its matrices' products side by side in
+    its n output columns; every expert has the same n). experts: int64 [R], route r's
+    expert; x: float32 [m, k] with R a multiple of m, route r reading row r // (R / m) (a
+    layer's gate/up: the tokens, each read by its k consecutive routes; its down: one row
+    per route). Without route_weights -> float32 [R, n], route r's product; with
+    route_weights float32 [T, kk] (T * kk = R) -> [T, n], row t the sum over j of
+    route_weights[t, j] times route t * kk + j's product.
+
+    `pairs` as in quant_matmul_stack: an expert with few routes takes the decode GEMV
+    (8-bit rows, (x, residual) pairs with `pairs`), all such experts in one parallel
+    region; one with more takes quant_matmul_stack over its rows (the tiles)."""
+    return torch.ops.folio_cpu.quant_matmul_grouped(x, ws, type_ids, k, rows, per_expert,
+                                                    experts, route_weights, pairs)
+
+
 def quant_matmul(x: torch.Tensor, w: torch.Tensor, type_id: int, k: int,
                  rows: torch.Tensor | None = None) -> torch.Tensor:
     """x @ W.T -> float32 [m, n_out], W the dequantized w.

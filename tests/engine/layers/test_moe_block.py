@@ -150,6 +150,10 @@ def quantized_block(name: str) -> SparseMoE:
                                                     torch.from_numpy(blocks)))
             linear.prepare()
         assert expert.gate_up_proj.quantized
+    block.prepare()
+    import kernels.cpu
+    if kernels.cpu.available():  # the grouped native calls, not the loop
+        assert block.native is not None
     return block
 
 
@@ -170,6 +174,19 @@ def test_a_decode_token_on_quantized_experts_equals_its_experts_one_by_one():
     for seed in range(4):
         x = torch.randn(1, 256, generator=torch.Generator().manual_seed(seed))
         torch.testing.assert_close(block(x), per_token(block, x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_the_grouped_step_takes_the_activation_bits_it_is_given(bits):
+    from engine.layers.weights import set_activation_bits
+
+    block = quantized_block("Q4_K")
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(7))
+    precise = block(x)
+    set_activation_bits(block, bits)
+    # Each expert's products then take single 8-bit rows (or stay pairs), grouped or alone.
+    torch.testing.assert_close(block(x), per_token(block, x), atol=1e-5, rtol=1e-5)
+    assert torch.equal(block(x), precise) == (bits == 16)
 
 
 def test_a_step_reads_only_the_routed_experts():
