@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers import onednn
+from kernels.cpu import quant
 from kernels.quant.formats import QuantizedTensor
 from kernels.quant.matrix import QuantMatrix, for_product, for_rows, native_cpu
 from kernels.quant.mxfp4 import MXFP4_TYPE, native_mxfp4
@@ -154,8 +155,6 @@ class NativeQuantized(QuantizedRuns):
         self._k = tensors[0].shape[1] if tensors else 0
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        from kernels.cpu import quant
-
         if x.dtype != torch.float32:
             return self.matmul(x.float()).to(x.dtype)
         # One call: the activations are quantized inside, once for every run.
@@ -166,8 +165,6 @@ class NativeQuantized(QuantizedRuns):
     def matmul_all(x: torch.Tensor, storages: Sequence[NativeQuantized]) -> torch.Tensor:
         """x @ [W_1; W_2; ...].T for several storages of one input width (and one `pairs`
         setting) in one call, as if they were one stack: a token's experts."""
-        from kernels.cpu import quant
-
         first = storages[0]
         data = [d for s in storages for d in s._data]
         types = [t for s in storages for t in s._type_ids]
