@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers import onednn
+from kernels.cpu import quant
 from kernels.quant.formats import QuantizedTensor
 from kernels.quant.matrix import QuantMatrix, for_product, for_rows, native_cpu
 from kernels.quant.mxfp4 import MXFP4_TYPE, native_mxfp4
@@ -154,8 +155,6 @@ class NativeQuantized(QuantizedRuns):
         self._k = tensors[0].shape[1] if tensors else 0
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        from kernels.cpu import quant
-
         if x.dtype != torch.float32:
             return self.matmul(x.float()).to(x.dtype)
         # One call: the activations are quantized inside, once for every run.

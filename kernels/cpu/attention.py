@@ -38,10 +38,18 @@ class CpuBackend:
             raise RuntimeError(f"the native CPU kernels are unavailable: {status()}")
         # Non-float32 pools (bfloat16) take the reference path.
         self._fallback = TorchBackend()
+        # Every layer of a step gets the same AttentionMetadata: its index tensors are
+        # checked and converted for the kernels once, for the first layer, not 30 times.
+        self._meta: AttentionMetadata | None = None
+        self._meta_args: tuple[torch.Tensor, ...] = ()
 
     @staticmethod
     def _native(*tensors: torch.Tensor) -> bool:
-        return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+        # A plain loop over `is_cpu`: it runs for every layer of every step.
+        for t in tensors:
+            if t.dtype != torch.float32 or not t.is_cpu:
+                return False
+        return True
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -58,6 +66,15 @@ class CpuBackend:
         write key and value to their slots. Float32 on the CPU only."""
         ops().rotary_write_kv(query, key, value, cos, sin, k_cache, v_cache,
                               _int64(slot_mapping))
+
+    def _kernel_meta(self, meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
+        """(query_start_loc, seq_lens, block_tables) as int32 CPU tensors, kept for as
+        long as the layers pass this same metadata."""
+        if meta is not self._meta:
+            self._meta_args = (_int32(meta.query_start_loc), _int32(meta.seq_lens),
+                               _int32(meta.block_tables))
+            self._meta = meta
+        return self._meta_args
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
@@ -79,8 +96,7 @@ class CpuBackend:
         if query.stride(2) != 1:
             query = query.contiguous()
         return ops().paged_attention(
-            query, k_cache, v_cache, _int32(meta.query_start_loc), _int32(meta.seq_lens),
-            _int32(meta.block_tables), float(scale), int(window),
+            query, k_cache, v_cache, *self._kernel_meta(meta), float(scale), int(window),
             float(logit_softcap or 0.0), sinks)
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -176,3 +176,19 @@ def test_get_backend_defaults_to_cpu_and_copies_blocks_like_the_reference(monkey
     TorchBackend().copy_blocks(want, torch.tensor([0, 3]), torch.tensor([1, 4]))
     backend.copy_blocks(pool, torch.tensor([0, 3]), torch.tensor([1, 4]))
     torch.testing.assert_close(pool, want, rtol=0, atol=0)
+
+
+def test_one_backend_over_consecutive_steps_reads_each_steps_metadata():
+    """The backend converts a step's index tensors once for all its layers: the next step's
+    metadata (other lengths, other tables, int64 as a caller may pass them) must be read
+    afresh, and a layer repeating a step's metadata must get the same result."""
+    backend = CpuBackend()
+    first = make_case([17, 40], [1, 1], num_kv_heads=2, group=2, head_size=64, block_size=16,
+                      seed=1)
+    second = make_case([90, 5, 33], [1, 1, 1], num_kv_heads=2, group=2, head_size=64,
+                       block_size=16, seed=2)
+    second.meta.block_tables = second.meta.block_tables.long()
+    second.meta.seq_lens = second.meta.seq_lens.long()
+    for case in (first, first, second, first):
+        out = backend.attention(case.query, case.k_cache, case.v_cache, case.meta, case.scale)
+        torch.testing.assert_close(out, reference_attention(case), rtol=RTOL, atol=ATOL)
