@@ -183,6 +183,32 @@ def test_the_stack_takes_the_wide_tiles_for_float_prefill_rows(isa_path, m):
         assert torch.equal(out, each), pairs
 
 
+@pytest.mark.parametrize("m", [65, 300])
+def test_the_stack_does_not_depend_on_the_threads(m):
+    """The stack's tiles go to whichever thread asks next (a shared counter): the result
+    is the same bits on one thread, two or three, as each matrix alone."""
+    if torch.ops.folio_cpu.isa() == "portable":
+        pytest.skip("the portable path has no wide tiles in the stack")
+    k = 1024
+    names = ("Q4_K", "Q6_K", "Q8_0")
+    mats = [torch.from_numpy(exact_case(name, n, k)[0]) for name, n in zip(names, (96, 40, 33),
+                                                                           strict=True)]
+    types = [BY_NAME[t].type_id for t in names]
+    x = _activations(m, k, seed=m)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(quant.quant_matmul_stack(x, mats, types, k, [None] * 3, False))
+    finally:
+        torch.set_num_threads(before)
+    each = torch.cat([quant.quant_matmul_wide(x, w, t, k) for w, t in zip(mats, types,
+                                                                          strict=True)], dim=1)
+    for out in outs:
+        assert torch.equal(out, each)
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
 def test_rows_and_strided_views(name):
     fmt = BY_NAME[name]
