@@ -19,7 +19,10 @@ namespace {
 
 constexpr int64_t kTileN = 32;
 constexpr int64_t kSlice = 4;  // chunks: 2,048 weights of a row
-constexpr int64_t kMaxTileM = 256;
+// A 512-token chunk in one tile: each weight is unpacked once per chunk, not once per
+// half of it (the activations' slice, 2.4 MiB at 512 rows, streams from L3 in passes of
+// four rows while the weights' stays in L2).
+constexpr int64_t kMaxTileM = 512;
 
 // x float32 [m, k] (unit stride along k) -> uint8 [m, wide_chunks(k) * sizeof(WideChunk)].
 at::Tensor quantize_rows(const Kernels& kern, const at::Tensor& x) {
@@ -46,6 +49,14 @@ struct Part {
   int64_t first;  // its first tile's index in the stack's sequence
 };
 
+// Activation rows in the next pass of a tile with `left` rows to go: kWideRows, but a
+// remainder of one after them (a follow-up turn's 65 rows) goes as 3 + 2, since a pass of
+// one row loads two weight vectors per two multiply-adds and costs about half a full one.
+int pass_rows(int64_t left) {
+  static_assert(kWideRows == 4);
+  return left == kWideRows + 1 ? 3 : static_cast<int>(std::min<int64_t>(kWideRows, left));
+}
+
 // One tile of xw (quantize_rows) @ W.T into out's columns; wbuf [kTileN][kSlice] and acc
 // [tile m][kTileN] the calling thread's.
 void run_tile(const Kernels& kern, const WideChunk* x, int64_t k, const Matrix& mat,
@@ -65,8 +76,8 @@ void run_tile(const Kernels& kern, const WideChunk* x, int64_t k, const Matrix& 
       const uint8_t* row = w + (rows ? rows[n0 + r] : n0 + r) * w_stride;
       kern.unpack_wide(type, row, k, c0, cs, wbuf + r * kSlice);
     }
-    for (int64_t i0 = 0; i0 < tm; i0 += kWideRows) {
-      const int mr = static_cast<int>(std::min<int64_t>(kWideRows, tm - i0));
+    for (int64_t i0 = 0, mr; i0 < tm; i0 += mr) {
+      mr = pass_rows(tm - i0);
       const WideChunk* xr[kWideRows];
       for (int i = 0; i < mr; ++i) xr[i] = x + (m0 + i0 + i) * chunks + c0;
       for (int64_t r0 = 0; r0 < tn; r0 += kWideCols) {
@@ -74,7 +85,7 @@ void run_tile(const Kernels& kern, const WideChunk* x, int64_t k, const Matrix& 
         const WideChunk* wr[kWideCols];
         for (int r = 0; r < nr; ++r) wr[r] = wbuf + (r0 + r) * kSlice;
         float part[kWideRows * kWideCols] = {};
-        kern.dot_wide(wr, nr, xr, mr, cs, last_rows, min_terms, part);
+        kern.dot_wide(wr, nr, xr, static_cast<int>(mr), cs, last_rows, min_terms, part);
         for (int i = 0; i < mr; ++i)
           for (int r = 0; r < nr; ++r) acc[(i0 + i) * kTileN + r0 + r] += part[i * nr + r];
       }
