@@ -11,7 +11,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <vector>
 
 namespace folio_cpu::quant {
@@ -19,10 +18,7 @@ namespace {
 
 constexpr int64_t kTileN = 32;
 constexpr int64_t kSlice = 4;  // chunks: 2,048 weights of a row
-// A 512-token chunk in one tile: each weight is unpacked once per chunk, not once per
-// half of it (the activations' slice, 2.4 MiB at 512 rows, streams from L3 in passes of
-// four rows while the weights' stays in L2).
-constexpr int64_t kMaxTileM = 512;
+constexpr int64_t kMaxTileM = 256;
 
 // x float32 [m, k] (unit stride along k) -> uint8 [m, wide_chunks(k) * sizeof(WideChunk)].
 at::Tensor quantize_rows(const Kernels& kern, const at::Tensor& x) {
@@ -41,90 +37,47 @@ at::Tensor quantize_rows(const Kernels& kern, const at::Tensor& x) {
   return out;
 }
 
-// One matrix of a stack: its checked weights, its tiles and where its columns start.
-struct Part {
-  const Matrix* mat;
-  int64_t col;
-  TileGrid grid;
-  int64_t first;  // its first tile's index in the stack's sequence
-};
-
-// Activation rows in the next pass of a tile with `left` rows to go: kWideRows, but a
-// remainder of one after them (a follow-up turn's 65 rows) goes as 3 + 2, since a pass of
-// one row loads two weight vectors per two multiply-adds and costs about half a full one.
-int pass_rows(int64_t left) {
-  static_assert(kWideRows == 4);
-  return left == kWideRows + 1 ? 3 : static_cast<int>(std::min<int64_t>(kWideRows, left));
-}
-
-// One tile of xw (quantize_rows) @ W.T into out's columns; wbuf [kTileN][kSlice] and acc
-// [tile m][kTileN] the calling thread's.
-void run_tile(const Kernels& kern, const WideChunk* x, int64_t k, const Matrix& mat,
-              const TileGrid& grid, const TileGrid::Tile& tile, Out out, WideChunk* wbuf,
-              float* acc) {
-  const int64_t chunks = wide_chunks(k);
+// xw (quantize_rows) @ W.T into out's columns.
+void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const Matrix& mat,
+                   Out out) {
+  const int64_t m = xw.size(0), chunks = wide_chunks(k), n = mat.n;
+  const auto* x = reinterpret_cast<const WideChunk*>(xw.data_ptr<uint8_t>());
   const uint8_t* w = mat.w.data_ptr<uint8_t>();
   const int64_t w_stride = mat.w.stride(0);
   const int64_t* rows = mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr;
-  const int type = mat.type, min_terms = wide_min_terms(type);
-  const int64_t m0 = tile.m0, n0 = tile.n0, tm = tile.tm, tn = tile.tn;
-  std::fill(acc, acc + grid.tile_m * kTileN, 0.0f);
-  for (int64_t c0 = 0; c0 < chunks; c0 += kSlice) {
-    const int64_t cs = std::min(kSlice, chunks - c0);
-    const int last_rows = wide_rows(k, c0 + cs - 1);
-    for (int64_t r = 0; r < tn; ++r) {
-      const uint8_t* row = w + (rows ? rows[n0 + r] : n0 + r) * w_stride;
-      kern.unpack_wide(type, row, k, c0, cs, wbuf + r * kSlice);
-    }
-    for (int64_t i0 = 0, mr; i0 < tm; i0 += mr) {
-      mr = pass_rows(tm - i0);
-      const WideChunk* xr[kWideRows];
-      for (int i = 0; i < mr; ++i) xr[i] = x + (m0 + i0 + i) * chunks + c0;
-      for (int64_t r0 = 0; r0 < tn; r0 += kWideCols) {
-        const int nr = static_cast<int>(std::min<int64_t>(kWideCols, tn - r0));
-        const WideChunk* wr[kWideCols];
-        for (int r = 0; r < nr; ++r) wr[r] = wbuf + (r0 + r) * kSlice;
-        float part[kWideRows * kWideCols] = {};
-        kern.dot_wide(wr, nr, xr, static_cast<int>(mr), cs, last_rows, min_terms, part);
-        for (int i = 0; i < mr; ++i)
-          for (int r = 0; r < nr; ++r) acc[(i0 + i) * kTileN + r0 + r] += part[i * nr + r];
+  const int type = mat.type;
+  const int min_terms = wide_min_terms(type);
+  const TileGrid grid(m, n, kTileN, kMaxTileM, 1);
+  at::parallel_for(0, grid.size(), 1, [&](int64_t lo, int64_t hi) {
+    std::vector<WideChunk> wbuf(static_cast<size_t>(kTileN * kSlice));    // [kTileN][kSlice]
+    std::vector<float> acc(static_cast<size_t>(grid.tile_m * kTileN));  // [tile m][kTileN]
+    for (int64_t t = lo; t < hi; ++t) {
+      const TileGrid::Tile tile = grid[t];
+      const int64_t m0 = tile.m0, n0 = tile.n0, tm = tile.tm, tn = tile.tn;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t c0 = 0; c0 < chunks; c0 += kSlice) {
+        const int64_t cs = std::min(kSlice, chunks - c0);
+        const int last_rows = wide_rows(k, c0 + cs - 1);
+        for (int64_t r = 0; r < tn; ++r) {
+          const uint8_t* row = w + (rows ? rows[n0 + r] : n0 + r) * w_stride;
+          kern.unpack_wide(type, row, k, c0, cs, wbuf.data() + r * kSlice);
+        }
+        for (int64_t i0 = 0; i0 < tm; i0 += kWideRows) {
+          const int mr = static_cast<int>(std::min<int64_t>(kWideRows, tm - i0));
+          const WideChunk* xr[kWideRows];
+          for (int i = 0; i < mr; ++i) xr[i] = x + (m0 + i0 + i) * chunks + c0;
+          for (int64_t r0 = 0; r0 < tn; r0 += kWideCols) {
+            const int nr = static_cast<int>(std::min<int64_t>(kWideCols, tn - r0));
+            const WideChunk* wr[kWideCols];
+            for (int r = 0; r < nr; ++r) wr[r] = wbuf.data() + (r0 + r) * kSlice;
+            float part[kWideRows * kWideCols] = {};
+            kern.dot_wide(wr, nr, xr, mr, cs, last_rows, min_terms, part);
+            for (int i = 0; i < mr; ++i)
+              for (int r = 0; r < nr; ++r) acc[(i0 + i) * kTileN + r0 + r] += part[i * nr + r];
+          }
+        }
       }
-    }
-  }
-  grid.store(tile, acc, out);
-}
-
-// xw (quantize_rows) @ [W_1; W_2; ...].T, every matrix's tiles in one parallel region.
-// Each thread takes the next tile of the stack's sequence from a shared counter until
-// none is left: on a loaded machine the OS stalls a thread now and then, and with a fixed
-// half of the tiles per thread (and a region per matrix) the other thread then waited at
-// the region's end; now it carries on with the stalled one's tiles. A tile's sums do not
-// depend on which thread runs it.
-void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k,
-                   const std::vector<Matrix>& mats, float* out, int64_t n) {
-  const int64_t m = xw.size(0);
-  const auto* x = reinterpret_cast<const WideChunk*>(xw.data_ptr<uint8_t>());
-  std::vector<Part> parts;
-  int64_t col = 0, tiles = 0;
-  for (const Matrix& mat : mats) {
-    parts.push_back({&mat, col, TileGrid(m, mat.n, kTileN, kMaxTileM, 1), tiles});
-    col += mat.n;
-    tiles += parts.back().grid.size();
-  }
-  if (tiles == 0) return;
-  const int64_t tile_m = parts.front().grid.tile_m;  // the same m, so the same for all
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), tiles);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    std::vector<WideChunk> wbuf(static_cast<size_t>(kTileN * kSlice));
-    std::vector<float> acc(static_cast<size_t>(tile_m * kTileN));
-    size_t p = 0;
-    for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < tiles;
-         t = next.fetch_add(1, std::memory_order_relaxed)) {
-      while (t >= parts[p].first + parts[p].grid.size()) ++p;  // t only grows per thread
-      const Part& part = parts[p];
-      run_tile(kern, x, k, *part.mat, part.grid, part.grid[t - part.first],
-               {out + part.col, n, false}, wbuf.data(), acc.data());
+      grid.store(tile, acc.data(), out);
     }
   });
 }
@@ -148,7 +101,12 @@ at::Tensor multiply_wide_stack(const at::Tensor& x, const std::vector<Matrix>& m
   at::Tensor out = at::empty({xr.size(0), n}, xr.options());
   if (xr.size(0) == 0 || n == 0) return out;
   const Kernels& kern = kernels_for(active_isa());
-  multiply_wide(kern, quantize_rows(kern, xr), k, mats, out.data_ptr<float>(), n);
+  const at::Tensor xw = quantize_rows(kern, xr);
+  int64_t col = 0;
+  for (const Matrix& mat : mats) {
+    multiply_wide(kern, xw, k, mat, {out.data_ptr<float>() + col, n, false});
+    col += mat.n;
+  }
   return out;
 }
 

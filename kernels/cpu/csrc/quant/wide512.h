@@ -239,28 +239,6 @@ struct Wide512 {
                   int last_rows, float* acc);
 };
 
-// s[i][r] += the word rows [0, rows) of chunk pointers w[r], x[i]. A full chunk's 16 rows
-// come as a constant (kRows), so the loop unrolls completely onto fixed offsets: with the
-// count in a variable, GCC rotated the accumulators through register copies and index
-// arithmetic on every unrolled step, which cost as much as the multiply-adds.
-template <int NR, int MR, int kRows>
-inline void wide_word_rows(const int16_t* const* w, const int16_t* const* x, int rows,
-                           __m512i (*s)[NR]) {
-  const int n = kRows > 0 ? kRows : rows;
-#pragma GCC unroll 16
-  for (int j = 0; j < n; ++j) {
-    __m512i xv[MR];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) xv[i] = _mm512_load_si512(x[i] + 32 * j);
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      const __m512i wv = _mm512_load_si512(w[r] + 32 * j);
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) s[i][r] = wide_acc(s[i][r], wv, xv[i]);
-    }
-  }
-}
-
 template <int NR, int MR, int kMin>
 void Wide512::run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
                   int last_rows, float* acc) {
@@ -273,15 +251,19 @@ void Wide512::run(const WideChunk* const* w, const WideChunk* const* x, int64_t 
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
       for (int r = 0; r < NR; ++r) s[i][r] = _mm512_setzero_si512();
-    const int16_t* wq[NR];
-    const int16_t* xq[MR];
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) wq[r] = w[r][c].q;
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) xq[i] = x[i][c].q;
     const int word_rows = c == chunks - 1 ? last_rows : 16;
-    if (word_rows == 16) wide_word_rows<NR, MR, 16>(wq, xq, 16, s);
-    else wide_word_rows<NR, MR, 0>(wq, xq, word_rows, s);
+#pragma GCC unroll 4
+    for (int j = 0; j < word_rows; ++j) {
+      __m512i xv[MR];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) xv[i] = _mm512_load_si512(x[i][c].q + 32 * j);
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        const __m512i wv = _mm512_load_si512(w[r][c].q + 32 * j);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) s[i][r] = wide_acc(s[i][r], wv, xv[i]);
+      }
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const __m512 wd = _mm512_load_ps(w[r][c].d);
