@@ -26,7 +26,7 @@ from kernels.quant.formats import BY_NAME
 from tests.kernels.quant_cases import TYPE_NAMES, check_product, exact_case, round_blocks
 
 ROWS = (1, 2, 3, 7, 8, 9, 64)
-LARGE_ROWS = (65, 255, 256, 257, 1000)  # 65: a follow-up turn, its last passes 3 + 2
+LARGE_ROWS = (65, 255, 256, 257, 1000)  # 65: a follow-up turn's chunk
 LARGE_TYPES = ("Q2_K", "Q4_K", "Q6_K", "Q4_1")
 
 
@@ -185,8 +185,8 @@ def test_the_stack_takes_the_wide_tiles_for_float_prefill_rows(isa_path, m):
 
 @pytest.mark.parametrize("m", [65, 300])
 def test_the_stack_does_not_depend_on_the_threads(m):
-    """The stack's tiles go to whichever thread asks next (a shared counter): the result
-    is the same bits on one thread, two or three, as each matrix alone."""
+    """However the tiles fall to the threads, a stack's result is the same bits on one
+    thread, two or three, as each matrix alone."""
     if torch.ops.folio_cpu.isa() == "portable":
         pytest.skip("the portable path has no wide tiles in the stack")
     k = 1024
