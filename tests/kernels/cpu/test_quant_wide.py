@@ -26,7 +26,7 @@ from kernels.quant.formats import BY_NAME
 from tests.kernels.quant_cases import TYPE_NAMES, check_product, exact_case, round_blocks
 
 ROWS = (1, 2, 3, 7, 8, 9, 64)
-LARGE_ROWS = (255, 256, 257, 1000)
+LARGE_ROWS = (65, 255, 256, 257, 1000)  # 65: a follow-up turn's chunk
 LARGE_TYPES = ("Q2_K", "Q4_K", "Q6_K", "Q4_1")
 
 
@@ -181,6 +181,32 @@ def test_the_stack_takes_the_wide_tiles_for_float_prefill_rows(isa_path, m):
         out = quant.quant_matmul_stack(x, [torch.from_numpy(b) for b in mats], types, k, rows,
                                        pairs)
         assert torch.equal(out, each), pairs
+
+
+@pytest.mark.parametrize("m", [65, 300])
+def test_the_stack_does_not_depend_on_the_threads(m):
+    """However the tiles fall to the threads, a stack's result is the same bits on one
+    thread, two or three, as each matrix alone."""
+    if torch.ops.folio_cpu.isa() == "portable":
+        pytest.skip("the portable path has no wide tiles in the stack")
+    k = 1024
+    names = ("Q4_K", "Q6_K", "Q8_0")
+    mats = [torch.from_numpy(exact_case(name, n, k)[0]) for name, n in zip(names, (96, 40, 33),
+                                                                           strict=True)]
+    types = [BY_NAME[t].type_id for t in names]
+    x = _activations(m, k, seed=m)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(quant.quant_matmul_stack(x, mats, types, k, [None] * 3, False))
+    finally:
+        torch.set_num_threads(before)
+    each = torch.cat([quant.quant_matmul_wide(x, w, t, k) for w, t in zip(mats, types,
+                                                                          strict=True)], dim=1)
+    for out in outs:
+        assert torch.equal(out, each)
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
