@@ -29,6 +29,7 @@ import torch
 
 from kernels.cpu import quant
 from kernels.quant.formats import BY_NAME
+from tests.kernels.cpu.activation_cases import activations, dequantized_act
 from tests.kernels.quant_cases import TYPE_NAMES, check_product, exact_case
 
 ROWS = (1, 2, 3, 7, 8, 9, 10, 11, 12, 13, 16, 64)
@@ -49,29 +50,17 @@ def _shapes(name: str) -> list[tuple[int, int]]:
     return [(n, k) for n in (7, 33) for k in ks]
 
 
-def _activations(m: int, k: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(m, k, generator=gen) * (1 + torch.rand(m, 1, generator=gen))
-
-
-def _dequantized_act(act: torch.Tensor, k: int, act_model):
-    """(dx_b * q_i float64 [m, k], dx_b per element float64 [m, k]) from the op's bytes."""
-    q, d, _ = act_model[1](act.numpy(), k)
-    dx = np.repeat(d[:, :k // 32].astype(np.float64), 32, axis=1)
-    return dx * q[:, :k], dx
-
-
 def _float_bound(k: int, xdq: np.ndarray, mag: np.ndarray) -> np.ndarray:
     return max(1e-5, (k / 32 + 16) * 2.0 ** -23) * (np.abs(xdq) @ mag.T)
 
 
 def _check(name: str, n: int, k: int, m: int, act_model, seed: int = 0) -> None:
     case = exact_case(name, n, k)
-    x = _activations(m, k, seed=seed + m)
+    x = activations(m, k, seed=seed + m)
     act = quant.quantize_activations(x)
     y = quant.quant_matmul(x, torch.from_numpy(case[0]), BY_NAME[name].type_id, k)
     assert y.dtype == torch.float32 and y.shape == (m, n)
-    xdq, dx = _dequantized_act(act, k, act_model)
+    xdq, dx = dequantized_act(act, k, act_model)
     check_product(y.double().numpy(), x.double().numpy(), case, xdq, dx,
                   f"{name} m={m} n={n} k={k}")
 
@@ -120,7 +109,7 @@ def test_isa_paths_match_portable(isa, name, act_model):
     blocks, _, _, mag = exact_case(name, n, k)
     w = torch.from_numpy(blocks)
     for m in (1, 4, 5, 8, 9, 12, 13, 70):  # the decode path, and tiles
-        act = quant.quantize_activations(_activations(m, k, seed=m))
+        act = quant.quantize_activations(activations(m, k, seed=m))
         try:
             torch.ops.folio_cpu.set_isa("portable")
             base = quant.quant_matmul(act, w, fmt.type_id, k).double().numpy()
@@ -128,7 +117,7 @@ def test_isa_paths_match_portable(isa, name, act_model):
             got = quant.quant_matmul(act, w, fmt.type_id, k).double().numpy()
         finally:
             torch.ops.folio_cpu.set_isa(torch.ops.folio_cpu.best_isa())
-        xdq, _ = _dequantized_act(act, k, act_model)
+        xdq, _ = dequantized_act(act, k, act_model)
         assert (np.abs(got - base) <= 2 * _float_bound(k, xdq, mag) + 1e-30).all(), (isa, m)
 
 
@@ -141,7 +130,7 @@ def test_rows_views_and_quantized_input(name, m):
     n, k = 33, 512
     blocks, *_ = exact_case(name, n, k)
     w = torch.from_numpy(blocks)
-    x = _activations(m, k, seed=7)
+    x = activations(m, k, seed=7)
     y = quant.quant_matmul(x, w, fmt.type_id, k)
     assert torch.equal(quant.quant_matmul(quant.quantize_activations(x), w, fmt.type_id, k), y)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(1))
@@ -205,7 +194,7 @@ def test_non_finite_activations_propagate(m):
     rather than a silently wrong number; the other rows are untouched."""
     blocks, *_ = exact_case("Q4_K", 7, 512)
     w = torch.from_numpy(blocks)
-    x = _activations(m, 512, seed=5)
+    x = activations(m, 512, seed=5)
     clean = quant.quant_matmul(x, w, 12, 512)
     x[0, 3] = float("nan")
     if m > 1:

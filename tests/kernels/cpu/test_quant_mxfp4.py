@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from kernels.cpu import quant
+from tests.kernels.cpu.activation_cases import activations, dequantized_act
 from tests.kernels.mxfp4_cases import MXFP4, model_weights, random_mxfp4
 from tests.kernels.quant_cases import check_product
 
@@ -44,17 +45,6 @@ def case(n: int, k: int, seed: int = 0):
     np.testing.assert_array_equal(w.astype(np.float64), exact)  # gguf agrees with the spec
     mag = 4 * np.repeat(np.abs(exact).reshape(n, -1, 16).max(axis=-1), 16, axis=1)
     return blocks, w, exact, mag
-
-
-def activations(m: int, k: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(m, k, generator=gen) * (1 + torch.rand(m, 1, generator=gen))
-
-
-def dequantized_act(act: torch.Tensor, k: int, act_model):
-    q, d, _ = act_model[1](act.numpy(), k)
-    dx = np.repeat(d[:, :k // 32].astype(np.float64), 32, axis=1)
-    return dx * q[:, :k], dx
 
 
 def exact_activations(m: int, k: int, seed: int, qmax: int = 127, small: int = 127,
