@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.outputs import FinishedEvent
+from tests.engine.engine_runs import run_to_end
 from tests.engine.loaders.gguf.test_gguf_qwen35 import write_qwen35_gguf
 from tests.engine.tiny_models import (
     calm_qwen35_weights,
@@ -106,13 +107,7 @@ def user_text(turn: int) -> str:
 def reply(engine: LLMEngine, messages: list[dict]):
     """The greedy reply to ``messages``, run to its end."""
     engine.add_request(messages, GREEDY)
-    output = None
-    while engine.has_unfinished_requests():
-        for event in engine.step():
-            if isinstance(event, FinishedEvent):
-                output = event.output
-    assert output is not None
-    return output
+    return run_to_end(engine)
 
 
 def run_chat(engine: LLMEngine, turns: int) -> tuple[list[list[int]], list[tuple[int, int]]]:

@@ -15,7 +15,7 @@ import torch
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.cli import format_kv_stats
 from engine.core.kv_coordinator import KVCacheCoordinator
-from engine.outputs import FinishedEvent
+from tests.engine.engine_runs import run_to_end
 from tests.engine.tiny_models import save_tiny_model, tiny_gemma_config
 
 WINDOW, BLOCK = 64, 16
@@ -62,14 +62,7 @@ def run_chat(engine: LLMEngine, turns: int = 4, after_step=None,
     for turn in range(turns):
         messages.append({"role": "user", "content": user_text(turn)})
         engine.add_request(messages, GREEDY)
-        output = None
-        while engine.has_unfinished_requests():
-            for event in engine.step():
-                if isinstance(event, FinishedEvent):
-                    output = event.output
-            if after_step is not None:
-                after_step(engine)
-        assert output is not None
+        output = run_to_end(engine, after_step)
         if cached is not None:
             cached.append(output.metrics.num_cached_tokens)
         num_tokens = len(output.prompt_token_ids) + len(output.outputs[0].token_ids)
