@@ -19,6 +19,7 @@ import torch
 from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
 from engine.layers.weights import NativeQuantized
+from kernels.cpu import quant
 
 
 @dataclass(slots=True)
@@ -36,8 +37,6 @@ class GroupedMatrix:
 
     def __call__(self, x: torch.Tensor, experts: torch.Tensor,
                  weights: torch.Tensor | None) -> torch.Tensor:
-        from kernels.cpu import quant
-
         return quant.quant_matmul_grouped(x, self.data, self.type_ids, self.k, self.orders,
                                           self.per_expert, experts, weights,
                                           self.storage.pairs)
