@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kernels.cpu
 from engine.layers.moe import SparseMoE, TopKRouter
 from kernels.quant.formats import QuantizedTensor
 from tests.engine.tiny_models import peaked_weights, tiny_qwen35_moe_config
@@ -151,7 +152,6 @@ def quantized_block(name: str) -> SparseMoE:
             linear.prepare()
         assert expert.gate_up_proj.quantized
     block.prepare()
-    import kernels.cpu
     if kernels.cpu.available():  # the grouped native calls, not the loop
         assert block.native is not None
     return block
@@ -176,6 +176,8 @@ def test_a_decode_token_on_quantized_experts_equals_its_experts_one_by_one():
         torch.testing.assert_close(block(x), per_token(block, x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(not kernels.cpu.available(), reason="the activation bits choose the "
+                    "native library's decode rows; the PyTorch path has no such choice")
 @pytest.mark.parametrize("bits", [8, 16])
 def test_the_grouped_step_takes_the_activation_bits_it_is_given(bits):
     from engine.layers.weights import set_activation_bits
@@ -214,7 +216,9 @@ def test_quantized_experts_match_their_dequantized_floats():
                 a.prepare()
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(5))
     rel = (block(x) - dense(x)).norm() / dense(x).norm()
-    assert rel < 2e-3
+    # The native kernels keep ~15 bits of each activation; without the library, Q4_K goes
+    # to PyTorch's int4 matmul on bfloat16 activations (8 bits of mantissa, 2^-8 each).
+    assert rel < (2e-3 if kernels.cpu.available() else 2.0 ** -7)
     assert block.expert_bytes() < dense.expert_bytes() / 5
 
 
@@ -236,7 +240,6 @@ def test_a_decode_token_on_biased_mxfp4_experts_equals_its_experts_one_by_one():
             weights.append((name, torch.randn(tuple(target.shape), generator=gen) * 0.3))
     model.load_weights(weights)
     block = model.layers[0].mlp
-    import kernels.cpu
     from engine.layers.weights import NativeQuantized
     if kernels.cpu.available():  # the lone token's one call, biases added after it
         assert isinstance(block.experts[0].gate_up_proj.storage, NativeQuantized)
