@@ -37,6 +37,7 @@ from engine.loaders.base import (
 )
 from engine.loaders.gguf.config import gguf_config_dict
 from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
+from engine.loaders.gguf.mapping import map_weights
 from engine.loaders.gguf.rope import config_tensor_names
 from engine.models import ModelFamily, gguf_file_family
 from engine.models.registry import GGUF_LLAMA_BLOCK_NAMES
@@ -132,8 +133,7 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
     check_weight_shapes(config, shapes, lambda name: str(path), str(path))
 
     def opener() -> Iterator[tuple[str, torch.Tensor]]:
-        # Copy-on-write: the arrays are writable for torch, and nothing reaches the file.
-        data = np.memmap(path, dtype=np.uint8, mode="c")
+        data = map_weights(path)
         if data.size != meta["size"]:
             raise FolioLoadError(f"{path}: the file changed after it was opened; load it again")
         for name, shape, qtype_id, offset, n_bytes, permute_heads, shift, transform in tensors:

@@ -77,3 +77,24 @@ def test_existing_file_is_reused(tiny_gguf):
     before = path.stat().st_mtime_ns
     again, written = ensure_synthetic_gguf(starter, TINY, root=path.parent)
     assert (again, written) == (path, False) and path.stat().st_mtime_ns == before
+
+
+def test_a_written_file_leaves_the_page_cache(tmp_path, monkeypatch):
+    """The writer's pages are flushed and dropped, so the first reader maps the file with
+    2 MiB pages (engine/loaders/gguf/mapping.py), as it would after a restart."""
+    import os
+
+    from engine.bench import synthetic
+    from engine.loaders.catalog import starter_path
+
+    if not hasattr(os, "posix_fadvise"):
+        pytest.skip("no posix_fadvise on this platform")
+    advice = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise",
+                        lambda fd, offset, length, how: (advice.append(
+                            (os.readlink(f"/proc/self/fd/{fd}"), offset, length, how)),
+                            real(fd, offset, length, how)))
+    path, written = synthetic.ensure_synthetic_gguf(starter_path(), TINY, root=tmp_path)
+    assert written
+    assert advice == [(str(path), 0, 0, os.POSIX_FADV_DONTNEED)]

@@ -193,6 +193,7 @@ inline void gemv512_row(const uint8_t* row, int64_t k, int64_t g0, int64_t g1,
   for (int r = 0; r < (kSplit ? MR : 1); ++r) off[r] = g0 ? state[MR + r] : _mm512_setzero_ps();
   // One group into every row's accumulators.
   auto step = [&]<bool kTail>(const uint8_t* blk, int nb, const LaneGroup* xg) {
+    prefetch_ahead(blk, kRowGroupBytes<T>);
     __m512i src[4], c[4];
     __m512 ds, mo;
     load_group<T, kTail>(blk, nb, src, ds, mo);

@@ -107,6 +107,7 @@ inline void lanes256_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int
   const int64_t full = kBlock32Type<T> ? k / kGroup : groups;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* blk = row + g * kGroupBytes256<T>;
+    prefetch_ahead(blk, kGroupBytes256<T>);
     const int nb = g < full ? 8 : static_cast<int>(k % kGroup / 32);
     __m256 ds[2], mo[2];
     scales256<T>(blk, nb, ds, mo);

@@ -25,6 +25,7 @@ inline void gemv_mxfp4(const uint8_t* w, int64_t k, const ActRow* x, float* out)
     for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int64_t i = 0; i < k / 32; ++i) {
     const uint8_t* blk = w + i * 17;
+    prefetch_ahead(blk, 1);  // one line per block: a line holds almost four
     const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1));
     const __m256i both = _mm256_and_si256(
         _mm256_inserti128_si256(_mm256_castsi128_si256(codes), _mm_srli_epi16(codes, 4), 1),
