@@ -4,7 +4,7 @@ Decode streams every weight from memory once per token, so how the map is paged 
 on 4 KiB pages each page is a TLB miss (two-level walks in a VM) and the hardware
 prefetchers stop at every page boundary. `MADV_HUGEPAGE` before the first touch makes the
 page cache read the file in 2 MiB folios, each mapped by one PMD entry
-(docs/CPU_PERFORMANCE.md, "Huge pages").
+(docs/CPU_PERFORMANCE.md, "Decode prefetch and huge pages").
 """
 
 from __future__ import annotations
