@@ -212,8 +212,8 @@ def drop_cached_pages(path: Path) -> None:
     The writer leaves the file cached in folios the size of its writes, which no reader can
     map with 2 MiB pages; read back from disk through a huge-page map (Folio's loader) it is
     cached in 2 MiB folios, as a model file is after a restart. Without this the bench's
-    first runs would time decode on 4 KiB pages (about a fifth slower on the 2-core Intel
-    Xeon) and later ones, after the cache turned over, on 2 MiB pages."""
+    first runs would time decode on 4 KiB pages and later ones, after the cache turned
+    over, on 2 MiB pages (docs/CPU_PERFORMANCE.md, "Decode prefetch and huge pages")."""
     if not hasattr(os, "posix_fadvise"):
         return
     fd = os.open(path, os.O_RDONLY)

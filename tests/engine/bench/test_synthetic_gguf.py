@@ -91,10 +91,12 @@ def test_a_written_file_leaves_the_page_cache(tmp_path, monkeypatch):
         pytest.skip("no posix_fadvise on this platform")
     advice = []
     real = os.posix_fadvise
-    monkeypatch.setattr(os, "posix_fadvise",
-                        lambda fd, offset, length, how: (advice.append(
-                            (os.readlink(f"/proc/self/fd/{fd}"), offset, length, how)),
-                            real(fd, offset, length, how)))
+
+    def recording(fd, offset, length, how):
+        advice.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, how))
+        real(fd, offset, length, how)
+
+    monkeypatch.setattr(os, "posix_fadvise", recording)
     path, written = synthetic.ensure_synthetic_gguf(starter_path(), TINY, root=tmp_path)
     assert written
     assert advice == [(str(path), 0, 0, os.POSIX_FADV_DONTNEED)]

@@ -1,5 +1,5 @@
 """The GGUF file's map (engine/loaders/gguf/mapping.py): the file's bytes, writable for
-torch without reaching the file, and advised for huge pages before anything is read."""
+torch without reaching the file, and advised for huge pages."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_the_map_is_the_files_bytes_and_writes_stay_private(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no huge-page advice here")
-def test_huge_pages_are_asked_for_before_the_first_read(tmp_path, monkeypatch):
+def test_the_map_asks_for_huge_pages(tmp_path, monkeypatch):
     advised = []
 
     class Recording(mmap.mmap):
