@@ -34,8 +34,11 @@ def build(verbose: bool = False) -> Path:
     from setuptools import Distribution
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
+    # -fno-trapping-math changes no result (nothing reads the FP exception flags); without
+    # it GCC keeps a clamp's compare as a branch and leaves loops like silu_mul's scalar on
+    # AVX2, which has no masked vector ops to if-convert it with.
     flags = ["-O3", "-std=c++20", "-fopenmp", "-ffp-contract=off", "-fno-math-errno",
-             "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"]
+             "-fno-trapping-math", "-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function"]
     extension = CppExtension(
         name=f"kernels.cpu.{LIBRARY_NAME}",
         sources=[str(p.relative_to(HERE.parent.parent)) for p in sources()],
