@@ -170,8 +170,11 @@ def test_kept_quantized_each_expert_is_a_view_of_its_rows(converted, tmp_path,
         assert isinstance(weights[f"model.layers.1.{block}.{name}.weight"], QuantizedTensor)
     logits, _ = prefill_logits(loaded.config, weights.items(), build_attention_metadata)
     expected, _ = prefill_logits(c.folder.config, held.items(), build_attention_metadata)
-    # The native products round the activations to 8 (+8) bits: close, not equal.
-    assert (logits - expected).abs().max() < 0.05
+    # The native products round the activations: close, not equal. 37 rows take the 16-bit
+    # tiles on AVX-512 (within 0.05) but 8-bit ones on AVX2 and the portable path (0.10-0.13,
+    # 0.4-0.6% of the largest logit); an expert read from another's rows is off by the
+    # logits' whole scale.
+    assert (logits - expected).abs().max() < 0.015 * expected.abs().max()
 
 
 def test_the_engine_chats_the_same_from_the_file_and_the_folder(converted, tmp_path):
