@@ -46,7 +46,7 @@ def _isas() -> list[str]:
 
 
 def _shapes(name: str) -> list[tuple[int, int]]:
-    ks = (256, 768) if BY_NAME[name].block_size == 256 else (32, 96, 256, 768)
+    ks = (256, 768) if BY_NAME[name].block_size == 256 else (32, 96, 256, 576, 736)
     return [(n, k) for n in (7, 33) for k in ks]
 
 

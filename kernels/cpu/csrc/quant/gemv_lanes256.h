@@ -60,26 +60,69 @@ inline __m256i block_q256(const uint8_t* blk, int b, int nb) {
   }
 }
 
+// A group's 8 block heads (each block's first two halves: D, then M's or the q bytes)
+// as 16-bit values, D of blocks 0, 2, 4, 6, 1, 3, 5, 7 in the low 128 bits and the second
+// halves in that order in the high 128 bits; 0 past nb blocks. Load j, at block 2j, holds
+// block 2j + 1's head in its high 128 bits too (kBytes <= 28), so 4 loads and shuffles
+// do what a gather did (on Zen 3 the gather and what waited on it were about a quarter of
+// the starter's k = 576 rows). A last block 2j reads 16 bytes only: the row may end there.
+// Load j's shuffle for block_halves: its low 128 bits hold block 2j's bytes 0-3, which go
+// to bytes 2j, 2j + 1 and 8 + 2j, 9 + 2j; its high 128 bits block 2j + 1's, from byte
+// kBytes - 16 on, to the same places; every other byte 0.
+struct HeadShuffles {
+  alignas(32) int8_t ctl[4][32];
+};
+template <int kBytes>
+constexpr HeadShuffles make_head_shuffles() {
+  HeadShuffles s{};
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < 32; ++i) {
+      const int lane = i / 16, at = lane ? kBytes - 16 : 0, pos = i % 16;
+      const int rel = pos - 2 * j;  // 0, 1: D's bytes; 8, 9: the second half's
+      s.ctl[j][i] = static_cast<int8_t>(rel == 0 || rel == 1 ? at + rel
+                                        : rel == 8 || rel == 9 ? at + rel - 6 : -1);
+    }
+  return s;
+}
+template <int kBytes>
+inline constexpr HeadShuffles kHeadShuffles = make_head_shuffles<kBytes>();
+
+// A group's 8 block heads (each block's first two halves: D, then M's or the q bytes)
+// as 16-bit values, D of blocks 0, 2, 4, 6, 1, 3, 5, 7 in the low 128 bits and the second
+// halves in that order in the high 128 bits; 0 past nb blocks. Load j, at block 2j, holds
+// block 2j + 1's head in its high 128 bits too (kBytes <= 28), so 4 loads and shuffles
+// do what a gather did (on Zen 3 the gather and what waited on it were about a quarter of
+// the starter's k = 576 rows). A last block 2j reads 16 bytes only: the row may end there.
+template <int kBytes>
+inline __m256i block_halves(const uint8_t* blk, int nb) {
+  static_assert(kBytes >= 18 && kBytes <= 28, "heads of blocks 2j and 2j + 1 in one load");
+  const HeadShuffles& s = kHeadShuffles<kBytes>;
+  const auto place = [&](int j, __m256i v) {
+    return _mm256_shuffle_epi8(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(s.ctl[j])));
+  };
+  const auto load = [&](int j) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2 * j * kBytes));
+  };
+  __m256i acc;
+  if (nb == 8) {
+    acc = _mm256_or_si256(_mm256_or_si256(place(0, load(0)), place(1, load(1))),
+                          _mm256_or_si256(place(2, load(2)), place(3, load(3))));
+  } else {
+    acc = _mm256_setzero_si256();
+    for (int j = 0; 2 * j < nb; ++j)
+      acc = _mm256_or_si256(acc, place(j, 2 * j + 1 < nb ? load(j) : _mm256_zextsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 * j * kBytes)))));
+  }
+  // Quadwords: lane 0's D, lane 1's D, lane 0's second halves, lane 1's.
+  return _mm256_permute4x64_epi64(acc, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
 // ds[h] lane l = D s of its sub-block, mo[h] = M o, in kLaneSub order.
 template <int T>
 inline void scales256(const uint8_t* blk, int nb, __m256* ds, __m256* mo) {
   const __m256i lane_sub = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   if constexpr (kBlock32Type<T>) {
-    // Each block's first 4 bytes in one gather (D, then M's half or q bytes), 0 past nb,
-    // and the 8 halves converted at once, where 16 scalar conversions and two 8-float
-    // inserts per group had cost the starter's Q4_1 gate/up about a tenth of its time.
-    constexpr int kBytes = kGroupBytes256<T> / 8;
-    const __m256i block = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(nb), block);
-    const __m256i head = _mm256_mask_i32gather_epi32(
-        _mm256_setzero_si256(), reinterpret_cast<const int*>(blk),
-        _mm256_mullo_epi32(block, _mm256_set1_epi32(kBytes)), live, 1);
-    // Per 128-bit half: the low 16 bits of its 4 lanes, then the high 16 bits; then
-    // quadwords ordered so the low 128 bits are D of blocks 0-7, the high M's halves.
-    const __m256i split = _mm256_shuffle_epi8(
-        head, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                               0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
-    const __m256i halves = _mm256_permute4x64_epi64(split, _MM_SHUFFLE(3, 1, 2, 0));
+    const __m256i halves = block_halves<kGroupBytes256<T> / 8>(blk, nb);
     const __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
     // unpack.h: Q4_0 / Q5_0 offset 8 / 16 with M = d; Q4_1 / Q5_1 offset 1, M = -min.
     __m256 ov;
@@ -87,10 +130,12 @@ inline void scales256(const uint8_t* blk, int nb, __m256* ds, __m256* mo) {
       ov = _mm256_mul_ps(dv, _mm256_set1_ps(T == kQ4_0 ? 8.0f : 16.0f));
     else
       ov = _mm256_xor_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1)), _mm256_set1_ps(-0.0f));
-    for (int h = 0; h < 2; ++h) {  // lane l: block (8h + kLaneSub[l]) / 2
-      const __m256i idx = _mm256_srli_epi32(_mm256_add_epi32(lane_sub, _mm256_set1_epi32(8 * h)), 1);
-      ds[h] = _mm256_permutevar8x32_ps(dv, idx);
-      mo[h] = _mm256_permutevar8x32_ps(ov, idx);
+    // Lane l of half h: block (8h + kLaneSub[l]) / 2, at its place in block_halves' order.
+    const __m256i idx[2] = {_mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5),
+                            _mm256_setr_epi32(2, 6, 3, 7, 2, 6, 3, 7)};
+    for (int h = 0; h < 2; ++h) {
+      ds[h] = _mm256_permutevar8x32_ps(dv, idx[h]);
+      mo[h] = _mm256_permutevar8x32_ps(ov, idx[h]);
     }
   } else {
     __m256i sv, ov;
