@@ -11,6 +11,7 @@ import torch
 
 from engine.layers.embedding import Embedding
 from engine.layers.linear import StackedLinear
+from engine.layers.native import fused_cpu, native_ops
 from engine.layers.weights import DenseWeight, QuantizedRuns, quantized_storage
 from kernels.quant.matrix import shares_layout
 
@@ -73,7 +74,11 @@ REFINED_LOGITS = 32
 
 def refine_top_logits(logits: torch.Tensor, hidden: torch.Tensor, matrix) -> None:
     """Overwrite each row's top REFINED_LOGITS logits with float32 products, in place."""
-    top = logits.topk(min(REFINED_LOGITS, logits.shape[1]), dim=1).indices  # [n, k]
+    k = min(REFINED_LOGITS, logits.shape[1])
+    if fused_cpu(logits):  # one read of the row; torch.topk sorts it
+        top = native_ops().top_k_indices(logits, k)  # [n, k]
+    else:
+        top = logits.topk(k, dim=1).indices
     rows = matrix.rows(top.reshape(-1), torch.float32).view(*top.shape, -1)  # [n, k, hidden]
     exact = torch.bmm(rows, hidden.float().unsqueeze(2)).squeeze(2)  # [n, k]
     logits.scatter_(1, top, exact)
