@@ -60,12 +60,6 @@ inline __m256i block_q256(const uint8_t* blk, int b, int nb) {
   }
 }
 
-// A group's 8 block heads (each block's first two halves: D, then M's or the q bytes)
-// as 16-bit values, D of blocks 0, 2, 4, 6, 1, 3, 5, 7 in the low 128 bits and the second
-// halves in that order in the high 128 bits; 0 past nb blocks. Load j, at block 2j, holds
-// block 2j + 1's head in its high 128 bits too (kBytes <= 28), so 4 loads and shuffles
-// do what a gather did (on Zen 3 the gather and what waited on it were about a quarter of
-// the starter's k = 576 rows). A last block 2j reads 16 bytes only: the row may end there.
 // Load j's shuffle for block_halves: its low 128 bits hold block 2j's bytes 0-3, which go
 // to bytes 2j, 2j + 1 and 8 + 2j, 9 + 2j; its high 128 bits block 2j + 1's, from byte
 // kBytes - 16 on, to the same places; every other byte 0.
