@@ -114,7 +114,6 @@ inline __m256i block_halves(const uint8_t* blk, int nb) {
 // ds[h] lane l = D s of its sub-block, mo[h] = M o, in kLaneSub order.
 template <int T>
 inline void scales256(const uint8_t* blk, int nb, __m256* ds, __m256* mo) {
-  const __m256i lane_sub = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   if constexpr (kBlock32Type<T>) {
     const __m256i halves = block_halves<kGroupBytes256<T> / 8>(blk, nb);
     const __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
@@ -132,6 +131,7 @@ inline void scales256(const uint8_t* blk, int nb, __m256* ds, __m256* mo) {
       mo[h] = _mm256_permutevar8x32_ps(ov, idx[h]);
     }
   } else {
+    const __m256i lane_sub = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     __m256i sv, ov;
     float d, m;
     k_quant_scales<T>(blk, sv, ov, d, m);

@@ -34,47 +34,41 @@ inline bool above(const Entry& a, const Entry& b) {
   return a.index < b.index;
 }
 
-// maxima[c] = the largest of x[64c .. 64c + 64), NaN where one is NaN, for c < chunks
-// (whole chunks only). An explicit simd reduction (GCC leaves the plain loop scalar),
-// cloned per instruction set as gated_activation.cpp's loop.
+// maxima[c] = the largest of x[64c .. min(n, 64c + 64)), +infinity where one is NaN (so
+// a chunk holding a NaN reaches every floor), for every chunk of the n values. An explicit
+// simd reduction (GCC leaves the plain loop scalar), cloned per instruction set as
+// gated_activation.cpp's loop.
 #if defined(__x86_64__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-void chunk_maxima(const float* __restrict x, int64_t chunks, float* __restrict maxima) {
-  for (int64_t c = 0; c < chunks; ++c) {
-    const float* xc = x + c * kChunk;
+void chunk_maxima(const float* __restrict x, int64_t n, float* __restrict maxima) {
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t len = std::min(kChunk, n - c0);
     float m = -INFINITY;
     int nan = 0;
 #pragma omp simd reduction(max : m) reduction(| : nan)
-    for (int64_t j = 0; j < kChunk; ++j) {
-      m = xc[j] > m ? xc[j] : m;
-      nan |= xc[j] != xc[j];
+    for (int64_t j = 0; j < len; ++j) {
+      m = x[c0 + j] > m ? x[c0 + j] : m;
+      nan |= x[c0 + j] != x[c0 + j];
     }
-    maxima[c] = nan ? NAN : m;
+    maxima[c0 / kChunk] = nan ? INFINITY : m;
   }
 }
 
 void row_top_k(const float* x, int64_t n, int64_t k, int64_t* out) {
-  const int64_t whole = n / kChunk, chunks = (n + kChunk - 1) / kChunk;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<Entry> picked;
   if (chunks <= k) {
     for (int64_t i = 0; i < n; ++i) picked.push_back({x[i], i});
   } else {
     std::vector<float> maxima(static_cast<size_t>(chunks));
-    chunk_maxima(x, whole, maxima.data());
-    if (whole < chunks) {  // the partial last chunk
-      float m = -INFINITY;
-      for (int64_t i = whole * kChunk; i < n; ++i) m = std::isnan(x[i]) || x[i] > m ? x[i] : m;
-      maxima[whole] = m;
-    }
-    // The floor: the k-th largest chunk maximum, a NaN counting as +infinity (so the
-    // chunks and values reaching it include every NaN).
-    std::vector<float> tops(static_cast<size_t>(chunks));
-    for (int64_t c = 0; c < chunks; ++c) tops[c] = std::isnan(maxima[c]) ? INFINITY : maxima[c];
+    chunk_maxima(x, n, maxima.data());
+    // The floor: the k-th largest chunk maximum (nth_element reorders a copy).
+    std::vector<float> tops(maxima);
     std::nth_element(tops.begin(), tops.begin() + (k - 1), tops.end(), std::greater<float>());
     const float floor = tops[k - 1];
     for (int64_t c = 0; c < chunks; ++c) {
-      if (!(maxima[c] >= floor || std::isnan(maxima[c]))) continue;
+      if (maxima[c] < floor) continue;
       for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i)
         if (x[i] >= floor || x[i] != x[i]) picked.push_back({x[i], i});
     }
