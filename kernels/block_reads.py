@@ -19,17 +19,23 @@ def block_ids(block_table: torch.Tensor, num_blocks: int,
 
 
 def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
-                    num_tokens: int | None = None, skip: int = 0) -> torch.Tensor:
+                    num_tokens: int | None = None, skip: int = 0,
+                    dtype: torch.dtype | None = None) -> torch.Tensor:
     """`num_tokens` (default: all the rest) tokens of blocks `ids` of a
     [num_blocks, bs, nkv, hd] cache, after the first `skip` of them, per KV head:
-    [nkv, num_tokens, hd]. A view for a slice; for a head-major pool each head's rows
-    are then one contiguous run (kernels.interface.allocate_kv_cache)."""
+    [nkv, num_tokens, hd], in `dtype` where given (a query's, over a pool that stores
+    another: a float16 pool under float32 compute). A view for a slice in the pool's own
+    dtype; for a head-major pool each head's rows are then one contiguous run
+    (kernels.interface.allocate_kv_cache)."""
     if isinstance(ids, slice):
         start = ids.start * cache.shape[1] + skip
         stop = ids.stop * cache.shape[1] if num_tokens is None else start + num_tokens
         # [num_blocks * bs, nkv, hd] is a view in either pool layout.
-        return cache.flatten(0, 1).permute(1, 0, 2)[:, start:stop]
-    blocks = cache.permute(2, 0, 1, 3).index_select(1, ids).flatten(1, 2)
-    if num_tokens is None:
-        return blocks[:, skip:] if skip else blocks
-    return blocks[:, skip:skip + num_tokens]
+        rows = cache.flatten(0, 1).permute(1, 0, 2)[:, start:stop]
+    else:
+        rows = cache.permute(2, 0, 1, 3).index_select(1, ids).flatten(1, 2)
+        if num_tokens is None:
+            rows = rows[:, skip:] if skip else rows
+        else:
+            rows = rows[:, skip:skip + num_tokens]
+    return rows if dtype is None else rows.to(dtype)

@@ -102,8 +102,8 @@ def _attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     for chunk in plan.chunks:
         # Batched 4-D inputs: with 3-D ones and enable_gqa, SDPA on CPU takes its unfused
         # math path, 3x slower on a 512-token chunk.
-        keys = heads_of_blocks(k_cache, chunk.ids, chunk.num_keys, chunk.skip)[None]
-        values = heads_of_blocks(v_cache, chunk.ids, chunk.num_keys, chunk.skip)[None]
+        keys, values = (heads_of_blocks(cache, chunk.ids, chunk.num_keys, chunk.skip,
+                                        query.dtype)[None] for cache in (k_cache, v_cache))
         chunk_query = query[None, chunk.start:chunk.end].transpose(1, 2)  # [1, nq, q_len, hd]
         if softcap is None and sinks is None:
             chunk_out = F.scaled_dot_product_attention(
@@ -126,12 +126,12 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         return shared_prefix_decode(query, k_cache, v_cache, plan.shared, scale, softcap,
                                     sinks)
     if plan.mask is None:  # one sequence: its exact context or window, [1, nkv, seq_len, hd]
-        keys = heads_of_blocks(k_cache, plan.ids, plan.seq_len, plan.skip)[None]
-        values = heads_of_blocks(v_cache, plan.ids, plan.seq_len, plan.skip)[None]
+        keys, values = (heads_of_blocks(cache, plan.ids, plan.seq_len, plan.skip,
+                                        query.dtype)[None] for cache in (k_cache, v_cache))
     else:  # [nkv, B * blocks * bs, hd] -> [B, nkv, blocks * bs, hd]
         num_kv_heads = k_cache.shape[2]
-        keys = heads_of_blocks(k_cache, plan.ids).view(num_kv_heads, num_seqs, -1, head_size)
-        values = heads_of_blocks(v_cache, plan.ids).view(num_kv_heads, num_seqs, -1, head_size)
+        keys, values = (heads_of_blocks(cache, plan.ids, dtype=query.dtype).view(
+            num_kv_heads, num_seqs, -1, head_size) for cache in (k_cache, v_cache))
         keys, values = keys.transpose(0, 1), values.transpose(0, 1)
     if softcap is None and sinks is None:
         out = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values,

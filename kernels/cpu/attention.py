@@ -6,10 +6,12 @@ in place from the paged pool through the block tables (causal, GQA, sliding wind
 logit soft-cap and attention sinks with the reference's exact semantics), split over
 sequences, KV heads and,
 when that leaves threads idle, block ranges of the keys. `write_kv` is one scatter op.
-Float32 pools run natively, prefill chunks of any length included (their tasks score a
-block through its keys transposed: faster than the reference's SDPA at 512 x 512
-causal); any other dtype, and copy_blocks / swap_blocks (whole-block moves, not per step),
-run the PyTorch reference.
+Float32 queries over float32 or float16 pools run natively, prefill chunks of any length
+included (their tasks score a block through its keys transposed: faster than the
+reference's SDPA at 512 x 512 causal); a float16 pool, the engine's default on this backend
+(engine/runner/device.py), halves what a decode step reads, each block converted to
+float32 as it is read. Any other dtype, and copy_blocks / swap_blocks (whole-block moves,
+not per step), run the PyTorch reference.
 
 `rotary_write_kv` is an extra the attention layer uses when the backend offers it: the
 rotary step on q and k in place and the KV write in one op.
@@ -28,6 +30,8 @@ from kernels.interface import (
 )
 from kernels.reference import TorchBackend, copy_blocks_ref, swap_blocks_ref
 
+_POOL_DTYPES = (torch.float32, torch.float16)
+
 
 class CpuBackend:
     name = "cpu"
@@ -36,7 +40,7 @@ class CpuBackend:
     def __init__(self) -> None:
         if not available():  # loads the library on first use
             raise RuntimeError(f"the native CPU kernels are unavailable: {status()}")
-        # Non-float32 pools (bfloat16) take the reference path.
+        # Other dtypes (a bfloat16 model or pool) take the reference path.
         self._fallback = TorchBackend()
         # Every layer of a step gets the same AttentionMetadata: its index tensors are
         # checked and converted for the kernels once, for the first layer, not 30 times.
@@ -44,16 +48,16 @@ class CpuBackend:
         self._meta_args: tuple[torch.Tensor, ...] = ()
 
     @staticmethod
-    def _native(*tensors: torch.Tensor) -> bool:
-        # A plain loop over `is_cpu`: it runs for every layer of every step.
-        for t in tensors:
-            if t.dtype != torch.float32 or not t.is_cpu:
-                return False
-        return True
+    def _native(rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+        """Float32 rows (query, or the K/V written) over a float32 or float16 pool on
+        the CPU: what the kernels take. Plain comparisons: it runs for every layer of
+        every step."""
+        return (rows.dtype == torch.float32 and rows.is_cpu and k_cache.is_cpu
+                and k_cache.dtype in _POOL_DTYPES and v_cache.dtype == k_cache.dtype)
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        if not self._native(key, value, k_cache, v_cache):
+        if value.dtype != key.dtype or not self._native(key, k_cache, v_cache):
             self._fallback.write_kv(key, value, k_cache, v_cache, slot_mapping)
             return
         ops().write_kv(key, value, k_cache, v_cache, _int64(slot_mapping))
@@ -63,7 +67,8 @@ class CpuBackend:
                         v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Rotate query [T, nq, hd] and key [T, nkv, hd] in place (rotate-half over the
         first cos.shape[-1] dims, cos/sin as RotaryEmbedding.lookup gives them), then
-        write key and value to their slots. Float32 on the CPU only."""
+        write key and value to their slots. Float32 rows on the CPU, into a float32 or
+        float16 pool."""
         ops().rotary_write_kv(query, key, value, cos, sin, k_cache, v_cache,
                               _int64(slot_mapping))
 

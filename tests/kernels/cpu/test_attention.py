@@ -4,6 +4,8 @@ shared and shuffled block tables, split-K on few sequences, and the KV write."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,12 +17,22 @@ from tests.kernels.paged_cases import make_case, reference_attention
 RTOL = ATOL = 1e-5
 
 
+def half_pool(case):
+    """The case over its pool rounded to float16 (strides kept: head-major stays so), as
+    the engine's default CPU pool holds K/V; the reference reads it in float32 too."""
+    return dataclasses.replace(case, k_cache=case.k_cache.to(torch.float16),
+                               v_cache=case.v_cache.to(torch.float16))
+
+
 def check(case, window=None, softcap=None):
-    ref = reference_attention(case, window, softcap)
-    out = CpuBackend().attention(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
-                                 sliding_window=window, logit_softcap=softcap)
-    assert out.shape == ref.shape
-    torch.testing.assert_close(out, ref, rtol=RTOL, atol=ATOL)
+    """The kernel against the reference over the case's float32 pool and its float16 one."""
+    for pooled in (case, half_pool(case)):
+        ref = reference_attention(pooled, window, softcap)
+        out = CpuBackend().attention(pooled.query, pooled.k_cache, pooled.v_cache, pooled.meta,
+                                     pooled.scale, sliding_window=window,
+                                     logit_softcap=softcap)
+        assert out.shape == ref.shape
+        torch.testing.assert_close(out, ref, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("head_size", [64, 128, 256])
@@ -147,6 +159,25 @@ def test_write_kv_matches_the_reference_and_skips_minus_one(head_major):
     torch.testing.assert_close(pools[1], pools[0], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("head_major", [False, True])
+def test_write_kv_to_a_float16_pool_rounds_as_torch(isa_path, head_major):
+    """Float32 K/V into a float16 pool: each element as torch's .to(torch.float16) rounds
+    it (ties to even, past 65504 an infinity), a head size that is no multiple of the
+    vector width included."""
+    gen = torch.Generator().manual_seed(2)
+    for head_size in (64, 20):
+        pools = [allocate_kv_cache(1, 6, 16, 2, head_size, torch.float16, "cpu", head_major)[0]
+                 for _ in range(2)]
+        key, value = torch.randn(2, 5, 2, head_size, generator=gen) * 3
+        key[0, 0, :3] = torch.tensor([7e4, -1e5, 2.0**-20])  # overflow, a subnormal
+        value[1, 1, :2] = torch.tensor([float("inf"), 65519.0])
+        slots = torch.tensor([3, -1, 40, 95, 16])
+        write_kv_ref(key, value, pools[0][0], pools[0][1], slots)
+        CpuBackend().write_kv(key, value, pools[1][0], pools[1][1], slots)
+        assert torch.equal(pools[1], pools[0])
+        assert pools[1][0].flatten(0, 1)[3, 0, :2].isinf().all()
+
+
 def test_rotary_write_kv_rotates_in_place_and_writes(isa_path):
     from engine.layers.rotary import apply_partial_rotary, apply_rotary
 
@@ -165,6 +196,12 @@ def test_rotary_write_kv_rotates_in_place_and_writes(isa_path):
         torch.testing.assert_close(qkv[:, 3:4], want_k, rtol=RTOL, atol=ATOL)
         torch.testing.assert_close(pools[0].flatten(0, 1)[[0, 5, 31]], want_k[[0, 1, 3]])
         torch.testing.assert_close(pools[1].flatten(0, 1)[[0, 5, 31]], qkv[[0, 1, 3], 4:])
+        halves = allocate_kv_cache(1, 2, 16, 1, 64, torch.float16, "cpu", True)[0]
+        key = qkv[:, 3:4].clone()
+        CpuBackend().rotary_write_kv(qkv[:, :3].clone(), key, qkv[:, 4:], cos, sin, halves[0],
+                                     halves[1], torch.tensor([0, 5, -1, 31]))
+        assert torch.equal(halves[0].flatten(0, 1)[[0, 5, 31]], key[[0, 1, 3]].half())
+        assert torch.equal(halves[1].flatten(0, 1)[[0, 5, 31]], qkv[[0, 1, 3], 4:].half())
 
 
 def test_get_backend_defaults_to_cpu_and_copies_blocks_like_the_reference(monkeypatch):

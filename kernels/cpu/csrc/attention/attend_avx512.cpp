@@ -11,7 +11,7 @@
 // GCC 12 flags the deliberately undefined upper lanes of its own cast intrinsics.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,prefer-vector-width=512")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c,prefer-vector-width=512")
 
 namespace folio_cpu::attention::avx512 {
 namespace {
@@ -59,7 +59,31 @@ inline void key_scores16(const float* const* q, int nrows, const float* keys,
   }
 }
 
+inline void floats_from_halves(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                  reinterpret_cast<const __m256i*>(src + i))));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(dst + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i)));
+  }
+}
+
 }  // namespace
+
+void halves_from_floats(const float* src, uint16_t* dst, int64_t n) {
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRound));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), kRound));
+  }
+}
+
 }  // namespace folio_cpu::attention::avx512
 
 #define FOLIO_KEY_SCORES 1

@@ -1,6 +1,8 @@
-// The attention kernel's entry point per instruction set (attend_kernel.inc, compiled by
+// The attention kernel's entry points per instruction set (attend_kernel.inc, compiled by
 // attend_portable.cpp, attend_avx2.cpp and attend_avx512.cpp).
 #pragma once
+
+#include <cstdint>
 
 #include "attention/attention_task.h"
 
@@ -8,23 +10,39 @@ namespace folio_cpu::attention {
 
 // scratch: at least scratch_floats(rows, args) floats for the task's rows.
 using RunTask = void (*)(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+// n floats to IEEE float16 bits, rounded to nearest even as torch's .to(torch.float16)
+// (past +-65504 they become infinities): a float16 pool's KV write.
+using HalvesFromFloats = void (*)(const float* src, uint16_t* dst, int64_t n);
 
 inline int64_t scratch_floats(int64_t rows, const AttentionArgs& args) {
   // Scores of a span (16 blocks of 16 slots, or one block of another size), max, sum and
-  // acc per row; one block's keys transposed (attend_kernel.inc).
+  // acc per row; one block's keys transposed; one block of a float16 pool as float32
+  // (attend_kernel.inc).
   const int64_t span = args.block_size == 16 ? 256 : args.block_size;
-  return rows * (span + args.head_size + 2) + args.head_size * args.block_size;
+  return rows * (span + args.head_size + 2) + 2 * args.head_size * args.block_size;
 }
+
+// The kernels of one instruction set.
+struct IsaKernels {
+  RunTask run_task;
+  HalvesFromFloats halves_from_floats;
+};
+
+// The active instruction set's (folio_cpu::active_isa(), which a test may lower).
+IsaKernels kernels_for_active_isa();
 
 namespace portable {
 void run_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+void halves_from_floats(const float*, uint16_t*, int64_t);
 }
 #if defined(__x86_64__)
 namespace avx2 {
 void run_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+void halves_from_floats(const float*, uint16_t*, int64_t);
 }
 namespace avx512 {
 void run_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+void halves_from_floats(const float*, uint16_t*, int64_t);
 }
 #endif
 

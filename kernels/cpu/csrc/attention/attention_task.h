@@ -11,8 +11,11 @@ namespace folio_cpu::attention {
 struct AttentionArgs {
   const float* query;  // [num_tokens, nq, hd], dim stride 1
   int64_t q_token_stride, q_head_stride;
-  const float* k_cache;  // [num_blocks, block_size, nkv, hd], dim stride 1
-  const float* v_cache;  // same strides as k_cache
+  // [num_blocks, block_size, nkv, hd], dim stride 1: float32, or IEEE float16 bits where
+  // half_kv (the native backend's default pool: half the bytes each decode step reads).
+  const void* k_cache;
+  const void* v_cache;  // same strides and dtype as k_cache
+  bool half_kv;
   int64_t kv_block_stride, kv_slot_stride, kv_head_stride;
   float* out;  // [num_tokens, nq, hd] contiguous
   const int32_t* query_start_loc;  // [num_seqs + 1]

@@ -1,11 +1,14 @@
 // write_kv (scatter each new token's K/V to its slot; slot -1 skipped) and
 // rotary_write_kv (the rotary step on q and k in place, then the same scatter), so that
-// a layer's rope and KV write are one op instead of about ten.
+// a layer's rope and KV write are one op instead of about ten. A float16 pool takes
+// float32 K/V rounded as torch's .to(torch.float16) rounds them.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <cstring>
+
+#include "attention/attend_isa.h"
 
 namespace folio_cpu::attention {
 
@@ -15,21 +18,28 @@ namespace {
 struct Scatter {
   const int64_t* slots;
   int64_t block_size, block_stride, slot_stride, head_stride, num_kv_heads, head_size;
-  int64_t elem_bytes;
+  int64_t src_bytes, dst_bytes;  // an element of key / value, of the pool
+  HalvesFromFloats to_halves;    // float32 rows into a float16 pool; nullptr: copied as is
   char* k_base;
   char* v_base;
 
-  // Copy token t's [nkv, hd] key and value rows (dim stride 1) to its slot.
+  void put(const char* src, char* dst) const {
+    if (to_halves != nullptr)
+      to_halves(reinterpret_cast<const float*>(src), reinterpret_cast<uint16_t*>(dst), head_size);
+    else
+      std::memcpy(dst, src, head_size * dst_bytes);
+  }
+
+  // Token t's [nkv, hd] key and value rows (dim stride 1) to its slot.
   void write(int64_t t, const char* key, int64_t key_head_stride, const char* value,
              int64_t value_head_stride) const {
     const int64_t slot = slots[t];
     if (slot < 0) return;
     const int64_t offset = (slot / block_size) * block_stride + (slot % block_size) * slot_stride;
-    const int64_t bytes = head_size * elem_bytes;
     for (int64_t h = 0; h < num_kv_heads; ++h) {
-      const int64_t dst = (offset + h * head_stride) * elem_bytes;
-      std::memcpy(k_base + dst, key + h * key_head_stride * elem_bytes, bytes);
-      std::memcpy(v_base + dst, value + h * value_head_stride * elem_bytes, bytes);
+      const int64_t dst = (offset + h * head_stride) * dst_bytes;
+      put(key + h * key_head_stride * src_bytes, k_base + dst);
+      put(value + h * value_head_stride * src_bytes, v_base + dst);
     }
   }
 };
@@ -43,16 +53,19 @@ Scatter scatter_for(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
                   k_cache.sizes() == v_cache.sizes() && k_cache.stride(3) == 1 &&
                   k_cache.size(2) == key.size(1) && k_cache.size(3) == key.size(2),
               "k_cache and v_cache must be [num_blocks, block_size, nkv, hd] like key");
-  TORCH_CHECK(key.scalar_type() == k_cache.scalar_type() &&
-                  value.scalar_type() == v_cache.scalar_type() &&
-                  key.scalar_type() == value.scalar_type(),
-              "key, value and the caches must share a dtype");
+  const bool to_half = key.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kHalf;
+  TORCH_CHECK((to_half || key.scalar_type() == k_cache.scalar_type()) &&
+                  key.scalar_type() == value.scalar_type() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "key and value must share a dtype, and the caches theirs or float16 for "
+              "float32 K/V");
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
                   slot_mapping.numel() == key.size(0),
               "slot_mapping must be contiguous int64 [num_tokens]");
   return {slot_mapping.data_ptr<int64_t>(), k_cache.size(1), k_cache.stride(0),
           k_cache.stride(1), k_cache.stride(2), k_cache.size(2), k_cache.size(3),
-          static_cast<int64_t>(k_cache.element_size()),
+          static_cast<int64_t>(key.element_size()), static_cast<int64_t>(k_cache.element_size()),
+          to_half ? kernels_for_active_isa().halves_from_floats : nullptr,
           static_cast<char*>(k_cache.data_ptr()), static_cast<char*>(v_cache.data_ptr())};
 }
 

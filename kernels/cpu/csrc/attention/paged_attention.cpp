@@ -40,18 +40,6 @@ struct SplitTile {  // a tile whose keys were split: merged after the tasks ran
   int64_t stride;  // slots from one split's rows to the next's
 };
 
-RunTask kernel_for_active_isa() {
-#if defined(__x86_64__)
-  switch (active_isa()) {
-    case Isa::kAvx512Vnni:
-    case Isa::kAvx512: return &avx512::run_task;
-    case Isa::kAvx2: return &avx2::run_task;
-    case Isa::kPortable: break;
-  }
-#endif
-  return &portable::run_task;
-}
-
 struct Plan {
   std::vector<AttentionTask> tasks;
   std::vector<int64_t> costs;
@@ -85,15 +73,17 @@ Plan plan_tasks(const AttentionArgs& a, int64_t num_seqs, int64_t threads) {
     const int64_t rows = (tile.token_end - tile.token_begin) * group;
     plan.max_rows = std::max(plan.max_rows, rows);
     const int64_t keys = tile.key_end - tile.key_begin;
-    int64_t splits = 1;
-    if (base_tasks < wanted) {
-      splits = std::min((wanted + base_tasks - 1) / base_tasks,
-                        std::max<int64_t>(1, keys / kMinSplitKeys));
-    }
     // Block-aligned split boundaries, so that no block is read by two splits.
     const int64_t first_block = tile.key_begin / a.block_size;
     const int64_t num_blocks = (tile.key_end - 1) / a.block_size + 1 - first_block;
-    splits = std::min(splits, num_blocks);
+    int64_t splits = 1;
+    if (base_tasks < wanted) {
+      const int64_t most = std::min(num_blocks, std::max<int64_t>(1, keys / kMinSplitKeys));
+      splits = std::min((wanted + base_tasks - 1) / base_tasks, most);
+      // Whole rounds for the threads where the keys allow: one sequence's 3 KV heads in 3
+      // splits each left one of 2 threads a task more than the other.
+      while (splits < most && base_tasks * splits % threads != 0) ++splits;
+    }
     const int64_t blocks_per_split = (num_blocks + splits - 1) / splits;
     splits = (num_blocks + blocks_per_split - 1) / blocks_per_split;
     for (int64_t h = 0; h < a.num_kv_heads; ++h) {
@@ -215,12 +205,13 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                            const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1,
               "query must be float32 [num_tokens, nq, hd] with contiguous heads");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat &&
+  const bool half_kv = k_cache.scalar_type() == at::kHalf;
+  TORCH_CHECK(k_cache.dim() == 4 && (half_kv || k_cache.scalar_type() == at::kFloat) &&
                   k_cache.stride(3) == 1 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.strides() == v_cache.strides() &&
-                  v_cache.scalar_type() == at::kFloat,
-              "k_cache and v_cache must be float32 [num_blocks, block_size, nkv, hd] with "
-              "the same strides");
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "k_cache and v_cache must be float32 or float16 [num_blocks, block_size, nkv, "
+              "hd] with the same dtype and strides");
   check_int32(query_start_loc, "query_start_loc");
   check_int32(seq_lens, "seq_lens");
   check_int32(block_tables, "block_tables");
@@ -240,7 +231,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
   if (num_tokens == 0 || num_seqs == 0) return out;
 
   AttentionArgs args{query.data_ptr<float>(), query.stride(0), query.stride(1),
-                     k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                     k_cache.data_ptr(), v_cache.data_ptr(), half_kv,
                      k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                      out.data_ptr<float>(), query_start_loc.data_ptr<int32_t>(),
                      seq_lens.data_ptr<int32_t>(), block_tables.data_ptr<int32_t>(),
@@ -253,7 +244,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
   std::vector<float> partial_buffer(plan.partial_slots * (hd + 2));
   Partials partials{partial_buffer.data(), partial_buffer.data() + plan.partial_slots,
                     partial_buffer.data() + 2 * plan.partial_slots};
-  const RunTask run = kernel_for_active_isa();
+  const RunTask run = kernels_for_active_isa().run_task;
   const int64_t scratch_size = scratch_floats(plan.max_rows, args);
   const int64_t num_tasks = static_cast<int64_t>(plan.tasks.size());
   int64_t total_cost = 0;
@@ -280,6 +271,18 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
 }
 
 }  // namespace
+
+IsaKernels kernels_for_active_isa() {
+#if defined(__x86_64__)
+  switch (active_isa()) {
+    case Isa::kAvx512Vnni:
+    case Isa::kAvx512: return {&avx512::run_task, &avx512::halves_from_floats};
+    case Isa::kAvx2: return {&avx2::run_task, &avx2::halves_from_floats};
+    case Isa::kPortable: break;
+  }
+#endif
+  return {&portable::run_task, &portable::halves_from_floats};
+}
 
 }  // namespace folio_cpu::attention
 
