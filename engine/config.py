@@ -45,7 +45,10 @@ class EngineConfig:
     # fresh processes (docs/ARCHITECTURE.md, "Warm-up") it cost more at load than the
     # first reply saved.
     warm_up: bool = False
-    dtype: str | None = None  # compute and KV dtype; None = the device's (runner/device.py)
+    dtype: str | None = None  # compute dtype; None = the device's (runner/device.py)
+    # The KV cache's dtype; None = the backend's (runner/device.py: float16 on the native
+    # CPU kernels, as llama.cpp keeps its cache, else the compute dtype).
+    kv_cache_dtype: str | None = None
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
     weights: str = "stored"  # one of WEIGHTS
     attention_backend: str | None = None  # None = auto (runner/device.py: triton, cpu, torch)
@@ -88,6 +91,8 @@ class EngineConfig:
                self.max_model_len, ">= 1 or None")
         _check(self.dtype is None or self.dtype in DTYPE_NAMES, "dtype", self.dtype,
                f"one of {DTYPE_NAMES} or None")
+        _check(self.kv_cache_dtype is None or self.kv_cache_dtype in DTYPE_NAMES,
+               "kv_cache_dtype", self.kv_cache_dtype, f"one of {DTYPE_NAMES} or None")
         _check(self.device is None or (isinstance(self.device, str)
                                        and _DEVICE_FORM.fullmatch(self.device) is not None),
                "device", self.device, "'cpu', 'cuda', 'cuda:N', 'mps' or None")

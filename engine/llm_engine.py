@@ -97,7 +97,7 @@ class LLMEngine:
         self.expert_bytes = expert_bytes(net)
         context = net.max_context_len
         self.max_model_len = min(config.max_model_len or context, context)
-        shape = KVShape.of_model(net, config.block_size, dtype)
+        shape = KVShape.of_model(net, config.block_size, resolved.kv_dtype)
         num_blocks = num_blocks_for(config, shape, device, self.max_model_len)
         backend = get_backend(device, resolved.backend)
         windows = net.layer_windows()
@@ -166,7 +166,8 @@ class LLMEngine:
         config, runner = self.config, self.runner
         self.disk = DiskStore(kv_cache_root(), config.kv_disk_bytes)
         self.reader = DiskReader()
-        model = (model_identity(path), str(shape.dtype), config.weights,
+        model = (model_identity(path), str(self.resolved_device.dtype), str(shape.dtype),
+                 config.weights,
                  config.cpu_activation_bits, self.resolved_device.device.type,
                  type(runner.backend).__name__, runner.backend.head_major_kv,
                  shape.block_size, shape.num_kv_heads, shape.head_size, shape.layer_heads)

@@ -13,9 +13,12 @@ Rules:
   dtype name, that dtype on any device (layers compute in their weights' dtype, so
   ``weights="bfloat16"`` on the CPU computes in bfloat16 and ``weights="float32"`` on CUDA
   is the exact path); else bfloat16 on CUDA when ``torch.cuda.is_bf16_supported()``,
-  float16 on older cards, float32 on the CPU and on MPS. The KV cache is in the compute
-  dtype. The CPU keeps float32: a bfloat16 cache decodes faster there but prefills
-  slower through SDPA's bfloat16 CPU path (README, "Latest results"), and loses precision.
+  float16 on older cards, float32 on the CPU and on MPS.
+- **KV dtype**: ``config.kv_cache_dtype`` when set; else float16 where the native CPU
+  kernels compute in float32 (they read a float16 pool as they write it: half the memory
+  of a float32 pool, as llama.cpp keeps its cache), the compute dtype elsewhere. The
+  Triton kernels read only a pool in the compute dtype (ValueError naming
+  ``kv_cache_dtype`` otherwise); the PyTorch reference reads any.
 - **attention backend**: ``config.attention_backend``, else $FOLIO_ATTENTION_BACKEND, else
   ``triton`` on CUDA, ``cpu`` (the native C++ kernels) on the CPU when they are built and
   ``torch`` elsewhere (``kernels.default_backend_name``, which kernels.get_backend uses).
@@ -36,9 +39,10 @@ from kernels import BACKEND_ENV, BACKEND_NAMES, default_backend_name
 @dataclass(slots=True, frozen=True)
 class ResolvedDevice:
     device: torch.device
-    dtype: torch.dtype  # compute dtype; dense weights and the KV cache use it too
+    dtype: torch.dtype  # compute dtype; dense weights use it too
     backend: str  # attention backend name: "torch", "triton" or "cpu"
     label: str  # for people: "CUDA 0: NVIDIA H200", "CPU", "Apple GPU (MPS)"
+    kv_dtype: torch.dtype  # the KV cache's
 
     @property
     def status_line(self) -> str:
@@ -50,16 +54,12 @@ class ResolvedDevice:
 
         return f"{self.label}, {cpu.status()}"
 
-    @property
-    def kv_dtype(self) -> torch.dtype:
-        """The KV cache holds what attention computes: the compute dtype."""
-        return self.dtype
-
 
 def resolve_device(config: EngineConfig) -> ResolvedDevice:
     device = _device(config.device)
-    return ResolvedDevice(device, _dtype(config, device), _backend(config, device),
-                          _label(device))
+    dtype, backend = _dtype(config, device), _backend(config, device)
+    return ResolvedDevice(device, dtype, backend, _label(device),
+                          _kv_dtype(config, device, backend, dtype))
 
 
 def estimate_dtype(config: EngineConfig) -> torch.dtype:
@@ -70,6 +70,19 @@ def estimate_dtype(config: EngineConfig) -> torch.dtype:
     except ValueError:
         device = torch.device(default_device_name())
     return _dtype(config, device)
+
+
+def estimate_kv_dtype(config: EngineConfig) -> torch.dtype:
+    """The KV dtype for estimates made before loading, as estimate_dtype."""
+    try:
+        device = _device(config.device)
+    except ValueError:
+        device = torch.device(default_device_name())
+    try:
+        backend = _backend(config, device)
+    except ValueError:
+        backend = default_backend_name(device)
+    return _kv_dtype(config, device, backend, _dtype(config, device), check=False)
 
 
 def default_device_name() -> str:
@@ -113,6 +126,23 @@ def _dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
         # is_bf16_supported asks the current device; pickers rarely mix card generations.
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
+
+
+def _kv_dtype(config: EngineConfig, device: torch.device, backend: str, dtype: torch.dtype,
+              check: bool = True) -> torch.dtype:
+    if config.kv_cache_dtype is not None:
+        kv_dtype = resolve_dtype(config.kv_cache_dtype)
+        if check and backend == "triton" and kv_dtype != dtype:
+            raise ValueError(f"EngineConfig.kv_cache_dtype must be the compute dtype "
+                             f"({str(dtype).removeprefix('torch.')}) on the Triton backend, "
+                             f"got {config.kv_cache_dtype!r}")
+        return kv_dtype
+    if device.type == "cpu" and backend == "cpu" and dtype == torch.float32:
+        from kernels import cpu
+
+        if cpu.available():
+            return torch.float16
+    return dtype
 
 
 def _backend(config: EngineConfig, device: torch.device) -> str:

@@ -39,7 +39,7 @@ import torch
 from engine.config import EngineConfig
 from engine.dtypes import resolve_dtype
 from engine.models.spec import kv_bytes_per_token
-from engine.runner.device import estimate_dtype
+from engine.runner.device import estimate_dtype, estimate_kv_dtype
 from engine.runner.state_pool import state_slots
 
 # Full contexts the pool holds by default: a chat and its candidates (they share the
@@ -216,7 +216,8 @@ def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
     # A hybrid model's linear layers hold no KV (catalog.ModelInfo.kv_layers, .hybrid).
     hybrid = getattr(info, "hybrid", None)
     kv_layers = getattr(info, "kv_layers", info.num_layers)
-    shape = KVShape(kv_layers, info.num_kv_heads, info.head_dim, config.block_size, dtype)
+    shape = KVShape(kv_layers, info.num_kv_heads, info.head_dim, config.block_size,
+                    estimate_kv_dtype(config))
     try:
         blocks = planned_blocks(config, shape, max_model_len)
     except KVBudgetError:

@@ -92,7 +92,7 @@ class ModelRunner:
             g = self.state_group = len(attention)
             group, slots = self.kv_groups[g], num_blocks[g]
             self.states = StatePool(model.deltanet_shape, len(group.layers), slots,
-                                    slots if num_host_blocks else 0, shape.dtype, device)
+                                    slots if num_host_blocks else 0, model.dtype, device)
             for i, layer in enumerate(group.layers):
                 self._layer_views[layer] = (g, *self.states.layer(i))
         self.graphs: CudaGraphRunner | None = None

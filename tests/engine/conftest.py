@@ -25,4 +25,6 @@ def hf_model(tiny_dir):
 def llm(tiny_dir):
     from engine import LLM
 
-    return LLM(str(tiny_dir), num_gpu_blocks=256)
+    # A float32 pool (not the CPU's float16 default): tests hold its logits to
+    # transformers' float32 ones at 1e-4.
+    return LLM(str(tiny_dir), num_gpu_blocks=256, kv_cache_dtype="float32")

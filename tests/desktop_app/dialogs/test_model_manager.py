@@ -18,6 +18,7 @@ from desktop_app.dialogs.model_manager import (
 from desktop_app.services import downloads
 from desktop_app.widgets.vram_panel import format_bytes
 from engine.config import EngineConfig
+from tests.cpu_pool import CPU_KV_ITEM_BYTES
 
 # SmolLM2-135M: K and V, 30 layers, 3 KV heads of 64, fp32.
 STARTER_KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4
@@ -57,12 +58,16 @@ def test_lists_the_starter_with_what_it_needs(dialog):
     assert row["Context"] == "8192"
     assert row["On disk"] == format_bytes(info.size_bytes)
     # The engine's figures (engine.runner.kv_cache.estimate_memory) on the CPU: quantized
-    # weights as stored (the file), plus a KV pool of four full 2048-token contexts in fp32.
-    expected = info.size_bytes + 4 * 2048 * STARTER_KV_BYTES_PER_TOKEN
+    # weights as stored (the file), plus a KV pool of four full 2048-token contexts, in
+    # float16 on the native kernels (fp32 on the reference).
+    pool = 4 * 2048 * STARTER_KV_BYTES_PER_TOKEN * CPU_KV_ITEM_BYTES // 4
+    expected = info.size_bytes + pool
     assert memory_needed(info, EngineConfig(max_model_len=2048)) == expected
     assert row["Memory needed"] == format_bytes(expected)
     dense = EngineConfig(max_model_len=2048, weights="float32")
-    assert memory_needed(info, dense) == info.num_parameters * 4 + 4 * 2048 * 46_080
+    assert memory_needed(info, dense) == info.num_parameters * 4 + pool
+    fp32_pool = EngineConfig(max_model_len=2048, kv_cache_dtype="float32")
+    assert memory_needed(info, fp32_pool) == info.size_bytes + 4 * 2048 * 46_080
     assert row["Status"] == "● loaded"  # the fake bridge was loaded from "starter"
 
 

@@ -19,11 +19,12 @@ from engine.bench.decode import bench_decode
 from engine.bench.scheduler import bench_scheduler
 from engine.bench.setup import BenchContext, BenchSettings, Target, filler_prompt, user_messages
 from engine.bench.waste import bench_waste
+from tests.cpu_pool import CPU_KV_ITEM_BYTES
 from tests.engine.tiny_models import save_tiny_model
 
 BLOCK = 16
 # tiny_llama_config: 2 layers x (K, V) x 2 KV heads x head size 16 x 4 bytes (float32).
-KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * CPU_KV_ITEM_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +189,8 @@ def test_reopen_finds_the_history_on_disk_after_a_restart(tiny_dir):
     assert row["restart_disk_tokens"] == row["restart_cached_tokens"] == history > 0
     # Opened first: the history was loaded ahead, found in memory, still from disk.
     assert row["opened_cached_tokens"] == row["opened_disk_tokens"] == history
-    assert row["disk_over_kv_bytes"] <= 1.05
+    # Each file's header over a tiny model's float16 block: a few percent.
+    assert row["disk_over_kv_bytes"] <= 1.1
     # The running request took its steps while the other's history was read.
     assert row["decode_steps_while_loading"] >= 1 and row["decode_while_loading_over_alone"] > 0
     name = str(tiny_dir)

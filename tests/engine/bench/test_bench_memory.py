@@ -12,6 +12,7 @@ from engine.bench import synthetic
 from engine.bench.eight_b import DECODE_TARGET, LOADS_TARGET, bench_8b
 from engine.bench.memory import bench_memory, gguf_tensor_bytes
 from engine.bench.setup import BenchContext, BenchSettings
+from tests.cpu_pool import CPU_KV_ITEM_BYTES
 from tests.engine.tiny_models import save_tiny_model
 
 LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -40,8 +41,8 @@ def test_memory_measures_each_folio_side_in_its_own_process(ctx_for, tmp_path):
     for row in rows.values():
         assert row["peak_rss_mib"] > row["weights_mib"] > 0
         # One 512-token context and the pool's null block (16 tokens): 2 layers x K, V x
-        # 2 KV heads x 16 x 4 bytes per token.
-        assert row["kv_mib"] == round((512 + 16) * 2 * 2 * 2 * 16 * 4 / 2**20, 1)
+        # 2 KV heads x 16 elements per token.
+        assert row["kv_mib"] == round((512 + 16) * 2 * 2 * 2 * 16 * CPU_KV_ITEM_BYTES / 2**20, 1)
     assert result["targets"] == []  # no GGUF bytes, no llama.cpp: nothing to judge
     assert result["summary"]["gguf_tensor_bytes"] is None
     assert not [n for n in result["notes"] if n.startswith("folio")]

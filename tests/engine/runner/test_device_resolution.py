@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.runner.device import cuda_device_names, estimate_dtype, resolve_device
+from engine.runner.device import (
+    cuda_device_names,
+    estimate_dtype,
+    estimate_kv_dtype,
+    resolve_device,
+)
 from kernels import BACKEND_ENV, cpu
 
 # The CPU's default backend: the native kernels when built, else the reference.
@@ -103,3 +108,31 @@ def test_mps_when_available_runs_the_torch_path(monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"^EngineConfig\.device .*MPS is not available"):
         resolve_device(EngineConfig(device="mps"))
+
+
+def test_the_kv_cache_is_float16_on_the_native_cpu_kernels_and_the_compute_dtype_elsewhere(
+        monkeypatch):
+    fake_cuda(monkeypatch, ())
+    r = resolve_device(EngineConfig())
+    assert r.kv_dtype == (torch.float16 if CPU_BACKEND == "cpu" else torch.float32)
+    assert resolve_device(EngineConfig(attention_backend="torch")).kv_dtype == torch.float32
+    assert resolve_device(EngineConfig(weights="bfloat16")).kv_dtype == torch.bfloat16
+    assert resolve_device(EngineConfig(kv_cache_dtype="float32")).kv_dtype == torch.float32
+    forced = EngineConfig(attention_backend="torch", kv_cache_dtype="float16")
+    assert resolve_device(forced).kv_dtype == torch.float16
+    assert estimate_kv_dtype(EngineConfig()) == r.kv_dtype
+
+
+def test_the_triton_backend_takes_only_a_pool_in_the_compute_dtype(monkeypatch):
+    fake_cuda(monkeypatch)
+    assert resolve_device(EngineConfig(kv_cache_dtype="bfloat16")).kv_dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"^EngineConfig\.kv_cache_dtype must be the compute "
+                                         r"dtype \(bfloat16\)"):
+        resolve_device(EngineConfig(kv_cache_dtype="float16"))
+    # The model list's estimate does not raise: it shows what the choice would take.
+    assert estimate_kv_dtype(EngineConfig(kv_cache_dtype="float16")) == torch.float16
+
+
+def test_a_kv_cache_dtype_that_is_no_dtype_names_the_field():
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        EngineConfig(kv_cache_dtype="int8")

@@ -72,7 +72,9 @@ def test_no_mincore_means_no_figure(monkeypatch):
 def llm(tmp_path_factory):
     path = save_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
     # head size 16 in float32: a 64-token block of one layer's K or V head is 4 KiB.
-    return LLM(str(path), num_gpu_blocks=32, block_size=64, dtype="float32", device="cpu")
+    # float32 K/V: one block of one head is then one 4 KiB page.
+    return LLM(str(path), num_gpu_blocks=32, block_size=64, dtype="float32", device="cpu",
+               kv_cache_dtype="float32")
 
 
 @linux

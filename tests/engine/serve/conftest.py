@@ -54,7 +54,9 @@ def tiny_path(tmp_path_factory):
 
 
 def tiny_llm_at(path) -> LLM:
-    return LLM(str(path), num_gpu_blocks=256, max_model_len=512)
+    # A float32 pool (not the CPU's float16 default): the logprob tests hold it to
+    # transformers' float32 logits at 1e-4.
+    return LLM(str(path), num_gpu_blocks=256, max_model_len=512, kv_cache_dtype="float32")
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]
 
 @pytest.fixture(scope="module")
 def served():
-    served = Served(LLM("starter", EngineConfig(weights="float32", max_model_len=1024)))
+    served = Served(LLM("starter", EngineConfig(weights="float32", max_model_len=1024,
+                                                  kv_cache_dtype="float32")))
     yield served
     served.stop()
 
