@@ -16,7 +16,11 @@ Isa detect() {
                 __builtin_cpu_supports("avx512vl");
   if (avx512 && __builtin_cpu_supports("avx512vnni")) return Isa::kAvx512Vnni;
   if (avx512) return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  // F16C: the AVX2 kernels convert float16 scales and KV blocks with it (every AVX2 CPU
+  // has it; a hypervisor could hide it).
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    return Isa::kAvx2;
 #endif
   return Isa::kPortable;
 }
