@@ -65,24 +65,25 @@ def resolve_device(config: EngineConfig) -> ResolvedDevice:
 def estimate_dtype(config: EngineConfig) -> torch.dtype:
     """The compute dtype for estimates made before loading (the model list): a device
     this machine lacks counts as the default one instead of raising."""
-    try:
-        device = _device(config.device)
-    except ValueError:
-        device = torch.device(default_device_name())
-    return _dtype(config, device)
+    return _dtype(config, _estimate_device(config))
 
 
 def estimate_kv_dtype(config: EngineConfig) -> torch.dtype:
     """The KV dtype for estimates made before loading, as estimate_dtype."""
-    try:
-        device = _device(config.device)
-    except ValueError:
-        device = torch.device(default_device_name())
+    device = _estimate_device(config)
     try:
         backend = _backend(config, device)
     except ValueError:
         backend = default_backend_name(device)
     return _kv_dtype(config, device, backend, _dtype(config, device), check=False)
+
+
+def _estimate_device(config: EngineConfig) -> torch.device:
+    """config's device, or the default one where this machine lacks it."""
+    try:
+        return _device(config.device)
+    except ValueError:
+        return torch.device(default_device_name())
 
 
 def default_device_name() -> str:
