@@ -14,7 +14,7 @@ from torch import nn
 
 from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
-from engine.layers.native import fused_cpu, native_ops
+from engine.layers.native import fused_cpu, native_ops, native_pool
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import apply_partial_rotary, apply_rotary
 from kernels import AttentionBackend, AttentionMetadata
@@ -93,7 +93,7 @@ class PagedSelfAttention(Layer):
         qkv = self.project(hidden)
         qk_heads = self.num_heads + self.num_kv_heads
         if (self.rotate in _ROTATE_HALF and qkv.stride(-1) == 1
-                and fused_cpu(qkv, cos, sin, k_cache)):
+                and fused_cpu(qkv, cos, sin) and native_pool(k_cache)):
             query = self._fused_rotary_write(qkv, cos, sin, k_cache, v_cache, meta, backend)
             out = backend.attention(query, k_cache, v_cache, meta, self.scale,
                                     **self.attention_options)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels import cpu
+from kernels.cpu.attention import POOL_DTYPES
 
 
 def fused_cpu(*tensors: torch.Tensor) -> bool:
@@ -20,6 +21,12 @@ def fused_cpu(*tensors: torch.Tensor) -> bool:
         if t.dtype != torch.float32 or not t.is_cpu:
             return False
     return cpu.available()
+
+
+def native_pool(k_cache: torch.Tensor) -> bool:
+    """A KV pool the native attention ops read and write from float32 rows: float32, or
+    float16 (the native backend's default), on the CPU."""
+    return k_cache.is_cpu and k_cache.dtype in POOL_DTYPES
 
 
 def native_ops():

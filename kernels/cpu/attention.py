@@ -30,7 +30,8 @@ from kernels.interface import (
 )
 from kernels.reference import TorchBackend, copy_blocks_ref, swap_blocks_ref
 
-_POOL_DTYPES = (torch.float32, torch.float16)
+# The pool dtypes the kernels read and write; float32 rows go into either.
+POOL_DTYPES = (torch.float32, torch.float16)
 
 
 class CpuBackend:
@@ -53,7 +54,7 @@ class CpuBackend:
         the CPU: what the kernels take. Plain comparisons: it runs for every layer of
         every step."""
         return (rows.dtype == torch.float32 and rows.is_cpu and k_cache.is_cpu
-                and k_cache.dtype in _POOL_DTYPES and v_cache.dtype == k_cache.dtype)
+                and k_cache.dtype in POOL_DTYPES and v_cache.dtype == k_cache.dtype)
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
