@@ -44,6 +44,17 @@ def test_mixed_prefill_and_decode_at_block_boundaries(isa_path, head_size, group
     check(case)
 
 
+@pytest.mark.parametrize("head_size", [64, 80])
+@pytest.mark.parametrize("group", [1, 2])
+def test_every_count_of_decode_rows(isa_path, head_size, group):
+    """Tasks of fewer than 16 rows (tokens x query heads) take their scores and value sums
+    in tiles of 1 to 4 rows: every remainder, over partial first and last blocks; head
+    size 80 is a multiple of 16 but not of 32 (the narrower value tiles)."""
+    case = make_case([40, 41, 57, 23, 70], [1, 2, 3, 7, 15], num_kv_heads=2, group=group,
+                     head_size=head_size, block_size=16, seed=head_size + group)
+    check(case)
+
+
 @pytest.mark.parametrize("lengths", [[15], [16], [17], [32], [33], [15, 16, 17, 32, 33]])
 def test_decode_at_block_boundaries(isa_path, lengths):
     case = make_case(lengths, [1] * len(lengths), num_kv_heads=3, group=3, head_size=64,
