@@ -10,15 +10,16 @@
 namespace folio_cpu::attention::avx2 {
 namespace {
 
-// R rows' scores against J keys (R * J <= 8 accumulators), hd a multiple of 8: each key
-// chunk loaded once for every row, FMAs into one vector per (row, key), then the lanes of
-// all R * J vectors summed in one tree of horizontal adds (where a dot per score paid its
-// own horizontal sum and serial adds). out[r][j0 + j] = q_r . key_{j0 + j}.
+// 8 floats of a float32 or float16 row.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// R rows' scores against J keys (R * J <= 8 accumulators), hd a multiple of 8: each key
+// chunk loaded once for every row, FMAs into one vector per (row, key), then the lanes of
+// all R * J vectors summed in one tree of horizontal adds (where a dot per score paid its
+// own horizontal sum and serial adds). out[r][j0 + j] = q_r . key_{j0 + j}.
 template <int R, int J, typename Kv>
 inline void key_tile(const float* const* q, const Kv* keys, int64_t slot_stride,
                      int64_t hd, int j0, float (*out)[16]) {
