@@ -137,7 +137,11 @@ def test_an_aborted_request_frees_every_group(gemma3_dir):
 
 
 def test_candidates_equal_their_seeded_single_runs(gemma3_dir):
-    llm = LLM(str(gemma3_dir), num_gpu_blocks=128, max_num_batched_tokens=64)
+    # No prefix cache: a single run that found the prompt cached would prefill its tail
+    # in another chunk, whose float32 rows can differ from the first run's in the last
+    # bit, and the float16 pool's rounding turns such a bit into a different token.
+    llm = LLM(str(gemma3_dir), num_gpu_blocks=128, max_num_batched_tokens=64,
+              enable_prefix_caching=False)
     prompt = [random.Random(6).randrange(256) for _ in range(150)]  # past the window
     params = SamplingParams(n=4, temperature=1.0, seed=11, max_tokens=40, ignore_eos=True)
     [together] = llm.generate([prompt], params)
