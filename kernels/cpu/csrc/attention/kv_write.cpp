@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "attention/attend_isa.h"
+#include "ops.h"
 
 namespace folio_cpu::attention {
 
@@ -128,6 +129,8 @@ void rotary(at::Tensor query, at::Tensor key, const at::Tensor& cos, const at::T
   });
 }
 
+}  // namespace
+
 void rotary_write_kv(at::Tensor query, at::Tensor key, const at::Tensor& value,
                      const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache,
                      at::Tensor v_cache, const at::Tensor& slot_mapping) {
@@ -147,8 +150,6 @@ void rotary_write_kv(at::Tensor query, at::Tensor key, const at::Tensor& value,
     }
   });
 }
-
-}  // namespace
 
 }  // namespace folio_cpu::attention
 

@@ -21,6 +21,7 @@
 
 #include "attention/attend_isa.h"
 #include "isa.h"
+#include "ops.h"
 
 namespace folio_cpu::attention {
 
@@ -198,6 +199,8 @@ void check_int32(const at::Tensor& t, const char* name) {
               " must be a contiguous int32 CPU tensor");
 }
 
+}  // namespace
+
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, const at::Tensor& block_tables,
@@ -270,7 +273,6 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
   return out;
 }
 
-}  // namespace
 
 IsaKernels kernels_for_active_isa() {
 #if defined(__x86_64__)

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "fused/fast_math.h"
+#include "ops.h"
 
 namespace folio_cpu {
 
@@ -66,9 +67,11 @@ at::Tensor gated(const at::Tensor& gate_up) {
 
 }  // namespace
 
+at::Tensor silu_mul(const at::Tensor& gate_up) { return gated<Silu>(gate_up); }
+
 }  // namespace folio_cpu
 
 TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
-  m.def("silu_mul(Tensor gate_up) -> Tensor", &folio_cpu::gated<folio_cpu::Silu>);
+  m.def("silu_mul(Tensor gate_up) -> Tensor", &folio_cpu::silu_mul);
   m.def("gelu_tanh_mul(Tensor gate_up) -> Tensor", &folio_cpu::gated<folio_cpu::GeluTanh>);
 }

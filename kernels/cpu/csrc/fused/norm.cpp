@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "ops.h"
+
 namespace folio_cpu {
 
 namespace {
@@ -45,6 +47,8 @@ void check_weight(const at::Tensor& weight, int64_t hidden) {
                   weight.numel() == hidden,
               "weight must be a contiguous float32 [", hidden, "]");
 }
+
+}  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset) {
   const Rows rows = rows_of(x);
@@ -86,8 +90,6 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Ten
   });
   return out;
 }
-
-}  // namespace
 
 }  // namespace folio_cpu
 

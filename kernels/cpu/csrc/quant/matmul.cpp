@@ -170,11 +170,17 @@ at::Tensor quant_matmul_stack(const at::Tensor& x, at::TensorList ws,
               "rows must have one entry per matrix, not ", ws.size(), ", ", type_ids.size(),
               " and ", rows.size());
   std::vector<Matrix> mats;
-  int64_t n = 0;
-  for (size_t j = 0; j < ws.size(); ++j) {
+  for (size_t j = 0; j < ws.size(); ++j)
     mats.push_back(checked_matrix(ws[j], type_ids[j], k, rows.get(j)));
-    n += mats.back().n;
-  }
+  return multiply_stack(x, mats, k, pairs);
+}
+
+}  // namespace
+
+at::Tensor multiply_stack(const at::Tensor& x, const std::vector<Matrix>& mats, int64_t k,
+                          bool pairs) {
+  int64_t n = 0;
+  for (const Matrix& mat : mats) n += mat.n;
   // Prefill-sized float rows: the wide tiles, more precise than the pairs at half their
   // work (wide.h).
   const Kernels& kern = kernels_for(active_isa());
@@ -195,7 +201,6 @@ at::Tensor quant_matmul_stack(const at::Tensor& x, at::TensorList ws,
   return out;
 }
 
-}  // namespace
 }  // namespace folio_cpu::quant
 
 TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {

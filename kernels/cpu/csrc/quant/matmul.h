@@ -75,6 +75,11 @@ inline Matrix checked_matrix(const at::Tensor& w, int64_t type_id, int64_t k,
   return {w, static_cast<int>(type_id), rows_c, rows_c.numel()};
 }
 
+// quant_matmul_stack's product on matrices already checked: x float32 [m, k] (or its
+// quantized rows) @ [W_1; W_2; ...].T -> float32 [m, n], n the matrices' columns.
+at::Tensor multiply_stack(const at::Tensor& x, const std::vector<Matrix>& mats, int64_t k,
+                          bool pairs);
+
 // x float32 [m, k] @ [W_1; W_2; ...].T -> float32 [m, n] (n the matrices' columns), on
 // the wide tiles.
 at::Tensor multiply_wide_stack(const at::Tensor& x, const std::vector<Matrix>& mats,
