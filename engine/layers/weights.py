@@ -154,6 +154,10 @@ class NativeQuantized(QuantizedRuns):
         self._orders = [t.row_order for t in tensors]
         self._k = tensors[0].shape[1] if tensors else 0
 
+    def stack_args(self) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor | None], int]:
+        """(matrices, type ids, row orders, k): the stack as quant_matmul_stack takes it."""
+        return self._data, self._type_ids, self._orders, self._k
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             return self.matmul(x.float()).to(x.dtype)

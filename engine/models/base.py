@@ -16,6 +16,7 @@ from torch import nn
 from engine.layers.embedding import Embedding
 from engine.layers.linear import StackedLinear, WeightSlot
 from engine.layers.lm_head import LMHead
+from engine.layers.native_layer import NativeLayers
 from engine.layers.moe import SparseMoE
 from engine.models.spec import DecoderSpec
 from kernels import AttentionBackend, AttentionMetadata
@@ -54,6 +55,9 @@ class CausalLM(nn.Module):
         self.norm = norm
         tied = self.embed_tokens if spec.tie_word_embeddings else None
         self.lm_head = LMHead(spec.hidden_size, spec.vocab_size, dtype, device, tied)
+        # Each layer's native step (engine/layers/native_layer.py), built at the first
+        # forward, when the weights' storages are chosen.
+        self.native_layers: NativeLayers | None = None
 
     @property
     def max_context_len(self) -> int:
@@ -78,6 +82,11 @@ class CausalLM(nn.Module):
         a family with more (Gemma's per layer kind) overrides this."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary.lookup(positions, meta)
+        if self.native_layers is None:  # once the weights are loaded: their storages
+            self.native_layers = NativeLayers(self.layers)
+        out = self.native_layers.run(hidden, cos, sin, kv_caches, backend)
+        if out is not None:
+            return self.norm(out)
         for layer, (k_cache, v_cache, layer_meta) in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, k_cache, v_cache, layer_meta, backend)
         return self.norm(hidden)

@@ -14,6 +14,7 @@ from engine.layers.attention import PagedSelfAttention
 from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
+from engine.layers.native_layer import native_decoder_layer
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, Target
@@ -44,6 +45,14 @@ class PreNormLayer(Layer):
                                   meta, backend)
         normed, hidden = self.post_attention_layernorm.add_and_norm(attn_out, hidden)
         return hidden + self.mlp(normed)
+
+    def native_step(self):
+        """This forward as one native call (engine/layers/native_layer.py), or None where
+        a subclass changes the forward or a part needs its module."""
+        if type(self).forward is not PreNormLayer.forward:
+            return None
+        return native_decoder_layer(self.input_layernorm, self.self_attn,
+                                    self.post_attention_layernorm, self.mlp)
 
 
 class DecoderLayer(PreNormLayer):

@@ -73,12 +73,13 @@ class CpuBackend:
         ops().rotary_write_kv(query, key, value, cos, sin, k_cache, v_cache,
                               _int64(slot_mapping))
 
-    def _kernel_meta(self, meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
-        """(query_start_loc, seq_lens, block_tables) as int32 CPU tensors, kept for as
-        long as the layers pass this same metadata."""
+    def kernel_args(self, meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
+        """(slot_mapping as int64, query_start_loc, seq_lens, block_tables as int32), CPU
+        tensors as the ops take them, kept for as long as the layers pass this same
+        metadata."""
         if meta is not self._meta:
-            self._meta_args = (_int32(meta.query_start_loc), _int32(meta.seq_lens),
-                               _int32(meta.block_tables))
+            self._meta_args = (_int64(meta.slot_mapping), _int32(meta.query_start_loc),
+                               _int32(meta.seq_lens), _int32(meta.block_tables))
             self._meta = meta
         return self._meta_args
 
@@ -102,7 +103,7 @@ class CpuBackend:
         if query.stride(2) != 1:
             query = query.contiguous()
         return ops().paged_attention(
-            query, k_cache, v_cache, *self._kernel_meta(meta), float(scale), int(window),
+            query, k_cache, v_cache, *self.kernel_args(meta)[1:], float(scale), int(window),
             float(logit_softcap or 0.0), sinks)
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -1,0 +1,89 @@
+"""A decoder layer's step as one native call (kernels/cpu/csrc/fused/decoder_layer.cpp).
+
+On the native CPU path a pre-norm layer runs ten ops (norm, q/k/v product, rotary + KV
+write, attention, o product, add + norm, gate/up product, activation, down product, add),
+and a small model's decode step spent about as long in the Python around them as in some
+of the ops. `DecoderLayer` runs the same ops in the same order in C++, so its output is
+the modules' bit for bit, and a step makes one call per layer.
+
+Only plain layers take it: RMSNorms, attention without biases, q/k norms, sliding window,
+soft-cap or sinks, a rotate-half rotary, a SiLU-gated MLP without biases, and all four products
+on the native library's quantized storage (a GGUF file's blocks). Any other layer, and any
+step that is not float32 on the CPU backend, runs its modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.layers.attention import _ROTATE_HALF, PagedSelfAttention
+from engine.layers.linear import StackedLinear
+from engine.layers.mlp import GatedMLP
+from engine.layers.native import fused_cpu, native_pool
+from engine.layers.norm import RMSNorm
+from engine.layers.weights import NativeQuantized
+from kernels.cpu.attention import CpuBackend
+
+# The products in DecoderLayer.set_product's order.
+_PRODUCTS = ("qkv", "o", "gate_up", "down")
+
+
+def native_decoder_layer(input_norm: RMSNorm, attn: PagedSelfAttention, post_norm: RMSNorm,
+                         mlp: object) -> tuple[torch.ScriptObject, NativeQuantized] | None:
+    """The native step of a pre-norm layer made of these parts, and the storage whose
+    `pairs` (set_activation_bits) every product follows; None where a part needs its
+    module."""
+    if (type(input_norm) is not RMSNorm or type(post_norm) is not RMSNorm
+            or type(attn) is not PagedSelfAttention or type(mlp) is not GatedMLP):
+        return None
+    if (attn.q_norm is not None or attn.attention_options or attn.rotate not in _ROTATE_HALF
+            or mlp.fused_op != "silu_mul"):
+        return None
+    linears: tuple[StackedLinear, ...] = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                          mlp.down_proj)
+    storages = [linear.storage for linear in linears]
+    if any(linear.bias is not None for linear in linears) or not all(
+            isinstance(s, NativeQuantized) for s in storages):
+        return None
+    if len({s.pairs for s in storages}) != 1:
+        return None
+    if not fused_cpu(input_norm.weight, post_norm.weight):
+        return None
+    layer = torch.classes.folio_cpu.DecoderLayer(
+        input_norm.weight, post_norm.weight, input_norm.eps, post_norm.eps,
+        input_norm.weight_offset, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+        float(attn.scale))
+    for which, storage in enumerate(storages):
+        layer.set_product(which, *storage.stack_args())
+    return layer, storages[0]
+
+
+class NativeLayers:
+    """A model's layers, each with its native step where it has one (`native_step()`,
+    built on first use), run one call a layer where the step allows."""
+
+    __slots__ = ("layers", "steps")
+
+    def __init__(self, layers: Sequence[torch.nn.Module]) -> None:
+        self.layers = list(layers)
+        self.steps = [layer.native_step() if hasattr(layer, "native_step") else None
+                      for layer in self.layers]
+
+    def run(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            kv_caches: Sequence, backend: object) -> torch.Tensor | None:
+        """hidden after every layer, or None where this step must take the modules (no
+        layer has a native step, another backend, or tensors the ops do not take)."""
+        if (not isinstance(backend, CpuBackend) or not any(self.steps)
+                or not fused_cpu(hidden, cos, sin) or not native_pool(kv_caches[0][0])):
+            return None
+        for layer, step, (k_cache, v_cache, meta) in zip(self.layers, self.steps, kv_caches,
+                                                         strict=True):
+            if step is None:
+                hidden = layer(hidden, cos, sin, k_cache, v_cache, meta, backend)
+                continue
+            native, storage = step
+            hidden = native.step(hidden, cos, sin, k_cache, v_cache,
+                                 *backend.kernel_args(meta), storage.pairs)
+        return hidden

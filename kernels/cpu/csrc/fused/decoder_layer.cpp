@@ -1,0 +1,107 @@
+// DecoderLayer: a pre-norm decoder layer's whole step in one call from Python (RMSNorm,
+// the stacked q/k/v product, rotary + KV write, paged attention, the o product, residual
+// add + RMSNorm, the stacked gate/up product, SiLU(gate) * up, the down product and the
+// residual add). It runs the library's own ops in the order the layer modules run
+// them (engine/layers), so its result is theirs bit for bit; what it saves is the Python
+// between them, which on a small model's decode step costs more than some of the ops
+// (engine/layers/native_layer.py builds one per eligible layer and calls it).
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ops.h"
+#include "quant/matmul.h"
+
+namespace folio_cpu {
+namespace {
+
+// One stacked product's matrices, checked once (quant_matmul_stack checks them per call).
+class Stack {
+ public:
+  Stack(std::vector<at::Tensor> ws, const std::vector<int64_t>& type_ids,
+        const c10::List<std::optional<at::Tensor>>& rows, int64_t k)
+      : ws_(std::move(ws)), k_(k) {
+    TORCH_CHECK(!ws_.empty() && type_ids.size() == ws_.size() && rows.size() == ws_.size(),
+                "a product needs one type id and one row order per matrix");
+    // mats_ refer to ws_'s elements, which stay put: the vector is never resized.
+    for (size_t j = 0; j < ws_.size(); ++j)
+      mats_.push_back(quant::checked_matrix(ws_[j], type_ids[j], k_, rows.get(j)));
+  }
+  Stack(const Stack&) = delete;
+  Stack& operator=(const Stack&) = delete;
+
+  at::Tensor operator()(const at::Tensor& x, bool pairs) const {
+    return quant::multiply_stack(x, mats_, k_, pairs);
+  }
+
+ private:
+  std::vector<at::Tensor> ws_;
+  std::vector<quant::Matrix> mats_;
+  int64_t k_;
+};
+
+enum Product : int64_t { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kProducts = 4 };
+
+}  // namespace
+
+struct DecoderLayer : torch::CustomClassHolder {
+  DecoderLayer(at::Tensor input_norm, at::Tensor post_norm, double input_eps, double post_eps,
+               double norm_offset, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+               double scale)
+      : input_norm_(std::move(input_norm)), post_norm_(std::move(post_norm)),
+        input_eps_(input_eps), post_eps_(post_eps), offset_(norm_offset), nq_(num_heads),
+        nkv_(num_kv_heads), hd_(head_dim), scale_(scale) {
+    TORCH_CHECK(nq_ > 0 && nkv_ > 0 && nq_ % nkv_ == 0 && hd_ > 0,
+                "num_heads must be a positive multiple of num_kv_heads");
+  }
+
+  // which: 0 q/k/v, 1 o, 2 gate/up, 3 down; the matrices as quant_matmul_stack takes them.
+  void set_product(int64_t which, std::vector<at::Tensor> ws, std::vector<int64_t> type_ids,
+                   c10::List<std::optional<at::Tensor>> rows, int64_t k) {
+    TORCH_CHECK(which >= 0 && which < kProducts, "which must be 0-3, not ", which);
+    products_[which] = std::make_unique<Stack>(std::move(ws), type_ids, rows, k);
+  }
+
+  // hidden float32 [T, hidden] -> the layer's output [T, hidden]; the metadata as
+  // paged_attention and rotary_write_kv take it; `pairs` as quant_matmul_stack's.
+  at::Tensor step(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                  const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& slot_mapping, const at::Tensor& query_start_loc,
+                  const at::Tensor& seq_lens, const at::Tensor& block_tables, bool pairs) {
+    for (const auto& p : products_) TORCH_CHECK(p, "DecoderLayer: a product was never set");
+    const int64_t t = hidden.size(0);
+    const at::Tensor x = rms_norm(hidden, input_norm_, input_eps_, offset_);
+    const at::Tensor qkv = (*products_[kQkv])(x, pairs).view({t, nq_ + 2 * nkv_, hd_});
+    const at::Tensor query = qkv.narrow(1, 0, nq_);
+    attention::rotary_write_kv(query, qkv.narrow(1, nq_, nkv_), qkv.narrow(1, nq_ + nkv_, nkv_),
+                               cos, sin, k_cache, v_cache, slot_mapping);
+    const at::Tensor attn = attention::paged_attention(
+        query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale_, 0, 0.0,
+        std::nullopt);
+    // The o product becomes the residual stream: add_rms_norm sums the input into it.
+    at::Tensor residual = (*products_[kO])(attn.view({t, nq_ * hd_}), pairs);
+    const at::Tensor normed = add_rms_norm(residual, hidden, post_norm_, post_eps_, offset_);
+    const at::Tensor gate_up = (*products_[kGateUp])(normed, pairs);
+    return residual.add_((*products_[kDown])(silu_mul(gate_up), pairs));
+  }
+
+ private:
+  at::Tensor input_norm_, post_norm_;
+  double input_eps_, post_eps_, offset_;
+  int64_t nq_, nkv_, hd_;
+  double scale_;
+  std::unique_ptr<Stack> products_[kProducts];
+};
+
+}  // namespace folio_cpu
+
+TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
+  m.class_<folio_cpu::DecoderLayer>("DecoderLayer")
+      .def(torch::init<at::Tensor, at::Tensor, double, double, double, int64_t, int64_t,
+                       int64_t, double>())
+      .def("set_product", &folio_cpu::DecoderLayer::set_product)
+      .def("step", &folio_cpu::DecoderLayer::step);
+}

@@ -1,0 +1,110 @@
+"""One native call per decoder layer (engine/layers/native_layer.py): the same ops in the
+same order as the layer modules, so a model's hidden states and KV pool come out bit for
+bit the modules', over prefill chunks, decode tokens and both activation widths; layers
+it cannot take keep their modules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen3Config
+
+import kernels.cpu
+from engine.layers.linear import WeightSlot
+from engine.layers.native_layer import NativeLayers
+from engine.layers.weights import set_activation_bits
+from engine.models import build_model
+from engine.models.base import pool_layers
+from kernels import allocate_kv_cache
+from kernels.cpu.attention import CpuBackend
+from kernels.quant.formats import QuantizedTensor
+from kernels.reference import TorchBackend
+from tests.kernels.quant_cases import random_quantized
+
+pytestmark = pytest.mark.skipif(not kernels.cpu.available(),
+                                reason="the native CPU library is not built")
+
+BLOCK = 16
+# llama.cpp's Q4_K_M mix: Q6_K for v and down, Q4_K elsewhere.
+TYPES = {"v_proj": "Q6_K", "down_proj": "Q6_K"}
+SHAPE = dict(vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+             max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+def quantized_model(config, quantize: bool = True):
+    """A model of `config` with random weights: its matrices random GGUF blocks."""
+    model = build_model(config, torch.float32, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    weights = []
+    for seed, (name, target) in enumerate(model.checkpoint_targets().items()):
+        if isinstance(target, WeightSlot) and quantize:
+            n, k = target.shape
+            kind = next((t for part, t in TYPES.items() if part in name), "Q4_K")
+            fmt, blocks = random_quantized(kind, n, k, seed=seed)
+            weights.append((name, QuantizedTensor(fmt.type_id, (n, k),
+                                                  torch.from_numpy(blocks))))
+        else:
+            noise = torch.randn(tuple(target.shape), generator=gen) * 0.05
+            weights.append((name, noise + 1 if name.endswith("norm.weight") else noise))
+    model.load_weights(weights)
+    return model
+
+
+def run_steps(model, build_attention_metadata, native: bool,
+              pool_dtype=torch.float16) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Two sequences: a prefill of both (40 and 33 tokens), then a mixed step (the first
+    decodes one token, the second prefills 9 more), then a decode of both. Returns each
+    step's hidden states and the KV pool."""
+    spec = model.spec
+    cache = allocate_kv_cache(spec.num_layers, 8, BLOCK, spec.num_kv_heads, spec.head_dim,
+                              pool_dtype, "cpu", head_major=True)
+    tables = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    model.native_layers = None if native else NativeLayers([])
+    backend = CpuBackend()
+    gen = torch.Generator().manual_seed(1)
+    outs = []
+    with torch.inference_mode():
+        for cached, new in (((0, 0), (40, 33)), ((40, 33), (1, 9)), ((41, 42), (1, 1))):
+            meta = build_attention_metadata(tables, list(cached), list(new), BLOCK)
+            positions = torch.cat([torch.arange(c, c + n) for c, n in zip(cached, new)])
+            ids = torch.randint(0, spec.vocab_size, (sum(new),), generator=gen)
+            outs.append(model(ids, positions, pool_layers(cache, meta), meta, backend))
+    return outs, cache
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+def test_the_native_layers_equal_the_modules_bit_for_bit(build_attention_metadata, bits):
+    model = quantized_model(LlamaConfig(**SHAPE))
+    set_activation_bits(model, bits)
+    modules, modules_cache = run_steps(model, build_attention_metadata, native=False)
+    native, native_cache = run_steps(model, build_attention_metadata, native=True)
+    assert all(step is not None for step in model.native_layers.steps)
+    for got, want in zip(native, modules, strict=True):
+        assert torch.equal(got, want)
+    assert torch.equal(native_cache, modules_cache)
+
+
+def test_a_float32_pool_takes_the_native_layers_too(build_attention_metadata):
+    model = quantized_model(LlamaConfig(**SHAPE))
+    modules, modules_cache = run_steps(model, build_attention_metadata, False, torch.float32)
+    native, native_cache = run_steps(model, build_attention_metadata, True, torch.float32)
+    assert all(step is not None for step in model.native_layers.steps)
+    assert all(torch.equal(a, b) for a, b in zip(native, modules, strict=True))
+    assert torch.equal(native_cache, modules_cache)
+
+
+def test_layers_it_cannot_take_keep_their_modules(build_attention_metadata):
+    # q/k norms (Qwen3), float weights, a sliding window: no native step.
+    qwen3 = quantized_model(Qwen3Config(**SHAPE))
+    dense = quantized_model(LlamaConfig(**SHAPE), quantize=False)
+    windowed = quantized_model(LlamaConfig(**SHAPE, sliding_window=24),)
+    for model in (qwen3, dense, windowed):
+        model.native_layers = NativeLayers(model.layers)
+        assert model.native_layers.steps == [None] * SHAPE["num_hidden_layers"]
+    # Such a model still runs, on its modules, and so does any step off the CPU backend.
+    run_steps(qwen3, build_attention_metadata, native=True)
+    model = quantized_model(LlamaConfig(**SHAPE))
+    model.native_layers = NativeLayers(model.layers)
+    hidden = torch.zeros(1, SHAPE["hidden_size"])
+    assert model.native_layers.run(hidden, hidden, hidden, [], TorchBackend()) is None
