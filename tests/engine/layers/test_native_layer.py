@@ -67,7 +67,8 @@ def run_steps(model, build_attention_metadata, native: bool,
     with torch.inference_mode():
         for cached, new in (((0, 0), (40, 33)), ((40, 33), (1, 9)), ((41, 42), (1, 1))):
             meta = build_attention_metadata(tables, list(cached), list(new), BLOCK)
-            positions = torch.cat([torch.arange(c, c + n) for c, n in zip(cached, new)])
+            positions = torch.cat([torch.arange(c, c + n)
+                                   for c, n in zip(cached, new, strict=True)])
             ids = torch.randint(0, spec.vocab_size, (sum(new),), generator=gen)
             outs.append(model(ids, positions, pool_layers(cache, meta), meta, backend))
     return outs, cache
@@ -98,7 +99,7 @@ def test_layers_it_cannot_take_keep_their_modules(build_attention_metadata):
     # q/k norms (Qwen3), float weights, a sliding window: no native step.
     qwen3 = quantized_model(Qwen3Config(**SHAPE))
     dense = quantized_model(LlamaConfig(**SHAPE), quantize=False)
-    windowed = quantized_model(LlamaConfig(**SHAPE, sliding_window=24),)
+    windowed = quantized_model(LlamaConfig(**SHAPE, sliding_window=24))
     for model in (qwen3, dense, windowed):
         model.native_layers = NativeLayers(model.layers)
         assert model.native_layers.steps == [None] * SHAPE["num_hidden_layers"]
