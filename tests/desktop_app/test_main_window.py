@@ -136,7 +136,9 @@ def test_stop_keeps_the_partial_reply_and_frees_its_blocks(qtbot, make_starter_b
     window.conversation.send_button.click()
     [stream] = window.controller.streams.values()
     qtbot.waitUntil(lambda: len(stream.texts[0]) > 20, timeout=TURN_TIMEOUT_MS)
-    assert bridge.kv_stats().num_used > 0
+    # The worker refreshes its KV figures every STATS_INTERVAL_S: the first tokens can
+    # arrive before a snapshot that shows the reply's blocks.
+    qtbot.waitUntil(lambda: bridge.kv_stats().num_used > 0, timeout=5000)
     with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
         qtbot.keyClick(window, Qt.Key.Key_Escape)
     reply = store.get_message(stream.message_ids[0])
