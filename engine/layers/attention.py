@@ -92,7 +92,7 @@ class PagedSelfAttention(Layer):
         num_tokens = hidden.shape[0]
         qkv = self.project(hidden)
         qk_heads = self.num_heads + self.num_kv_heads
-        if (self.rotate in _ROTATE_HALF and qkv.stride(-1) == 1
+        if (self.rotate in ROTATE_HALF and qkv.stride(-1) == 1
                 and fused_cpu(qkv, cos, sin) and native_pool(k_cache)):
             query = self._fused_rotary_write(qkv, cos, sin, k_cache, v_cache, meta, backend)
             out = backend.attention(query, k_cache, v_cache, meta, self.scale,
@@ -138,4 +138,4 @@ class PagedSelfAttention(Layer):
 
 
 # The rotary steps the native op implements (rotate-half over cos.shape[-1] leading dims).
-_ROTATE_HALF = (apply_rotary, apply_partial_rotary)
+ROTATE_HALF = (apply_rotary, apply_partial_rotary)

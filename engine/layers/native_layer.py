@@ -18,16 +18,13 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.layers.attention import _ROTATE_HALF, PagedSelfAttention
+from engine.layers.attention import ROTATE_HALF, PagedSelfAttention
 from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
 from engine.layers.native import fused_cpu, native_pool
 from engine.layers.norm import RMSNorm
 from engine.layers.weights import NativeQuantized
 from kernels.cpu.attention import CpuBackend
-
-# The products in DecoderLayer.set_product's order.
-_PRODUCTS = ("qkv", "o", "gate_up", "down")
 
 
 def native_decoder_layer(input_norm: RMSNorm, attn: PagedSelfAttention, post_norm: RMSNorm,
@@ -38,7 +35,7 @@ def native_decoder_layer(input_norm: RMSNorm, attn: PagedSelfAttention, post_nor
     if (type(input_norm) is not RMSNorm or type(post_norm) is not RMSNorm
             or type(attn) is not PagedSelfAttention or type(mlp) is not GatedMLP):
         return None
-    if (attn.q_norm is not None or attn.attention_options or attn.rotate not in _ROTATE_HALF
+    if (attn.q_norm is not None or attn.attention_options or attn.rotate not in ROTATE_HALF
             or mlp.fused_op != "silu_mul"):
         return None
     linears: tuple[StackedLinear, ...] = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
@@ -55,7 +52,7 @@ def native_decoder_layer(input_norm: RMSNorm, attn: PagedSelfAttention, post_nor
         input_norm.weight, post_norm.weight, input_norm.eps, post_norm.eps,
         input_norm.weight_offset, attn.num_heads, attn.num_kv_heads, attn.head_dim,
         float(attn.scale))
-    for which, storage in enumerate(storages):
+    for which, storage in enumerate(storages):  # q/k/v, o, gate/up, down
         layer.set_product(which, *storage.stack_args())
     return layer, storages[0]
 
