@@ -273,7 +273,6 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
   return out;
 }
 
-
 IsaKernels kernels_for_active_isa() {
 #if defined(__x86_64__)
   switch (active_isa()) {
