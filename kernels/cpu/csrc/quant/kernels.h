@@ -15,7 +15,7 @@ namespace folio_cpu::quant {
 constexpr int kMaxRows = 4;
 // The wide tile kernel's register blocking: weight rows by activation rows per dot_wide.
 constexpr int kWideCols = 2;
-constexpr int kWideRows = 4;
+constexpr int kWideRows = 6;
 // The most activation rows any ISA's gemv takes (each ISA says where its tiles take over).
 constexpr int64_t kGemvRows = 16;
 

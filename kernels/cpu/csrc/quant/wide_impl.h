@@ -114,9 +114,17 @@ void dot_wide_rows(const WideChunk* const* w, const WideChunk* const* x, int mr,
         if constexpr (Block::kMaxRows >= 3)
           Block::template run<NR, 3, kMin>(w, x + i0, chunks, last_rows, part);
         break;
-      default:
+      case 4:
         if constexpr (Block::kMaxRows >= 4)
           Block::template run<NR, 4, kMin>(w, x + i0, chunks, last_rows, part);
+        break;
+      case 5:
+        if constexpr (Block::kMaxRows >= 5)
+          Block::template run<NR, 5, kMin>(w, x + i0, chunks, last_rows, part);
+        break;
+      default:
+        if constexpr (Block::kMaxRows >= 6)
+          Block::template run<NR, 6, kMin>(w, x + i0, chunks, last_rows, part);
         break;
     }
     for (int i = 0; i < rows * NR; ++i) acc[i0 * NR + i] += part[i];
