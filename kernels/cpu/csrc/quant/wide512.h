@@ -254,11 +254,12 @@ inline void wide_words(const WideChunk* const* w, const WideChunk* const* x, int
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       wv[r] = _mm512_load_si512(w[r][c].q + 32 * j);
-      __asm__("" : "+v"(wv[r]));  // kept in a register, not reloaded by each multiply
+      __asm__("" : "+v"(wv[r]));  // in a register: GCC would reload it in each multiply
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const __m512i xv = _mm512_load_si512(x[i][c].q + 32 * j);
+      __m512i xv = _mm512_load_si512(x[i][c].q + 32 * j);
+      __asm__("" : "+v"(xv));
 #pragma GCC unroll 8
       for (int r = 0; r < NR; ++r) s[i][r] = wide_acc(s[i][r], wv[r], xv);
     }
