@@ -5,8 +5,9 @@ Each side runs ``sizes.worker`` in a fresh process, as ``folio bench sizes`` doe
 a 512-token prompt (``sizes_prompt_tokens``) then a follow-up turn, ``sizes_tokens`` greedy
 tokens each; the figures are the worker's (load, TTFT, decode tok/s, peak RSS). The
 machine is shared, so the sides run ``moe_runs`` times, taking turns to go first, and
-each figure is the side's best run (the fastest load and TTFT, the highest decode rate,
-the lowest peak RSS): what the code can do when the machine leaves it alone.
+each figure is the side's best run (``sizes.run_sides``: the fastest load and TTFT, the
+highest decode rate, the lowest peak RSS): what the code can do when the machine leaves
+it alone.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ def bench_moe(ctx) -> dict:
     from engine.bench import sizes, synthetic_moe
     from engine.bench.baselines import llama_cpp_status
     from engine.bench.common import bench_result
-    from engine.bench.probe import run_probe
     from engine.bench.setup import Target
     from engine.bench.synthetic import ensure_synthetic_gguf
     from engine.loaders.catalog import model_info, starter_path
@@ -56,19 +56,8 @@ def bench_moe(ctx) -> dict:
     else:
         notes.append(llama_note)
     n_ctx = max(1024, s.sizes_prompt_tokens + 2 * s.sizes_tokens + s.sizes_followup_tokens)
-    runs: dict[str, list[dict]] = {side: [] for side in sides}
-    for r in range(s.moe_runs):
-        for side in (sides if r % 2 == 0 else sides[::-1]):
-            sizes._read_through(path)  # both sides start with the file in the page cache
-            kwargs = {"side": side, "model_path": str(path), "threads": ctx.threads,
-                      "prompt": prompt, "follow_up": follow_up, "warmup": warm,
-                      "tokens": s.sizes_tokens, "n_ctx": n_ctx,
-                      "activation_bits": s.cpu_activation_bits}
-            got = run_probe("engine.bench.sizes:worker", kwargs, s.sizes_timeout_s)
-            if "error" in got:
-                notes.append(f"run {r + 1} {side}: {got['error']}")
-            runs[side].append(got)
-    best = {side: best_of(got) for side, got in runs.items()}
+    best = sizes.run_sides(ctx, path, sides, s.moe_runs, (prompt, follow_up, warm), n_ctx,
+                           notes, LABEL)
     rows = sizes.size_rows(LABEL, best)
     targets = []
     folio, llama = best.get("folio", {}), best.get("llama_cpp", {})
@@ -86,20 +75,3 @@ def bench_moe(ctx) -> dict:
     result["group_rows_by"] = "size"
     return result
 
-
-def best_of(runs: list[dict]) -> dict:
-    """Each figure's best over a side's runs (the highest decode rate, the lowest of the
-    rest); runs that failed are skipped, a figure no run measured is left out."""
-    best: dict = {}
-    for got in runs:
-        for metric, value in got.items():
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                best.setdefault(metric, value)
-                continue
-            if metric not in best or not isinstance(best[metric], int | float):
-                best[metric] = value
-            elif metric == "decode_tok_s":
-                best[metric] = max(best[metric], value)
-            elif metric.endswith(("_s", "_bytes")):
-                best[metric] = min(best[metric], value)
-    return best

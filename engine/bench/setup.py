@@ -85,6 +85,7 @@ class BenchSettings:
     sizes_tokens: int = 64  # sizes: greedy tokens per turn
     sizes_followup_tokens: int = 64  # sizes: new ids of the follow-up turn
     sizes_timeout_s: float = 900.0  # sizes: each worker's limit (load, warm-up, two turns)
+    sizes_runs: int = 2  # sizes: fresh-process runs per side and size; best of them
     structured_rounds: int = 3  # structured: rounds of each measurement
     structured_tokens: int = 128  # structured: the constrained reply's cap (the rate needs no end)
     moe_runs: int = 2  # moe: fresh-process runs per side (the sizes_* turns); best of them
@@ -97,7 +98,7 @@ class BenchSettings:
                      "memory_context", "memory_turns", "reopen_tokens", "reopen_repeats",
                      "eightb_prompt_tokens", "eightb_tokens", "eightb_rounds",
                      "sizes_prompt_tokens", "sizes_tokens", "sizes_followup_tokens",
-                     "structured_rounds", "structured_tokens", "moe_runs"):
+                     "sizes_runs", "structured_rounds", "structured_tokens", "moe_runs"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

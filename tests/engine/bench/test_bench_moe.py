@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.bench import synthetic, synthetic_moe
-from engine.bench.moe import BARS, bench_moe, best_of, moe_target
+from engine.bench.moe import BARS, bench_moe, moe_target
 from engine.bench.setup import BenchContext, BenchSettings
 from engine.bench.targets import ISSUE_TARGETS, targets_table
 from engine.loaders.catalog import model_info, starter_path
@@ -81,16 +81,6 @@ def test_folio_and_llama_cpp_decode_the_file_alike(tiny_file, threads_kept):
     assert ours == theirs
 
 
-def test_best_of_takes_each_figures_best_run():
-    runs = [{"load_s": 2.0, "ttft_s": 1.0, "decode_tok_s": 5.0, "peak_rss_bytes": 300,
-             "side": "folio", "generated_tokens": [4, 4]},
-            {"load_s": 1.5, "ttft_s": 1.2, "decode_tok_s": 6.0, "peak_rss_bytes": 310},
-            {"error": "timed out"}]
-    assert best_of(runs) == {"load_s": 1.5, "ttft_s": 1.0, "decode_tok_s": 6.0,
-                             "peak_rss_bytes": 300, "side": "folio",
-                             "generated_tokens": [4, 4], "error": "timed out"}
-
-
 def test_bench_moe_end_to_end_on_a_tiny_shape(tmp_path, monkeypatch, threads_kept):
     monkeypatch.setenv("FOLIO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(synthetic_moe, "OLMOE_1B_7B", TINY)
@@ -99,7 +89,7 @@ def test_bench_moe_end_to_end_on_a_tiny_shape(tmp_path, monkeypatch, threads_kep
                                             moe_runs=1))
     result = bench_moe(ctx)
     assert result["workload"] == "moe"
-    assert not [n for n in result["notes"] if n.startswith("run 1")], result["notes"]
+    assert not [n for n in result["notes"] if ", run 1:" in n], result["notes"]
     rows = {row["figure"]: row for row in result["rows"]}
     assert rows["decode tok/s"]["folio"] > 0
     assert result["summary"]["shape"] == TINY.label

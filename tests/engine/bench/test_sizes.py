@@ -15,7 +15,7 @@ import torch
 from engine.bench import synthetic
 from engine.bench.probe import MARK
 from engine.bench.setup import BenchContext, BenchSettings, Target
-from engine.bench.sizes import BARS, bench_sizes, prompt_ids, size_target, worker
+from engine.bench.sizes import BARS, bench_sizes, best_of, prompt_ids, size_target, worker
 from engine.bench.targets import LLAMA_MISSING, SIZE_TARGETS, targets_table
 
 LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -121,10 +121,12 @@ def test_bench_sizes_end_to_end_on_a_tiny_shape(tmp_path, monkeypatch, threads_k
     monkeypatch.setitem(synthetic.SIZES, "1b", TINY)
     ctx = BenchContext.create(BenchSettings(threads=1, sizes=("1b",), sizes_prompt_tokens=24,
                                             sizes_tokens=3, sizes_followup_tokens=8,
-                                            sizes_timeout_s=300))
+                                            sizes_timeout_s=300, sizes_runs=2))
     result = bench_sizes(ctx)
     assert result["workload"] == "sizes" and result["group_rows_by"] == "size"
     assert not [n for n in result["notes"] if n.startswith("1b folio")], result["notes"]
+    assert result["summary"]["runs"] == 2
+    assert "each figure is the best of 2 runs per side (a shared machine)" in result["notes"]
     rows = {row["figure"]: row for row in result["rows"]}
     assert {row["size"] for row in result["rows"]} == {"1b"}
     assert rows["decode tok/s"]["folio"] > 0 and rows["peak RSS MiB"]["folio"] > 0
@@ -180,6 +182,16 @@ def test_targets_table_rows_for_the_sizes():
             if row["target"] in {s.label for s in SIZE_TARGETS}} == {"n/a: sizes did not run"}
 
 
+def test_best_of_takes_each_figures_best_run():
+    runs = [{"load_s": 2.0, "ttft_s": 1.0, "decode_tok_s": 5.0, "peak_rss_bytes": 300,
+             "side": "folio", "generated_tokens": [4, 4]},
+            {"load_s": 1.5, "ttft_s": 1.2, "decode_tok_s": 6.0, "peak_rss_bytes": 310},
+            {"error": "timed out"}]
+    assert best_of(runs) == {"load_s": 1.5, "ttft_s": 1.0, "decode_tok_s": 6.0,
+                             "peak_rss_bytes": 300, "side": "folio",
+                             "generated_tokens": [4, 4], "error": "timed out"}
+
+
 def test_cli_parses_sizes_and_names_an_unknown_one(monkeypatch, capsys):
     from engine.bench import cli
 
@@ -207,6 +219,12 @@ def test_cli_parses_sizes_and_names_an_unknown_one(monkeypatch, capsys):
         BenchSettings(sizes=("70b",))
     assert "sizes" in cli.WORKLOAD_NAMES
 
+
+
+def test_sizes_runs_is_a_checked_setting():
+    assert BenchSettings().sizes_runs == 2
+    with pytest.raises(ValueError, match="sizes_runs must be an integer >= 1"):
+        BenchSettings(sizes_runs=0)
 
 
 def test_activation_bits_are_a_checked_setting():
