@@ -6,9 +6,10 @@ and a small model's decode step spent about as long in the Python around them as
 of the ops. `DecoderLayer` runs the same ops in the same order in C++, so its output is
 the modules' bit for bit, and a step makes one call per layer.
 
-Only plain layers take it: RMSNorms, attention without biases, q/k norms, sliding window,
-soft-cap or sinks, a rotate-half rotary, a SiLU-gated MLP without biases, and all four products
-on the native library's quantized storage (a GGUF file's blocks). Any other layer, and any
+Only pre-norm layers of these parts take it: RMSNorms (the q/k norms too, as Qwen3's),
+attention with a rotate-half rotary (its q/k/v and o biases, sliding window, soft-cap and
+sinks as the module has them), a SiLU-gated MLP without biases, and all four products on
+the native library's quantized storage (a GGUF file's blocks). Any other layer, and any
 step that is not float32 on the CPU backend, runs its modules.
 """
 
@@ -35,18 +36,24 @@ def native_decoder_layer(input_norm: RMSNorm, attn: PagedSelfAttention, post_nor
     if (type(input_norm) is not RMSNorm or type(post_norm) is not RMSNorm
             or type(attn) is not PagedSelfAttention or type(mlp) is not GatedMLP):
         return None
-    if (attn.q_norm is not None or attn.attention_options or attn.rotate not in ROTATE_HALF
-            or mlp.fused_op != "silu_mul"):
+    if attn.rotate not in ROTATE_HALF or mlp.fused_op != "silu_mul":
         return None
+    norms = [input_norm.weight, post_norm.weight]
+    if attn.q_norm is not None:
+        if type(attn.q_norm) is not RMSNorm or type(attn.k_norm) is not RMSNorm:
+            return None
+        if (attn.q_norm.eps, attn.q_norm.weight_offset) != (attn.k_norm.eps,
+                                                           attn.k_norm.weight_offset):
+            return None
+        norms += [attn.q_norm.weight, attn.k_norm.weight]
     linears: tuple[StackedLinear, ...] = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
                                           mlp.down_proj)
     storages = [linear.storage for linear in linears]
-    if any(linear.bias is not None for linear in linears) or not all(
-            isinstance(s, NativeQuantized) for s in storages):
+    biases = [linear.bias for linear in linears[:2] if linear.bias is not None]
+    if (any(linear.bias is not None for linear in linears[2:])
+            or not all(isinstance(s, NativeQuantized) for s in storages)):
         return None
-    if len({s.pairs for s in storages}) != 1:
-        return None
-    if not fused_cpu(input_norm.weight, post_norm.weight):
+    if len({s.pairs for s in storages}) != 1 or not fused_cpu(*norms, *biases):
         return None
     layer = torch.classes.folio_cpu.DecoderLayer(
         input_norm.weight, post_norm.weight, input_norm.eps, post_norm.eps,
@@ -54,7 +61,24 @@ def native_decoder_layer(input_norm: RMSNorm, attn: PagedSelfAttention, post_nor
         float(attn.scale))
     for which, storage in enumerate(storages):  # q/k/v, o, gate/up, down
         layer.set_product(which, *storage.stack_args())
+    _set_attention(layer, attn)
+    layer.set_biases(attn.qkv_proj.bias, attn.o_proj.bias)
     return layer, storages[0]
+
+
+def _set_attention(layer: torch.ScriptObject, attn: PagedSelfAttention) -> None:
+    """The native step's q/k norms, window, soft-cap and sinks: the module's, in the form
+    CpuBackend.attention hands them to the kernel."""
+    options = attn.attention_options
+    sinks = options.get("sinks")
+    if sinks is not None:
+        sinks = sinks.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    q_norm, k_norm = attn.q_norm, attn.k_norm
+    layer.set_attention(
+        None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
+        0.0 if q_norm is None else q_norm.eps, 0.0 if q_norm is None else q_norm.weight_offset,
+        int(options.get("sliding_window") or 0), float(options.get("logit_softcap") or 0.0),
+        sinks)
 
 
 class NativeLayers:
@@ -82,5 +106,5 @@ class NativeLayers:
                 continue
             native, storage = step
             hidden = native.step(hidden, cos, sin, k_cache, v_cache,
-                                 *backend.kernel_args(meta), storage.pairs)
+                                 *backend.kernel_args(meta), meta.max_seq_len, storage.pairs)
         return hidden

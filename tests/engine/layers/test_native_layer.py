@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, Qwen3Config
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
 import kernels.cpu
 from engine.layers.linear import WeightSlot
@@ -74,16 +74,47 @@ def run_steps(model, build_attention_metadata, native: bool,
     return outs, cache
 
 
-@pytest.mark.parametrize("bits", [16, 8])
-def test_the_native_layers_equal_the_modules_bit_for_bit(build_attention_metadata, bits):
-    model = quantized_model(LlamaConfig(**SHAPE))
-    set_activation_bits(model, bits)
+# Each attention part the native step takes: q/k norms (Qwen3), q/k/v biases (Qwen2), a
+# sliding window shorter than the sequences (Mistral-style).
+CONFIGS = {"llama": lambda: LlamaConfig(**SHAPE), "qwen3": lambda: Qwen3Config(**SHAPE),
+           "qwen2": lambda: Qwen2Config(**SHAPE),
+           "windowed": lambda: LlamaConfig(**SHAPE, sliding_window=24)}
+
+
+def assert_native_equals_modules(model, build_attention_metadata):
     modules, modules_cache = run_steps(model, build_attention_metadata, native=False)
     native, native_cache = run_steps(model, build_attention_metadata, native=True)
     assert all(step is not None for step in model.native_layers.steps)
     for got, want in zip(native, modules, strict=True):
         assert torch.equal(got, want)
     assert torch.equal(native_cache, modules_cache)
+
+
+@pytest.mark.parametrize("family", CONFIGS)
+@pytest.mark.parametrize("bits", [16, 8])
+def test_the_native_layers_equal_the_modules_bit_for_bit(build_attention_metadata, bits,
+                                                         family):
+    model = quantized_model(CONFIGS[family]())
+    set_activation_bits(model, bits)
+    assert_native_equals_modules(model, build_attention_metadata)
+
+
+def test_a_soft_cap_and_sinks_reach_the_native_step(build_attention_metadata):
+    """Options no dense pre-norm family combines yet, set on the modules: the native step
+    reads them as the module's attention call does."""
+    model = quantized_model(LlamaConfig(**SHAPE))
+    gen = torch.Generator().manual_seed(2)
+    for layer in model.layers:
+        attn = layer.self_attn
+        attn.sinks = torch.randn(attn.num_heads, generator=gen)
+        attn.attention_options.update(logit_softcap=5.0, sinks=attn.sinks)
+    assert_native_equals_modules(model, build_attention_metadata)
+    # And they matter: without them the same model's first step differs.
+    with_options, _ = run_steps(model, build_attention_metadata, native=True)
+    for layer in model.layers:
+        layer.self_attn.attention_options.clear()
+    plain, _ = run_steps(model, build_attention_metadata, native=True)
+    assert not torch.equal(with_options[0], plain[0])
 
 
 def test_a_float32_pool_takes_the_native_layers_too(build_attention_metadata):
@@ -96,15 +127,14 @@ def test_a_float32_pool_takes_the_native_layers_too(build_attention_metadata):
 
 
 def test_layers_it_cannot_take_keep_their_modules(build_attention_metadata):
-    # q/k norms (Qwen3), float weights, a sliding window: no native step.
-    qwen3 = quantized_model(Qwen3Config(**SHAPE))
+    # Float weights, an MLP bias: no native step.
     dense = quantized_model(LlamaConfig(**SHAPE), quantize=False)
-    windowed = quantized_model(LlamaConfig(**SHAPE, sliding_window=24))
-    for model in (qwen3, dense, windowed):
+    mlp_bias = quantized_model(LlamaConfig(**SHAPE, mlp_bias=True))
+    for model in (dense, mlp_bias):
         model.native_layers = NativeLayers(model.layers)
         assert model.native_layers.steps == [None] * SHAPE["num_hidden_layers"]
     # Such a model still runs, on its modules, and so does any step off the CPU backend.
-    run_steps(qwen3, build_attention_metadata, native=True)
+    run_steps(mlp_bias, build_attention_metadata, native=True)
     model = quantized_model(LlamaConfig(**SHAPE))
     model.native_layers = NativeLayers(model.layers)
     hidden = torch.zeros(1, SHAPE["hidden_size"])

@@ -1,9 +1,10 @@
 // DecoderLayer: a pre-norm decoder layer's whole step in one call from Python (RMSNorm,
-// the stacked q/k/v product, rotary + KV write, paged attention, the o product, residual
-// add + RMSNorm, the stacked gate/up product, SiLU(gate) * up, the down product and the
-// residual add). It runs the library's own ops in the order the layer modules run
-// them (engine/layers), so its result is theirs bit for bit; what it saves is the Python
-// between them, which on a small model's decode step costs more than some of the ops
+// the stacked q/k/v product and its bias, the q/k norms, rotary + KV write, paged attention
+// with its window, soft-cap and sinks, the o product and its bias, residual add + RMSNorm,
+// the stacked gate/up product, SiLU(gate) * up, the down product and the residual add).
+// It runs the library's own ops in the order the layer modules run them (engine/layers),
+// so its result is theirs bit for bit; what it saves is the Python between them, which on
+// a small model's decode step costs more than some of the ops
 // (engine/layers/native_layer.py builds one per eligible layer and calls it).
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -65,24 +66,61 @@ struct DecoderLayer : torch::CustomClassHolder {
     products_[which] = std::make_unique<Stack>(std::move(ws), type_ids, rows, k);
   }
 
+  // The attention's options, where the layer has them (none by default): RMSNorms over
+  // each q and k head (weights [head_dim], both or neither), a sliding window (0: none),
+  // a logit soft-cap (0: none) and per-head sink logits (float32 [num_heads]).
+  void set_attention(std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm,
+                     double qk_eps, double qk_offset, int64_t window, double softcap,
+                     std::optional<at::Tensor> sinks) {
+    TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm go together");
+    TORCH_CHECK(window >= 0 && softcap >= 0.0, "window and softcap must be >= 0 (0: none)");
+    TORCH_CHECK(!sinks || (sinks->scalar_type() == at::kFloat && sinks->is_contiguous() &&
+                           sinks->numel() == nq_),
+                "sinks must be contiguous float32 [num_heads]");
+    q_norm_ = std::move(q_norm);
+    k_norm_ = std::move(k_norm);
+    qk_eps_ = qk_eps;
+    qk_offset_ = qk_offset;
+    window_ = window;
+    softcap_ = softcap;
+    sinks_ = std::move(sinks);
+  }
+
+  // The q/k/v and o products' biases ([nq + 2 nkv heads x head_dim], [hidden]), where the
+  // layer has them: added to the product's output, as StackedLinear does.
+  void set_biases(std::optional<at::Tensor> qkv_bias, std::optional<at::Tensor> o_bias) {
+    qkv_bias_ = std::move(qkv_bias);
+    o_bias_ = std::move(o_bias);
+  }
+
   // hidden float32 [T, hidden] -> the layer's output [T, hidden]; the metadata as
-  // paged_attention and rotary_write_kv take it; `pairs` as quant_matmul_stack's.
+  // paged_attention and rotary_write_kv take it, max_seq_len the longest sequence's (a
+  // window that hides nothing is no window, as the backends' effective_window);
+  // `pairs` as quant_matmul_stack's.
   at::Tensor step(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
                   const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& slot_mapping, const at::Tensor& query_start_loc,
-                  const at::Tensor& seq_lens, const at::Tensor& block_tables, bool pairs) {
+                  const at::Tensor& seq_lens, const at::Tensor& block_tables,
+                  int64_t max_seq_len, bool pairs) {
     for (const auto& p : products_) TORCH_CHECK(p, "DecoderLayer: a product was never set");
     const int64_t t = hidden.size(0);
     const at::Tensor x = rms_norm(hidden, input_norm_, input_eps_, offset_);
-    const at::Tensor qkv = (*products_[kQkv])(x, pairs).view({t, nq_ + 2 * nkv_, hd_});
-    const at::Tensor query = qkv.narrow(1, 0, nq_);
-    attention::rotary_write_kv(query, qkv.narrow(1, nq_, nkv_), qkv.narrow(1, nq_ + nkv_, nkv_),
-                               cos, sin, k_cache, v_cache, slot_mapping);
+    at::Tensor qkv = (*products_[kQkv])(x, pairs);
+    if (qkv_bias_) qkv.add_(*qkv_bias_);
+    qkv = qkv.view({t, nq_ + 2 * nkv_, hd_});
+    at::Tensor query = qkv.narrow(1, 0, nq_), key = qkv.narrow(1, nq_, nkv_);
+    if (q_norm_) {
+      query = rms_norm(query, *q_norm_, qk_eps_, qk_offset_);
+      key = rms_norm(key, *k_norm_, qk_eps_, qk_offset_);
+    }
+    attention::rotary_write_kv(query, key, qkv.narrow(1, nq_ + nkv_, nkv_), cos, sin, k_cache,
+                               v_cache, slot_mapping);
     const at::Tensor attn = attention::paged_attention(
-        query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale_, 0, 0.0,
-        std::nullopt);
+        query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale_,
+        window_ < max_seq_len ? window_ : 0, softcap_, sinks_);
     // The o product becomes the residual stream: add_rms_norm sums the input into it.
     at::Tensor residual = (*products_[kO])(attn.view({t, nq_ * hd_}), pairs);
+    if (o_bias_) residual.add_(*o_bias_);
     const at::Tensor normed = add_rms_norm(residual, hidden, post_norm_, post_eps_, offset_);
     const at::Tensor gate_up = (*products_[kGateUp])(normed, pairs);
     return residual.add_((*products_[kDown])(silu_mul(gate_up), pairs));
@@ -94,6 +132,9 @@ struct DecoderLayer : torch::CustomClassHolder {
   int64_t nq_, nkv_, hd_;
   double scale_;
   std::unique_ptr<Stack> products_[kProducts];
+  std::optional<at::Tensor> q_norm_, k_norm_, sinks_, qkv_bias_, o_bias_;
+  double qk_eps_ = 0.0, qk_offset_ = 0.0, softcap_ = 0.0;
+  int64_t window_ = 0;
 };
 
 }  // namespace folio_cpu
@@ -103,5 +144,7 @@ TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
       .def(torch::init<at::Tensor, at::Tensor, double, double, double, int64_t, int64_t,
                        int64_t, double>())
       .def("set_product", &folio_cpu::DecoderLayer::set_product)
+      .def("set_attention", &folio_cpu::DecoderLayer::set_attention)
+      .def("set_biases", &folio_cpu::DecoderLayer::set_biases)
       .def("step", &folio_cpu::DecoderLayer::step);
 }
