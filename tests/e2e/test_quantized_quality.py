@@ -192,6 +192,11 @@ def test_greedy_replies_split_only_at_near_ties(models, greedy_replies,
 
 
 def test_greedy_replies_identical_in_four_of_five(greedy_replies):
+    # The bar for the native path; PyTorch's (bf16 roundings) is held to the near-tie
+    # test above instead.
+    if not kernels.cpu.available():
+        pytest.skip("the native library is not built (its bar; the fallback splits more "
+                    "often, only at near-ties)")
     same = [a.outputs[0].token_ids == b.outputs[0].token_ids
             for a, b in zip(greedy_replies["float32"], greedy_replies["stored"], strict=True)]
     assert sum(same) >= 4, same
