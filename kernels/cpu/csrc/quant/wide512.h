@@ -267,6 +267,23 @@ inline void wide_words(const WideChunk* const* w, const WideChunk* const* x, int
   }
 }
 
+// The lane sums of v[0..16) as the lanes of one vector, in order: a transposing tree of
+// 15 adds (45 instructions, where 16 separate reductions take about 130).
+inline __m512 reduce16(const __m512* v) {
+  __m512 t[8], u[4], w[2];
+  for (int p = 0; p < 8; ++p)  // per 128-bit chunk: [a0 + a2, b0 + b2, a1 + a3, b1 + b3]
+    t[p] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]),
+                         _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1]));
+  for (int q = 0; q < 4; ++q)  // chunk c: the chunk-c sums of v[4q], .., v[4q + 3]
+    u[q] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * q], t[2 * q + 1], 0x44),
+                         _mm512_shuffle_ps(t[2 * q], t[2 * q + 1], 0xEE));
+  for (int r = 0; r < 2; ++r)  // the chunk pairs' sums
+    w[r] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                       _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+}
+
 template <int NR, int MR, int kMin>
 void Wide512::run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
                   int last_rows, float* acc) {
@@ -302,8 +319,11 @@ void Wide512::run(const WideChunk* const* w, const WideChunk* const* x, int64_t 
       }
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int r = 0; r < NR; ++r) acc[i * NR + r] += _mm512_reduce_add_ps(f[i][r]);
+  __m512 v[16];
+  for (int i = 0; i < 16; ++i) v[i] = i < MR * NR ? f[i / NR][i % NR] : _mm512_setzero_ps();
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, reduce16(v));
+  for (int i = 0; i < MR * NR; ++i) acc[i] += sums[i];
 }
 
 }  // namespace
