@@ -25,7 +25,7 @@ from engine.layers.mlp import GatedMLP
 from engine.layers.native import fused_cpu, native_pool
 from engine.layers.norm import RMSNorm
 from engine.layers.weights import NativeQuantized
-from kernels.cpu.attention import CpuBackend
+from kernels.cpu.attention import CpuBackend, kernel_sinks
 
 
 def native_decoder_layer(input_norm: RMSNorm, attn: PagedSelfAttention, post_norm: RMSNorm,
@@ -71,8 +71,7 @@ def _set_attention(layer: torch.ScriptObject, attn: PagedSelfAttention) -> None:
     CpuBackend.attention hands them to the kernel."""
     options = attn.attention_options
     sinks = options.get("sinks")
-    if sinks is not None:
-        sinks = sinks.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    sinks = kernel_sinks(None if sinks is None else sinks.detach(), attn.num_heads)
     q_norm, k_norm = attn.q_norm, attn.k_norm
     layer.set_attention(
         None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,

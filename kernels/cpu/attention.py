@@ -96,9 +96,7 @@ class CpuBackend:
             raise ValueError(f"query heads ({query.shape[1]}) must be a multiple of KV heads "
                              f"({k_cache.shape[2]})")
         check_attention_options(sliding_window, logit_softcap)
-        check_sinks(sinks, query.shape[1])
-        if sinks is not None:
-            sinks = sinks.to(device="cpu", dtype=torch.float32).contiguous()
+        sinks = kernel_sinks(sinks, query.shape[1])
         window = effective_window(sliding_window, meta.max_seq_len) or 0
         if query.stride(2) != 1:
             query = query.contiguous()
@@ -112,6 +110,13 @@ class CpuBackend:
     def swap_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
                     src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
         swap_blocks_ref(src_cache, dst_cache, src_ids, dst_ids)
+
+
+def kernel_sinks(sinks: torch.Tensor | None, num_q_heads: int) -> torch.Tensor | None:
+    """Checked sinks (kernels.check_sinks) as the kernels read them: contiguous float32
+    on the CPU, whatever the model's dtype."""
+    check_sinks(sinks, num_q_heads)
+    return None if sinks is None else sinks.to(device="cpu", dtype=torch.float32).contiguous()
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:
