@@ -47,8 +47,8 @@ def quantize_activations_residual(x: torch.Tensor) -> torch.Tensor:
     """float32 [m, k] -> uint8 [2m, act_row_bytes(k)]: row 2i is x_i's 8-bit blocks
     (quantize_activations), row 2i + 1 those of its residual x_i - d*q. A product over the
     pairs (quant_matmul_stack with pairs=True) reads each weight once and sums each pair:
-    x @ W.T with about 15 bits of every activation (the residual's own rounding is 1/254
-    of the block's step)."""
+    x @ W.T with about 15 bits of every activation (the residual's step is 1/256 of its
+    block's, so a pair's two integer dots combine before any float work)."""
     return torch.ops.folio_cpu.quantize_activations_residual(x)
 
 

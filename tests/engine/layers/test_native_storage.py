@@ -88,8 +88,9 @@ def test_the_stack_is_the_kernel_on_each_part(rows):
     else:
         # The input quantized once, as (row, residual) pairs, for every run.
         pairs = quant.quantize_activations_residual(x)
-        each = [quant.quant_matmul(pairs, p.data, p.type_id, K, p.row_order) for p, _ in parts]
-        expected = torch.cat([y[0::2] + y[1::2] for y in each], dim=1)  # each pair summed
+        each = [quant.quant_matmul_stack(pairs, [p.data], [p.type_id], K, [p.row_order], True)
+                for p, _ in parts]
+        expected = torch.cat(each, dim=1)
     out = layer(x)
     assert out.shape == (rows, sum(SIZES)) and out.dtype == torch.float32
     assert torch.equal(out, expected)

@@ -128,7 +128,8 @@ namespace folio_cpu::quant {
 namespace {
 
 const Kernels kAvx2{quantize_row_avx2, unpack_row_impl, dot, gemv_lanes256, interleave, 12,
-                    quantize_wide_impl, unpack_wide256, dot_wide_simd<Wide256>, 128};
+                    quantize_wide_impl, unpack_wide256, dot_wide_simd<Wide256>, 128,
+                    gemv_lanes256_pairs};
 
 }  // namespace
 

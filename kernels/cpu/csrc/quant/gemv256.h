@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels.h"
 #include "layout.h"
@@ -54,21 +55,74 @@ struct LaneOrder {
   int u_stride;
 };
 
+// One (x, residual) pair (act_residual.cpp) per group in the same layout: q the x row's,
+// lo the residual's, dx the residual's step (the block's dx_b / 256), xs both rows'
+// dx * sum. Since the pair is d_lo (256 q + lo), a lane's two integer dots combine as
+// 256 S_q + S_lo before the float work: one row's conversions and fmas, and 640 bytes
+// where two LaneGroups took 768 (a 7-8B model's down projection then fits L1).
+struct alignas(64) PairLaneGroup {
+  int8_t q[256];
+  int8_t lo[256];
+  float dx[16];
+  float xs[16];
+};
+
+// Group g's 256 bytes of q in the lane layout.
+inline void lane_bytes(const int8_t* q, const LaneOrder& order, int8_t* out) {
+  for (int l = 0; l < 16; ++l)
+    for (int u = 0; u < 4; ++u)
+      std::memcpy(out + order.at[l] + order.u_stride * u, q + 16 * order.sub[l] + 4 * u, 4);
+}
+
 // The rows x[0..m) in the lane layout, out[r * groups + g] for group g of row r.
 inline void prepare_lanes(const ActRow* x, int64_t m, int64_t groups, const LaneOrder& order,
                           LaneGroup* out) {
   for (int64_t r = 0; r < m; ++r)
     for (int64_t g = 0; g < groups; ++g) {
       LaneGroup& lg = out[r * groups + g];
-      const int8_t* q = x[r].q + g * kGroup;
+      lane_bytes(x[r].q + g * kGroup, order, lg.q);
       for (int l = 0; l < 16; ++l) {
         const int sb = order.sub[l];
-        for (int u = 0; u < 4; ++u)
-          std::memcpy(lg.q + order.at[l] + order.u_stride * u, q + 16 * sb + 4 * u, 4);
         lg.dx[l] = x[r].d[g * 8 + sb / 2];
         lg.xs[l] = lg.dx[l] * static_cast<float>(x[r].sum[g * 16 + sb]);
       }
     }
+}
+
+// The pairs (x[2p], x[2p + 1]) for p < m, out[p * groups + g].
+inline void prepare_lanes(const ActRow* x, int64_t m, int64_t groups, const LaneOrder& order,
+                          PairLaneGroup* out) {
+  for (int64_t p = 0; p < m; ++p)
+    for (int64_t g = 0; g < groups; ++g) {
+      PairLaneGroup& lg = out[p * groups + g];
+      const ActRow &hi = x[2 * p], &lo = x[2 * p + 1];
+      lane_bytes(hi.q + g * kGroup, order, lg.q);
+      lane_bytes(lo.q + g * kGroup, order, lg.lo);
+      for (int l = 0; l < 16; ++l) {
+        const int sb = order.sub[l], b = static_cast<int>(g * 8 + sb / 2);
+        lg.dx[l] = lo.d[b];
+        lg.xs[l] = hi.d[b] * static_cast<float>(hi.sum[g * 16 + sb]) +
+                   lo.d[b] * static_cast<float>(lo.sum[g * 16 + sb]);
+      }
+    }
+}
+
+using GemvFn = void (*)(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows,
+                        int64_t j0, int64_t j1, int64_t k, const ActRow* x, int64_t m,
+                        float* out, int64_t n);
+
+// gemv_pairs (kernels.h) for a type a lane kernel does not fuse: the pair's two rows by
+// `gemv`, summed.
+inline void gemv_pairs_as_rows(GemvFn gemv, int type, const uint8_t* w, int64_t w_stride,
+                               const int64_t* rows, int64_t j0, int64_t j1, int64_t k,
+                               const ActRow* x, int64_t m, float* out, int64_t n) {
+  const int64_t cols = j1 - j0;
+  std::vector<float> buf(static_cast<size_t>(2 * m * cols));  // [2m][cols]
+  gemv(type, rows ? w : w + j0 * w_stride, w_stride, rows ? rows + j0 : nullptr, 0, cols, k,
+       x, 2 * m, buf.data(), cols);
+  for (int64_t p = 0; p < m; ++p)
+    for (int64_t j = 0; j < cols; ++j)
+      out[p * n + j0 + j] = buf[2 * p * cols + j] + buf[(2 * p + 1) * cols + j];
 }
 
 inline uint32_t load32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }

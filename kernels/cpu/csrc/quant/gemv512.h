@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "gemv256.h"
@@ -178,11 +179,12 @@ constexpr int kRowGroupBytes = T == kQ4_0 ? 144 : T == kQ4_1 ? 160 : T == kQ8_0 
                                : T == kQ4_K ? 144 : T == kQ5_K ? 176 : 210;
 
 // Groups g0..g1 of out[r] = w_row . x[r] for r < MR; xl: the rows' lane groups ([MR][groups],
-// stride `groups`). Between the chunks of a row the accumulators wait in state[2 * MR]; the
-// last chunk writes out.
-template <int T, int MR>
+// stride `groups`), G a LaneGroup or a PairLaneGroup (a pair's two dots combined in
+// integers, gemv256.h). Between the chunks of a row the accumulators wait in
+// state[2 * MR]; the last chunk writes out.
+template <int T, int MR, class G>
 inline void gemv512_row(const uint8_t* row, int64_t k, int64_t g0, int64_t g1,
-                        const LaneGroup* xl, int64_t groups, __m512* state, float* out) {
+                        const G* xl, int64_t groups, __m512* state, float* out) {
   const Transpose& tp = kTranspose<T>;
   const __m512i l1[2] = {_mm512_loadu_si512(tp.level1[0]), _mm512_loadu_si512(tp.level1[1])};
   const __m512i l2[2] = {_mm512_loadu_si512(tp.level2[0]), _mm512_loadu_si512(tp.level2[1])};
@@ -192,7 +194,7 @@ inline void gemv512_row(const uint8_t* row, int64_t k, int64_t g0, int64_t g1,
   for (int r = 0; r < MR; ++r) acc[r] = g0 ? state[r] : _mm512_setzero_ps();
   for (int r = 0; r < (kSplit ? MR : 1); ++r) off[r] = g0 ? state[MR + r] : _mm512_setzero_ps();
   // One group into every row's accumulators.
-  auto step = [&]<bool kTail>(const uint8_t* blk, int nb, const LaneGroup* xg) {
+  auto step = [&]<bool kTail>(const uint8_t* blk, int nb, const G* xg) {
     prefetch_ahead(blk, kRowGroupBytes<T>);
     __m512i src[4], c[4];
     __m512 ds, mo;
@@ -206,9 +208,15 @@ inline void gemv512_row(const uint8_t* row, int64_t k, int64_t g0, int64_t g1,
     c[2] = _mm512_permutex2var_epi32(a1, l2[0], b1);
     c[3] = _mm512_permutex2var_epi32(a1, l2[1], b1);
     for (int r = 0; r < MR; ++r) {
-      const LaneGroup& x = xg[r * groups];
+      const G& x = xg[r * groups];
       __m512i s = _mm512_setzero_si512();
       for (int u = 0; u < 4; ++u) s = dot16(s, c[u], _mm512_load_si512(x.q + 64 * u));
+      if constexpr (std::is_same_v<G, PairLaneGroup>) {  // 256 S_q + S_lo, exact in int32
+        // Its own chain: one chain of 8 dependent dots measured slower.
+        __m512i lo = _mm512_setzero_si512();
+        for (int u = 0; u < 4; ++u) lo = dot16(lo, c[u], _mm512_load_si512(x.lo + 64 * u));
+        s = _mm512_add_epi32(_mm512_slli_epi32(s, 8), lo);
+      }
       const __m512 f = _mm512_mul_ps(_mm512_load_ps(x.dx), ds);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), f, acc[r]);
       __m512& o = kSplit ? off[r] : acc[r];
@@ -233,11 +241,12 @@ inline void gemv512_row(const uint8_t* row, int64_t k, int64_t g0, int64_t g1,
   }
 }
 
-template <int T>
+// G LaneGroup: the m rows of x; PairLaneGroup: the m pairs of x's 2m rows.
+template <int T, class G>
 void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
                   int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
   const int64_t groups = padded_k(k) / kGroup;
-  std::vector<LaneGroup> xl(static_cast<size_t>(m * groups));  // [m][groups]
+  std::vector<G> xl(static_cast<size_t>(m * groups));  // [m][groups]
   prepare_lanes(x, m, groups, kLaneOrder512, xl.data());
   // Passes of equal size, as gemv256.h's gemv_type (m <= kGemvRows: at most 2).
   int64_t passes = (m + 7) / 8;
@@ -245,8 +254,9 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
   // L1) take a pass each instead, over blocks of weight rows small enough to stay in L2
   // from the first pass to the second: the weights come from memory once, and each pass's
   // activations stay in L1.
-  const int64_t row_bytes = int64_t{sizeof(LaneGroup)} * groups;
-  const bool split_pair = m == 2 && 2 * row_bytes > (int64_t{32} << 10) &&
+  const int64_t row_bytes = int64_t{sizeof(G)} * groups;
+  const bool split_pair = std::is_same_v<G, LaneGroup> && m == 2 &&
+                          2 * row_bytes > (int64_t{32} << 10) &&
                           row_bytes <= (int64_t{32} << 10);
   if (split_pair) passes = 2;
   const int64_t per_pass = (m + passes - 1) / passes;
@@ -259,7 +269,7 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
   // model's down projection: 15 -> 25 GB/s), against 40-50 below 32 KiB.
   // The accumulators wait in `state` between chunks, so every float operation and its
   // order are the unchunked loop's: results never depend on kc.
-  const int64_t pass_bytes = int64_t{sizeof(LaneGroup)} * per_pass;
+  const int64_t pass_bytes = int64_t{sizeof(G)} * per_pass;
   const int64_t kc = pass_bytes * groups <= (int64_t{48} << 10)
                          ? groups : std::max<int64_t>(1, (int64_t{24} << 10) / pass_bytes);
   constexpr int64_t kStateRows = 4;
@@ -276,20 +286,20 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
       const int64_t c1 = std::min(c0 + kc, groups);
       for (int64_t i0 = 0, p = 0; i0 < m; i0 += per_pass, ++p) {
         const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
-        const LaneGroup* xi = xl.data() + i0 * groups;
+        const G* xi = xl.data() + i0 * groups;
         for (int64_t j = jb; j < je; ++j) {
           const uint8_t* row = w + (rows ? rows[j] : j) * w_stride;
           float part[8];
           __m512* st = chunked ? state[j - jb][p] : nullptr;
           switch (mr) {
-            case 1: gemv512_row<T, 1>(row, k, c0, c1, xi, groups, st, part); break;
-            case 2: gemv512_row<T, 2>(row, k, c0, c1, xi, groups, st, part); break;
-            case 3: gemv512_row<T, 3>(row, k, c0, c1, xi, groups, st, part); break;
-            case 4: gemv512_row<T, 4>(row, k, c0, c1, xi, groups, st, part); break;
-            case 5: gemv512_row<T, 5>(row, k, c0, c1, xi, groups, st, part); break;
-            case 6: gemv512_row<T, 6>(row, k, c0, c1, xi, groups, st, part); break;
-            case 7: gemv512_row<T, 7>(row, k, c0, c1, xi, groups, st, part); break;
-            default: gemv512_row<T, 8>(row, k, c0, c1, xi, groups, st, part); break;
+            case 1: gemv512_row<T, 1, G>(row, k, c0, c1, xi, groups, st, part); break;
+            case 2: gemv512_row<T, 2, G>(row, k, c0, c1, xi, groups, st, part); break;
+            case 3: gemv512_row<T, 3, G>(row, k, c0, c1, xi, groups, st, part); break;
+            case 4: gemv512_row<T, 4, G>(row, k, c0, c1, xi, groups, st, part); break;
+            case 5: gemv512_row<T, 5, G>(row, k, c0, c1, xi, groups, st, part); break;
+            case 6: gemv512_row<T, 6, G>(row, k, c0, c1, xi, groups, st, part); break;
+            case 7: gemv512_row<T, 7, G>(row, k, c0, c1, xi, groups, st, part); break;
+            default: gemv512_row<T, 8, G>(row, k, c0, c1, xi, groups, st, part); break;
           }
           if (c1 == groups)
             for (int64_t i = 0; i < mr; ++i) out[(i0 + i) * n + j] = part[i];
@@ -299,22 +309,37 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
   }
 }
 
-void gemv512(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
-             int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
+template <class G>
+bool gemv512_lanes(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows,
+                   int64_t j0, int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out,
+                   int64_t n) {
   switch (type) {
-    case kQ4_0: gemv512_type<kQ4_0>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ4_1: gemv512_type<kQ4_1>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ4_K: gemv512_type<kQ4_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ5_K: gemv512_type<kQ5_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ6_K: gemv512_type<kQ6_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
+    case kQ4_0: gemv512_type<kQ4_0, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ4_1: gemv512_type<kQ4_1, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ4_K: gemv512_type<kQ4_K, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ5_K: gemv512_type<kQ5_K, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ6_K: gemv512_type<kQ6_K, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
     case kQ8_0:
       if constexpr (kDot16Wide) {
-        gemv512_type<kQ8_0>(w, w_stride, rows, j0, j1, k, x, m, out, n);
-        return;
+        gemv512_type<kQ8_0, G>(w, w_stride, rows, j0, j1, k, x, m, out, n);
+        return true;
       }
       break;
   }
-  gemv(type, w, w_stride, rows, j0, j1, k, x, m, out, n);
+  return false;
+}
+
+void gemv512(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
+             int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
+  if (!gemv512_lanes<LaneGroup>(type, w, w_stride, rows, j0, j1, k, x, m, out, n))
+    gemv(type, w, w_stride, rows, j0, j1, k, x, m, out, n);
+}
+
+void gemv512_pairs(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows,
+                   int64_t j0, int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out,
+                   int64_t n) {
+  if (!gemv512_lanes<PairLaneGroup>(type, w, w_stride, rows, j0, j1, k, x, m, out, n))
+    gemv_pairs_as_rows(gemv, type, w, w_stride, rows, j0, j1, k, x, m, out, n);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "gemv256.h"
@@ -146,8 +147,9 @@ inline void scales256(const uint8_t* blk, int nb, __m256* ds, __m256* mo) {
   }
 }
 
-template <int T, int MR>
-inline void lanes256_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int64_t groups,
+// out[r] = w_row . x[r] for r < MR; G a LaneGroup or a PairLaneGroup (gemv256.h).
+template <int T, int MR, class G>
+inline void lanes256_row(const uint8_t* row, int64_t k, const G* xl, int64_t groups,
                          float* out) {
   // Largest q: 4 maddubs sums fit int16 up to q = 31 (4 * 2 * 31 * 127); Q6_K's 63 takes
   // two madds per half.
@@ -174,15 +176,21 @@ inline void lanes256_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int
       c[1] = _mm256_unpackhi_epi64(t0, t2);
       c[2] = _mm256_unpacklo_epi64(t1, t3);
       c[3] = _mm256_unpackhi_epi64(t1, t3);
-      for (int r = 0; r < MR; ++r) {
-        const LaneGroup& x = xl[r * groups + g];
-        const __m256i* xq = reinterpret_cast<const __m256i*>(x.q + 128 * h);
+      // The lane sums of one 8-bit row's 128 bytes in this half.
+      const auto lane_dots = [&](const int8_t* q) {
+        const __m256i* xq = reinterpret_cast<const __m256i*>(q + 128 * h);
         const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(c[0], _mm256_load_si256(xq)),
                                              _mm256_maddubs_epi16(c[1], _mm256_load_si256(xq + 1)));
         const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(c[2], _mm256_load_si256(xq + 2)),
                                              _mm256_maddubs_epi16(c[3], _mm256_load_si256(xq + 3)));
-        const __m256i si = kSum4 ? _mm256_madd_epi16(_mm256_add_epi16(p01, p23), ones)
-                                 : _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
+        return kSum4 ? _mm256_madd_epi16(_mm256_add_epi16(p01, p23), ones)
+                     : _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
+      };
+      for (int r = 0; r < MR; ++r) {
+        const G& x = xl[r * groups + g];
+        __m256i si = lane_dots(x.q);
+        if constexpr (std::is_same_v<G, PairLaneGroup>)  // 256 S_q + S_lo, exact in int32
+          si = _mm256_add_epi32(_mm256_slli_epi32(si, 8), lane_dots(x.lo));
         const __m256 f = _mm256_mul_ps(_mm256_load_ps(x.dx + 8 * h), ds[h]);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), f, acc[r]);
         acc[r] = _mm256_fnmadd_ps(mo[h], _mm256_load_ps(x.xs + 8 * h), acc[r]);
@@ -192,11 +200,12 @@ inline void lanes256_row(const uint8_t* row, int64_t k, const LaneGroup* xl, int
   for (int r = 0; r < MR; ++r) out[r] = hsum256(acc[r]);
 }
 
-template <int T>
+// G LaneGroup: the m rows of x; PairLaneGroup: the m pairs of x's 2m rows.
+template <int T, class G>
 void lanes256_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
                    int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
   const int64_t groups = padded_k(k) / kGroup;
-  std::vector<LaneGroup> xl(static_cast<size_t>(m * groups));  // [m][groups]
+  std::vector<G> xl(static_cast<size_t>(m * groups));  // [m][groups]
   prepare_lanes(x, m, groups, kLaneOrder256, xl.data());
   const int64_t passes = (m + 3) / 4;  // passes of equal size, as gemv256.h's
   const int64_t per_pass = (m + passes - 1) / passes;
@@ -205,16 +214,34 @@ void lanes256_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int6
     for (int64_t i0 = 0; i0 < m; i0 += per_pass) {
       float part[4];
       const int64_t mr = m - i0 < per_pass ? m - i0 : per_pass;
-      const LaneGroup* xi = xl.data() + i0 * groups;
+      const G* xi = xl.data() + i0 * groups;
       switch (mr) {
-        case 1: lanes256_row<T, 1>(row, k, xi, groups, part); break;
-        case 2: lanes256_row<T, 2>(row, k, xi, groups, part); break;
-        case 3: lanes256_row<T, 3>(row, k, xi, groups, part); break;
-        default: lanes256_row<T, 4>(row, k, xi, groups, part); break;
+        case 1: lanes256_row<T, 1, G>(row, k, xi, groups, part); break;
+        case 2: lanes256_row<T, 2, G>(row, k, xi, groups, part); break;
+        case 3: lanes256_row<T, 3, G>(row, k, xi, groups, part); break;
+        default: lanes256_row<T, 4, G>(row, k, xi, groups, part); break;
       }
       for (int64_t i = 0; i < mr; ++i) out[(i0 + i) * n + j] = part[i];
     }
   }
+}
+
+// Every type but Q8_0 (false: the caller's other kernel).
+template <class G>
+bool lanes256(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t j0,
+              int64_t j1, int64_t k, const ActRow* x, int64_t m, float* out, int64_t n) {
+  switch (type) {
+    case kQ4_0: lanes256_type<kQ4_0, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ4_1: lanes256_type<kQ4_1, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ5_0: lanes256_type<kQ5_0, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ5_1: lanes256_type<kQ5_1, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ2_K: lanes256_type<kQ2_K, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ3_K: lanes256_type<kQ3_K, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ4_K: lanes256_type<kQ4_K, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ5_K: lanes256_type<kQ5_K, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+    case kQ6_K: lanes256_type<kQ6_K, G>(w, w_stride, rows, j0, j1, k, x, m, out, n); return true;
+  }
+  return false;
 }
 
 void gemv_lanes256(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows,
@@ -230,18 +257,15 @@ void gemv_lanes256(int type, const uint8_t* w, int64_t w_stride, const int64_t* 
     gemv(type, w, w_stride, rows, j0, j1, k, x, m, out, n);
     return;
   }
-  switch (type) {
-    case kQ4_0: lanes256_type<kQ4_0>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ4_1: lanes256_type<kQ4_1>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ5_0: lanes256_type<kQ5_0>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ5_1: lanes256_type<kQ5_1>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ2_K: lanes256_type<kQ2_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ3_K: lanes256_type<kQ3_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ4_K: lanes256_type<kQ4_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ5_K: lanes256_type<kQ5_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-    case kQ6_K: lanes256_type<kQ6_K>(w, w_stride, rows, j0, j1, k, x, m, out, n); return;
-  }
-  gemv(type, w, w_stride, rows, j0, j1, k, x, m, out, n);
+  if (!lanes256<LaneGroup>(type, w, w_stride, rows, j0, j1, k, x, m, out, n))
+    gemv(type, w, w_stride, rows, j0, j1, k, x, m, out, n);
+}
+
+void gemv_lanes256_pairs(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows,
+                         int64_t j0, int64_t j1, int64_t k, const ActRow* x, int64_t m,
+                         float* out, int64_t n) {
+  if (!lanes256<PairLaneGroup>(type, w, w_stride, rows, j0, j1, k, x, m, out, n))
+    gemv_pairs_as_rows(gemv, type, w, w_stride, rows, j0, j1, k, x, m, out, n);
 }
 
 }  // namespace

@@ -60,12 +60,6 @@ struct Item {
   int64_t group, mat, j0, j1;
 };
 
-// Where route r's product lies: a (+ b, the pair's residual row, where not null).
-struct Source {
-  const float* a;
-  const float* b;
-};
-
 void check_experts(const at::Tensor& experts, int64_t num_experts) {
   TORCH_CHECK(experts.device().is_cpu() && experts.scalar_type() == at::kLong &&
                   experts.dim() == 1,
@@ -131,7 +125,7 @@ at::Tensor quant_matmul_grouped(const at::Tensor& x_in, at::TensorList ws,
 
   const Kernels& kern = kernels_for(active_isa());
   const int64_t step = pairs ? 2 : 1;
-  std::vector<Source> src(routes);
+  std::vector<const float*> src(routes);  // where route r's product lies
   std::vector<int64_t> small;
   std::vector<at::Tensor> big_outs;  // kept alive until the combine
   std::vector<float> scratch;        // the small experts' products
@@ -150,8 +144,7 @@ at::Tensor quant_matmul_grouped(const at::Tensor& x_in, at::TensorList ws,
     for (int64_t j = 0; j < per_expert; ++j) er.push_back(rows.get(e * per_expert + j));
     const at::Tensor y = dense_stack(x.index_select(0, idx), ew,
                                      type_ids.slice(e * per_expert, per_expert), k, er, pairs);
-    for (int64_t i = 0; i < count; ++i) src[order[start[e] + i]] = {y.data_ptr<float>() + i * n,
-                                                                     nullptr};
+    for (int64_t i = 0; i < count; ++i) src[order[start[e] + i]] = y.data_ptr<float>() + i * n;
     big_outs.push_back(y);
   }
 
@@ -160,7 +153,7 @@ at::Tensor quant_matmul_grouped(const at::Tensor& x_in, at::TensorList ws,
     const uint8_t* ap = act.data_ptr<uint8_t>();
     const int64_t as = act.stride(0);
     int64_t total = 0;
-    for (int64_t e : small) total += (start[e + 1] - start[e]) * step;
+    for (int64_t e : small) total += start[e + 1] - start[e];
     scratch.resize(static_cast<size_t>(total * n));
     std::vector<ExpertRows> groups;
     std::vector<Item> items;
@@ -170,8 +163,8 @@ at::Tensor quant_matmul_grouped(const at::Tensor& x_in, at::TensorList ws,
       for (int64_t i = start[e]; i < start[e + 1]; ++i) {
         const int64_t r = order[i];
         for (int64_t s = 0; s < step; ++s) g.x.push_back(act_row(ap + (r / fan * step + s) * as, k));
-        src[r] = {next, pairs ? next + n : nullptr};
-        next += step * n;
+        src[r] = next;  // a pair's sum (gemv_pairs)
+        next += n;
       }
       for (int64_t j = 0; j < per_expert; ++j)
         for (int64_t j0 = 0; j0 < mats[e * per_expert + j].n; j0 += kItemRows)
@@ -189,29 +182,29 @@ at::Tensor quant_matmul_grouped(const at::Tensor& x_in, at::TensorList ws,
           j1 = items[i].j1;
         const ExpertRows& g = groups[first.group];
         const Matrix& mat = mats[g.expert * per_expert + first.mat];
-        kern.gemv(mat.type, mat.w.data_ptr<uint8_t>(), mat.w.stride(0),
-                  mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr, first.j0, j1,
-                  k, g.x.data(), static_cast<int64_t>(g.x.size()), g.out + cols[first.mat], n);
+        (pairs ? kern.gemv_pairs : kern.gemv)(
+            mat.type, mat.w.data_ptr<uint8_t>(), mat.w.stride(0),
+            mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr, first.j0, j1, k,
+            g.x.data(), static_cast<int64_t>(g.x.size()) / step, g.out + cols[first.mat], n);
       }
     });
   }
 
-  // Each output row from its routes' products (pairs summed, weighted where asked).
+  // Each output row from its routes' products (weighted where asked).
   const int64_t col_items = (n + kCombineCols - 1) / kCombineCols;
   const float* wp = weights.defined() ? weights.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (kCombineCols * kk * step));
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (kCombineCols * kk));
   at::parallel_for(0, out_rows * col_items, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t it = lo; it < hi; ++it) {
       const int64_t t = it / col_items, c0 = it % col_items * kCombineCols;
       const int64_t c1 = std::min(n, c0 + kCombineCols);
       float* o = op + t * n;
       for (int64_t j = 0; j < kk; ++j) {
-        const Source s = src[t * kk + j];
+        const float* y = src[t * kk + j];
         const float w = wp ? wp[t * kk + j] : 1.0f;
         for (int64_t c = c0; c < c1; ++c) {
-          const float y = s.b ? s.a[c] + s.b[c] : s.a[c];
-          o[c] = j == 0 ? (wp ? w * y : y) : o[c] + w * y;
+          o[c] = j == 0 ? (wp ? w * y[c] : y[c]) : o[c] + w * y[c];
         }
       }
     }

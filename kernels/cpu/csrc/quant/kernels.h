@@ -56,6 +56,13 @@ struct Kernels {
   // from the first tile; AVX2, whose unpacking costs more, from 128 rows; the portable
   // path's plain C++ never).
   int64_t wide_min_rows;
+  // gemv over (x, residual) pairs (quantize_activations_residual's rows 2i, 2i + 1; m
+  // pairs, 2m rows): out[i * n + j] = the sum of pair i's two products, their integer
+  // dots combined before the float work (PairLaneGroup, gemv256.h). Null where the ISA
+  // has no gemv (the tiles then sum each pair).
+  void (*gemv_pairs)(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows,
+                     int64_t j0, int64_t j1, int64_t k, const ActRow* x, int64_t m,
+                     float* out, int64_t n);
 };
 
 const Kernels& portable_kernels();

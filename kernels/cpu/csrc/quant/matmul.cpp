@@ -42,31 +42,19 @@ constexpr int64_t kChunkGroups = 8;
 // ~512 KiB (L2), at most 256: more rows amortize the weights' unpacking.
 constexpr int64_t kMaxTileM = std::min<int64_t>(256, (int64_t{512} << 10) / (kChunkGroups * 320));
 
-// Decode-sized m: each weight row read once from the file's blocks for all m rows.
+// Decode-sized m: each weight row read once from the file's blocks for all m rows (with
+// pairs, the kernel's gemv_pairs sums each pair).
 void gemv_rows(const Kernels& kern, const uint8_t* act, int64_t act_stride, int64_t m,
                const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t n, int type,
                int64_t k, Out out) {
   ActRow x[kGemvRows];
   for (int64_t i = 0; i < m; ++i) x[i] = act_row(act + i * act_stride, k);
-  // gemv writes rows of n; pairs (or a wider output) go through a small buffer.
-  const bool direct = !out.pairs && out.stride == n;
-  std::vector<float> buf(direct ? 0 : static_cast<size_t>(m * n));
-  float* dst = direct ? out.data : buf.data();
+  const auto gemv = out.pairs ? kern.gemv_pairs : kern.gemv;
+  const int64_t out_rows = out.pairs ? m / 2 : m;
   // Grain 8: two threads split even a 16-row matrix; each thread takes one contiguous half.
   at::parallel_for(0, n, 8, [&](int64_t lo, int64_t hi) {
-    kern.gemv(type, w, w_stride, rows, lo, hi, k, x, m, dst, n);
+    gemv(type, w, w_stride, rows, lo, hi, k, x, out_rows, out.data, out.stride);
   });
-  if (direct) return;
-  const int64_t step = out.pairs ? 2 : 1;
-  for (int64_t i = 0; i < m; i += step) {
-    float* o = out.data + i / step * out.stride;
-    const float* a = buf.data() + i * n;
-    if (out.pairs) {
-      for (int64_t j = 0; j < n; ++j) o[j] = a[j] + a[n + j];
-    } else {
-      std::memcpy(o, a, static_cast<size_t>(n) * sizeof(float));
-    }
-  }
 }
 
 void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* w,
