@@ -250,8 +250,9 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
   prepare_lanes(x, m, groups, kLaneOrder512, xl.data());
   // Passes of equal size, as gemv256.h's gemv_type (m <= kGemvRows: at most 2).
   int64_t passes = (m + 7) / 8;
-  // A pair's two rows at long k (k >= 12288 with Q4_K/Q6_K: 37+ KiB of activations, past
-  // L1) take a pass each instead, over blocks of weight rows small enough to stay in L2
+  // Two separate rows at long k (two sequences' 8-bit rows; k >= 12288 with Q4_K/Q6_K:
+  // 37+ KiB of activations, past L1; a fused pair's 640-byte groups stay within 48 KiB up
+  // to k = 19,456) take a pass each instead, over blocks of weight rows small enough to stay in L2
   // from the first pass to the second: the weights come from memory once, and each pass's
   // activations stay in L1.
   const int64_t row_bytes = int64_t{sizeof(G)} * groups;
@@ -264,7 +265,7 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
   // (8 rows at k = 8192: 96 KiB, read from L2 for every weight row, cost more than the
   // products) k is cut into chunks of at most 24 KiB, kJ weight rows at a time, read chunk
   // by chunk. Smaller chunks measured slower (the weight rows' reads lose their streams),
-  // and so do these from 32 KiB up: a pair's rows at k = 12288 (37 KiB) ran at 14 GB/s
+  // and so do these from 32 KiB up: two rows at k = 12288 (37 KiB) ran at 14 GB/s
   // chunked, 20 GB/s unchunked, 31 GB/s as the split pair above (k = 14336, a 7-8B
   // model's down projection: 15 -> 25 GB/s), against 40-50 below 32 KiB.
   // The accumulators wait in `state` between chunks, so every float operation and its
