@@ -38,6 +38,7 @@ from engine.runner.device import resolve_device
 from engine.runner.disk_reader import DiskReader
 from engine.runner.disk_store import DiskStore, kv_cache_root
 from engine.runner.disk_tier import GroupDisk, fingerprint, model_identity
+from engine.runner.heap import keep_freed_memory
 from engine.runner.kv_cache import KVShape, group_blocks, num_blocks_for
 from engine.runner.logprobs import token_logprobs
 from engine.runner.memory import MemoryStats, memory_stats
@@ -77,6 +78,8 @@ class LLMEngine:
         # Device, compute dtype and attention backend: one decision (runner/device.py).
         self.resolved_device = resolved = resolve_device(config)
         device, dtype = resolved.device, resolved.dtype
+        if device.type == "cpu":
+            keep_freed_memory()  # a prefill's activations reused, not faulted again
         path = resolve_model(str(model))
         loaded = load_model_files(path, dtype=dtype, progress=progress,
                                   keep_quantized=config.weights == "stored")
