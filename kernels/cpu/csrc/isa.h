@@ -9,4 +9,8 @@ Isa best_isa();    // what this CPU supports
 Isa active_isa();  // what the kernels run (best_isa unless a test forced a lower one)
 const char* isa_name(Isa isa);
 
+// How far ahead of the block it reads a decode kernel requests weight bytes
+// (prefetch_ahead, quant/gemv256.h): per CPU vendor, set_gemv_prefetch to measure others.
+extern int g_gemv_prefetch_bytes;
+
 }  // namespace folio_cpu

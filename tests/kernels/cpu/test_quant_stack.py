@@ -144,3 +144,27 @@ def test_bad_stacks_name_the_argument():
         quant.quant_matmul_stack(act, [w], [type_id], K, [None], True)
     with pytest.raises(RuntimeError, match="type_id"):
         quant.quant_matmul_stack(act, [w], [BY_NAME["Q4_0"].type_id + 100], K, [None], False)
+
+
+def test_the_decode_prefetch_distance_changes_no_result():
+    """set_gemv_prefetch (isa.cpp) moves only the kernels' prefetches, never a value; the
+    distance is whole cache lines up to 64 KiB."""
+    ops = torch.ops.folio_cpu
+    mats = [_matrix("Q4_K", 64, 1, k=1024), _matrix("Q6_K", 32, 2, k=1024)]
+    act = quant.quantize_activations_residual(_x(2, k=1024, seed=3))
+    previous = ops.gemv_prefetch()
+    assert previous in (2048, 8192)  # per CPU vendor
+    try:
+        outs = []
+        for distance in (0, 64, 2048, 65536):
+            ops.set_gemv_prefetch(distance)
+            outs.append(quant.quant_matmul_stack(act, [w for w, _, _ in mats],
+                                                 [t for _, t, _ in mats], 1024,
+                                                 [None, None], True))
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+        for bad in (-64, 100, 65600):
+            with pytest.raises(RuntimeError, match="bytes must be a multiple of 64"):
+                ops.set_gemv_prefetch(bad)
+    finally:
+        ops.set_gemv_prefetch(previous)
+    assert ops.gemv_prefetch() == previous

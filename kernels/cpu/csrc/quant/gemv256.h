@@ -21,15 +21,12 @@
 namespace folio_cpu::quant {
 namespace {
 
-// Decode reads every weight from memory once. The hardware prefetchers alone keep too few
-// lines in flight for a stream interleaved with this much compute: on the 2-core Intel
-// Xeon, two threads of Q4_K rows reached 16 GB/s of a 24 GB/s read, and 27 GB/s with each
-// block's bytes kPrefetchBytes ahead requested first (1 KiB ahead 25, 4 KiB 23, 8 KiB
-// 16). Prefetches never fault, so reading past a row's or a mapping's end is harmless.
+// Decode reads every weight from memory once, each block's bytes requested
+// g_gemv_prefetch_bytes ahead first (isa.cpp: the distance per CPU vendor, measured).
+// Prefetches never fault, so reading past a row's or a mapping's end is harmless.
 // docs/CPU_PERFORMANCE.md, "Decode prefetch and huge pages".
-constexpr int kPrefetchBytes = 2048;
 inline void prefetch_ahead(const uint8_t* blk, int bytes) {
-  const char* p = reinterpret_cast<const char*>(blk) + kPrefetchBytes;
+  const char* p = reinterpret_cast<const char*>(blk) + g_gemv_prefetch_bytes;
   for (int b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
 }
 
