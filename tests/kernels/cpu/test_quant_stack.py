@@ -56,26 +56,31 @@ def _residual_model(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor):
     return lo.to(torch.int8), d * (1 / 256), sums.to(torch.int16)
 
 
-def test_residual_rows_interleave_x_and_what_it_misses():
-    x = _x(3, seed=1)
+@pytest.mark.parametrize("k", [512, 576])  # whole groups, and a padded last group
+def test_residual_rows_interleave_x_and_what_it_misses(isa_path, k):
+    x = _x(3, k=k, seed=1)
     x[1, 64:96] = 0  # an all-zero block: step 0, residual 0
     pairs = quant.quantize_activations_residual(x)
-    assert pairs.shape == (6, quant.act_row_bytes(K)) and pairs.dtype == torch.uint8
+    assert pairs.shape == (6, quant.act_row_bytes(k)) and pairs.dtype == torch.uint8
     # Even rows are the plain 8-bit rows, bit for bit.
     assert torch.equal(pairs[0::2], quant.quantize_activations(x))
-    # Odd rows are the residual of each even row at 1/256 of its blocks' steps.
-    q = pairs[0::2, :K].view(torch.int8).float()
-    d = pairs[0::2, K:K + K // 8].contiguous().view(torch.float32)
+    # Odd rows are the residual of each even row at 1/256 of its blocks' steps (zeros in
+    # the padding up to kp).
+    kp = -(-k // 256) * 256
+    q = pairs[0::2, :k].view(torch.int8).float()
+    d = pairs[0::2, kp:kp + k // 8].contiguous().view(torch.float32)
     lo, d_lo, sums = _residual_model(x, q, d)
     low = pairs[1::2]
-    assert torch.equal(low[:, :K].view(torch.int8), lo)
-    assert torch.equal(low[:, K:K + K // 8].contiguous().view(torch.float32), d_lo)
-    assert torch.equal(low[:, K + K // 8:].contiguous().view(torch.int16), sums)
+    assert torch.equal(low[:, :k].view(torch.int8), lo)
+    assert torch.equal(low[:, kp:kp + k // 8].contiguous().view(torch.float32), d_lo)
+    sum_at = kp + kp // 8
+    assert torch.equal(low[:, sum_at:sum_at + k // 8].contiguous().view(torch.int16), sums)
+    assert (low[:, k:kp] == 0).all() and (low[:, kp + k // 8:sum_at] == 0).all()
     # The residual uses its range: most blocks reach past 100 steps.
     assert (lo.view(3, -1, 32).abs().amax(-1) > 100).float().mean() > 0.9
 
 
-def test_a_nan_block_keeps_its_nan_in_both_rows():
+def test_a_nan_block_keeps_its_nan_in_both_rows(isa_path):
     x = _x(1, seed=2)
     x[0, 40] = float("nan")
     pairs = quant.quantize_activations_residual(x)

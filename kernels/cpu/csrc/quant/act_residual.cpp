@@ -9,12 +9,10 @@
 // covers it; the rare |r| past 127.5 steps is clipped to 127, one step off), not its own
 // maximum over 127: about the same precision, and a pair is then exactly
 // d_lo (256 q_hi + q_lo), so the decode kernels combine its two integer dots before
-// any float work (gemv_pairs, kernels.h).
+// any float work (gemv_pairs, kernels.h). The rows: Kernels::quantize_residual (act_row.h).
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
-
-#include <cstring>
 
 #include "act.h"
 #include "checks.h"
@@ -22,44 +20,6 @@
 #include "layout.h"
 
 namespace folio_cpu::quant {
-
-namespace {
-
-// x[k] -> high[act_row_bytes(k)] (x's 8-bit blocks) and low (the residual's, step d / 256).
-// Plain float32 operations without contraction (the build's -ffp-contract=off), so every
-// ISA gets the same bytes.
-void quantize_row_residual(const Kernels& kern, const float* x, int64_t k, uint8_t* high,
-                           uint8_t* low) {
-  kern.quantize_row(x, k, high);
-  const int64_t kp = padded_k(k);
-  std::memset(low, 0, static_cast<size_t>(act_row_bytes(k)));
-  const ActRow hi = act_row(high, k);
-  int8_t* q = reinterpret_cast<int8_t*>(low);                     // [kp]
-  float* d = reinterpret_cast<float*>(low + kp);                   // [kp / 32]
-  int16_t* sum = reinterpret_cast<int16_t*>(low + kp + kp / 8);  // [kp / 16]
-  constexpr float kRound = 12582912.0f;  // act_row.h: nearbyint for |v| < 2^22
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const float db = hi.d[b];
-    // Times the inverse step, as act_row.h rounds; a NaN block (db NaN) gets q 0 here
-    // and keeps the NaN in its d.
-    const float inv = db != 0.0f ? 256.0f / db : 0.0f;
-    for (int64_t i = 32 * b; i < 32 * b + 32; ++i) {
-      const float r = x[i] - db * static_cast<float>(hi.q[i]);
-      float v = (r * inv + kRound) - kRound;
-      v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-      v = v == v ? v : 0.0f;
-      q[i] = static_cast<int8_t>(v);
-    }
-    d[b] = db * (1.0f / 256.0f);
-    for (int h = 0; h < 2; ++h) {
-      int s = 0;
-      for (int64_t i = 32 * b + 16 * h; i < 32 * b + 16 * h + 16; ++i) s += q[i];
-      sum[2 * b + h] = static_cast<int16_t>(s);
-    }
-  }
-}
-
-}  // namespace
 
 at::Tensor quantize_activations_residual(const at::Tensor& x) {
   const at::Tensor xr = checked_float_rows(x);
@@ -73,8 +33,8 @@ at::Tensor quantize_activations_residual(const at::Tensor& x) {
   const Kernels& kern = kernels_for(active_isa());
   at::parallel_for(0, m, (1 << 15) / k + 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i)
-      quantize_row_residual(kern, xp + i * xstride, k, op + 2 * i * row_bytes,
-                            op + (2 * i + 1) * row_bytes);
+      kern.quantize_residual(xp + i * xstride, k, op + 2 * i * row_bytes,
+                             op + (2 * i + 1) * row_bytes);
   });
   return out;
 }

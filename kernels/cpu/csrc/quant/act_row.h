@@ -58,6 +58,39 @@ inline void quantize_row_impl(const float* x, int64_t k, uint8_t* out) {
   }
 }
 
+// x[k] -> high[act_row_bytes(k)] (quantize_row_impl: x's 8-bit blocks) and low (the
+// residual's at the fixed step d / 256, act_residual.cpp): r = x - d q, then
+// nearbyint(r * (256 / d)) clipped to +-127, as plain float32 operations without
+// contraction.
+inline void quantize_residual_impl(const float* x, int64_t k, uint8_t* high, uint8_t* low) {
+  quantize_row_impl(x, k, high);
+  const int64_t kp = padded_k(k);
+  std::memset(low, 0, static_cast<size_t>(act_row_bytes(k)));
+  const ActRow hi = act_row(high, k);
+  int8_t* q = reinterpret_cast<int8_t*>(low);                     // [kp]
+  float* d = reinterpret_cast<float*>(low + kp);                   // [kp / 32]
+  int16_t* sum = reinterpret_cast<int16_t*>(low + kp + kp / 8);  // [kp / 16]
+  constexpr float kRound = 12582912.0f;  // nearbyint for |v| < 2^22, as above
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float db = hi.d[b];
+    // A NaN block (db NaN) gets q 0 here and keeps the NaN in its d.
+    const float inv = db != 0.0f ? 256.0f / db : 0.0f;
+    for (int64_t i = 32 * b; i < 32 * b + 32; ++i) {
+      const float r = x[i] - db * static_cast<float>(hi.q[i]);
+      float v = (r * inv + kRound) - kRound;
+      v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+      v = v == v ? v : 0.0f;
+      q[i] = static_cast<int8_t>(v);
+    }
+    d[b] = db * (1.0f / 256.0f);
+    for (int h = 0; h < 2; ++h) {
+      int s = 0;
+      for (int64_t i = 32 * b + 16 * h; i < 32 * b + 16 * h + 16; ++i) s += q[i];
+      sum[2 * b + h] = static_cast<int16_t>(s);
+    }
+  }
+}
+
 #if defined(FOLIO_QUANT_AVX2)  // set by the ISA files, whose targets include AVX2
 // The same row, by AVX2 intrinsics: the same IEEE operations (roundps to nearest even is
 // nearbyint), so bit-identical to quantize_row_impl.
@@ -108,6 +141,38 @@ inline void quantize_row_avx2(const float* x, int64_t k, uint8_t* out) {
     const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), _mm256_permutevar8x32_epi32(p8, order));
     d[b] = db;
+    sum[2 * b] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(c[0], c[1])));
+    sum[2 * b + 1] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(c[2], c[3])));
+  }
+}
+// quantize_residual_impl by AVX2 intrinsics: the same IEEE operations, bit-identical.
+inline void quantize_residual_avx2(const float* x, int64_t k, uint8_t* high, uint8_t* low) {
+  quantize_row_avx2(x, k, high);
+  const int64_t kp = padded_k(k);
+  std::memset(low, 0, static_cast<size_t>(act_row_bytes(k)));
+  const ActRow hi = act_row(high, k);
+  int8_t* q = reinterpret_cast<int8_t*>(low);                     // [kp]
+  float* d = reinterpret_cast<float*>(low + kp);                   // [kp / 32]
+  int16_t* sum = reinterpret_cast<int16_t*>(low + kp + kp / 8);  // [kp / 16]
+  const __m256 lim = _mm256_set1_ps(127.0f), zero = _mm256_setzero_ps();
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float db = hi.d[b];
+    const __m256 dv = _mm256_set1_ps(db);
+    const __m256 iv = _mm256_set1_ps(db != 0.0f ? 256.0f / db : 0.0f);
+    __m256i c[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hi.q + 32 * b + 8 * j));
+      const __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+      const __m256 r = _mm256_sub_ps(_mm256_loadu_ps(x + 32 * b + 8 * j), _mm256_mul_ps(dv, qf));
+      __m256 v = _mm256_round_ps(_mm256_mul_ps(r, iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
+      v = _mm256_max_ps(_mm256_min_ps(v, lim), _mm256_sub_ps(zero, lim));
+      c[j] = _mm256_cvtps_epi32(v);
+    }
+    const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), _mm256_permutevar8x32_epi32(p8, order));
+    d[b] = db * (1.0f / 256.0f);
     sum[2 * b] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(c[0], c[1])));
     sum[2 * b + 1] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(c[2], c[3])));
   }

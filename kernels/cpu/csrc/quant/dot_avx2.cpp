@@ -129,7 +129,7 @@ namespace {
 
 const Kernels kAvx2{quantize_row_avx2, unpack_row_impl, dot, gemv_lanes256, interleave, 12,
                     quantize_wide_impl, unpack_wide256, dot_wide_simd<Wide256>, 128,
-                    gemv_lanes256_pairs};
+                    gemv_lanes256_pairs, quantize_residual_avx2};
 
 }  // namespace
 

@@ -43,7 +43,7 @@ void dot(const Group* w, int64_t groups, const ActRow* x, int mr, bool signed_q,
 
 const Kernels kPortable{quantize_row_impl, unpack_row_impl, dot, nullptr, nullptr, 0,
                         quantize_wide_impl, unpack_wide_impl, dot_wide_impl, INT64_MAX,
-                        nullptr};
+                        nullptr, quantize_residual_impl};
 
 }  // namespace
 

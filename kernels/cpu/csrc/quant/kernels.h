@@ -63,6 +63,9 @@ struct Kernels {
   void (*gemv_pairs)(int type, const uint8_t* w, int64_t w_stride, const int64_t* rows,
                      int64_t j0, int64_t j1, int64_t k, const ActRow* x, int64_t m,
                      float* out, int64_t n);
+  // x[k] -> a pair's two rows, high (quantize_row's) and low (the residual's at 1/256 of
+  // each block's step), each act_row_bytes(k) (bit-identical on every ISA).
+  void (*quantize_residual)(const float* x, int64_t k, uint8_t* high, uint8_t* low);
 };
 
 const Kernels& portable_kernels();

@@ -17,7 +17,7 @@ namespace {
 
 const Kernels kKernels{quantize_row_avx2, unpack_row_impl, dot, gemv512, interleave, 10,
                        quantize_wide512, unpack_wide512, dot_wide_simd<Wide512>,
-                       0, gemv512_pairs};
+                       0, gemv512_pairs, quantize_residual_avx2};
 
 }  // namespace
 }  // namespace folio_cpu::quant
