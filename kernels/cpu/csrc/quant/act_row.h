@@ -12,13 +12,23 @@
 namespace folio_cpu::quant {
 namespace {
 
-// x[k] -> out[act_row_bytes(k)].
-inline void quantize_row_impl(const float* x, int64_t k, uint8_t* out) {
+// A row's three parts (layout.h), zeroed: the padding past k stays zero.
+struct RowOut {
+  int8_t* q;      // [K256]
+  float* d;       // [K256 / 32]
+  int16_t* sum;   // [K256 / 16]
+};
+
+inline RowOut clear_row(uint8_t* out, int64_t k) {
   const int64_t kp = padded_k(k);
   std::memset(out, 0, static_cast<size_t>(act_row_bytes(k)));
-  int8_t* q = reinterpret_cast<int8_t*>(out);               // [kp]
-  float* d = reinterpret_cast<float*>(out + kp);             // [kp / 32]
-  int16_t* sum = reinterpret_cast<int16_t*>(out + kp + kp / 8);  // [kp / 16]
+  return {reinterpret_cast<int8_t*>(out), reinterpret_cast<float*>(out + kp),
+          reinterpret_cast<int16_t*>(out + kp + kp / 8)};
+}
+
+// x[k] -> out[act_row_bytes(k)].
+inline void quantize_row_impl(const float* x, int64_t k, uint8_t* out) {
+  const auto [q, d, sum] = clear_row(out, k);
   // Adding and subtracting 1.5 * 2^23 rounds |v| < 2^22 to the nearest integer, ties to
   // even (what nearbyint does in the default mode), in a loop the compiler vectorizes.
   constexpr float kRound = 12582912.0f;
@@ -64,12 +74,8 @@ inline void quantize_row_impl(const float* x, int64_t k, uint8_t* out) {
 // contraction.
 inline void quantize_residual_impl(const float* x, int64_t k, uint8_t* high, uint8_t* low) {
   quantize_row_impl(x, k, high);
-  const int64_t kp = padded_k(k);
-  std::memset(low, 0, static_cast<size_t>(act_row_bytes(k)));
   const ActRow hi = act_row(high, k);
-  int8_t* q = reinterpret_cast<int8_t*>(low);                     // [kp]
-  float* d = reinterpret_cast<float*>(low + kp);                   // [kp / 32]
-  int16_t* sum = reinterpret_cast<int16_t*>(low + kp + kp / 8);  // [kp / 16]
+  const auto [q, d, sum] = clear_row(low, k);
   constexpr float kRound = 12582912.0f;  // nearbyint for |v| < 2^22, as above
   for (int64_t b = 0; b < k / 32; ++b) {
     const float db = hi.d[b];
@@ -108,15 +114,20 @@ inline int hsum256_epi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// A block's 32 values (c[j]: values 8j..8j+7 as int32, within +-127) as its int8 q and
+// its two 16-value sums.
+inline void store_block(const __m256i (&c)[4], int8_t* q, int16_t* sum) {
+  const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(p8, order));
+  sum[0] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(c[0], c[1])));
+  sum[1] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(c[2], c[3])));
+}
+
 inline void quantize_row_avx2(const float* x, int64_t k, uint8_t* out) {
-  const int64_t kp = padded_k(k);
-  std::memset(out, 0, static_cast<size_t>(act_row_bytes(k)));
-  int8_t* q = reinterpret_cast<int8_t*>(out);                    // [kp]
-  float* d = reinterpret_cast<float*>(out + kp);                  // [kp / 32]
-  int16_t* sum = reinterpret_cast<int16_t*>(out + kp + kp / 8);  // [kp / 16]
+  const auto [q, d, sum] = clear_row(out, k);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 lim = _mm256_set1_ps(127.0f), zero = _mm256_setzero_ps();
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b = 0; b < k / 32; ++b) {
     __m256 v[4];
     __m256 mx = zero;
@@ -138,24 +149,17 @@ inline void quantize_row_avx2(const float* x, int64_t k, uint8_t* out) {
       r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));  // NaN -> 0
       c[j] = _mm256_cvtps_epi32(r);
     }
-    const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), _mm256_permutevar8x32_epi32(p8, order));
+    store_block(c, q + 32 * b, sum + 2 * b);
     d[b] = db;
-    sum[2 * b] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(c[0], c[1])));
-    sum[2 * b + 1] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(c[2], c[3])));
   }
 }
+
 // quantize_residual_impl by AVX2 intrinsics: the same IEEE operations, bit-identical.
 inline void quantize_residual_avx2(const float* x, int64_t k, uint8_t* high, uint8_t* low) {
   quantize_row_avx2(x, k, high);
-  const int64_t kp = padded_k(k);
-  std::memset(low, 0, static_cast<size_t>(act_row_bytes(k)));
   const ActRow hi = act_row(high, k);
-  int8_t* q = reinterpret_cast<int8_t*>(low);                     // [kp]
-  float* d = reinterpret_cast<float*>(low + kp);                   // [kp / 32]
-  int16_t* sum = reinterpret_cast<int16_t*>(low + kp + kp / 8);  // [kp / 16]
+  const auto [q, d, sum] = clear_row(low, k);
   const __m256 lim = _mm256_set1_ps(127.0f), zero = _mm256_setzero_ps();
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b = 0; b < k / 32; ++b) {
     const float db = hi.d[b];
     const __m256 dv = _mm256_set1_ps(db);
@@ -170,11 +174,8 @@ inline void quantize_residual_avx2(const float* x, int64_t k, uint8_t* high, uin
       v = _mm256_max_ps(_mm256_min_ps(v, lim), _mm256_sub_ps(zero, lim));
       c[j] = _mm256_cvtps_epi32(v);
     }
-    const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), _mm256_permutevar8x32_epi32(p8, order));
+    store_block(c, q + 32 * b, sum + 2 * b);
     d[b] = db * (1.0f / 256.0f);
-    sum[2 * b] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(c[0], c[1])));
-    sum[2 * b + 1] = static_cast<int16_t>(hsum256_epi32(_mm256_add_epi32(c[2], c[3])));
   }
 }
 #endif

@@ -252,9 +252,9 @@ void gemv512_type(const uint8_t* w, int64_t w_stride, const int64_t* rows, int64
   int64_t passes = (m + 7) / 8;
   // Two separate rows at long k (two sequences' 8-bit rows; k >= 12288 with Q4_K/Q6_K:
   // 37+ KiB of activations, past L1; a fused pair's 640-byte groups stay within 48 KiB up
-  // to k = 19,456) take a pass each instead, over blocks of weight rows small enough to stay in L2
-  // from the first pass to the second: the weights come from memory once, and each pass's
-  // activations stay in L1.
+  // to k = 19,456) take a pass each instead, over blocks of weight rows small enough to
+  // stay in L2 from the first pass to the second: the weights come from memory once, and
+  // each pass's activations stay in L1.
   const int64_t row_bytes = int64_t{sizeof(G)} * groups;
   const bool split_pair = std::is_same_v<G, LaneGroup> && m == 2 &&
                           2 * row_bytes > (int64_t{32} << 10) &&
