@@ -124,8 +124,10 @@ def test_isa_paths_match_portable(isa, name, act_model):
 @pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
 @pytest.mark.parametrize("m", [1, 6, 40])
 def test_rows_views_and_quantized_input(name, m):
-    """`rows` reads weight rows in the given order, a row-strided view of w reads like its
-    copy, and pre-quantized activations give the float input's result: all bit-equal."""
+    """`rows` reads weight rows in the given order (a permutation of them all, read in
+    file order and each product put in its column, or any other list of rows), a
+    row-strided view of w reads like its copy, and pre-quantized activations give the float
+    input's result: all bit-equal."""
     fmt = BY_NAME[name]
     n, k = 33, 512
     blocks, *_ = exact_case(name, n, k)
@@ -134,8 +136,10 @@ def test_rows_views_and_quantized_input(name, m):
     y = quant.quant_matmul(x, w, fmt.type_id, k)
     assert torch.equal(quant.quant_matmul(quant.quantize_activations(x), w, fmt.type_id, k), y)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(1))
-    picked = torch.cat([perm, perm[:5]])  # a permutation, plus repeats
-    assert torch.equal(quant.quant_matmul(x, w, fmt.type_id, k, rows=picked), y[:, picked])
+    twice = perm.clone()
+    twice[0] = twice[1]  # n rows, one of them twice: not a permutation
+    for picked in (perm, twice, torch.cat([perm, perm[:5]])):
+        assert torch.equal(quant.quant_matmul(x, w, fmt.type_id, k, rows=picked), y[:, picked])
     wide = torch.cat([w, torch.zeros(n, 40, dtype=torch.uint8)], dim=1)[:, :w.shape[1]]
     assert wide.stride(0) > w.shape[1]
     assert torch.equal(quant.quant_matmul(x, wide, fmt.type_id, k), y)

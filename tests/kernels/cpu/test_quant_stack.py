@@ -103,6 +103,10 @@ def test_a_stack_equals_each_matrix_alone_in_its_columns(isa_path, m):
                 for (w, t, _), r in zip(mats, rows, strict=True)]
         assert out.shape == (m, 48 + 16 + 33)
         assert torch.equal(out, torch.cat(each, dim=1))
+        # The permuted matrix, read in file order, puts each row's product in its column.
+        w0, t0, _ = mats[0]
+        in_order = quant.quant_matmul_stack(act, [w0], [t0], K, [None], pairs)
+        assert torch.equal(out[:, :48], in_order[:, order])
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K",

@@ -215,9 +215,10 @@ def test_rows_and_strided_views(name):
     w = torch.from_numpy(exact_case(name, n, k)[0])
     x = _activations(40, k, seed=7)
     y = quant.quant_matmul_wide(x, w, fmt.type_id, k)
-    picked = torch.cat([perm := torch.randperm(n, generator=torch.Generator().manual_seed(1)),
-                        perm[:5]])  # a permutation, plus repeats
-    assert torch.equal(quant.quant_matmul_wide(x, w, fmt.type_id, k, rows=picked), y[:, picked])
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    for picked in (perm, torch.cat([perm, perm[:5]])):  # a permutation; plus repeats
+        assert torch.equal(quant.quant_matmul_wide(x, w, fmt.type_id, k, rows=picked),
+                           y[:, picked])
     padded = torch.cat([w, torch.zeros(n, 40, dtype=torch.uint8)], dim=1)[:, :w.shape[1]]
     assert torch.equal(quant.quant_matmul_wide(x, padded, fmt.type_id, k), y)
     assert torch.equal(quant.quant_matmul_wide(x, w[::2], fmt.type_id, k), y[:, ::2])

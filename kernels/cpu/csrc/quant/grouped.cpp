@@ -182,10 +182,8 @@ at::Tensor quant_matmul_grouped(const at::Tensor& x_in, at::TensorList ws,
           j1 = items[i].j1;
         const ExpertRows& g = groups[first.group];
         const Matrix& mat = mats[g.expert * per_expert + first.mat];
-        (pairs ? kern.gemv_pairs : kern.gemv)(
-            mat.type, mat.w.data_ptr<uint8_t>(), mat.w.stride(0),
-            mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr, first.j0, j1, k,
-            g.x.data(), static_cast<int64_t>(g.x.size()) / step, g.out + cols[first.mat], n);
+        gemv_range(kern, pairs, mat, first.j0, j1, k, g.x.data(),
+                   static_cast<int64_t>(g.x.size()) / step, g.out + cols[first.mat], n);
       }
     });
   }

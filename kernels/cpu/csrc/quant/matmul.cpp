@@ -45,26 +45,28 @@ constexpr int64_t kMaxTileM = std::min<int64_t>(256, (int64_t{512} << 10) / (kCh
 // Decode-sized m: each weight row read once from the file's blocks for all m rows (with
 // pairs, the kernel's gemv_pairs sums each pair).
 void gemv_rows(const Kernels& kern, const uint8_t* act, int64_t act_stride, int64_t m,
-               const uint8_t* w, int64_t w_stride, const int64_t* rows, int64_t n, int type,
-               int64_t k, Out out) {
+               const Matrix& mat, int64_t k, Out out) {
   ActRow x[kGemvRows];
   for (int64_t i = 0; i < m; ++i) x[i] = act_row(act + i * act_stride, k);
-  const auto gemv = out.pairs ? kern.gemv_pairs : kern.gemv;
   const int64_t out_rows = out.pairs ? m / 2 : m;
   // Grain 8: two threads split even a 16-row matrix; each thread takes one contiguous half.
-  at::parallel_for(0, n, 8, [&](int64_t lo, int64_t hi) {
-    gemv(type, w, w_stride, rows, lo, hi, k, x, out_rows, out.data, out.stride);
+  at::parallel_for(0, mat.n, 8, [&](int64_t lo, int64_t hi) {
+    gemv_range(kern, out.pairs, mat, lo, hi, k, x, out_rows, out.data, out.stride);
   });
 }
 
-void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const uint8_t* w,
-              int64_t w_stride, const int64_t* rows, int64_t n, int type, int64_t k,
-              Out out) {
+void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const Matrix& mat,
+              int64_t k, Out out) {
   const Kernels& kern = kernels_for(active_isa());
   if (m <= kern.gemv_max_rows && kern.gemv != nullptr) {
-    gemv_rows(kern, act, act_stride, m, w, w_stride, rows, n, type, k, out);
+    gemv_rows(kern, act, act_stride, m, mat, k, out);
     return;
   }
+  const uint8_t* w = mat.w.data_ptr<uint8_t>();
+  const int64_t w_stride = mat.w.stride(0);
+  const int64_t* rows = mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr;
+  const int64_t n = mat.n;
+  const int type = mat.type;
   const int64_t groups = padded_k(k) / kGroup;
   // m-tiles of a multiple of 4 rows: a pair never straddles two.
   const TileGrid grid(m, n, kTileN, kMaxTileM, 4);
@@ -134,9 +136,8 @@ at::Tensor activations(const at::Tensor& x, int64_t k, bool pairs = false) {
 }
 
 void multiply_matrix(const at::Tensor& act, const Matrix& mat, int64_t k, Out out) {
-  multiply(act.data_ptr<uint8_t>(), act.stride(0), act.size(0), mat.w.data_ptr<uint8_t>(),
-           mat.w.stride(0), mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr,
-           mat.n, mat.type, k, out);
+  out.cols = mat.cols.defined() ? mat.cols.data_ptr<int64_t>() : nullptr;
+  multiply(act.data_ptr<uint8_t>(), act.stride(0), act.size(0), mat, k, out);
 }
 
 at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& w, int64_t type_id, int64_t k,

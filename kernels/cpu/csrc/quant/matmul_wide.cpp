@@ -45,6 +45,7 @@ void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const M
   const uint8_t* w = mat.w.data_ptr<uint8_t>();
   const int64_t w_stride = mat.w.stride(0);
   const int64_t* rows = mat.rows.defined() ? mat.rows.data_ptr<int64_t>() : nullptr;
+  out.cols = mat.cols.defined() ? mat.cols.data_ptr<int64_t>() : nullptr;
   const int type = mat.type;
   const int min_terms = wide_min_terms(type);
   const TileGrid grid(m, n, kTileN, kMaxTileM, 1);
