@@ -55,6 +55,16 @@ def test_every_count_of_decode_rows(isa_path, head_size, group):
     check(case)
 
 
+@pytest.mark.parametrize("head_size", [33, 72, 80])
+def test_prefill_rows_at_other_head_sizes(isa_path, head_size):
+    """Prefill tiles (16 rows or more: the keys transposed) where the head size is not a
+    multiple of 64 (80: one value vector at a time), not of 16 (72: the keys transposed
+    in plain C++) or odd (33), over partial first and last blocks."""
+    case = make_case([40, 57], [23, 40], num_kv_heads=2, group=2, head_size=head_size,
+                     block_size=16, seed=head_size)
+    check(case)
+
+
 @pytest.mark.parametrize("lengths", [[15], [16], [17], [32], [33], [15, 16, 17, 32, 33]])
 def test_decode_at_block_boundaries(isa_path, lengths):
     case = make_case(lengths, [1] * len(lengths), num_kv_heads=3, group=3, head_size=64,
