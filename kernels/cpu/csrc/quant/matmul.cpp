@@ -43,15 +43,35 @@ constexpr int64_t kChunkGroups = 8;
 constexpr int64_t kMaxTileM = std::min<int64_t>(256, (int64_t{512} << 10) / (kChunkGroups * 320));
 
 // Decode-sized m: each weight row read once from the file's blocks for all m rows (with
-// pairs, the kernel's gemv_pairs sums each pair).
+// pairs, the kernel's gemv_pairs sums each pair), the `count` matrices of a stack (their
+// columns side by side in out) in one parallel region: each thread streams one
+// contiguous share of the stack's bytes (a Q6_K row weighs about 1.5 Q4_K rows), so a
+// layer's q/k/v or gate/up products wait at one barrier, not one per matrix.
 void gemv_rows(const Kernels& kern, const uint8_t* act, int64_t act_stride, int64_t m,
-               const Matrix& mat, int64_t k, Out out) {
+               const Matrix* mats, int64_t count, int64_t k, Out out) {
   ActRow x[kGemvRows];
   for (int64_t i = 0; i < m; ++i) x[i] = act_row(act + i * act_stride, k);
   const int64_t out_rows = out.pairs ? m / 2 : m;
-  // Grain 8: two threads split even a 16-row matrix; each thread takes one contiguous half.
-  at::parallel_for(0, mat.n, 8, [&](int64_t lo, int64_t hi) {
-    gemv_range(kern, out.pairs, mat, lo, hi, k, x, out_rows, out.data, out.stride);
+  std::vector<int64_t> start(static_cast<size_t>(count) + 1, 0);  // each matrix's first byte
+  for (int64_t j = 0; j < count; ++j) start[j + 1] = start[j] + mats[j].n * mats[j].w.size(1);
+  const int64_t total = start[count], threads = at::get_num_threads();
+  // Matrix j's row at byte b of the stack (rounded): neighbouring shares meet at one row.
+  const auto row_at = [&](int64_t j, int64_t b) {
+    const int64_t row_bytes = mats[j].w.size(1);
+    if (b <= start[j]) return int64_t{0};
+    if (b >= start[j + 1]) return mats[j].n;
+    return (b - start[j] + row_bytes / 2) / row_bytes;
+  };
+  at::parallel_for(0, threads, 1, [&](int64_t lo, int64_t hi) {
+    const int64_t b0 = total * lo / threads, b1 = total * hi / threads;
+    int64_t col = 0;
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t r0 = row_at(j, b0), r1 = row_at(j, b1);
+      if (r0 < r1)
+        gemv_range(kern, out.pairs, mats[j], r0, r1, k, x, out_rows, out.data + col,
+                   out.stride);
+      col += mats[j].n;
+    }
   });
 }
 
@@ -59,7 +79,7 @@ void multiply(const uint8_t* act, int64_t act_stride, int64_t m, const Matrix& m
               int64_t k, Out out) {
   const Kernels& kern = kernels_for(active_isa());
   if (m <= kern.gemv_max_rows && kern.gemv != nullptr) {
-    gemv_rows(kern, act, act_stride, m, mat, k, out);
+    gemv_rows(kern, act, act_stride, m, &mat, 1, k, out);
     return;
   }
   const uint8_t* w = mat.w.data_ptr<uint8_t>();
@@ -182,6 +202,11 @@ at::Tensor multiply_stack(const at::Tensor& x, const std::vector<Matrix>& mats, 
   const int64_t m = pairs ? act.size(0) / 2 : act.size(0);
   at::Tensor out = at::empty({m, n}, act.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return out;
+  if (act.size(0) <= kern.gemv_max_rows && kern.gemv != nullptr) {
+    gemv_rows(kern, act.data_ptr<uint8_t>(), act.stride(0), act.size(0), mats.data(),
+              static_cast<int64_t>(mats.size()), k, {out.data_ptr<float>(), n, pairs});
+    return out;
+  }
   int64_t col = 0;
   for (const Matrix& mat : mats) {
     multiply_matrix(act, mat, k, {out.data_ptr<float>() + col, n, pairs});
