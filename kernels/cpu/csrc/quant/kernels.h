@@ -13,7 +13,7 @@ namespace folio_cpu::quant {
 
 // Most activation rows one dot call multiplies (register blocking).
 constexpr int kMaxRows = 4;
-// The wide tile kernel's register blocking: weight rows by activation rows per dot_wide.
+// The wide tile kernel's register blocking: weight rows by activation rows.
 constexpr int kWideCols = 2;
 constexpr int kWideRows = 6;
 // The most activation rows any ISA's gemv takes (each ISA says where its tiles take over).
@@ -47,10 +47,12 @@ struct Kernels {
   // Chunks [c0, c0 + count) of one weight row (its file bytes, k weights) -> out[count].
   void (*unpack_wide)(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
                       WideChunk* out);
-  // acc[i * nr + r] += w[r] . x[i] over `chunks` chunks, the last of last_rows word rows
-  // (wide_rows), nr <= kWideCols, mr <= kWideRows (min_terms: wide_min_terms of the type).
+  // acc[i * acc_stride + r] += w[r] . x[i] over `chunks` chunks, the last of last_rows
+  // word rows (wide_rows), for every r < nr (kWideCols weight rows a register block) and
+  // i < mr <= kWideRows (min_terms: wide_min_terms of the type).
   void (*dot_wide)(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
-                   int64_t chunks, int last_rows, int min_terms, float* acc);
+                   int64_t chunks, int last_rows, int min_terms, float* acc,
+                   int64_t acc_stride);
   // From this many float rows (and past gemv_max_rows) quant_matmul_stack takes the wide
   // tiles instead of the 8-bit tiles: where they are at least as fast, measured (AVX-512:
   // from the first tile; AVX2, whose unpacking costs more, from 128 rows; the portable

@@ -2,8 +2,9 @@
 // by tiles of kTileN weight rows x tile_m (<= kMaxTileM) activation rows in parallel.
 // A tile unpacks its weight rows kSlice chunks at a time (the slice of its kTileN rows,
 // about 150 KiB, stays in L2 while every activation row of the tile passes over it), and
-// dot_wide runs kWideCols x kWideRows blocks of the slice. Unpacking costs 1 / tile_m of
-// the products, so the tiles take over from gemv at a handful of rows.
+// one dot_wide call runs the slice's kTileN rows by kWideRows activation rows, in
+// kWideCols x kWideRows register blocks. Unpacking costs 1 / tile_m of the products, so
+// the tiles take over from gemv at a handful of rows.
 #include "matmul.h"
 
 #include <ATen/Parallel.h>
@@ -63,19 +64,14 @@ void multiply_wide(const Kernels& kern, const at::Tensor& xw, int64_t k, const M
           const uint8_t* row = w + (rows ? rows[n0 + r] : n0 + r) * w_stride;
           kern.unpack_wide(type, row, k, c0, cs, wbuf.data() + r * kSlice);
         }
+        const WideChunk* wr[kTileN];
+        for (int64_t r = 0; r < tn; ++r) wr[r] = wbuf.data() + r * kSlice;
         for (int64_t i0 = 0; i0 < tm; i0 += kWideRows) {
           const int mr = static_cast<int>(std::min<int64_t>(kWideRows, tm - i0));
           const WideChunk* xr[kWideRows];
           for (int i = 0; i < mr; ++i) xr[i] = x + (m0 + i0 + i) * chunks + c0;
-          for (int64_t r0 = 0; r0 < tn; r0 += kWideCols) {
-            const int nr = static_cast<int>(std::min<int64_t>(kWideCols, tn - r0));
-            const WideChunk* wr[kWideCols];
-            for (int r = 0; r < nr; ++r) wr[r] = wbuf.data() + (r0 + r) * kSlice;
-            float part[kWideRows * kWideCols] = {};
-            kern.dot_wide(wr, nr, xr, mr, cs, last_rows, min_terms, part);
-            for (int i = 0; i < mr; ++i)
-              for (int r = 0; r < nr; ++r) acc[(i0 + i) * kTileN + r0 + r] += part[i * nr + r];
-          }
+          kern.dot_wide(wr, static_cast<int>(tn), xr, mr, cs, last_rows, min_terms,
+                        acc.data() + i0 * kTileN, kTileN);
         }
       }
       grid.store(tile, acc.data(), out);

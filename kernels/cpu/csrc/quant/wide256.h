@@ -82,12 +82,12 @@ struct Wide256 {
 
   template <int NR, int MR, int kMin>
   static void run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
-                  int last_rows, float* acc);
+                  int last_rows, float* acc, int64_t stride);
 };
 
 template <int NR, int MR, int kMin>
 void Wide256::run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
-                  int last_rows, float* acc) {
+                  int last_rows, float* acc, int64_t stride) {
   __m256 f[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) f[i][r] = _mm256_setzero_ps();
@@ -124,7 +124,7 @@ void Wide256::run(const WideChunk* const* w, const WideChunk* const* x, int64_t 
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int r = 0; r < NR; ++r) acc[i * NR + r] += hsum256(f[i][r]);
+    for (int r = 0; r < NR; ++r) acc[i * stride + r] += hsum256(f[i][r]);
 }
 
 }  // namespace

@@ -234,13 +234,14 @@ void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
   }
 }
 
-// Kernels::dot_wide (dot_wide_simd): up to 2 weight rows by 6 activation rows per block.
+// Kernels::dot_wide (dot_wide_simd): up to 2 weight rows by 6 activation rows per block,
+// acc[i * stride + r] += w[r] . x[i].
 struct Wide512 {
   static constexpr int kMaxRows = 6;
 
   template <int NR, int MR, int kMin>
   static void run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
-                  int last_rows, float* acc);
+                  int last_rows, float* acc, int64_t stride);
 };
 
 // s[i][r] += the int32 pair sums of w[r] . x[i] over the kRows word rows of chunk c. The
@@ -286,7 +287,7 @@ inline __m512 reduce16(const __m512* v) {
 
 template <int NR, int MR, int kMin>
 void Wide512::run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
-                  int last_rows, float* acc) {
+                  int last_rows, float* acc, int64_t stride) {
   __m512 f[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) f[i][r] = _mm512_setzero_ps();
@@ -323,7 +324,8 @@ void Wide512::run(const WideChunk* const* w, const WideChunk* const* x, int64_t 
   for (int i = 0; i < 16; ++i) v[i] = i < MR * NR ? f[i / NR][i % NR] : _mm512_setzero_ps();
   alignas(64) float sums[16];
   _mm512_store_ps(sums, reduce16(v));
-  for (int i = 0; i < MR * NR; ++i) acc[i] += sums[i];
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) acc[i * stride + r] += sums[i * NR + r];
 }
 
 }  // namespace

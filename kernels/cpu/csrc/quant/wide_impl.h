@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "layout.h"
 #include "unpack.h"
@@ -99,50 +100,50 @@ inline void wide_block_scales(const Group& g, bool fold, int b, float& d, float&
 }
 
 // The SIMD paths' Kernels::dot_wide from a register-blocked kernel
-// Block::run<NR, MR, kMin>(w, x, chunks, last_rows, acc) taking up to Block::kMaxRows
-// activation rows: more rows go in passes.
-template <typename Block, int NR, int kMin>
-void dot_wide_rows(const WideChunk* const* w, const WideChunk* const* x, int mr,
-                   int64_t chunks, int last_rows, float* acc) {
+// Block::run<NR, MR, kMin>(w, x, chunks, last_rows, acc, acc_stride) (NR <= kWideCols
+// weight rows, MR <= Block::kMaxRows activation rows, its sums added into acc): the
+// weight rows in blocks of kWideCols, each over the activation rows in passes of
+// kMaxRows, the variant picked once per call.
+template <typename Block, int kMin>
+void dot_wide_rows(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
+                   int64_t chunks, int last_rows, float* acc, int64_t stride) {
+  using Run = void (*)(const WideChunk* const*, const WideChunk* const*, int64_t, int, float*,
+                       int64_t);
+  const auto pick = [](int rows, auto cols) -> Run {
+    constexpr int NR = decltype(cols)::value;
+    switch (rows) {
+      case 1: return &Block::template run<NR, 1, kMin>;
+      case 2: return &Block::template run<NR, 2, kMin>;
+      case 3: if constexpr (Block::kMaxRows >= 3) return &Block::template run<NR, 3, kMin>;
+              break;
+      case 4: if constexpr (Block::kMaxRows >= 4) return &Block::template run<NR, 4, kMin>;
+              break;
+      case 5: if constexpr (Block::kMaxRows >= 5) return &Block::template run<NR, 5, kMin>;
+              break;
+      default: break;
+    }
+    return &Block::template run<NR, Block::kMaxRows, kMin>;
+  };
+  static_assert(kWideCols == 2, "pairs of weight rows, then a last single one");
   for (int i0 = 0; i0 < mr; i0 += Block::kMaxRows) {
     const int rows = mr - i0 < Block::kMaxRows ? mr - i0 : Block::kMaxRows;
-    float part[kWideRows * NR] = {};
-    switch (rows) {
-      case 1: Block::template run<NR, 1, kMin>(w, x + i0, chunks, last_rows, part); break;
-      case 2: Block::template run<NR, 2, kMin>(w, x + i0, chunks, last_rows, part); break;
-      case 3:
-        if constexpr (Block::kMaxRows >= 3)
-          Block::template run<NR, 3, kMin>(w, x + i0, chunks, last_rows, part);
-        break;
-      case 4:
-        if constexpr (Block::kMaxRows >= 4)
-          Block::template run<NR, 4, kMin>(w, x + i0, chunks, last_rows, part);
-        break;
-      case 5:
-        if constexpr (Block::kMaxRows >= 5)
-          Block::template run<NR, 5, kMin>(w, x + i0, chunks, last_rows, part);
-        break;
-      default:
-        if constexpr (Block::kMaxRows >= 6)
-          Block::template run<NR, 6, kMin>(w, x + i0, chunks, last_rows, part);
-        break;
-    }
-    for (int i = 0; i < rows * NR; ++i) acc[i0 * NR + i] += part[i];
+    const Run two = pick(rows, std::integral_constant<int, 2>{});
+    float* a = acc + i0 * stride;
+    int r = 0;
+    for (; r + 2 <= nr; r += 2) two(w + r, x + i0, chunks, last_rows, a + r, stride);
+    if (r < nr)
+      pick(rows, std::integral_constant<int, 1>{})(w + r, x + i0, chunks, last_rows, a + r,
+                                                  stride);
   }
 }
 
 template <typename Block>
 void dot_wide_simd(const WideChunk* const* w, int nr, const WideChunk* const* x, int mr,
-                   int64_t chunks, int last_rows, int min_terms, float* acc) {
-  if (nr == 2) {
-    if (min_terms == 0) dot_wide_rows<Block, 2, 0>(w, x, mr, chunks, last_rows, acc);
-    else if (min_terms == 1) dot_wide_rows<Block, 2, 1>(w, x, mr, chunks, last_rows, acc);
-    else dot_wide_rows<Block, 2, 2>(w, x, mr, chunks, last_rows, acc);
-  } else {
-    if (min_terms == 0) dot_wide_rows<Block, 1, 0>(w, x, mr, chunks, last_rows, acc);
-    else if (min_terms == 1) dot_wide_rows<Block, 1, 1>(w, x, mr, chunks, last_rows, acc);
-    else dot_wide_rows<Block, 1, 2>(w, x, mr, chunks, last_rows, acc);
-  }
+                   int64_t chunks, int last_rows, int min_terms, float* acc,
+                   int64_t stride) {
+  if (min_terms == 0) dot_wide_rows<Block, 0>(w, nr, x, mr, chunks, last_rows, acc, stride);
+  else if (min_terms == 1) dot_wide_rows<Block, 1>(w, nr, x, mr, chunks, last_rows, acc, stride);
+  else dot_wide_rows<Block, 2>(w, nr, x, mr, chunks, last_rows, acc, stride);
 }
 
 // The first nb blocks of an unpacked Group as blocks 8h.. of a weight chunk: values
@@ -203,11 +204,12 @@ inline void unpack_wide_impl(int type, const uint8_t* row, int64_t k, int64_t c0
   }
 }
 
-// acc[i * nr + r] += w[r] . x[i] over `chunks` chunks (w[r], x[i]: each row's first chunk
-// of the range; the last of them has last_rows word rows), in plain C++: the portable
-// path's.
+// acc[i * stride + r] += w[r] . x[i] over `chunks` chunks (w[r], x[i]: each row's first
+// chunk of the range; the last of them has last_rows word rows), in plain C++: the
+// portable path's.
 inline void dot_wide_impl(const WideChunk* const* w, int nr, const WideChunk* const* x,
-                          int mr, int64_t chunks, int last_rows, int min_terms, float* acc) {
+                          int mr, int64_t chunks, int last_rows, int min_terms, float* acc,
+                          int64_t stride) {
   for (int i = 0; i < mr; ++i)
     for (int r = 0; r < nr; ++r) {
       float lane[16] = {};
@@ -228,7 +230,7 @@ inline void dot_wide_impl(const WideChunk* const* w, int nr, const WideChunk* co
       }
       float total = 0.0f;
       for (int l = 0; l < 16; ++l) total += lane[l];
-      acc[i * nr + r] += total;
+      acc[i * stride + r] += total;
     }
 }
 
