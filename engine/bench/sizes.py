@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 
 from engine.bench.probe import emit, peak_rss_bytes
 
@@ -120,7 +121,7 @@ def run_sides(ctx, path, sides: list[str], runs: int,
     got: dict[str, list[dict]] = {side: [] for side in sides}
     for r in range(runs):
         for side in (sides if r % 2 == 0 else sides[::-1]):
-            _read_through(path)  # both sides start with the file in the page cache
+            _recache(path)  # both sides start with the file freshly in the page cache
             kwargs = {"side": side, "model_path": str(path), "threads": ctx.threads,
                       "prompt": prompt, "follow_up": follow_up, "warmup": warm,
                       "tokens": s.sizes_tokens, "n_ctx": n_ctx,
@@ -218,8 +219,15 @@ def _vocab(path) -> int:
     return tokens if isinstance(tokens, int) else len(tokens)
 
 
-def _read_through(path, chunk: int = 1 << 24) -> None:
-    """Read the file once, so neither side's load time is the disk's."""
+def _recache(path, chunk: int = 1 << 24) -> None:
+    """Drop the file from the page cache and read it back once, so neither side's load time
+    is the disk's and every run starts from the same cache: read back whole, the file sits
+    in 2 MiB folios where memory allows, which a map reads through 2 MiB pages. A file
+    cached in small folios stays so until it leaves the cache (a 1B's decode step there
+    15.3-15.6 ms against 14.3-14.8; docs/CPU_PERFORMANCE.md)."""
+    from engine.bench.synthetic import drop_cached_pages
+
+    drop_cached_pages(Path(path))
     with open(path, "rb", buffering=0) as f:
         while f.read(chunk):
             pass
