@@ -127,7 +127,7 @@ void dot_rows(const Group* w, int64_t groups, const ActRow* x, float* out) {
 namespace folio_cpu::quant {
 namespace {
 
-const Kernels kAvx2{quantize_row_avx2, unpack_row_impl, dot, gemv_lanes256, interleave, 12,
+const Kernels kAvx2{quantize_row_avx2, unpack_row_impl, dot, gemv_lanes256, interleave, 16,
                     quantize_wide_impl, unpack_wide256, dot_wide_simd<Wide256>, 128,
                     gemv_lanes256_pairs, quantize_residual_avx2};
 

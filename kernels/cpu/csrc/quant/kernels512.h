@@ -15,7 +15,7 @@
 namespace folio_cpu::quant {
 namespace {
 
-const Kernels kKernels{quantize_row_avx2, unpack_row_impl, dot, gemv512, interleave, 10,
+const Kernels kKernels{quantize_row_avx2, unpack_row_impl, dot, gemv512, interleave, 16,
                        quantize_wide512, unpack_wide512, dot_wide_simd<Wide512>,
                        0, gemv512_pairs, quantize_residual_avx2};
 
