@@ -168,17 +168,23 @@ inline void q6k_blocks(const uint8_t* blk, __m512i* v, float* d, float* m0, floa
   }
 }
 
-// Sixteen 32-weight blocks of Q4_0 (d, qs[16]), Q4_1 (d, m, qs[16]) or Q8_0 (d, q[32])
-// as int16 values in registers: weight i < 16 the low nibble of qs[i], 16 + i its high
-// one; Q4_0's offset 8 folded in, Q4_1's min as m1 (unpack.h's layouts).
+// The first nb (<= 16) 32-weight blocks of Q4_0 (d, qs[16]), Q4_1 (d, m, qs[16]) or Q8_0
+// (d, q[32]) as int16 values in registers, the others zero: weight i < 16 the low nibble
+// of qs[i], 16 + i its high one; Q4_0's offset 8 folded in, Q4_1's min as m1 (unpack.h's
+// layouts).
 inline void block32_chunk(int type, const uint8_t* row, __m512i* v, float* d, float* m0,
-                          float* m1) {
+                          float* m1, int nb = 16) {
   const int bytes = block_type(type).block_bytes;
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int b = 0; b < 16; ++b) {
     const uint8_t* blk = row + b * bytes;
-    d[b] = half_to_float(blk);
     m0[b] = m1[b] = 0.0f;
+    if (b >= nb) {
+      v[b] = _mm512_setzero_si512();
+      d[b] = 0.0f;
+      continue;
+    }
+    d[b] = half_to_float(blk);
     if (type == kQ8_0) {
       v[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
       continue;
@@ -193,8 +199,9 @@ inline void block32_chunk(int type, const uint8_t* row, __m512i* v, float* d, fl
 }
 
 // Kernels::unpack_wide: unpack_wide_impl's result, full chunks turned from their Groups
-// in registers (Q4_K, Q6_K, Q4_0, Q4_1 and Q8_0 from the file's bytes directly; a tail
-// chunk, at most one per row, in plain C++).
+// in registers (Q4_K, Q6_K, Q4_0, Q4_1 and Q8_0 from the file's bytes directly); a tail
+// chunk, at most one per row, in plain C++ (a 32-block type's from its blocks in
+// registers: a small model's k = 576 rows are half tail).
 void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t count,
                     WideChunk* out) {
   const bool fold = wide_folds(type), signed_q = signed_weights(type);
@@ -203,8 +210,20 @@ void unpack_wide512(int type, const uint8_t* row, int64_t k, int64_t c0, int64_t
     WideChunk& o = out[c];
     __m512i blocks[16];
     const bool full = wide_rows(k, c0 + c) == 16;
-    const bool direct = type == kQ4_K || type == kQ6_K || type == kQ4_0 || type == kQ4_1 ||
-                        type == kQ8_0;
+    const bool block32 = type == kQ4_0 || type == kQ4_1 || type == kQ8_0;
+    const bool direct = type == kQ4_K || type == kQ6_K || block32;
+    if (!full && block32) {
+      const int nb = static_cast<int>(k / 32 - 16 * (c0 + c));  // blocks present
+      float d[16], m0[16], m1[16];
+      block32_chunk(type, row + 16 * (c0 + c) * block_type(type).block_bytes, blocks, d, m0,
+                    m1, nb);
+      alignas(64) int16_t v[16][32];
+      for (int b = 0; b < 16; ++b) _mm512_store_si512(v[b], blocks[b]);
+      const int rows = wide_rows(k, c0 + c);
+      place_wide(v, rows, o.q);
+      place_scales(d, m0, m1, rows, true, o);
+      continue;
+    }
     if (full && direct) {
       if (type == kQ4_K || type == kQ6_K) {
         for (int h = 0; h < 2; ++h) {

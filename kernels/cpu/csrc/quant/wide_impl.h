@@ -16,16 +16,20 @@ namespace folio_cpu::quant {
 
 namespace {
 
-// A chunk's block-major values (v[b][i], blocks b < 16) -> q in its word order, for a
-// chunk of nb word rows (wide.h).
+// A chunk's block-major values (v[b][i], blocks b < nb) -> q in its word order, for a
+// chunk of nb word rows (wide.h): lane l = b p + u holds elements u 2nb + 2j, +1 of block
+// b in word row j; the word rows past nb zero.
 inline void place_wide(const int16_t (*v)[32], int nb, int16_t* q) {
   const int p = 16 / nb;
-  for (int j = 0; j < nb; ++j)
-    for (int l = 0; l < 16; ++l) {
-      const int16_t* src = v[l / p] + (l % p) * 2 * nb + 2 * j;
-      q[2 * (16 * j + l)] = src[0];
-      q[2 * (16 * j + l) + 1] = src[1];
-    }
+  for (int b = 0; b < nb; ++b)
+    for (int u = 0; u < p; ++u)
+      for (int j = 0; j < nb; ++j) {
+        const int16_t* src = v[b] + u * 2 * nb + 2 * j;
+        int16_t* dst = q + 2 * (16 * j + b * p + u);
+        dst[0] = src[0];
+        dst[1] = src[1];
+      }
+  std::memset(q + 32 * nb, 0, static_cast<size_t>(16 - nb) * 32 * sizeof(int16_t));
 }
 
 // Per-block scales -> per-lane ones: d in every lane of its block, m0 and m1 in every
@@ -79,7 +83,6 @@ inline void quantize_wide_chunk(const float* x, int64_t k, int64_t c, WideChunk&
   float d[16] = {}, m0[16] = {}, m1[16] = {};
   for (int b = 0; b < 16 && c * kWideChunk + 32 * b < k; ++b)
     quantize_wide_block(x + c * kWideChunk + 32 * b, v[b], d[b], m0[b], m1[b]);
-  std::memset(o.q, 0, sizeof(o.q));
   const int nb = wide_rows(k, c);
   place_wide(v, nb, o.q);
   place_scales(d, m0, m1, nb, false, o);
@@ -187,7 +190,6 @@ inline void wide_chunk_from_groups(const Group* g, int type, int64_t k, int64_t 
     wide_values(g[h], type, h, static_cast<int>(present < 0 ? 0 : present > 8 ? 8 : present),
                 v, d, m0, m1);
   }
-  std::memset(out.q, 0, sizeof(out.q));
   const int nb = wide_rows(k, c);
   place_wide(v, nb, out.q);
   place_scales(d, m0, m1, nb, true, out);
