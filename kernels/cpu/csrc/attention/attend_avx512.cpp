@@ -13,32 +13,10 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c,prefer-vector-width=512")
 
+#include "simd512.h"
+
 namespace folio_cpu::attention::avx512 {
 namespace {
-
-// The 16 lane sums of v[0..15] in one vector (lane i: the sum of v[i]'s lanes), by a
-// tree of 15 two-vector steps instead of 16 serial adds per vector.
-inline __m512 lane_sums16(const __m512* v) {
-  __m512 t[8], u[4], w[2];
-  // Per 128-bit lane: [a0 + a2, b0 + b2, a1 + a3, b1 + b3].
-#pragma GCC unroll 8
-  for (int p = 0; p < 8; ++p)
-    t[p] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]),
-                         _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1]));
-  // Per 128-bit lane: the four vectors 4p..4p+3, each summed over that lane's four floats.
-#pragma GCC unroll 4
-  for (int p = 0; p < 4; ++p)
-    u[p] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * p], t[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(t[2 * p], t[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  // 128-bit lanes pairwise across registers, twice: lane L of the result holds vectors
-  // 4L..4L+3 summed over all 16 floats.
-#pragma GCC unroll 2
-  for (int p = 0; p < 2; ++p)
-    w[p] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * p], u[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(u[2 * p], u[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
 
 // 16 floats of a float32 or float16 row.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -93,36 +71,6 @@ inline void key_scores16(const float* const* q, int nrows, const Kv* keys,
   }
 }
 
-// out[e] = column e of the 16 x 16 floats in r[0..16): a transpose in registers.
-inline void transpose16(const __m512* r, __m512* out) {
-  __m512 a[16], b[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: floats 4q..4q+3 of rows 2i, 2i + 1
-    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {  // b[4i + e], lane q: float 4q + e of rows 4i..4i + 3
-    const __m512d a0 = _mm512_castps_pd(a[4 * i]), a1 = _mm512_castps_pd(a[4 * i + 1]);
-    const __m512d a2 = _mm512_castps_pd(a[4 * i + 2]), a3 = _mm512_castps_pd(a[4 * i + 3]);
-    b[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
-    b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
-    b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
-    b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
-  }
-#pragma GCC unroll 4
-  for (int e = 0; e < 4; ++e) {  // a 4 x 4 transpose of the 128-bit lanes
-    const __m512 c0 = _mm512_shuffle_f32x4(b[e], b[4 + e], 0x44);
-    const __m512 c1 = _mm512_shuffle_f32x4(b[e], b[4 + e], 0xEE);
-    const __m512 c2 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], 0x44);
-    const __m512 c3 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], 0xEE);
-    out[e] = _mm512_shuffle_f32x4(c0, c2, 0x88);
-    out[4 + e] = _mm512_shuffle_f32x4(c0, c2, 0xDD);
-    out[8 + e] = _mm512_shuffle_f32x4(c1, c3, 0x88);
-    out[12 + e] = _mm512_shuffle_f32x4(c1, c3, 0xDD);
-  }
-}
-
 // kt[d * 16 + j] = key_j[d] for a block's 16 slots (rows slot_stride apart, float32 or
 // float16 read in place), hd a multiple of 16; slots outside [j_begin, j_end) repeat a
 // slot inside it (finite; their scores are masked).
@@ -133,12 +81,12 @@ inline void transpose_keys16(const Kv* keys, int64_t slot_stride, int64_t j_begi
   for (int64_t j = 0; j < 16; ++j)
     row[j] = keys + (j < j_begin ? j_begin : j < j_end ? j : j_end - 1) * slot_stride;
   for (int64_t d = 0; d < hd; d += 16) {
-    __m512 r[16], t[16];
+    __m512i r[16], t[16];
 #pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) r[j] = load16(row[j] + d);
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_castps_si512(load16(row[j] + d));
     transpose16(r, t);
 #pragma GCC unroll 16
-    for (int e = 0; e < 16; ++e) _mm512_storeu_ps(kt + (d + e) * 16, t[e]);
+    for (int e = 0; e < 16; ++e) _mm512_storeu_ps(kt + (d + e) * 16, _mm512_castsi512_ps(t[e]));
   }
 }
 

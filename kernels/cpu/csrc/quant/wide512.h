@@ -16,35 +16,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "simd512.h"
 #include "wide_impl.h"
 
 namespace folio_cpu::quant {
 namespace {
-
-// out[j] = word j of every row: a 16 x 16 transpose of int32 words in registers.
-inline void transpose16(const __m512i* r, __m512i* out) {
-  __m512i a[16], b[16];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit chunk: words 4q..4q+3 of rows 2i, 2i + 1
-    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // b[4i + e], chunk q: word 4q + e of rows 4i..4i + 3
-    b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
-    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
-    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
-    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
-  }
-  for (int e = 0; e < 4; ++e) {  // a 4 x 4 transpose of the 128-bit chunks
-    const __m512i c0 = _mm512_shuffle_i32x4(b[e], b[4 + e], 0x44);
-    const __m512i c1 = _mm512_shuffle_i32x4(b[e], b[4 + e], 0xEE);
-    const __m512i c2 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0x44);
-    const __m512i c3 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0xEE);
-    out[e] = _mm512_shuffle_i32x4(c0, c2, 0x88);
-    out[4 + e] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
-    out[8 + e] = _mm512_shuffle_i32x4(c1, c3, 0x88);
-    out[12 + e] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
-  }
-}
 
 // Block b of a Group as 32 int16 values s_j q_i (- o_j where the type folds).
 inline __m512i group_block16(const Group& g, int b, bool fold, bool signed_q) {
@@ -287,23 +263,6 @@ inline void wide_words(const WideChunk* const* w, const WideChunk* const* x, int
   }
 }
 
-// The lane sums of v[0..16) as the lanes of one vector, in order: a transposing tree of
-// 15 adds (45 instructions, where 16 separate reductions take about 130).
-inline __m512 reduce16(const __m512* v) {
-  __m512 t[8], u[4], w[2];
-  for (int p = 0; p < 8; ++p)  // per 128-bit chunk: [a0 + a2, b0 + b2, a1 + a3, b1 + b3]
-    t[p] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]),
-                         _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1]));
-  for (int q = 0; q < 4; ++q)  // chunk c: the chunk-c sums of v[4q], .., v[4q + 3]
-    u[q] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * q], t[2 * q + 1], 0x44),
-                         _mm512_shuffle_ps(t[2 * q], t[2 * q + 1], 0xEE));
-  for (int r = 0; r < 2; ++r)  // the chunk pairs' sums
-    w[r] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], 0x88),
-                         _mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
-                       _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
-}
-
 template <int NR, int MR, int kMin>
 void Wide512::run(const WideChunk* const* w, const WideChunk* const* x, int64_t chunks,
                   int last_rows, float* acc, int64_t stride) {
@@ -342,7 +301,7 @@ void Wide512::run(const WideChunk* const* w, const WideChunk* const* x, int64_t 
   __m512 v[16];
   for (int i = 0; i < 16; ++i) v[i] = i < MR * NR ? f[i / NR][i % NR] : _mm512_setzero_ps();
   alignas(64) float sums[16];
-  _mm512_store_ps(sums, reduce16(v));
+  _mm512_store_ps(sums, lane_sums16(v));
   for (int i = 0; i < MR; ++i)
     for (int r = 0; r < NR; ++r) acc[i * stride + r] += sums[i * NR + r];
 }
