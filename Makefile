@@ -5,7 +5,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.folio-installed
 # The native CPU kernels (kernels/cpu): rebuilt when a source changes. A failed build
 # leaves Folio on the PyTorch path (it says so once), so it never stops setup.
-NATIVE_SRC := $(shell find kernels/cpu/csrc -name '*.cpp' -o -name '*.h' 2>/dev/null)
+NATIVE_SRC := $(shell find kernels/cpu/csrc -name '*.cpp' -o -name '*.h' -o -name '*.inc' 2>/dev/null)
 NATIVE := build/folio_cpu/.built
 
 .PHONY: run test lint setup clean native
