@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "gemv256.h"
+#include "k4_scales.h"
 
 namespace folio_cpu::quant {
 namespace {
@@ -100,26 +101,6 @@ inline __m512 halves_x2(const uint8_t* p, int stride, int nb = 8) {
                                                   static_cast<int64_t>(h[0])));
   const __m512i pair = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   return _mm512_permutexvar_ps(pair, _mm512_castps256_ps512(f));
-}
-
-// A Q4_K / Q5_K super-block's 6-bit scales (bytes 0-7) and mins (bytes 8-15), from its
-// 12 bytes at blk + 4 (q[i]: scale j < 4 is q[j] & 63, j >= 4 (q[j + 4] & 15) |
-// (q[j - 4] >> 6) << 4; min j < 4 q[j + 4] & 63, j >= 4 (q[j + 4] >> 4) | (q[j] >> 6) << 4),
-// in vector registers. k_quant_scales' unpacking in general registers (and its moves into
-// vectors) took a fifth of this file's Q4_K decode time (gemv256.h's AVX2 kernels, whose
-// vector ports are busier, measured 5-10% slower with this instead).
-inline __m128i k4_scale_bytes(const uint8_t* blk) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));  // q[i]: byte 4 + i
-  const __m128i low_src = _mm_shuffle_epi8(
-      raw, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
-  const __m128i high_src = _mm_shuffle_epi8(
-      raw, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
-  // 16-bit shifts: the masks drop the bits that come in from the next byte.
-  const __m128i low = _mm_or_si128(
-      _mm_and_si128(low_src, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
-      _mm_and_si128(_mm_srli_epi16(low_src, 4),
-                    _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
-  return _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(high_src, 2), _mm_set1_epi8(0x30)));
 }
 
 // One group's weights: src[4] in the type's source order, ds[l] = D_b s_l and

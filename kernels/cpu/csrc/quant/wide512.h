@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "k4_scales.h"
 #include "simd512.h"
 #include "wide_impl.h"
 
@@ -92,15 +93,13 @@ void quantize_wide512(const float* x, int64_t k, WideChunk* out) {
 // the low nibbles of qs[32c..], 2c + 1 the high ones; d, m0 = 0 (both halves of a block
 // share their offset), m1 = dmin * m per block (unpack.h's Q4_K layout).
 inline void q4k_blocks(const uint8_t* blk, __m512i* v, float* d, float* m0, float* m1) {
-  const uint8_t* p = blk + 4;
-  int sc[8], mn[8];
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = p[j] & 63;
-    mn[j] = p[j + 4] & 63;
-    sc[j + 4] = (p[j + 8] & 0x0F) | ((p[j] >> 6) << 4);
-    mn[j + 4] = (p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4);
-  }
-  const float dd = half_to_float(blk), dmin = half_to_float(blk + 2);
+  const __m128i s8 = k4_scale_bytes(blk);  // scales, then mins
+  const __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk)));
+  _mm256_storeu_ps(d, _mm256_broadcastss_ps(dm));
+  _mm256_storeu_ps(m0, _mm256_setzero_ps());
+  _mm256_storeu_ps(m1, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(s8, 8))),
+                                     _mm256_broadcastss_ps(_mm_movehdup_ps(dm))));
+  const __m512i scales = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(s8));  // word b: block b's
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int c = 0; c < 4; ++c) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
@@ -109,10 +108,7 @@ inline void q4k_blocks(const uint8_t* blk, __m512i* v, float* d, float* m0, floa
     for (int u = 0; u < 2; ++u) {
       const int b = 2 * c + u;
       v[b] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(halves[u]),
-                                _mm512_set1_epi16(static_cast<int16_t>(sc[b])));
-      d[b] = dd;
-      m0[b] = 0.0f;
-      m1[b] = dmin * static_cast<float>(mn[b]);
+                                _mm512_permutexvar_epi16(_mm512_set1_epi16(static_cast<int16_t>(b)), scales));
     }
   }
 }
