@@ -62,6 +62,7 @@ class BenchSettings:
     candidate_prompt_tokens: int = 512
     candidate_tokens: int = 64
     candidate_ns: tuple[int, ...] = (1, 2, 4, 8)
+    candidate_runs: int = 2  # candidates: Folio runs per n, each on a fresh prompt; the fastest
     decode_contexts: tuple[int, ...] = (128, 2048)
     decode_tokens: int = 32
     decode_rounds: int = 3  # each side decodes this many fresh prompts, taking turns
@@ -93,7 +94,8 @@ class BenchSettings:
 
     def __post_init__(self) -> None:
         for name in ("turns", "chat_repeats", "user_tokens", "reply_tokens",
-                     "candidate_prompt_tokens", "candidate_tokens", "decode_tokens",
+                     "candidate_prompt_tokens", "candidate_tokens", "candidate_runs",
+                     "decode_tokens",
                      "decode_rounds", "concurrent_chats", "serve_clients", "serve_turns",
                      "memory_context", "memory_turns", "reopen_tokens", "reopen_repeats",
                      "eightb_prompt_tokens", "eightb_tokens", "eightb_rounds",

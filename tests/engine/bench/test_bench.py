@@ -242,6 +242,8 @@ def test_bad_settings_name_the_field(tiny_dir):
         BenchSettings(candidate_tokens=1)
     with pytest.raises(ValueError, match="candidate_ns"):
         BenchSettings(candidate_ns=(1, 0))
+    with pytest.raises(ValueError, match="candidate_runs must be an integer >= 1"):
+        BenchSettings(candidate_runs=0)
     with pytest.raises(ValueError, match="workload"):
         run(["nope"], BenchSettings(model=str(tiny_dir)))
     with pytest.raises(SystemExit):

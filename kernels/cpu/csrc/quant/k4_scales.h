@@ -1,5 +1,5 @@
-// The scales and mins of a Q4_K / Q5_K super-block, unpacked in SSE registers (SSSE3: the
-// AVX2 and AVX-512 files include it under their own target pragmas).
+// The scales and mins of a Q4_K / Q5_K super-block, unpacked in SSE registers (SSSE3; the
+// AVX-512 kernel headers, gemv512.h and wide512.h, include it under their target pragma).
 #pragma once
 
 #include <immintrin.h>
@@ -23,10 +23,11 @@ inline __m128i k4_scale_bytes(const uint8_t* blk) {
   const __m128i high_src = _mm_shuffle_epi8(
       raw, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));
   // 16-bit shifts: the masks drop the bits that come in from the next byte.
-  const __m128i low = _mm_or_si128(
-      _mm_and_si128(low_src, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
-      _mm_and_si128(_mm_srli_epi16(low_src, 4),
-                    _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+  const __m128i low_mask =
+      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0);
+  const __m128i high_nibbles = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15);
+  const __m128i low = _mm_or_si128(_mm_and_si128(low_src, low_mask),
+                                   _mm_and_si128(_mm_srli_epi16(low_src, 4), high_nibbles));
   return _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(high_src, 2), _mm_set1_epi8(0x30)));
 }
 

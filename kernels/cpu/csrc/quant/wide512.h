@@ -97,8 +97,8 @@ inline void q4k_blocks(const uint8_t* blk, __m512i* v, float* d, float* m0, floa
   const __m128 dm = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk)));
   _mm256_storeu_ps(d, _mm256_broadcastss_ps(dm));
   _mm256_storeu_ps(m0, _mm256_setzero_ps());
-  _mm256_storeu_ps(m1, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(s8, 8))),
-                                     _mm256_broadcastss_ps(_mm_movehdup_ps(dm))));
+  const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(s8, 8)));
+  _mm256_storeu_ps(m1, _mm256_mul_ps(mins, _mm256_broadcastss_ps(_mm_movehdup_ps(dm))));
   const __m512i scales = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(s8));  // word b: block b's
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int c = 0; c < 4; ++c) {
@@ -107,8 +107,9 @@ inline void q4k_blocks(const uint8_t* blk, __m512i* v, float* d, float* m0, floa
                                _mm256_and_si256(_mm256_srli_epi16(q, 4), low)};
     for (int u = 0; u < 2; ++u) {
       const int b = 2 * c + u;
-      v[b] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(halves[u]),
-                                _mm512_permutexvar_epi16(_mm512_set1_epi16(static_cast<int16_t>(b)), scales));
+      const __m512i scale = _mm512_permutexvar_epi16(_mm512_set1_epi16(static_cast<int16_t>(b)),
+                                                     scales);
+      v[b] = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(halves[u]), scale);
     }
   }
 }
