@@ -8,10 +8,12 @@ those tensors come back as already-touched memory depends on the process's alloc
 history. When they do not, every page is faulted and zeroed again: a 1B 512-token
 prefill took 130,000-270,000 page faults, 10-20% of its time, in one process and none in
 the next. llama.cpp allocates its compute buffers once; here glibc's thresholds are
-fixed instead: allocations up to 32 MiB (its largest mmap threshold) come from the heap,
+fixed instead: allocations under 32 MiB (its largest mmap threshold) come from the heap,
 which keeps up to 256 MiB free for reuse. Larger ones (a KV pool, dense weights) are
 still their own mappings, returned to the system as soon as they are freed, so a model
-switch still gives their memory back.
+switch still gives their memory back. The native decoder layer keeps a prefill's largest
+tensor, the gate/up product, under the threshold by running its MLP in row chunks
+(kernels/cpu/csrc/fused/decoder_layer.cpp).
 """
 
 from __future__ import annotations

@@ -139,3 +139,27 @@ def test_layers_it_cannot_take_keep_their_modules(build_attention_metadata):
     model.native_layers = NativeLayers(model.layers)
     hidden = torch.zeros(1, SHAPE["hidden_size"])
     assert model.native_layers.run(hidden, hidden, hidden, [], TorchBackend()) is None
+
+
+def test_a_long_prefill_runs_the_mlp_in_row_chunks_bit_for_bit(build_attention_metadata):
+    """Past 256 rows the native step runs its MLP over equal row chunks (so a 512-token
+    chunk's gate/up product stays in the C heap instead of a fresh mapping per layer):
+    300 rows go as two chunks of 150, the wide tiles' own split, so the hidden states are
+    the modules' bit for bit."""
+    model = quantized_model(LlamaConfig(**SHAPE))
+    spec, tokens = model.spec, 300
+    blocks = -(-tokens // BLOCK)
+    ids = torch.randint(0, spec.vocab_size, (tokens,), generator=torch.Generator().manual_seed(3))
+    outs = []
+    for native in (False, True):
+        cache = allocate_kv_cache(spec.num_layers, blocks, BLOCK, spec.num_kv_heads,
+                                  spec.head_dim, torch.float16, "cpu", head_major=True)
+        meta = build_attention_metadata([list(range(blocks))], [0], [tokens], BLOCK)
+        model.native_layers = None if native else NativeLayers([])
+        with torch.inference_mode():
+            outs.append((model(ids, torch.arange(tokens), pool_layers(cache, meta), meta,
+                               CpuBackend()), cache))
+    assert all(step is not None for step in model.native_layers.steps)
+    (want, want_cache), (got, got_cache) = outs
+    assert torch.equal(got, want)
+    assert torch.equal(got_cache, want_cache)

@@ -9,6 +9,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -45,6 +46,14 @@ class Stack {
 };
 
 enum Product : int64_t { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kProducts = 4 };
+
+// A prefill's MLP runs over equal chunks of at most this many rows: a 512-token chunk's
+// gate/up product for a 1B or 3B model (512 x 16,384 floats) is 32 MiB, at glibc's
+// largest mmap threshold (engine/runner/heap.py), so every layer of every first prompt
+// faulted a fresh mapping's 8,192 pages in, which under page-cache pressure took seconds.
+// The wide tiles split rows the same way (kMaxTileM, matmul_wide.cpp), so the chunks
+// unpack no weight twice and their results are the unchunked product's.
+constexpr int64_t kMlpRows = 256;
 
 }  // namespace
 
@@ -122,11 +131,20 @@ struct DecoderLayer : torch::CustomClassHolder {
     at::Tensor residual = (*products_[kO])(attn.view({t, nq_ * hd_}), pairs);
     if (o_bias_) residual.add_(*o_bias_);
     const at::Tensor normed = add_rms_norm(residual, hidden, post_norm_, post_eps_, offset_);
-    const at::Tensor gate_up = (*products_[kGateUp])(normed, pairs);
-    return residual.add_((*products_[kDown])(silu_mul(gate_up), pairs));
+    const int64_t chunks = std::max<int64_t>(1, (t + kMlpRows - 1) / kMlpRows);
+    const int64_t rows = (t + chunks - 1) / chunks;
+    for (int64_t r0 = 0; r0 < t; r0 += rows) {
+      const int64_t n = std::min(rows, t - r0);
+      residual.narrow(0, r0, n).add_(mlp(normed.narrow(0, r0, n), pairs));
+    }
+    return residual;
   }
 
  private:
+  at::Tensor mlp(const at::Tensor& normed, bool pairs) const {
+    return (*products_[kDown])(silu_mul((*products_[kGateUp])(normed, pairs)), pairs);
+  }
+
   at::Tensor input_norm_, post_norm_;
   double input_eps_, post_eps_, offset_;
   int64_t nq_, nkv_, hd_;
