@@ -49,8 +49,9 @@ enum Product : int64_t { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3, kProducts = 4
 
 // A prefill's MLP runs over equal chunks of at most this many rows: a 512-token chunk's
 // gate/up product for a 1B or 3B model (512 x 16,384 floats) is 32 MiB, at glibc's
-// largest mmap threshold (engine/runner/heap.py), so every layer of every first prompt
-// faulted a fresh mapping's 8,192 pages in, which under page-cache pressure took seconds.
+// largest mmap threshold (engine/runner/heap.py), so until the heap had grown a free
+// piece that large, each layer faulted a fresh mapping's 8,192 pages in: a process's
+// first prompt, which under page-cache pressure took seconds longer.
 // The wide tiles split rows the same way (kMaxTileM, matmul_wide.cpp), so the chunks
 // unpack no weight twice and their results are the unchunked product's.
 constexpr int64_t kMlpRows = 256;
