@@ -5,9 +5,9 @@ Each side runs ``sizes.worker`` in a fresh process, as ``folio bench sizes`` doe
 a 512-token prompt (``sizes_prompt_tokens``) then a follow-up turn, ``sizes_tokens`` greedy
 tokens each; the figures are the worker's (load, TTFT, decode tok/s, peak RSS). The
 machine is shared, so the sides run ``moe_runs`` times, taking turns to go first, and
-each figure is the side's best run (``sizes.run_sides``: the fastest load and TTFT, the
+each figure is the side's best run (``sizes.best_of``: the fastest load and TTFT, the
 highest decode rate, the lowest peak RSS): what the code can do when the machine leaves
-it alone.
+it alone. The summary keeps every run's figures too (``each_run``).
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ def bench_moe(ctx) -> dict:
     else:
         notes.append(llama_note)
     n_ctx = max(1024, s.sizes_prompt_tokens + 2 * s.sizes_tokens + s.sizes_followup_tokens)
-    best = sizes.run_sides(ctx, path, sides, s.moe_runs, (prompt, follow_up, warm), n_ctx,
+    runs = sizes.run_sides(ctx, path, sides, s.moe_runs, (prompt, follow_up, warm), n_ctx,
                            notes, LABEL)
+    best = {side: sizes.best_of(side_runs) for side, side_runs in runs.items()}
     rows = sizes.size_rows(LABEL, best)
     targets = []
     folio, llama = best.get("folio", {}), best.get("llama_cpp", {})
@@ -69,7 +70,8 @@ def bench_moe(ctx) -> dict:
                "file_write_s": round(write_s, 1) if written else 0.0,
                "num_parameters": info.num_parameters,
                "active_parameters": info.active_parameters, "runs": s.moe_runs,
-               "prompt_tokens": s.sizes_prompt_tokens, "decode_tokens": s.sizes_tokens}
+               "prompt_tokens": s.sizes_prompt_tokens, "decode_tokens": s.sizes_tokens,
+               "each_run": sizes.each_run(runs)}
     result = bench_result("moe", ctx, rows, summary, targets, notes)
     result["setup"]["model"] = f"synthetic {shape.label} Q4_K_M"
     result["group_rows_by"] = "size"

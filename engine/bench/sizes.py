@@ -5,11 +5,12 @@ written once into the cache and reused.
 Per size, each side (Folio with ``weights="stored"``, and llama.cpp when it imports) runs
 in a fresh process (``probe.run_probe`` of ``worker``), so its load time and peak RSS are
 its own; ``sizes_runs`` times (2), the sides taking turns to go first, each figure the
-side's best run (``run_sides``): the machine is shared, and one run in a few lost 20-30%
-of a 512-token prefill to it. The worker loads the model, runs a short warm-up (8
-tokens, 2 generated) so no timed call pays for first-call setup, then two turns of plain
-token-id prompts (no chat template), the same ids on both sides (random but fixed,
-drawn from the vocabulary with ``seed``):
+side's best run (``best_of``): the machine is shared, and one run in a few lost 20-30%
+of a 512-token prefill to it. The summary keeps every run's figures too (``each_run``).
+The worker loads the model, runs a short warm-up (8 tokens, 2 generated) so no timed
+call pays for first-call setup, then two turns of plain token-id prompts (no chat
+template), the same ids on both sides (random but fixed, drawn from the vocabulary with
+``seed``):
 
 - turn 1: a ``sizes_prompt_tokens``-token prompt (512), ``sizes_tokens`` greedy tokens (64);
 - turn 2, the follow-up: turn 1's prompt + its reply + ``sizes_followup_tokens`` new ids
@@ -95,12 +96,14 @@ def bench_sizes(ctx) -> dict:
             sides.append("llama_cpp")
         elif llama_note not in notes:
             notes.append(llama_note)
-        got = run_sides(ctx, path, sides, s.sizes_runs, (prompt, follow_up, warm), n_ctx,
-                        notes, size)
+        runs = run_sides(ctx, path, sides, s.sizes_runs, (prompt, follow_up, warm), n_ctx,
+                         notes, size)
+        got = {side: best_of(side_runs) for side, side_runs in runs.items()}
         rows += size_rows(size, got)
         targets += size_targets(size, got)
         summary[size] = {"shape": shape.label, "file_bytes": path.stat().st_size,
-                         "file_write_s": round(write_s, 1) if written else 0.0}
+                         "file_write_s": round(write_s, 1) if written else 0.0,
+                         "each_run": each_run(runs)}
     result = bench_result("sizes", ctx, rows, summary, targets, notes)
     result["setup"]["model"] = f"synthetic Q4_K_M {','.join(s.sizes)}"
     result["group_rows_by"] = "size"  # one table per size on the terminal
@@ -109,10 +112,10 @@ def bench_sizes(ctx) -> dict:
 
 def run_sides(ctx, path, sides: list[str], runs: int,
               ids: tuple[list[int], list[int], list[int]], n_ctx: int, notes: list[str],
-              label: str) -> dict[str, dict]:
-    """Each side's figures on the file at `path`: `worker` in a fresh process per run,
-    `runs` runs per side taking turns to go first (the machine is shared: one run can
-    lose a core for seconds), and each figure the best of the side's runs (best_of).
+              label: str) -> dict[str, list[dict]]:
+    """Each side's runs on the file at `path`, in order: `worker` in a fresh process per
+    run, `runs` runs per side taking turns to go first (the machine is shared: one run can
+    lose a core for seconds, so callers take each figure's best_of).
     `ids`: prompt_ids' (prompt, follow-up, warm-up); a failed run's error goes to notes."""
     from engine.bench.probe import run_probe
 
@@ -130,7 +133,17 @@ def run_sides(ctx, path, sides: list[str], runs: int,
             if "error" in run:
                 notes.append(f"{label} {side}, run {r + 1}: {run['error']}")
             got[side].append(run)
-    return {side: best_of(side_runs) for side, side_runs in got.items()}
+    return got
+
+
+def each_run(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Each side's runs reduced to the figures a size's table shows (METRICS), for the
+    summary: how far apart a side's runs were says how much the machine moved them."""
+    def figures(got: dict) -> dict:
+        return {m: round(v, 3) if isinstance(v, float) else v
+                for m in METRICS if (v := got.get(m)) is not None}
+
+    return {side: [figures(got) for got in side_runs] for side, side_runs in runs.items()}
 
 
 def best_of(runs: list[dict]) -> dict:

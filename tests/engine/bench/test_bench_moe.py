@@ -93,6 +93,8 @@ def test_bench_moe_end_to_end_on_a_tiny_shape(tmp_path, monkeypatch, threads_kep
     rows = {row["figure"]: row for row in result["rows"]}
     assert rows["decode tok/s"]["folio"] > 0
     assert result["summary"]["shape"] == TINY.label
+    (run,) = result["summary"]["each_run"]["folio"]  # moe_runs=1
+    assert run["decode_tok_s"] > 0 and run["ttft_s"] > 0
     assert result["summary"]["active_parameters"] < result["summary"]["num_parameters"]
     if LLAMA:
         assert [t["name"] for t in result["targets"]] == [moe_target(m) for m in BARS]

@@ -15,7 +15,7 @@ import torch
 from engine.bench import synthetic
 from engine.bench.probe import MARK
 from engine.bench.setup import BenchContext, BenchSettings, Target
-from engine.bench.sizes import BARS, bench_sizes, best_of, prompt_ids, size_target, worker
+from engine.bench.sizes import BARS, bench_sizes, best_of, each_run, prompt_ids, size_target, worker
 from engine.bench.targets import LLAMA_MISSING, SIZE_TARGETS, targets_table
 
 LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -132,6 +132,11 @@ def test_bench_sizes_end_to_end_on_a_tiny_shape(tmp_path, monkeypatch, threads_k
     assert rows["decode tok/s"]["folio"] > 0 and rows["peak RSS MiB"]["folio"] > 0
     assert result["summary"]["sizes"] == ["1b"]
     assert result["summary"]["1b"]["shape"] == TINY.label
+    # Every run's figures, each side's best among them in the rows.
+    each = result["summary"]["1b"]["each_run"]
+    assert len(each["folio"]) == 2
+    best = max(r["decode_tok_s"] for r in each["folio"])
+    assert rows["decode tok/s"]["folio"] == pytest.approx(best, abs=0.011)
     if LLAMA:
         assert rows["decode tok/s"]["folio/llama_cpp"] > 0
         assert [t["name"] for t in result["targets"]] == [size_target("1b", m) for m in BARS]
@@ -190,6 +195,16 @@ def test_best_of_takes_each_figures_best_run():
     assert best_of(runs) == {"load_s": 1.5, "ttft_s": 1.0, "decode_tok_s": 6.0,
                              "peak_rss_bytes": 300, "side": "folio",
                              "generated_tokens": [4, 4], "error": "timed out"}
+
+
+def test_each_run_keeps_every_runs_table_figures_rounded():
+    runs = {"folio": [{"load_s": 0.33312, "decode_tok_s": 71.7049, "peak_rss_bytes": 300,
+                       "side": "folio", "generated_tokens": [4, 4]},
+                      {"error": "timed out"}],
+            "llama_cpp": [{"load_s": 0.44, "followup_computed_tokens": 65}]}
+    assert each_run(runs) == {
+        "folio": [{"load_s": 0.333, "decode_tok_s": 71.705, "peak_rss_bytes": 300}, {}],
+        "llama_cpp": [{"load_s": 0.44, "followup_computed_tokens": 65}]}
 
 
 def test_cli_parses_sizes_and_names_an_unknown_one(monkeypatch, capsys):
