@@ -54,10 +54,19 @@ Prompt = str | list[int] | list[dict]
 
 @dataclass(slots=True)
 class _RequestState:
+    """An admitted request and, per candidate index, what the engine keeps beside the
+    scheduler's sequence. All n candidates' parts are made at admission, before the
+    scheduler sees the request, so neither admission nor the later fork can fail half-way
+    and leave the scheduler holding a request this table does not know."""
+
     request: Request
-    candidates: dict[int, CandidateText] = field(default_factory=dict)
-    # Each constrained candidate's grammar state, by candidate index (structured output).
-    matchers: dict[int, Matcher] = field(default_factory=dict)
+    candidates: list[CandidateText]
+    generators: list[torch.Generator]
+    # Each candidate's grammar state (structured output); empty for free text.
+    matchers: list[Matcher] = field(default_factory=list)
+
+    def matcher(self, index: int) -> Matcher | None:
+        return self.matchers[index] if self.matchers else None
 
 
 class LLMEngine:
@@ -254,40 +263,46 @@ class LLMEngine:
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
+        """Queue a request. Admission is a transaction: everything that can fail (the
+        prompt's ids, the grammar, state slots, each candidate's generator and text
+        state, the scheduler's own checks) fails before anything is queued, with a
+        ValueError naming what was wrong and nothing left behind."""
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
         ids = self.encode(prompt)
         vocab = self.hf_config.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        # Compiled before the request is queued: a schema that cannot be enforced is a
-        # GrammarError (ValueError) and nothing is left behind.
-        fmt = params.response_format
-        matcher = None if fmt is None else self.grammars.matcher(fmt)
         slots = self.runner.states and self.kv_cache.managers[-1].pool.num_blocks
         if slots and params.n > slots:
             # Each candidate needs a linear-attention state slot at once.
             raise ValueError(f"SamplingParams.n: {params.n} candidates need as many state "
                              f"slots, but this model's state pool has {slots}")
+        # A schema that cannot be enforced is a GrammarError (ValueError).
+        fmt = params.response_format
+        matchers = [] if fmt is None else [self.grammars.matcher(fmt) for _ in range(params.n)]
+        generators = [make_generator(params.seed, i) for i in range(params.n)]
+        candidates = [self._new_candidate(ids, params) for _ in range(params.n)]
+        # The last step that can refuse; from here on nothing raises.
         request = self.scheduler.add_request(request_id, ids, params)
-        seq = request.seqs[0]
-        seq.generator = make_generator(params.seed, 0)
-        state = _RequestState(request)
-        state.candidates[0] = self._new_candidate(request)
-        if matcher is not None:
-            state.matchers[0] = matcher
-        self._requests[request_id] = state
+        request.seqs[0].generator = generators[0]
+        self._requests[request_id] = _RequestState(request, candidates, generators, matchers)
         return request_id
 
-    def _new_candidate(self, request: Request) -> CandidateText:
-        return CandidateText.start(self.tokenizer, request.prompt_token_ids,
-                                   [*request.params.stop, *self.tokenizer.stop_strings],
-                                   request.params.logprobs is not None,
-                                   request.params.skip_special_tokens)
+    def _new_candidate(self, prompt_ids: list[int], params: SamplingParams) -> CandidateText:
+        return CandidateText.start(self.tokenizer, prompt_ids,
+                                   [*params.stop, *self.tokenizer.stop_strings],
+                                   params.logprobs is not None, params.skip_special_tokens)
+
+    def request_ids(self) -> list[str]:
+        """The requests not yet finished."""
+        return list(self._requests)
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        request = self.scheduler.abort(request_id)
+        """End a request now and free its blocks; None for an id the engine does not hold.
+        The scheduler lets go of the request even where freeing its blocks fails."""
         state = self._requests.pop(request_id, None)
+        request = self.scheduler.abort(request_id)
         if request is None or state is None:
             return None
         return self._output(state)
@@ -327,17 +342,15 @@ class LLMEngine:
             request = state.request
             candidates = [seq]
             if seq.needs_fork:
+                # Every candidate's generator, text and grammar state was made at
+                # admission: the fork only splits the blocks.
                 candidates = self.scheduler.fork(request)
-                parent = state.matchers.get(seq.index)
                 for child in candidates[1:]:
-                    child.generator = make_generator(request.params.seed, child.index)
-                    state.candidates[child.index] = self._new_candidate(request)
-                    if parent is not None:
-                        state.matchers[child.index] = parent.fork()
+                    child.generator = state.generators[child.index]
             rows += [row] * len(candidates)
             targets += candidates
         params = [self._requests[s.request_id].request.params for s in targets]
-        matchers = [self._requests[s.request_id].matchers.get(s.index) for s in targets]
+        matchers = [self._requests[s.request_id].matcher(s.index) for s in targets]
         masks = token_masks(matchers, logits.shape[-1])
         sampling_rows = [
             SamplingRow(p, s.generator, s.token_ids, allowed)

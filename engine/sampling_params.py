@@ -8,6 +8,8 @@ from engine.validation import FieldChecker
 
 _check = FieldChecker("SamplingParams")
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+# A seed is a signed 64-bit integer, the range OpenAI's and vLLM's APIs accept.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 RESPONSE_TYPES = ("json_object", "json_schema")
 
 
@@ -73,8 +75,8 @@ class SamplingParams:
                "> 0 (1 turns it off)")
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
                self.max_tokens, "an integer >= 1")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", self.seed,
-               "an integer or None")
+        _check(self.seed is None or SEED_MIN <= self.seed <= SEED_MAX, "seed", self.seed,
+               f"an integer in [{SEED_MIN}, {SEED_MAX}] or None")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop,
                "a list of non-empty strings")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),

@@ -11,6 +11,7 @@ Not thread-safe, like the engine: one thread drives it (the worker's, or the cal
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from engine.outputs import ErrorEvent, Event, FinishedEvent, RequestOutput
 from engine.sampling_params import SamplingParams
 
 EventCallback = Callable[[Event], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,11 +52,17 @@ class StepLoop:
         return request_id
 
     def cancel(self, request_id: str) -> RequestOutput | None:
-        """End a request now; its callback hears a FinishedEvent with what it had."""
-        output = self.engine.abort(request_id)
+        """End a request now; its callback hears a FinishedEvent with what it had (an
+        ErrorEvent if ending it failed: the callback always hears)."""
         on_event = self._callbacks.pop(request_id, None)
-        if output is not None and on_event is not None:
-            on_event(FinishedEvent(request_id, output))
+        try:
+            output = self.engine.abort(request_id)
+        except Exception as exc:
+            log.exception("cancelling %s failed", request_id)
+            _tell(on_event, ErrorEvent(request_id, f"cancelling failed: {exc}"))
+            return None
+        if output is not None:
+            _tell(on_event, FinishedEvent(request_id, output))
         return output
 
     def cancel_all(self) -> None:
@@ -79,12 +87,7 @@ class StepLoop:
         try:
             events = self.engine.step()
         except Exception as exc:
-            failed = list(self._callbacks.items())
-            self._callbacks.clear()
-            for request_id, _ in failed:
-                self.engine.abort(request_id)
-            for request_id, on_event in failed:
-                on_event(ErrorEvent(request_id, f"generation failed: {exc}"))
+            self._fail_all(f"generation failed: {exc}")
             raise
         now = time.perf_counter()
         finished = []
@@ -101,6 +104,18 @@ class StepLoop:
             for hook in list(self._hooks):
                 hook(report)
         return events
+
+    def _fail_all(self, reason: str) -> None:
+        """After a failed step: every request the engine holds ends, and every callback
+        hears ``reason``. One abort or callback that raises stops none of the others."""
+        failed, self._callbacks = self._callbacks, {}
+        for request_id in dict.fromkeys([*failed, *self.engine.request_ids()]):
+            try:
+                self.engine.abort(request_id)
+            except Exception:
+                log.exception("aborting %s after a failed step failed", request_id)
+        for request_id, on_event in failed.items():
+            _tell(on_event, ErrorEvent(request_id, reason))
 
     def run(self, prompts: list[Prompt], params: SamplingParams | None,
             on_event: EventCallback | None = None) -> list[RequestOutput]:
@@ -129,3 +144,13 @@ class StepLoop:
                     self.engine.abort(request_id)
             raise
         return [done[r] for r in request_ids]
+
+
+def _tell(on_event: EventCallback | None, event: Event) -> None:
+    """Hand ``event`` to its callback; one that raises is logged, so the next is told."""
+    if on_event is None:
+        return
+    try:
+        on_event(event)
+    except Exception:
+        log.exception("event callback failed for %s", event.request_id)

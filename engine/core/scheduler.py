@@ -107,10 +107,14 @@ class Scheduler:
         if request is None:
             return None
         request.aborted = True
-        for seq in request.seqs:
-            if not seq.is_finished:
-                self.finish_seq(seq, "abort")
-        self.remove_finished()
+        try:
+            for seq in request.seqs:
+                if not seq.is_finished:
+                    self.finish_seq(seq, "abort")
+        finally:
+            # Even where freeing a sequence failed, the (aborted, so finished) request
+            # leaves every queue: one the engine no longer knows is never scheduled again.
+            self.remove_finished()
         return request
 
     def remove_finished(self) -> list[Request]:

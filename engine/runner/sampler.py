@@ -37,13 +37,18 @@ class SamplingRow:
     allowed: torch.Tensor | None = None  # bool [vocab]: the tokens a grammar allows
 
 
+_SEED_SPACE = 2**64  # torch.Generator.manual_seed takes [0, 2**64) (and negatives)
+
+
 def make_generator(
     seed: int | None, candidate_index: int, device: str | torch.device = "cpu"
 ) -> torch.Generator:
     """The generator of candidate `candidate_index` of a request.
 
     With a seed `s`, candidate i draws like an n=1 request with seed `s + i`; without one,
-    each candidate gets its own generator seeded from the OS's randomness.
+    each candidate gets its own generator seeded from the OS's randomness. `s + i` is
+    taken modulo 2**64, the generator's seed range, so no seed in SamplingParams' range
+    and no candidate index can overflow it.
     """
     if not isinstance(candidate_index, int) or candidate_index < 0:
         raise ValueError(f"candidate_index must be an integer >= 0, got {candidate_index!r}")
@@ -51,7 +56,7 @@ def make_generator(
     if seed is None:
         generator.manual_seed(secrets.randbits(63))
     else:
-        generator.manual_seed(seed + candidate_index)
+        generator.manual_seed((seed + candidate_index) % _SEED_SPACE)
     return generator
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, SEED_MAX, SEED_MIN, SamplingParams
 from engine.serve import fields
 from engine.serve.fields import UnsupportedField
 from engine.serve.response_format import response_format
@@ -101,7 +101,7 @@ class SamplingFields(BaseModel):
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     frequency_penalty: float | None = 0.0
