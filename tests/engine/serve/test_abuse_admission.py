@@ -32,7 +32,7 @@ class Streams:
 
     def _stream(self, i: int) -> None:
         try:
-            stream = self.served.client().chat.completions.create(
+            stream = self.served.client(timeout=60).chat.completions.create(
                 model=self.served.model, messages=[{"role": "user", "content": f"go {i}"}],
                 max_tokens=STREAM_TOKENS, temperature=0, stream=True,
                 extra_body={"ignore_eos": True}, stream_options={"include_usage": True})
