@@ -10,18 +10,24 @@ folder is made so, the root's missing parents too (``mkdir(parents=True)`` would
 them the default mode): the tier only creates a folder for itself.
 
 A file is written under a temporary name in its folder, then renamed: a reader sees a
-whole file or none.
+whole file or none. The temporary name carries the writer's pid, so a file left by a
+writer that was killed (``stale``) can be told from one a live process is writing into
+the same folder.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import time
 from pathlib import Path
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 TMP_SUFFIX = ".tmp"
+# A temporary file lives for one write; one this old is a killed writer's even if its
+# pid is alive again (reused), or where liveness cannot be probed (not POSIX).
+STALE_AFTER_S = 600.0
 
 
 def make_private_dirs(path: Path) -> None:
@@ -82,6 +88,31 @@ def _remove(path: Path) -> None:
         path.unlink()
     except OSError:
         pass
+
+
+def is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TMP_SUFFIX)
+
+
+def stale(name: str, mtime_s: float, now_s: float | None = None) -> bool:
+    """Whether the temporary file ``name`` (of ``temp_path``'s form) was left by a writer
+    that is gone: its pid is not running, or it is older than any write takes."""
+    now_s = time.time() if now_s is None else now_s
+    if now_s - mtime_s > STALE_AFTER_S:
+        return True
+    parts = name[:-len(TMP_SUFFIX)].split(".")
+    pid = parts[-3] if len(parts) >= 4 else ""
+    if os.name != "posix" or not pid.isdigit():
+        return False  # young and not ours to judge: leave it for the age rule
+    if int(pid) == os.getpid():
+        return False  # another store of this process may be writing it
+    try:
+        os.kill(int(pid), 0)  # a liveness probe on POSIX (it sends nothing)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
 
 
 def tighten(path: Path, st: os.stat_result, mode: int) -> None:

@@ -1,6 +1,8 @@
 """What the disk tier finds in its folder when it opens: the block files to index, and
 what must not stay.
 
+- A killed writer's temporary file (`disk_files.stale`) is removed: the size cap, which
+  counts block files only, would never reach it.
 - When the folder has no key yet (`disk_key.installation_key` made one just now), the
   block files there are an older Folio's, whose headers hold the prompt's tokens in
   clear: each whose format is not this one is removed. Later an older file is only ever
@@ -17,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.runner.disk_files import PRIVATE_DIR, PRIVATE_FILE, tighten
+from engine.runner.disk_files import PRIVATE_DIR, PRIVATE_FILE, is_temp, stale, tighten
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class Scan:
     files: dict[Path, tuple[int, int]] = field(default_factory=dict)  # (last use ns, bytes)
+    stale_files: int = 0
     old_files: int = 0
 
 
@@ -44,6 +47,11 @@ def scan(root: Path, suffix: str, magic: bytes, drop_old: bool) -> Scan:
             path = base / name
             try:
                 st = path.stat()
+                if is_temp(name):
+                    if stale(name, st.st_mtime):
+                        path.unlink()
+                        out.stale_files += 1
+                    continue
                 if not name.endswith(suffix):
                     continue
                 if drop_old and not _has_magic(path, magic):
@@ -54,6 +62,9 @@ def scan(root: Path, suffix: str, magic: bytes, drop_old: bool) -> Scan:
             except OSError:
                 continue
             out.files[path] = (st.st_mtime_ns, st.st_size)
+    if out.stale_files:
+        log.info("KV disk tier: removed %d temporary files of a killed writer",
+                 out.stale_files)
     if out.old_files:
         log.info("KV disk tier: removed %d block files of an older Folio", out.old_files)
     return out

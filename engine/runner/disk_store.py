@@ -10,13 +10,14 @@ CRC-32), then the block's K/V bytes as the pool holds them. Safe by construction
 - private: folders 0700 and files 0600 from the moment they are made (`disk_files.py`);
   the root and what an older Folio left under it are tightened at open;
 - a file is written under a temporary name and renamed, so a reader (this process after
-  a crash, another Folio on the same folder) sees a whole file or none;
+  a crash, another Folio on the same folder) sees a whole file or none; a killed
+  writer's temporary files are removed at open (`disk_scan.py`, counted in ``stats``);
 - a load checks the header against the block it wants and the payload against its
   checksum; a corrupt, truncated, foreign or unreadable file is skipped (the block is
   recomputed), counted in the log and removed;
 - a write that fails (disk full, read-only folder) turns the tier off with one warning;
 - the folder is capped: past ``max_bytes`` the least recently used files go first (a
-  load marks a file used).
+  load marks a file used), at open too (a smaller cap than before trims the folder).
 
 Writes run on a thread of their own; ``flush`` waits for them.
 """
@@ -69,6 +70,7 @@ class DiskStore:
         self.hit_blocks = 0
         self.skipped_files = 0
         self.written_blocks = 0
+        self.stale_files = 0  # a killed writer's temporary files removed at open
         self._key = b""
         self._nonce = new_nonce()
         self._tmp_ids = itertools.count()
@@ -87,6 +89,8 @@ class DiskStore:
         found = scan(self.root, SUFFIX, MAGIC, drop_old=new_key)
         self._files = found.files
         self._bytes = sum(size for _, size in found.files.values())
+        self.stale_files = found.stale_files
+        self._enforce_cap()
 
     def tokens_mac(self, block_hash: bytes, token_ids: tuple[int, ...]) -> str:
         """What a header says of a block's tokens (`disk_key.py`)."""
@@ -229,7 +233,7 @@ class DiskStore:
         with self._lock:
             return DiskTierStats(self.enabled, len(self._files), self._bytes, self.max_bytes,
                                  self.hit_blocks, self.skipped_files, self.written_blocks,
-                                 hit_tokens)
+                                 hit_tokens, self.stale_files)
 
 
 def _check(data: bytes, header: dict, payload_size: int) -> str | None:

@@ -1,14 +1,19 @@
 """The disk tier's files and folders: private (0600, 0700) from the moment they are made,
-whatever the umask lets through; an older Folio's looser folder tightened at open."""
+whatever the umask lets through; an older Folio's looser folder tightened at open; a
+killed writer's temporary files removed at open and counted, a live writer's kept."""
 
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from engine.runner import disk_files
 from engine.runner.disk_store import DiskStore
 from engine.runner.disk_tier import GroupDisk
 
@@ -84,6 +89,48 @@ def test_a_block_file_made_readable_by_hand_is_tightened_at_open(tmp_path):
     assert DiskStore(tmp_path, 1 << 20).stats().num_blocks == 1
     for path in every_entry(tmp_path):
         assert mode(path) == (0o700 if path.is_dir() else 0o600), path
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _temp(folder: Path, name: str, size: int, age_s: float = 0.0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_bytes(b"t" * size)
+    if age_s:
+        then = time.time() - age_s
+        os.utime(path, (then, then))
+    return path
+
+
+def test_a_killed_writers_temporary_files_are_removed_and_counted_at_open(tmp_path):
+    root = tmp_path / "kv"
+    group = root / "fp" / "0"
+    dead = _dead_pid()
+    killed = _temp(group, f".ab.kvb.{dead}.1234abcd.7.tmp", 5000)
+    old = _temp(group, f".cd.kvb.{os.getppid()}.1234abcd.8.tmp", 5000, age_s=3600)
+    live = _temp(group, f".ef.kvb.{os.getppid()}.1234abcd.9.tmp", 5000)  # being written
+    older_format = _temp(group, f".ab.kvb.{dead}.3.tmp", 5000, age_s=3600)
+    store = DiskStore(root, 1 << 20)
+    assert not killed.exists() and not old.exists() and not older_format.exists()
+    assert live.exists()
+    stats = store.stats()
+    assert stats.stale_files == 3
+    assert stats.num_blocks == 0 and stats.num_bytes == 0  # never counted as blocks
+
+
+def test_stale_tells_a_killed_writer_from_a_live_one():
+    now = time.time()
+    name = ".{}.kvb.{}.00ff00ff.1.tmp"
+    assert disk_files.stale(name.format("aa", _dead_pid()), now, now)
+    assert not disk_files.stale(name.format("aa", os.getppid()), now, now)
+    assert not disk_files.stale(name.format("aa", os.getpid()), now, now)
+    assert disk_files.stale(name.format("aa", os.getpid()), now - 3600, now)
+    assert not disk_files.stale(".something.tmp", now, now)  # no pid: the age decides
 
 
 def test_a_write_that_fails_leaves_no_temporary_file(tmp_path, monkeypatch):
