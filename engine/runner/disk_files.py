@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import time
 from pathlib import Path
 
@@ -117,8 +118,10 @@ def stale(name: str, mtime_s: float, now_s: float | None = None) -> bool:
 
 def tighten(path: Path, st: os.stat_result, mode: int) -> None:
     """Chmod a folder or file an older Folio made with a looser mode to ``mode``, if this
-    user owns it (another's is left as it is)."""
-    if os.name != "posix" or not st.st_mode & 0o077 or st.st_uid != os.getuid():
+    user owns it (another's is left as it is). ``st`` of a link (``lstat``) is left: a
+    chmod would change whatever it points to, maybe outside the tier."""
+    if (os.name != "posix" or stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077
+            or st.st_uid != os.getuid()):
         return
     try:
         os.chmod(path, mode)

@@ -40,7 +40,7 @@ def scan(root: Path, suffix: str, magic: bytes, drop_old: bool) -> Scan:
         base = Path(folder)
         for name in dirs:
             try:
-                tighten(base / name, (base / name).stat(), PRIVATE_DIR)
+                tighten(base / name, (base / name).lstat(), PRIVATE_DIR)
             except OSError:
                 pass
         for name in names:
@@ -58,7 +58,7 @@ def scan(root: Path, suffix: str, magic: bytes, drop_old: bool) -> Scan:
                     path.unlink()
                     out.old_files += 1
                     continue
-                tighten(path, st, PRIVATE_FILE)
+                tighten(path, path.lstat(), PRIVATE_FILE)
             except OSError:
                 continue
             out.files[path] = (st.st_mtime_ns, st.st_size)

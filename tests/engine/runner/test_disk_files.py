@@ -144,3 +144,14 @@ def test_a_write_that_fails_leaves_no_temporary_file(tmp_path, monkeypatch):
     store.flush()
     assert not store.enabled
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_link_in_the_folder_is_not_followed_by_the_tightening(tmp_path):
+    outside = tmp_path / "shared"
+    outside.mkdir()
+    outside.chmod(0o755)
+    root = tmp_path / "kv"
+    root.mkdir()
+    (root / "elsewhere").symlink_to(outside, target_is_directory=True)
+    DiskStore(root, 1 << 20)
+    assert mode(root) == 0o700 and mode(outside) == 0o755
