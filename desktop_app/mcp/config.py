@@ -17,6 +17,8 @@ an export may carry of a server (its name and kind, never those values).
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,8 +166,17 @@ def write_mcp_json(path: Path, text: str) -> McpConfig:
     """Check, then write (the file may hold secrets: readable by its owner only)."""
     config = parse_mcp_json(text)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-    tmp.chmod(0o600)
-    tmp.replace(path)
+    data = (text if text.endswith("\n") else text + "\n").encode("utf-8")
+    # Created 0600 (a chmod after the write would leave the secrets readable meanwhile),
+    # under a name no other writer or leftover file has (O_EXCL would refuse it).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return config

@@ -57,6 +57,7 @@ class DiskTierStats:
     skipped_files: int  # corrupt, foreign or unreadable files skipped since start
     written_blocks: int
     hit_tokens: int = 0  # prompt tokens loaded from disk, since start
+    stale_files: int = 0  # a killed writer's temporary files removed at open
 
 
 @dataclass(slots=True)

@@ -3,18 +3,21 @@
 One file per block, under ``<root>/<model fingerprint>/<KV group>/<block hash>.kvb``
 (the root is ``FOLIO_KV_CACHE_DIR``, else ``kv`` in ``FOLIO_CACHE_DIR`` or the user
 cache): a short header naming what the
-block is (the fingerprint of everything its K/V depends on, the group, its hash chain
-and tokens, the payload's size and CRC-32), then the block's K/V bytes as the pool holds
-them. Safe by construction:
+block is (the fingerprint of everything its K/V depends on, the group, its hash chain,
+a keyed hash of its tokens, never the tokens: `disk_key.py`; the payload's size and
+CRC-32), then the block's K/V bytes as the pool holds them. Safe by construction:
 
+- private: folders 0700 and files 0600 from the moment they are made (`disk_files.py`);
+  the root and what an older Folio left under it are tightened at open;
 - a file is written under a temporary name and renamed, so a reader (this process after
-  a crash, another Folio on the same folder) sees a whole file or none;
+  a crash, another Folio on the same folder) sees a whole file or none; a killed
+  writer's temporary files are removed at open (`disk_scan.py`, counted in ``stats``);
 - a load checks the header against the block it wants and the payload against its
   checksum; a corrupt, truncated, foreign or unreadable file is skipped (the block is
   recomputed), counted in the log and removed;
 - a write that fails (disk full, read-only folder) turns the tier off with one warning;
 - the folder is capped: past ``max_bytes`` the least recently used files go first (a
-  load marks a file used).
+  load marks a file used), at open too (a smaller cap than before trims the folder).
 
 Writes run on a thread of their own; ``flush`` waits for them.
 """
@@ -32,10 +35,14 @@ import zlib
 from pathlib import Path
 
 from engine.core.kv_stats import DiskTierStats
+from engine.runner.disk_files import make_private_dirs, new_nonce, temp_path, write_private
+from engine.runner.disk_key import installation_key, tokens_mac
+from engine.runner.disk_scan import scan
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"FOLIOKV1"
+# 2: the header holds a MAC of the tokens (`disk_key.py`); a version 1 file is a miss.
+MAGIC = b"FOLIOKV2"
 SUFFIX = ".kvb"
 _LEN = struct.Struct("<I")
 
@@ -63,25 +70,31 @@ class DiskStore:
         self.hit_blocks = 0
         self.skipped_files = 0
         self.written_blocks = 0
+        self.stale_files = 0  # a killed writer's temporary files removed at open
+        self._key = b""
+        self._nonce = new_nonce()
         self._tmp_ids = itertools.count()
         self._queue: queue.Queue = queue.Queue()
         self._writer: threading.Thread | None = None
         if self.enabled:
             try:
-                self.root.mkdir(parents=True, exist_ok=True)
-                self._scan()
+                self._open()
             except OSError as exc:
                 self._turn_off(f"cannot use {self.root}: {exc}")
 
     # --------------------------------------------------------------- the index
-    def _scan(self) -> None:
-        for path in self.root.rglob("*" + SUFFIX):
-            try:
-                st = path.stat()
-            except OSError:
-                continue
-            self._files[path] = (st.st_mtime_ns, st.st_size)
-            self._bytes += st.st_size
+    def _open(self) -> None:
+        make_private_dirs(self.root)
+        self._key, new_key = installation_key(self.root)
+        found = scan(self.root, SUFFIX, MAGIC, drop_old=new_key)
+        self._files = found.files
+        self._bytes = sum(size for _, size in found.files.values())
+        self.stale_files = found.stale_files
+        self._enforce_cap()
+
+    def tokens_mac(self, block_hash: bytes, token_ids: tuple[int, ...]) -> str:
+        """What a header says of a block's tokens (`disk_key.py`)."""
+        return tokens_mac(self._key, block_hash, token_ids)
 
     def path_for(self, fingerprint: str, group: int, block_hash: bytes) -> Path:
         return self.root / fingerprint / str(group) / (block_hash.hex() + SUFFIX)
@@ -178,18 +191,11 @@ class DiskStore:
     def _write(self, path: Path, header: dict, payload: bytes) -> None:
         head = json.dumps({**header, "size": len(payload),
                            "crc32": zlib.crc32(payload)}, sort_keys=True).encode()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{next(self._tmp_ids)}.tmp")
+        tmp = temp_path(path, self._nonce, next(self._tmp_ids))
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(MAGIC + _LEN.pack(len(head)) + head)
-                f.write(payload)
-            os.replace(tmp, path)
+            make_private_dirs(path.parent)
+            write_private(path, tmp, MAGIC + _LEN.pack(len(head)) + head, payload)
         except OSError as exc:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
             self._turn_off(f"cannot write {path.parent}: {exc}")
             return
         size = len(MAGIC) + _LEN.size + len(head) + len(payload)
@@ -227,11 +233,13 @@ class DiskStore:
         with self._lock:
             return DiskTierStats(self.enabled, len(self._files), self._bytes, self.max_bytes,
                                  self.hit_blocks, self.skipped_files, self.written_blocks,
-                                 hit_tokens)
+                                 hit_tokens, self.stale_files)
 
 
 def _check(data: bytes, header: dict, payload_size: int) -> str | None:
     """Why ``data`` is not the block file ``header`` describes, or None."""
+    if data.startswith(MAGIC[:-1]) and not data.startswith(MAGIC):
+        return "another version's file"
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _LEN.size:
         return "not a block file"
     (head_len,) = _LEN.unpack_from(data, len(MAGIC))

@@ -1,7 +1,8 @@
 """One KV group's view of the disk store (`engine/runner/disk_store.py`): a block's file
 named by its hash chain under the group's fingerprint, and that fingerprint: everything a
 block's K/V depends on, so a file from another model, dtype or layout is never found (and
-one swapped in by hand fails its header check).
+one swapped in by hand fails its header check: the header's hash, and the MAC of the
+block's tokens that stands in for them, `disk_key.py`).
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ class GroupDisk:
         return self.store.path_for(self.fingerprint, self.group, block_hash)
 
     def _header(self, block_hash: bytes, token_ids: tuple[int, ...]) -> dict:
+        # The tokens as a MAC, never in clear: checked as surely, read by no one.
         return {"fingerprint": self.fingerprint, "group": self.group,
-                "hash": block_hash.hex(), "tokens": list(token_ids)}
+                "hash": block_hash.hex(),
+                "tokens_mac": self.store.tokens_mac(block_hash, token_ids)}
 
     def has(self, block_hash: bytes) -> bool:
         return block_hash not in self.bad and self.store.has(self._path(block_hash))

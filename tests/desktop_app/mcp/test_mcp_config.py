@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
+from pathlib import Path
 
 import pytest
 
 from desktop_app.mcp.config import (
+    EMPTY_MCP_JSON,
     McpConfigError,
     parse_mcp_json,
     read_mcp_json,
@@ -76,3 +79,43 @@ def test_write_checks_first_and_keeps_the_file_private(tmp_path):
     with pytest.raises(McpConfigError):
         write_mcp_json(path, "{")
     assert json.loads(read_mcp_json(path)) == CLAUDE_STYLE  # the bad text wrote nothing
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
+def test_the_secrets_are_never_in_a_file_others_may_read(tmp_path, monkeypatch):
+    """Private from the file's creation: a chmod before the rename would be too late."""
+    seen: list[tuple[str, int, bytes]] = []
+
+    def look(name: str, real):
+        def call(path, *args, **kwargs):
+            path = Path(path)
+            if path.name.endswith(".tmp"):
+                seen.append((name, stat.S_IMODE(path.stat().st_mode), path.read_bytes()))
+            return real(path, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(os, "chmod", look("chmod", os.chmod))
+    monkeypatch.setattr(os, "replace", look("replace", os.replace))
+    old = os.umask(0o022)
+    try:
+        write_mcp_json(tmp_path / "mcp.json", json.dumps(CLAUDE_STYLE))
+    finally:
+        os.umask(old)
+    assert [name for name, _, _ in seen][-1] == "replace"
+    assert all(b"tok-123456" in data for _, _, data in seen)
+    assert [mode for _, mode, _ in seen] == [0o600] * len(seen)
+
+
+def test_a_write_that_fails_keeps_the_old_file_and_leaves_no_temporary(tmp_path,
+                                                                       monkeypatch):
+    path = tmp_path / "mcp.json"
+    write_mcp_json(path, json.dumps(CLAUDE_STYLE))
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(OSError):
+        write_mcp_json(path, EMPTY_MCP_JSON)
+    assert json.loads(read_mcp_json(path)) == CLAUDE_STYLE
+    assert [p.name for p in tmp_path.iterdir()] == ["mcp.json"]

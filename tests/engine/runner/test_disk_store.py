@@ -91,6 +91,23 @@ def test_the_cap_drops_the_least_recently_used(tmp_path):
     assert store.stats().num_bytes <= 3 * size
 
 
+def test_the_cap_is_enforced_at_open(tmp_path):
+    """A tier opened with a smaller cap than its files trims them, least recently used
+    first, before anything is written."""
+    store = DiskStore(tmp_path, 1 << 20)
+    paths = []
+    for i in range(4):
+        paths.append(write(store, i, bytes([i]) * 1000))
+    size = paths[0].stat().st_size
+    for age, path in zip((3, 1, 4, 2), paths, strict=True):  # minutes since last used
+        then = time.time() - 60 * age
+        os.utime(path, (then, then))
+    smaller = DiskStore(tmp_path, 2 * size)
+    assert [p.exists() for p in paths] == [False, True, False, True]
+    stats = smaller.stats()
+    assert (stats.num_blocks, stats.num_bytes, stats.written_blocks) == (2, 2 * size, 0)
+
+
 def test_a_full_disk_turns_the_tier_off_once_and_chats_go_on(tmp_path, monkeypatch, caplog):
     store = DiskStore(tmp_path, 1 << 20)
 
