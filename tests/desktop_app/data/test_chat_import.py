@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import pytest
 
@@ -211,3 +212,16 @@ def test_failure_mid_write_rolls_back(store, monkeypatch):
         store.import_json(text)
     assert store.list_chats() == before
     assert JSON_FORMAT in text
+
+
+def test_failure_reading_the_new_chat_back_rolls_back(store, monkeypatch):
+    text = store.export_json(branchy_chat(store))
+    before = list(store._conn.iterdump())
+
+    def failing(chat_id):
+        raise sqlite3.DatabaseError("malformed")
+
+    monkeypatch.setattr(store, "get_chat", failing)
+    with pytest.raises(sqlite3.DatabaseError):
+        store.import_json(text)
+    assert list(store._conn.iterdump()) == before

@@ -4,12 +4,15 @@ replaced by the test)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import pytest
 from PySide6.QtWidgets import QMenu
 
+from desktop_app.data import chat_import
 from desktop_app.dialogs import chat_files
 from tests.desktop_app.data.test_chat_import import branchy_chat, tree
+from tests.desktop_app.data.test_import_checks import snapshot
 
 
 @pytest.fixture
@@ -125,3 +128,60 @@ def test_cancel_and_no_chat(window, monkeypatch, tmp_path, captured_errors, stor
     assert captured_errors == [("Nothing to export",
                                 "Open or start a chat first, then export it.")]
     assert not list(tmp_path.glob("*.md"))
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda d: d["chat"].update(title="Hi \ud800"), "chat.title: expected valid Unicode"),
+    (lambda d: d["messages"][1]["metrics"].update(num_prompt_tokens="lots"),
+     "messages[1].metrics.num_prompt_tokens: expected a non-negative integer"),
+    (lambda d: d["messages"][0].update(created_at=float("nan")),
+     "messages[0].created_at: expected a time"),
+    (lambda d: d["messages"][5].update(candidate_index=10**30),
+     "messages[5].candidate_index: expected a non-negative integer"),
+])
+def test_a_crafted_file_shows_the_field_and_adds_no_chat(window, store, monkeypatch,
+                                                         tmp_path, captured_errors, change,
+                                                         expected):
+    data = json.loads(store.export_json(branchy_chat(store)))
+    change(data)
+    path = tmp_path / "crafted.json"
+    path.write_text(json.dumps(data))
+    answer_open(monkeypatch, path)
+    before = snapshot(store)
+    assert window.chat_files.import_chat() is None
+    [(title, text)] = captured_errors
+    assert title == "Could not import the chat"
+    assert text.startswith(f"crafted.json: {expected}") and "Nothing was imported" in text
+    assert snapshot(store) == before
+
+
+@pytest.mark.parametrize("error", [
+    sqlite3.IntegrityError("NOT NULL constraint failed: messages.created_at"),
+    OverflowError("Python int too large to convert to SQLite INTEGER"),
+    UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"),
+    sqlite3.OperationalError("database or disk is full"),
+])
+def test_a_failure_while_saving_is_shown_and_nothing_is_imported(
+        window, store, monkeypatch, tmp_path, captured_errors, error):
+    path = tmp_path / "in.json"
+    path.write_text(store.export_json(branchy_chat(store)))
+    real, calls = chat_import.schema.pack_token_ids, []
+
+    def failing(ids):  # the fourth message cannot be written
+        calls.append(ids)
+        if len(calls) == 4:
+            raise error
+        return real(ids)
+
+    monkeypatch.setattr(chat_import.schema, "pack_token_ids", failing)
+    answer_open(monkeypatch, path)
+    imported = []
+    window.chat_files.chatImported.connect(imported.append)
+    before = snapshot(store)
+    assert window.chat_files.import_chat() is None
+    [(title, text)] = captured_errors
+    assert title == "Could not import the chat"
+    assert text.startswith(f"in.json: the import failed unexpectedly "
+                           f"({type(error).__name__}: ")
+    assert text.endswith("Nothing was imported.")
+    assert snapshot(store) == before and imported == [] and len(calls) == 4
