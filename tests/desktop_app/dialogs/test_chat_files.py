@@ -9,10 +9,11 @@ import sqlite3
 import pytest
 from PySide6.QtWidgets import QMenu
 
-from desktop_app.data import chat_import
+from desktop_app.data import chat_import, import_checks, metric_values
 from desktop_app.dialogs import chat_files
+from desktop_app.dialogs.settings_dialog import ChatSettingsForm
 from tests.desktop_app.data.test_chat_import import branchy_chat, tree
-from tests.desktop_app.data.test_import_checks import snapshot
+from tests.desktop_app.data.test_import_checks import rich_chat, snapshot
 
 
 @pytest.fixture
@@ -185,3 +186,30 @@ def test_a_failure_while_saving_is_shown_and_nothing_is_imported(
                            f"({type(error).__name__}: ")
     assert text.endswith("Nothing was imported.")
     assert snapshot(store) == before and imported == [] and len(calls) == 4
+
+
+def test_values_at_every_bound_import_and_open(qtbot, window, store, monkeypatch, tmp_path,
+                                               captured_errors):
+    """The bounds the import checks are ones the app can show: the chat opens, its
+    footers render and its settings fill the chat settings form."""
+    data = json.loads(store.export_json(rich_chat(store)))
+    top, last = import_checks.INT32_MAX, import_checks.LATEST
+    data["chat"]["settings"].update(seed=top, top_k=top, max_tokens=top)
+    data["chat"].update(created_at=last, updated_at=0)
+    data["messages"][0]["created_at"] = 0
+    data["messages"][1]["metrics"].update(
+        {key: metric_values.MAX_COUNT for key in metric_values.COUNTS},
+        **{key: metric_values.MAX_MEASURE for key in metric_values.MEASURES})
+    data["messages"][4].update(candidate_index=top, created_at=last)
+    path = tmp_path / "edges.json"
+    path.write_text(json.dumps(data))
+    answer_open(monkeypatch, path)
+    with qtbot.waitSignal(window.chat_files.chatImported) as imported:
+        window.import_chat_action.trigger()
+    assert captured_errors == []
+    assert window.controller.chat_id == imported.args[0]
+    footer = window.conversation.rows()[1].metrics_label.text()
+    assert f"{metric_values.MAX_COUNT} prompt tokens" in footer
+    form = ChatSettingsForm(store.get_chat(imported.args[0]).settings)
+    qtbot.addWidget(form)
+    assert form.seed.value() == top
