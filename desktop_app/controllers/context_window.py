@@ -22,6 +22,7 @@ from desktop_app.data.context_policy import (
     estimate_tokens,
     plan_context,
 )
+from desktop_app.data.metric_values import count
 
 logger = logging.getLogger(__name__)
 _wrapped: list[Any] = [None, None]  # the last HF tokenizer wrapped, and its ChatTokenizer
@@ -126,15 +127,17 @@ class ContextTracker:
 
 def branch_tokens(store, chat_id: int | None) -> int:
     """Tokens of a chat's open branch as of its last reply (what the context holds): the
-    engine's count of that reply's prompt plus the reply."""
+    engine's count of that reply's prompt plus the reply. A reply without a usable count
+    (a remote one, or a row of another version) is passed over for the one before."""
     if chat_id is None:
         return 0
     leaf = store.active_leaf(chat_id)
     if leaf is None:
         return 0
     for msg in reversed(store.path_to(leaf)):
-        if msg.role == "assistant" and "num_prompt_tokens" in msg.metrics:
+        prompt = count(msg.metrics, "num_prompt_tokens") if msg.role == "assistant" else None
+        if prompt is not None:
             generated = (len(msg.token_ids) if msg.token_ids is not None
-                         else int(msg.metrics.get("num_generated_tokens", 0)))
-            return int(msg.metrics["num_prompt_tokens"]) + generated
+                         else count(msg.metrics, "num_generated_tokens") or 0)
+            return prompt + generated
     return 0

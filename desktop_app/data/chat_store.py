@@ -302,8 +302,8 @@ class ChatStore:
         chat_import.ChatImportError (a ValueError naming the problem) and writes nothing."""
         parsed = chat_import.parse_chat_json(text)
         with self._tx() as c:
-            chat_id = chat_import.insert_chat(c, parsed, self._stamp())
-        return self.get_chat(chat_id)
+            # Read back inside the transaction: should that fail, nothing stays either.
+            return self.get_chat(chat_import.insert_chat(c, parsed, self._stamp()))
 
     # ---- internals ---------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from desktop_app.data.metric_values import label
+
 METRIC = "response_format"  # a reply's metrics key: "json_object" or "json_schema"
 
 
@@ -57,5 +59,5 @@ def openai_response_format(fmt) -> dict[str, Any]:
 
 def reply_label(metrics: dict | None) -> str:
     """What a reply's footer says of its format: "" for free text."""
-    kind = (metrics or {}).get(METRIC)
-    return {"json_object": "JSON", "json_schema": "JSON (schema)"}.get(kind, "")
+    kind = label(metrics, METRIC)  # a stored row may hold anything, a list too
+    return {"json_object": "JSON", "json_schema": "JSON (schema)"}.get(kind or "", "")

@@ -30,15 +30,16 @@ _RECORD_KEYS = ("id", "name", "server", "tool", "arguments", "state")
 
 
 def check_tool_calls(value: Any, where: str) -> None:
-    """ValueError naming the problem unless value is None or a reply's list of calls."""
+    """ValueError naming the problem unless value is None or a reply's list of calls;
+    where: the message's path (``messages[3]``)."""
     if value is None:
         return
     if not isinstance(value, list) or not value:
-        raise ValueError(f"{where}'s tool_calls must be a non-empty list or null")
+        raise ValueError(f"{where}.tool_calls: expected a non-empty list or null")
     for i, call in enumerate(value):
         if not isinstance(call, dict) or sorted(call) != sorted(_CALL_KEYS) or not all(
                 isinstance(call[k], str) for k in _CALL_KEYS):
-            raise ValueError(f"{where}'s tool_calls[{i}] must be an object of strings "
+            raise ValueError(f"{where}.tool_calls[{i}]: expected an object of strings "
                              f"{', '.join(_CALL_KEYS)}")
 
 
@@ -46,14 +47,14 @@ def check_tool_call(value: Any, role: str, where: str) -> None:
     """ValueError unless a tool message has a record and no other message has one."""
     if role != "tool":
         if value is not None:
-            raise ValueError(f"{where}'s tool_call must be null unless its role is tool")
+            raise ValueError(f"{where}.tool_call: expected null unless the role is tool")
         return
     if not isinstance(value, dict) or sorted(value) != sorted(_RECORD_KEYS) or not all(
             isinstance(value[k], str) for k in _RECORD_KEYS):
-        raise ValueError(f"{where}'s tool_call must be an object of strings "
+        raise ValueError(f"{where}.tool_call: expected an object of strings "
                          f"{', '.join(_RECORD_KEYS)}")
     if value["state"] not in STATES:
-        raise ValueError(f"{where}'s tool_call.state must be one of {', '.join(STATES)}")
+        raise ValueError(f"{where}.tool_call.state: expected one of {', '.join(STATES)}")
 
 
 def record(call: dict[str, str], server: str, tool: str, state: str = PENDING) -> dict:

@@ -3,7 +3,8 @@
 The formats live in desktop_app.data (chat_export, chat_import, through ChatStore); this
 module only asks for a path and shows what went wrong. Export: the save dialog's filter
 picks Markdown (the open branch, for reading) or JSON (the whole tree, to import again).
-Import: a JSON export becomes a new chat, or nothing is written and the error names why.
+Import: a JSON export becomes a new chat, or nothing is written and the error names why;
+any failure, a bad file or the store's own, is shown, never left to the console.
 
 Tests replace `save_file_name` / `open_file_name` (module attributes, looked up at call
 time) instead of showing the native file dialogs.
@@ -11,6 +12,7 @@ time) instead of showing the native file dialogs.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
@@ -23,6 +25,8 @@ from PySide6.QtWidgets import QFileDialog, QWidget
 
 from desktop_app.data.chat_import import ChatImportError
 from desktop_app.dialogs import error_dialog
+
+logger = logging.getLogger(__name__)
 
 MARKDOWN_FILTER = "Markdown: the open branch (*.md)"
 JSON_FILTER = "Folio JSON: every branch, can be imported (*.json)"
@@ -111,6 +115,15 @@ class ChatFileActions(QObject):
             return None
         except ChatImportError as err:
             error_dialog.show_error(self._window, title, f"{path.name}: {err}\n\n"
+                                    "Nothing was imported.")
+            return None
+        except Exception as err:  # noqa: BLE001 - the user must hear of any failure
+            # A slot's exception would only reach the console; the store's transaction
+            # has rolled back whatever was written.
+            logger.exception("Importing %s failed", path)
+            error_dialog.show_error(self._window, title,
+                                    f"{path.name}: the import failed unexpectedly "
+                                    f"({type(err).__name__}: {err}).\n\n"
                                     "Nothing was imported.")
             return None
         self.chatImported.emit(chat.id)

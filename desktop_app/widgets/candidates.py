@@ -17,28 +17,36 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop_app.data.metric_values import count, label, measure
 from desktop_app.widgets import theme
 from desktop_app.widgets.markdown import MarkdownView
 from desktop_app.widgets.thinking_section import ThinkingSection
 
 
 def format_metrics(metrics: dict | None) -> str:
-    """The line under a reply: speed, time to first token, and where the prompt came from."""
-    if not metrics or "num_prompt_tokens" not in metrics:
+    """The line under a reply: speed, time to first token, and where the prompt came from.
+    A figure that is missing or unusable (a row of another version) is left out."""
+    if not isinstance(metrics, dict) or "num_prompt_tokens" not in metrics:
         return ""
-    prompt = int(metrics.get("num_prompt_tokens", 0))
-    cached = int(metrics.get("num_cached_tokens", 0))
-    disk = int(metrics.get("num_disk_tokens", 0))
-    source = f"{cached} cached, {disk} from disk" if disk else f"{cached} cached"
-    parts = [
-        f"{float(metrics.get('decode_tok_s', 0.0)):.1f} tok/s",
-        f"first token {1000 * float(metrics.get('ttft_s', 0.0)):.0f} ms",
-        f"{prompt} prompt tokens ({source}, {prompt - cached} computed)",
-    ]
-    thought = int(metrics.get("thinking_tokens", 0))
+    parts = []
+    speed, ttft = measure(metrics, "decode_tok_s"), measure(metrics, "ttft_s")
+    if speed is not None:
+        parts.append(f"{speed:.1f} tok/s")
+    if ttft is not None:
+        parts.append(f"first token {1000 * ttft:.0f} ms")
+    prompt = count(metrics, "num_prompt_tokens")
+    if prompt is not None:
+        # Older rows lack the disk count; clamped, so that "computed" is never negative.
+        cached = min(count(metrics, "num_cached_tokens") or 0, prompt)
+        disk = min(count(metrics, "num_disk_tokens") or 0, cached)
+        source = f"{cached} cached, {disk} from disk" if disk else f"{cached} cached"
+        parts.append(f"{prompt} prompt tokens ({source}, {prompt - cached} computed)")
+    thought = count(metrics, "thinking_tokens")
     if thought:
-        parts.append(f"thinking {thought} tokens in {float(metrics.get('thinking_s', 0)):.1f} s")
-    dropped = int(metrics.get("thinking_dropped_tokens", 0))
+        seconds = measure(metrics, "thinking_s")
+        parts.append(f"thinking {thought} tokens"
+                     + ("" if seconds is None else f" in {seconds:.1f} s"))
+    dropped = count(metrics, "thinking_dropped_tokens")
     if dropped:
         # The template shows earlier replies without their thinking: what was cached of
         # them after it is computed again.
@@ -48,7 +56,7 @@ def format_metrics(metrics: dict | None) -> str:
 
 def footer_line(metrics: dict | None, status: str) -> str:
     """The metrics, then a note on how the reply ended, for any finished reply."""
-    note = status_note(status, (metrics or {}).get("finish_reason"))
+    note = status_note(status, label(metrics, "finish_reason"))
     return " · ".join(p for p in (format_metrics(metrics), note) if p)
 
 

@@ -7,16 +7,19 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QToolButton, QVBoxLayout, QWidget
 
+from desktop_app.data.metric_values import count, measure
 from desktop_app.widgets.markdown import MarkdownView
 
 
 def thinking_summary(metrics: dict | None) -> str:
-    """"Thought for 3.2 s · 120 tokens", from a reply's metrics; "" without thinking."""
-    metrics = metrics or {}
-    tokens = int(metrics.get("thinking_tokens", 0))
+    """"Thought for 3.2 s · 120 tokens", from a reply's metrics; "" without thinking (or
+    without a usable count of it)."""
+    tokens = count(metrics, "thinking_tokens")
     if not tokens:
         return ""
-    return f"Thought for {float(metrics.get('thinking_s', 0.0)):.1f} s · {tokens} tokens"
+    seconds = measure(metrics, "thinking_s")
+    return f"Thought · {tokens} tokens" if seconds is None else (
+        f"Thought for {seconds:.1f} s · {tokens} tokens")
 
 
 class ThinkingSection(QFrame):

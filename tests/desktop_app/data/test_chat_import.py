@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import pytest
 
@@ -138,7 +139,10 @@ REJECTED = {
     "newer version": (lambda s: _bad(s, _set(["version"], JSON_VERSION + 1)), "newer Folio"),
     "version zero": (lambda s: _bad(s, _set(["version"], 0)), "version 0 is not supported"),
     "version text": (lambda s: _bad(s, _set(["version"], "1")), "must be an integer"),
-    "no messages": (lambda s: _bad(s, lambda d: d.pop("messages")), "\"messages\" must be"),
+    "no messages": (lambda s: _bad(s, lambda d: d.pop("messages")),
+                    "The export: missing field(s): messages"),
+    "messages not a list": (lambda s: _bad(s, _set(["messages"], {})),
+                            "messages: expected a list, got an object"),
     "bad setting": (lambda s: _bad(s, _set(["chat", "settings", "top_p"], 7)), "top_p"),
     "unknown setting": (lambda s: _bad(s, _set(["chat", "settings", "api_key"], "x")),
                         "api_key"),
@@ -150,19 +154,19 @@ REJECTED = {
     "float token": (lambda s: _bad(s, _set(["messages", 1, "token_ids"], [1.5])),
                     "token_ids"),
     "dangling parent": (lambda s: _bad(s, _set(["messages", 1, "parent_id"], 999)),
-                        "parent_id 999"),
+                        "messages[1].parent_id: 999 is not an earlier message"),
     "parent after child": (lambda s: _bad(s, lambda d: d["messages"].reverse()),
                            "not an earlier message"),
     "duplicate id": (lambda s: _bad(s, lambda d: d["messages"].append(d["messages"][0])),
-                     "used by an earlier message"),
+                     "messages[9].id: 1 is the id of an earlier message too"),
     "missing field": (lambda s: _bad(s, lambda d: d["messages"][2].pop("content")),
-                      "lacks the field(s): content"),
+                      "messages[2]: missing field(s): content"),
     "unknown field": (lambda s: _bad(s, _set(["messages", 0, "colour"], "red")),
-                      "unknown field(s): colour"),
+                      "messages[0]: unknown field(s): colour"),
     "foreign chat id": (lambda s: _bad(s, _set(["messages", 0, "chat_id"], 4242)),
-                        "belongs to chat 4242"),
+                        "messages[0].chat_id: expected the exported chat's id 1, got 4242"),
     "dangling leaf": (lambda s: _bad(s, _set(["chat", "active_leaf_id"], 999)),
-                      "active_leaf_id 999"),
+                      "chat.active_leaf_id: 999 is not"),
     "bad group": (lambda s: _bad(s, _set(["messages", 1, "candidate_group"], [1])),
                   "candidate_group"),
     "bad status": (lambda s: _bad(s, _set(["messages", 1, "status"], "done")), "'done'"),
@@ -208,3 +212,16 @@ def test_failure_mid_write_rolls_back(store, monkeypatch):
         store.import_json(text)
     assert store.list_chats() == before
     assert JSON_FORMAT in text
+
+
+def test_failure_reading_the_new_chat_back_rolls_back(store, monkeypatch):
+    text = store.export_json(branchy_chat(store))
+    before = list(store._conn.iterdump())
+
+    def failing(chat_id):
+        raise sqlite3.DatabaseError("malformed")
+
+    monkeypatch.setattr(store, "get_chat", failing)
+    with pytest.raises(sqlite3.DatabaseError):
+        store.import_json(text)
+    assert list(store._conn.iterdump()) == before

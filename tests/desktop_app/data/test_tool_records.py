@@ -91,11 +91,13 @@ def test_a_version_1_export_still_imports(store):
 
 
 @pytest.mark.parametrize(("change", "words"), [
-    (lambda m: m[1].update(tool_calls=[{"id": "c"}]), "tool_calls[0]"),
-    (lambda m: m[1].update(tool_calls=[]), "tool_calls must be a non-empty"),
-    (lambda m: m[2].update(tool_call=None), "tool_call must be an object"),
-    (lambda m: m[2]["tool_call"].update(state="maybe"), "tool_call.state"),
-    (lambda m: m[0].update(tool_call=m[2]["tool_call"]), "null unless its role is tool"),
+    (lambda m: m[1].update(tool_calls=[{"id": "c"}]), "messages[1].tool_calls[0]: expected"),
+    (lambda m: m[1].update(tool_calls=[]), "messages[1].tool_calls: expected a non-empty list"),
+    (lambda m: m[2].update(tool_call=None), "messages[2].tool_call: expected an object of strings"),
+    (lambda m: m[2]["tool_call"].update(state="maybe"),
+     "messages[2].tool_call.state: expected one of"),
+    (lambda m: m[0].update(tool_call=m[2]["tool_call"]),
+     "messages[0].tool_call: expected null unless the role is tool"),
 ])
 def test_bad_tool_fields_are_refused_by_name(store, change, words):
     chat, *_ = _tool_turn(store)

@@ -4,12 +4,16 @@ replaced by the test)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import pytest
 from PySide6.QtWidgets import QMenu
 
+from desktop_app.data import chat_import, import_checks, metric_values
 from desktop_app.dialogs import chat_files
+from desktop_app.dialogs.settings_dialog import ChatSettingsForm
 from tests.desktop_app.data.test_chat_import import branchy_chat, tree
+from tests.desktop_app.data.test_import_checks import rich_chat, snapshot
 
 
 @pytest.fixture
@@ -125,3 +129,87 @@ def test_cancel_and_no_chat(window, monkeypatch, tmp_path, captured_errors, stor
     assert captured_errors == [("Nothing to export",
                                 "Open or start a chat first, then export it.")]
     assert not list(tmp_path.glob("*.md"))
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda d: d["chat"].update(title="Hi \ud800"), "chat.title: expected valid Unicode"),
+    (lambda d: d["messages"][1]["metrics"].update(num_prompt_tokens="lots"),
+     "messages[1].metrics.num_prompt_tokens: expected a non-negative integer"),
+    (lambda d: d["messages"][0].update(created_at=float("nan")),
+     "messages[0].created_at: expected a time"),
+    (lambda d: d["messages"][5].update(candidate_index=10**30),
+     "messages[5].candidate_index: expected a non-negative integer"),
+])
+def test_a_crafted_file_shows_the_field_and_adds_no_chat(window, store, monkeypatch,
+                                                         tmp_path, captured_errors, change,
+                                                         expected):
+    data = json.loads(store.export_json(branchy_chat(store)))
+    change(data)
+    path = tmp_path / "crafted.json"
+    path.write_text(json.dumps(data))
+    answer_open(monkeypatch, path)
+    before = snapshot(store)
+    assert window.chat_files.import_chat() is None
+    [(title, text)] = captured_errors
+    assert title == "Could not import the chat"
+    assert text.startswith(f"crafted.json: {expected}") and "Nothing was imported" in text
+    assert snapshot(store) == before
+
+
+@pytest.mark.parametrize("error", [
+    sqlite3.IntegrityError("NOT NULL constraint failed: messages.created_at"),
+    OverflowError("Python int too large to convert to SQLite INTEGER"),
+    UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"),
+    sqlite3.OperationalError("database or disk is full"),
+])
+def test_a_failure_while_saving_is_shown_and_nothing_is_imported(
+        window, store, monkeypatch, tmp_path, captured_errors, error):
+    path = tmp_path / "in.json"
+    path.write_text(store.export_json(branchy_chat(store)))
+    real, calls = chat_import.schema.pack_token_ids, []
+
+    def failing(ids):  # the fourth message cannot be written
+        calls.append(ids)
+        if len(calls) == 4:
+            raise error
+        return real(ids)
+
+    monkeypatch.setattr(chat_import.schema, "pack_token_ids", failing)
+    answer_open(monkeypatch, path)
+    imported = []
+    window.chat_files.chatImported.connect(imported.append)
+    before = snapshot(store)
+    assert window.chat_files.import_chat() is None
+    [(title, text)] = captured_errors
+    assert title == "Could not import the chat"
+    assert text.startswith(f"in.json: the import failed unexpectedly "
+                           f"({type(error).__name__}: ")
+    assert text.endswith("Nothing was imported.")
+    assert snapshot(store) == before and imported == [] and len(calls) == 4
+
+
+def test_values_at_every_bound_import_and_open(qtbot, window, store, monkeypatch, tmp_path,
+                                               captured_errors):
+    """The bounds the import checks are ones the app can show: the chat opens, its
+    footers render and its settings fill the chat settings form."""
+    data = json.loads(store.export_json(rich_chat(store)))
+    top, last = import_checks.INT32_MAX, import_checks.LATEST
+    data["chat"]["settings"].update(seed=top, top_k=top, max_tokens=top)
+    data["chat"].update(created_at=last, updated_at=0)
+    data["messages"][0]["created_at"] = 0
+    data["messages"][1]["metrics"].update(
+        {key: metric_values.MAX_COUNT for key in metric_values.COUNTS},
+        **{key: metric_values.MAX_MEASURE for key in metric_values.MEASURES})
+    data["messages"][4].update(candidate_index=top, created_at=last)
+    path = tmp_path / "edges.json"
+    path.write_text(json.dumps(data))
+    answer_open(monkeypatch, path)
+    with qtbot.waitSignal(window.chat_files.chatImported) as imported:
+        window.import_chat_action.trigger()
+    assert captured_errors == []
+    assert window.controller.chat_id == imported.args[0]
+    footer = window.conversation.rows()[1].metrics_label.text()
+    assert f"{metric_values.MAX_COUNT} prompt tokens" in footer
+    form = ChatSettingsForm(store.get_chat(imported.args[0]).settings)
+    qtbot.addWidget(form)
+    assert form.seed.value() == top

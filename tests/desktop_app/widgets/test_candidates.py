@@ -6,7 +6,14 @@ import pytest
 from PySide6.QtGui import QFont, QGuiApplication
 from PySide6.QtWidgets import QHBoxLayout, QToolButton, QVBoxLayout, QWidget
 
-from desktop_app.widgets.candidates import CandidateColumn
+from desktop_app.widgets.candidates import CandidateColumn, footer_line, format_metrics
+from tests.desktop_app.data.test_metric_values import (
+    GOOD,
+    INF,
+    NAN,
+    bad_metrics,
+    shows_no_bad_number,
+)
 
 METRICS = {"num_prompt_tokens": 56, "num_cached_tokens": 16, "ttft_s": 0.661,
            "decode_tok_s": 2.5, "finish_reason": "length"}
@@ -136,3 +143,39 @@ def test_copy_button_copies_the_candidates_text(qtbot):
     assert column.keep_button.accessibleName() == "Keep candidate 2"
     button.click()
     assert QGuiApplication.clipboard().text() == WITH_CODE
+
+
+def test_any_stored_metrics_make_a_sane_footer():
+    for metrics in bad_metrics():
+        for text in (format_metrics(metrics), footer_line(metrics, "complete"),
+                     footer_line(metrics, "interrupted")):
+            assert isinstance(text, str) and shows_no_bad_number(text), metrics
+
+
+@pytest.mark.parametrize(("metrics", "line"), [
+    # A bad figure is left out; the others still show.
+    ({**GOOD, "num_prompt_tokens": "lots", "thinking_tokens": 0},
+     "31.2 tok/s · first token 83 ms · 2 tokens recomputed: earlier thinking left out of "
+     "the history"),
+    ({"num_prompt_tokens": 120, "num_cached_tokens": 96, "ttft_s": NAN, "decode_tok_s": INF},
+     "120 prompt tokens (96 cached, 24 computed)"),
+    ({"num_prompt_tokens": 10**30, "decode_tok_s": -3, "ttft_s": 0.5},
+     "first token 500 ms"),
+    ({"num_prompt_tokens": 5, "thinking_tokens": 7, "thinking_s": "slow"},
+     "5 prompt tokens (0 cached, 5 computed) · thinking 7 tokens"),
+    # Counts that contradict each other: "computed" is never negative.
+    ({"num_prompt_tokens": 10, "num_cached_tokens": 50, "num_disk_tokens": 99},
+     "10 prompt tokens (10 cached, 10 from disk, 0 computed)"),
+    ({"num_prompt_tokens": True, "num_cached_tokens": [1]}, ""),
+])
+def test_a_bad_figure_is_left_out_of_the_footer(metrics, line):
+    assert format_metrics(metrics) == line
+
+
+def test_a_column_finishes_with_any_stored_metrics(qtbot):
+    column = CandidateColumn(1, 0)
+    qtbot.addWidget(column)
+    for metrics in bad_metrics():
+        column.finish("text", metrics, "complete", "thought")
+        assert shows_no_bad_number(column.metrics_label.text())
+        assert shows_no_bad_number(column.thinking.toggle.text())

@@ -9,6 +9,7 @@ from desktop_app.data.chat_schema import Message
 from desktop_app.widgets.message_widget import MessageWidget, TurnItem
 from desktop_app.widgets.thinking_section import thinking_summary
 from engine.text.reasoning import Thinking, ThinkParser
+from tests.desktop_app.data.test_metric_values import NAN, bad_metrics, shows_no_bad_number
 
 REPLY = "<think>\nFirst **this**, then that.\n</think>\n\nThe answer is `42`."
 METRICS = {"thinking_tokens": 12, "thinking_s": 1.25}
@@ -58,3 +59,21 @@ def test_open_while_thinking_folded_with_its_summary_after(qtbot):
     assert thinking_summary(METRICS) == "Thought for 1.2 s · 12 tokens"
     widget.thinking.toggle.click()
     assert widget.thinking.is_open and not widget.thinking.body.isHidden()
+
+
+def test_the_summary_shows_any_stored_metrics_sanely():
+    for metrics in bad_metrics():
+        assert shows_no_bad_number(thinking_summary(metrics)), metrics
+    assert thinking_summary({"thinking_tokens": "12", "thinking_s": 1.0}) == ""
+    assert thinking_summary({"thinking_tokens": 12, "thinking_s": NAN}) == "Thought · 12 tokens"
+    assert thinking_summary({"thinking_tokens": 12.0, "thinking_s": -1}) == "Thought · 12 tokens"
+    assert thinking_summary([METRICS]) == ""
+
+
+def test_a_reply_with_any_stored_metrics_is_shown(qtbot):
+    for metrics in bad_metrics():
+        widget = MessageWidget(TurnItem(Message(1, 1, None, "assistant", "Yes.", None,
+                                                metrics, thinking="Hm.")))
+        qtbot.addWidget(widget)
+        assert shows_no_bad_number(widget.metrics_label.text())
+        assert shows_no_bad_number(widget.thinking.toggle.text())
