@@ -11,6 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.serve import unicode_text
+
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -50,6 +52,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if any(e.get("type") == "json_invalid" for e in errors):
             return error_response(APIError(400, "the request body is not valid JSON",
                                            "invalid_json"))
+        surrogate = [e for e in errors if e.get("type") == unicode_text.ERROR_TYPE]
+        if surrogate:
+            # Not a 500 from the tokenizer: the client sent text that is not Unicode.
+            field = surrogate[0]["ctx"]["field"]
+            return error_response(APIError(400, surrogate[0]["msg"], "invalid_value", field))
         first = errors[0] if errors else {}
         if tuple(first.get("loc", ())) == ("body",):
             return error_response(APIError(400, "the request body must be a JSON object",
