@@ -60,12 +60,24 @@ class ServeSettings:
     # Comma-separated text or a sequence; kept as a tuple.
     allowed_hosts: tuple[str, ...] | str = ()
     allowed_origins: tuple[str, ...] | str = ()
+    # Open connections (idle keep-alive ones too) past which a request gets uvicorn's
+    # 503: room for max_waiting plus a full batch of streams, and idle clients beside.
+    limit_concurrency: int = 256
+    # A connection whose request head (request line and headers) has not arrived this
+    # long after it opened, or after the head's first byte, is closed (slow_clients.py).
+    head_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0  # an idle connection between requests is closed after it
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        if self.limit_concurrency < 2:
+            raise ValueError(f"limit_concurrency must be >= 2, got {self.limit_concurrency}")
+        for name in ("head_timeout_s", "keep_alive_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         policy = self.policy("127.0.0.1")  # a bad name or origin fails here, not later
         self.allowed_hosts, self.allowed_origins = policy.allowed_hosts, policy.allowed_origins
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from engine.serve.app import ServeSettings, create_app
+from engine.serve.slow_clients import head_timeout_protocol
 from engine.worker import EngineWorker
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,10 @@ def _uvicorn_server(worker: EngineWorker, host: str, port: int, settings: ServeS
     import uvicorn
 
     config = uvicorn.Config(create_app(worker, settings, host), host=host, port=port,
-                            log_level="warning", access_log=False, lifespan="off")
+                            log_level="warning", access_log=False, lifespan="off",
+                            http=head_timeout_protocol(settings.head_timeout_s),
+                            limit_concurrency=settings.limit_concurrency,
+                            timeout_keep_alive=settings.keep_alive_s)
     return uvicorn.Server(config)
 
 

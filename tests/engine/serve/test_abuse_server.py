@@ -5,18 +5,34 @@ server answers a normal request and the engine holds no block."""
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 
 import httpx2 as httpx
 import pytest
 
+from engine.cli import main
 from engine.serve.app import ServeSettings
-from tests.engine.serve.conftest import Served
+from engine.serve.server import free_port
+from tests.engine.serve.conftest import Served, tiny_llm_at
+
+HEAD_TIMEOUT_S = 1.5
+LIMIT = 4
 
 
 @pytest.fixture(scope="module")
 def abuse_served(tiny_llm):
-    served = Served(tiny_llm, ServeSettings())
+    served = Served(tiny_llm, ServeSettings(head_timeout_s=HEAD_TIMEOUT_S))
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def flood_served(tiny_path):
+    # Its own engine (two workers must never step one LLM), and its own server: the idle
+    # keep-alive connections of other tests' clients count against so small a limit.
+    served = Served(tiny_llm_at(tiny_path), ServeSettings(limit_concurrency=LIMIT))
     yield served
     served.stop()
 
@@ -89,3 +105,98 @@ def test_utf8_bytes_of_a_surrogate_are_refused_and_a_pair_is_text(abuse_served):
     pair = CHAT % (abuse_served.model, '[{"role": "user", "content": "\\ud83d\\ude00"}]', "")
     assert post_raw(abuse_served, "/v1/chat/completions", pair).status_code == 200
     assert_serves_on(abuse_served)
+
+
+# -- c. slow request heads, and a flood of connections ---------------------------------------
+def closed_after(sock: socket.socket, dribble: bytes, limit_s: float) -> float | None:
+    """Seconds until the server closed ``sock`` while it sent ``dribble`` a byte at a time
+    (then nothing); None if it was still open after ``limit_s``."""
+    sock.settimeout(0.05)
+    start = time.monotonic()
+    pending = list(dribble)
+    while time.monotonic() - start < limit_s:
+        try:
+            if pending:
+                sock.send(bytes([pending.pop(0)]))
+            if sock.recv(1024) == b"":
+                return time.monotonic() - start
+        except TimeoutError:
+            continue
+        except (ConnectionResetError, BrokenPipeError):
+            return time.monotonic() - start
+    return None
+
+
+def test_a_dribbled_request_head_is_dropped_within_the_bound(abuse_served):
+    host, port = abuse_served.server.host, abuse_served.server.port
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
+    with socket.create_connection((host, port)) as sock:
+        took = closed_after(sock, head, HEAD_TIMEOUT_S + 5)
+    assert took is not None, "the server kept a connection that never finished its head"
+    assert HEAD_TIMEOUT_S * 0.8 <= took <= HEAD_TIMEOUT_S + 2
+    with socket.create_connection((host, port)) as sock:  # one that sends nothing at all
+        took = closed_after(sock, b"", HEAD_TIMEOUT_S + 5)
+    assert took is not None and took <= HEAD_TIMEOUT_S + 2
+    assert_serves_on(abuse_served)
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One response with a Content-Length body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or b"<closed>"
+        assert not data.endswith(b"<closed>"), data
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+def test_the_bound_is_on_the_head_alone(abuse_served):
+    # A slow body, and a pause between two requests on one connection, are not a slow
+    # head: both outlast the bound and are served.
+    body = json.dumps({"model": abuse_served.model, "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi " * 40}]}).encode()
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+    with socket.create_connection((abuse_served.server.host, abuse_served.server.port)) as sock:
+        sock.settimeout(30)
+        sock.sendall(head)
+        pieces = 8
+        for i in range(pieces):  # the body over 1.5 bounds
+            sock.sendall(body[i * len(body) // pieces:(i + 1) * len(body) // pieces])
+            time.sleep(HEAD_TIMEOUT_S * 1.5 / pieces)
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(HEAD_TIMEOUT_S * 1.3)  # idle, inside uvicorn's keep-alive
+        sock.sendall(head + body)
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+    assert_serves_on(abuse_served)
+
+
+def test_a_flood_of_connections_gets_503(flood_served):
+    host, port = flood_served.server.host, flood_served.server.port
+    idle = [socket.create_connection((host, port)) for _ in range(LIMIT - 1)]
+    try:
+        time.sleep(0.2)  # accepted by the server
+        response = httpx.get(flood_served.url + "/v1/models", timeout=10)
+        assert response.status_code == 503
+    finally:
+        for sock in idle:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while httpx.get(flood_served.url + "/health").status_code == 503:
+        assert time.monotonic() < deadline, "the closed connections were never let go"
+        time.sleep(0.05)
+    assert_serves_on(flood_served)
+
+
+def test_the_bounds_are_checked(capsys):
+    for field, value in [("limit_concurrency", 1), ("head_timeout_s", 0),
+                         ("keep_alive_s", -1.0)]:
+        with pytest.raises(ValueError, match=field):
+            ServeSettings(**{field: value})
+    assert main(["serve", "--limit-concurrency", "1", "--port", str(free_port()),
+                 "--model", "/no/such/model"]) == 2
+    assert "limit_concurrency must be >= 2" in capsys.readouterr().err
