@@ -13,7 +13,6 @@ has its replies' thinking split off into ``reasoning_content`` the same way.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from engine.grammar import GrammarError
 from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from engine.serve import responses
+from engine.serve.api_key import NO_BUILTIN_DOCS, add_docs, key_check
 from engine.serve.errors import APIError, install_error_handlers
 from engine.serve.host_guard import AccessPolicy, HostGuard
 from engine.serve.limits import BodySizeLimit
@@ -95,29 +95,22 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
     model_tools = ModelTools.of(llm)
     thinks = reasoning_format(template_source(llm.tokenizer.hf))
     reply_tokens = ReplyTokens()
-    app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine")
+    app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine",
+                  **NO_BUILTIN_DOCS)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: a foreign Host is refused before the body is read.
     app.add_middleware(HostGuard, policy=settings.policy(host))
     install_error_handlers(app)
     app.state.metrics = metrics
 
-    def check_key(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        expected = settings.api_key.encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer "
-                           "<key>' with the key the server was started with",
-                           "invalid_api_key")
+    check_key = key_check(settings.api_key)
+    add_docs(app, check_key)
 
-    @app.get("/health")
+    @app.get("/health")  # open with a key too: liveness probes send none (api_key.py)
     async def health() -> dict:
         return {"status": "ok", "model": llm.model_name}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(check_key)])
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 

@@ -15,7 +15,7 @@ import pytest
 from engine.cli import main
 from engine.serve.app import ServeSettings
 from engine.serve.server import free_port
-from tests.engine.serve.conftest import Served, tiny_llm_at
+from tests.engine.serve.conftest import API_KEY, Served, tiny_llm_at
 
 HEAD_TIMEOUT_S = 1.5
 LIMIT = 4
@@ -200,3 +200,18 @@ def test_the_bounds_are_checked(capsys):
     assert main(["serve", "--limit-concurrency", "1", "--port", str(free_port()),
                  "--model", "/no/such/model"]) == 2
     assert "limit_concurrency must be >= 2" in capsys.readouterr().err
+
+
+# -- d. the key on what the server says of itself --------------------------------------------
+@pytest.mark.parametrize("path", ["/metrics", "/openapi.json", "/docs", "/redoc",
+                                  "/docs/oauth2-redirect"])
+def test_the_key_guards_metrics_and_the_api_description(keyed_served, path):
+    url = keyed_served.url + path
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"authorization": "Bearer wrong"}).status_code == 401
+    response = httpx.get(url, headers={"authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 200
+    assert response.json()["paths"] if path == "/openapi.json" else response.text
+    # /health stays open: a liveness probe carries no key.
+    assert httpx.get(keyed_served.url + "/health").status_code == 200
+    assert_serves_on(keyed_served, api_key=API_KEY)
