@@ -23,6 +23,7 @@ from engine.grammar import GrammarError
 from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from engine.serve import responses
 from engine.serve.api_key import NO_BUILTIN_DOCS, add_docs, key_check
+from engine.serve.disconnect import DisconnectWatch
 from engine.serve.errors import APIError, install_error_handlers
 from engine.serve.host_guard import AccessPolicy, HostGuard
 from engine.serve.limits import BodySizeLimit
@@ -211,7 +212,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
                            headers={"Retry-After": str(settings.retry_after_s)})
         stream = RequestStream(worker, prompt, params)
         await stream.__aenter__()
-        watch = _Disconnect(request)
+        watch = DisconnectWatch(request, stream.request_id)
         metrics.waiting += 1
         try:
             first = await watch.wait_for(stream.next_event())
@@ -263,7 +264,7 @@ def _invalid(exc: InvalidField) -> APIError:
     return APIError(400, str(exc), "invalid_value", exc.field)
 
 
-async def _collect(stream: RequestStream, first, watch: _Disconnect,
+async def _collect(stream: RequestStream, first, watch: DisconnectWatch,
                    replies: ToolReplies | None = None):
     """The finished output; ``replies`` read the text as it comes (the message is made of
     what they read), to stop generating once every candidate made its last allowed call."""
@@ -277,29 +278,3 @@ async def _collect(stream: RequestStream, first, watch: _Disconnect,
                 stream.cancel()
         event = await watch.wait_for(stream.next_event())
     return event.output
-
-
-class _Disconnect:
-    """Watches the client's connection while a handler awaits the engine: a client that
-    leaves raises CancelledError in the handler, whose cleanup cancels the request."""
-
-    def __init__(self, request: Request) -> None:
-        self._task = asyncio.ensure_future(_disconnected(request))
-
-    async def wait_for(self, awaitable):
-        task = asyncio.ensure_future(awaitable)
-        done, _ = await asyncio.wait({task, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()
-        raise asyncio.CancelledError("client disconnected")
-
-    def close(self) -> None:
-        self._task.cancel()
-
-
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

@@ -8,10 +8,11 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.serve import unicode_text
+from engine.serve.disconnect import ClientGone
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,12 @@ def install_error_handlers(app: FastAPI) -> None:
         message = first.get("msg", "invalid request")
         return error_response(APIError(422, f"{where}: {message}" if where else message,
                                        "invalid_value", where or None))
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, exc: ClientGone) -> Response:
+        # The request is cancelled by now (disconnect.py); nobody reads this answer.
+        log.info("%s %s: %s; cancelled it", request.method, request.url.path, exc)
+        return Response(status_code=499)  # nginx's "client closed request"
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -6,6 +6,7 @@ server answers a normal request and the engine holds no block."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 
@@ -215,3 +216,34 @@ def test_the_key_guards_metrics_and_the_api_description(keyed_served, path):
     # /health stays open: a liveness probe carries no key.
     assert httpx.get(keyed_served.url + "/health").status_code == 200
     assert_serves_on(keyed_served, api_key=API_KEY)
+
+
+# -- e. a client that leaves before its non-streamed reply -----------------------------------
+def test_a_client_leaving_a_non_streamed_reply_is_one_log_line(abuse_served, caplog):
+    # uvicorn's loggers do not propagate to the root, where caplog listens.
+    uvicorn_log = logging.getLogger("uvicorn")
+    uvicorn_log.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO)
+    body = json.dumps({"model": abuse_served.model, "max_tokens": 480, "n": 4,
+                       "ignore_eos": True, "temperature": 0,
+                       "messages": [{"role": "user", "content": "go"}]}).encode()
+    try:
+        with socket.create_connection((abuse_served.server.host,
+                                       abuse_served.server.port)) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                         % len(body) + body)
+            deadline = time.monotonic() + 30
+            while not abuse_served.worker.kv_stats().num_used:
+                assert time.monotonic() < deadline, "the request never started"
+                time.sleep(0.001)
+        deadline = time.monotonic() + 10
+        while "client left" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert_serves_on(abuse_served)
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+    assert not [r for r in caplog.records if r.exc_info], caplog.text
+    assert "Traceback" not in caplog.text
+    [line] = [r for r in caplog.records if "client left" in r.getMessage()]
+    assert line.levelno == logging.INFO and "cancelled" in line.getMessage()
