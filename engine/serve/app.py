@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API over one EngineWorker (``create_app``).
 
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
-(streamed as server-sent events or not), ``GET /health`` and ``GET /metrics``. Requests
+(streamed as server-sent events or not), ``GET /health``, ``GET /metrics`` and the API's
+description (``api_key.py``: all but ``/health`` behind the key, when there is one). Requests
 join the worker's continuous batch like the app's chats do, so they share its prefix
 cache: a client that sends a conversation again finds its earlier turns cached, and
 ``usage.prompt_tokens_details.cached_tokens`` says how many. Chat requests with tools, or
