@@ -8,7 +8,7 @@
   are handed.
 - ``services``: the GUI's links to the outside: the engine (``engine_bridge``), remote
   OpenAI-compatible servers as a model source (``remote``, ``remote_request``,
-  ``remote_client``, ``remote_metrics``), the app's own API on localhost
+  ``remote_pacing``, ``remote_client``, ``remote_metrics``), the app's own API on localhost
   (``api_server``) and the Hugging Face hub (``downloads``), and the MCP servers'
   tools (``tools_bridge``).
 - ``mcp``: MCP servers from ``mcp.json``, on their own asyncio thread, with typed events

@@ -149,7 +149,9 @@ def cmd_serve(args) -> int:
         check_host(args.host, args.api_key)
         check_port_free(args.port, args.host)
         settings = ServeSettings(api_key=args.api_key, allowed_hosts=args.allowed_hosts,
-                                 allowed_origins=args.allowed_origins)
+                                 allowed_origins=args.allowed_origins,
+                                 **({} if args.limit_concurrency is None else
+                                    {"limit_concurrency": args.limit_concurrency}))
     except (ValueError, OSError) as exc:
         print(f"folio serve: error: {exc}", file=sys.stderr)
         return 2
@@ -247,6 +249,9 @@ def _run_command(argv: list[str]) -> int:
                        help="comma-separated browser origins allowed to call the API, with "
                        "CORS headers (default: none), e.g. http://localhost:3000 or "
                        "http://localhost:*")
+    serve.add_argument("--limit-concurrency", type=int, default=None, metavar="N",
+                       help="open connections (idle ones too) past which a request gets "
+                       "503 (default: 256)")
     _engine_options(serve)
     models = sub.add_parser("models", help="list local models")
     models.add_argument("path", nargs="*", help="extra folders or .gguf files")

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.data.metric_values import count, label, measure
+from desktop_app.data.pacing_note import pacing_note
 from desktop_app.widgets import theme
 from desktop_app.widgets.markdown import MarkdownView
 from desktop_app.widgets.thinking_section import ThinkingSection
@@ -55,9 +56,10 @@ def format_metrics(metrics: dict | None) -> str:
 
 
 def footer_line(metrics: dict | None, status: str) -> str:
-    """The metrics, then a note on how the reply ended, for any finished reply."""
+    """The metrics, then notes on how the candidates ran and how the reply ended, for any
+    finished reply."""
     note = status_note(status, label(metrics, "finish_reason"))
-    return " · ".join(p for p in (format_metrics(metrics), note) if p)
+    return " · ".join(p for p in (format_metrics(metrics), pacing_note(metrics), note) if p)
 
 
 def status_note(status: str, finish_reason: str | None) -> str:

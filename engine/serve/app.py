@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API over one EngineWorker (``create_app``).
 
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
-(streamed as server-sent events or not), ``GET /health`` and ``GET /metrics``. Requests
+(streamed as server-sent events or not), ``GET /health``, ``GET /metrics`` and the API's
+description (``api_key.py``: all but ``/health`` behind the key, when there is one). Requests
 join the worker's continuous batch like the app's chats do, so they share its prefix
 cache: a client that sends a conversation again finds its earlier turns cached, and
 ``usage.prompt_tokens_details.cached_tokens`` says how many. Chat requests with tools, or
@@ -13,7 +14,6 @@ has its replies' thinking split off into ``reasoning_content`` the same way.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from dataclasses import dataclass
 
@@ -23,6 +23,8 @@ from fastapi.responses import JSONResponse, Response
 from engine.grammar import GrammarError
 from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from engine.serve import responses
+from engine.serve.api_key import NO_BUILTIN_DOCS, add_docs, key_check
+from engine.serve.disconnect import DisconnectWatch
 from engine.serve.errors import APIError, install_error_handlers
 from engine.serve.host_guard import AccessPolicy, HostGuard
 from engine.serve.limits import BodySizeLimit
@@ -60,12 +62,24 @@ class ServeSettings:
     # Comma-separated text or a sequence; kept as a tuple.
     allowed_hosts: tuple[str, ...] | str = ()
     allowed_origins: tuple[str, ...] | str = ()
+    # Open connections (idle keep-alive ones too) past which a request gets uvicorn's
+    # 503: room for max_waiting plus a full batch of streams, and idle clients beside.
+    limit_concurrency: int = 256
+    # A connection whose request head (request line and headers) has not arrived this
+    # long after it opened, or after the head's first byte, is closed (slow_clients.py).
+    head_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0  # an idle connection between requests is closed after it
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        if self.limit_concurrency < 2:
+            raise ValueError(f"limit_concurrency must be >= 2, got {self.limit_concurrency}")
+        for name in ("head_timeout_s", "keep_alive_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         policy = self.policy("127.0.0.1")  # a bad name or origin fails here, not later
         self.allowed_hosts, self.allowed_origins = policy.allowed_hosts, policy.allowed_origins
 
@@ -83,29 +97,22 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
     model_tools = ModelTools.of(llm)
     thinks = reasoning_format(template_source(llm.tokenizer.hf))
     reply_tokens = ReplyTokens()
-    app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine")
+    app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine",
+                  **NO_BUILTIN_DOCS)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Added last, so it runs first: a foreign Host is refused before the body is read.
     app.add_middleware(HostGuard, policy=settings.policy(host))
     install_error_handlers(app)
     app.state.metrics = metrics
 
-    def check_key(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        expected = settings.api_key.encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), expected):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer "
-                           "<key>' with the key the server was started with",
-                           "invalid_api_key")
+    check_key = key_check(settings.api_key)
+    add_docs(app, check_key)
 
-    @app.get("/health")
+    @app.get("/health")  # open with a key too: liveness probes send none (api_key.py)
     async def health() -> dict:
         return {"status": "ok", "model": llm.model_name}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(check_key)])
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
@@ -206,7 +213,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
                            headers={"Retry-After": str(settings.retry_after_s)})
         stream = RequestStream(worker, prompt, params)
         await stream.__aenter__()
-        watch = _Disconnect(request)
+        watch = DisconnectWatch(request, stream.request_id)
         metrics.waiting += 1
         try:
             first = await watch.wait_for(stream.next_event())
@@ -258,7 +265,7 @@ def _invalid(exc: InvalidField) -> APIError:
     return APIError(400, str(exc), "invalid_value", exc.field)
 
 
-async def _collect(stream: RequestStream, first, watch: _Disconnect,
+async def _collect(stream: RequestStream, first, watch: DisconnectWatch,
                    replies: ToolReplies | None = None):
     """The finished output; ``replies`` read the text as it comes (the message is made of
     what they read), to stop generating once every candidate made its last allowed call."""
@@ -272,29 +279,3 @@ async def _collect(stream: RequestStream, first, watch: _Disconnect,
                 stream.cancel()
         event = await watch.wait_for(stream.next_event())
     return event.output
-
-
-class _Disconnect:
-    """Watches the client's connection while a handler awaits the engine: a client that
-    leaves raises CancelledError in the handler, whose cleanup cancels the request."""
-
-    def __init__(self, request: Request) -> None:
-        self._task = asyncio.ensure_future(_disconnected(request))
-
-    async def wait_for(self, awaitable):
-        task = asyncio.ensure_future(awaitable)
-        done, _ = await asyncio.wait({task, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()
-        raise asyncio.CancelledError("client disconnected")
-
-    def close(self) -> None:
-        self._task.cancel()
-
-
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return

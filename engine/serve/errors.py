@@ -8,8 +8,11 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.serve import unicode_text
+from engine.serve.disconnect import ClientGone
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if any(e.get("type") == "json_invalid" for e in errors):
             return error_response(APIError(400, "the request body is not valid JSON",
                                            "invalid_json"))
+        surrogate = [e for e in errors if e.get("type") == unicode_text.ERROR_TYPE]
+        if surrogate:
+            # Not a 500 from the tokenizer: the client sent text that is not Unicode.
+            field = surrogate[0]["ctx"]["field"]
+            return error_response(APIError(400, surrogate[0]["msg"], "invalid_value", field))
         first = errors[0] if errors else {}
         if tuple(first.get("loc", ())) == ("body",):
             return error_response(APIError(400, "the request body must be a JSON object",
@@ -66,6 +74,12 @@ def install_error_handlers(app: FastAPI) -> None:
         message = first.get("msg", "invalid request")
         return error_response(APIError(422, f"{where}: {message}" if where else message,
                                        "invalid_value", where or None))
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, exc: ClientGone) -> Response:
+        # The request is cancelled by now (disconnect.py); nobody reads this answer.
+        log.info("%s %s: %s; cancelled it", request.method, request.url.path, exc)
+        return Response(status_code=499)  # nginx's "client closed request"
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

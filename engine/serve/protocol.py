@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import fields as dataclass_fields
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.sampling_params import MAX_LOGPROBS, SEED_MAX, SEED_MIN, SamplingParams
-from engine.serve import fields
+from engine.serve import fields, unicode_text
 from engine.serve.fields import UnsupportedField
 from engine.serve.response_format import response_format
 from engine.serve.tool_fields import (
@@ -116,6 +116,14 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
 
     DEFAULT_ONLY: ClassVar[dict] = fields.DEFAULT_ONLY_CHAT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        # Before the fields: many are typed Any (tools, schemas) and reach the template
+        # as they are.
+        unicode_text.check_body(data)
+        return data
 
     def sampling_params(self, max_tokens_default: int) -> SamplingParams:
         """SamplingParams for this request; ``max_tokens_default`` when the client sets no

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from engine.serve.app import ServeSettings, create_app
+from engine.serve.slow_clients import head_timeout_protocol
 from engine.worker import EngineWorker
 
 log = logging.getLogger(__name__)
@@ -44,27 +45,52 @@ def check_host(host: str, api_key: str | None) -> None:
 
 def check_port_free(port: int, host: str = DEFAULT_HOST) -> None:
     """Raise OSError naming the port when something already listens on it (uvicorn itself
-    would only log the failure and exit)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise OSError(f"port {port} on {host} is already in use ({exc.strerror or exc})"
-                          ) from None
+    would only log the failure and exit). Every address ``host`` resolves to is tried, in
+    its own family, as asyncio's create_server binds them all: an IPv6 host needs an IPv6
+    socket."""
+    for family, address in _addresses(host, port):
+        with _socket(family) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise OSError(f"port {port} on {host} is already in use "
+                              f"({exc.strerror or exc})") from None
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
+    family, address = _addresses(host, 0)[0]
+    with _socket(family) as sock:
+        sock.bind(address)
         return sock.getsockname()[1]
+
+
+def _addresses(host: str, port: int) -> list[tuple[int, tuple]]:
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {host}: the address does not resolve "
+                      f"({exc.strerror or exc})") from None
+    return list(dict.fromkeys((family, address) for family, _, _, _, address in found))
+
+
+def _socket(family: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if family == socket.AF_INET6:
+        # As create_server: "::" then binds IPv6 only, and is not taken by 0.0.0.0.
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    return sock
 
 
 def _uvicorn_server(worker: EngineWorker, host: str, port: int, settings: ServeSettings):
     import uvicorn
 
     config = uvicorn.Config(create_app(worker, settings, host), host=host, port=port,
-                            log_level="warning", access_log=False, lifespan="off")
+                            log_level="warning", access_log=False, lifespan="off",
+                            http=head_timeout_protocol(settings.head_timeout_s),
+                            limit_concurrency=settings.limit_concurrency,
+                            timeout_keep_alive=settings.keep_alive_s)
     return uvicorn.Server(config)
 
 

@@ -49,6 +49,16 @@ def captured_errors(monkeypatch):
     return shown
 
 
+@pytest.fixture(autouse=True)
+def fresh_serial_servers(monkeypatch):
+    """Each test a session of its own: no server remembered as one that runs one request
+    at a time (remote_pacing), as a stub server's port may come round again."""
+    from desktop_app.services import remote_request
+    from desktop_app.services.remote_pacing import SerialServers
+
+    monkeypatch.setattr(remote_request, "SERIAL_SERVERS", SerialServers())
+
+
 # --------------------------------------------------------------------------- fake engine
 class FakeLLM:
     """Stands in for engine.LLM in widget tests: same attributes the GUI reads."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLineEdit, QPushButton
 
+from desktop_app.data.pacing_note import METRIC, NOTE
 from desktop_app.data.settings import AppSettings, ChatSettings, settings_path
 from desktop_app.services.engine_bridge import EngineBridge
 from desktop_app.widgets.candidates import CandidateColumn
@@ -107,6 +108,33 @@ def test_chat_with_a_remote_server(qtbot, make_window, store, captured_errors):
         assert KEY not in store.export_json(chat_id)
         assert KEY not in store.export_markdown(chat_id)
         assert all(KEY not in b["messages"][0]["content"] for b in stub.bodies)
+    finally:
+        bridge.shutdown()
+        stub.stop()
+
+
+def test_a_server_that_runs_one_request_at_a_time_says_so_once(qtbot, make_window, store,
+                                                                captured_errors):
+    # llama-cpp-python's server: n ignored, and a second request cuts the first short.
+    stub = StubServer(max_choices=1, one_at_a_time=True, words=120, delay_s=0.01)
+    bridge = EngineBridge()
+    settings = AppSettings(chat_defaults=ChatSettings(num_candidates=2, max_tokens=200))
+    window = make_window(bridge, settings)
+    full = " ".join(f"c0w{i}" for i in range(120))
+    try:
+        add_and_load(qtbot, window, stub.url, "")
+        send(qtbot, window, "Two candidates, please")
+        columns = window.findChildren(CandidateColumn, "candidateColumn")
+        assert [c.text() for c in columns] == [full, full] and stub.cuts == 1
+        assert all(c.metrics_label.text().endswith(NOTE + " · Cut off at the max tokens "
+                                                   "setting") for c in columns)
+        assert store.get_message(columns[0].message_id).metrics[METRIC] is True
+        send(qtbot, window, "Two more")  # the server is known now: no cut, no note
+        later = [c for c in window.findChildren(CandidateColumn, "candidateColumn")
+                 if c not in columns]
+        assert [c.text() for c in later] == [full, full] and stub.cuts == 1
+        assert not any(NOTE in c.metrics_label.text() for c in later)
+        assert captured_errors == []
     finally:
         bridge.shutdown()
         stub.stop()

@@ -1,7 +1,11 @@
 """A tiny OpenAI-compatible server for the remote-model tests: canned words streamed as
 chat-completion chunks (HTTP/1.1, chunked), with knobs for what real servers do wrong:
-ignore ``n``, refuse ``n > 1``, stream until the client leaves, or drop the connection
-mid-reply. It records every request body and whether clients went away."""
+ignore ``n``, refuse ``n > 1``, stream until the client leaves, drop the connection
+mid-reply, or run one request at a time (``one_at_a_time``: a new request cuts the running
+stream short with ``[DONE]`` and waits for it, as llama-cpp-python's server does with its
+default interrupt_requests; ``busy``: a request that comes while another streams gets a
+503). It records every request body, whether clients went away, how many streams ran at
+once at most, and how many it cut."""
 
 from __future__ import annotations
 
@@ -38,12 +42,18 @@ class StubServer:
                  max_model_len: int | None = 4096, max_choices: int | None = None,
                  refuse_n: bool = False, words: int = 5, delay_s: float = 0.0,
                  forever: bool = False, die_after: int | None = None,
-                 metrics: str | None = VLLM_METRICS) -> None:
+                 metrics: str | None = VLLM_METRICS, one_at_a_time: bool = False,
+                 busy: bool = False) -> None:
         self.model, self.api_key, self.max_model_len = model, api_key, max_model_len
         self.max_choices, self.refuse_n = max_choices, refuse_n
         self.words, self.delay_s, self.forever, self.die_after = words, delay_s, forever, \
             die_after
         self.metrics = metrics
+        self.one_at_a_time, self.busy = one_at_a_time, busy
+        self.running = self.most_running = self.cuts = 0
+        self._count_lock = threading.Lock()
+        self._turn = threading.Lock()  # the one request that runs, with one_at_a_time
+        self._interrupt = threading.Event()
         self.bodies: list[dict] = []
         self.headers: list[dict] = []
         self.disconnected = threading.Event()
@@ -79,7 +89,17 @@ class StubServer:
                     self._json(400, {"object": "error", "message": "n > 1 is not supported",
                                      "type": "BadRequestError"})
                     return
-                self._stream(body, n if stub.max_choices is None else min(n, stub.max_choices))
+                choices = n if stub.max_choices is None else min(n, stub.max_choices)
+                if stub.busy and stub.running:
+                    self._json(503, {"error": {"message": "the server is busy: one request at "
+                                               "a time", "type": "server_error"}})
+                elif stub.one_at_a_time:
+                    stub._interrupt.set()  # the running stream stops at its next word
+                    with stub._turn:
+                        stub._interrupt.clear()
+                        self._stream(body, choices)
+                else:
+                    self._stream(body, choices)
 
             def _authorized(self) -> bool:
                 if stub.api_key is None:
@@ -97,10 +117,18 @@ class StubServer:
                 self.end_headers()
                 seed = body.get("seed")
                 tag = f"s{seed}" if seed is not None else ""
+                with stub._count_lock:
+                    stub.running += 1
+                    stub.most_running = max(stub.most_running, stub.running)
                 try:
                     step = 0
                     stub.streaming.set()
                     while stub.forever or step < stub.words:
+                        if stub.one_at_a_time and stub._interrupt.is_set():
+                            stub.cuts += 1
+                            self._raw(b"data: [DONE]\n\n")  # no finish reason: cut short
+                            self.wfile.write(b"0\r\n\r\n")
+                            return
                         if stub.die_after is not None and step >= stub.die_after:
                             self.wfile.flush()
                             self.close_connection = True
@@ -122,6 +150,9 @@ class StubServer:
                 except OSError:  # the client went away
                     stub.disconnected.set()
                     self.close_connection = True
+                finally:
+                    with stub._count_lock:
+                        stub.running -= 1
 
             def _chunk(self, choices: list, usage: dict | None = None) -> None:
                 data = {"id": "chatcmpl-stub", "object": "chat.completion.chunk",

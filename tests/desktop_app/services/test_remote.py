@@ -1,7 +1,8 @@
 """RemoteLLM / RemoteWorker: a remote OpenAI-compatible server behind the engine's surface.
 
 Against a real ``folio serve`` over a tiny model (events add up, candidates, usage) and
-a stub server (servers that ignore or refuse n, Stop, a server that dies mid-reply, keys).
+a stub server (servers that ignore or refuse n, servers that run one request at a time,
+Stop, a server that dies mid-reply, keys).
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import asdict
 
 import pytest
 
+from desktop_app.data.pacing_note import NOTE, pacing_note
 from desktop_app.services.remote import (
     DEFAULT_MAX_MODEL_LEN,
     ModelCard,
@@ -166,6 +169,74 @@ def test_a_server_that_ignores_n_is_noticed_before_it_finishes(stubs):
     events = run(worker, SamplingParams(n=2, max_tokens=40))
     assert [len(c.text.split()) for c in events.events[-1].output.outputs] == [40, 40]
     assert [b["n"] for b in stub.bodies] == [2, 1]
+    worker.shutdown()
+
+
+def words(count: int, seed: int) -> str:
+    """The stub's reply to a one-choice request with this seed."""
+    return " ".join(f"c0w{i}s{seed}" for i in range(count))
+
+
+def note_of(end) -> str:
+    assert isinstance(end, FinishedEvent), end
+    return pacing_note(asdict(end.output.metrics))
+
+
+# A reply long enough that the second candidate's request starts while the first streams.
+LONG = {"words": 120, "delay_s": 0.01}
+
+
+def test_a_server_that_ignores_n_and_runs_requests_in_parallel_keeps_the_parallel_path(stubs):
+    stub = stubs(max_choices=1, **LONG)
+    worker = worker_on(stub.url)
+    events = run(worker, SamplingParams(n=2, seed=7, max_tokens=120))
+    end = events.events[-1]
+    assert [c.text for c in end.output.outputs] == [words(120, 7), words(120, 8)]
+    assert stub.most_running == 2 and [b["n"] for b in stub.bodies] == [2, 1]
+    assert note_of(end) == ""
+    worker.shutdown()
+
+
+def test_a_server_that_cuts_the_running_request_gets_the_candidates_one_at_a_time(stubs):
+    # llama-cpp-python's server: n ignored, and a second request cuts the first short.
+    stub = stubs(max_choices=1, one_at_a_time=True, **LONG)
+    worker = worker_on(stub.url)
+    events = run(worker, SamplingParams(n=2, seed=7, max_tokens=120))
+    end = events.events[-1]
+    assert [c.text for c in end.output.outputs] == [words(120, 7), words(120, 8)]
+    assert [c.finish_reason for c in end.output.outputs] == ["length", "length"]
+    # What streamed adds up: the cut candidate's new run streamed only what was new.
+    assert [events.streamed(i) for i in range(2)] == [words(120, 7), words(120, 8)]
+    assert stub.cuts == 1
+    assert [(b["n"], b["seed"]) for b in stub.bodies] == [(2, 7), (1, 8), (1, 7)]
+    assert note_of(end) == NOTE
+    # Remembered for the session: the next turn goes one at a time at once, and the
+    # footer said so once.
+    end = run(worker, SamplingParams(n=2, seed=3, max_tokens=120)).events[-1]
+    assert [c.text for c in end.output.outputs] == [words(120, 3), words(120, 4)]
+    assert stub.cuts == 1 and [b["n"] for b in stub.bodies[3:]] == [2, 1]
+    assert note_of(end) == ""
+    worker.shutdown()
+
+
+def test_a_server_that_answers_busy_gets_the_candidates_one_at_a_time(stubs):
+    stub = stubs(max_choices=1, busy=True, **LONG)
+    worker = worker_on(stub.url)
+    end = run(worker, SamplingParams(n=2, seed=7, max_tokens=120)).events[-1]
+    assert [c.text for c in end.output.outputs] == [words(120, 7), words(120, 8)]
+    assert [(b["n"], b["seed"]) for b in stub.bodies] == [(2, 7), (1, 8), (1, 8)]
+    assert stub.most_running == 1 and note_of(end) == NOTE
+    worker.shutdown()
+
+
+def test_candidates_cut_while_they_all_ran_at_once_all_run_again(stubs):
+    # A server that refuses n > 1 gets one request per candidate, all at once; each one
+    # cuts the one before.
+    stub = stubs(refuse_n=True, one_at_a_time=True, words=30, delay_s=0.01)
+    worker = worker_on(stub.url)
+    end = run(worker, SamplingParams(n=3, seed=7, max_tokens=30)).events[-1]
+    assert [c.text for c in end.output.outputs] == [words(30, 7 + c) for c in range(3)]
+    assert stub.cuts >= 1 and note_of(end) == NOTE
     worker.shutdown()
 
 

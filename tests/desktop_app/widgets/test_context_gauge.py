@@ -1,5 +1,5 @@
-"""The context gauge by the composer, the chat list's "generating" marks, and the note
-under a reply that ended because the context was full."""
+"""The context gauge by the composer, the chat list's "generating" marks, and the notes
+under a reply: it ended because the context was full, its candidates ran one at a time."""
 
 from __future__ import annotations
 
@@ -64,3 +64,12 @@ def test_finish_reasons_say_how_the_reply_ended():
     assert status_note("complete", "abort") == "Stopped"
     assert status_note("complete", "stop") == ""
     assert footer_line({"finish_reason": "context"}, "complete") == "Context full"
+
+
+def test_the_turn_that_found_a_one_at_a_time_server_says_so():
+    from desktop_app.data.pacing_note import METRIC, NOTE
+
+    line = footer_line({"num_prompt_tokens": 5, METRIC: True, "finish_reason": "length"},
+                       "complete")
+    assert line.endswith(f" · {NOTE} · Cut off at the max tokens setting")
+    assert NOTE not in footer_line({"num_prompt_tokens": 5}, "complete")

@@ -136,3 +136,58 @@ def test_folio_serve_refuses_an_open_host_before_loading(capsys):
     # No model is loaded: the refusal comes first, in well under a second.
     assert main(["serve", "--host", "0.0.0.0", "--model", "/no/such/model"]) == 2
     assert "--api-key" in capsys.readouterr().err
+
+
+def _has_ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_serving_on_ipv6_loopback(tiny_path, capsys):
+    from engine import EngineWorker
+    from engine.serve.server import check_port_free, free_port, start_in_background
+    from tests.engine.serve.conftest import tiny_llm_at
+
+    check_port_free(free_port("::1"), "::1")  # a free IPv6 port is free
+    worker = EngineWorker(tiny_llm_at(tiny_path)).start()
+    try:
+        server = start_in_background(worker, host="::1", port=free_port("::1"))
+        try:
+            assert server.url == f"http://[::1]:{server.port}"
+            assert httpx.get(server.url + "/health").json()["status"] == "ok"
+            with pytest.raises(OSError, match=f"port {server.port} on ::1 is already in use"):
+                check_port_free(server.port, "::1")
+            assert main(["serve", "--host", "::1", "--port", str(server.port),
+                         "--model", "/no/such/model"]) == 2
+            assert f"port {server.port} on ::1 is already in use" in capsys.readouterr().err
+        finally:
+            server.stop()
+    finally:
+        worker.shutdown()
+
+
+def test_a_port_in_use_is_named_for_either_family():
+    import socket
+
+    from engine.serve.server import check_port_free
+
+    families = [(socket.AF_INET, "127.0.0.1")]
+    if _has_ipv6_loopback():
+        families.append((socket.AF_INET6, "::1"))
+    for family, host in families:
+        with socket.socket(family) as sock:
+            sock.bind((host, 0))
+            sock.listen()
+            port = sock.getsockname()[1]
+            with pytest.raises(OSError, match=f"port {port} on {host} is already in use"):
+                check_port_free(port, host)
+        check_port_free(port, host)  # and free again once closed
+    with pytest.raises(OSError, match="does not resolve"):
+        check_port_free(8000, "no-such-host.invalid")
