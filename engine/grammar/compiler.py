@@ -12,8 +12,9 @@ import json
 import threading
 from collections import OrderedDict
 
+from engine.grammar.errors import GrammarError
 from engine.grammar.matcher import Matcher
-from engine.grammar.schema_check import GrammarError, check_schema
+from engine.grammar.schema_check import check_schema
 from engine.sampling_params import ResponseFormat
 
 _CACHE_SIZE = 64  # compiled grammars kept, least recently used dropped first
@@ -59,14 +60,14 @@ class Grammars:
         """The compiled grammar of ``fmt``, from the cache when it was compiled before."""
         strict = fmt.type == "json_schema"
         schema = fmt.schema if strict else _ANY_OBJECT
+        if strict:  # the limits first: json.dumps of a schema nested too deep never runs
+            check_schema(schema)
         key = json.dumps([strict, schema], sort_keys=True)
         with self._lock:
             compiled = self._cache.get(key)
             if compiled is not None:
                 self._cache.move_to_end(key)
                 return compiled
-            if strict:
-                check_schema(schema)
             compiler = self._ready()
             try:
                 # Separators without free whitespace: a model cannot pad a reply with
