@@ -2,8 +2,9 @@
 
 ``limits.py`` measures a schema first (depth, sub-schemas, enum values, literal text),
 without recursing; ``schema_check.py`` refuses what the grammar engine would not enforce;
-``compiler.py`` compiles a ``ResponseFormat`` once per schema (xgrammar); ``matcher.py``
-is one candidate's state and the batch's masks. The engine holds a matcher per constrained
+``compiler.py`` compiles a ``ResponseFormat`` once per schema (xgrammar), each schema on
+a thread of its own behind a future its requests share; ``matcher.py`` is one
+candidate's state and the batch's masks. The engine holds a matcher per constrained
 candidate and the sampler applies the masks (``engine/runner/sampler.py``).
 """
 
