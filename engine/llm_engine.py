@@ -252,8 +252,12 @@ class LLMEngine:
         return list(prompt)
 
     def add_request(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
+        grammar=None,
     ) -> str:
+        """Queue a request. ``grammar``: ``params.response_format`` compiled by
+        ``self.grammars.compile`` on the caller's thread (the worker's callers do): without
+        it the format is compiled here, which is for a caller that steps the engine itself."""
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
         ids = self.encode(prompt)
@@ -263,7 +267,7 @@ class LLMEngine:
         # Compiled before the request is queued: a schema that cannot be enforced is a
         # GrammarError (ValueError) and nothing is left behind.
         fmt = params.response_format
-        matcher = None if fmt is None else self.grammars.matcher(fmt)
+        matcher = None if fmt is None else self.grammars.matcher(fmt, grammar)
         slots = self.runner.states and self.kv_cache.managers[-1].pool.num_blocks
         if slots and params.n > slots:
             # Each candidate needs a linear-attention state slot at once.
