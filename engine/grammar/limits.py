@@ -15,13 +15,14 @@ from typing import Any
 
 from engine.grammar.errors import GrammarError
 
-# The numbers, measured on a 2-core Xeon with the starter's 49k vocabulary (a synthetic
-# 152k one compiled alike); issue 50 has the tables. A 20-field schema compiles in tens of
-# ms. The costliest shape found within the limits, one object of 1,000 optional
-# properties, compiles in about 4 s: half the time limit, for a busier machine.
+# Why these numbers: measured on a 2-core Xeon with the starter's 49k vocabulary (a
+# synthetic 152k one compiled alike), where a realistic 20-field schema compiles in about
+# 10 ms. The costliest schema found within all four limits, one object of 999 optional
+# properties with 50-character names, compiles in about 4 s, with four chats decoding
+# beside it too: well inside COMPILE_TIMEOUT_S on a busier machine.
 # - Levels of objects and arrays inside one another (a property's schema is two levels
-#   below its object's). Real schemas use a few dozen at most; compile time grows with
-#   the square of the depth, and the grammar checks recurse once per level.
+#   below its object's). Real schemas nest a dozen or two; compile time grows faster than
+#   the depth (200 levels of arrays took 0.9 s), and the grammar checks recurse per level.
 MAX_DEPTH = 100
 # - Sub-schemas: the root, each property, item, anyOf branch and $defs entry. Optional
 #   properties of one object cost about the cube of their count (1,200 took 5 s, 3,000
