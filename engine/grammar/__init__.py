@@ -8,10 +8,10 @@ candidate's state and the batch's masks. The engine holds a matcher per constrai
 candidate and the sampler applies the masks (``engine/runner/sampler.py``).
 """
 
-from engine.grammar.compiler import Grammars
+from engine.grammar.compiler import Compiling, Grammars
 from engine.grammar.errors import GrammarBusy, GrammarError
 from engine.grammar.matcher import Matcher, token_masks
 from engine.grammar.schema_check import check_schema
 
-__all__ = ["GrammarBusy", "GrammarError", "Grammars", "Matcher", "check_schema",
+__all__ = ["Compiling", "GrammarBusy", "GrammarError", "Grammars", "Matcher", "check_schema",
            "token_masks"]

@@ -6,12 +6,13 @@ first-use target and a cached one is a dictionary lookup. Its tokenizer table is
 the first constrained request, so loading a model costs nothing when JSON is never asked.
 
 Each schema compiles on a thread of its own, behind a future that every request for that
-schema shares: a slow schema holds up only the requests that asked for it, and nothing
-holds a lock across a compile.
+schema shares (``Compiling``): a slow schema holds up only the requests that asked for
+it, and nothing holds a lock across a compile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -42,17 +43,51 @@ def _xgrammar():
 
 
 @dataclass(slots=True)
-class _Compile:
-    """One schema's compile in flight, and when its waiters stop waiting for it."""
+class Compiling:
+    """A schema's compile, done or in flight, shared by every request for that schema:
+    ``result()`` blocks for its grammar, ``await wait()`` holds no thread meanwhile. Past
+    ``deadline`` either is a GrammarError naming compile time, while the compile runs on."""
 
     future: Future
     deadline: float  # time.monotonic()
+    timeout_s: float
+
+    @classmethod
+    def done(cls, compiled) -> Compiling:
+        future: Future = Future()
+        future.set_result(compiled)
+        return cls(future, 0.0, 0.0)
+
+    def result(self):
+        if self.future.done():
+            return self.future.result()
+        try:
+            return self.future.result(self._left())
+        except TimeoutError:
+            raise self._too_slow() from None
+
+    async def wait(self):
+        if self.future.done():
+            return self.future.result()
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self.future), self._left())
+        except TimeoutError:
+            raise self._too_slow() from None
+
+    def _left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def _too_slow(self) -> GrammarError:
+        return GrammarError("compile time", "the schema took too long to compile (more than "
+                            f"{self.timeout_s:g} s); simplify it, e.g. fewer optional "
+                            "properties or shorter patterns")
 
 
 class Grammars:
-    """``grammars.compile(fmt)``: ``fmt``'s compiled grammar; ``grammars.matcher(fmt)``: a
-    fresh matcher for one candidate. GrammarError (a ValueError naming the construct) for
-    a schema that cannot be enforced, is past a limit (``limits.py``) or took too long.
+    """``grammars.compile(fmt)``: ``fmt``'s compiled grammar (``start(fmt)``: its compile,
+    to await); ``grammars.matcher(fmt)``: a fresh matcher for one candidate. GrammarError
+    (a ValueError naming the construct) for a schema that cannot be enforced, is past a
+    limit (``limits.py``) or took too long.
 
     ``tokenizer`` is the Hugging Face tokenizer, ``vocab_size`` the logits' width (it may
     exceed the tokenizer's), ``stop_ids`` the tokens that end a reply once it is complete.
@@ -65,27 +100,26 @@ class Grammars:
         self._compiler = None
         self._compiler_lock = threading.Lock()  # held while the tokenizer table is built
         self._cache: OrderedDict[str, object] = OrderedDict()
-        self._compiling: dict[str, _Compile] = {}
+        self._compiling: dict[str, Compiling] = {}
         self._lock = threading.Lock()  # the cache and the compiles in flight, briefly
 
     def compile(self, fmt: ResponseFormat):
-        """The compiled grammar of ``fmt``: from the cache, from the compile in flight for
-        its schema, or from a new one. A compile that runs past ``compile_timeout_s`` is a
+        """The compiled grammar of ``fmt``, waiting for its compile (``start``)."""
+        return self.start(fmt).result()
+
+    def start(self, fmt: ResponseFormat) -> Compiling:
+        """``fmt``'s compile: done when its grammar is cached, else the one in flight for
+        its schema, else a new one. A compile that runs past ``compile_timeout_s`` is a
         GrammarError for everyone waiting on it, then and after (it runs on and caches its
-        grammar when it ends); GrammarBusy while too many such compiles run."""
+        grammar when it ends); GrammarBusy while too many such compiles run. Reads the
+        whole schema (the checks, the cache key): call it off an event loop."""
         key, strict, schema = _key(fmt)
         with self._lock:
             compiled = self._cache.get(key)
             if compiled is not None:
                 self._cache.move_to_end(key)
-                return compiled
-            running = self._compiling.get(key) or self._start(key, strict, schema)
-        try:
-            return running.future.result(max(0.0, running.deadline - time.monotonic()))
-        except TimeoutError:
-            raise GrammarError("compile time", "the schema took too long to compile (more "
-                               f"than {self.compile_timeout_s:g} s); simplify it, e.g. "
-                               "fewer optional properties or shorter patterns") from None
+                return Compiling.done(compiled)
+            return self._compiling.get(key) or self._start(key, strict, schema)
 
     def matcher(self, fmt: ResponseFormat, compiled=None) -> Matcher:
         """A fresh matcher for one candidate; ``compiled``: ``fmt``'s grammar from
@@ -94,13 +128,17 @@ class Grammars:
             compiled = self.compile(fmt)
         return Matcher(_xgrammar().GrammarMatcher(compiled), self.vocab_size)
 
-    def _start(self, key: str, strict: bool, schema: dict) -> _Compile:
+    def _start(self, key: str, strict: bool, schema: dict) -> Compiling:
         now = time.monotonic()
         overdue = sum(c.deadline < now for c in self._compiling.values())
         if overdue >= limits.MAX_OVERDUE_COMPILES:
             raise GrammarBusy(f"{overdue} schemas that took too long to compile are still "
                               "compiling; retry once they are done")
-        running = _Compile(Future(), now + self.compile_timeout_s)
+        future: Future = Future()
+        # Not cancellable from here on: an awaiting waiter that gives up cancels what it
+        # awaits, which must not end the compile the others share.
+        future.set_running_or_notify_cancel()
+        running = Compiling(future, now + self.compile_timeout_s, self.compile_timeout_s)
         self._compiling[key] = running
         threading.Thread(target=self._run, args=(key, strict, schema, running.future),
                          name="folio-grammar", daemon=True).start()

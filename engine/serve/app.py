@@ -178,13 +178,15 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             raise APIError(400, str(exc), "invalid_value", "messages") from exc
 
     async def _check_format(fmt, field: str):
-        """The compiled grammar, compiled here, off the event loop: a schema the engine
-        cannot enforce (or too large, or too slow to compile) is a 400 naming what before
-        anything is queued, and the engine's thread gets the grammar ready."""
+        """The compiled grammar, compiled before anything is queued: a schema the engine
+        cannot enforce (or too large, or too slow to compile) is a 400 naming what, and the
+        engine's thread gets the grammar ready. The checks run off the event loop; the
+        compile is awaited, so slow schemas do not hold the loop's worker threads."""
         if fmt is None:
             return None
         try:
-            return await asyncio.to_thread(llm.engine.grammars.compile, fmt)
+            compiling = await asyncio.to_thread(llm.engine.grammars.start, fmt)
+            return await compiling.wait()
         except GrammarError as exc:
             raise APIError(400, f"{field}: {exc}", "invalid_value", field) from exc
         except GrammarBusy as exc:

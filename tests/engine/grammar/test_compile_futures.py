@@ -5,6 +5,7 @@ holds until it lets it go."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -125,6 +126,20 @@ def test_a_compile_past_the_time_limit_is_answered_and_caches_when_it_ends(
     fake.release_all()
     assert _eventually(lambda: grammars.compile(fmt("slow")) == "grammar of slow")
     assert fake.calls["slow"] == 1
+
+
+def test_an_awaiting_waiter_that_gives_up_leaves_the_compile_running(fake,
+                                                                      grammars) -> None:
+    grammars.compile_timeout_s = 0.2
+    fake.hold("awaited")
+    compiling = grammars.start(fmt("awaited"))
+    with pytest.raises(GrammarError, match="took too long"):
+        asyncio.run(compiling.wait())
+    assert not compiling.future.cancelled()
+    fake.release_all()
+    assert compiling.future.result(WAIT_S) == "grammar of awaited"
+    assert asyncio.run(grammars.start(fmt("awaited")).wait()) == "grammar of awaited"
+    assert fake.calls["awaited"] == 1
 
 
 def test_overdue_compiles_turn_new_schemas_away_but_not_cached_ones(fake, grammars) -> None:

@@ -144,6 +144,23 @@ def test_while_a_slow_schema_compiles_other_requests_complete(tiny_served, held)
     assert tiny_served.worker.kv_stats().num_used == 0
 
 
+def test_more_slow_schemas_than_the_server_has_threads_hold_up_no_other_request(
+        tiny_served, held) -> None:
+    # More than asyncio's default executor has threads (at most 32): a compile waited for
+    # on one of them would leave none for the json_object request's checks.
+    titles = [f"abuse-crowd-{i}" for i in range(40)]
+    for title in titles:
+        held.hold(title)
+    with ThreadPoolExecutor(len(titles)) as pool:
+        slow = [pool.submit(chat, tiny_served, titled(title)) for title in titles]
+        assert all(held.started[title].wait(WAIT_S) for title in titles)
+        assert chat(tiny_served, {"type": "json_object"}, timeout=WAIT_S).status_code == 200
+        held.release_all()
+        # Released at once, some find the queue full (the fixture allows 8 waiting).
+        assert {f.result(60).status_code for f in slow} <= {200, 429}
+    assert tiny_served.worker.kv_stats().num_used == 0
+
+
 def test_schemas_still_compiling_past_the_limit_turn_new_ones_away_with_429(
         tiny_served, held, monkeypatch) -> None:
     monkeypatch.setattr(tiny_served.llm.engine.grammars, "compile_timeout_s", 0.1)
