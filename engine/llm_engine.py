@@ -261,12 +261,17 @@ class LLMEngine:
         return list(prompt)
 
     def add_request(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
+        grammar=None,
     ) -> str:
         """Queue a request. Admission is a transaction: everything that can fail (the
         prompt's ids, the grammar, state slots, each candidate's generator and text
         state, the scheduler's own checks) fails before anything is queued, with a
-        ValueError naming what was wrong and nothing left behind."""
+        ValueError naming what was wrong and nothing left behind.
+
+        ``grammar``: ``params.response_format`` compiled by ``self.grammars.compile`` on
+        the caller's thread (the worker's callers do): without it the format is compiled
+        here, which is for a caller that steps the engine itself."""
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._ids)}"
         ids = self.encode(prompt)
@@ -279,8 +284,10 @@ class LLMEngine:
             raise ValueError(f"SamplingParams.n: {params.n} candidates need as many state "
                              f"slots, but this model's state pool has {slots}")
         # A schema that cannot be enforced is a GrammarError (ValueError).
-        fmt = params.response_format
-        matchers = [] if fmt is None else [self.grammars.matcher(fmt) for _ in range(params.n)]
+        fmt, matchers = params.response_format, []
+        if fmt is not None:
+            grammar = grammar or self.grammars.compile(fmt)
+            matchers = [self.grammars.matcher(fmt, grammar) for _ in range(params.n)]
         generators = [make_generator(params.seed, i) for i in range(params.n)]
         candidates = [self._new_candidate(ids, params) for _ in range(params.n)]
         # The last step that can refuse; from here on nothing raises.

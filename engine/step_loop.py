@@ -44,10 +44,10 @@ class StepLoop:
 
     # ---------------------------------------------------------------- requests
     def add(self, prompt: Prompt, params: SamplingParams | None, on_event: EventCallback,
-            request_id: str | None = None) -> str:
+            request_id: str | None = None, grammar=None) -> str:
         """Queue a request whose events go to ``on_event``; raises ValueError on bad input,
-        with nothing queued."""
-        request_id = self.engine.add_request(prompt, params, request_id)
+        with nothing queued. ``grammar``: see ``LLMEngine.add_request``."""
+        request_id = self.engine.add_request(prompt, params, request_id, grammar)
         self._callbacks[request_id] = on_event
         return request_id
 

@@ -2,7 +2,9 @@
 
 Callers on any thread ``submit`` requests and ``cancel`` them; the worker batches
 whatever is in flight into each step (continuous batching across chats) and reports
-through the request's callback, which runs on the worker thread. A GUI re-emits those
+through the request's callback, which runs on the worker thread. A request constrained
+to a schema not compiled yet waits for it on a thread of its own and is queued once it is
+ready: the worker thread never compiles while other requests decode. A GUI re-emits those
 events as queued signals. ``kv_stats`` and ``memory_stats`` return snapshots refreshed
 by the worker, so a caller never waits for a step to end. An activity listener hears an
 ``ActivityEvent`` when the worker starts running requests and when it falls idle (after
@@ -62,6 +64,10 @@ class EngineWorker:
         self._memory_read = False  # whether memory_stats was called since the last measure
         self._busy = False
         self._activity_listener: ActivityListener | None = None
+        # Requests waiting for their grammar, before they are queued: whether each was
+        # cancelled meanwhile. The lock orders a cancel after its request's submit.
+        self._compiling: dict[str, bool] = {}
+        self._compiling_lock = threading.Lock()
 
     # ------------------------------------------------------------- any thread
     def start(self) -> EngineWorker:
@@ -72,16 +78,31 @@ class EngineWorker:
 
     def submit(
         self, prompt: Prompt, params: SamplingParams | None, on_event: EventCallback,
-        label: str = "chat",
+        label: str = "chat", grammar=None,
     ) -> RequestHandle:
         """Queue a request; ``label`` starts its id ("chat-3", "api-7"), which the memory
-        panel shows as the owner of its blocks."""
+        panel shows as the owner of its blocks. ``grammar``: its response format compiled
+        (``llm.engine.grammars.compile``) where the caller did so; otherwise a constrained
+        request is compiled first, on another thread, and a schema that cannot be
+        enforced is an ErrorEvent (rejected) on the worker thread."""
         request_id = f"{label}-{next(self._ids)}"
-        self._commands.put(("submit", request_id, prompt, params or SamplingParams(), on_event))
+        params = params or SamplingParams()
+        if params.response_format is None or grammar is not None:
+            self._commands.put(("submit", request_id, prompt, params, on_event, grammar))
+        else:
+            with self._compiling_lock:
+                self._compiling[request_id] = False
+            threading.Thread(target=self._compile_then_submit, name="folio-grammar-wait",
+                             args=(request_id, prompt, params, on_event), daemon=True).start()
         return RequestHandle(request_id, self)
 
     def cancel(self, request_id: str) -> None:
-        self._commands.put(("cancel", request_id))
+        with self._compiling_lock:
+            if request_id in self._compiling:
+                # Cancelled once it is queued, so it ends as any cancelled request does.
+                self._compiling[request_id] = True
+                return
+            self._commands.put(("cancel", request_id))
 
     def set_activity_listener(self, listener: ActivityListener | None) -> None:
         """`listener` runs on the worker thread: it must only hand the event on."""
@@ -112,6 +133,19 @@ class EngineWorker:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+
+    def _compile_then_submit(self, request_id: str, prompt: Prompt, params: SamplingParams,
+                             on_event: EventCallback) -> None:
+        try:
+            grammar = self._engine.grammars.compile(params.response_format)
+            command = ("submit", request_id, prompt, params, on_event, grammar)
+        except Exception as exc:  # told to the request on the worker thread, as a bad one
+            command = ("reject", request_id, exc, on_event)
+        with self._compiling_lock:
+            cancelled = self._compiling.pop(request_id)
+            self._commands.put(command)
+            if cancelled:
+                self._commands.put(("cancel", request_id))
 
     # ----------------------------------------------------------- worker thread
     def _loop(self) -> None:
@@ -154,16 +188,21 @@ class EngineWorker:
     def _handle(self, command: tuple) -> None:
         kind = command[0]
         if kind == "submit":
-            _, request_id, prompt, params, on_event = command
+            _, request_id, prompt, params, on_event, grammar = command
             try:
-                self._steps.add(prompt, params, _Guarded(on_event, self), request_id)
+                self._steps.add(prompt, params, _Guarded(on_event, self), request_id, grammar)
             except Exception as exc:  # a bad request must not stop the worker
-                rejected = isinstance(exc, ValueError)
-                _Guarded(on_event, self)(ErrorEvent(request_id, str(exc), rejected))
+                self._reject(request_id, exc, on_event)
+        elif kind == "reject":
+            self._reject(*command[1:])
         elif kind == "cancel":
             self._steps.cancel(command[1])
         elif kind == "clear_disk":
             self._engine.clear_disk()
+
+    def _reject(self, request_id: str, exc: Exception, on_event: EventCallback) -> None:
+        rejected = isinstance(exc, ValueError)
+        _Guarded(on_event, self)(ErrorEvent(request_id, str(exc), rejected))
 
     def _preload(self, prompt: Prompt) -> None:
         try:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.grammar.errors import GrammarError
+from engine.grammar.limits import check_limits
+
 # Keywords the grammar enforces (checked by tests/engine/grammar against jsonschema).
 ENFORCED = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
@@ -28,16 +31,15 @@ _SCHEMA_LISTS = ("anyOf", "prefixItems")
 _TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
 
 
-class GrammarError(ValueError):
-    """A response format the engine cannot enforce; ``construct`` names the keyword."""
+def check_schema(schema: Any) -> None:
+    """Raise GrammarError for the first construct under ``schema`` not enforced, or for a
+    schema past the limits (``limits.py``), which are checked first: they bound how deep
+    the walk below recurses."""
+    check_limits(schema)
+    _check(schema, "#")
 
-    def __init__(self, construct: str, message: str) -> None:
-        super().__init__(message)
-        self.construct = construct
 
-
-def check_schema(schema: Any, path: str = "#") -> None:
-    """Raise GrammarError for the first construct under ``schema`` not enforced."""
+def _check(schema: Any, path: str) -> None:
     if isinstance(schema, bool):
         return
     if not isinstance(schema, dict):
@@ -69,11 +71,11 @@ def _check_keyword(key: str, value: Any, at: str) -> None:
         if not isinstance(value, dict):
             raise GrammarError(key, f"{key} (at {at}) must map names to schemas")
         for name, sub in value.items():
-            check_schema(sub, f"{at}/{name}")
+            _check(sub, f"{at}/{name}")
     elif key in _SCHEMA_LISTS:
         if not isinstance(value, list):
             raise GrammarError(key, f"{key} (at {at}) must be a list of schemas")
         for i, sub in enumerate(value):
-            check_schema(sub, f"{at}/{i}")
+            _check(sub, f"{at}/{i}")
     elif key in ("items", "additionalProperties"):
-        check_schema(value, at)
+        _check(value, at)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.grammar import GrammarError
+from engine.grammar import GrammarBusy, GrammarError
 from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
 from engine.serve import responses
 from engine.serve.api_key import NO_BUILTIN_DOCS, add_docs, key_check
@@ -133,16 +133,17 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
                            "call tools; set tool_choice 'none' or drop response_format",
                            "invalid_value", "response_format")
         if not tools.tools and not body.has_tool_history:
-            await _check_format(params.response_format, "response_format")
+            grammar = await _check_format(params.response_format, "response_format")
             messages = body.engine_messages()
             if thinks is None and not options.variables():
-                return await _complete(body, messages, params, "chat", request)
+                return await _complete(body, messages, params, "chat", request,
+                                       grammar=grammar)
             # Tokenized here: the reader sees how the prompt opens the reply, and the
             # template gets the reasoning variables.
             ids = await _encode(messages, options)
             replies = (None if thinks is None or params.response_format is not None else
                        ToolReplies(None, n=body.n, reasoning=_reader(ids, params)))
-            return await _complete(body, ids, params, "chat", request, replies)
+            return await _complete(body, ids, params, "chat", request, replies, grammar)
         try:
             # Off the event loop: a long history takes a while to render and tokenize.
             prompt = await asyncio.to_thread(tool_prompt, model_tools, tools,
@@ -164,9 +165,9 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             replies = ToolReplies(SchemaCallParser, n=body.n)
         elif reasoning is not None:
             replies = ToolReplies(None, n=body.n, reasoning=reasoning)
-        await _check_format(params.response_format, "tools" if prompt.call_format else
-                            "response_format")
-        return await _complete(body, prompt.ids, params, "chat", request, replies)
+        grammar = await _check_format(params.response_format,
+                                      "tools" if prompt.call_format else "response_format")
+        return await _complete(body, prompt.ids, params, "chat", request, replies, grammar)
 
     def _reader(ids: list[int], params):
         """Each candidate's reasoning reader, where the template shows reasoning."""
@@ -183,16 +184,21 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
         except ValueError as exc:
             raise APIError(400, str(exc), "invalid_value", "messages") from exc
 
-    async def _check_format(fmt, field: str) -> None:
-        """Compiled here, off the event loop, so a schema the engine cannot enforce is a
-        400 naming its construct before anything is queued (and the engine's compile of
-        it, a cache hit)."""
+    async def _check_format(fmt, field: str):
+        """The compiled grammar, compiled before anything is queued: a schema the engine
+        cannot enforce (or too large, or too slow to compile) is a 400 naming what, and the
+        engine's thread gets the grammar ready. The checks run off the event loop; the
+        compile is awaited, so slow schemas do not hold the loop's worker threads."""
         if fmt is None:
-            return
+            return None
         try:
-            await asyncio.to_thread(llm.engine.grammars.compile, fmt)
+            compiling = await asyncio.to_thread(llm.engine.grammars.start, fmt)
+            return await compiling.wait()
         except GrammarError as exc:
             raise APIError(400, f"{field}: {exc}", "invalid_value", field) from exc
+        except GrammarBusy as exc:
+            raise APIError(429, f"{field}: {exc}", "server_busy", field,
+                           {"Retry-After": str(settings.retry_after_s)}) from exc
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -205,13 +211,13 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             reply_tokens.remember(output)
 
     async def _complete(body, prompt, params, kind: str, request: Request,
-                        replies: ToolReplies | None = None) -> Response:
+                        replies: ToolReplies | None = None, grammar=None) -> Response:
         if metrics.waiting >= settings.max_waiting:
             metrics.requests.labels(kind, "rejected_busy").inc()
             raise APIError(429, f"the server has {metrics.waiting} requests waiting; retry "
                            "shortly", "server_busy",
                            headers={"Retry-After": str(settings.retry_after_s)})
-        stream = RequestStream(worker, prompt, params)
+        stream = RequestStream(worker, prompt, params, grammar)
         await stream.__aenter__()
         watch = DisconnectWatch(request, stream.request_id)
         metrics.waiting += 1

@@ -83,6 +83,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, RecursionError):
+            # FastAPI's "error parsing the body" would not say what to change.
+            return error_response(APIError(400, "the request body is nested too deeply "
+                                           "(objects and arrays inside one another) to be "
+                                           "read", "invalid_body"))
         return error_response(APIError(exc.status_code, str(exc.detail),
                                        headers=dict(exc.headers or {})))
 

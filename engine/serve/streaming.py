@@ -18,10 +18,12 @@ from engine.worker import EngineWorker
 
 
 class RequestStream:
-    def __init__(self, worker: EngineWorker, prompt, params: SamplingParams) -> None:
+    def __init__(self, worker: EngineWorker, prompt, params: SamplingParams,
+                 grammar=None) -> None:
         self._worker = worker
         self._prompt = prompt
         self._params = params
+        self._grammar = grammar  # params.response_format compiled, or None
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self._handle = None
         self._cancelled = False
@@ -36,7 +38,8 @@ class RequestStream:
             loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
         self.submitted_at = time.perf_counter()
-        self._handle = self._worker.submit(self._prompt, self._params, on_event, label="api")
+        self._handle = self._worker.submit(self._prompt, self._params, on_event, label="api",
+                                           grammar=self._grammar)
         return self
 
     async def __aexit__(self, *exc_info) -> None:

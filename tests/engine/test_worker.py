@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from engine import LLM, EngineWorker, SamplingParams
+from engine import LLM, EngineWorker, ResponseFormat, SamplingParams
+from engine.grammar import compiler
 from engine.outputs import ActivityEvent, ErrorEvent, FinishedEvent, TokenEvent
 from engine.worker import MEMORY_INTERVAL_S
 from tests.engine.tiny_models import random_prompt, save_tiny_model
@@ -164,3 +165,67 @@ def test_activity_events_frame_a_run_and_the_idle_snapshot_is_fresh(worker, monk
     assert read.count("measured") <= elapsed / MEMORY_INTERVAL_S + 1
     fresh = measure()
     assert worker.memory_stats().kv_pool_resident_bytes == fresh.kv_pool_resident_bytes > 0
+
+
+class HeldCompile:
+    """xgrammar's compile held until released, noting the thread each compile ran on."""
+
+    def __init__(self, real) -> None:
+        self.real, self.threads = real, []
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, *args):
+        self.threads.append(threading.current_thread().name)
+        self.started.set()
+        assert self.release.wait(60)
+        return self.real(*args)
+
+
+@pytest.fixture
+def held(monkeypatch):
+    held = HeldCompile(compiler._compile)
+    monkeypatch.setattr(compiler, "_compile", held)
+    yield held
+    held.release.set()
+
+
+def constrained(title: str, **fields) -> SamplingParams:
+    schema = {"title": title, "type": "object", "properties": {"a": {"type": "integer"}}}
+    return SamplingParams(max_tokens=8, temperature=0,
+                          response_format=ResponseFormat("json_schema", schema), **fields)
+
+
+def test_a_schema_compiles_off_the_worker_thread_while_others_decode(worker, held):
+    slow = Collector()
+    worker.submit([1, 2, 3], constrained("worker-slow"), slow)
+    assert held.started.wait(60)
+    plain = Collector()
+    worker.submit([4, 5, 6], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+                  plain)
+    assert plain.done.wait(10) and not slow.done.is_set()  # it did not wait for the compile
+    held.release.set()
+    assert slow.done.wait(60)
+    assert slow.finished.output.outputs[0].token_ids
+    assert held.threads and "folio-engine" not in held.threads
+    assert worker.kv_stats().num_used == 0
+
+
+def test_a_request_cancelled_while_its_schema_compiles_ends_once_it_is_compiled(worker,
+                                                                                 held):
+    c = Collector()
+    handle = worker.submit([1, 2, 3], constrained("worker-cancelled", ignore_eos=True), c)
+    assert held.started.wait(60)
+    handle.cancel()
+    held.release.set()
+    assert c.done.wait(60)
+    assert c.finished.output.outputs[0].finish_reason == "abort"
+    assert worker.kv_stats().num_used == 0
+
+
+def test_a_schema_the_worker_cannot_compile_is_a_rejected_request(worker):
+    c = Collector()
+    fmt = ResponseFormat("json_schema", {"type": "array", "uniqueItems": True})
+    worker.submit([1, 2, 3], SamplingParams(max_tokens=4, response_format=fmt), c)
+    assert c.done.wait(60)
+    [error] = [e for e in c.events if isinstance(e, ErrorEvent)]
+    assert error.rejected and "'uniqueItems'" in error.message
