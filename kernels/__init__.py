@@ -75,6 +75,6 @@ def get_backend(device: torch.device | str, name: str | None = None) -> Attentio
             from kernels.cpu.attention import CpuBackend
 
             return CpuBackend()
-    from kernels.reference import TorchBackend
+    from kernels.reference.backend import TorchBackend
 
     return TorchBackend()

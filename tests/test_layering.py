@@ -3,7 +3,7 @@
 Every import counts: module level, inside functions and under ``TYPE_CHECKING``. A
 package's ``__init__`` importing its own submodules is fine; it only becomes a cycle
 when one of those submodules imports the package back (``from kernels import X`` inside
-``kernels.reference`` while ``kernels`` imports ``kernels.reference``).
+``kernels.reference.backend`` while ``kernels`` imports ``kernels.reference.backend``).
 
 The layering contracts (who may import whom) live in pyproject.toml under
 ``[tool.importlinter]`` and run with ``make lint``.

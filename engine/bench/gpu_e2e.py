@@ -32,7 +32,7 @@ from engine.core.sequence import Sequence
 from engine.llm import LLM
 from engine.runner.kv_cache import CUDA_RESERVE_BYTES
 from engine.sampling_params import SamplingParams
-from kernels.reference import TorchBackend
+from kernels.reference.backend import TorchBackend
 
 PROMPT_TOKENS = 2048
 DECODE_TOKENS = 128

@@ -28,7 +28,7 @@ from kernels.interface import (
     check_sinks,
     effective_window,
 )
-from kernels.reference import TorchBackend, copy_blocks_ref, swap_blocks_ref
+from kernels.reference.backend import TorchBackend, copy_blocks_ref, swap_blocks_ref
 
 # The pool dtypes the kernels read and write; float32 rows go into either.
 POOL_DTYPES = (torch.float32, torch.float16)

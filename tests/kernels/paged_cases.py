@@ -20,7 +20,7 @@ import numpy
 import torch
 
 from kernels import AttentionMetadata, allocate_kv_cache
-from kernels.reference import TorchBackend
+from kernels.reference.backend import TorchBackend
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # bf16 runs compiled on CUDA only: the interpreter's numpy has no bfloat16 matmul.

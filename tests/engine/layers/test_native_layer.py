@@ -18,7 +18,7 @@ from engine.models.base import pool_layers
 from kernels import allocate_kv_cache
 from kernels.cpu.attention import CpuBackend
 from kernels.quant.formats import QuantizedTensor
-from kernels.reference import TorchBackend
+from kernels.reference.backend import TorchBackend
 from tests.kernels.quant_cases import random_quantized
 
 pytestmark = pytest.mark.skipif(not kernels.cpu.available(),

@@ -17,7 +17,7 @@ from engine.models.base import pool_layers
 from kernels import allocate_kv_cache
 from kernels.quant.formats import QuantizedTensor
 from kernels.quant.matrix import RawBlocks
-from kernels.reference import TorchBackend
+from kernels.reference.backend import TorchBackend
 from tests.conftest import tiny_hf_model
 
 BLOCK_SIZE = 16

@@ -20,7 +20,7 @@ from engine.runner.cuda_graphs import (
     padded_batch_size,
 )
 from kernels import AttentionMetadata
-from kernels.reference import TorchBackend
+from kernels.reference.backend import TorchBackend
 from kernels.triton.backend import TritonBackend
 
 CPU = torch.device("cpu")

@@ -11,7 +11,7 @@ import torch
 
 from kernels import allocate_kv_cache, get_backend
 from kernels.cpu.attention import CpuBackend
-from kernels.reference import TorchBackend, write_kv_ref
+from kernels.reference.backend import TorchBackend, write_kv_ref
 from tests.kernels.paged_cases import make_case, reference_attention
 
 RTOL = ATOL = 1e-5

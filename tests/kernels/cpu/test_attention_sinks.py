@@ -10,7 +10,7 @@ import torch
 
 from kernels.cpu.attention import CpuBackend
 from tests.kernels.paged_cases import make_case, naive_attention
-from tests.kernels.test_reference_sinks import sinks_for
+from tests.kernels.reference.test_reference_sinks import sinks_for
 
 
 def check(case, sinks, window=None, softcap=None):

@@ -17,7 +17,7 @@ from engine.layers.rotary import RotaryEmbedding, apply_partial_rotary
 from kernels import AttentionMetadata, allocate_kv_cache
 from kernels.cpu import ops
 from kernels.cpu.attention import CpuBackend
-from kernels.reference import TorchBackend
+from kernels.reference.backend import TorchBackend
 
 RTOL = ATOL = 1e-5
 

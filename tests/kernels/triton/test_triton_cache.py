@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.reference import TorchBackend
+from kernels.reference.backend import TorchBackend
 from kernels.triton.backend import TritonBackend
 from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
 from tests.kernels.paged_cases import DEVICE, DTYPES

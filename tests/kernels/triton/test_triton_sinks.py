@@ -13,7 +13,7 @@ from kernels.triton.backend import TritonBackend
 from kernels.triton.decode import paged_decode
 from kernels.triton.prefill import paged_prefill
 from tests.kernels.paged_cases import make_case, naive_attention
-from tests.kernels.test_reference_sinks import sinks_for
+from tests.kernels.reference.test_reference_sinks import sinks_for
 
 
 def _close(out, case, window, softcap, sinks):

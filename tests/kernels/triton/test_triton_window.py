@@ -1,7 +1,7 @@
 """Sliding window and logit soft-cap in the Triton kernels (split-K decode, varlen
 prefill, shared-prefix decode) against the PyTorch reference, itself checked against a
-naive oracle in tests/kernels/test_reference_window.py. Interpreted on CPU, compiled on
-CUDA."""
+naive oracle in tests/kernels/reference/test_reference_window.py. Interpreted on CPU,
+compiled on CUDA."""
 
 from __future__ import annotations
 

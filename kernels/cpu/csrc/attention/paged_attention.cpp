@@ -1,6 +1,7 @@
 // paged_attention: a varlen batch (prefill chunks and decode tokens mixed) over the
 // paged KV pool, read in place through the block tables; the semantics of
-// kernels/reference.py (causal, GQA, sliding window, logit soft-cap, attention sinks).
+// kernels/reference/backend.py (causal, GQA, sliding window, logit soft-cap, attention
+// sinks).
 //
 // The batch becomes tasks (attention_task.h): per sequence, per KV head, tiles of query
 // tokens; when that gives too few tasks to keep every thread busy (a decode step of one
@@ -114,7 +115,7 @@ Plan plan_tasks(const AttentionArgs& a, int64_t num_seqs, int64_t threads) {
 // the shared keys, so no row masks any), and per sequence one task over its own blocks
 // after them; a row's splits merge by log-sum-exp. Slots per KV head: split i of row r
 // (token-major) at base + i * S + r, S = all rows; the own-blocks task last. Without it
-// every candidate reads the whole prompt again (the reference's shared_prefix_ref.py).
+// every candidate reads the whole prompt again (the reference's shared_prefix.py).
 // An empty plan when the step is not such a one.
 Plan plan_shared_prefix(const AttentionArgs& a, int64_t num_seqs, int64_t threads) {
   const int64_t bs = a.block_size;

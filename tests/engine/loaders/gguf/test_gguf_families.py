@@ -34,7 +34,7 @@ from engine.models import build_model, gguf_family
 from engine.models.base import pool_layers
 from engine.models.gemma import FULL, SLIDING
 from kernels import allocate_kv_cache
-from kernels.reference import TorchBackend
+from kernels.reference.backend import TorchBackend
 from tests.engine.tiny_models import CHATML, byte_level_tokenizer, tiny_gemma_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.step_plan import StepPlan
+from kernels.reference.step_plan import StepPlan
 from tests.kernels.paged_cases import (
     assert_matches,
     make_case,

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from kernels import check_attention_options, effective_window
-from kernels.reference import TorchBackend, paged_attention_ref
-from kernels.step_plan import sliding_window_mask
+from kernels.reference.backend import TorchBackend, paged_attention_ref
+from kernels.reference.step_plan import sliding_window_mask
 from tests.kernels.paged_cases import (
     make_case,
     naive_attention,

@@ -7,8 +7,9 @@ backend on CPU) are that single-token (decode) sequences run as one batched SDPA
 instead of a Python loop over sequences, gathers use index_select (or a view, when a
 sequence's blocks are consecutive) and yield each KV head's tokens as one matrix, and
 TorchBackend plans a step (what depends on the metadata alone) once instead of once per
-layer (kernels/step_plan.py). Any pool layout works (kernels.interface.allocate_kv_cache);
-TorchBackend asks for the head-major one, which its attention reads fastest.
+layer (kernels/reference/step_plan.py). Any pool layout works
+(kernels.interface.allocate_kv_cache); TorchBackend asks for the head-major one, which its
+attention reads fastest.
 
 Two options of `attention` (kernels.interface.check_attention_options has the exact rules):
 a sliding window trims what is read to the window's blocks (blocks wholly before a
@@ -23,10 +24,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.block_reads import heads_of_blocks
 from kernels.interface import AttentionMetadata, check_attention_options, check_sinks
-from kernels.shared_prefix_ref import shared_prefix_decode
-from kernels.step_plan import DecodePlan, StepPlan
+from kernels.reference.block_reads import heads_of_blocks
+from kernels.reference.shared_prefix import shared_prefix_decode
+from kernels.reference.step_plan import DecodePlan, StepPlan
 
 
 def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.block_reads import block_ids, heads_of_blocks
+from kernels.reference.block_reads import block_ids, heads_of_blocks
 
 
 @dataclass(slots=True)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kernels import AttentionMetadata, allocate_kv_cache, get_backend
-from kernels.block_reads import block_ids, heads_of_blocks
-from kernels.reference import TorchBackend, paged_attention_ref
-from kernels.step_plan import causal_mask
+from kernels.reference.backend import TorchBackend, paged_attention_ref
+from kernels.reference.block_reads import block_ids, heads_of_blocks
+from kernels.reference.step_plan import causal_mask
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

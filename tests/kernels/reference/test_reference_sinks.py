@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels import check_sinks
-from kernels.reference import TorchBackend
+from kernels.reference.backend import TorchBackend
 from tests.kernels.paged_cases import make_case, naive_attention, reference_attention
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")

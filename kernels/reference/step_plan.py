@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.block_reads import block_ids
 from kernels.interface import AttentionMetadata, effective_window
-from kernels.shared_prefix_ref import SharedPrefix
+from kernels.reference.block_reads import block_ids
+from kernels.reference.shared_prefix import SharedPrefix
 
 
 @dataclass(slots=True)
