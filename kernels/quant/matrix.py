@@ -32,9 +32,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.quant.cpu import INT4_TYPES, Int4Packed, Int8Rows, tile_rows
 from kernels.quant.formats import BlockStorage, QuantizedTensor
 from kernels.quant.mxfp4 import MXFP4_TYPE, Mxfp4Blocks, native_mxfp4
+from kernels.quant.torch_packed import INT4_TYPES, Int4Packed, Int8Rows, tile_rows
 
 
 @dataclass(slots=True)

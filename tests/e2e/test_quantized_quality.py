@@ -5,7 +5,7 @@ over a fixed 512-token English text, and greedy chat replies.
 Both models read the same blocks, so what differs is only what the CPU path adds on top of
 the file's quantization. On the native path (kernels/cpu) that is the 8-bit rounding of
 each activation block going into a product; without the library (PyTorch's weight-only
-ops, kernels/quant/cpu.py) it is bf16 rounding of the group scales, the activations and
+ops, kernels/quant/torch_packed.py) it is bf16 rounding of the group scales, the activations and
 the outputs. The LM head recomputes its top logits in float32 (engine/layers/lm_head.py)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.models.base import pool_layers
 from kernels import allocate_kv_cache
-from kernels.quant.cpu import INT4_OP_MAX_ROWS
+from kernels.quant.torch_packed import INT4_OP_MAX_ROWS
 
 pytestmark = pytest.mark.slow
 # Decode-sized chunks (the GEMV path; on the PyTorch path int4pack, bf16 in and out) and

@@ -1,7 +1,7 @@
 """StackedLinear, Embedding and LMHead holding GGUF-quantized checkpoint matrices: how
 stacked slots become runs of one block type, the float fallback, biases, byte accounting,
 and the tied embedding sharing its LM head's layout. The layouts' own error bounds are
-tests/kernels/quant/test_quant_cpu.py's; here the layer must compose them exactly. These
+tests/kernels/quant/test_torch_packed.py's; here the layer must compose them exactly. These
 are the storages without the native CPU library (TorchQuantized); the native one is
 tests/engine/layers/test_native_storage.py's."""
 
@@ -16,9 +16,9 @@ from engine.layers.embedding import Embedding
 from engine.layers.linear import StackedLinear
 from engine.layers.lm_head import LMHead
 from engine.layers.weights import TorchQuantized
-from kernels.quant.cpu import Int4Packed, Int8Rows
 from kernels.quant.formats import BY_NAME, QuantizedTensor
 from kernels.quant.matrix import RawBlocks, for_product
+from kernels.quant.torch_packed import Int4Packed, Int8Rows
 from tests.kernels.quant_cases import oracle_weights, random_quantized
 
 CPU = torch.device("cpu")
@@ -26,7 +26,7 @@ CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("without_native_cpu")
 K = 256  # one K-quant block per row
 SIZES = (64, 32, 32)  # q, k, v rows
-# Relative error of a layer's part against the oracle (test_quant_cpu.py measures and
+# Relative error of a layer's part against the oracle (test_torch_packed.py measures and
 # bounds each layout): int4pack's three bf16 roundings ~3e-3; int8 rows, half a step of
 # each row's scale on random blocks ~6e-3..9e-3.
 INT4_REL = 6e-3

@@ -19,9 +19,9 @@ from engine.loaders import FolioLoadError, load_model_files
 from engine.loaders.gguf.header import parse_gguf_header
 from engine.models import build_model
 from engine.outputs import ErrorEvent, FinishedEvent
-from kernels.quant.cpu import Int4Packed
 from kernels.quant.formats import BY_NAME, QuantizedTensor
 from kernels.quant.matrix import dequantize_cpu
+from kernels.quant.torch_packed import Int4Packed
 
 pytestmark = pytest.mark.slow
 

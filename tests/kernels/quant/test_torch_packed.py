@@ -1,7 +1,8 @@
-"""The CPU layouts of GGUF-quantized matrices (kernels/quant/cpu.py, kernels/quant/matrix.py)
-against gguf's reference dequantizer followed by an exact (float64) product, for every
-block type, with the error bound each layout promises derived and asserted. They serve a
-CPU without the native library (kernels/cpu, whose own tests are tests/kernels/cpu).
+"""The CPU layouts of GGUF-quantized matrices (kernels/quant/torch_packed.py,
+kernels/quant/matrix.py) against gguf's reference dequantizer followed by an exact
+(float64) product, for every block type, with the error bound each layout promises
+derived and asserted. They serve a CPU without the native library (kernels/cpu, whose
+own tests are tests/kernels/cpu).
 
 Notation: W is the oracle's float32 matrix, x the activations, ref = x @ W.T in float64.
 u = 2**-8 is bfloat16's unit roundoff (8 significant bits: round to nearest moves a value
@@ -17,7 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels.quant.cpu import (
+from kernels.quant.formats import BY_NAME, QuantizedTensor
+from kernels.quant.matrix import RawBlocks, for_product
+from kernels.quant.torch_packed import (
     INT4_OP_MAX_ROWS,
     INT4_TYPES,
     INT8_OP_MAX_ROWS,
@@ -26,8 +29,6 @@ from kernels.quant.cpu import (
     tile_rows,
     unpack_packed_rows,
 )
-from kernels.quant.formats import BY_NAME, QuantizedTensor
-from kernels.quant.matrix import RawBlocks, for_product
 from tests.kernels.quant_cases import TYPE_NAMES, oracle_weights, random_quantized
 
 CPU = torch.device("cpu")
