@@ -23,7 +23,7 @@ from engine.core.kv_stats import KVStats
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, Sequence
 from engine.grammar import Grammars, Matcher, token_masks
-from engine.layers.moe import expert_bytes
+from engine.layers.moe.sparse import expert_bytes
 from engine.layers.weights import set_activation_bits
 from engine.outputs import (
     CompletionOutput,

@@ -1,5 +1,5 @@
 """The device check's MoE timing row (scripts/gpu_check.py): one mixture-of-experts layer
-of random quantized experts, its fused Triton kernels (engine/layers/moe_fused.py) against
+of random quantized experts, its fused Triton kernels (engine/layers/moe/triton.py) against
 the per-expert loop of `SparseMoE.mix` over the same experts (each expert's Triton
 GEMV / GEMM in turn), both on the card:
 
@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from engine.layers.gpt_oss_moe import ClampedSwiGLU, SoftmaxOfTopKRouter
-from engine.layers.moe import SparseMoE
+from engine.layers.moe.gpt_oss import ClampedSwiGLU, SoftmaxOfTopKRouter
+from engine.layers.moe.sparse import SparseMoE
 from engine.layers.weights import TritonQuantized
 from kernels.quant.formats import BY_NAME, QuantizedTensor
 from kernels.quant.matrix import RawBlocks

@@ -16,7 +16,7 @@ from torch import nn
 from engine.layers.embedding import Embedding
 from engine.layers.linear import StackedLinear, WeightSlot
 from engine.layers.lm_head import LMHead
-from engine.layers.moe import SparseMoE
+from engine.layers.moe.sparse import SparseMoE
 from engine.layers.native_layer import NativeLayers
 from engine.models.spec import DecoderSpec
 from kernels import AttentionBackend, AttentionMetadata

@@ -8,7 +8,7 @@ from the config in ``gpt_oss_spec``:
   group;
 - YaRN rope (engine/layers/rotary.py);
 - its router (a biased linear, a softmax over the top-k logits) and clamped SwiGLU
-  experts with biases (engine/layers/gpt_oss_moe.py).
+  experts with biases (engine/layers/moe/gpt_oss.py).
 
 Checkpoints hold the experts fused (``mlp.experts.gate_up_proj`` [E, H, 2I] with gate
 and up in interleaved columns, ``down_proj`` [E, I, H], both transposed, and their
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
-from engine.layers.gpt_oss_moe import ClampedSwiGLU, SoftmaxOfTopKRouter
-from engine.layers.moe import SparseMoE
+from engine.layers.moe.gpt_oss import ClampedSwiGLU, SoftmaxOfTopKRouter
+from engine.layers.moe.sparse import SparseMoE
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, Target, copy_checkpoint

@@ -1,7 +1,7 @@
 """Mixture-of-experts decoders over the paged KV cache: OLMoE, Qwen3-MoE and Mixtral.
 
 Each is the Llama decoder with the MLP of its sparse layers replaced by a `SparseMoE`
-(engine/layers/moe.py): a softmax router over the experts, each token's top k. What
+(engine/layers/moe/): a softmax router over the experts, each token's top k. What
 sets the families apart, read from the config in ``moe_spec`` and the `MoETraits` below:
 
 - OLMoE: RMSNorm over the whole q and k projections (not per head), an optional clamp of
@@ -29,7 +29,7 @@ from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
 from engine.layers.mlp import GatedMLP
-from engine.layers.moe import SparseMoE
+from engine.layers.moe.sparse import SparseMoE
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, Target, copy_checkpoint

@@ -1,6 +1,6 @@
 """Qwen3.5-MoE / Qwen3.6-MoE text (``Qwen3_5MoeForCausalLM``): Qwen3.5's hybrid decoder
 (engine/models/qwen35.py: Gated DeltaNet and gated full-attention layers, as they are)
-with every layer's MLP a sparse block (engine/layers/moe.py) that has a shared expert.
+with every layer's MLP a sparse block (engine/layers/moe/) that has a shared expert.
 
 Matched to transformers' ``models/qwen3_5_moe/modeling_qwen3_5_moe.py`` (5.x): a softmax
 router whose top k are always rescaled to sum to one, routed experts of

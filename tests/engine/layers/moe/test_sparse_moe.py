@@ -1,4 +1,4 @@
-"""The MoE block (engine/layers/moe.py) against transformers' routers and sparse blocks of
+"""The MoE block (engine/layers/moe/) against transformers' routers and sparse blocks of
 each family (Qwen3.5-MoE's with its shared expert), in float32 with tied router scores;
 the expert-grouped step against a per-token loop, in float and on quantized experts; and
 that a step reads only the experts its tokens were routed to."""
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import kernels.cpu
-from engine.layers.moe import SparseMoE, TopKRouter
+from engine.layers.moe.router import TopKRouter
+from engine.layers.moe.sparse import SparseMoE
 from kernels.quant.formats import QuantizedTensor
 from tests.engine.tiny_models import peaked_weights, tiny_qwen35_moe_config
 from tests.engine.tiny_moe import FAMILIES, moe_model

@@ -1,4 +1,4 @@
-"""gpt-oss's mixture-of-experts parts, for `SparseMoE` (engine/layers/moe.py): its router
+"""gpt-oss's mixture-of-experts parts, for `SparseMoE` (sparse.py): its router
 (a biased linear, the top k of the logits, a softmax over those k alone) and its experts'
 clamped SwiGLU, with biases on every expert matrix."""
 

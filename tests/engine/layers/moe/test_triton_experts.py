@@ -1,5 +1,5 @@
-"""The MoE block's fused Triton method (engine/layers/moe_fused.py, kernels interpreted on
-CPU): picked at load only where every expert holds Triton's quantized storage (what a CUDA
+"""The MoE block's fused Triton method (engine/layers/moe/triton.py, kernels interpreted
+on CPU): picked at load only where every expert holds Triton's quantized storage (what a CUDA
 load of a GGUF file gives), equal to the PyTorch block (the loop of `SparseMoE.mix`) over
 the same experts dequantized by gguf, for the softmax router's SiLU experts and gpt-oss's
 router, clamped SwiGLU and biases, at decode and prefill sizes; the stacked blocks are
@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.layers.gpt_oss_moe import ClampedSwiGLU, SoftmaxOfTopKRouter
 from engine.layers.linear import StackedLinear
-from engine.layers.moe import SparseMoE
+from engine.layers.moe.gpt_oss import ClampedSwiGLU, SoftmaxOfTopKRouter
+from engine.layers.moe.sparse import SparseMoE
 from engine.layers.weights import DenseWeight, TritonQuantized
 from kernels.quant.formats import BY_NAME, QuantizedTensor
 from kernels.quant.matrix import RawBlocks

@@ -11,8 +11,8 @@ decode step touches only its tokens' k experts, so only their blocks are read; a
 chunk multiplies every routed expert once over its rows, instead of a product per token.
 `prepare` picks a fused method where the experts' storage has one: on the native CPU
 library every expert's gate/up in one grouped call and every down with the weighted sum
-in another (moe_native.py), on CUDA with quantized experts the fused Triton kernels
-(moe_fused.py).
+in another (native.py), on CUDA with quantized experts the fused Triton kernels
+(triton.py).
 
 A family may add a shared expert (Qwen3.5-MoE): a dense MLP every token runs, its output
 scaled by sigmoid(x @ gate) and added to the routed experts' sum.
@@ -23,43 +23,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.base import Layer
 from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
-from engine.layers.moe_fused import TritonExperts, triton_experts
-from engine.layers.moe_native import NativeExperts, native_experts
+from engine.layers.moe.native import NativeExperts, native_experts
+from engine.layers.moe.router import TopKRouter
+from engine.layers.moe.triton import TritonExperts, triton_experts
 from engine.layers.native import fused_cpu
-
-
-class TopKRouter(Layer):
-    """softmax(x @ W.T) over the experts, then each token's top k, optionally rescaled to
-    sum to one (``normalize``: Mixtral and Qwen3-MoE; OLMoE keeps the raw probabilities).
-
-    The scores are float32 whatever the model's dtype, and the top k come from
-    ``torch.topk`` over the probabilities, as transformers computes them: equal scores
-    then go to the same experts (the lower index first)."""
-
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, normalize: bool,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
-        super().__init__()
-        if not 1 <= top_k <= num_experts:
-            raise ValueError(f"num_experts_per_tok must be between 1 and num_experts "
-                             f"({num_experts}), got {top_k}")
-        self.top_k = top_k
-        self.normalize = normalize
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype,
-                                               device=device), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, hidden] -> (weights [T, k] in x's dtype, expert ids int64 [T, k])."""
-        probs = torch.softmax(F.linear(x, self.weight).float(), dim=-1)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights.to(x.dtype), ids
 
 
 class SparseMoE(Layer):
