@@ -26,7 +26,7 @@ from engine.layers.mlp import GatedMLP
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, LayerKV, Target
-from engine.models.llama import projection_targets
+from engine.models.decoder import projection_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_params
 from kernels import AttentionBackend, AttentionMetadata
 

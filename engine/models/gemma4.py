@@ -33,9 +33,9 @@ from engine.layers.native import fused_cpu, native_ops
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary, proportional_inv_freq
 from engine.models.base import CausalLM, LayerKV, Target
+from engine.models.decoder import mlp_targets
 from engine.models.gemma import FULL, SLIDING, softcap
 from engine.models.gemma4_spec import Gemma4Spec
-from engine.models.llama import mlp_targets
 from kernels import AttentionBackend, AttentionMetadata
 
 

@@ -34,7 +34,7 @@ from engine.layers.moe.sparse import SparseMoE
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, Target, copy_checkpoint
-from engine.models.llama import PreNormLayer, attention_targets, mlp_targets
+from engine.models.decoder import PreNormLayer, attention_targets, mlp_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec
 from kernels.quant.formats import QuantizedTensor
 from kernels.quant.mxfp4 import MXFP4_TYPE, dequantize_mxfp4

@@ -30,7 +30,7 @@ from engine.layers.mlp import GatedMLP
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding, apply_partial_rotary
 from engine.models.base import CausalLM, Target
-from engine.models.llama import attention_targets, mlp_targets
+from engine.models.decoder import attention_targets, mlp_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_params
 from kernels import AttentionBackend, AttentionMetadata
 
