@@ -1,7 +1,7 @@
 """Model definitions and the registry that picks one for a Hugging Face config."""
 
 from engine.dtypes import resolve_dtype
-from engine.models.decoder import LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM
 from engine.models.registry import (
     FAMILIES,
     GGUF_ARCHITECTURES,

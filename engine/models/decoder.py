@@ -1,14 +1,16 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, SmolLM, Qwen2, Qwen3) over a paged KV cache.
+"""The pre-norm decoder layer and the checkpoint names of its parts, shared by the
+families built on it: Llama (llama.py), the mixtures of experts (moe.py, gpt_oss.py), and
+for the names alone Gemma, Gemma 4 and Qwen3.5.
 
-The model knows nothing of scheduling: a step hands it flattened token ids and positions,
-the whole-model KV cache and the attention metadata, and it returns hidden states; the
-caller picks the rows to turn into logits.
+`PreNormLayer` is a layer's step (norm, attention, residual add and norm, MLP or mixture
+of experts, residual add), which runs as one native call where its parts allow
+(`native_step`); `projection_targets`, `attention_targets` and `mlp_targets` give a
+layer's attention and MLP parameters by their Hugging Face names.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from engine.layers.attention import PagedSelfAttention
 from engine.layers.base import Layer
@@ -16,8 +18,7 @@ from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
 from engine.layers.native_layer import native_decoder_layer
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding
-from engine.models.base import CausalLM, Target
+from engine.models.base import Target
 from engine.models.spec import DecoderSpec
 from kernels import AttentionBackend, AttentionMetadata
 
@@ -53,47 +54,6 @@ class PreNormLayer(Layer):
             return None
         return native_decoder_layer(self.input_layernorm, self.self_attn,
                                     self.post_attention_layernorm, self.mlp)
-
-
-class DecoderLayer(PreNormLayer):
-    def __init__(self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
-        self.self_attn = PagedSelfAttention(
-            spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-            qkv_bias=spec.qkv_bias, o_bias=spec.o_bias,
-            qk_norm_eps=spec.rms_norm_eps if spec.qk_norm else None,
-            dtype=dtype, device=device, sliding_window=spec.sliding_window,
-        )
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype,
-                                                device)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.mlp_bias, dtype,
-                            device)
-
-
-class LlamaForCausalLM(CausalLM):
-    def __init__(
-        self, spec: DecoderSpec, dtype: torch.dtype, device: torch.device | str
-    ) -> None:
-        super().__init__(spec, dtype, device,
-                         RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device))
-        self.rotary = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
-                                      spec.rope_theta, spec.rope_scaling, dtype, device)
-        self.layers = nn.ModuleList(
-            DecoderLayer(spec, dtype, device) for _ in range(spec.num_layers)
-        )
-
-    def checkpoint_targets(self) -> dict[str, Target]:
-        """Each Hugging Face parameter name -> the tensor (or stacked slice) it fills."""
-        targets = self.shared_targets()
-        for i, layer in enumerate(self.layers):
-            prefix = f"model.layers.{i}."
-            targets[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
-            targets[prefix + "post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm.weight.data
-            )
-            targets |= projection_targets(prefix, layer.self_attn, layer.mlp, self.spec)
-        return targets
 
 
 def projection_targets(prefix: str, attn: PagedSelfAttention, mlp: GatedMLP,

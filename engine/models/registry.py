@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from engine.dtypes import resolve_dtype
-from engine.models.decoder import LlamaForCausalLM
 from engine.models.gemma import GemmaForCausalLM, gemma_spec
 from engine.models.gemma4 import Gemma4ForCausalLM
 from engine.models.gemma4_spec import gemma4_spec
 from engine.models.gpt_oss import GptOssForCausalLM, gpt_oss_spec, split_expert_shapes
+from engine.models.llama import LlamaForCausalLM
 from engine.models.moe import MoEForCausalLM, moe_spec
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
 from engine.models.qwen35 import Qwen35ForCausalLM, qwen35_spec
