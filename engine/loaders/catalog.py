@@ -24,7 +24,7 @@ from engine.loaders.gguf.rope import CONFIG_TENSORS
 from engine.loaders.hf_mxfp4 import StoredMxfp4, fused_shapes, quant_method
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
 from engine.models import SUPPORTED_MODEL_TYPES
-from engine.models.moe import active_parameters
+from engine.models.experts import active_parameters
 from engine.models.qwen35 import HybridLayout, hybrid_layout
 from engine.models.registry import text_part, text_weight_name
 from engine.models.spec import head_dim_of, kv_bytes_per_token

@@ -1,6 +1,6 @@
 """gpt-oss (OpenAI's open-weight mixture of experts) over the paged KV cache.
 
-What sets it apart from the other mixtures of experts (engine/models/moe.py), each read
+What sets it apart from the other mixtures of experts (engine/models/moe_decoder.py), each read
 from the config in ``gpt_oss_spec``:
 - attention sinks: a learned logit per query head in the softmax's denominator
   (``self_attn.sinks``; kernels.check_sinks), biased q/k/v/o projections;

@@ -19,7 +19,7 @@ import torch
 
 from engine.layers.base import Layer
 from engine.models.base import Target, copy_checkpoint
-from engine.models.moe import Experts, per_expert, read_experts, sparse_targets
+from engine.models.experts import Experts, per_expert, read_experts, sparse_targets
 from engine.models.qwen35 import (
     Qwen35DecoderLayer,
     Qwen35ForCausalLM,

@@ -24,7 +24,7 @@ from engine.models.gemma4 import Gemma4ForCausalLM
 from engine.models.gemma4_spec import gemma4_spec
 from engine.models.gpt_oss import GptOssForCausalLM, gpt_oss_spec, split_expert_shapes
 from engine.models.llama import LlamaForCausalLM
-from engine.models.moe import MoEForCausalLM, moe_spec
+from engine.models.moe_decoder import MoEForCausalLM, moe_spec
 from engine.models.phi3 import Phi3ForCausalLM, phi3_spec
 from engine.models.qwen35 import Qwen35ForCausalLM, qwen35_spec
 from engine.models.qwen35_moe import Qwen35MoeForCausalLM, qwen35_moe_spec
@@ -189,7 +189,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     # rope_factors_long/short tensors are LongRoPE's factors, read into the config.
     ModelFamily("Phi3ForCausalLM", "phi3", ("phi3",), False, FamilyTraits(), Phi3ForCausalLM,
                 phi3_spec, gguf_block_names=GGUF_PHI3_BLOCK_NAMES, turn_format="phi3"),
-    # Mixtures of experts (engine/models/moe.py). llama.cpp keeps OLMoE's and Qwen3-MoE's
+    # Mixtures of experts (engine/models/moe_decoder.py). llama.cpp keeps OLMoE's and Qwen3-MoE's
     # Q/K rows in HF order (NEOX rope); Mixtral is converted as Llama, rows permuted.
     ModelFamily("OlmoeForCausalLM", "olmoe", ("olmoe",), False, FamilyTraits(),
                 MoEForCausalLM, moe_spec, gguf_block_names=GGUF_MOE_BLOCK_NAMES),

@@ -15,7 +15,7 @@ import transformers
 
 from tests.engine.tiny_models import peaked_weights
 
-FAMILIES = ("olmoe", "qwen3_moe", "mixtral")  # engine/models/moe.py's
+FAMILIES = ("olmoe", "qwen3_moe", "mixtral")  # engine/models/moe_decoder.py's
 GPT_OSS = "gpt_oss"  # engine/models/gpt_oss.py's
 ALL_FAMILIES = (*FAMILIES, GPT_OSS)
 WINDOW = 8  # gpt-oss's sliding layers'

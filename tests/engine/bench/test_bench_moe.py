@@ -40,7 +40,7 @@ def test_the_default_shape_is_olmoe_1b_7b():
     shape = synthetic_moe.OLMOE_1B_7B
     plan = synthetic.tensor_plan(shape, 50304)  # OLMoE's own vocabulary
     shapes = {name: dims for name, dims, _ in plan}
-    from engine.models.moe import active_parameters
+    from engine.models.experts import active_parameters
 
     config = {"num_experts": shape.experts, "num_experts_per_tok": shape.experts_used}
     total = sum(int(torch.tensor(d).prod()) for d in shapes.values())

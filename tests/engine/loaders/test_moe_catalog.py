@@ -69,7 +69,7 @@ def test_gpt_oss_20b_shows_as_the_models_dialog_expects():
     import transformers
 
     from desktop_app.dialogs.model_rows import format_parameters
-    from engine.models.moe import active_parameters
+    from engine.models.experts import active_parameters
 
     config = transformers.GptOssConfig(num_hidden_layers=24, num_local_experts=32)
     with torch.device("meta"):

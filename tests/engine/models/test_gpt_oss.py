@@ -1,8 +1,8 @@
 """gpt-oss (engine/models/gpt_oss.py) against transformers' GptOssForCausalLM (float32,
 eager attention with its sinks): its router and clamped experts alone; the saved
 folder's fused experts; the spec's checks. Chunked prefill past the sliding window,
-decode, mixed batches and greedy generation through the paged KV cache are test_moe.py's,
-for every mixture family."""
+decode, mixed batches and greedy generation through the paged KV cache are
+test_moe_decoder.py's, for every mixture family."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from engine.models import SUPPORTED_ARCHITECTURES, build_model, checkpoint_shapes
+from engine.models.experts import active_parameters
 from engine.models.gpt_oss import GptOssSpec, split_expert_shapes
-from engine.models.moe import active_parameters
 from tests.engine.tiny_moe import GPT_OSS, WINDOW, moe_config, moe_model
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")

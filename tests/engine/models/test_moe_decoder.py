@@ -1,8 +1,8 @@
-"""OLMoE, Qwen3-MoE and Mixtral (engine/models/moe.py) and gpt-oss
+"""OLMoE, Qwen3-MoE and Mixtral (engine/models/moe_decoder.py) and gpt-oss
 (engine/models/gpt_oss.py) against transformers' OlmoeForCausalLM, Qwen3MoeForCausalLM,
 MixtralForCausalLM and GptOssForCausalLM through the paged KV cache (test_llama.py's
 PagedHarness): chunked prefill (past gpt-oss's sliding window), decode steps, mixed
-batches, greedy generation; for moe.py's families the checkpoint names of the saved
+batches, greedy generation; for moe_decoder.py's families the checkpoint names of the saved
 folders, and the spec's checks (gpt-oss's own are test_gpt_oss.py's)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from engine.models import SUPPORTED_ARCHITECTURES, build_model, checkpoint_shapes
-from engine.models.moe import MoESpec, active_parameters
+from engine.models.experts import active_parameters
+from engine.models.moe_decoder import MoESpec
 from tests.engine.models.test_llama import PagedHarness, hf_logits, random_tokens
 from tests.engine.tiny_moe import ALL_FAMILIES, FAMILIES, moe_config, moe_model
 
