@@ -1,9 +1,12 @@
-"""A decoder layer's step as one native call (kernels/cpu/csrc/fused/decoder_layer.cpp).
+"""A decoder layer's step as one native call: the native library's C++ class
+`torch.classes.folio_cpu.DecoderLayer` (kernels/cpu/csrc/fused/decoder_layer.cpp; no
+Python class has that name: the families' layers are `LlamaDecoderLayer`,
+`GemmaDecoderLayer` and so on).
 
 On the native CPU path a pre-norm layer runs ten ops (norm, q/k/v product, rotary + KV
 write, attention, o product, add + norm, gate/up product, activation, down product, add),
 and a small model's decode step spent about as long in the Python around them as in some
-of the ops. `DecoderLayer` runs the same ops in the same order in C++, so its output is
+of the ops. The C++ `DecoderLayer` runs the same ops in the same order, so its output is
 the modules' bit for bit, and a step makes one call per layer.
 
 Only pre-norm layers of these parts take it: RMSNorms (the q/k norms too, as Qwen3's),
@@ -30,9 +33,9 @@ from kernels.cpu.attention import CpuBackend, kernel_sinks
 
 def native_decoder_layer(input_norm: RMSNorm, attn: PagedSelfAttention, post_norm: RMSNorm,
                          mlp: object) -> tuple[torch.ScriptObject, NativeQuantized] | None:
-    """The native step of a pre-norm layer made of these parts, and the storage whose
-    `pairs` (set_activation_bits) every product follows; None where a part needs its
-    module."""
+    """The native step of a pre-norm layer made of these parts (a C++ DecoderLayer), and
+    the storage whose `pairs` (set_activation_bits) every product follows; None where a
+    part needs its module."""
     if (type(input_norm) is not RMSNorm or type(post_norm) is not RMSNorm
             or type(attn) is not PagedSelfAttention or type(mlp) is not GatedMLP):
         return None
