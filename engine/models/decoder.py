@@ -1,6 +1,6 @@
 """The pre-norm decoder layer and the checkpoint names of its parts, shared by the
-families built on it: Llama (llama.py), the mixtures of experts (moe_decoder.py, gpt_oss.py), and
-for the names alone Gemma, Gemma 4 and Qwen3.5.
+families built on it: Llama (llama.py), the mixtures of experts (moe_decoder.py,
+gpt_oss.py), and for the names alone Gemma, Gemma 4 and Qwen3.5.
 
 `PreNormLayer` is a layer's step (norm, attention, residual add and norm, MLP or mixture
 of experts, residual add), which runs as one native call where its parts allow
