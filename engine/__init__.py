@@ -1,4 +1,5 @@
-"""Folio's inference engine: paged KV cache, continuous batching, Llama-family models.
+"""Folio's inference engine: paged KV cache, continuous batching, and the decoder-only
+model families registered in engine/models/registry.py (``FAMILIES``).
 
 The public names are imported lazily so that the Qt-free, torch-free bookkeeping
 modules (``engine.core.kv_coordinator``, ``engine.core.scheduler``) stay light to import.

@@ -12,7 +12,8 @@ Run it on a plain thread; the GUI wraps it and re-emits progress as signals::
     except DownloadError as err:
         show(err.message)    # user-facing text; err.kind says which failure it was
 
-Only what a Llama-family model needs is fetched, from the repo's top level: config,
+Only what Folio needs to run a model of one of its families (the decoder-only families
+registered in engine/models/registry.py) is fetched, from the repo's top level: config,
 generation config, tokenizer files, chat template and either the safetensors weights or one
 chosen ``.gguf`` file (``gguf_file=``; ``list_model_files`` lists the choices).
 

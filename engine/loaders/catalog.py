@@ -125,7 +125,8 @@ def resolve_model(name_or_path: str | Path) -> Path:
 
 
 def list_local_models(extra_paths: Iterable[str | Path] = ()) -> list[ModelInfo]:
-    """The starter, Llama-family models in the Hugging Face cache, then `extra_paths`
+    """The starter, models in the Hugging Face cache of a family Folio runs (the decoder-only
+    families of engine/models/registry.py), then `extra_paths`
     (model folders, .gguf files, or folders holding .gguf files). Duplicates are dropped."""
     found: list[ModelInfo] = []
     try:

@@ -16,7 +16,8 @@ from engine.layers.rotary import rope_type_of
 
 @dataclass(slots=True)
 class FamilyTraits:
-    """What distinguishes one Llama-family architecture from another."""
+    """The bias and q/k-norm switches that tell the registered families apart where they
+    share a decoder class (engine/models/registry.py, ``FAMILIES``)."""
 
     qkv_bias_always: bool = False  # Qwen2: q/k/v carry a bias whatever the config says
     o_bias_from_config: bool = True  # o_proj's bias follows config.attention_bias
