@@ -1,7 +1,7 @@
 """Folio's inference engine: paged KV cache, continuous batching, Llama-family models.
 
 The public names are imported lazily so that the Qt-free, torch-free bookkeeping
-modules (``engine.core.kv_coordinator``, ``engine.core.scheduler``) stay light to import.
+modules (``engine.core.kv_cache_manager``, ``engine.core.scheduler``) stay light to import.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class HostSwap:
-    """The swap half of `KVCacheManager`, which gives it ``pool``, ``table``,
+    """The swap half of `SingleKindManager`, which gives it ``pool``, ``table``,
     ``_set_table``, ``free`` and the swapped sequences' ``host_tables``."""
 
     pool: BlockPool

@@ -1,4 +1,4 @@
-"""What the scheduler may call on the KV cache (`KVCacheCoordinator` is the one
+"""What the scheduler may call on the KV cache (`KVCacheManager` is the one
 implementation; a test may hand the scheduler anything with these members)."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ class BlockInfo:
 
 @dataclass(slots=True, frozen=True)
 class KVGroupStats:
-    """One KV group's pool (engine/core/kv_coordinator.py): its layers and its blocks."""
+    """One KV group's pool (engine/core/kv_cache_manager.py): its layers and its blocks."""
 
     name: str  # "global", "sliding (window 64)"
     num_layers: int
@@ -86,7 +86,7 @@ class KVStats:
     num_host_used: int = 0
     blocks: list[BlockInfo] = field(default_factory=list)
     blocks_per_owner: dict[str, int] = field(default_factory=dict)
-    # Filled by the coordinator; a snapshot built by hand without it reads as one group.
+    # Filled by the KV cache manager; a snapshot built by hand without it reads as one group.
     groups: list[KVGroupStats] = field(default_factory=list)
     disk: DiskTierStats | None = None  # None: the disk tier is off
 

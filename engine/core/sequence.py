@@ -39,7 +39,7 @@ class Sequence:
     num_computed_tokens: int = 0
     # Of the prefix hit at its last admission, the tokens loaded from disk.
     num_disk_tokens: int = 0
-    # One block table per KV group (engine/core/kv_coordinator.py), in that group's
+    # One block table per KV group (engine/core/kv_cache_manager.py), in that group's
     # block ids. A sliding group's table keeps its length: entries that fell out of the
     # window hold the group pool's null block (engine/core/block_pool.py).
     block_tables: list[list[int]] = field(default_factory=lambda: [[]])
@@ -52,7 +52,7 @@ class Sequence:
     # (the moment a request with n candidates forks).
     needs_fork: bool = False
     # The candidates it forks into (its request's n): a linear-attention state slot is
-    # taken for each at admission (engine/core/state_manager.py).
+    # taken for each at admission (engine/core/linear_state_manager.py).
     fork_width: int = 1
 
     @property

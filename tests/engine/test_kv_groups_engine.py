@@ -14,7 +14,7 @@ import torch
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.cli import format_kv_stats
-from engine.core.kv_coordinator import KVCacheCoordinator
+from engine.core.kv_cache_manager import KVCacheManager
 from tests.engine.engine_runs import run_to_end
 from tests.engine.tiny_models import save_tiny_model, tiny_gemma_config
 
@@ -81,7 +81,7 @@ def assert_all_free(engine: LLMEngine) -> None:
 
 def test_a_long_chat_holds_only_the_window_in_the_sliding_group(gemma3_dir):
     engine = engine_for(gemma3_dir)
-    assert isinstance(engine.kv_cache, KVCacheCoordinator)
+    assert isinstance(engine.kv_cache, KVCacheManager)
     nulls = [p.null_id for p in engine.kv_cache.pools]
     assert [(g.name, g.layers) for g in engine.kv_groups] == [
         ("global", (3,)), ("sliding (window 64)", (0, 1, 2))]

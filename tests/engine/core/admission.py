@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.core.disk_loads import LoadState
-from engine.core.kv_coordinator import KVCacheCoordinator
+from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.sequence import Sequence
 
 
-def admit(kv: KVCacheCoordinator, seq: Sequence, attempt: Callable[[], bool],
+def admit(kv: KVCacheManager, seq: Sequence, attempt: Callable[[], bool],
           step: Callable[[Sequence], bool], live: list[Sequence], prefill: bool) -> bool:
     """``attempt()`` allocates ``seq`` once with its machine's checks, applying the copies
     and finishing the reads as the runner does: False when ``seq`` was not admitted (no

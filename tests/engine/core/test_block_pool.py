@@ -8,7 +8,7 @@ import pytest
 
 from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool, TierHit
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.sequence import Sequence
 
 
@@ -28,7 +28,7 @@ def test_the_null_block_is_never_handed_out():
 
 
 def test_a_full_pool_of_sequences_never_holds_the_null_block():
-    kv = KVCacheCoordinator.build([KVGroupSpec((0,)), KVGroupSpec((1,), 4)], [6, 6], 2,
+    kv = KVCacheManager.build([KVGroupSpec((0,)), KVGroupSpec((1,), 4)], [6, 6], 2,
                                   lookahead=4)
     seqs = [Sequence(i, f"r{i}", 0, list(range(i * 10, i * 10 + 5)), 5) for i in range(2)]
     for seq in seqs:
@@ -111,7 +111,7 @@ def test_a_tier_hit_is_placed_in_a_free_block_and_cached_once_read():
     assert pool.unsaved_cached() == []
 
 
-def finish_reads(kv: KVCacheCoordinator, shelf: Shelf) -> list:
+def finish_reads(kv: KVCacheManager, shelf: Shelf) -> list:
     """Play the engine and its reader: each queued read checked by the shelf."""
     reads = kv.loads.take_new()
     for read in reads:
@@ -122,10 +122,10 @@ def finish_reads(kv: KVCacheCoordinator, shelf: Shelf) -> list:
 H1 = hash_block(None, (1, 2))
 
 
-def _held_pool() -> tuple[KVCacheCoordinator, BlockPool]:
+def _held_pool() -> tuple[KVCacheManager, BlockPool]:
     """Five blocks of two tokens: (1, 2) on the tier below; 0 caches (3, 4) after it and
     1 another prefix, both free (0 at the queue's head); 2, 3 and 4 held by someone else."""
-    kv = KVCacheCoordinator.build([KVGroupSpec((0,))], [5], 2)
+    kv = KVCacheManager.build([KVGroupSpec((0,))], [5], 2)
     pool = kv.pools[0]
     pool.tier = Shelf()
     pool.tier.kept = {H1: (1, 2)}

@@ -1,5 +1,5 @@
 """KV groups: a global and a sliding manager, each over its own pool, behind the
-coordinator, with exact block ids (per group), ref counts and free-queue order
+KV cache manager, with exact block ids (per group), ref counts and free-queue order
 (block_size 4, window 4, at most 8 tokens per step)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from engine.core.block_pool import BlockPool
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec, group_layers
-from engine.core.kv_manager import FullAttentionManager, KVCacheManager, SlidingWindowManager
+from engine.core.kind_managers import FullAttentionManager, SingleKindManager, SlidingWindowManager
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec, group_layers
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.sampling_params import SamplingParams
@@ -17,30 +17,30 @@ GLOBAL, SLIDING = 0, 1
 
 
 def two_groups(num_blocks: int = 8, num_host_blocks: int = 0,
-               sliding_blocks: int | None = None) -> KVCacheCoordinator:
+               sliding_blocks: int | None = None) -> KVCacheManager:
     full = FullAttentionManager(BlockPool(num_blocks, 4, num_host_blocks, bytes_per_block=100),
                                 GLOBAL)
     sliding = SlidingWindowManager(
         BlockPool(sliding_blocks or num_blocks, 4, num_host_blocks, bytes_per_block=300),
         window=4, lookahead=8, group=SLIDING)
-    return KVCacheCoordinator([full, sliding], [KVGroupSpec((3,)), KVGroupSpec((0, 1, 2), 4)])
+    return KVCacheManager([full, sliding], [KVGroupSpec((3,)), KVGroupSpec((0, 1, 2), 4)])
 
 
 def make_seq(seq_id: int, tokens: list[int], index: int = 0) -> Sequence:
     return Sequence(seq_id, "r", index, list(tokens), len(tokens))
 
 
-def step(kv: KVCacheCoordinator, seq: Sequence, num_tokens: int) -> None:
+def step(kv: KVCacheManager, seq: Sequence, num_tokens: int) -> None:
     """What the engine does after a step that computed ``num_tokens`` of ``seq``."""
     seq.num_computed_tokens += num_tokens
     kv.commit_computed(seq)
 
 
-def refs(manager: KVCacheManager, *block_ids: int) -> list[int]:
+def refs(manager: SingleKindManager, *block_ids: int) -> list[int]:
     return [manager.pool.blocks[b].ref_count for b in block_ids]
 
 
-def hit(manager: KVCacheManager, seq: Sequence, limit: int | None = None) -> int:
+def hit(manager: SingleKindManager, seq: Sequence, limit: int | None = None) -> int:
     return manager.longest_hit(manager.lookup(seq), limit)
 
 
@@ -155,7 +155,7 @@ def test_a_prefix_hit_needs_only_the_windows_blocks_cached():
 
 def test_sliding_hit_length_by_hand():
     sliding = SlidingWindowManager(BlockPool(8, 4), window=4, lookahead=8)
-    kv = KVCacheCoordinator([sliding], [KVGroupSpec((0,), 4)])
+    kv = KVCacheManager([sliding], [KVGroupSpec((0,), 4)])
     seq = make_seq(0, list(range(17)))
     kv.allocate(seq)
     for _ in range(2):

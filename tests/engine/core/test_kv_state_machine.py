@@ -1,4 +1,4 @@
-"""Random operation sequences on the KV cache coordinator, one machine parameterized by
+"""Random operation sequences on the KV cache manager, one machine parameterized by
 the tiers below the device (none, or the host pool and the disk) and by the KV kinds
 (global attention alone, or a global and a sliding-window group), checking its
 invariants after every step.
@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine.core.disk_loads import LoadState
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
-from engine.core.kv_manager import SlidingWindowManager
+from engine.core.kind_managers import SlidingWindowManager
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.sequence import Sequence
 from tests.engine.core.admission import admit
 
@@ -72,7 +72,7 @@ class KVMachine(RuleBasedStateMachine):
         super().__init__()
         specs, self.num_blocks = KINDS[self.KIND]
         self.num_host = NUM_HOST_BLOCKS if self.TIERS else 0
-        self.kv = KVCacheCoordinator.build(specs, self.num_blocks, BLOCK_SIZE,
+        self.kv = KVCacheManager.build(specs, self.num_blocks, BLOCK_SIZE,
                                            num_host_blocks=self.num_host, lookahead=LOOKAHEAD)
         self.pools = self.kv.pools
         self.groups = range(len(self.pools))

@@ -6,29 +6,29 @@ from __future__ import annotations
 
 from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
-from engine.core.kv_manager import FullAttentionManager, SlidingWindowManager
+from engine.core.kind_managers import FullAttentionManager, SlidingWindowManager
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
+from engine.core.linear_state_manager import LinearStateManager
 from engine.core.partial_blocks import candidates, partial_hash
 from engine.core.sequence import Sequence
-from engine.core.state_manager import LinearStateManager
 
 
 def make_seq(seq_id: int, tokens: list[int], index: int = 0) -> Sequence:
     return Sequence(seq_id, "r", index, list(tokens), len(tokens))
 
 
-def one_kind(num_blocks: int = 8, block_size: int = 4, **kw) -> KVCacheCoordinator:
-    return KVCacheCoordinator.build([KVGroupSpec((0,))], [num_blocks], block_size, **kw)
+def one_kind(num_blocks: int = 8, block_size: int = 4, **kw) -> KVCacheManager:
+    return KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], block_size, **kw)
 
 
-def finish(kv: KVCacheCoordinator, seq: Sequence, computed: int) -> None:
+def finish(kv: KVCacheManager, seq: Sequence, computed: int) -> None:
     """A reply that ends: ``computed`` tokens have K/V (the last sampled one never)."""
     seq.num_computed_tokens = computed
     kv.commit_computed(seq)
     kv.free(seq)
 
 
-def queue(kv: KVCacheCoordinator, g: int = 0) -> list[int]:
+def queue(kv: KVCacheManager, g: int = 0) -> list[int]:
     return [b.block_id for b in kv.pools[g].free_queue]
 
 
@@ -178,10 +178,10 @@ def test_the_tier_below_never_gets_a_partial_block() -> None:
     assert pool.cached == {}
 
 
-def two_groups() -> KVCacheCoordinator:
+def two_groups() -> KVCacheManager:
     full = FullAttentionManager(BlockPool(8, 4), 0)
     sliding = SlidingWindowManager(BlockPool(8, 4), window=4, lookahead=8, group=1)
-    return KVCacheCoordinator([full, sliding], [KVGroupSpec((1,)), KVGroupSpec((0,), 4)])
+    return KVCacheManager([full, sliding], [KVGroupSpec((1,)), KVGroupSpec((0,), 4)])
 
 
 def test_both_groups_copy_their_partial_block_or_neither_does() -> None:
@@ -212,7 +212,7 @@ def test_both_groups_copy_their_partial_block_or_neither_does() -> None:
 
 def test_a_model_with_linear_state_never_keeps_a_partial_block() -> None:
     specs = [KVGroupSpec((1,)), KVGroupSpec((0,), linear=True)]
-    kv = KVCacheCoordinator.build(specs, [8, 6], 4, live_state_slots=2)
+    kv = KVCacheManager.build(specs, [8, 6], 4, live_state_slots=2)
     assert isinstance(kv.managers[1], LinearStateManager) and not kv.reuse_partial
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
     kv.allocate(seq)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from engine.core.block_pool import BlockPool
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
 from engine.core.sequence import Request, Sequence, SequenceStatus
 from engine.sampling_params import SamplingParams
@@ -44,7 +44,7 @@ def fake_token(seq: Sequence) -> int:
 
 
 class FakeRunner:
-    def __init__(self, kv: KVCacheCoordinator) -> None:
+    def __init__(self, kv: KVCacheManager) -> None:
         self.kv = kv
         bs = kv.block_size
         self.device: list[list[int | None]] = [[None] * bs for _ in range(kv.num_blocks)]
@@ -147,7 +147,7 @@ def workload(count: int = 16, seed: int = 3) -> list[tuple[str, list[int], int]]
 
 def make_scheduler(num_blocks: int, block_size: int = 4, num_host_blocks: int = 0,
                    **kwargs) -> Scheduler:
-    kv = KVCacheCoordinator.build([KVGroupSpec((0,))], [num_blocks], block_size,
+    kv = KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], block_size,
                                   num_host_blocks=num_host_blocks)
     return Scheduler(kv, **kwargs)
 
@@ -486,7 +486,7 @@ def test_empty_prompt_and_duplicate_id_are_refused() -> None:
 
 
 def test_bookkeeping_imports_neither_torch_nor_qt() -> None:
-    code = ("import engine.core.kv_coordinator, engine.core.scheduler, sys; "
+    code = ("import engine.core.kv_cache_manager, engine.core.scheduler, sys; "
             "assert 'torch' not in sys.modules and 'PySide6' not in sys.modules")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=60)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool
 from engine.core.disk_loads import LoadState
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, SequenceStatus
 from engine.sampling_params import SamplingParams
@@ -41,7 +41,7 @@ def history_on_disk() -> tuple[dict[bytes, tuple[int, ...]], list[bytes]]:
 
 
 def setup(num_blocks: int = 10) -> tuple[Scheduler, BlockPool, Shelf, list[bytes]]:
-    kv = KVCacheCoordinator.build([KVGroupSpec((0,))], [num_blocks], BS)
+    kv = KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], BS)
     kept, hashes = history_on_disk()
     shelf = Shelf(kept)
     kv.pools[0].tier = shelf

@@ -1,5 +1,5 @@
 """Random operation sequences on a full-attention group and a linear-state group behind
-the coordinator: allocation with prefix hits at snapshots, steps crossing block
+the KV cache manager: allocation with prefix hits at snapshots, steps crossing block
 boundaries, forks, frees, recompute and swaps.
 
 The machine plays the runner: each state slot holds the token prefix its state has
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.sequence import Sequence
 from tests.engine.core.admission import admit
 
@@ -58,7 +58,7 @@ class HybridMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVCacheCoordinator.build(
+        self.kv = KVCacheManager.build(
             [KVGroupSpec((1,)), KVGroupSpec((0,), linear=True)], [NUM_BLOCKS, NUM_SLOTS], BS,
             num_host_blocks=HOST, live_state_slots=LIVE_SLOTS)
         self.state = self.kv.managers[LINEAR]

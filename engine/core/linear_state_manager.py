@@ -13,7 +13,7 @@ slot (engine/runner/state_pool.py). A sequence's table in this group is::
 A snapshot is registered under the hash of block i, the chain hash of every token up to
 that boundary, and released at once: it waits in the pool's LRU like a freed full block,
 evicted when a slot is needed. A prefix hit is a boundary whose snapshot and whose
-full-attention blocks are all cached (the coordinator agrees the groups' hits): the
+full-attention blocks are all cached (the KV cache manager agrees the groups' hits): the
 running slot starts as a copy of the snapshot (a copy pair, applied before the forward)
 and only the tokens after it are computed.
 
@@ -29,11 +29,11 @@ from collections.abc import Sequence as Seq
 
 from engine.core.block_hashes import extend_hashes
 from engine.core.block_pool import BlockPool, TierHit
-from engine.core.kv_manager import Found, KVCacheManager, Plan
+from engine.core.kind_managers import Found, Plan, SingleKindManager
 from engine.core.sequence import Sequence
 
 
-class LinearStateManager(KVCacheManager):
+class LinearStateManager(SingleKindManager):
     def __init__(self, pool: BlockPool, group: int, live_slots: int,
                  snapshot_every: int = 1) -> None:
         """``live_slots``: slots kept for running states (the rest may hold snapshots);

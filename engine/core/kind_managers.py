@@ -33,9 +33,10 @@ Found = Block | TierHit | None
 Plan = tuple[list[Found], int]
 
 
-class KVCacheManager(HostSwap):
-    """The blocks of KV group ``group`` (``Sequence.block_tables[group]``); swaps to the
-    host pool are `HostSwap`'s."""
+class SingleKindManager(HostSwap):
+    """The blocks of KV group ``group``, one attention kind (vLLM's
+    SingleTypeKVCacheManager), ``Sequence.block_tables[group]``; swaps to the host pool
+    are `HostSwap`'s."""
 
     # Freed tables enter the queue oldest block first (the end is evicted last), or
     # newest first (the beginning is evicted last): whichever a later hit needs most.
@@ -250,11 +251,11 @@ class KVCacheManager(HostSwap):
         self._set_table(seq, [])
         seq.num_computed_tokens = 0
 
-class FullAttentionManager(KVCacheManager):
+class FullAttentionManager(SingleKindManager):
     """Every token is read: nothing is skipped; a freed chat's beginning is kept longest."""
 
 
-class SlidingWindowManager(KVCacheManager):
+class SlidingWindowManager(SingleKindManager):
     """The last ``window`` keys are read; a freed chat's end (a next turn's window) is
     kept longest."""
 

@@ -1,5 +1,5 @@
-"""The KV cache of one attention kind (a coordinator over one full-attention manager and its
-pool): allocation, fork and copy-on-write, prefix cache, LRU eviction, swap, stats, with
+"""The KV cache of one attention kind (a KV cache manager over one full-attention
+manager and its pool): allocation, fork and copy-on-write, prefix cache, LRU eviction, swap, stats, with
 exact block ids, ref counts and free-queue order."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import engine.core.block_hashes
 from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.kv_stats import CACHED, FREE, SHARED, USED, BlockInfo
 from engine.core.sequence import Sequence
 
@@ -19,29 +19,29 @@ def make_seq(seq_id: int, tokens: list[int], request_id: str = "r", index: int =
 
 
 def one_kind(num_blocks: int, block_size: int, num_host_blocks: int = 0,
-             enable_prefix_caching: bool = True, bytes_per_block: int = 0) -> KVCacheCoordinator:
-    return KVCacheCoordinator.build([KVGroupSpec((0,))], [num_blocks], block_size,
+             enable_prefix_caching: bool = True, bytes_per_block: int = 0) -> KVCacheManager:
+    return KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], block_size,
                                     num_host_blocks=num_host_blocks,
                                     enable_prefix_caching=enable_prefix_caching,
                                     bytes_per_layer_block=bytes_per_block)
 
 
-def pool(kv: KVCacheCoordinator) -> BlockPool:
+def pool(kv: KVCacheManager) -> BlockPool:
     return kv.pools[0]
 
 
-def compute(bm: KVCacheCoordinator, *seqs: Sequence) -> None:
+def compute(bm: KVCacheManager, *seqs: Sequence) -> None:
     """What a step does for ``seqs``: every token now has K/V; full blocks get cached."""
     for seq in seqs:
         seq.num_computed_tokens = seq.num_tokens
         bm.commit_computed(seq)
 
 
-def refs(bm: KVCacheCoordinator, *block_ids: int) -> list[int]:
+def refs(bm: KVCacheManager, *block_ids: int) -> list[int]:
     return [pool(bm).blocks[b].ref_count for b in block_ids]
 
 
-def queue_ids(bm: KVCacheCoordinator) -> list[int]:
+def queue_ids(bm: KVCacheManager) -> list[int]:
     return [b.block_id for b in pool(bm).free_queue]
 
 
@@ -378,7 +378,7 @@ def test_bad_pool_size() -> None:
 
 
 # -------------------------------------------------------------------------- swap
-def _three_candidates(bm: KVCacheCoordinator) -> list[Sequence]:
+def _three_candidates(bm: KVCacheManager) -> list[Sequence]:
     parent = make_seq(0, [1, 2, 3, 4, 5, 6])
     bm.allocate(parent)
     seqs = [parent]
