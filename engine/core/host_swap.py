@@ -43,9 +43,7 @@ class HostSwap:
                 else:
                     mapping[block_id] = pool.take_host()
                     table.append(mapping[block_id])
-            num_computed = seq.num_computed_tokens
             self.free(seq)
-            seq.num_computed_tokens = num_computed
             self.host_tables[seq.seq_id] = table
         return list(mapping.items())
 

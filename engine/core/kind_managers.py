@@ -212,7 +212,6 @@ class SingleKindManager(HostSwap):
         table = list(self.table(parent))
         self._set_table(child, table)
         child.block_hashes = list(parent.block_hashes)
-        child.num_computed_tokens = parent.num_computed_tokens
         null = self.pool.null_id
         for block_id in table:
             if block_id != null:
@@ -249,7 +248,6 @@ class SingleKindManager(HostSwap):
         table = self.table(seq)
         self.pool.release(table if self.free_oldest_first else reversed(table))
         self._set_table(seq, [])
-        seq.num_computed_tokens = 0
 
 class FullAttentionManager(SingleKindManager):
     """Every token is read: nothing is skipped; a freed chat's beginning is kept longest."""

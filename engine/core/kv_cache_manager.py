@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from engine.core.block_pool import BlockPool, Save
 from engine.core.disk_loads import DiskLoads, LoadState
 from engine.core.kind_managers import FullAttentionManager, SingleKindManager, SlidingWindowManager
-from engine.core.kv_protocol import GroupMoves
+from engine.core.kv_protocol import GroupMoves, PrefixHit
 from engine.core.kv_stats import KVStats, merge_stats, pool_stats
 from engine.core.linear_state_manager import LinearStateManager
 from engine.core.partial_blocks import (
@@ -127,10 +127,11 @@ class KVCacheManager:
         return self.managers[0].blocks_needed(num_tokens)
 
     # -------------------------------------------------------------- allocation
-    def allocate(self, seq: Sequence) -> int | None:
-        """Every group's blocks for ``seq``; returns the tokens found in the prefix cache
-        (their K/V need no compute; those on disk are read before ``seq`` runs: its
-        ``load_state``), or None, changing nothing, when some group cannot serve. The
+    def allocate(self, seq: Sequence) -> PrefixHit | None:
+        """Every group's blocks for ``seq``, for all its tokens from its prefix hit on;
+        returns that hit (tokens whose K/V need no compute; those on disk are read before
+        ``seq`` runs: its ``load_state``), for the scheduler to start ``seq`` after, or
+        None, changing nothing, when some group cannot serve. The
         hit is the longest every group serves: a group may have to go lower than
         another's hit, so repeat until all agree. A partial block cached after the hit's
         full blocks in every group (`partial_blocks.py`) adds its tokens, copied into the
@@ -148,13 +149,12 @@ class KVCacheManager:
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
         self.loads.queue(seq)
         copy_in(self.managers, sources, seq, hit)
-        seq.num_computed_tokens = computed
         # Prompt tokens that came from disk: the first group's (it holds every token).
-        seq.num_disk_tokens = len(loaded[0]) * self.block_size
-        self.prefix_hit_tokens += computed
+        found = PrefixHit(computed, len(loaded[0]) * self.block_size)
+        self.prefix_hit_tokens += found.num_tokens
         self.prefix_query_tokens += seq.num_tokens
-        self.disk_hit_tokens += seq.num_disk_tokens
-        return computed
+        self.disk_hit_tokens += found.num_disk_tokens
+        return found
 
     def preload(self, seq: Sequence, spare_blocks: int = 0) -> int:
         """Load the blocks of ``seq``'s prefix hit that are on disk into free blocks, as
@@ -171,7 +171,6 @@ class KVCacheManager:
             return 0
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
         self.loads.queue(seq)
-        seq.num_computed_tokens = hit
         if self.loads.start_preload(seq, loaded):
             self.free(seq)
         return len(loaded[0]) * self.block_size

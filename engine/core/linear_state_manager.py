@@ -188,7 +188,6 @@ class LinearStateManager(SingleKindManager):
         self.num_live -= len(spare)
         self.pool.release([*table[1:], *table[:1], *spare])
         self._set_table(seq, [])
-        seq.num_computed_tokens = 0
 
     # -------------------------------------------------------------------- swap
     def swap_out(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:

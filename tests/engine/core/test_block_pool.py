@@ -10,6 +10,7 @@ from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool, TierHit
 from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.sequence import Sequence
+from tests.engine.core.admission import allocate
 
 
 def queue_ids(pool: BlockPool) -> list[int]:
@@ -32,7 +33,7 @@ def test_a_full_pool_of_sequences_never_holds_the_null_block():
                                   lookahead=4)
     seqs = [Sequence(i, f"r{i}", 0, list(range(i * 10, i * 10 + 5)), 5) for i in range(2)]
     for seq in seqs:
-        assert kv.allocate(seq) == 0
+        assert allocate(kv, seq) == 0
     for g, pool in enumerate(kv.pools):
         held = [b for s in seqs for b in s.block_tables[g]]
         assert pool.null_id not in held and len(set(held)) == len(held)
@@ -175,8 +176,8 @@ def test_a_preloaded_block_counts_as_from_disk_once():
     assert kv.preload(Sequence(1, "preload", 0, [1, 2, 3, 4, 5], 5)) == 2
     first = Sequence(2, "r", 0, [1, 2, 3, 4, 5], 5)
     pool.release([2])  # room for the request's own block
-    assert kv.allocate(first) == 4 and first.num_disk_tokens == 2
+    assert allocate(kv, first) == 4 and first.num_disk_tokens == 2
     assert pool.preloaded == set() and kv.disk_hit_tokens == 2
     kv.free(first)
     again = Sequence(3, "r", 0, [1, 2, 3, 4, 6], 5)
-    assert kv.allocate(again) == 4 and again.num_disk_tokens == 0
+    assert allocate(kv, again) == 4 and again.num_disk_tokens == 0

@@ -12,6 +12,7 @@ from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec, group_laye
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.sampling_params import SamplingParams
+from tests.engine.core.admission import allocate, fork
 
 GLOBAL, SLIDING = 0, 1
 
@@ -59,7 +60,7 @@ def test_allocation_release_fork_cow_and_free_in_both_groups():
     null = sliding.pool.null_id
     assert null == 8  # the block after the pool's 8
     seq = make_seq(0, list(range(10)))
-    assert kv.allocate(seq) == 0
+    assert allocate(kv, seq) == 0
     # The global group holds every token; the sliding one the first step's 8 only.
     assert seq.block_tables == [[0, 1, 2], [0, 1]]
     step(kv, seq, 8)
@@ -76,7 +77,7 @@ def test_allocation_release_fork_cow_and_free_in_both_groups():
     assert seq.block_tables == [[0, 1, 2], [null, 1, 2]]  # 7 skipped: block 1 (4-7) read
 
     child = make_seq(1, seq.token_ids, index=1)
-    kv.fork(seq, child)
+    fork(kv, seq, child)
     assert child.block_tables == seq.block_tables
     assert refs(full, 0, 1, 2) == [2, 2, 2] and refs(sliding, 1, 2) == [2, 2]
     seq.append_token(50)
@@ -119,7 +120,7 @@ def test_a_prefix_hit_needs_only_the_windows_blocks_cached():
     null = sliding.pool.null_id
     assert null == 3
     first = make_seq(0, list(range(12)))
-    kv.allocate(first)
+    allocate(kv, first)
     step(kv, first, 8)
     kv.append_slots(first)
     step(kv, first, 4)
@@ -128,14 +129,14 @@ def test_a_prefix_hit_needs_only_the_windows_blocks_cached():
     # Oldest first, so the window's block (2) is evicted last.
     assert [b.block_id for b in sliding.pool.free_queue] == [0, 1, 2]
     hog = make_seq(1, [200, 201, 202, 203])
-    kv.allocate(hog)  # evicts sliding block 0 (tokens 0-3)
+    allocate(kv, hog)  # evicts sliding block 0 (tokens 0-3)
     kv.free(hog)
     assert sliding.pool.blocks[0].block_hash is None
 
     # Next turn, 12 tokens + 5: the global group hits 3 blocks; a sliding hit at 12 needs
     # block 2 (tokens 8-11) only, still cached, though tokens 0-3 are gone.
     second = make_seq(2, list(range(12)) + [90, 91, 92, 93, 94])
-    assert kv.allocate(second) == 12
+    assert allocate(kv, second) == 12
     assert second.num_computed_tokens == 12
     assert second.block_tables == [[0, 1, 2, 3, 4], [null, null, 2, 0, 1]]
     assert refs(sliding, 0, 1, 2) == [1, 1, 1] and refs(full, 0, 1, 2) == [1, 1, 1]
@@ -146,7 +147,7 @@ def test_a_prefix_hit_needs_only_the_windows_blocks_cached():
     # groups compute from token 0.
     third = make_seq(3, list(range(9)))
     assert hit(full, third) == 8 and hit(sliding, third) == 0
-    assert kv.allocate(third) == 0
+    assert allocate(kv, third) == 0
     assert third.num_computed_tokens == 0
     assert third.block_tables[GLOBAL] == [3, 4, 5]
     assert third.block_tables[SLIDING] == [1, 0]  # the first step's 8 tokens
@@ -157,7 +158,7 @@ def test_sliding_hit_length_by_hand():
     sliding = SlidingWindowManager(BlockPool(8, 4), window=4, lookahead=8)
     kv = KVCacheManager([sliding], [KVGroupSpec((0,), 4)])
     seq = make_seq(0, list(range(17)))
-    kv.allocate(seq)
+    allocate(kv, seq)
     for _ in range(2):
         seq.num_computed_tokens = min(seq.num_tokens, seq.num_computed_tokens + 8)
         kv.commit_computed(seq)
@@ -174,9 +175,9 @@ def test_allocation_fails_whole_when_one_group_is_short():
     kv = two_groups(num_blocks=4)
     full, sliding = kv.managers
     hog = make_seq(0, list(range(4)))
-    kv.allocate(hog)  # global 1 block, sliding 1 block
+    allocate(kv, hog)  # global 1 block, sliding 1 block
     big = make_seq(1, list(range(100, 116)))  # global needs 4 > 3 free
-    assert kv.allocate(big) is None
+    assert allocate(kv, big) is None
     assert big.block_tables == [[], []]
     assert full.pool.num_free_blocks == 3 and sliding.pool.num_free_blocks == 3
 
@@ -184,7 +185,7 @@ def test_allocation_fails_whole_when_one_group_is_short():
 def test_swap_out_and_in_per_group():
     kv = two_groups(num_blocks=8, num_host_blocks=4)
     seq = make_seq(0, list(range(10)))
-    kv.allocate(seq)
+    allocate(kv, seq)
     step(kv, seq, 8)
     kv.append_slots(seq)
     step(kv, seq, 2)

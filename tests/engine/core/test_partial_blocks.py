@@ -11,6 +11,7 @@ from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.linear_state_manager import LinearStateManager
 from engine.core.partial_blocks import candidates, partial_hash
 from engine.core.sequence import Sequence
+from tests.engine.core.admission import allocate, fork
 
 
 def make_seq(seq_id: int, tokens: list[int], index: int = 0) -> Sequence:
@@ -48,7 +49,7 @@ def test_a_next_turn_gets_the_partial_block_copied_and_skips_its_tokens() -> Non
     kv = one_kind()
     pool = kv.pools[0]
     turn1 = make_seq(0, [1, 2, 3, 4, 5, 6, 7])
-    assert kv.allocate(turn1) == 0
+    assert allocate(kv, turn1) == 0
     assert turn1.block_table == [0, 1]
     turn1.append_token(8)  # the reply's last token: sampled, never computed
     finish(kv, turn1, 7)
@@ -59,7 +60,7 @@ def test_a_next_turn_gets_the_partial_block_copied_and_skips_its_tokens() -> Non
     assert queue(kv) == [2, 3, 4, 5, 6, 7, 1, 0]
 
     turn2 = make_seq(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
-    assert kv.allocate(turn2) == 7
+    assert allocate(kv, turn2) == 7
     assert turn2.num_computed_tokens == 7
     # Block 0 is shared again, block 2 is new and gets block 1's K/V; block 1 is held
     # until the copy is drained, then goes back, still cached, to the tail.
@@ -77,26 +78,26 @@ def test_a_next_turn_gets_the_partial_block_copied_and_skips_its_tokens() -> Non
 def test_a_prompt_that_leaves_the_partial_tokens_gets_no_copy() -> None:
     kv = one_kind()
     seq = make_seq(0, [1, 2, 3, 4, 5, 6, 7])
-    kv.allocate(seq)
+    allocate(kv, seq)
     finish(kv, seq, 7)
     other = make_seq(1, [1, 2, 3, 4, 5, 9, 9])  # 5 matches, then it differs
-    assert kv.allocate(other) == 4
+    assert allocate(kv, other) == 4
     assert kv.take_cow_pairs() == [[]]
     # Exactly the cached tokens and nothing after: the last one is recomputed instead.
     same = make_seq(2, [1, 2, 3, 4, 5, 6, 7])
-    assert kv.allocate(same) == 4
+    assert allocate(kv, same) == 4
 
 
 def test_a_partial_block_another_candidate_still_holds_is_not_kept() -> None:
     kv = one_kind(num_blocks=10)
     pool = kv.pools[0]
     parent = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(parent)
+    allocate(kv, parent)
     parent.num_computed_tokens = 6
     kv.commit_computed(parent)
     children = [make_seq(1 + i, parent.token_ids, index=1 + i) for i in range(3)]
     for child in children:
-        kv.fork(parent, child)
+        fork(kv, parent, child)
     assert pool.blocks[1].ref_count == 4
     kv.free(children[0])  # three holders left: block 1 may still be written
     assert pool.blocks[1].block_hash is None and pool.blocks[1].ref_count == 3
@@ -115,20 +116,20 @@ def test_a_partial_block_another_candidate_still_holds_is_not_kept() -> None:
     assert {pool.blocks[b].token_ids for b in (1, 2, 3)} == {(5, 6), (5, 6, 70), (5, 6, 71)}
     assert all(b.ref_count == 0 for b in pool.blocks)
     again = make_seq(9, [1, 2, 3, 4, 5, 6, 71, 5])
-    assert kv.allocate(again) == 7
+    assert allocate(kv, again) == 7
     assert kv.take_cow_pairs() == [[(3, again.block_table[1])]]
 
 
 def test_holding_the_source_needs_room_or_the_hit_goes_without_it() -> None:
     kv = one_kind(num_blocks=3)
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(seq)
+    allocate(kv, seq)
     finish(kv, seq, 6)  # block 0 full, block 1 partial (5, 6): both cached
     filler = make_seq(1, [50])
-    kv.allocate(filler)  # takes block 2
+    allocate(kv, filler)  # takes block 2
     # Reviving block 0 and holding block 1 would leave no block for the new one.
     turn2 = make_seq(2, [1, 2, 3, 4, 5, 6, 7])
-    assert kv.allocate(turn2) == 4
+    assert allocate(kv, turn2) == 4
     assert turn2.block_table == [0, 1]  # block 1 evicted: it is the new block now
     assert kv.take_cow_pairs() == [[]] and kv.pools[0].cached.keys() == {
         kv.pools[0].blocks[0].block_hash}
@@ -137,7 +138,7 @@ def test_holding_the_source_needs_room_or_the_hit_goes_without_it() -> None:
 def test_a_swap_keeps_no_partial_block() -> None:
     kv = one_kind(num_host_blocks=4)
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(seq)
+    allocate(kv, seq)
     seq.num_computed_tokens = 6
     kv.commit_computed(seq)
     assert kv.swap_out([seq]) == [[(0, 0), (1, 1)]]
@@ -147,10 +148,10 @@ def test_a_swap_keeps_no_partial_block() -> None:
 def test_prefix_caching_off_keeps_nothing() -> None:
     kv = one_kind(enable_prefix_caching=False)
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(seq)
+    allocate(kv, seq)
     finish(kv, seq, 6)
     assert kv.pools[0].cached == {}
-    assert kv.allocate(make_seq(1, [1, 2, 3, 4, 5, 6, 7])) == 0
+    assert allocate(kv, make_seq(1, [1, 2, 3, 4, 5, 6, 7])) == 0
 
 
 class DictTier:
@@ -169,10 +170,10 @@ def test_the_tier_below_never_gets_a_partial_block() -> None:
     pool = kv.pools[0]
     pool.tier = DictTier()
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(seq)
+    allocate(kv, seq)
     finish(kv, seq, 6)
     assert [s[0] for s in pool.unsaved_cached()] == [0]  # the full block only
-    kv.allocate(make_seq(1, [9] * 12))  # evicts both cached blocks
+    allocate(kv, make_seq(1, [9] * 12))  # evicts both cached blocks
     saves = kv.take_saves()
     assert [s[0] for s in saves[0]] == [0]
     assert pool.cached == {}
@@ -188,14 +189,14 @@ def test_both_groups_copy_their_partial_block_or_neither_does() -> None:
     kv = two_groups()
     tokens = list(range(10))
     seq = make_seq(0, tokens)
-    kv.allocate(seq)
+    allocate(kv, seq)
     seq.num_computed_tokens = 8  # one step's 8 tokens, then room for the next chunk
     kv.commit_computed(seq)
     assert kv.append_slots(seq)
     finish(kv, seq, 10)  # blocks 0, 1 full; block 2 holds 8, 9 in both groups
     null = kv.pools[1].null_id
     turn2 = make_seq(1, tokens + [10, 11, 12])
-    assert kv.allocate(turn2) == 10
+    assert allocate(kv, turn2) == 10
     # 10 computed, window 4: the sliding group reads from token 7 on, block 1.
     assert turn2.block_tables == [[0, 1, 3, 4], [null, 1, 3, 4]]
     assert kv.take_cow_pairs() == [[(2, 3)], [(2, 3)]]
@@ -206,7 +207,7 @@ def test_both_groups_copy_their_partial_block_or_neither_does() -> None:
     del sliding.cached[sliding.blocks[2].block_hash]
     sliding.blocks[2].block_hash = sliding.blocks[2].token_ids = None
     turn3 = make_seq(2, tokens + [10, 11, 12])
-    assert kv.allocate(turn3) == 8
+    assert allocate(kv, turn3) == 8
     assert kv.take_cow_pairs() == [[], []]
 
 
@@ -215,10 +216,10 @@ def test_a_model_with_linear_state_never_keeps_a_partial_block() -> None:
     kv = KVCacheManager.build(specs, [8, 6], 4, live_state_slots=2)
     assert isinstance(kv.managers[1], LinearStateManager) and not kv.reuse_partial
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(seq)
+    allocate(kv, seq)
     kv.take_cow_pairs()
     finish(kv, seq, 6)
     pool = kv.pools[0]
     assert all(not pool.is_partial(b) for b in pool.cached.values())
     # The snapshot after block 0 serves 4 tokens; the 5, 6 after it are computed again.
-    assert kv.allocate(make_seq(1, [1, 2, 3, 4, 5, 6, 7])) == 4
+    assert allocate(kv, make_seq(1, [1, 2, 3, 4, 5, 6, 7])) == 4

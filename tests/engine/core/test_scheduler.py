@@ -24,6 +24,7 @@ from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
 from engine.core.sequence import Request, Sequence, SequenceStatus
 from engine.sampling_params import SamplingParams
+from tests.engine.core.admission import allocate
 
 REPO = Path(__file__).resolve().parents[3]
 VOCAB = 1000
@@ -289,7 +290,7 @@ def hog(sched: Scheduler, num_blocks: int, seq_id: int) -> Sequence:
     """A sequence the test places straight in the pool: pressure from outside."""
     tokens = list(range(5000 + 100 * seq_id, 5000 + 100 * seq_id + 4 * num_blocks))
     seq = Sequence(seq_id, f"hog{seq_id}", 0, tokens, len(tokens))
-    assert sched.kv.allocate(seq) == 0
+    assert allocate(sched.kv, seq) == 0
     return seq
 
 

@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.sequence import Sequence
-from tests.engine.core.admission import admit
+from tests.engine.core.admission import admit, allocate, fork, restart
 
 BS, LOOKAHEAD = 2, 3
 NUM_BLOCKS, NUM_SLOTS, LIVE_SLOTS, HOST = 14, 9, 4, 6
@@ -134,7 +134,7 @@ class HybridMachine(RuleBasedStateMachine):
         return admit(self.kv, seq, lambda: self._attempt(seq), self._step, self.live, prefill)
 
     def _attempt(self, seq: Sequence) -> bool:
-        hit = self.kv.allocate(seq)
+        hit = allocate(self.kv, seq)
         if hit is None:
             assert all(t == [] for t in seq.block_tables)
             return False
@@ -170,7 +170,7 @@ class HybridMachine(RuleBasedStateMachine):
             return
         child = Sequence(next(self.ids), "r", 1, list(parent.token_ids),
                          parent.num_prompt_tokens)
-        self.kv.fork(parent, child)
+        fork(self.kv, parent, child)
         self._apply_copies()
         parent.needs_fork = False
         self.live.append(child)
@@ -179,7 +179,7 @@ class HybridMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 100), recompute=st.booleans())
     def free(self, pick, recompute) -> None:
         seq = self.live.pop(pick % len(self.live))
-        self.kv.free(seq)
+        restart(self.kv, seq)  # dropped, or recomputed
         assert seq.block_tables == [[], []]
         if recompute:
             self._allocate(seq, prefill=True)
