@@ -23,7 +23,7 @@ def bench_scheduler(num_seqs: int = 64, prompt_len: int = 200, steps: int = 400)
     block_size = 16
     blocks_per_seq = (prompt_len + steps) // block_size + 2
     kv = KVCacheManager.build([KVGroupSpec((0,))], [num_seqs * blocks_per_seq], block_size,
-                                  bytes_per_layer_block=1)
+                              bytes_per_layer_block=1)
     sched = Scheduler(kv, max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
     params = SamplingParams(max_tokens=steps + 10, temperature=0)
     for i in range(num_seqs):

@@ -126,6 +126,13 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return self.managers[0].blocks_needed(num_tokens)
 
+    def block_tables(self, seq: Sequence) -> list[list[int]]:
+        """``seq``'s block table in each group (empty where it holds none): the managers'
+        own lists, which change as ``seq`` is served, not copies. Once per scheduled
+        sequence per step: ``m.table`` inlined."""
+        seq_id = seq.seq_id
+        return [m.tables.get(seq_id, []) for m in self.managers]
+
     # -------------------------------------------------------------- allocation
     def allocate(self, seq: Sequence) -> PrefixHit | None:
         """Every group's blocks for ``seq``, for all its tokens from its prefix hit on;
@@ -288,6 +295,9 @@ class KVCacheManager:
         hold blocks (the engine's request table knows them): they label each block's
         owners and measure the slots in use."""
         holders = list(holders)
-        parts = [pool_stats(m.pool, m.group, holders, with_blocks) for m in self.managers]
+        parts = []
+        for m in self.managers:
+            held = [(s, m.table(s)) for s in holders]
+            parts.append(pool_stats(m.pool, m.group, held, with_blocks))
         return merge_stats(parts, self.specs, self.prefix_hit_tokens,
                            self.prefix_query_tokens)

@@ -96,7 +96,7 @@ class LinearStateManager(SingleKindManager):
         if isinstance(snapshot, TierHit):
             # On disk: read into a slot of its own, in the table at its boundary (after
             # block len(hits) - 1); copied into the running state once read (`load_done`).
-            table = self.table(seq)
+            table = self.tables[seq.seq_id]
             table += [pool.null_id] * (len(hits) - 1) + [pool.place(snapshot).block_id]
             self.from_disk[seq.seq_id] = table[-1]
         elif snapshot is not None:
@@ -115,7 +115,7 @@ class LinearStateManager(SingleKindManager):
         slot = self.from_disk.pop(seq.seq_id, None)
         if slot is None:
             return
-        table = self.table(seq)
+        table = self.tables[seq.seq_id]
         self.cow_pairs.append((slot, table[0]))
         table[table.index(slot)] = self.pool.null_id
         self.pool.release([slot])
@@ -134,7 +134,7 @@ class LinearStateManager(SingleKindManager):
         if not pool.enable_prefix_caching:
             return
         bs, k = self.block_size, self.snapshot_every
-        table = self.table(seq)
+        table = self.tables[seq.seq_id]
         first = computed // bs  # the boundary after block `first` is the next one
         num_full = seq.num_tokens // bs
         extend_hashes(seq, num_full, bs)
@@ -182,12 +182,11 @@ class LinearStateManager(SingleKindManager):
 
     def free(self, seq: Sequence) -> None:
         self.from_disk.pop(seq.seq_id, None)  # released with the table
-        table = self.table(seq)
+        table = self.tables.pop(seq.seq_id, [])
         self.num_live -= 1 if table else 0
         spare = self.reserved.pop(seq.seq_id, [])
         self.num_live -= len(spare)
         self.pool.release([*table[1:], *table[:1], *spare])
-        self._set_table(seq, [])
 
     # -------------------------------------------------------------------- swap
     def swap_out(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:

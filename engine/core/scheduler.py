@@ -159,7 +159,7 @@ class Scheduler:
             if budget == 0 or num_seqs == self.max_num_seqs:
                 break
             take = min(seq.num_uncomputed_tokens, budget)
-            out.scheduled.append(ScheduledSeq(seq, take))
+            out.scheduled.append(ScheduledSeq(seq, take, self.kv.block_tables(seq)))
             budget -= take
             num_seqs += 1
         if not out.preempted:
@@ -277,7 +277,7 @@ class Scheduler:
                         num_seqs: int) -> tuple[int, int]:
         if budget > 0 and num_seqs < self.max_num_seqs:
             take = min(seq.num_uncomputed_tokens, budget)
-            out.scheduled.append(ScheduledSeq(seq, take))
+            out.scheduled.append(ScheduledSeq(seq, take, self.kv.block_tables(seq)))
             budget -= take
             num_seqs += 1
         return budget, num_seqs

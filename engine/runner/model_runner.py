@@ -258,7 +258,7 @@ class ModelRunner:
         slots, resumes, snapshots = [], [], []
         for item in scheduled:
             seq = item.seq
-            table = seq.block_tables[g]
+            table = item.block_tables[g]
             start = seq.num_computed_tokens
             end = start + item.num_new_tokens
             slots.append(table[0])
@@ -279,7 +279,7 @@ class ModelRunner:
         tables: list[list[int]] = []
         for item in scheduled:
             seq = item.seq
-            table = seq.block_tables[g]
+            table = item.block_tables[g]
             start = seq.num_computed_tokens
             end = start + item.num_new_tokens
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]

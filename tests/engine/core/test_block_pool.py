@@ -30,12 +30,12 @@ def test_the_null_block_is_never_handed_out():
 
 def test_a_full_pool_of_sequences_never_holds_the_null_block():
     kv = KVCacheManager.build([KVGroupSpec((0,)), KVGroupSpec((1,), 4)], [6, 6], 2,
-                                  lookahead=4)
+                              lookahead=4)
     seqs = [Sequence(i, f"r{i}", 0, list(range(i * 10, i * 10 + 5)), 5) for i in range(2)]
     for seq in seqs:
         assert allocate(kv, seq) == 0
     for g, pool in enumerate(kv.pools):
-        held = [b for s in seqs for b in s.block_tables[g]]
+        held = [b for s in seqs for b in kv.block_tables(s)[g]]
         assert pool.null_id not in held and len(set(held)) == len(held)
 
 
@@ -155,7 +155,7 @@ def test_preload_leaves_disk_hits_cached_and_held_by_nothing():
     # Freed newest first: the chain's first block is evicted last.
     assert queue_ids(pool) == [0, 1]
     assert pool.take_saves() == [(1, b"other", (9, 9))]
-    assert seq.block_tables == [[]] and seq.num_computed_tokens == 0
+    assert kv.block_tables(seq) == [[]] and seq.num_computed_tokens == 0
     assert (kv.prefix_hit_tokens, kv.prefix_query_tokens, kv.disk_hit_tokens) == (0, 0, 0)
 
 
@@ -164,7 +164,7 @@ def test_preload_without_room_changes_nothing():
     seq = Sequence(0, "preload", 0, [1, 2, 3, 4, 5], 5)
     assert kv.preload(seq, spare_blocks=1) == 0  # 2 free blocks, 2 needed, 1 to spare
     assert queue_ids(pool) == [0, 1] and pool.lookup(H1, (1, 2)) is None
-    assert pool.take_saves() == [] and seq.block_tables == [[]]
+    assert pool.take_saves() == [] and kv.block_tables(seq) == [[]]
     assert pool.preloaded == set() and kv.loads.take_new() == []
 
 

@@ -62,28 +62,28 @@ def test_allocation_release_fork_cow_and_free_in_both_groups():
     seq = make_seq(0, list(range(10)))
     assert allocate(kv, seq) == 0
     # The global group holds every token; the sliding one the first step's 8 only.
-    assert seq.block_tables == [[0, 1, 2], [0, 1]]
+    assert kv.block_tables(seq) == [[0, 1, 2], [0, 1]]
     step(kv, seq, 8)
     # 8 computed, window 4: the next token reads keys 5..8, 8 - 4 + 1 = 5 are skipped, so
     # sliding block 0 (tokens 0-3) is released still hashed (to the queue's tail); the
     # global group keeps everything.
-    assert seq.block_tables == [[0, 1, 2], [null, 1]]
+    assert kv.block_tables(seq) == [[0, 1, 2], [null, 1]]
     assert refs(sliding, 0, 1) == [0, 1]
     assert sliding.pool.blocks[0].block_hash is not None
     assert [b.block_id for b in sliding.pool.free_queue] == [2, 3, 4, 5, 6, 7, 0]
     assert kv.can_append([seq]) and kv.append_slots(seq)
-    assert seq.block_tables == [[0, 1, 2], [null, 1, 2]]
+    assert kv.block_tables(seq) == [[0, 1, 2], [null, 1, 2]]
     step(kv, seq, 2)
-    assert seq.block_tables == [[0, 1, 2], [null, 1, 2]]  # 7 skipped: block 1 (4-7) read
+    assert kv.block_tables(seq) == [[0, 1, 2], [null, 1, 2]]  # 7 skipped: block 1 (4-7) read
 
     child = make_seq(1, seq.token_ids, index=1)
     fork(kv, seq, child)
-    assert child.block_tables == seq.block_tables
+    assert kv.block_tables(child) == kv.block_tables(seq)
     assert refs(full, 0, 1, 2) == [2, 2, 2] and refs(sliding, 1, 2) == [2, 2]
     seq.append_token(50)
     child.append_token(51)
     assert kv.append_slots(seq)  # writes position 10, in the shared block 2 of each group
-    assert seq.block_tables == [[0, 1, 3], [null, 1, 3]]
+    assert kv.block_tables(seq) == [[0, 1, 3], [null, 1, 3]]
     # Each group's pairs in its own ids.
     assert kv.take_cow_pairs() == [[(2, 3)], [(2, 3)]]
     assert refs(full, 2, 3) == [1, 1] and refs(sliding, 2, 3) == [1, 1]
@@ -93,8 +93,8 @@ def test_allocation_release_fork_cow_and_free_in_both_groups():
     step(kv, child, 1)
     # 11 computed: the next token reads keys 8..11; block 1 (4-7) is released by both.
     assert refs(sliding, 1) == [0]
-    assert seq.block_tables[SLIDING] == [null, null, 3]
-    assert child.block_tables[SLIDING] == [null, null, 2]
+    assert kv.block_tables(seq)[SLIDING] == [null, null, 3]
+    assert kv.block_tables(child)[SLIDING] == [null, null, 2]
 
     stats = kv.stats([seq, child])
     assert [(g.name, g.num_layers, g.num_blocks, g.num_used) for g in stats.groups] == [
@@ -108,7 +108,7 @@ def test_allocation_release_fork_cow_and_free_in_both_groups():
 
     kv.free(seq)
     kv.free(child)
-    assert seq.block_tables == [[], []] and child.block_tables == [[], []]
+    assert kv.block_tables(seq) == [[], []] and kv.block_tables(child) == [[], []]
     assert full.pool.num_free_blocks == sliding.pool.num_free_blocks == 8
     assert all(b.ref_count == 0 for p in kv.pools for b in p.blocks)
     assert kv.stats().num_used == 0
@@ -124,7 +124,7 @@ def test_a_prefix_hit_needs_only_the_windows_blocks_cached():
     step(kv, first, 8)
     kv.append_slots(first)
     step(kv, first, 4)
-    assert first.block_tables == [[0, 1, 2], [null, null, 2]]
+    assert kv.block_tables(first) == [[0, 1, 2], [null, null, 2]]
     kv.free(first)
     # Oldest first, so the window's block (2) is evicted last.
     assert [b.block_id for b in sliding.pool.free_queue] == [0, 1, 2]
@@ -138,7 +138,7 @@ def test_a_prefix_hit_needs_only_the_windows_blocks_cached():
     second = make_seq(2, list(range(12)) + [90, 91, 92, 93, 94])
     assert allocate(kv, second) == 12
     assert second.num_computed_tokens == 12
-    assert second.block_tables == [[0, 1, 2, 3, 4], [null, null, 2, 0, 1]]
+    assert kv.block_tables(second) == [[0, 1, 2, 3, 4], [null, null, 2, 0, 1]]
     assert refs(sliding, 0, 1, 2) == [1, 1, 1] and refs(full, 0, 1, 2) == [1, 1, 1]
     kv.free(second)
 
@@ -149,8 +149,8 @@ def test_a_prefix_hit_needs_only_the_windows_blocks_cached():
     assert hit(full, third) == 8 and hit(sliding, third) == 0
     assert allocate(kv, third) == 0
     assert third.num_computed_tokens == 0
-    assert third.block_tables[GLOBAL] == [3, 4, 5]
-    assert third.block_tables[SLIDING] == [1, 0]  # the first step's 8 tokens
+    assert kv.block_tables(third)[GLOBAL] == [3, 4, 5]
+    assert kv.block_tables(third)[SLIDING] == [1, 0]  # the first step's 8 tokens
     kv.free(third)
 
 
@@ -178,7 +178,7 @@ def test_allocation_fails_whole_when_one_group_is_short():
     allocate(kv, hog)  # global 1 block, sliding 1 block
     big = make_seq(1, list(range(100, 116)))  # global needs 4 > 3 free
     assert allocate(kv, big) is None
-    assert big.block_tables == [[], []]
+    assert kv.block_tables(big) == [[], []]
     assert full.pool.num_free_blocks == 3 and sliding.pool.num_free_blocks == 3
 
 
@@ -190,7 +190,7 @@ def test_swap_out_and_in_per_group():
     kv.append_slots(seq)
     step(kv, seq, 2)
     null = kv.pools[SLIDING].null_id
-    assert seq.block_tables == [[0, 1, 2], [null, 1, 2]]
+    assert kv.block_tables(seq) == [[0, 1, 2], [null, 1, 2]]
     assert kv.can_swap_out([seq])
     # Each group's (device, host) pairs in its own ids; the null entry moves nothing.
     assert kv.swap_out([seq]) == [[(0, 0), (1, 1), (2, 2)], [(1, 0), (2, 1)]]
@@ -198,7 +198,7 @@ def test_swap_out_and_in_per_group():
     assert all(b.ref_count == 0 for p in kv.pools for b in p.blocks)
     assert kv.can_swap_in([seq])
     assert kv.swap_in([seq]) == [[(0, 2), (1, 3), (2, 4)], [(0, 2), (1, 3)]]
-    assert seq.block_tables == [[2, 3, 4], [null, 2, 3]]
+    assert kv.block_tables(seq) == [[2, 3, 4], [null, 2, 3]]
 
 
 def test_scheduler_keeps_the_window_bound_through_chunks():
@@ -210,11 +210,11 @@ def test_scheduler_keeps_the_window_bound_through_chunks():
         out = scheduler.schedule()
         assert out.num_batched_tokens <= 8
         scheduler.mark_computed(out)
-        held = [b for b in seq.block_tables[SLIDING] if b != kv.pools[SLIDING].null_id]
+        held = [b for b in kv.block_tables(seq)[SLIDING] if b != kv.pools[SLIDING].null_id]
         # The window's blocks (at most 2 for window 4) plus room for the next chunk's
         # tokens not yet computed: never the whole prompt.
         assert len(held) <= 2 + 2
-        assert len(seq.block_tables[GLOBAL]) == 8
+        assert len(kv.block_tables(seq)[GLOBAL]) == 8
     scheduler.finish_seq(seq, "stop")
     assert all(b.ref_count == 0 for p in kv.pools for b in p.blocks)
 

@@ -50,7 +50,7 @@ def test_a_next_turn_gets_the_partial_block_copied_and_skips_its_tokens() -> Non
     pool = kv.pools[0]
     turn1 = make_seq(0, [1, 2, 3, 4, 5, 6, 7])
     assert allocate(kv, turn1) == 0
-    assert turn1.block_table == [0, 1]
+    assert kv.block_tables(turn1)[0] == [0, 1]
     turn1.append_token(8)  # the reply's last token: sampled, never computed
     finish(kv, turn1, 7)
     # Block 1 holds 5, 6, 7 and stays cached at the queue's tail, released before the
@@ -64,7 +64,7 @@ def test_a_next_turn_gets_the_partial_block_copied_and_skips_its_tokens() -> Non
     assert turn2.num_computed_tokens == 7
     # Block 0 is shared again, block 2 is new and gets block 1's K/V; block 1 is held
     # until the copy is drained, then goes back, still cached, to the tail.
-    assert turn2.block_table == [0, 2, 3]
+    assert kv.block_tables(turn2)[0] == [0, 2, 3]
     assert [b.ref_count for b in pool.blocks[:4]] == [1, 1, 1, 1]
     assert queue(kv) == [4, 5, 6, 7]
     assert kv.take_cow_pairs() == [[(1, 2)]]
@@ -106,7 +106,7 @@ def test_a_partial_block_another_candidate_still_holds_is_not_kept() -> None:
         seq.append_token(token)
         assert kv.append_slots(seq)
         seq.num_computed_tokens = 7
-    assert [c.block_table for c in children[1:]] == [[0, 2], [0, 3]]
+    assert [kv.block_tables(c)[0] for c in children[1:]] == [[0, 2], [0, 3]]
     assert kv.take_cow_pairs() == [[(1, 2), (1, 3)]]
     for seq in children[1:]:
         seq.append_token(99)
@@ -117,7 +117,7 @@ def test_a_partial_block_another_candidate_still_holds_is_not_kept() -> None:
     assert all(b.ref_count == 0 for b in pool.blocks)
     again = make_seq(9, [1, 2, 3, 4, 5, 6, 71, 5])
     assert allocate(kv, again) == 7
-    assert kv.take_cow_pairs() == [[(3, again.block_table[1])]]
+    assert kv.take_cow_pairs() == [[(3, kv.block_tables(again)[0][1])]]
 
 
 def test_holding_the_source_needs_room_or_the_hit_goes_without_it() -> None:
@@ -130,7 +130,7 @@ def test_holding_the_source_needs_room_or_the_hit_goes_without_it() -> None:
     # Reviving block 0 and holding block 1 would leave no block for the new one.
     turn2 = make_seq(2, [1, 2, 3, 4, 5, 6, 7])
     assert allocate(kv, turn2) == 4
-    assert turn2.block_table == [0, 1]  # block 1 evicted: it is the new block now
+    assert kv.block_tables(turn2)[0] == [0, 1]  # block 1 evicted: it is the new block now
     assert kv.take_cow_pairs() == [[]] and kv.pools[0].cached.keys() == {
         kv.pools[0].blocks[0].block_hash}
 
@@ -198,7 +198,7 @@ def test_both_groups_copy_their_partial_block_or_neither_does() -> None:
     turn2 = make_seq(1, tokens + [10, 11, 12])
     assert allocate(kv, turn2) == 10
     # 10 computed, window 4: the sliding group reads from token 7 on, block 1.
-    assert turn2.block_tables == [[0, 1, 3, 4], [null, 1, 3, 4]]
+    assert kv.block_tables(turn2) == [[0, 1, 3, 4], [null, 1, 3, 4]]
     assert kv.take_cow_pairs() == [[(2, 3)], [(2, 3)]]
     kv.free(turn2)  # nothing computed past the hit: nothing new kept
 

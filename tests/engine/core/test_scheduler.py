@@ -64,10 +64,12 @@ class FakeRunner:
         for item in out.scheduled:
             seq = item.seq
             assert seq.status is SequenceStatus.RUNNING
-            assert len(seq.block_table) == kv.blocks_needed(seq.num_tokens)
+            table = item.block_tables[0]  # the KV cache's own list, read as the runner does
+            assert table is kv.block_tables(seq)[0]
+            assert len(table) == kv.blocks_needed(seq.num_tokens)
             start = seq.num_computed_tokens
             for pos in range(start, start + item.num_new_tokens):
-                block = pool.blocks[seq.block_table[pos // bs]]
+                block = pool.blocks[table[pos // bs]]
                 assert block.ref_count == 1, f"{seq.label} writes shared block {block.block_id}"
                 assert block.block_hash is None, f"{seq.label} writes cached {block.block_id}"
                 self.device[block.block_id][pos % bs] = seq.token_ids[pos]
@@ -77,7 +79,7 @@ class FakeRunner:
         for item in out.scheduled:  # attention reads the whole context through the table
             seq = item.seq
             for pos in range(seq.num_computed_tokens + item.num_new_tokens):
-                slot = self.device[seq.block_table[pos // bs]][pos % bs]
+                slot = self.device[item.block_tables[0][pos // bs]][pos % bs]
                 assert slot == seq.token_ids[pos], f"{seq.label} reads a wrong token at {pos}"
 
 
@@ -149,7 +151,7 @@ def workload(count: int = 16, seed: int = 3) -> list[tuple[str, list[int], int]]
 def make_scheduler(num_blocks: int, block_size: int = 4, num_host_blocks: int = 0,
                    **kwargs) -> Scheduler:
     kv = KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], block_size,
-                                  num_host_blocks=num_host_blocks)
+                              num_host_blocks=num_host_blocks)
     return Scheduler(kv, **kwargs)
 
 
@@ -163,6 +165,7 @@ def assert_pool_all_free(sched: Scheduler) -> None:
     assert pool.num_free_blocks == pool.num_blocks
     assert all(b.ref_count == 0 for b in pool.blocks)
     assert pool.host_refs == {} and sched.kv.managers[0].host_tables == {}
+    assert sched.kv.managers[0].tables == {}  # every table dropped with its blocks
     assert sorted(pool.host_free) == list(range(pool.num_host_blocks))
     assert sched.requests == {} and not sched.has_work
 
@@ -248,14 +251,14 @@ def test_n4_prefills_once_then_candidates_share_the_prompt_blocks() -> None:
         if len(seen) == 1:
             assert [s.num_new_tokens for s in out.scheduled] == [10]
             assert [s.num_computed_tokens for s in group.seqs] == [10, 10, 10, 10]
-            assert [s.block_table for s in group.seqs] == [[0, 1, 2]] * 4
+            assert [sched.kv.block_tables(s)[0] for s in group.seqs] == [[0, 1, 2]] * 4
             assert [pool_of(sched).blocks[b].ref_count for b in (0, 1, 2)] == [4, 4, 4]
         elif len(seen) == 2:
             # Each candidate's first token lands in the shared partial block: three
             # copies, and the last candidate keeps the original.
             assert out.cow_pairs == [[(2, 3), (2, 4), (2, 5)]]
-            assert [s.block_table for s in group.seqs] == [[0, 1, 3], [0, 1, 4], [0, 1, 5],
-                                                           [0, 1, 2]]
+            assert [sched.kv.block_tables(s)[0] for s in group.seqs] == [
+                [0, 1, 3], [0, 1, 4], [0, 1, 5], [0, 1, 2]]
             assert [pool_of(sched).blocks[b].ref_count for b in range(6)] == [4, 4, 1, 1, 1, 1]
             assert [s.num_new_tokens for s in out.scheduled] == [1, 1, 1, 1]
 
@@ -328,8 +331,8 @@ def test_recomputed_candidates_come_back_leader_first() -> None:
     # The others find the prompt's full blocks and recompute only their own tokens.
     assert [(s.seq.label, s.num_new_tokens) for s in out.scheduled] == [
         ("a:0", 1), ("n3:0", 1), ("n3:1", 3), ("n3:2", 3), ("late:0", 3)]
-    leader_blocks = n3.seqs[0].block_table[:2]
-    assert [s.block_table[:2] for s in n3.seqs] == [leader_blocks] * 3
+    leader_blocks = sched.kv.block_tables(n3.seqs[0])[0][:2]
+    assert [sched.kv.block_tables(s)[0][:2] for s in n3.seqs] == [leader_blocks] * 3
     assert [pool_of(sched).blocks[b].ref_count for b in leader_blocks] == [3, 3]
 
     outputs = drive(sched, runner=runner).outputs
@@ -418,7 +421,7 @@ def test_abort_frees_at_once() -> None:
     sched.add_request("gone", list(range(40, 58)), SamplingParams(n=2, max_tokens=30))
     drive_steps(sched, 2)  # gone: prefilled, forked, one token each (a copy-on-write)
     group = sched.requests["gone"]
-    assert [len(s.block_table) for s in group.seqs] == [5, 5]
+    assert [len(sched.kv.block_tables(s)[0]) for s in group.seqs] == [5, 5]
     assert pool_of(sched).num_free_blocks == free_before - 6
     assert sched.abort("gone") is group
     assert group.aborted and group.is_finished

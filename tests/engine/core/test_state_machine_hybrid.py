@@ -112,10 +112,10 @@ class HybridMachine(RuleBasedStateMachine):
         self._apply_copies()
         start = seq.num_computed_tokens
         end = min(seq.num_tokens, start + LOOKAHEAD)
-        table = seq.block_tables[FULL]
+        table = self.kv.block_tables(seq)[FULL]
         for pos in range(start, end):
             self.blocks[table[pos // BS]][pos % BS] = seq.token_ids[pos]
-        states = seq.block_tables[LINEAR]
+        states = self.kv.block_tables(seq)[LINEAR]
         null = self.state.pool.null_id
         if start:
             assert self.slots[states[0]] == tuple(seq.token_ids[:start]), seq.label
@@ -136,7 +136,7 @@ class HybridMachine(RuleBasedStateMachine):
     def _attempt(self, seq: Sequence) -> bool:
         hit = allocate(self.kv, seq)
         if hit is None:
-            assert all(t == [] for t in seq.block_tables)
+            assert all(t == [] for t in self.kv.block_tables(seq))
             return False
         assert hit % BS == 0 and hit < seq.num_tokens
         # The engine applies a step's copies before anything else writes a slot.
@@ -180,7 +180,7 @@ class HybridMachine(RuleBasedStateMachine):
     def free(self, pick, recompute) -> None:
         seq = self.live.pop(pick % len(self.live))
         restart(self.kv, seq)  # dropped, or recomputed
-        assert seq.block_tables == [[], []]
+        assert self.kv.block_tables(seq) == [[], []]
         if recompute:
             self._allocate(seq, prefill=True)
 
@@ -239,7 +239,7 @@ class HybridMachine(RuleBasedStateMachine):
         pool = self.state.pool
         holders = [0] * pool.num_blocks
         for seq in self.live:
-            for slot in seq.block_tables[LINEAR]:
+            for slot in self.kv.block_tables(seq)[LINEAR]:
                 if slot != pool.null_id:
                     holders[slot] += 1
         for spare in self.state.reserved.values():
@@ -248,8 +248,14 @@ class HybridMachine(RuleBasedStateMachine):
         assert [b.ref_count for b in pool.blocks] == holders
         assert {b.block_id for b in pool.free_queue} == {
             b.block_id for b in pool.blocks if b.ref_count == 0}
-        running = sum(1 for s in self.live if s.block_tables[LINEAR])
+        running = sum(1 for s in self.live if self.kv.block_tables(s)[LINEAR])
         assert self.state.num_live == running + sum(map(len, self.state.reserved.values()))
+
+    @invariant()
+    def tables_only_for_the_live(self) -> None:
+        """A sequence freed, swapped out, or not admitted leaves no table behind."""
+        live = {s.seq_id for s in self.live}
+        assert all(set(m.tables) == live for m in self.kv.managers)
 
     @invariant()
     def snapshots_hold_their_prefix(self) -> None:
