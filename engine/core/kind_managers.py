@@ -252,6 +252,7 @@ class SingleKindManager(HostSwap):
         table = self.tables.pop(seq.seq_id, [])
         self.pool.release(table if self.free_oldest_first else reversed(table))
 
+
 class FullAttentionManager(SingleKindManager):
     """Every token is read: nothing is skipped; a freed chat's beginning is kept longest."""
 
