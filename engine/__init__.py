@@ -2,7 +2,7 @@
 model families registered in engine/models/registry.py (``FAMILIES``).
 
 The public names are imported lazily so that the Qt-free, torch-free bookkeeping
-modules (``engine.core.kv_coordinator``, ``engine.core.scheduler``) stay light to import.
+modules (``engine.core.kv_cache_manager``, ``engine.core.scheduler``) stay light to import.
 """
 
 from __future__ import annotations

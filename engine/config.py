@@ -35,7 +35,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None = the model's context length
     enable_prefix_caching: bool = True
     # A block pool and table per attention kind, so sliding-window layers hold only their
-    # window (engine/core/kv_coordinator.py); False: one pool for every layer, as before.
+    # window (engine/core/kv_cache_manager.py); False: one pool for every layer, as before.
     kv_groups: bool = True
     # The KV cache's disk tier ("Keep chats warm on disk"): full blocks leaving memory are
     # kept under FOLIO_CACHE_DIR/kv, this many bytes at most; 0: off.

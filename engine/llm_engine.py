@@ -18,7 +18,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.disk_loads import LoadState
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec, group_layers
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec, group_layers
 from engine.core.kv_stats import KVStats
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, Sequence
@@ -126,7 +126,7 @@ class LLMEngine:
             counts.append(total)
         self.runner = ModelRunner(net, shape, self.kv_groups, counts, config.num_host_blocks,
                                   backend, device, config.cuda_graphs, self.max_model_len)
-        self.kv_cache = KVCacheCoordinator.build(
+        self.kv_cache = KVCacheManager.build(
             self.kv_groups, counts, config.block_size, num_host_blocks=config.num_host_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
             group_block_bytes=[0 if g.linear else shape.block_bytes(g.layers)

@@ -95,11 +95,12 @@ def first_step_logits(llm: LLM, prompt: list[int], backend=None) -> torch.Tensor
     runner = llm.engine.runner
     size = runner.shape.block_size
     table = list(range(1, 1 + -(-len(prompt) // size)))
-    seq = Sequence(-1, "gpu-e2e", 0, list(prompt), len(prompt), block_tables=[table])
+    seq = Sequence(-1, "gpu-e2e", 0, list(prompt), len(prompt))
+    step = SchedulerOutput(scheduled=[ScheduledSeq(seq, len(prompt), [table])])
     usual = runner.backend
     runner.backend = backend or usual
     try:
-        logits = runner.execute(SchedulerOutput(scheduled=[ScheduledSeq(seq, len(prompt))]))
+        logits = runner.execute(step)
     finally:
         runner.backend = usual
     return logits[0].float().cpu()

@@ -1,7 +1,7 @@
 """``folio bench scheduler``: one decode step's scheduling and block bookkeeping with many
 running sequences (default 64), without a model.
 
-Builds its own ``KVCacheCoordinator`` and ``Scheduler`` (``engine.core``) with a pool big enough
+Builds its own ``KVCacheManager`` and ``Scheduler`` (``engine.core``) with a pool big enough
 for every sequence, prefills all prompts in one untimed schedule, then times ``steps``
 decode steps of ``schedule()``, ``mark_computed`` and appending one token per sequence;
 reports the median and the 90th percentile.
@@ -13,7 +13,7 @@ import statistics
 import time
 
 from engine.bench.setup import Target
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.scheduler import Scheduler
 from engine.sampling_params import SamplingParams
 
@@ -22,8 +22,8 @@ def bench_scheduler(num_seqs: int = 64, prompt_len: int = 200, steps: int = 400)
     """Median time of one decode step's scheduling and bookkeeping."""
     block_size = 16
     blocks_per_seq = (prompt_len + steps) // block_size + 2
-    kv = KVCacheCoordinator.build([KVGroupSpec((0,))], [num_seqs * blocks_per_seq], block_size,
-                                  bytes_per_layer_block=1)
+    kv = KVCacheManager.build([KVGroupSpec((0,))], [num_seqs * blocks_per_seq], block_size,
+                              bytes_per_layer_block=1)
     sched = Scheduler(kv, max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
     params = SamplingParams(max_tokens=steps + 10, temperature=0)
     for i in range(num_seqs):

@@ -2,7 +2,7 @@
 map, the host pool for swaps, and the tier below memory (the disk).
 
 Pure bookkeeping (no torch). Which blocks a sequence holds is a manager's business
-(`kv_manager.py`); the pool only hands blocks out, takes them back and remembers what a
+(`kind_managers.py`); the pool only hands blocks out, takes them back and remembers what a
 free block still holds:
 
     blocks 0 .. num_blocks - 1   allocatable; each free one is in the LRU free queue
@@ -17,7 +17,7 @@ own; it is only ever copied from, and never goes to the tier below. With a
 ``tier`` below (`LowerTier`, the disk), a cached block popped for reuse is queued to be
 saved there first (``pending_saves``: the runner copies it out before the step writes
 into it), and a prefix block missing in memory but found there is placed in a free block
-(``placed``: the coordinator queues its read, engine/core/disk_loads.py; the block is
+(``placed``: the KV cache manager queues its read, engine/core/disk_loads.py; the block is
 registered once its content is in).
 """
 

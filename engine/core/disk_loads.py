@@ -14,7 +14,7 @@ Freeing a sequence (abort, preemption) cancels its reads: a ticket no longer her
 result the engine drops, never copied into a block that may belong to someone else by
 then.
 
-A load-ahead (a chat opened before its next turn, ``KVCacheCoordinator.preload``) is a
+A load-ahead (a chat opened before its next turn, ``KVCacheManager.preload``) is a
 sequence that holds its loaded blocks only until the last read is in; then they are
 cached, free, for that turn's lookup to find.
 """
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from engine.core.sequence import Sequence
 
 if TYPE_CHECKING:
-    from engine.core.kv_manager import KVCacheManager
+    from engine.core.kind_managers import SingleKindManager
 
 
 class LoadState(enum.Enum):
@@ -53,7 +53,7 @@ class DiskRead:
 class DiskLoads:
     """The reads of every KV group: ``managers[g]`` keeps group g's blocks."""
 
-    def __init__(self, managers: Seq[KVCacheManager] = ()) -> None:
+    def __init__(self, managers: Seq[SingleKindManager] = ()) -> None:
         self.managers = list(managers)
         self._tickets = itertools.count()
         self._reads: dict[int, tuple[DiskRead, Sequence]] = {}

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class HostSwap:
-    """The swap half of `KVCacheManager`, which gives it ``pool``, ``table``,
+    """The swap half of `SingleKindManager`, which gives it ``pool``, ``table``,
     ``_set_table``, ``free`` and the swapped sequences' ``host_tables``."""
 
     pool: BlockPool
@@ -43,9 +43,7 @@ class HostSwap:
                 else:
                     mapping[block_id] = pool.take_host()
                     table.append(mapping[block_id])
-            num_computed = seq.num_computed_tokens
             self.free(seq)
-            seq.num_computed_tokens = num_computed
             self.host_tables[seq.seq_id] = table
         return list(mapping.items())
 

@@ -1,9 +1,10 @@
-"""What the scheduler may call on the KV cache (`KVCacheCoordinator` is the one
+"""What the scheduler may call on the KV cache (`KVCacheManager` is the one
 implementation; a test may hand the scheduler anything with these members)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from typing import Protocol
 
 from engine.core.block_pool import Save
@@ -14,6 +15,16 @@ from engine.core.sequence import Sequence
 GroupMoves = list[list[tuple[int, int]]]
 
 
+@dataclass(slots=True, frozen=True)
+class PrefixHit:
+    """What ``allocate`` found of a sequence in the cache: its first ``num_tokens`` tokens
+    need no compute (``num_disk_tokens`` of them are read from disk first). The KV layer
+    only reports it: the scheduler alone moves a sequence's progress."""
+
+    num_tokens: int
+    num_disk_tokens: int = 0
+
+
 class KVCache(Protocol):
     block_size: int
     num_blocks: int  # of the first group, which holds every token: bounds a prompt
@@ -21,7 +32,9 @@ class KVCache(Protocol):
 
     def blocks_needed(self, num_tokens: int) -> int: ...
 
-    def allocate(self, seq: Sequence) -> int | None: ...
+    def block_tables(self, seq: Sequence) -> list[list[int]]: ...
+
+    def allocate(self, seq: Sequence) -> PrefixHit | None: ...
 
     def can_append(self, seqs: Seq[Sequence]) -> bool: ...
 

@@ -26,7 +26,7 @@ class BlockInfo:
 
 @dataclass(slots=True, frozen=True)
 class KVGroupStats:
-    """One KV group's pool (engine/core/kv_coordinator.py): its layers and its blocks."""
+    """One KV group's pool (engine/core/kv_cache_manager.py): its layers and its blocks."""
 
     name: str  # "global", "sliding (window 64)"
     num_layers: int
@@ -86,7 +86,7 @@ class KVStats:
     num_host_used: int = 0
     blocks: list[BlockInfo] = field(default_factory=list)
     blocks_per_owner: dict[str, int] = field(default_factory=dict)
-    # Filled by the coordinator; a snapshot built by hand without it reads as one group.
+    # Filled by the KV cache manager; a snapshot built by hand without it reads as one group.
     groups: list[KVGroupStats] = field(default_factory=list)
     disk: DiskTierStats | None = None  # None: the disk tier is off
 
@@ -122,18 +122,17 @@ class KVStats:
         return free * self.block_size
 
 
-def pool_stats(pool, group: int, holders: Iterable[Sequence] = (),
+def pool_stats(pool, group: int, holders: Iterable[tuple[Sequence, list[int]]] = (),
                with_blocks: bool = True) -> KVStats:
-    """The snapshot of one KV group's `BlockPool` (``Sequence.block_tables[group]``): each
-    block's state and owners; ``holders`` label the owners and measure the slots in use.
-    Its ``groups`` is left to `merge_stats`."""
+    """The snapshot of one KV group's `BlockPool`: each block's state and owners;
+    ``holders``, each sequence that holds blocks with its table in this group, label the
+    owners and measure the slots in use. Its ``groups`` is left to `merge_stats`."""
     owners: dict[int, list[str]] = {}
     fill: dict[int, int] = {}
     per_owner: dict[str, int] = {}
     bs = pool.block_size
     null = pool.null_id
-    for seq in holders:
-        table = seq.block_tables[group] if group < len(seq.block_tables) else []
+    for seq, table in holders:
         held = [(i, b) for i, b in enumerate(table) if b != null]
         if not held:
             continue

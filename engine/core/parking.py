@@ -10,7 +10,8 @@ prompt's full blocks, then find them in the prefix cache.
 
 from __future__ import annotations
 
-from engine.core.kv_protocol import KVCache
+from collections.abc import Callable
+
 from engine.core.sequence import Request, Sequence, SequenceStatus
 
 
@@ -25,19 +26,20 @@ def has_parked(request: Request) -> bool:
     return len(request.seqs) > 1 and any(s.status is SequenceStatus.PARKED for s in request.seqs)
 
 
-def unpark(request: Request, kv: KVCache) -> None:
+def unpark(request: Request, block_size: int, allocate: Callable[[Sequence], bool]) -> None:
     """Give blocks to ``request``'s parked candidates once an active one has computed
-    the prompt's full blocks (or none is active any more)."""
+    the prompt's full blocks (or none is active any more). ``allocate``: the scheduler's,
+    which starts a sequence after its prefix hit; False when there is no room."""
     if not has_parked(request):
         return
     parked = [s for s in request.seqs if s.status is SequenceStatus.PARKED]
     running = active(request)
-    prompt_blocks_end = request.num_prompt_tokens // kv.block_size * kv.block_size
+    prompt_blocks_end = request.num_prompt_tokens // block_size * block_size
     if running and all(s.num_computed_tokens < prompt_blocks_end for s in running):
         return
     if not running:  # every active candidate finished first: a new leader
         parked = parked[:1]
     for seq in parked:
-        if kv.allocate(seq) is None:
+        if not allocate(seq):
             return
         seq.status = SequenceStatus.RUNNING

@@ -16,7 +16,7 @@ never be it, whatever order the runner applies the step's moves in.
 
 Not for linear-attention state: a hybrid model's state snapshots exist at full block
 boundaries only, so a partial block's K/V would come without a state to go with it (the
-coordinator turns reuse off there).
+KV cache manager turns reuse off there).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Sequence as Seq
 from engine.core.block_hashes import extend_hashes
 from engine.core.block_pool import BlockPool
 from engine.core.free_block_queue import Block
-from engine.core.kv_manager import KVCacheManager
+from engine.core.kind_managers import SingleKindManager
 from engine.core.sequence import Sequence
 
 # One candidate of a partial hit: its length in tokens, its cache key, its tokens.
@@ -112,14 +112,14 @@ def options(pools: Seq[BlockPool], seq: Sequence, hit: int, enabled: bool
     return [found, none] if found else [none]  # type: ignore[list-item]
 
 
-def hold_sources(managers: Seq[KVCacheManager], sources: Seq[Block | None]) -> None:
+def hold_sources(managers: Seq[SingleKindManager], sources: Seq[Block | None]) -> None:
     """Hold each group's partial block (if any) until its copy is drained."""
     for m, src in zip(managers, sources, strict=True):
         if src is not None:
             hold(m.pool, src)
 
 
-def copy_in(managers: Seq[KVCacheManager], sources: Seq[Block | None], seq: Sequence,
+def copy_in(managers: Seq[SingleKindManager], sources: Seq[Block | None], seq: Sequence,
             hit: int) -> None:
     """Each group's partial block copied into ``seq``'s first block after the ``hit``."""
     for m, src in zip(managers, sources, strict=True):
@@ -127,7 +127,7 @@ def copy_in(managers: Seq[KVCacheManager], sources: Seq[Block | None], seq: Sequ
             m.cow_pairs.append((src.block_id, m.table(seq)[hit // m.block_size]))
 
 
-def keep_partials(managers: Seq[KVCacheManager], seq: Sequence) -> None:
+def keep_partials(managers: Seq[SingleKindManager], seq: Sequence) -> None:
     """``keep_partial`` in every group for a leaving ``seq``."""
     bs = managers[0].block_size
     extend_hashes(seq, seq.num_computed_tokens // bs, bs)

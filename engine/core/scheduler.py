@@ -13,6 +13,11 @@ A request whose prefix hit uses blocks on disk waits in ``loading`` (its blocks 
 their reads in the background) while the running requests keep stepping; it runs from
 the first step after its last read is in. A read that fails its checks sends it back to
 the front of the waiting queue, to be admitted again without that block (recomputed).
+
+The scheduler alone moves a sequence's progress (``num_computed_tokens``): the KV cache
+reports what it found (a prefix hit, blocks to read from disk) and the scheduler starts
+the sequence there, advances it after each step, and starts it over when it frees its
+blocks for a recompute. A swap keeps its progress.
 """
 
 from __future__ import annotations
@@ -141,7 +146,7 @@ class Scheduler:
             if request.request_id in gone:
                 continue
             if self._make_room(request, out):
-                unpark(request, self.kv)
+                unpark(request, self.kv.block_size, self._allocate)
             else:
                 gone.add(request.request_id)
             gone.update(out.preempted)
@@ -154,7 +159,7 @@ class Scheduler:
             if budget == 0 or num_seqs == self.max_num_seqs:
                 break
             take = min(seq.num_uncomputed_tokens, budget)
-            out.scheduled.append(ScheduledSeq(seq, take))
+            out.scheduled.append(ScheduledSeq(seq, take, self.kv.block_tables(seq)))
             budget -= take
             num_seqs += 1
         if not out.preempted:
@@ -176,8 +181,7 @@ class Scheduler:
                 continue
             self.loading.remove(request)
             if state is LoadState.FAILED:
-                self.kv.free(leader)
-                leader.status = SequenceStatus.WAITING
+                self._restart(leader)
                 self.waiting.appendleft(request)
                 continue
             self._start(request)
@@ -189,7 +193,7 @@ class Scheduler:
             request.num_cached_tokens = leader.num_computed_tokens
             request.num_disk_tokens = leader.num_disk_tokens
         leader.status = SequenceStatus.RUNNING
-        unpark(request, self.kv)
+        unpark(request, self.kv.block_size, self._allocate)
         self.running.append(request)
 
     def _make_room(self, request: Request, out: SchedulerOutput) -> bool:
@@ -239,8 +243,7 @@ class Scheduler:
             self.swapped.appendleft(request)
             return
         for seq in seqs:
-            self.kv.free(seq)
-            seq.status = SequenceStatus.WAITING
+            self._restart(seq)
         self.waiting.appendleft(request)
 
     def _preempt_loading(self, request: Request, out: SchedulerOutput) -> None:
@@ -248,9 +251,7 @@ class Scheduler:
         self.loading.remove(request)
         self.num_preemptions += 1
         out.preempted.append(request.request_id)
-        leader = request.live_seqs[0]
-        self.kv.free(leader)
-        leader.status = SequenceStatus.WAITING
+        self._restart(request.live_seqs[0])
         self.waiting.appendleft(request)
 
     def _swap_in(self, out: SchedulerOutput, budget: int, num_seqs: int) -> tuple[int, int]:
@@ -276,7 +277,7 @@ class Scheduler:
                         num_seqs: int) -> tuple[int, int]:
         if budget > 0 and num_seqs < self.max_num_seqs:
             take = min(seq.num_uncomputed_tokens, budget)
-            out.scheduled.append(ScheduledSeq(seq, take))
+            out.scheduled.append(ScheduledSeq(seq, take, self.kv.block_tables(seq)))
             budget -= take
             num_seqs += 1
         return budget, num_seqs
@@ -287,7 +288,7 @@ class Scheduler:
             # A recomputed request with several candidates comes back leader first; the
             # others join once the prompt is in the cache again (see parking.unpark).
             leader = request.live_seqs[0]
-            if self.kv.allocate(leader) is None:
+            if not self._allocate(leader):
                 break
             self.waiting.popleft()
             for seq in request.live_seqs[1:]:
@@ -301,6 +302,22 @@ class Scheduler:
                 budget, num_seqs = self._schedule_chunk(out, seq, budget, num_seqs)
             if has_parked(request):
                 break  # its parked candidates come before anything still waiting
+
+    def _allocate(self, seq: Sequence) -> bool:
+        """Blocks for ``seq``, which starts after the prefix hit the KV cache found."""
+        hit = self.kv.allocate(seq)
+        if hit is None:
+            return False
+        seq.num_computed_tokens = hit.num_tokens
+        seq.num_disk_tokens = hit.num_disk_tokens
+        return True
+
+    def _restart(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks to recompute it: it waits, with nothing computed, for its
+        next admission's prefix hit."""
+        self.kv.free(seq)  # before the reset: a partial last block is cached by it
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
 
     # ------------------------------------------------------------ after a step
     def mark_computed(self, out: SchedulerOutput) -> None:

@@ -1,6 +1,6 @@
-"""What the scheduler decides for one step: the sequences that run and with how many
-tokens, and the block moves (a list per KV group, in that group's ids) the runner applies
-before the forward."""
+"""What the scheduler decides for one step: the sequences that run, with how many tokens
+and the blocks they read and write, and the block moves (a list per KV group, in that
+group's ids) the runner applies before the forward."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from engine.core.sequence import Request, Sequence
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens computed this step, starting at seq.num_computed_tokens
+    # The sequence's block table per KV group (KVCache.block_tables): the KV cache's own
+    # lists, so read them before ``mark_computed``, which may change them.
+    block_tables: list[list[int]]
     # The chunk reaches the sequence's last token, so its logits are sampled.
     samples: bool = field(init=False)
 

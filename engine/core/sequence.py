@@ -1,4 +1,5 @@
-"""Sequences (one candidate's tokens and blocks) and requests (a prompt and its candidates)."""
+"""Sequences (one candidate's tokens and progress) and requests (a prompt and its
+candidates)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ class SequenceStatus(enum.Enum):
 
 @dataclass(slots=True, eq=False)
 class Sequence:
-    """One candidate: its token ids, how many of them have K/V in the cache, its blocks.
+    """One candidate: its token ids and how many of them have K/V in the cache.
 
     Tokens ``[0, num_computed_tokens)`` have K/V in the cache; the rest are computed by
     the next steps (a prompt still prefilling, or the one sampled token of a decode).
+    The scheduler alone moves that progress. Which blocks hold the K/V is the KV cache's
+    own state (its managers' tables, by ``seq_id``; engine/core/kind_managers.py).
     """
 
     seq_id: int
@@ -39,10 +42,6 @@ class Sequence:
     num_computed_tokens: int = 0
     # Of the prefix hit at its last admission, the tokens loaded from disk.
     num_disk_tokens: int = 0
-    # One block table per KV group (engine/core/kv_coordinator.py), in that group's
-    # block ids. A sliding group's table keeps its length: entries that fell out of the
-    # window hold the group pool's null block (engine/core/block_pool.py).
-    block_tables: list[list[int]] = field(default_factory=lambda: [[]])
     # Chained hash of each full block, computed once and kept across preemption.
     block_hashes: list[bytes] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -52,21 +51,12 @@ class Sequence:
     # (the moment a request with n candidates forks).
     needs_fork: bool = False
     # The candidates it forks into (its request's n): a linear-attention state slot is
-    # taken for each at admission (engine/core/state_manager.py).
+    # taken for each at admission (engine/core/linear_state_manager.py).
     fork_width: int = 1
 
     @property
     def label(self) -> str:
         return f"{self.request_id}:{self.index}"
-
-    @property
-    def block_table(self) -> list[int]:
-        """The first KV group's table (full attention, when the model has any)."""
-        return self.block_tables[0]
-
-    @block_table.setter
-    def block_table(self, table: list[int]) -> None:
-        self.block_tables[0] = table
 
     @property
     def num_tokens(self) -> int:

@@ -28,7 +28,7 @@ Target = torch.Tensor | WeightSlot
 
 # One layer's KV cache and the metadata of its KV group: (k_cache, v_cache, meta). A
 # forward gets one per layer (the runner's pool tensors are one per KV group,
-# engine/core/kv_coordinator.py).
+# engine/core/kv_cache_manager.py).
 LayerKV = tuple[torch.Tensor, torch.Tensor, AttentionMetadata]
 
 

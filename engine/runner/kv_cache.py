@@ -21,7 +21,7 @@ less ``CUDA_RESERVE_BYTES`` for activations; when that cannot hold one full cont
 engine refuses to start (a `KVBudgetError` naming ``max_model_len``) instead of failing on
 the first long chat.
 
-With several KV groups (engine/core/kv_coordinator.py: Gemma's global and sliding layers) the
+With several KV groups (engine/core/kv_cache_manager.py: Gemma's global and sliding layers) the
 pool's bytes, ``num_blocks * bytes_per_block`` of the rule above, split between them
 (`group_blocks`): a sliding group (window W) gets what ``max_num_seqs`` sequences can hold
 at once, ``ceil((W + max_num_batched_tokens) / block_size) + 1`` blocks each (the window,

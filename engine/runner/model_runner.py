@@ -5,7 +5,7 @@ token ids, positions, a slot for each new token's K/V, block tables and context
 lengths (``kernels.AttentionMetadata``). Before the forward it applies the step's
 swap and copy-on-write lists to the cache.
 
-Each KV group (engine/core/kv_coordinator.py; a model of one attention kind has one)
+Each KV group (engine/core/kv_cache_manager.py; a model of one attention kind has one)
 has a pool tensor of its own layers, one block longer than its block pool: the last block
 is the pool's null block (engine/core/block_pool.py), the entry of an empty or padded
 table slot, never written. Each group has its own block tables and slot mapping;
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.core.kv_coordinator import KVGroupSpec
+from engine.core.kv_cache_manager import KVGroupSpec
 from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from engine.layers.gated_deltanet import StateMetadata
 from engine.runner.cuda_graphs import CudaGraphRunner, backend_is_capturable
@@ -258,7 +258,7 @@ class ModelRunner:
         slots, resumes, snapshots = [], [], []
         for item in scheduled:
             seq = item.seq
-            table = seq.block_tables[g]
+            table = item.block_tables[g]
             start = seq.num_computed_tokens
             end = start + item.num_new_tokens
             slots.append(table[0])
@@ -279,7 +279,7 @@ class ModelRunner:
         tables: list[list[int]] = []
         for item in scheduled:
             seq = item.seq
-            table = seq.block_tables[g]
+            table = item.block_tables[g]
             start = seq.num_computed_tokens
             end = start + item.num_new_tokens
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]

@@ -1,7 +1,7 @@
 """The linear-attention state pool: per slot a conv window and a recurrent state for each
 linear layer, beside the KV pool, and how many slots it has.
 
-Slots are the linear group's "blocks" (engine/core/state_manager.py): a sequence's
+Slots are the linear group's "blocks" (engine/core/linear_state_manager.py): a sequence's
 running state, or a snapshot of one at a block boundary. Slot ``num_slots`` (the last
 row) is the group's null block, never written. Recurrent states are float32 whatever
 the activations (they sum the whole context); conv windows are in the activation dtype.

@@ -74,7 +74,7 @@ def assert_all_free(engine: LLMEngine) -> None:
     """No block of any group and no state slot held; nothing swapped out."""
     for manager in engine.kv_cache.managers:
         assert all(b.ref_count == 0 for b in manager.pool.blocks), manager
-        assert not manager.pool.host_refs
+        assert not manager.pool.host_refs and not manager.tables
     state = engine.kv_cache.managers[-1]
     assert state.num_live == 0 and not state.reserved
 

@@ -14,7 +14,7 @@ import torch
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.cli import format_kv_stats
-from engine.core.kv_coordinator import KVCacheCoordinator
+from engine.core.kv_cache_manager import KVCacheManager
 from tests.engine.engine_runs import run_to_end
 from tests.engine.tiny_models import save_tiny_model, tiny_gemma_config
 
@@ -81,7 +81,7 @@ def assert_all_free(engine: LLMEngine) -> None:
 
 def test_a_long_chat_holds_only_the_window_in_the_sliding_group(gemma3_dir):
     engine = engine_for(gemma3_dir)
-    assert isinstance(engine.kv_cache, KVCacheCoordinator)
+    assert isinstance(engine.kv_cache, KVCacheManager)
     nulls = [p.null_id for p in engine.kv_cache.pools]
     assert [(g.name, g.layers) for g in engine.kv_groups] == [
         ("global", (3,)), ("sliding (window 64)", (0, 1, 2))]
@@ -91,13 +91,14 @@ def test_a_long_chat_holds_only_the_window_in_the_sliding_group(gemma3_dir):
         stats = engine.kv_stats(with_blocks=False)
         seqs = [s for r in engine.scheduler.running for s in r.seqs]
         for seq in seqs:
-            sliding = held(seq.block_tables[SLIDING], nulls[SLIDING])
-            assert sliding <= SLIDING_BOUND, (seq.num_computed_tokens, seq.block_tables)
-            assert held(seq.block_tables[GLOBAL], nulls[GLOBAL]) == len(seq.block_tables[GLOBAL])
+            tables = engine.kv_cache.block_tables(seq)
+            sliding = held(tables[SLIDING], nulls[SLIDING])
+            assert sliding <= SLIDING_BOUND, (seq.num_computed_tokens, tables)
+            assert held(tables[GLOBAL], nulls[GLOBAL]) == len(tables[GLOBAL])
             peak["sliding"] = max(peak["sliding"], sliding)
-            peak["global"] = max(peak["global"], len(seq.block_tables[GLOBAL]))
+            peak["global"] = max(peak["global"], len(tables[GLOBAL]))
         global_used, sliding_used = (g.num_used for g in stats.groups)
-        assert global_used == sum(len(s.block_tables[GLOBAL]) for s in seqs)
+        assert global_used == sum(len(engine.kv_cache.block_tables(s)[GLOBAL]) for s in seqs)
         assert sliding_used <= SLIDING_BOUND * len(seqs)
 
     hits: list[int] = []
@@ -129,7 +130,7 @@ def test_an_aborted_request_frees_every_group(gemma3_dir):
     seq = engine.scheduler.requests["long"].seqs[0]
     null = engine.kv_cache.pools[SLIDING].null_id
     assert seq.num_computed_tokens > 600
-    assert held(seq.block_tables[SLIDING], null) <= SLIDING_BOUND
+    assert held(engine.kv_cache.block_tables(seq)[SLIDING], null) <= SLIDING_BOUND
     text = format_kv_stats(engine.kv_stats())
     assert "\n  global: 1 layer," in text and "\n  sliding (window 64): 3 layers" in text
     engine.abort("long")

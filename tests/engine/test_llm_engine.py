@@ -96,7 +96,7 @@ def test_candidates_share_the_prompt_and_match_single_runs(tiny_dir):
     request = engine.scheduler.requests[request_id]
     assert len(request.seqs) == 4
     full_blocks = len(PROMPT) // 16
-    tables = [seq.block_table[:full_blocks] for seq in request.seqs]
+    tables = [engine.kv_cache.block_tables(seq)[0][:full_blocks] for seq in request.seqs]
     assert all(t == tables[0] for t in tables)
     pool = engine.kv_cache.pools[0]
     assert [pool.blocks[b].ref_count for b in tables[0]] == [4] * full_blocks

@@ -8,8 +8,9 @@ import pytest
 
 from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool, TierHit
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.sequence import Sequence
+from tests.engine.core.admission import allocate
 
 
 def queue_ids(pool: BlockPool) -> list[int]:
@@ -28,13 +29,13 @@ def test_the_null_block_is_never_handed_out():
 
 
 def test_a_full_pool_of_sequences_never_holds_the_null_block():
-    kv = KVCacheCoordinator.build([KVGroupSpec((0,)), KVGroupSpec((1,), 4)], [6, 6], 2,
-                                  lookahead=4)
+    kv = KVCacheManager.build([KVGroupSpec((0,)), KVGroupSpec((1,), 4)], [6, 6], 2,
+                              lookahead=4)
     seqs = [Sequence(i, f"r{i}", 0, list(range(i * 10, i * 10 + 5)), 5) for i in range(2)]
     for seq in seqs:
-        assert kv.allocate(seq) == 0
+        assert allocate(kv, seq) == 0
     for g, pool in enumerate(kv.pools):
-        held = [b for s in seqs for b in s.block_tables[g]]
+        held = [b for s in seqs for b in kv.block_tables(s)[g]]
         assert pool.null_id not in held and len(set(held)) == len(held)
 
 
@@ -111,7 +112,7 @@ def test_a_tier_hit_is_placed_in_a_free_block_and_cached_once_read():
     assert pool.unsaved_cached() == []
 
 
-def finish_reads(kv: KVCacheCoordinator, shelf: Shelf) -> list:
+def finish_reads(kv: KVCacheManager, shelf: Shelf) -> list:
     """Play the engine and its reader: each queued read checked by the shelf."""
     reads = kv.loads.take_new()
     for read in reads:
@@ -122,10 +123,10 @@ def finish_reads(kv: KVCacheCoordinator, shelf: Shelf) -> list:
 H1 = hash_block(None, (1, 2))
 
 
-def _held_pool() -> tuple[KVCacheCoordinator, BlockPool]:
+def _held_pool() -> tuple[KVCacheManager, BlockPool]:
     """Five blocks of two tokens: (1, 2) on the tier below; 0 caches (3, 4) after it and
     1 another prefix, both free (0 at the queue's head); 2, 3 and 4 held by someone else."""
-    kv = KVCacheCoordinator.build([KVGroupSpec((0,))], [5], 2)
+    kv = KVCacheManager.build([KVGroupSpec((0,))], [5], 2)
     pool = kv.pools[0]
     pool.tier = Shelf()
     pool.tier.kept = {H1: (1, 2)}
@@ -154,7 +155,7 @@ def test_preload_leaves_disk_hits_cached_and_held_by_nothing():
     # Freed newest first: the chain's first block is evicted last.
     assert queue_ids(pool) == [0, 1]
     assert pool.take_saves() == [(1, b"other", (9, 9))]
-    assert seq.block_tables == [[]] and seq.num_computed_tokens == 0
+    assert kv.block_tables(seq) == [[]] and seq.num_computed_tokens == 0
     assert (kv.prefix_hit_tokens, kv.prefix_query_tokens, kv.disk_hit_tokens) == (0, 0, 0)
 
 
@@ -163,7 +164,7 @@ def test_preload_without_room_changes_nothing():
     seq = Sequence(0, "preload", 0, [1, 2, 3, 4, 5], 5)
     assert kv.preload(seq, spare_blocks=1) == 0  # 2 free blocks, 2 needed, 1 to spare
     assert queue_ids(pool) == [0, 1] and pool.lookup(H1, (1, 2)) is None
-    assert pool.take_saves() == [] and seq.block_tables == [[]]
+    assert pool.take_saves() == [] and kv.block_tables(seq) == [[]]
     assert pool.preloaded == set() and kv.loads.take_new() == []
 
 
@@ -175,8 +176,8 @@ def test_a_preloaded_block_counts_as_from_disk_once():
     assert kv.preload(Sequence(1, "preload", 0, [1, 2, 3, 4, 5], 5)) == 2
     first = Sequence(2, "r", 0, [1, 2, 3, 4, 5], 5)
     pool.release([2])  # room for the request's own block
-    assert kv.allocate(first) == 4 and first.num_disk_tokens == 2
+    assert allocate(kv, first) == 4 and first.num_disk_tokens == 2
     assert pool.preloaded == set() and kv.disk_hit_tokens == 2
     kv.free(first)
     again = Sequence(3, "r", 0, [1, 2, 3, 4, 6], 5)
-    assert kv.allocate(again) == 4 and again.num_disk_tokens == 0
+    assert allocate(kv, again) == 4 and again.num_disk_tokens == 0

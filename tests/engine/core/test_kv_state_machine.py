@@ -1,4 +1,4 @@
-"""Random operation sequences on the KV cache coordinator, one machine parameterized by
+"""Random operation sequences on the KV cache manager, one machine parameterized by
 the tiers below the device (none, or the host pool and the disk) and by the KV kinds
 (global attention alone, or a global and a sliding-window group), checking its
 invariants after every step.
@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine.core.disk_loads import LoadState
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
-from engine.core.kv_manager import SlidingWindowManager
+from engine.core.kind_managers import SlidingWindowManager
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.sequence import Sequence
-from tests.engine.core.admission import admit
+from tests.engine.core.admission import admit, allocate, fork, restart
 
 BLOCK_SIZE, WINDOW, LOOKAHEAD = 2, 4, 3
 NUM_HOST_BLOCKS = 6
@@ -72,8 +72,8 @@ class KVMachine(RuleBasedStateMachine):
         super().__init__()
         specs, self.num_blocks = KINDS[self.KIND]
         self.num_host = NUM_HOST_BLOCKS if self.TIERS else 0
-        self.kv = KVCacheCoordinator.build(specs, self.num_blocks, BLOCK_SIZE,
-                                           num_host_blocks=self.num_host, lookahead=LOOKAHEAD)
+        self.kv = KVCacheManager.build(specs, self.num_blocks, BLOCK_SIZE,
+                                       num_host_blocks=self.num_host, lookahead=LOOKAHEAD)
         self.pools = self.kv.pools
         self.groups = range(len(self.pools))
         self.disks = [DictTier() if self.TIERS else None for _ in self.pools]
@@ -96,7 +96,7 @@ class KVMachine(RuleBasedStateMachine):
         return tuple(([b.block_id for b in p.free_queue], [b.ref_count for b in p.blocks],
                       dict(p.cached), set(p.preloaded)) for p in self.pools) + (
             kv.prefix_hit_tokens, kv.prefix_query_tokens,
-            [[list(t) for t in s.block_tables] for s in self.live])
+            [[list(t) for t in self.kv.block_tables(s)] for s in self.live])
 
     def _tier_moves(self) -> None:
         """What the runner does first in a step: save the blocks about to be reused."""
@@ -134,10 +134,10 @@ class KVMachine(RuleBasedStateMachine):
                 device[dst] = list(device[src])
         for g, m in enumerate(self.kv.managers):
             if m.lookahead is None:  # full attention: room for every token at once
-                assert len(seq.block_tables[g]) == m.blocks_needed(seq.num_tokens)
+                assert len(self.kv.block_tables(seq)[g]) == m.blocks_needed(seq.num_tokens)
         end = min(seq.num_tokens, seq.num_computed_tokens + LOOKAHEAD)
         for g, pool in enumerate(self.pools):
-            table = seq.block_tables[g]
+            table = self.kv.block_tables(seq)[g]
             for pos in range(seq.num_computed_tokens, end):
                 assert table[pos // BLOCK_SIZE] != pool.null_id, (g, seq.label, pos)
                 block = pool.blocks[table[pos // BLOCK_SIZE]]
@@ -158,12 +158,12 @@ class KVMachine(RuleBasedStateMachine):
         """One allocate, a cached partial block copied into the first new block, then
         its reads."""
         before = self._snapshot()
-        cached = self.kv.allocate(seq)
+        cached = allocate(self.kv, seq)
         self._tier_moves()
         copies = self.kv.take_cow_pairs()
         if cached is None:
             assert self._snapshot() == before, "a failed allocate changed a pool"
-            assert all(t == [] for t in seq.block_tables)
+            assert all(t == [] for t in self.kv.block_tables(seq))
             assert seq.num_computed_tokens == 0
             assert copies == [[] for _ in self.pools]
             return False
@@ -171,7 +171,7 @@ class KVMachine(RuleBasedStateMachine):
             # At most one copy per group: the partial block, into the first new block.
             assert len(pairs) <= 1 and bool(pairs) == (cached % BLOCK_SIZE != 0)
             for src, dst in pairs:
-                assert seq.block_tables[g][cached // BLOCK_SIZE] == dst
+                assert self.kv.block_tables(seq)[g][cached // BLOCK_SIZE] == dst
                 assert self.pools[g].blocks[src].ref_count == 0, "a copy source still held"
                 self.device[g][dst] = list(self.device[g][src])
         assert cached == seq.num_computed_tokens
@@ -182,7 +182,7 @@ class KVMachine(RuleBasedStateMachine):
             assert block.ref_count == 1 and block.block_hash is None, block
         if reads and abort_loading:
             self.kv.free(seq)
-            assert seq.block_tables == self._no_tables()
+            assert self.kv.block_tables(seq) == self._no_tables()
             self._finish_reads(reads)  # every one cancelled: dropped
             assert self.kv.load_state(seq) is LoadState.NONE
             return False
@@ -206,7 +206,7 @@ class KVMachine(RuleBasedStateMachine):
         self._tier_moves()
         self._finish_reads(self.kv.loads.take_new())
         assert self.kv.load_state(seq) is LoadState.NONE
-        assert seq.block_tables == self._no_tables() and seq.num_computed_tokens == 0
+        assert self.kv.block_tables(seq) == self._no_tables() and seq.num_computed_tokens == 0
         assert [[b.ref_count for b in p.blocks] for p in self.pools] == held
 
     @precondition(lambda self: self.live)
@@ -224,8 +224,8 @@ class KVMachine(RuleBasedStateMachine):
         child = Sequence(next(self.ids), parent.request_id, 1, list(parent.token_ids),
                          parent.num_prompt_tokens)
         free_before = [p.num_free_blocks for p in self.pools]
-        self.kv.fork(parent, child)
-        assert child.block_tables == parent.block_tables
+        fork(self.kv, parent, child)
+        assert self.kv.block_tables(child) == self.kv.block_tables(parent)
         assert child.num_computed_tokens == parent.num_computed_tokens
         assert [p.num_free_blocks for p in self.pools] == free_before
         self.live.append(child)
@@ -238,8 +238,11 @@ class KVMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 100))
     def free(self, pick: int) -> None:
         seq = self.live.pop(pick % len(self.live))
+        computed = seq.num_computed_tokens
         self.kv.free(seq)
-        assert seq.block_tables == self._no_tables() and seq.num_computed_tokens == 0
+        # The blocks go; the sequence's progress is the scheduler's to reset.
+        assert self.kv.block_tables(seq) == self._no_tables()
+        assert seq.num_computed_tokens == computed
 
     @precondition(lambda self: self.live)
     @rule(pick=st.integers(0, 100), more=st.lists(st.integers(0, 3), min_size=1, max_size=4))
@@ -255,7 +258,7 @@ class KVMachine(RuleBasedStateMachine):
     def recompute(self, pick: int, prefill: bool) -> None:
         """Preemption by recompute: free, then allocate the same tokens again."""
         seq = self.live.pop(pick % len(self.live))
-        self.kv.free(seq)
+        restart(self.kv, seq)
         self._allocate(seq, prefill)
 
     @precondition(lambda self: self.live)
@@ -265,7 +268,7 @@ class KVMachine(RuleBasedStateMachine):
         if not self.kv.can_swap_out(seqs):
             return
         computed = [s.num_computed_tokens for s in seqs]
-        held = [{b for s in seqs for b in s.block_tables[g]} - {p.null_id}
+        held = [{b for s in seqs for b in self.kv.block_tables(s)[g]} - {p.null_id}
                 for g, p in enumerate(self.pools)]
         for g, pairs in enumerate(self.kv.swap_out(seqs)):
             assert {d for d, _ in pairs} == held[g] and len(pairs) == len(held[g])
@@ -274,7 +277,7 @@ class KVMachine(RuleBasedStateMachine):
                 self.host[g][host] = list(self.device[g][dev])
         assert [s.num_computed_tokens for s in seqs] == computed
         for seq in seqs:
-            assert seq.block_tables == self._no_tables()
+            assert self.kv.block_tables(seq) == self._no_tables()
             self.live.remove(seq)
             self.swapped.append(seq)
 
@@ -336,10 +339,16 @@ class KVMachine(RuleBasedStateMachine):
                 assert (block.ref_count == 0) == (block.block_id in queued), block
             holders = [0] * pool.num_blocks
             for seq in self.live:
-                for block_id in seq.block_tables[g]:
+                for block_id in self.kv.block_tables(seq)[g]:
                     if block_id != pool.null_id:
                         holders[block_id] += 1
             assert [b.ref_count for b in pool.blocks] == holders, g
+
+    @invariant()
+    def tables_only_for_the_live(self) -> None:
+        """A sequence freed, swapped out, or not admitted leaves no table behind."""
+        live = {s.seq_id for s in self.live}
+        assert all(set(m.tables) == live for m in self.kv.managers)
 
     @invariant()
     def cache_maps_to_matching_blocks(self) -> None:
@@ -363,7 +372,7 @@ class KVMachine(RuleBasedStateMachine):
     def held_positions_hold_their_tokens(self) -> None:
         for seq in self.live:
             for g, m in enumerate(self.kv.managers):
-                table, null = seq.block_tables[g], m.pool.null_id
+                table, null = self.kv.block_tables(seq)[g], m.pool.null_id
                 first_kept = m.first_kept(seq.num_computed_tokens)
                 assert len(table) >= m.blocks_needed(seq.num_computed_tokens)
                 assert all(b == null for b in table[:first_kept]), (g, seq.label, table)

@@ -6,29 +6,30 @@ from __future__ import annotations
 
 from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
-from engine.core.kv_manager import FullAttentionManager, SlidingWindowManager
+from engine.core.kind_managers import FullAttentionManager, SlidingWindowManager
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
+from engine.core.linear_state_manager import LinearStateManager
 from engine.core.partial_blocks import candidates, partial_hash
 from engine.core.sequence import Sequence
-from engine.core.state_manager import LinearStateManager
+from tests.engine.core.admission import allocate, fork
 
 
 def make_seq(seq_id: int, tokens: list[int], index: int = 0) -> Sequence:
     return Sequence(seq_id, "r", index, list(tokens), len(tokens))
 
 
-def one_kind(num_blocks: int = 8, block_size: int = 4, **kw) -> KVCacheCoordinator:
-    return KVCacheCoordinator.build([KVGroupSpec((0,))], [num_blocks], block_size, **kw)
+def one_kind(num_blocks: int = 8, block_size: int = 4, **kw) -> KVCacheManager:
+    return KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], block_size, **kw)
 
 
-def finish(kv: KVCacheCoordinator, seq: Sequence, computed: int) -> None:
+def finish(kv: KVCacheManager, seq: Sequence, computed: int) -> None:
     """A reply that ends: ``computed`` tokens have K/V (the last sampled one never)."""
     seq.num_computed_tokens = computed
     kv.commit_computed(seq)
     kv.free(seq)
 
 
-def queue(kv: KVCacheCoordinator, g: int = 0) -> list[int]:
+def queue(kv: KVCacheManager, g: int = 0) -> list[int]:
     return [b.block_id for b in kv.pools[g].free_queue]
 
 
@@ -48,8 +49,8 @@ def test_a_next_turn_gets_the_partial_block_copied_and_skips_its_tokens() -> Non
     kv = one_kind()
     pool = kv.pools[0]
     turn1 = make_seq(0, [1, 2, 3, 4, 5, 6, 7])
-    assert kv.allocate(turn1) == 0
-    assert turn1.block_table == [0, 1]
+    assert allocate(kv, turn1) == 0
+    assert kv.block_tables(turn1)[0] == [0, 1]
     turn1.append_token(8)  # the reply's last token: sampled, never computed
     finish(kv, turn1, 7)
     # Block 1 holds 5, 6, 7 and stays cached at the queue's tail, released before the
@@ -59,11 +60,11 @@ def test_a_next_turn_gets_the_partial_block_copied_and_skips_its_tokens() -> Non
     assert queue(kv) == [2, 3, 4, 5, 6, 7, 1, 0]
 
     turn2 = make_seq(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
-    assert kv.allocate(turn2) == 7
+    assert allocate(kv, turn2) == 7
     assert turn2.num_computed_tokens == 7
     # Block 0 is shared again, block 2 is new and gets block 1's K/V; block 1 is held
     # until the copy is drained, then goes back, still cached, to the tail.
-    assert turn2.block_table == [0, 2, 3]
+    assert kv.block_tables(turn2)[0] == [0, 2, 3]
     assert [b.ref_count for b in pool.blocks[:4]] == [1, 1, 1, 1]
     assert queue(kv) == [4, 5, 6, 7]
     assert kv.take_cow_pairs() == [[(1, 2)]]
@@ -77,26 +78,26 @@ def test_a_next_turn_gets_the_partial_block_copied_and_skips_its_tokens() -> Non
 def test_a_prompt_that_leaves_the_partial_tokens_gets_no_copy() -> None:
     kv = one_kind()
     seq = make_seq(0, [1, 2, 3, 4, 5, 6, 7])
-    kv.allocate(seq)
+    allocate(kv, seq)
     finish(kv, seq, 7)
     other = make_seq(1, [1, 2, 3, 4, 5, 9, 9])  # 5 matches, then it differs
-    assert kv.allocate(other) == 4
+    assert allocate(kv, other) == 4
     assert kv.take_cow_pairs() == [[]]
     # Exactly the cached tokens and nothing after: the last one is recomputed instead.
     same = make_seq(2, [1, 2, 3, 4, 5, 6, 7])
-    assert kv.allocate(same) == 4
+    assert allocate(kv, same) == 4
 
 
 def test_a_partial_block_another_candidate_still_holds_is_not_kept() -> None:
     kv = one_kind(num_blocks=10)
     pool = kv.pools[0]
     parent = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(parent)
+    allocate(kv, parent)
     parent.num_computed_tokens = 6
     kv.commit_computed(parent)
     children = [make_seq(1 + i, parent.token_ids, index=1 + i) for i in range(3)]
     for child in children:
-        kv.fork(parent, child)
+        fork(kv, parent, child)
     assert pool.blocks[1].ref_count == 4
     kv.free(children[0])  # three holders left: block 1 may still be written
     assert pool.blocks[1].block_hash is None and pool.blocks[1].ref_count == 3
@@ -105,7 +106,7 @@ def test_a_partial_block_another_candidate_still_holds_is_not_kept() -> None:
         seq.append_token(token)
         assert kv.append_slots(seq)
         seq.num_computed_tokens = 7
-    assert [c.block_table for c in children[1:]] == [[0, 2], [0, 3]]
+    assert [kv.block_tables(c)[0] for c in children[1:]] == [[0, 2], [0, 3]]
     assert kv.take_cow_pairs() == [[(1, 2), (1, 3)]]
     for seq in children[1:]:
         seq.append_token(99)
@@ -115,21 +116,21 @@ def test_a_partial_block_another_candidate_still_holds_is_not_kept() -> None:
     assert {pool.blocks[b].token_ids for b in (1, 2, 3)} == {(5, 6), (5, 6, 70), (5, 6, 71)}
     assert all(b.ref_count == 0 for b in pool.blocks)
     again = make_seq(9, [1, 2, 3, 4, 5, 6, 71, 5])
-    assert kv.allocate(again) == 7
-    assert kv.take_cow_pairs() == [[(3, again.block_table[1])]]
+    assert allocate(kv, again) == 7
+    assert kv.take_cow_pairs() == [[(3, kv.block_tables(again)[0][1])]]
 
 
 def test_holding_the_source_needs_room_or_the_hit_goes_without_it() -> None:
     kv = one_kind(num_blocks=3)
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(seq)
+    allocate(kv, seq)
     finish(kv, seq, 6)  # block 0 full, block 1 partial (5, 6): both cached
     filler = make_seq(1, [50])
-    kv.allocate(filler)  # takes block 2
+    allocate(kv, filler)  # takes block 2
     # Reviving block 0 and holding block 1 would leave no block for the new one.
     turn2 = make_seq(2, [1, 2, 3, 4, 5, 6, 7])
-    assert kv.allocate(turn2) == 4
-    assert turn2.block_table == [0, 1]  # block 1 evicted: it is the new block now
+    assert allocate(kv, turn2) == 4
+    assert kv.block_tables(turn2)[0] == [0, 1]  # block 1 evicted: it is the new block now
     assert kv.take_cow_pairs() == [[]] and kv.pools[0].cached.keys() == {
         kv.pools[0].blocks[0].block_hash}
 
@@ -137,7 +138,7 @@ def test_holding_the_source_needs_room_or_the_hit_goes_without_it() -> None:
 def test_a_swap_keeps_no_partial_block() -> None:
     kv = one_kind(num_host_blocks=4)
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(seq)
+    allocate(kv, seq)
     seq.num_computed_tokens = 6
     kv.commit_computed(seq)
     assert kv.swap_out([seq]) == [[(0, 0), (1, 1)]]
@@ -147,10 +148,10 @@ def test_a_swap_keeps_no_partial_block() -> None:
 def test_prefix_caching_off_keeps_nothing() -> None:
     kv = one_kind(enable_prefix_caching=False)
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(seq)
+    allocate(kv, seq)
     finish(kv, seq, 6)
     assert kv.pools[0].cached == {}
-    assert kv.allocate(make_seq(1, [1, 2, 3, 4, 5, 6, 7])) == 0
+    assert allocate(kv, make_seq(1, [1, 2, 3, 4, 5, 6, 7])) == 0
 
 
 class DictTier:
@@ -169,35 +170,35 @@ def test_the_tier_below_never_gets_a_partial_block() -> None:
     pool = kv.pools[0]
     pool.tier = DictTier()
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(seq)
+    allocate(kv, seq)
     finish(kv, seq, 6)
     assert [s[0] for s in pool.unsaved_cached()] == [0]  # the full block only
-    kv.allocate(make_seq(1, [9] * 12))  # evicts both cached blocks
+    allocate(kv, make_seq(1, [9] * 12))  # evicts both cached blocks
     saves = kv.take_saves()
     assert [s[0] for s in saves[0]] == [0]
     assert pool.cached == {}
 
 
-def two_groups() -> KVCacheCoordinator:
+def two_groups() -> KVCacheManager:
     full = FullAttentionManager(BlockPool(8, 4), 0)
     sliding = SlidingWindowManager(BlockPool(8, 4), window=4, lookahead=8, group=1)
-    return KVCacheCoordinator([full, sliding], [KVGroupSpec((1,)), KVGroupSpec((0,), 4)])
+    return KVCacheManager([full, sliding], [KVGroupSpec((1,)), KVGroupSpec((0,), 4)])
 
 
 def test_both_groups_copy_their_partial_block_or_neither_does() -> None:
     kv = two_groups()
     tokens = list(range(10))
     seq = make_seq(0, tokens)
-    kv.allocate(seq)
+    allocate(kv, seq)
     seq.num_computed_tokens = 8  # one step's 8 tokens, then room for the next chunk
     kv.commit_computed(seq)
     assert kv.append_slots(seq)
     finish(kv, seq, 10)  # blocks 0, 1 full; block 2 holds 8, 9 in both groups
     null = kv.pools[1].null_id
     turn2 = make_seq(1, tokens + [10, 11, 12])
-    assert kv.allocate(turn2) == 10
+    assert allocate(kv, turn2) == 10
     # 10 computed, window 4: the sliding group reads from token 7 on, block 1.
-    assert turn2.block_tables == [[0, 1, 3, 4], [null, 1, 3, 4]]
+    assert kv.block_tables(turn2) == [[0, 1, 3, 4], [null, 1, 3, 4]]
     assert kv.take_cow_pairs() == [[(2, 3)], [(2, 3)]]
     kv.free(turn2)  # nothing computed past the hit: nothing new kept
 
@@ -206,19 +207,19 @@ def test_both_groups_copy_their_partial_block_or_neither_does() -> None:
     del sliding.cached[sliding.blocks[2].block_hash]
     sliding.blocks[2].block_hash = sliding.blocks[2].token_ids = None
     turn3 = make_seq(2, tokens + [10, 11, 12])
-    assert kv.allocate(turn3) == 8
+    assert allocate(kv, turn3) == 8
     assert kv.take_cow_pairs() == [[], []]
 
 
 def test_a_model_with_linear_state_never_keeps_a_partial_block() -> None:
     specs = [KVGroupSpec((1,)), KVGroupSpec((0,), linear=True)]
-    kv = KVCacheCoordinator.build(specs, [8, 6], 4, live_state_slots=2)
+    kv = KVCacheManager.build(specs, [8, 6], 4, live_state_slots=2)
     assert isinstance(kv.managers[1], LinearStateManager) and not kv.reuse_partial
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
-    kv.allocate(seq)
+    allocate(kv, seq)
     kv.take_cow_pairs()
     finish(kv, seq, 6)
     pool = kv.pools[0]
     assert all(not pool.is_partial(b) for b in pool.cached.values())
     # The snapshot after block 0 serves 4 tokens; the 5, 6 after it are computed again.
-    assert kv.allocate(make_seq(1, [1, 2, 3, 4, 5, 6, 7])) == 4
+    assert allocate(kv, make_seq(1, [1, 2, 3, 4, 5, 6, 7])) == 4

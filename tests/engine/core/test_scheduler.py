@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from engine.core.block_pool import BlockPool
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
 from engine.core.sequence import Request, Sequence, SequenceStatus
 from engine.sampling_params import SamplingParams
+from tests.engine.core.admission import allocate
 
 REPO = Path(__file__).resolve().parents[3]
 VOCAB = 1000
@@ -44,7 +45,7 @@ def fake_token(seq: Sequence) -> int:
 
 
 class FakeRunner:
-    def __init__(self, kv: KVCacheCoordinator) -> None:
+    def __init__(self, kv: KVCacheManager) -> None:
         self.kv = kv
         bs = kv.block_size
         self.device: list[list[int | None]] = [[None] * bs for _ in range(kv.num_blocks)]
@@ -63,10 +64,12 @@ class FakeRunner:
         for item in out.scheduled:
             seq = item.seq
             assert seq.status is SequenceStatus.RUNNING
-            assert len(seq.block_table) == kv.blocks_needed(seq.num_tokens)
+            table = item.block_tables[0]  # the KV cache's own list, read as the runner does
+            assert table is kv.block_tables(seq)[0]
+            assert len(table) == kv.blocks_needed(seq.num_tokens)
             start = seq.num_computed_tokens
             for pos in range(start, start + item.num_new_tokens):
-                block = pool.blocks[seq.block_table[pos // bs]]
+                block = pool.blocks[table[pos // bs]]
                 assert block.ref_count == 1, f"{seq.label} writes shared block {block.block_id}"
                 assert block.block_hash is None, f"{seq.label} writes cached {block.block_id}"
                 self.device[block.block_id][pos % bs] = seq.token_ids[pos]
@@ -76,7 +79,7 @@ class FakeRunner:
         for item in out.scheduled:  # attention reads the whole context through the table
             seq = item.seq
             for pos in range(seq.num_computed_tokens + item.num_new_tokens):
-                slot = self.device[seq.block_table[pos // bs]][pos % bs]
+                slot = self.device[item.block_tables[0][pos // bs]][pos % bs]
                 assert slot == seq.token_ids[pos], f"{seq.label} reads a wrong token at {pos}"
 
 
@@ -147,8 +150,8 @@ def workload(count: int = 16, seed: int = 3) -> list[tuple[str, list[int], int]]
 
 def make_scheduler(num_blocks: int, block_size: int = 4, num_host_blocks: int = 0,
                    **kwargs) -> Scheduler:
-    kv = KVCacheCoordinator.build([KVGroupSpec((0,))], [num_blocks], block_size,
-                                  num_host_blocks=num_host_blocks)
+    kv = KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], block_size,
+                              num_host_blocks=num_host_blocks)
     return Scheduler(kv, **kwargs)
 
 
@@ -162,6 +165,7 @@ def assert_pool_all_free(sched: Scheduler) -> None:
     assert pool.num_free_blocks == pool.num_blocks
     assert all(b.ref_count == 0 for b in pool.blocks)
     assert pool.host_refs == {} and sched.kv.managers[0].host_tables == {}
+    assert sched.kv.managers[0].tables == {}  # every table dropped with its blocks
     assert sorted(pool.host_free) == list(range(pool.num_host_blocks))
     assert sched.requests == {} and not sched.has_work
 
@@ -247,14 +251,14 @@ def test_n4_prefills_once_then_candidates_share_the_prompt_blocks() -> None:
         if len(seen) == 1:
             assert [s.num_new_tokens for s in out.scheduled] == [10]
             assert [s.num_computed_tokens for s in group.seqs] == [10, 10, 10, 10]
-            assert [s.block_table for s in group.seqs] == [[0, 1, 2]] * 4
+            assert [sched.kv.block_tables(s)[0] for s in group.seqs] == [[0, 1, 2]] * 4
             assert [pool_of(sched).blocks[b].ref_count for b in (0, 1, 2)] == [4, 4, 4]
         elif len(seen) == 2:
             # Each candidate's first token lands in the shared partial block: three
             # copies, and the last candidate keeps the original.
             assert out.cow_pairs == [[(2, 3), (2, 4), (2, 5)]]
-            assert [s.block_table for s in group.seqs] == [[0, 1, 3], [0, 1, 4], [0, 1, 5],
-                                                           [0, 1, 2]]
+            assert [sched.kv.block_tables(s)[0] for s in group.seqs] == [
+                [0, 1, 3], [0, 1, 4], [0, 1, 5], [0, 1, 2]]
             assert [pool_of(sched).blocks[b].ref_count for b in range(6)] == [4, 4, 1, 1, 1, 1]
             assert [s.num_new_tokens for s in out.scheduled] == [1, 1, 1, 1]
 
@@ -289,7 +293,7 @@ def hog(sched: Scheduler, num_blocks: int, seq_id: int) -> Sequence:
     """A sequence the test places straight in the pool: pressure from outside."""
     tokens = list(range(5000 + 100 * seq_id, 5000 + 100 * seq_id + 4 * num_blocks))
     seq = Sequence(seq_id, f"hog{seq_id}", 0, tokens, len(tokens))
-    assert sched.kv.allocate(seq) == 0
+    assert allocate(sched.kv, seq) == 0
     return seq
 
 
@@ -327,8 +331,8 @@ def test_recomputed_candidates_come_back_leader_first() -> None:
     # The others find the prompt's full blocks and recompute only their own tokens.
     assert [(s.seq.label, s.num_new_tokens) for s in out.scheduled] == [
         ("a:0", 1), ("n3:0", 1), ("n3:1", 3), ("n3:2", 3), ("late:0", 3)]
-    leader_blocks = n3.seqs[0].block_table[:2]
-    assert [s.block_table[:2] for s in n3.seqs] == [leader_blocks] * 3
+    leader_blocks = sched.kv.block_tables(n3.seqs[0])[0][:2]
+    assert [sched.kv.block_tables(s)[0][:2] for s in n3.seqs] == [leader_blocks] * 3
     assert [pool_of(sched).blocks[b].ref_count for b in leader_blocks] == [3, 3]
 
     outputs = drive(sched, runner=runner).outputs
@@ -417,7 +421,7 @@ def test_abort_frees_at_once() -> None:
     sched.add_request("gone", list(range(40, 58)), SamplingParams(n=2, max_tokens=30))
     drive_steps(sched, 2)  # gone: prefilled, forked, one token each (a copy-on-write)
     group = sched.requests["gone"]
-    assert [len(s.block_table) for s in group.seqs] == [5, 5]
+    assert [len(sched.kv.block_tables(s)[0]) for s in group.seqs] == [5, 5]
     assert pool_of(sched).num_free_blocks == free_before - 6
     assert sched.abort("gone") is group
     assert group.aborted and group.is_finished
@@ -486,7 +490,7 @@ def test_empty_prompt_and_duplicate_id_are_refused() -> None:
 
 
 def test_bookkeeping_imports_neither_torch_nor_qt() -> None:
-    code = ("import engine.core.kv_coordinator, engine.core.scheduler, sys; "
+    code = ("import engine.core.kv_cache_manager, engine.core.scheduler, sys; "
             "assert 'torch' not in sys.modules and 'PySide6' not in sys.modules")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=60)

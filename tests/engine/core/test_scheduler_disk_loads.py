@@ -9,7 +9,7 @@ from __future__ import annotations
 from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool
 from engine.core.disk_loads import LoadState
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, SequenceStatus
 from engine.sampling_params import SamplingParams
@@ -41,7 +41,7 @@ def history_on_disk() -> tuple[dict[bytes, tuple[int, ...]], list[bytes]]:
 
 
 def setup(num_blocks: int = 10) -> tuple[Scheduler, BlockPool, Shelf, list[bytes]]:
-    kv = KVCacheCoordinator.build([KVGroupSpec((0,))], [num_blocks], BS)
+    kv = KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], BS)
     kept, hashes = history_on_disk()
     shelf = Shelf(kept)
     kv.pools[0].tier = shelf
@@ -83,7 +83,7 @@ def test_a_request_waits_for_its_disk_blocks_while_another_decodes():
     seq = b.seqs[0]
     assert sched.loading == [b] and seq.status is SequenceStatus.LOADING
     # Three blocks taken for the disk hits, one for the last token; held, not cached.
-    assert seq.block_table == [2, 3, 4, 5] and seq.num_computed_tokens == 6
+    assert sched.kv.block_tables(seq)[0] == [2, 3, 4, 5] and seq.num_computed_tokens == 6
     assert [pool.blocks[i].ref_count for i in range(6)] == [1, 1, 1, 1, 1, 1]
     assert all(pool.blocks[i].block_hash is None for i in (2, 3, 4))
     assert pool.lookup(hashes[0], (5, 6)) is None
@@ -133,7 +133,7 @@ def test_a_read_that_fails_its_checks_is_recomputed():
     # The block read before the failure still counts as from disk.
     assert sched.loading == [] and b.num_cached_tokens == b.num_disk_tokens == 2
     assert seq.num_computed_tokens == 7
-    assert pool.lookup(hashes[0], (5, 6)).block_id == seq.block_table[0]
+    assert pool.lookup(hashes[0], (5, 6)).block_id == sched.kv.block_tables(seq)[0][0]
 
 
 def test_preemption_frees_a_loading_request_first():
@@ -143,7 +143,7 @@ def test_preemption_frees_a_loading_request_first():
     step(sched)  # b holds 2..5: the pool is full
     reads = sched.kv.loads.take_new()
     # a's next block: b gives its blocks back (its reads cancelled), a keeps running.
-    while len(a.seqs[0].block_table) == 2:
+    while len(sched.kv.block_tables(a.seqs[0])[0]) == 2:
         assert step(sched)[0] == "a"
     assert "b" in [r.request_id for r in sched.waiting] and sched.loading == []
     assert all(sched.kv.loads.get(r.ticket) is None for r in reads)

@@ -1,5 +1,5 @@
 """Random operation sequences on a full-attention group and a linear-state group behind
-the coordinator: allocation with prefix hits at snapshots, steps crossing block
+the KV cache manager: allocation with prefix hits at snapshots, steps crossing block
 boundaries, forks, frees, recompute and swaps.
 
 The machine plays the runner: each state slot holds the token prefix its state has
@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.sequence import Sequence
-from tests.engine.core.admission import admit
+from tests.engine.core.admission import admit, allocate, fork, restart
 
 BS, LOOKAHEAD = 2, 3
 NUM_BLOCKS, NUM_SLOTS, LIVE_SLOTS, HOST = 14, 9, 4, 6
@@ -58,7 +58,7 @@ class HybridMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVCacheCoordinator.build(
+        self.kv = KVCacheManager.build(
             [KVGroupSpec((1,)), KVGroupSpec((0,), linear=True)], [NUM_BLOCKS, NUM_SLOTS], BS,
             num_host_blocks=HOST, live_state_slots=LIVE_SLOTS)
         self.state = self.kv.managers[LINEAR]
@@ -112,10 +112,10 @@ class HybridMachine(RuleBasedStateMachine):
         self._apply_copies()
         start = seq.num_computed_tokens
         end = min(seq.num_tokens, start + LOOKAHEAD)
-        table = seq.block_tables[FULL]
+        table = self.kv.block_tables(seq)[FULL]
         for pos in range(start, end):
             self.blocks[table[pos // BS]][pos % BS] = seq.token_ids[pos]
-        states = seq.block_tables[LINEAR]
+        states = self.kv.block_tables(seq)[LINEAR]
         null = self.state.pool.null_id
         if start:
             assert self.slots[states[0]] == tuple(seq.token_ids[:start]), seq.label
@@ -134,9 +134,9 @@ class HybridMachine(RuleBasedStateMachine):
         return admit(self.kv, seq, lambda: self._attempt(seq), self._step, self.live, prefill)
 
     def _attempt(self, seq: Sequence) -> bool:
-        hit = self.kv.allocate(seq)
+        hit = allocate(self.kv, seq)
         if hit is None:
-            assert all(t == [] for t in seq.block_tables)
+            assert all(t == [] for t in self.kv.block_tables(seq))
             return False
         assert hit % BS == 0 and hit < seq.num_tokens
         # The engine applies a step's copies before anything else writes a slot.
@@ -170,7 +170,7 @@ class HybridMachine(RuleBasedStateMachine):
             return
         child = Sequence(next(self.ids), "r", 1, list(parent.token_ids),
                          parent.num_prompt_tokens)
-        self.kv.fork(parent, child)
+        fork(self.kv, parent, child)
         self._apply_copies()
         parent.needs_fork = False
         self.live.append(child)
@@ -179,8 +179,8 @@ class HybridMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 100), recompute=st.booleans())
     def free(self, pick, recompute) -> None:
         seq = self.live.pop(pick % len(self.live))
-        self.kv.free(seq)
-        assert seq.block_tables == [[], []]
+        restart(self.kv, seq)  # dropped, or recomputed
+        assert self.kv.block_tables(seq) == [[], []]
         if recompute:
             self._allocate(seq, prefill=True)
 
@@ -239,7 +239,7 @@ class HybridMachine(RuleBasedStateMachine):
         pool = self.state.pool
         holders = [0] * pool.num_blocks
         for seq in self.live:
-            for slot in seq.block_tables[LINEAR]:
+            for slot in self.kv.block_tables(seq)[LINEAR]:
                 if slot != pool.null_id:
                     holders[slot] += 1
         for spare in self.state.reserved.values():
@@ -248,8 +248,14 @@ class HybridMachine(RuleBasedStateMachine):
         assert [b.ref_count for b in pool.blocks] == holders
         assert {b.block_id for b in pool.free_queue} == {
             b.block_id for b in pool.blocks if b.ref_count == 0}
-        running = sum(1 for s in self.live if s.block_tables[LINEAR])
+        running = sum(1 for s in self.live if self.kv.block_tables(s)[LINEAR])
         assert self.state.num_live == running + sum(map(len, self.state.reserved.values()))
+
+    @invariant()
+    def tables_only_for_the_live(self) -> None:
+        """A sequence freed, swapped out, or not admitted leaves no table behind."""
+        live = {s.seq_id for s in self.live}
+        assert all(set(m.tables) == live for m in self.kv.managers)
 
     @invariant()
     def snapshots_hold_their_prefix(self) -> None:

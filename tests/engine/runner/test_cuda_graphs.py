@@ -93,7 +93,7 @@ def step_of(*items: tuple[int, int, int]) -> SchedulerOutput:
     scheduled = []
     for i, (tokens, computed, new) in enumerate(items):
         seq = Sequence(i, f"r{i}", 0, list(range(tokens)), min(tokens, 4), computed)
-        scheduled.append(ScheduledSeq(seq, new))
+        scheduled.append(ScheduledSeq(seq, new, [[]]))
     return SchedulerOutput(scheduled=scheduled)
 
 

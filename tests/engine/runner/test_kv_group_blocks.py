@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig
-from engine.core.kv_coordinator import KVGroupSpec
+from engine.core.kv_cache_manager import KVGroupSpec
 from engine.runner.kv_cache import KVShape, group_blocks
 
 # Gemma 3-like: 6 layers, one global per five sliding ones; a block of one layer = 1 KiB.

@@ -13,7 +13,7 @@ slot (engine/runner/state_pool.py). A sequence's table in this group is::
 A snapshot is registered under the hash of block i, the chain hash of every token up to
 that boundary, and released at once: it waits in the pool's LRU like a freed full block,
 evicted when a slot is needed. A prefix hit is a boundary whose snapshot and whose
-full-attention blocks are all cached (the coordinator agrees the groups' hits): the
+full-attention blocks are all cached (the KV cache manager agrees the groups' hits): the
 running slot starts as a copy of the snapshot (a copy pair, applied before the forward)
 and only the tokens after it are computed.
 
@@ -29,11 +29,11 @@ from collections.abc import Sequence as Seq
 
 from engine.core.block_hashes import extend_hashes
 from engine.core.block_pool import BlockPool, TierHit
-from engine.core.kv_manager import Found, KVCacheManager, Plan
+from engine.core.kind_managers import Found, Plan, SingleKindManager
 from engine.core.sequence import Sequence
 
 
-class LinearStateManager(KVCacheManager):
+class LinearStateManager(SingleKindManager):
     def __init__(self, pool: BlockPool, group: int, live_slots: int,
                  snapshot_every: int = 1) -> None:
         """``live_slots``: slots kept for running states (the rest may hold snapshots);
@@ -96,7 +96,7 @@ class LinearStateManager(KVCacheManager):
         if isinstance(snapshot, TierHit):
             # On disk: read into a slot of its own, in the table at its boundary (after
             # block len(hits) - 1); copied into the running state once read (`load_done`).
-            table = self.table(seq)
+            table = self.tables[seq.seq_id]
             table += [pool.null_id] * (len(hits) - 1) + [pool.place(snapshot).block_id]
             self.from_disk[seq.seq_id] = table[-1]
         elif snapshot is not None:
@@ -115,7 +115,7 @@ class LinearStateManager(KVCacheManager):
         slot = self.from_disk.pop(seq.seq_id, None)
         if slot is None:
             return
-        table = self.table(seq)
+        table = self.tables[seq.seq_id]
         self.cow_pairs.append((slot, table[0]))
         table[table.index(slot)] = self.pool.null_id
         self.pool.release([slot])
@@ -134,7 +134,7 @@ class LinearStateManager(KVCacheManager):
         if not pool.enable_prefix_caching:
             return
         bs, k = self.block_size, self.snapshot_every
-        table = self.table(seq)
+        table = self.tables[seq.seq_id]
         first = computed // bs  # the boundary after block `first` is the next one
         num_full = seq.num_tokens // bs
         extend_hashes(seq, num_full, bs)
@@ -182,13 +182,11 @@ class LinearStateManager(KVCacheManager):
 
     def free(self, seq: Sequence) -> None:
         self.from_disk.pop(seq.seq_id, None)  # released with the table
-        table = self.table(seq)
+        table = self.tables.pop(seq.seq_id, [])
         self.num_live -= 1 if table else 0
         spare = self.reserved.pop(seq.seq_id, [])
         self.num_live -= len(spare)
         self.pool.release([*table[1:], *table[:1], *spare])
-        self._set_table(seq, [])
-        seq.num_computed_tokens = 0
 
     # -------------------------------------------------------------------- swap
     def swap_out(self, seqs: Seq[Sequence]) -> list[tuple[int, int]]:

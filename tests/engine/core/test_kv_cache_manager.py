@@ -1,6 +1,6 @@
-"""The KV cache of one attention kind (a coordinator over one full-attention manager and its
-pool): allocation, fork and copy-on-write, prefix cache, LRU eviction, swap, stats, with
-exact block ids, ref counts and free-queue order."""
+"""The KV cache of one attention kind (a KV cache manager over one full-attention
+manager and its pool): allocation, fork and copy-on-write, prefix cache, LRU eviction,
+swap, stats, with exact block ids, ref counts and free-queue order."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 import engine.core.block_hashes
 from engine.core.block_hashes import hash_block
 from engine.core.block_pool import BlockPool
-from engine.core.kv_coordinator import KVCacheCoordinator, KVGroupSpec
+from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.kv_stats import CACHED, FREE, SHARED, USED, BlockInfo
 from engine.core.sequence import Sequence
+from tests.engine.core.admission import allocate, fork
 
 
 def make_seq(seq_id: int, tokens: list[int], request_id: str = "r", index: int = 0) -> Sequence:
@@ -19,29 +20,29 @@ def make_seq(seq_id: int, tokens: list[int], request_id: str = "r", index: int =
 
 
 def one_kind(num_blocks: int, block_size: int, num_host_blocks: int = 0,
-             enable_prefix_caching: bool = True, bytes_per_block: int = 0) -> KVCacheCoordinator:
-    return KVCacheCoordinator.build([KVGroupSpec((0,))], [num_blocks], block_size,
-                                    num_host_blocks=num_host_blocks,
-                                    enable_prefix_caching=enable_prefix_caching,
-                                    bytes_per_layer_block=bytes_per_block)
+             enable_prefix_caching: bool = True, bytes_per_block: int = 0) -> KVCacheManager:
+    return KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], block_size,
+                                num_host_blocks=num_host_blocks,
+                                enable_prefix_caching=enable_prefix_caching,
+                                bytes_per_layer_block=bytes_per_block)
 
 
-def pool(kv: KVCacheCoordinator) -> BlockPool:
+def pool(kv: KVCacheManager) -> BlockPool:
     return kv.pools[0]
 
 
-def compute(bm: KVCacheCoordinator, *seqs: Sequence) -> None:
+def compute(bm: KVCacheManager, *seqs: Sequence) -> None:
     """What a step does for ``seqs``: every token now has K/V; full blocks get cached."""
     for seq in seqs:
         seq.num_computed_tokens = seq.num_tokens
         bm.commit_computed(seq)
 
 
-def refs(bm: KVCacheCoordinator, *block_ids: int) -> list[int]:
+def refs(bm: KVCacheManager, *block_ids: int) -> list[int]:
     return [pool(bm).blocks[b].ref_count for b in block_ids]
 
 
-def queue_ids(bm: KVCacheCoordinator) -> list[int]:
+def queue_ids(bm: KVCacheManager) -> list[int]:
     return [b.block_id for b in pool(bm).free_queue]
 
 
@@ -49,14 +50,14 @@ def queue_ids(bm: KVCacheCoordinator) -> list[int]:
 def test_walk_through_fork_and_copy_on_write() -> None:
     bm = one_kind(num_blocks=10, block_size=4)
     parent = make_seq(0, [1, 2, 3, 4, 5, 6])
-    assert bm.allocate(parent) == 0
-    assert parent.block_table == [0, 1]
+    assert allocate(bm, parent) == 0
+    assert bm.block_tables(parent)[0] == [0, 1]
     assert refs(bm, 0, 1) == [1, 1]
     assert pool(bm).num_free_blocks == 8
 
     child = make_seq(1, parent.token_ids, index=1)
-    bm.fork(parent, child)
-    assert child.block_table == [0, 1]
+    fork(bm, parent, child)
+    assert bm.block_tables(child)[0] == [0, 1]
     assert refs(bm, 0, 1) == [2, 2]
     assert pool(bm).num_free_blocks == 8
 
@@ -68,7 +69,7 @@ def test_walk_through_fork_and_copy_on_write() -> None:
     child.append_token(70)
     assert bm.can_append([child])
     assert bm.append_slots(child)
-    assert child.block_table == [0, 2]
+    assert bm.block_tables(child)[0] == [0, 2]
     assert refs(bm, 0, 1, 2) == [2, 1, 1]
     assert bm.take_cow_pairs() == [[(1, 2)]]
     assert bm.take_cow_pairs() == [[]]
@@ -77,7 +78,7 @@ def test_walk_through_fork_and_copy_on_write() -> None:
     # The parent is now the only owner of block 1: it writes in place.
     parent.append_token(80)
     assert bm.append_slots(parent)
-    assert parent.block_table == [0, 1]
+    assert bm.block_tables(parent)[0] == [0, 1]
     assert bm.take_cow_pairs() == [[]]
 
     bm.free(child)
@@ -89,42 +90,60 @@ def test_walk_through_fork_and_copy_on_write() -> None:
     # first), cached ones to the tail.
     assert pool(bm).blocks[2].token_ids == (5, 6)
     assert queue_ids(bm) == [1, 3, 4, 5, 6, 7, 8, 9, 2, 0]
-    assert (parent.block_table, child.block_table) == ([], [])
+    assert (bm.block_tables(parent)[0], bm.block_tables(child)[0]) == ([], [])
 
 
 def test_append_slots_adds_a_block_when_the_last_is_full() -> None:
     bm = one_kind(num_blocks=4, block_size=4)
     seq = make_seq(0, [1, 2, 3, 4])
-    bm.allocate(seq)
+    allocate(bm, seq)
     compute(bm, seq)
     seq.append_token(5)
     assert bm.can_append([seq])
     assert bm.append_slots(seq)
-    assert seq.block_table == [0, 1]
+    assert bm.block_tables(seq)[0] == [0, 1]
     assert bm.take_cow_pairs() == [[]]
     seq.num_computed_tokens = 5
     seq.append_token(6)
     assert bm.append_slots(seq)  # room left in block 1
-    assert seq.block_table == [0, 1]
+    assert bm.block_tables(seq)[0] == [0, 1]
     assert pool(bm).num_free_blocks == 2
 
 
 def test_append_slots_out_of_blocks_changes_nothing() -> None:
     bm = one_kind(num_blocks=3, block_size=2)
     parent = make_seq(0, [1, 2, 3])
-    bm.allocate(parent)
+    allocate(bm, parent)
     child = make_seq(1, parent.token_ids, index=1)
-    bm.fork(parent, child)
+    fork(bm, parent, child)
     compute(bm, parent, child)
     filler = make_seq(2, [9])
-    bm.allocate(filler)
+    allocate(bm, filler)
     assert pool(bm).num_free_blocks == 0
     child.append_token(4)  # needs a copy of the shared block 1
     assert not bm.can_append([child])
     assert not bm.append_slots(child)
-    assert child.block_table == [0, 1]
+    assert bm.block_tables(child)[0] == [0, 1]
     assert refs(bm, 0, 1, 2) == [2, 2, 1]
     assert bm.take_cow_pairs() == [[]]
+
+
+def test_the_tables_are_the_kv_caches_own_and_go_with_the_blocks() -> None:
+    """A sequence's blocks are the manager's state, by seq id (vLLM's req_to_blocks):
+    ``block_tables`` hands out its lists, not copies; a failed allocation, a free and a
+    swap out leave no entry behind."""
+    bm = one_kind(num_blocks=4, block_size=4, num_host_blocks=4)
+    manager = bm.managers[0]
+    seq = make_seq(7, [1, 2, 3, 4, 5, 6])
+    assert allocate(bm, seq) == 0
+    assert manager.tables == {7: [0, 1]}
+    assert bm.block_tables(seq)[0] is manager.tables[7]
+    big = make_seq(8, list(range(20, 40)))
+    assert allocate(bm, big) is None and manager.tables == {7: [0, 1]}
+    assert bm.swap_out([seq]) == [[(0, 0), (1, 1)]] and manager.tables == {}
+    assert bm.swap_in([seq]) == [[(0, 0), (1, 1)]] and manager.tables == {7: [0, 1]}
+    bm.free(seq)
+    assert manager.tables == {} and bm.block_tables(seq) == [[]]
 
 
 # ------------------------------------------------------------------ prefix cache
@@ -139,21 +158,21 @@ def test_hash_block_is_stable_and_chained() -> None:
 def test_second_turn_reuses_the_first_turns_full_blocks_and_copies_its_partial_one() -> None:
     bm = one_kind(num_blocks=10, block_size=4)
     turn1 = make_seq(0, list(range(100, 114)))  # 14 tokens: 3 full blocks + 2
-    assert bm.allocate(turn1) == 0
+    assert allocate(bm, turn1) == 0
     compute(bm, turn1)
-    first_blocks = turn1.block_table[:3]
+    first_blocks = bm.block_tables(turn1)[0][:3]
     bm.free(turn1)
 
     turn2 = make_seq(1, list(range(100, 114)) + [7, 8, 9, 10, 11])  # 19 tokens
     free_before = pool(bm).num_free_blocks
-    assert bm.allocate(turn2) == 14
+    assert allocate(bm, turn2) == 14
     assert turn2.num_computed_tokens == 14
-    assert turn2.block_table[:3] == first_blocks
-    assert len(turn2.block_table) == 5
+    assert bm.block_tables(turn2)[0][:3] == first_blocks
+    assert len(bm.block_tables(turn2)[0]) == 5
     # Block 3 (tokens 112, 113) is held for its copy into turn2's fourth block.
-    assert turn2.block_table[3] != 3 and refs(bm, 3) == [1]
+    assert bm.block_tables(turn2)[0][3] != 3 and refs(bm, 3) == [1]
     assert pool(bm).num_free_blocks == free_before - 6
-    assert bm.take_cow_pairs() == [[(3, turn2.block_table[3])]]
+    assert bm.take_cow_pairs() == [[(3, bm.block_tables(turn2)[0][3])]]
     assert refs(bm, 3) == [0] and pool(bm).blocks[3].token_ids == (112, 113)
     assert pool(bm).num_free_blocks == free_before - 5  # 3 revived from the cache, 2 new
     stats = bm.stats()
@@ -163,14 +182,14 @@ def test_second_turn_reuses_the_first_turns_full_blocks_and_copies_its_partial_o
 def test_prompt_of_exactly_k_full_blocks_reuses_k_minus_1() -> None:
     bm = one_kind(num_blocks=10, block_size=4)
     first = make_seq(0, list(range(12)))
-    bm.allocate(first)
+    allocate(bm, first)
     compute(bm, first)
     bm.free(first)
     again = make_seq(1, list(range(12)))
     # The last token is recomputed for its logits, so the third block is not reused.
-    assert bm.allocate(again) == 8
-    assert again.block_table[:2] == [0, 1]
-    assert again.block_table[2] != 2
+    assert allocate(bm, again) == 8
+    assert bm.block_tables(again)[0][:2] == [0, 1]
+    assert bm.block_tables(again)[0][2] != 2
 
 
 def test_prompts_sharing_a_system_prompt_share_its_blocks() -> None:
@@ -178,12 +197,12 @@ def test_prompts_sharing_a_system_prompt_share_its_blocks() -> None:
     system = [5, 6, 7, 8, 9, 10, 11, 12]
     a = make_seq(0, system + [1, 2, 3], request_id="a")
     b = make_seq(1, system + [4, 4], request_id="b")
-    assert bm.allocate(a) == 0
+    assert allocate(bm, a) == 0
     compute(bm, a)
-    assert bm.allocate(b) == 8
-    assert b.block_table[:2] == a.block_table[:2] == [0, 1]
+    assert allocate(bm, b) == 8
+    assert bm.block_tables(b)[0][:2] == bm.block_tables(a)[0][:2] == [0, 1]
     assert refs(bm, 0, 1) == [2, 2]
-    assert b.block_table[2] not in a.block_table
+    assert bm.block_tables(b)[0][2] not in bm.block_tables(a)[0]
     stats = bm.stats([a, b])
     assert stats.num_shared == 2
     assert stats.blocks[0].owners == ("a:0", "b:0")
@@ -193,40 +212,40 @@ def test_forced_hash_collision_is_not_reused(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(engine.core.block_hashes, "hash_block", lambda parent, tokens: b"same")
     bm = one_kind(num_blocks=6, block_size=4)
     a = make_seq(0, [1, 2, 3, 4, 5])
-    bm.allocate(a)
+    allocate(bm, a)
     compute(bm, a)
     bm.free(a)
     assert pool(bm).cached[b"same"] is pool(bm).blocks[0]
     assert set(pool(bm).cached.values()) == {pool(bm).blocks[0], pool(bm).blocks[1]}
 
     other = make_seq(1, [9, 9, 9, 9, 5])  # same hash, other tokens
-    assert bm.allocate(other) == 0
-    assert 0 not in other.block_table
+    assert allocate(bm, other) == 0
+    assert 0 not in bm.block_tables(other)[0]
     assert pool(bm).blocks[0].ref_count == 0
     # The check compares tokens, so the genuine match still hits.
     same = make_seq(2, [1, 2, 3, 4, 6])
-    assert bm.allocate(same) == 4
-    assert same.block_table[0] == 0
+    assert allocate(bm, same) == 4
+    assert bm.block_tables(same)[0][0] == 0
 
 
 def test_prefix_caching_disabled_never_hits() -> None:
     bm = one_kind(num_blocks=6, block_size=4, enable_prefix_caching=False)
     a = make_seq(0, list(range(9)))
-    bm.allocate(a)
+    allocate(bm, a)
     compute(bm, a)
     assert pool(bm).cached == {}
     bm.free(a)
     b = make_seq(1, list(range(9)))
-    assert bm.allocate(b) == 0
+    assert allocate(bm, b) == 0
     assert bm.stats().num_cached == 0
 
 
 def test_duplicate_content_keeps_the_first_cached_block() -> None:
     bm = one_kind(num_blocks=6, block_size=2)
     a, b = make_seq(0, [1, 2, 3]), make_seq(1, [1, 2, 3])
-    bm.allocate(a)
-    bm.allocate(b)  # before a is computed: no hit, its own blocks
-    assert b.block_table == [2, 3]
+    allocate(bm, a)
+    allocate(bm, b)  # before a is computed: no hit, its own blocks
+    assert bm.block_tables(b)[0] == [2, 3]
     compute(bm, a, b)
     assert pool(bm).cached[hash_block(None, [1, 2])] is pool(bm).blocks[0]
     assert pool(bm).blocks[2].block_hash is None
@@ -236,25 +255,25 @@ def test_duplicate_content_keeps_the_first_cached_block() -> None:
 def test_eviction_takes_least_recently_freed_and_chain_tail_first() -> None:
     bm = one_kind(num_blocks=8, block_size=2)
     a = make_seq(0, [1, 2, 3, 4, 5, 6, 7])  # blocks 0 1 2 full, 3 partial: all cached
-    bm.allocate(a)
+    allocate(bm, a)
     compute(bm, a)
     bm.free(a)
     assert queue_ids(bm) == [4, 5, 6, 7, 3, 2, 1, 0]
 
     b = make_seq(1, [8, 9, 10, 11, 12])  # takes 4 5 6 (6 partial): all cached
-    bm.allocate(b)
+    allocate(bm, b)
     compute(bm, b)
     bm.free(b)
     assert queue_ids(bm) == [7, 3, 2, 1, 0, 6, 5, 4]
 
     c = make_seq(2, [20, 21, 22, 23, 24])
-    bm.allocate(c)
+    allocate(bm, c)
     # a's chain goes before b's (freed earlier), and its tail (the partial 3, then 2)
     # before its head.
-    assert c.block_table == [7, 3, 2]
+    assert bm.block_tables(c)[0] == [7, 3, 2]
     d = make_seq(3, [30, 31, 32])
-    bm.allocate(d)
-    assert d.block_table == [1, 0]
+    allocate(bm, d)
+    assert bm.block_tables(d)[0] == [1, 0]
     blocks = pool(bm).blocks
     assert all(blocks[i].block_hash is None for i in (3, 2, 1, 0))
     assert set(pool(bm).cached.values()) == {blocks[4], blocks[5], blocks[6]}
@@ -264,18 +283,18 @@ def test_eviction_takes_least_recently_freed_and_chain_tail_first() -> None:
 def test_hit_on_a_free_cached_block_revives_it_from_the_middle() -> None:
     bm = one_kind(num_blocks=8, block_size=2)
     a = make_seq(0, [1, 2, 3, 4, 5, 6, 7])
-    bm.allocate(a)
+    allocate(bm, a)
     compute(bm, a)
     bm.free(a)
     b = make_seq(1, [8, 9, 10, 11, 12])
-    bm.allocate(b)
+    allocate(bm, b)
     compute(bm, b)
     bm.free(b)
     assert queue_ids(bm) == [7, 3, 2, 1, 0, 6, 5, 4]
 
     again = make_seq(2, [1, 2, 3, 4, 99])
-    assert bm.allocate(again) == 4
-    assert again.block_table == [0, 1, 7]
+    assert allocate(bm, again) == 4
+    assert bm.block_tables(again)[0] == [0, 1, 7]
     assert refs(bm, 0, 1, 7) == [1, 1, 1]
     assert queue_ids(bm) == [3, 2, 6, 5, 4]
     assert len(pool(bm).free_queue) == pool(bm).num_free_blocks == 5
@@ -287,19 +306,19 @@ def test_hit_on_a_free_cached_block_revives_it_from_the_middle() -> None:
 def test_allocate_returns_none_and_changes_nothing_when_full() -> None:
     bm = one_kind(num_blocks=5, block_size=4)
     cached = make_seq(0, [1, 2, 3, 4, 5])
-    bm.allocate(cached)
+    allocate(bm, cached)
     compute(bm, cached)
     bm.free(cached)  # block 0 cached, block 1 free
     holder = make_seq(1, list(range(50, 59)))  # 3 blocks
-    bm.allocate(holder)
+    allocate(bm, holder)
     assert pool(bm).num_free_blocks == 2
     before = (queue_ids(bm), refs(bm, *range(5)), dict(pool(bm).cached), bm.prefix_hit_tokens,
               bm.prefix_query_tokens)
 
     # Would revive block 0 and need 2 new blocks: 3 > 2 free.
     big = make_seq(2, [1, 2, 3, 4, 5, 6, 7, 8, 9])
-    assert bm.allocate(big) is None
-    assert (big.block_table, big.num_computed_tokens) == ([], 0)
+    assert allocate(bm, big) is None
+    assert (bm.block_tables(big)[0], big.num_computed_tokens) == ([], 0)
     after = (queue_ids(bm), refs(bm, *range(5)), dict(pool(bm).cached), bm.prefix_hit_tokens,
              bm.prefix_query_tokens)
     assert after == before
@@ -307,7 +326,7 @@ def test_allocate_returns_none_and_changes_nothing_when_full() -> None:
     # Reusing the cached partial block 1 ([5]) would hold it too: 3 > 2 free, so the
     # hit does without it.
     fits = make_seq(3, [1, 2, 3, 4, 5, 6, 7, 8])
-    assert bm.allocate(fits) == 4
+    assert allocate(bm, fits) == 4
     assert pool(bm).num_free_blocks == 0
     assert bm.take_cow_pairs() == [[]]
 
@@ -316,23 +335,23 @@ def test_allocate_returns_none_and_changes_nothing_when_full() -> None:
 def test_kv_stats_in_a_small_scenario() -> None:
     bm = one_kind(num_blocks=8, block_size=4, bytes_per_block=100)
     gone = make_seq(9, [9, 9, 9, 9], request_id="gone")  # leaves block 0 cached
-    bm.allocate(gone)
+    allocate(bm, gone)
     compute(bm, gone)
     bm.free(gone)
     assert queue_ids(bm) == [1, 2, 3, 4, 5, 6, 7, 0]
 
     parent = make_seq(0, [1, 2, 3, 4, 5, 6], request_id="p")  # blocks 1, 2
-    assert bm.allocate(parent) == 0
+    assert allocate(bm, parent) == 0
     child = make_seq(1, parent.token_ids, request_id="p", index=1)
-    bm.fork(parent, child)
+    fork(bm, parent, child)
     compute(bm, parent, child)
     child.append_token(7)
     bm.append_slots(child)  # copies block 2 into block 3
     parent.append_token(8)
     bm.append_slots(parent)
     other = make_seq(2, [9, 9, 9, 9, 1, 1, 1, 1, 2], request_id="o")
-    assert bm.allocate(other) == 4  # revives block 0, adds blocks 4 and 5
-    assert other.block_table == [0, 4, 5]
+    assert allocate(bm, other) == 4  # revives block 0, adds blocks 4 and 5
+    assert bm.block_tables(other)[0] == [0, 4, 5]
 
     s = bm.stats([parent, child, other])
     assert (s.block_size, s.num_blocks, s.bytes_per_block) == (4, 8, 100)
@@ -378,13 +397,13 @@ def test_bad_pool_size() -> None:
 
 
 # -------------------------------------------------------------------------- swap
-def _three_candidates(bm: KVCacheCoordinator) -> list[Sequence]:
+def _three_candidates(bm: KVCacheManager) -> list[Sequence]:
     parent = make_seq(0, [1, 2, 3, 4, 5, 6])
-    bm.allocate(parent)
+    allocate(bm, parent)
     seqs = [parent]
     for index in (1, 2):
         child = make_seq(index, parent.token_ids, index=index)
-        bm.fork(parent, child)
+        fork(bm, parent, child)
         seqs.append(child)
     compute(bm, *seqs)
     for seq, token in zip(seqs, (70, 71, 72), strict=True):
@@ -396,7 +415,7 @@ def _three_candidates(bm: KVCacheCoordinator) -> list[Sequence]:
 def test_swap_out_and_in_share_host_blocks_and_restore_ref_counts() -> None:
     bm = one_kind(num_blocks=8, block_size=4, num_host_blocks=6)
     seqs = _three_candidates(bm)
-    assert [s.block_table for s in seqs] == [[0, 2], [0, 3], [0, 1]]
+    assert [bm.block_tables(s)[0] for s in seqs] == [[0, 2], [0, 3], [0, 1]]
     assert bm.take_cow_pairs() == [[(1, 2), (1, 3)]]
     assert refs(bm, 0, 1, 2, 3) == [3, 1, 1, 1]
 
@@ -405,14 +424,14 @@ def test_swap_out_and_in_share_host_blocks_and_restore_ref_counts() -> None:
     assert bm.managers[0].host_tables == {0: [0, 1], 1: [0, 2], 2: [0, 3]}
     assert pool(bm).host_refs == {0: 3, 1: 1, 2: 1, 3: 1}
     assert pool(bm).num_free_blocks == 8
-    assert [s.block_table for s in seqs] == [[], [], []]
+    assert [bm.block_tables(s)[0] for s in seqs] == [[], [], []]
     assert [s.num_computed_tokens for s in seqs] == [6, 6, 6]
     assert bm.stats().num_host_used == 4
     assert queue_ids(bm) == [1, 3, 2, 4, 5, 6, 7, 0]
 
     assert bm.can_swap_in(seqs)
     assert bm.swap_in(seqs) == [[(0, 1), (1, 3), (2, 2), (3, 4)]]
-    assert [s.block_table for s in seqs] == [[1, 3], [1, 2], [1, 4]]
+    assert [bm.block_tables(s)[0] for s in seqs] == [[1, 3], [1, 2], [1, 4]]
     assert refs(bm, 1, 2, 3, 4) == [3, 1, 1, 1]
     assert [s.num_computed_tokens for s in seqs] == [6, 6, 6]
     assert pool(bm).host_refs == {} and bm.managers[0].host_tables == {}
@@ -428,7 +447,7 @@ def test_swap_capacity_checks() -> None:
     bm.swap_out(seqs[:2])
     assert refs(bm, 0, 1) == [1, 1]  # the third candidate still holds its blocks
     filler = make_seq(9, list(range(20, 44)))  # 6 blocks: the rest of the pool
-    bm.allocate(filler)
+    allocate(bm, filler)
     assert pool(bm).num_free_blocks == 0
     assert not bm.can_swap_in(seqs[:2])
     bm.free(filler)

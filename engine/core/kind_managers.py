@@ -33,8 +33,9 @@ Found = Block | TierHit | None
 Plan = tuple[list[Found], int]
 
 
-class KVCacheManager(HostSwap):
-    """The blocks of KV group ``group`` (``Sequence.block_tables[group]``); swaps to the
+class SingleKindManager(HostSwap):
+    """The blocks of KV group ``group``, one attention kind (vLLM's
+    SingleTypeKVCacheManager): each sequence's block table (``tables``); swaps to the
     host pool are `HostSwap`'s."""
 
     # Freed tables enter the queue oldest block first (the end is evicted last), or
@@ -49,6 +50,9 @@ class KVCacheManager(HostSwap):
         self.block_size = pool.block_size
         self.lookahead = lookahead
         self.cow_pairs: list[tuple[int, int]] = []  # (src, dst), drained by the scheduler
+        # Seq id -> its block table in this group (vLLM's req_to_blocks): the KV cache's
+        # own state. The runner reads the tables a step uses from its ScheduledSeqs.
+        self.tables: dict[int, list[int]] = {}
         self.host_tables: dict[int, list[int | None]] = {}
 
     def skipped_tokens(self, num_computed: int) -> int:
@@ -63,14 +67,13 @@ class KVCacheManager(HostSwap):
         return -(-num_tokens // self.block_size)
 
     def table(self, seq: Sequence) -> list[int]:
-        tables = seq.block_tables
-        while len(tables) <= self.group:
-            tables.append([])
-        return tables[self.group]
+        """``seq``'s table; an empty one, not kept, while it holds no blocks (a lookup, a
+        finished sequence's late ``commit_computed``). What adds blocks to a table indexes
+        ``tables`` itself: a sequence given none is a bug to fail on, not an entry."""
+        return self.tables.get(seq.seq_id, [])
 
     def _set_table(self, seq: Sequence, table: list[int]) -> None:
-        self.table(seq)
-        seq.block_tables[self.group] = table
+        self.tables[seq.seq_id] = table
 
     # ------------------------------------------------------------------ lookup
     def lookup_blocks(self, seq: Sequence) -> int:
@@ -171,7 +174,7 @@ class KVCacheManager(HostSwap):
     def plan_append(self, seq: Sequence) -> tuple[int, list[int]]:
         """What append_slots takes: how many new blocks, and the indices of the shared
         blocks it writes (each copied first; for a decode, at most one of the two)."""
-        table = self.table(seq)
+        table = self.tables[seq.seq_id]
         needed = -(-self._append_target(seq) // self.block_size) - len(table)
         blocks = self.pool.blocks
         shared = [i for i in range(seq.num_computed_tokens // self.block_size, len(table))
@@ -182,7 +185,7 @@ class KVCacheManager(HostSwap):
         """Room for ``seq``'s tokens not yet computed; a shared block about to be written
         is copied first (``cow_pairs``). The caller checked the plan's cost."""
         pool = self.pool
-        table = self.table(seq)
+        table = self.tables[seq.seq_id]
         needed, shared = plan
         for i in shared:
             src = pool.blocks[table[i]]
@@ -211,7 +214,6 @@ class KVCacheManager(HostSwap):
         table = list(self.table(parent))
         self._set_table(child, table)
         child.block_hashes = list(parent.block_hashes)
-        child.num_computed_tokens = parent.num_computed_tokens
         null = self.pool.null_id
         for block_id in table:
             if block_id != null:
@@ -221,7 +223,9 @@ class KVCacheManager(HostSwap):
         """Register ``seq``'s newly full, computed blocks in the prefix cache, then
         release those it no longer reads (hashed first: they stay cached)."""
         pool = self.pool
-        table = self.table(seq)
+        table = self.tables.get(seq.seq_id)
+        if not table:
+            return  # freed already (finished before its step was marked computed)
         if pool.enable_prefix_caching:
             bs = self.block_size
             num_full = min(seq.num_computed_tokens // bs, len(table))
@@ -245,16 +249,15 @@ class KVCacheManager(HostSwap):
             table[start:end] = [pool.null_id] * (end - start)
 
     def free(self, seq: Sequence) -> None:
-        table = self.table(seq)
+        table = self.tables.pop(seq.seq_id, [])
         self.pool.release(table if self.free_oldest_first else reversed(table))
-        self._set_table(seq, [])
-        seq.num_computed_tokens = 0
 
-class FullAttentionManager(KVCacheManager):
+
+class FullAttentionManager(SingleKindManager):
     """Every token is read: nothing is skipped; a freed chat's beginning is kept longest."""
 
 
-class SlidingWindowManager(KVCacheManager):
+class SlidingWindowManager(SingleKindManager):
     """The last ``window`` keys are read; a freed chat's end (a next turn's window) is
     kept longest."""
 

@@ -1,5 +1,7 @@
-"""The KV cache coordinator: every KV group's manager behind one interface, always (one
-group or several), so the scheduler's decisions hold across groups.
+"""The KV cache manager, what the scheduler talks to (the `KVCache` protocol): every KV
+group's per-kind manager (`kind_managers.py`, `linear_state_manager.py`) behind one
+interface, always (one group or several), so the scheduler's decisions hold across
+groups. (vLLM splits this into its KVCacheManager and a coordinator; here they are one.)
 
 A sequence is admitted, or gets room for its next tokens, only when every group has it;
 its prefix hit is one length that every group serves; forks, frees and swaps touch every
@@ -20,9 +22,10 @@ from dataclasses import dataclass
 
 from engine.core.block_pool import BlockPool, Save
 from engine.core.disk_loads import DiskLoads, LoadState
-from engine.core.kv_manager import FullAttentionManager, KVCacheManager, SlidingWindowManager
-from engine.core.kv_protocol import GroupMoves
+from engine.core.kind_managers import FullAttentionManager, SingleKindManager, SlidingWindowManager
+from engine.core.kv_protocol import GroupMoves, PrefixHit
 from engine.core.kv_stats import KVStats, merge_stats, pool_stats
+from engine.core.linear_state_manager import LinearStateManager
 from engine.core.partial_blocks import (
     copy_in,
     extra_cost,
@@ -32,14 +35,13 @@ from engine.core.partial_blocks import (
     release_sources,
 )
 from engine.core.sequence import Sequence
-from engine.core.state_manager import LinearStateManager
 
 
 @dataclass(slots=True, frozen=True)
 class KVGroupSpec:
     """The layers of one attention kind; ``window`` None for full attention. A
     ``linear`` group holds linear-attention state slots, not token blocks
-    (engine/core/state_manager.py); it comes after the attention groups."""
+    (engine/core/linear_state_manager.py); it comes after the attention groups."""
 
     layers: tuple[int, ...]
     window: int | None = None
@@ -68,10 +70,10 @@ def group_layers(windows: Seq[int | None], max_model_len: int,
     return groups + ([KVGroupSpec(tuple(linear), linear=True)] if linear else [])
 
 
-class KVCacheCoordinator:
-    def __init__(self, managers: Seq[KVCacheManager], specs: Seq[KVGroupSpec]) -> None:
+class KVCacheManager:
+    def __init__(self, managers: Seq[SingleKindManager], specs: Seq[KVGroupSpec]) -> None:
         if not managers or len(managers) != len(specs):
-            raise ValueError("KVCacheCoordinator takes one manager per KV group spec")
+            raise ValueError("KVCacheManager takes one manager per KV group spec")
         if any(m.group != g for g, m in enumerate(managers)):
             raise ValueError("manager g must keep block table g")
         self.managers = list(managers)
@@ -96,7 +98,7 @@ class KVCacheCoordinator:
               num_host_blocks: int = 0, enable_prefix_caching: bool = True,
               bytes_per_layer_block: int = 0, lookahead: int = 512,
               group_block_bytes: Seq[int] | None = None, state_slot_bytes: int = 0,
-              live_state_slots: int = 1, snapshot_every: int = 1) -> KVCacheCoordinator:
+              live_state_slots: int = 1, snapshot_every: int = 1) -> KVCacheManager:
         """A pool and a manager per spec: ``num_blocks[g]`` blocks for group g, the same
         host pool size for each; ``lookahead`` is the most tokens a step computes of a
         sequence (the scheduler's budget), how far ahead a window gets blocks. A block's
@@ -105,7 +107,7 @@ class KVCacheCoordinator:
         state slots (``live_state_slots`` of them for running states, as many host slots
         when there is a host pool) of ``state_slot_bytes``; ``snapshot_every`` is its
         snapshot interval in blocks."""
-        managers: list[KVCacheManager] = []
+        managers: list[SingleKindManager] = []
         for g, (spec, count) in enumerate(zip(specs, num_blocks, strict=True)):
             if spec.linear:
                 pool = BlockPool(count, block_size, count if num_host_blocks else 0,
@@ -124,11 +126,19 @@ class KVCacheCoordinator:
     def blocks_needed(self, num_tokens: int) -> int:
         return self.managers[0].blocks_needed(num_tokens)
 
+    def block_tables(self, seq: Sequence) -> list[list[int]]:
+        """``seq``'s block table in each group (empty where it holds none): the managers'
+        own lists, which change as ``seq`` is served, not copies. Once per scheduled
+        sequence per step: ``m.table`` inlined."""
+        seq_id = seq.seq_id
+        return [m.tables.get(seq_id, []) for m in self.managers]
+
     # -------------------------------------------------------------- allocation
-    def allocate(self, seq: Sequence) -> int | None:
-        """Every group's blocks for ``seq``; returns the tokens found in the prefix cache
-        (their K/V need no compute; those on disk are read before ``seq`` runs: its
-        ``load_state``), or None, changing nothing, when some group cannot serve. The
+    def allocate(self, seq: Sequence) -> PrefixHit | None:
+        """Every group's blocks for ``seq``, for all its tokens from its prefix hit on;
+        returns that hit (tokens whose K/V need no compute; those on disk are read before
+        ``seq`` runs: its ``load_state``), for the scheduler to start ``seq`` after, or
+        None, changing nothing, when some group cannot serve. The
         hit is the longest every group serves: a group may have to go lower than
         another's hit, so repeat until all agree. A partial block cached after the hit's
         full blocks in every group (`partial_blocks.py`) adds its tokens, copied into the
@@ -146,13 +156,12 @@ class KVCacheCoordinator:
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
         self.loads.queue(seq)
         copy_in(self.managers, sources, seq, hit)
-        seq.num_computed_tokens = computed
         # Prompt tokens that came from disk: the first group's (it holds every token).
-        seq.num_disk_tokens = len(loaded[0]) * self.block_size
-        self.prefix_hit_tokens += computed
+        found = PrefixHit(computed, len(loaded[0]) * self.block_size)
+        self.prefix_hit_tokens += found.num_tokens
         self.prefix_query_tokens += seq.num_tokens
-        self.disk_hit_tokens += seq.num_disk_tokens
-        return computed
+        self.disk_hit_tokens += found.num_disk_tokens
+        return found
 
     def preload(self, seq: Sequence, spare_blocks: int = 0) -> int:
         """Load the blocks of ``seq``'s prefix hit that are on disk into free blocks, as
@@ -169,7 +178,6 @@ class KVCacheCoordinator:
             return 0
         loaded = [m.apply(seq, plan) for m, plan in zip(self.managers, plans, strict=True)]
         self.loads.queue(seq)
-        seq.num_computed_tokens = hit
         if self.loads.start_preload(seq, loaded):
             self.free(seq)
         return len(loaded[0]) * self.block_size
@@ -287,6 +295,9 @@ class KVCacheCoordinator:
         hold blocks (the engine's request table knows them): they label each block's
         owners and measure the slots in use."""
         holders = list(holders)
-        parts = [pool_stats(m.pool, m.group, holders, with_blocks) for m in self.managers]
+        parts = []
+        for m in self.managers:
+            held = [(s, m.table(s)) for s in holders]
+            parts.append(pool_stats(m.pool, m.group, held, with_blocks))
         return merge_stats(parts, self.specs, self.prefix_hit_tokens,
                            self.prefix_query_tokens)
