@@ -58,6 +58,7 @@ class MainWindow(QMainWindow):
         # MCP servers' tools (mcp.json in the config folder), per chat.
         self.tools = tools if tools is not None else ToolsBridge(config_dir(), parent=self)
         self.tool_turns = ToolTurns(self.controller, self.tools, settings, persist, self)
+        self.controller.tools = self.tool_turns
         sources.register_remembered_keys(bridge, settings)
         self.serve = ServeSwitch(bridge, settings, persist, self)  # the API on localhost
         self.serve_label = QLabel("")

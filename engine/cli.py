@@ -47,21 +47,33 @@ class TerminalChat:
         """Stream ``n`` candidates for the current messages, one after another."""
         from dataclasses import replace
 
-        from engine.outputs import TokenEvent
+        from engine.chat import ChatRequest
+        from engine.outputs import TextDelta, Thinking, TokenEvent
+        from engine.text.reasoning.options import TemplateOptions
+
+        thinking = [False]
 
         def stream(event) -> None:
-            # The first candidate streams; the others print when all are done.
-            if isinstance(event, TokenEvent) and event.index == 0:
-                self.out.write(event.text)
-                self.out.flush()
+            # The first candidate streams (its thinking, then a rule, then the answer);
+            # the others print when all are done.
+            if not isinstance(event, TokenEvent) or event.index != 0:
+                return
+            for part in event.parts:
+                if isinstance(part, Thinking):
+                    thinking[0] = True
+                    self.out.write(part.text)
+                elif isinstance(part, TextDelta):
+                    if thinking[0]:
+                        thinking[0] = False
+                        self.out.write("\n---\n")
+                    self.out.write(part.text)
+            self.out.flush()
 
-        prompt = self.messages
-        if self.reasoning_effort is not None:  # the template gets it: tokenized here
-            prompt = self.llm.tokenizer.encode_chat(self.messages,
-                                                    reasoning_effort=self.reasoning_effort)
-        result = self.llm.loop.run([prompt], replace(self.params, n=n), stream)[0]
+        request = ChatRequest(self.messages,
+                              options=TemplateOptions(reasoning_effort=self.reasoning_effort))
+        result = self.llm.loop.run([request], replace(self.params, n=n), stream)[0]
         for cand in result.outputs[1:]:
-            self.out.write(f"\n--- candidate {cand.index + 1} ---\n{cand.text}")
+            self.out.write(f"\n--- candidate {cand.index + 1} ---\n{cand.reply.content}")
         m = result.metrics
         self.out.write(
             f"\n[{m.num_prompt_tokens} prompt tokens, {m.num_cached_tokens} cached; "
@@ -98,9 +110,11 @@ class TerminalChat:
 
     def _keep(self, result) -> None:
         first = result.outputs[0]
-        self.messages.append(
-            {"role": "assistant", "content": first.text, "token_ids": list(first.token_ids)}
-        )
+        message = {"role": "assistant", "content": first.reply.content,
+                   "token_ids": list(first.token_ids)}
+        if first.reply.reasoning:
+            message["reasoning_content"] = first.reply.reasoning
+        self.messages.append(message)
 
 
 def engine_config(args):

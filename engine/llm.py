@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.chat import ChatPrompt, ChatRequest
 from engine.config import EngineConfig
 from engine.core.kv_stats import KVStats
 from engine.llm_engine import LLMEngine, Prompt
@@ -39,6 +40,11 @@ class LLM:
         return self.engine.tokenizer
 
     @property
+    def prompts(self):
+        """The model's prompt builder (engine.chat.PromptBuilder)."""
+        return self.engine.prompts
+
+    @property
     def model_name(self) -> str:
         return self.engine.model_name
 
@@ -52,15 +58,18 @@ class LLM:
         params: SamplingParams | None = None,
     ) -> list[RequestOutput]:
         """Run all prompts as one batch; outputs come back in the prompts' order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int | dict)):
+        if isinstance(prompts, str | ChatRequest | ChatPrompt) or (
+                prompts and isinstance(prompts[0], int | dict)):
             prompts = [prompts]
         return self.loop.run(list(prompts), params)
 
     def chat(
-        self, messages: list[dict], params: SamplingParams | None = None
+        self, messages: list[dict] | ChatRequest, params: SamplingParams | None = None
     ) -> RequestOutput:
-        """One reply to a conversation. Assistant messages may carry ``token_ids``, the
-        exact ids the model produced, so the earlier turns hit the prefix cache."""
+        """One reply to a conversation (messages, or a ``ChatRequest`` with tools and
+        template options). Assistant messages may carry ``token_ids``, the exact ids the
+        model produced, so the earlier turns hit the prefix cache. Each candidate's
+        ``reply`` holds its answer, thinking and tool calls."""
         return self.loop.run([messages], params)[0]
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from engine.chat import PLAIN, ChatPrompt, ChatRequest, PromptBuilder, ReplyReader
 from engine.config import EngineConfig
 from engine.core.disk_loads import LoadState
 from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec, group_layers
@@ -49,7 +50,9 @@ from engine.sampling_params import SamplingParams
 from engine.text.candidate import CandidateText
 from engine.text.chat_template import chat_tokenizer_for
 
-Prompt = str | list[int] | list[dict]
+# Text, token ids, chat messages (built with the model's template), a ChatRequest, or a
+# prompt a front end built already (PromptBuilder: the ids it measured are the ids run).
+Prompt = str | list[int] | list[dict] | ChatRequest | ChatPrompt
 
 
 @dataclass(slots=True)
@@ -62,8 +65,10 @@ class _RequestState:
     request: Request
     candidates: list[CandidateText]
     generators: list[torch.Generator]
+    readers: list[ReplyReader]  # each candidate's reply read: text, thinking, calls
     # Each candidate's grammar state (structured output); empty for free text.
     matchers: list[Matcher] = field(default_factory=list)
+    chat: bool = False  # a chat prompt: its replies' ids are remembered by their text
 
     def matcher(self, index: int) -> Matcher | None:
         return self.matchers[index] if self.matchers else None
@@ -94,9 +99,11 @@ class LLMEngine:
                                   keep_quantized=config.weights == "stored")
         self.model_name = loaded.name
         self.hf_config = loaded.config
-        self.tokenizer = chat_tokenizer_for(loaded.tokenizer,
-                                            family_of(loaded.config).turn_format,
+        family = family_of(loaded.config)
+        self.tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format,
                                             config.chat_template)
+        # The one prompt builder every front end uses (engine/chat).
+        self.prompts = PromptBuilder(self.tokenizer, family.model_type)
         # Structured output; its tokenizer table is built on the first constrained request.
         self.grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
                                  sorted(self.tokenizer.eos_token_ids))
@@ -251,14 +258,23 @@ class LLMEngine:
             kv.finish_read(ticket, payload is not None)
 
     # ---------------------------------------------------------------- requests
-    def encode(self, prompt: Prompt) -> list[int]:
+    def build(self, prompt: Prompt) -> ChatPrompt:
+        """``prompt`` as ids with how its replies are read (a chat's through
+        ``self.prompts``); ValueError for what cannot be a prompt."""
+        if isinstance(prompt, ChatPrompt):
+            return prompt
+        if isinstance(prompt, ChatRequest):
+            return self.prompts.build(prompt)
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            return ChatPrompt(self.tokenizer.encode(prompt), PLAIN)
         if prompt and isinstance(prompt[0], dict):
-            return self.tokenizer.encode_chat(prompt)
+            return self.prompts.build(ChatRequest(prompt))
         if not all(isinstance(t, int) for t in prompt):
             raise ValueError("prompt must be text, a list of token ids or a list of messages")
-        return list(prompt)
+        return ChatPrompt(list(prompt), PLAIN)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        return self.build(prompt).ids
 
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
@@ -272,9 +288,11 @@ class LLMEngine:
         ``grammar``: ``params.response_format`` compiled by ``self.grammars.compile`` on
         the caller's thread (the worker's callers do): without it the format is compiled
         here, which is for a caller that steps the engine itself."""
-        params = params or SamplingParams()
+        built = self.build(prompt)
+        chat = built.request is not None
+        params = built.sampling(params or SamplingParams())
         request_id = request_id or f"req-{next(self._ids)}"
-        ids = self.encode(prompt)
+        ids = built.ids
         vocab = self.hf_config.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
@@ -290,10 +308,13 @@ class LLMEngine:
             matchers = [self.grammars.matcher(fmt, grammar) for _ in range(params.n)]
         generators = [make_generator(params.seed, i) for i in range(params.n)]
         candidates = [self._new_candidate(ids, params) for _ in range(params.n)]
+        readers = [built.plan.reader(params.response_format is not None)
+                   for _ in range(params.n)]
         # The last step that can refuse; from here on nothing raises.
         request = self.scheduler.add_request(request_id, ids, params)
         request.seqs[0].generator = generators[0]
-        self._requests[request_id] = _RequestState(request, candidates, generators, matchers)
+        self._requests[request_id] = _RequestState(request, candidates, generators, readers,
+                                                   matchers, chat)
         return request_id
 
     def _new_candidate(self, prompt_ids: list[int], params: SamplingParams) -> CandidateText:
@@ -338,7 +359,10 @@ class LLMEngine:
         for request in self.scheduler.remove_finished():
             state = self._requests.pop(request.request_id, None)
             if state is not None:
-                events.append(FinishedEvent(request.request_id, self._output(state)))
+                output = self._output(state)
+                if state.chat:
+                    self.prompts.remember(output)
+                events.append(FinishedEvent(request.request_id, output))
         return events
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Event]:
@@ -408,26 +432,36 @@ class LLMEngine:
         if reason is not None and not cand.stop.stopped:
             delta += cand.drain()
         cand.text += delta
+        reader = state.readers[seq.index]
+        parts = reader.feed(delta, 1, now)
+        if reader.done:
+            reason = "stop"  # its last allowed tool call is made: the rest would be dropped
         if reason is not None:
+            parts += reader.finish(now)
             cand.finish_time = now
             self.scheduler.finish_seq(seq, reason)
         if logprobs is not None:
             cand.logprobs.append(logprobs)
             # Every token is reported, its text held back or not.
-            return TokenEvent(seq.request_id, seq.index, delta, [token], [logprobs])
-        if not delta:
+            return TokenEvent(seq.request_id, seq.index, delta, [token], [logprobs],
+                              tuple(parts))
+        if not delta and not parts:
             return None
-        return TokenEvent(seq.request_id, seq.index, delta, [token])
+        return TokenEvent(seq.request_id, seq.index, delta, [token], parts=tuple(parts))
 
     def _output(self, state: _RequestState) -> RequestOutput:
         request = state.request
         outputs = []
         for seq in request.seqs:
             cand = state.candidates[seq.index]
+            reader = state.readers[seq.index]
+            # An aborted candidate's held text is its reply's too.
+            reader.finish(time.perf_counter())
             outputs.append(
                 CompletionOutput(seq.index, cand.text, list(seq.output_token_ids),
                                  seq.finish_reason,
-                                 None if cand.logprobs is None else list(cand.logprobs))
+                                 None if cand.logprobs is None else list(cand.logprobs),
+                                 reader.message())
             )
         return RequestOutput(
             request.request_id, list(request.prompt_token_ids), outputs, request.is_finished,

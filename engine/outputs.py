@@ -1,4 +1,5 @@
-"""What the engine hands back: finished outputs, metrics and streaming events."""
+"""What the engine hands back: finished outputs, metrics and streaming events, and the
+typed events of a reply as it is read (text, thinking, tool calls: engine/chat/reply.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,60 @@ class TokenLogprobs:
     top: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(slots=True, frozen=True)
+class TextDelta:
+    """Answer text."""
+
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class Thinking:
+    """The model's thinking, split off its answer where its chat template shows it."""
+
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class CallStart:
+    """A tool call's id and name (OpenAI's ``delta.tool_calls`` order: then its arguments)."""
+
+    index: int  # the call's place in the reply, from 0
+    id: str
+    name: str
+
+
+@dataclass(slots=True, frozen=True)
+class CallArguments:
+    index: int
+    text: str  # a piece of the arguments' JSON text
+
+
+ReplyEvent = TextDelta | Thinking | CallStart | CallArguments
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCall:
+    """A whole call, as a finished reply carries it."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text of an object
+
+
+@dataclass(slots=True, frozen=True)
+class ReplyMessage:
+    """A finished candidate as the front ends show it. ``reasoning`` and
+    ``thinking_tokens`` are None where the reply was not read for thinking (its template
+    shows none), "" and 0 where it was and the model did not think."""
+
+    content: str
+    reasoning: str | None = None
+    calls: tuple[ToolCall, ...] = ()
+    thinking_tokens: int | None = None
+    thinking_s: float = 0.0
+
+
 @dataclass(slots=True)
 class CompletionOutput:
     index: int
@@ -43,6 +98,8 @@ class CompletionOutput:
     finish_reason: str | None = None
     # One per token_ids entry (the stop token's too) when SamplingParams.logprobs is set.
     logprobs: list[TokenLogprobs] | None = None
+    # The reply read: its answer, thinking and calls (the plain text for a completion).
+    reply: ReplyMessage | None = None
 
 
 @dataclass(slots=True)
@@ -56,15 +113,18 @@ class RequestOutput:
 
 @dataclass(slots=True)
 class TokenEvent:
-    """New text for one candidate; `text` is the delta since the last event. A request
-    with SamplingParams.logprobs hears of every token, held-back text or not (`text` may
-    be empty then), with `logprobs` one per `token_ids` entry."""
+    """New output for one candidate: `text` is the raw delta since the last event (what
+    a text completion shows), `parts` the same delta read (answer, thinking, tool calls:
+    what a chat shows). A request with SamplingParams.logprobs hears of every token,
+    held-back text or not (`text` may be empty then), with `logprobs` one per `token_ids`
+    entry."""
 
     request_id: str
     index: int
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None = None
+    parts: tuple[ReplyEvent, ...] = ()
 
 
 @dataclass(slots=True)

@@ -9,8 +9,11 @@ metrics. Alternates (candidates, regenerations, edits) are siblings in the chat 
 Several chats may stream at once (the engine batches them): each stream belongs to its
 chat, the view shows the one open (its partial text keeps growing when you switch to it),
 and Stop stops the chat in view only. What is sent must fit the model's context: the
-chat's overflow policy (data.context_policy) picks the messages, measured with the loaded
-model's tokenizer (controllers.context_window); the stored chat is never shortened.
+chat's overflow policy (data.context_policy) picks the messages, measured by the loaded
+model's prompt builder (controllers.context_window), and the prompt it measured is what
+the engine runs; the stored chat is never shortened. The engine reads every reply: each
+delta arrives as typed parts (answer text, thinking) and the finished candidate carries
+its answer, thinking and tool calls; nothing here parses a reply.
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ from desktop_app.controllers import context_window
 from desktop_app.controllers.context_window import ContextTracker, branch_tokens
 from desktop_app.controllers.json_mode import JsonModeController, reply_metrics
 from desktop_app.controllers.pending_send import PendingSend
-from desktop_app.controllers.thinking import ThinkingReplies
+from desktop_app.controllers.thinking import DROPPED_METRIC, ThinkingControls
 from desktop_app.data.context_policy import ContextPlan
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.conversation_view import ConversationView, GroupItem
 from desktop_app.widgets.message_widget import TurnItem
+from engine.chat import ChatRequest
+from engine.outputs import ReplyMessage, TextDelta, Thinking
+from engine.tools.request import ToolRequest
 
 SAVE_INTERVAL_S = 0.25
 GAUGE_DELAY_MS = 150
@@ -46,10 +52,7 @@ class Stream:
     last_saved: float = 0.0
     prompt_tokens: int = 0  # as measured when it was sent (the gauge, while streaming)
     reply_metrics: dict | None = None  # what the replies record of how they were asked
-    # A reasoning model's replies: each one's thinking, and its answer before tool calls
-    # were taken out of it (texts holds what is shown).
-    thinking: list[str] = field(default_factory=list)
-    answers: list[str] = field(default_factory=list)
+    thinking: list[str] = field(default_factory=list)  # a reasoning model's, per reply
 
 
 def metrics_dict(metrics) -> dict:
@@ -87,10 +90,10 @@ class ChatController(QObject):
         self.context = ContextTracker()
         # A message sent while the first model loads waits for it.
         self.pending = PendingSend(bridge, view, self._send_to, self)
-        # MCP tool calls in turns (controllers.tool_turns.ToolTurns sets itself here).
+        # MCP tool calls in turns: the window wires its controllers.tool_turns.ToolTurns.
         self.tools = None
         self.json_mode = JsonModeController(self, view.json_button)
-        self.thinking = ThinkingReplies(self)
+        self.thinking = ThinkingControls(self)
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
@@ -144,7 +147,8 @@ class ChatController(QObject):
         if leaf is not None and self.bridge.is_loaded and not self.is_generating(self.chat_id):
             # The whole branch, not the context plan: planning counts every token here
             # on the GUI thread, and the engine loads only what its pool has room for.
-            self.bridge.preload(self.store.messages_for_engine(leaf))
+            chat = self.store.get_chat(self.chat_id)
+            self.bridge.preload(self._request(chat, self.store.messages_for_engine(leaf)))
 
     def delete_chat(self, chat_id: int) -> None:
         for stream in [s for s in self.streams.values() if s.chat_id == chat_id]:
@@ -308,7 +312,13 @@ class ChatController(QObject):
               ) -> ContextPlan | None:
         """What to send for a reply after `leaf_id` (plus a new user message `new_text`),
         under the chat's overflow policy; None when it is refused (the user is told)."""
-        plan = self.context.plan(self.store, self.bridge, chat_id, leaf_id, new_text)
+        chat = self.store.get_chat(chat_id)
+        try:
+            plan = self.context.plan(self.store, self.bridge, chat_id, leaf_id, new_text,
+                                     lambda messages: self._request(chat, messages))
+        except ValueError as exc:  # the model's template or its tools refuse the chat
+            self.errorRaised.emit("Could not start the reply", str(exc))
+            return None
         if plan.refused:
             self.errorRaised.emit("Context full", plan.refused)
             return None
@@ -333,6 +343,12 @@ class ChatController(QObject):
             notes.append(f"including about {extra:,} tokens of your draft")
         self.view.set_context(used, total, "\n".join(notes))
 
+    def _request(self, chat, messages: list[dict]) -> ChatRequest:
+        """The turn as the engine's prompt builder takes it: the messages with the chat's
+        tools and the template options of its Think switch and effort."""
+        tools = self.tools.tool_request(chat) if self.tools is not None else ToolRequest()
+        return ChatRequest(messages, tools, self.thinking.options(chat))
+
     def _generate(self, chat_id: int, parent_id: int, plan: ContextPlan | None = None) -> None:
         chat = self.store.get_chat(chat_id)
         try:
@@ -341,37 +357,37 @@ class ChatController(QObject):
                 plan = self._plan(chat_id, parent_id)
                 if plan is None:
                     return
-            messages, thought = self.thinking.prepare(chat, plan.messages)
-            self.thinking.adjust(params)
-            request_id = (self.tools.submit(chat, messages, params,
-                                            lambda: self.thinking.prompt(chat, messages),
-                                            self.thinking.options(chat))
-                          if self.tools else
-                          self.bridge.submit(self.thinking.prompt(chat, messages), params))
+            # The prompt the planner measured (a local model), else the messages.
+            request_id = self.bridge.submit(plan.prompt if plan.prompt is not None
+                                            else plan.messages, params)
         except (RuntimeError, ValueError) as exc:
             self.render()
             self.errorRaised.emit("Could not start the reply", str(exc))
             return
+        recomputed = plan.prompt.recomputed if plan.prompt is not None else 0
         replies = self.store.add_candidates(chat_id, parent_id, params.n,
                                             model=self.bridge.model_name)
         if params.n > 1:
             self.pending_group[chat_id] = replies[0].candidate_group
-        self.thinking.start(request_id, chat, len(replies))
         self.streams[request_id] = Stream(request_id, chat_id, parent_id,
                                           [m.id for m in replies], [""] * len(replies),
                                           time.monotonic(), plan.prompt_tokens,
-                                          {**reply_metrics(params), **thought},
-                                          [""] * len(replies), [""] * len(replies))
+                                          {**reply_metrics(params),
+                                           **({DROPPED_METRIC: recomputed} if recomputed
+                                              else {})},
+                                          [""] * len(replies))
         self._set_generating()
         if chat_id == self.chat_id:
             self.render()
 
     # -- engine events -----------------------------------------------------------------------
-    def _on_token(self, request_id: str, index: int, text: str) -> None:
+    def _on_token(self, request_id: str, index: int, parts: tuple) -> None:
         stream = self.streams.get(request_id)
         if stream is None or not 0 <= index < len(stream.texts):
             return
-        thought, text = self.thinking.split(request_id, index, text)
+        # A call's parts are not shown as they stream: it comes whole with the reply.
+        thought = "".join(p.text for p in parts if isinstance(p, Thinking))
+        text = "".join(p.text for p in parts if isinstance(p, TextDelta))
         self._show(stream, index, thought, text)
         now = time.monotonic()
         if now - stream.last_saved >= SAVE_INTERVAL_S:
@@ -383,9 +399,6 @@ class ChatController(QObject):
     def _show(self, stream: Stream, index: int, thought: str, text: str) -> None:
         """A delta of a reply's thinking and answer, into the stream and the view."""
         stream.thinking[index] += thought
-        stream.answers[index] += text
-        if self.tools is not None:
-            text = self.tools.visible(stream.request_id, index, text)  # without call markup
         stream.texts[index] += text
         if stream.chat_id != self.chat_id:
             return
@@ -402,24 +415,21 @@ class ChatController(QObject):
         by_index = {c.index: c for c in output.outputs}
         for i, mid in enumerate(stream.message_ids):
             done = by_index.get(i)
-            text = done.text if done is not None and (done.text or not stream.texts[i]) \
-                else stream.texts[i]
-            reasoned = self.thinking.reading(request_id, i)
-            thought, answer, think_metrics = self.thinking.finish(request_id, i)
-            if reasoned:  # the engine's text is thinking and answer: the answer is ours
-                self._show(stream, i, thought, answer)
-                text = stream.answers[i]
+            reply = (done.reply or ReplyMessage(done.text)) if done is not None else \
+                ReplyMessage(stream.texts[i])
             # A remote server sends text only: no ids, so the next turn re-tokenizes it.
             token_ids = list(done.token_ids) if done is not None and done.token_ids else None
             reason = done.finish_reason if done is not None else "abort"
-            calls, channel_calls = None, self.thinking.calls(request_id, i)
-            if self.tools is not None:
-                raw = text if reasoned else done.text if done else ""
-                text, calls = self.tools.reply(request_id, i, raw, text)
-                calls = calls or channel_calls  # harmony's calls are in its channels
-            self.store.finish_message(mid, text, token_ids, {**base, "finish_reason": reason,
+            calls = [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                     for c in reply.calls] or None
+            think_metrics = ({"thinking_tokens": reply.thinking_tokens,
+                              "thinking_s": reply.thinking_s}
+                             if reply.thinking_tokens else {})
+            thinking = reply.reasoning if reply.reasoning is not None else stream.thinking[i]
+            self.store.finish_message(mid, reply.content, token_ids,
+                                      {**base, "finish_reason": reason,
                                        **(stream.reply_metrics or {}), **think_metrics},
-                                      tool_calls=calls, thinking=stream.thinking[i])
+                                      tool_calls=calls, thinking=thinking)
             if stream.chat_id == self.chat_id:
                 shown = self.store.get_message(mid)
                 if self.tools is not None and len(stream.message_ids) > 1:
@@ -436,9 +446,6 @@ class ChatController(QObject):
         stream = self.streams.pop(request_id, None)
         if stream is None:
             return
-        if self.tools is not None:
-            self.tools.forget(request_id)
-        self.thinking.forget(request_id)
         for mid, text, thought in zip(stream.message_ids, stream.texts, stream.thinking,
                                       strict=True):
             if text or thought:

@@ -1,72 +1,64 @@
 """The context window of a chat: measuring prompts with the loaded model, applying the
 chat's overflow policy (data.context_policy) and remembering where it last cut.
 
-A local model's tokenizer is the engine's ``ChatTokenizer`` (``EngineBridge.tokenizer``):
-``encode_chat`` is exactly what ``LLMEngine.encode`` runs on the messages the app submits
-(template, earlier replies' ids spliced in), so the count is the engine's own. A bare
-Hugging Face tokenizer is wrapped in one. A remote model has no tokenizer here: the
-count is ``context_policy.estimate_tokens``, a conservative guess.
+A local model's prompts are measured by the engine's own prompt builder
+(``EngineBridge.prompts``, engine.chat.PromptBuilder) with the chat's tools and template
+options, and each measured prompt is kept: the messages the policy chooses go to the
+engine as the very prompt it measured (``ContextPlan.prompt``), so the count is the ids
+the engine runs. A remote model has no builder here: the count is
+``context_policy.estimate_tokens``, a conservative guess, and the messages are sent.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from desktop_app.data.context_policy import (
     CHARS_PER_TOKEN,
     ContextPlan,
-    Counter,
     estimate_tokens,
     plan_context,
 )
 from desktop_app.data.metric_values import count
+from engine.chat import ChatPrompt, ChatRequest, PromptBuilder
 
 logger = logging.getLogger(__name__)
-_wrapped: list[Any] = [None, None]  # the last HF tokenizer wrapped, and its ChatTokenizer
+RequestFor = Callable[[list[dict[str, Any]]], ChatRequest]
 
 
-def chat_tokenizer(tokenizer: Any) -> Any | None:
-    """The engine's ChatTokenizer for `tokenizer` (already one, or an HF tokenizer)."""
-    if tokenizer is None:
-        return None
-    if hasattr(tokenizer, "encode_chat"):
-        return tokenizer
-    if _wrapped[0] is not tokenizer:  # building one probes the template: keep the last
-        from engine.text.chat_template import ChatTokenizer
+class PromptMeasure:
+    """``measure(messages)``: the tokens of the prompt the engine would run for them (the
+    chat's tools and options added by ``request_for``); ``prompt(messages)`` that prompt,
+    built once however often the policy measured it."""
 
-        _wrapped[:] = [tokenizer, ChatTokenizer(tokenizer)]
-    return _wrapped[1]
+    def __init__(self, prompts: PromptBuilder, request_for: RequestFor) -> None:
+        self._prompts, self._request_for = prompts, request_for
+        self._built: dict[tuple[int, ...], ChatPrompt] = {}
 
+    def __call__(self, messages: Sequence[dict[str, Any]]) -> int:
+        return len(self.prompt(messages).ids)
 
-def prompt_counter(tokenizer: Any) -> Counter:
-    """count(messages) -> prompt tokens, as the engine will count them when it can."""
-    chat = chat_tokenizer(tokenizer)
-    if chat is None:
-        return estimate_tokens
-
-    def count(messages: Sequence[dict[str, Any]]) -> int:
-        try:
-            return len(chat.encode_chat(list(messages)))
-        except Exception:  # noqa: BLE001 - a template that rejects the chat: guess instead
-            logger.warning("could not render the chat template; estimating the prompt size",
-                           exc_info=True)
-            return estimate_tokens(messages)
-
-    return count
+    def prompt(self, messages: Sequence[dict[str, Any]]) -> ChatPrompt:
+        # The policy measures sublists of one list of message dicts: their identities
+        # name a choice of messages.
+        key = tuple(map(id, messages))
+        built = self._built.get(key)
+        if built is None:
+            built = self._built[key] = self._prompts.build(self._request_for(list(messages)))
+        return built
 
 
 def text_tokens(tokenizer: Any, text: str) -> int:
     """Tokens of a draft message (template markers not included)."""
     if not text:
         return 0
-    chat = chat_tokenizer(tokenizer)
-    if chat is None:
+    if tokenizer is None:
         return math.ceil(len(text) / CHARS_PER_TOKEN)
     try:
-        return len(chat.encode(text, add_special_tokens=False))
+        return len(tokenizer.encode(text, add_special_tokens=False))
     except Exception:  # noqa: BLE001
         return math.ceil(len(text) / CHARS_PER_TOKEN)
 
@@ -89,9 +81,13 @@ class ContextTracker:
         return self._notes.get(chat_id, "") if chat_id is not None else ""
 
     def plan(self, store, bridge, chat_id: int, leaf_id: int | None,
-             new_text: str | None = None) -> ContextPlan:
+             new_text: str | None = None,
+             request_for: RequestFor = ChatRequest) -> ContextPlan:
         """What to send for a reply after `leaf_id` (plus a new user message `new_text`)
-        under the chat's policy; ``plan.refused`` says why when nothing may be sent."""
+        under the chat's policy; ``plan.refused`` says why when nothing may be sent.
+        ``request_for(messages)``: the chat's request for those messages (its tools and
+        template options), measured and built by the model's prompt builder; ValueError
+        where that builder refuses them."""
         chat = store.get_chat(chat_id)
         if leaf_id is not None:
             messages = store.messages_for_engine(leaf_id)
@@ -108,11 +104,15 @@ class ContextTracker:
         if not context:
             return ContextPlan(messages, 0, 0, 0)
         anchor, dropped = self._cuts.get(chat_id, (None, 0))
+        measure = (PromptMeasure(bridge.prompts, request_for) if bridge.prompts is not None
+                   else estimate_tokens)
         plan = plan_context(messages, chat.settings.overflow_policy, int(context),
-                            chat.settings.max_tokens, prompt_counter(bridge.tokenizer),
+                            chat.settings.max_tokens, measure,
                             min_dropped=dropped if anchor in ids else 0)
         if plan.refused:
             return plan
+        if isinstance(measure, PromptMeasure):
+            plan.prompt = measure.prompt(plan.messages)
         if plan.cut:
             after = max(plan.dropped) + 1
             self._cuts[chat_id] = (ids[after] if after < len(ids) and ids[after] is not None

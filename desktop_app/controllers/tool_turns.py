@@ -1,12 +1,11 @@
 """Tool calls in chat turns: MCP tools shown to the model, its calls read from the reply,
 run when the user says so, and the results sent back so the reply goes on.
 
-``ChatController`` hands this object its turns at a few points: ``submit`` (a chat with
-tools, or with calls in its history, is rendered through the model's own template with
-``tools=``: ``engine.serve.tool_prompt``), ``visible`` (a streaming delta without the
-call markup), ``reply`` (the finished text and its calls, read by ``engine.tools``'
-parser), ``finished`` and ``kept`` (a reply's calls become pending "tool" messages in the
-chat tree, data.tool_records) and ``card`` (a tool message's card in the view). A
+``ChatController`` asks this object at a few points: ``tool_request`` (the chat's tools,
+which the engine's prompt builder renders through the model's own template; the engine
+reads each reply's calls, which arrive with the finished candidate), ``finished`` and
+``kept`` (a reply's calls become pending "tool" messages in the chat tree,
+data.tool_records) and ``card`` (a tool message's card in the view). A
 pending call waits for Run unless its tool is always allowed; the result arrives from the
 ToolsBridge, is stored, and once every call of the reply has an answer the controller
 generates the next reply after them: the same turn, continued. A candidate's calls wait
@@ -23,11 +22,7 @@ from desktop_app.data import tool_records as records
 from desktop_app.mcp.toolset import with_server, with_tool
 from desktop_app.widgets.chat_tools import ChatToolsButton, ServerEntry
 from desktop_app.widgets.tool_card import ToolCallCard, ToolCallView
-from engine.serve.tool_fields import tool_request
-from engine.serve.tool_prompt import ModelTools, tool_prompt
-from engine.text.reasoning.options import TemplateOptions
-from engine.tools.events import TextDelta, assemble
-from engine.tools.parser import ToolParser
+from engine.tools.request import ToolRequest, tool_request
 
 NO_FORMAT_NOTE = "This model has no tool-call format Folio reads: its tools stay off."
 # Replies in a row whose calls run without asking (always allowed tools): past this, the
@@ -44,12 +39,8 @@ class ToolTurns(QObject):
         self.tools = tools_bridge
         self.app_settings = app_settings
         self._persist = persist
-        self._model: tuple[object, ModelTools] | None = None  # (llm, what it can do)
-        self._formats: dict[str, object] = {}  # request id -> the ToolFormat its reply uses
-        self._parsers: dict[tuple[str, int], ToolParser] = {}
         self._running: dict[str, int] = {}  # call id -> tool message id
         self.button: ChatToolsButton | None = None
-        controller.tools = self
         tools_bridge.callFinished.connect(self._on_result)
         tools_bridge.serversChanged.connect(self.refresh_button)
         controller.chatOpened.connect(lambda _chat: self.refresh_button())
@@ -57,70 +48,26 @@ class ToolTurns(QObject):
             signal.connect(lambda *_: self.refresh_button())
 
     # -- what the model is shown -------------------------------------------------------
-    def model_tools(self) -> ModelTools | None:
-        llm = self.bridge.llm
-        if llm is None or self.bridge.is_remote or not hasattr(llm, "engine"):
-            return None
-        if self._model is None or self._model[0] is not llm:
-            self._model = (llm, ModelTools.of(llm))
-        return self._model[1]
+    def model_tools(self):
+        """What the local model can do with tools (engine.chat.tool_prompt.ModelTools);
+        None for a remote model (it gets no tools) or none loaded."""
+        prompts = self.bridge.prompts
+        return None if prompts is None else prompts.tools
 
-    def submit(self, chat, messages: list[dict], params, plain=None,
-               options: TemplateOptions | None = None) -> str:
-        """The bridge's submit, with the chat's tools in the prompt where it has any;
-        ``plain()``: what to submit for a turn without tools (the messages by default);
-        ``options``: the chat's Think switch and reasoning effort, for the template."""
+    def tool_request(self, chat) -> ToolRequest:
+        """The tools a turn of ``chat`` shows the model: the chat's MCP tools, where the
+        local model reads calls (earlier calls in the history are shown whatever this)."""
         model = self.model_tools()
-        history = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
         toolset = self.tools.toolset(chat.settings.tools)
-        if model is None or not model.reads_calls:
-            toolset = None
-        if model is None or not (toolset or history):
-            return self.bridge.submit(plain() if plain else messages, params)
-        request = tool_request(toolset.definitions() if toolset else None,
-                               "auto" if toolset else None, None)
-        prompt = tool_prompt(model, request, messages, self.bridge.tokenizer,
-                             options=options)
-        prompt.adjust(params)
-        request_id = self.bridge.submit(prompt.ids, params)
-        if prompt.fmt is not None:
-            self._formats[request_id] = prompt.fmt
-        return request_id
+        if model is None or not model.reads_calls or not toolset:
+            return ToolRequest()
+        return tool_request(toolset.definitions(), "auto", None)
 
     # -- what the model said -----------------------------------------------------------
-    def visible(self, request_id: str, index: int, delta: str) -> str:
-        fmt = self._formats.get(request_id)
-        if fmt is None:
-            return delta
-        parser = self._parsers.get((request_id, index))
-        if parser is None:
-            parser = self._parsers[(request_id, index)] = ToolParser(fmt)
-        return "".join(e.text for e in parser.feed(delta) if isinstance(e, TextDelta))
-
-    def reply(self, request_id: str, index: int, raw: str, shown: str
-              ) -> tuple[str, list[dict] | None]:
-        """A finished candidate's text and calls (raw: the engine's whole text, shown: the
-        text the controller would keep without tools)."""
-        self._parsers.pop((request_id, index), None)
-        fmt = self._formats.get(request_id)
-        if fmt is None or not raw:
-            return shown, None
-        parser = ToolParser(fmt)
-        text, calls = assemble(parser.feed(raw) + parser.finish())
-        return text, [{"id": c.id, "name": c.name, "arguments": c.arguments}
-                      for c in calls] or None
-
     def finished(self, stream) -> None:
         """A request ended: a lone reply's calls are asked about (or run) at once."""
-        self._formats.pop(stream.request_id, None)
         if len(stream.message_ids) == 1:
             self._open_calls(stream.message_ids[0])
-
-    def forget(self, request_id: str) -> None:
-        """A request failed: nothing of it is read any more."""
-        self._formats.pop(request_id, None)
-        for key in [k for k in self._parsers if k[0] == request_id]:
-            del self._parsers[key]
 
     def kept(self, message_id: int) -> None:
         self._open_calls(message_id)

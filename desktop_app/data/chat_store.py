@@ -266,9 +266,10 @@ class ChatStore:
             self._activate(c, chat_id, message_id, self._stamp())
 
     def messages_for_engine(self, leaf_id: int) -> list[dict[str, Any]]:
-        """The chat's system prompt, then the branch root..leaf, as engine chat messages;
-        "token_ids" is present where the message's exact tokens are known, "thinking"
-        where a reply has some (not an engine key: the caller takes it out)."""
+        """The chat's system prompt, then the branch root..leaf, as engine chat messages
+        (engine.chat.request): "token_ids" where the message's exact tokens are known,
+        "reasoning_content" where a reply has thinking (the prompt builder shows it as the
+        model's template wants)."""
         path = self.path_to(leaf_id)
         prompt = self.get_chat(path[0].chat_id).settings.system_prompt
         out: list[dict[str, Any]] = [{"role": "system", "content": prompt}] if prompt else []
@@ -276,8 +277,8 @@ class ChatStore:
             item: dict[str, Any] = {"role": msg.role, "content": msg.content}
             if msg.token_ids is not None:
                 item["token_ids"] = msg.token_ids
-            if msg.thinking:  # for the controller to show as the template wants, or not
-                item["thinking"] = msg.thinking
+            if msg.thinking:
+                item["reasoning_content"] = msg.thinking
             out.append(tool_records.for_engine(msg, item))
         return out
 

@@ -16,7 +16,7 @@ Policies (``ChatSettings.overflow_policy``):
 
 Room is left for the reply: ``reply_reserve(max_tokens, context)`` tokens, the chat's max
 tokens but at most a quarter of the context. The prompt is measured by ``count``, a
-function of a message list (the app passes the loaded model's own chat tokenizer, so the
+function of a message list (the app passes the loaded model's own prompt builder, so the
 figure is the engine's; see ``estimate_tokens`` for a model without one).
 
 Prefix cache: a prompt shares the KV blocks of the previous one only if it starts the
@@ -99,6 +99,9 @@ class ContextPlan:
     dropped: list[int] = field(default_factory=list)  # indices of messages left out
     dropped_turns: int = 0  # how many turns the cut removed
     refused: str | None = None
+    # The engine's prompt for `messages` where a model's prompt builder measured them
+    # (controllers.context_window): what is submitted, so the count is the ids run.
+    prompt: Any = None
 
     @property
     def cut(self) -> bool:

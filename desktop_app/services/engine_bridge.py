@@ -63,7 +63,9 @@ def describe_error(exc: BaseException) -> str:
 
 
 class EngineBridge(QObject):
-    tokenArrived = Signal(str, int, str)  # request id, candidate index, delta text
+    # Request id, candidate index, the delta as the engine read it: a tuple of
+    # engine.outputs' TextDelta / Thinking / CallStart / CallArguments.
+    tokenArrived = Signal(str, int, object)
     requestFinished = Signal(str, object)  # request id, RequestOutput
     requestFailed = Signal(str, str)  # request id, message
     loadStarted = Signal(str)  # model name or path
@@ -134,6 +136,13 @@ class EngineBridge(QObject):
     @property
     def tokenizer(self):
         return None if self._llm is None else self._llm.tokenizer
+
+    @property
+    def prompts(self):
+        """The loaded model's prompt builder (engine.chat.PromptBuilder): what the context
+        planner measures with and the prompts it submits come from; None for a remote
+        model or none loaded (the planner estimates, the messages are sent)."""
+        return getattr(self._llm, "prompts", None)
 
     @property
     def worker(self):
@@ -250,8 +259,9 @@ class EngineBridge(QObject):
             threading.Thread(target=old.shutdown, name="folio-worker-stop", daemon=True).start()
 
     # -- requests --------------------------------------------------------------------
-    def submit(self, messages, params) -> str:
-        """Queue a chat turn; returns the request id the signals will carry."""
+    def submit(self, prompt, params) -> str:
+        """Queue a chat turn (a built ``ChatPrompt``, or the messages for a model without
+        a prompt builder); returns the request id the signals will carry."""
         if self._worker is None:
             raise RuntimeError("No model is loaded. Load one from the model picker first.")
         generation = self._generation
@@ -260,7 +270,7 @@ class EngineBridge(QObject):
             self._posted.emit(-1, (generation, event))
 
         was_busy = self.busy
-        handle = self._worker.submit(messages, params, on_event)
+        handle = self._worker.submit(prompt, params, on_event)
         self._handles[handle.request_id] = handle
         if not was_busy:
             self.busyChanged.emit(True)
@@ -328,7 +338,7 @@ class EngineBridge(QObject):
             self._update_active()
         elif isinstance(event, TokenEvent):
             if event.request_id in self._handles:
-                self.tokenArrived.emit(event.request_id, event.index, event.text)
+                self.tokenArrived.emit(event.request_id, event.index, event.parts)
         elif isinstance(event, FinishedEvent | ErrorEvent):
             if self._handles.pop(event.request_id, None) is None:
                 return

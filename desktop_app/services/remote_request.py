@@ -28,8 +28,10 @@ from engine.outputs import (
     CompletionOutput,
     ErrorEvent,
     FinishedEvent,
+    ReplyMessage,
     RequestMetrics,
     RequestOutput,
+    TextDelta,
     TokenEvent,
 )
 
@@ -238,7 +240,10 @@ class RemoteRequest:
             else:
                 self.texts[candidate] += text
             if text:
-                self._on_event(TokenEvent(self.request_id, candidate, text, []))
+                # The server's text is the answer (a remote reply is not read for
+                # thinking or calls: remote chats get no tools).
+                self._on_event(TokenEvent(self.request_id, candidate, text, [],
+                                          parts=(TextDelta(text),)))
 
     def _finish(self, candidate: int, reason: str) -> None:
         with self._lock:
@@ -282,7 +287,8 @@ class RemoteRequest:
                 _abort(stream)
 
     def _output(self, unfinished_reason: str) -> RequestOutput:
-        outputs = [CompletionOutput(i, text, [], self.reasons[i] or unfinished_reason)
+        outputs = [CompletionOutput(i, text, [], self.reasons[i] or unfinished_reason,
+                                    reply=ReplyMessage(text))
                    for i, text in enumerate(self.texts)]
         return RequestOutput(self.request_id, [], outputs, True, self._metrics())
 

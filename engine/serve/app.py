@@ -6,9 +6,9 @@ description (``api_key.py``: all but ``/health`` behind the key, when there is o
 join the worker's continuous batch like the app's chats do, so they share its prefix
 cache: a client that sends a conversation again finds its earlier turns cached, and
 ``usage.prompt_tokens_details.cached_tokens`` says how many. Chat requests with tools, or
-with tool calls and results in their history, are rendered here (``tool_prompt.py``) and
-their replies read for calls (``tool_replies.py``); a model whose template shows reasoning
-has its replies' thinking split off into ``reasoning_content`` the same way.
+with tool calls and results in their history, are built by the engine's prompt builder
+(``engine/chat``) here, off the event loop; the engine reads each reply (thinking, text,
+tool calls) and this module only shapes what it hands over (``responses.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.grammar import GrammarBusy, GrammarError
-from engine.outputs import ErrorEvent, FinishedEvent, TokenEvent
+from engine.outputs import ErrorEvent, FinishedEvent
 from engine.serve import responses
 from engine.serve.api_key import NO_BUILTIN_DOCS, add_docs, key_check
 from engine.serve.disconnect import DisconnectWatch
@@ -37,13 +37,7 @@ from engine.serve.protocol import (
     SamplingFields,
     UnsupportedField,
 )
-from engine.serve.reply_tokens import ReplyTokens
 from engine.serve.streaming import RequestStream
-from engine.serve.tool_prompt import ModelTools, template_source, tool_prompt
-from engine.serve.tool_replies import ToolReplies
-from engine.text.reasoning import TemplateOptions, reasoning_format
-from engine.tools.constrained import SchemaCallParser
-from engine.tools.parser import ToolParser
 from engine.worker import EngineWorker
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -94,9 +88,6 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
     llm = worker.llm
     metrics = ServerMetrics(worker)
     texts = TokenTexts(llm.tokenizer)  # read on the first request with logprobs
-    model_tools = ModelTools.of(llm)
-    thinks = reasoning_format(template_source(llm.tokenizer.hf))
-    reply_tokens = ReplyTokens()
     app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine",
                   **NO_BUILTIN_DOCS)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
@@ -124,65 +115,25 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         params = _params(body, llm, llm.max_model_len)
         try:
-            tools = body.tool_request()
-            options = body.template_options()
+            chat = body.chat_request()
         except InvalidField as exc:
             raise _invalid(exc) from exc
-        if params.response_format is not None and tools.active:
+        if params.response_format is not None and chat.tools.active:
             raise APIError(400, "response_format: a reply constrained to JSON cannot also "
                            "call tools; set tool_choice 'none' or drop response_format",
                            "invalid_value", "response_format")
-        if not tools.tools and not body.has_tool_history:
-            grammar = await _check_format(params.response_format, "response_format")
-            messages = body.engine_messages()
-            if thinks is None and not options.variables():
-                return await _complete(body, messages, params, "chat", request,
-                                       grammar=grammar)
-            # Tokenized here: the reader sees how the prompt opens the reply, and the
-            # template gets the reasoning variables.
-            ids = await _encode(messages, options)
-            replies = (None if thinks is None or params.response_format is not None else
-                       ToolReplies(None, n=body.n, reasoning=_reader(ids, params)))
-            return await _complete(body, ids, params, "chat", request, replies, grammar)
         try:
-            # Off the event loop: a long history takes a while to render and tokenize.
-            prompt = await asyncio.to_thread(tool_prompt, model_tools, tools,
-                                             body.engine_messages(), llm.tokenizer,
-                                             reply_tokens, options)
+            # The engine's one prompt builder, off the event loop: a long history takes a
+            # while to render and tokenize. The engine runs these ids as they are.
+            prompt = await asyncio.to_thread(llm.engine.prompts.build, chat)
         except InvalidField as exc:
             raise _invalid(exc) from exc
-        prompt.adjust(params)
-        replies = None
-        # A reply started with a call, or constrained to one, has no thinking to read.
-        reasoning = (None if prompt.prefix or prompt.call_format is not None
-                     else _reader(prompt.ids, params))
-        if prompt.fmt is not None:
-            fmt, max_calls = prompt.fmt, prompt.max_calls
-            replies = ToolReplies(lambda: ToolParser(fmt, max_calls), prompt.prefix, body.n,
-                                  reasoning)
-        elif prompt.call_format is not None:
-            params.response_format = prompt.call_format
-            replies = ToolReplies(SchemaCallParser, n=body.n)
-        elif reasoning is not None:
-            replies = ToolReplies(None, n=body.n, reasoning=reasoning)
-        grammar = await _check_format(params.response_format,
-                                      "tools" if prompt.call_format else "response_format")
-        return await _complete(body, prompt.ids, params, "chat", request, replies, grammar)
-
-    def _reader(ids: list[int], params):
-        """Each candidate's reasoning reader, where the template shows reasoning."""
-        if thinks is None:
-            return None
-        if thinks.keeps_special_tokens:
-            params.skip_special_tokens = False  # its markers are special tokens
-        return lambda: thinks.reader(llm.tokenizer, ids)
-
-    async def _encode(messages: list[dict], options: TemplateOptions) -> list[int]:
-        try:
-            return await asyncio.to_thread(lambda: llm.tokenizer.encode_chat(
-                messages, **options.variables()))
         except ValueError as exc:
             raise APIError(400, str(exc), "invalid_value", "messages") from exc
+        params = prompt.sampling(params)
+        grammar = await _check_format(params.response_format,
+                                      "tools" if prompt.call_format else "response_format")
+        return await _complete(body, prompt, params, "chat", request, grammar)
 
     async def _check_format(fmt, field: str):
         """The compiled grammar, compiled before anything is queued: a schema the engine
@@ -205,13 +156,8 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
         params = _params(body, llm, COMPLETIONS_DEFAULT_MAX_TOKENS)
         return await _complete(body, body.prompt, params, "text", request)
 
-    def finished(kind: str, output) -> None:
-        metrics.finished(kind, output)
-        if kind == "chat":
-            reply_tokens.remember(output)
-
     async def _complete(body, prompt, params, kind: str, request: Request,
-                        replies: ToolReplies | None = None, grammar=None) -> Response:
+                        grammar=None) -> Response:
         if metrics.waiting >= settings.max_waiting:
             metrics.requests.labels(kind, "rejected_busy").inc()
             raise APIError(429, f"the server has {metrics.waiting} requests waiting; retry "
@@ -238,17 +184,17 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             # The streaming response watches the connection itself.
             watch.close()
             return responses.EventStream(stream, first, shape, body.include_usage,
-                                         lambda out: finished(kind, out), metrics,
-                                         texts, replies)
+                                         lambda out: metrics.finished(kind, out), metrics,
+                                         texts)
         metrics.running += 1
         try:
-            output = await _collect(stream, first, watch, replies)
+            output = await _collect(stream, first, watch)
         finally:
             metrics.running -= 1
             watch.close()
             await stream.__aexit__(None, None, None)
-        finished(kind, output)
-        return JSONResponse(responses.completion_body(shape, output, texts, replies))
+        metrics.finished(kind, output)
+        return JSONResponse(responses.completion_body(shape, output, texts))
 
     return app
 
@@ -271,17 +217,11 @@ def _invalid(exc: InvalidField) -> APIError:
     return APIError(400, str(exc), "invalid_value", exc.field)
 
 
-async def _collect(stream: RequestStream, first, watch: DisconnectWatch,
-                   replies: ToolReplies | None = None):
-    """The finished output; ``replies`` read the text as it comes (the message is made of
-    what they read), to stop generating once every candidate made its last allowed call."""
+async def _collect(stream: RequestStream, first, watch: DisconnectWatch):
+    """The finished output (the engine read the reply: its message is in the output)."""
     event = first
     while not isinstance(event, FinishedEvent):
         if isinstance(event, ErrorEvent):
             raise APIError(500, event.message)
-        if replies is not None and isinstance(event, TokenEvent):
-            replies.deltas(event.index, event.text, len(event.token_ids))
-            if replies.all_done:
-                stream.cancel()
         event = await watch.wait_for(stream.next_event())
     return event.output

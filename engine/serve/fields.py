@@ -82,7 +82,7 @@ DEFAULT_ONLY_TEXT: dict[str, tuple[Callable[[Any], bool], str]] = _SHARED | {
     "best_of": (_unset, "every generated candidate is returned (best_of must equal n)"),
 }
 # Message fields: the template renders a role, text, tool calls and the call a tool result
-# answers (engine/serve/tool_fields.py checks those); anything more would be dropped.
+# answers (engine/tools/request.py checks those); anything more would be dropped.
 DEFAULT_ONLY_MESSAGE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "name": (_unset, "the chat template has no place for a participant's name"),
     "function_call": (_unset, "the deprecated functions API is not implemented; use "

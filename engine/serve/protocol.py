@@ -12,18 +12,19 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.chat.request import ChatRequest
 from engine.sampling_params import MAX_LOGPROBS, SEED_MAX, SEED_MIN, SamplingParams
 from engine.serve import fields, unicode_text
 from engine.serve.fields import UnsupportedField
 from engine.serve.response_format import response_format
-from engine.serve.tool_fields import (
+from engine.text.reasoning.options import TemplateOptions
+from engine.tools.request import (
     InvalidField,
     ToolRequest,
     check_message_tools,
     check_results_answer_calls,
     tool_request,
 )
-from engine.text.reasoning.options import TemplateOptions
 
 MAX_N = 16  # candidates per request; each holds its own decode state
 MAX_STOP = 4  # OpenAI's own limit on stop strings
@@ -53,7 +54,7 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: Any = None
-    # Checked by tool_fields.check_message_tools, naming the bad part.
+    # Checked by engine.tools.request.check_message_tools, naming the bad part.
     tool_calls: Any = None
     tool_call_id: Any = None
     function_call: Any = None
@@ -83,12 +84,13 @@ class ChatMessage(BaseModel):
             if part.text is None:
                 raise ValueError(f"{at}text: a text part needs its text")
 
-    def text(self) -> str:
+    def engine_content(self) -> str | list[dict]:
+        """The content as the engine's prompt builder takes it: text, or its parts."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text or "" for part in self.content)
+        return [{"type": part.type, "text": part.text} for part in self.content]
 
 
 class SamplingFields(BaseModel):
@@ -159,7 +161,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    # Checked by tool_fields.py, which names the bad part of a value in any shape.
+    # Checked by engine/tools/request.py, which names the bad part of a value in any shape.
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
@@ -243,13 +245,19 @@ class ChatCompletionRequest(SamplingFields):
     def has_tool_history(self) -> bool:
         return any(m.role == "tool" or m.tool_calls for m in self.messages)
 
+    def chat_request(self) -> ChatRequest:
+        """The conversation for the engine's prompt builder; InvalidField names a bad
+        tool field or template variable."""
+        return ChatRequest(self.engine_messages(), self.tool_request(),
+                           self.template_options())
+
     def engine_messages(self) -> list[dict]:
         # The engine's chat templates know system/user/assistant/tool; OpenAI's newer
         # "developer" role is the system prompt under another name.
         out = []
         for m in self.messages:
             message = {"role": "system" if m.role == "developer" else m.role,
-                       "content": m.text()}
+                       "content": m.engine_content()}
             if m.tool_calls:
                 message["tool_calls"] = [{"id": c["id"], "type": "function",
                                           "function": dict(c["function"])}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.sampling_params import ResponseFormat
-from engine.serve.tool_fields import InvalidField
+from engine.tools.request import InvalidField
 
 _TYPES = ("text", "json_object", "json_schema")
 _SCHEMA_KEYS = {"name", "description", "schema", "strict"}

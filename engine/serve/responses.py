@@ -4,7 +4,12 @@
 time); ``completion_body`` builds the one-piece answer, ``EventStream`` the streamed one:
 ``data: {chunk}`` lines, each candidate's final chunk with its finish reason, optionally a
 usage chunk, then ``data: [DONE]``. Log-probabilities, for requests that ask, are shaped
-by ``logprobs.py``; replies read for thinking and tool calls by ``tool_replies.py``.
+by ``logprobs.py``. A chat reply arrives read by the engine (``engine/chat/reply.py``): each
+``TokenEvent``'s parts become ``delta``s, ``reasoning_content`` for thinking (DeepSeek's
+and vLLM's name), ``content`` for text, a call's ``{"index", "id", "type", "function":
+{"name", "arguments": ""}}`` then ``{"index", "function": {"arguments": piece}}``, which
+the openai client adds up to the call; not streamed, the finished candidate's
+``ReplyMessage`` makes ``message``. A reply with calls finishes ``"tool_calls"``.
 """
 
 from __future__ import annotations
@@ -16,9 +21,19 @@ from dataclasses import dataclass
 
 from starlette.responses import StreamingResponse
 
-from engine.outputs import ErrorEvent, FinishedEvent, RequestOutput, TokenEvent
+from engine.outputs import (
+    CallStart,
+    CompletionOutput,
+    ErrorEvent,
+    FinishedEvent,
+    ReplyEvent,
+    ReplyMessage,
+    RequestOutput,
+    TextDelta,
+    Thinking,
+    TokenEvent,
+)
 from engine.serve.logprobs import LogprobsFormat, TokenTexts
-from engine.serve.tool_replies import ToolReplies
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,11 +55,8 @@ class Shape:
             body["usage"] = usage
         return body
 
-    def delta(self, index: int, text: str, first: bool, logprobs: dict | None = None) -> dict:
-        if self.kind == "text":
-            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
-        delta = {"role": "assistant", "content": text} if first else {"content": text}
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+    def text_delta(self, index: int, text: str, logprobs: dict | None = None) -> dict:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
 
     def chat_delta(self, index: int, delta: dict, first: bool,
                    logprobs: dict | None = None) -> dict:
@@ -58,13 +70,42 @@ class Shape:
         return {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
 
 
-def finish_reason(reason: str | None) -> str:
-    # The engine says "stop" (end of text, stop string or token), "length" (max_tokens),
-    # "context" (the context's end) or "abort"; OpenAI knows "stop" and "length".
-    return "length" if reason in ("length", "context") else "stop"
+def finish_reason(output: CompletionOutput) -> str:
+    # The engine says "stop" (end of text, stop string or token, or a reply's last allowed
+    # call), "length" (max_tokens), "context" (the context's end) or "abort"; OpenAI knows
+    # "stop", "length" and "tool_calls".
+    if output.finish_reason in ("length", "context"):
+        return "length"
+    return "tool_calls" if output.reply is not None and output.reply.calls else "stop"
 
 
-def usage(output: RequestOutput, replies: ToolReplies | None = None) -> dict:
+def delta(part: ReplyEvent) -> dict:
+    """One read part of a reply as a chat chunk's ``delta``."""
+    if isinstance(part, Thinking):
+        return {"reasoning_content": part.text}
+    if isinstance(part, TextDelta):
+        return {"content": part.text}
+    if isinstance(part, CallStart):
+        return {"tool_calls": [{"index": part.index, "id": part.id, "type": "function",
+                                "function": {"name": part.name, "arguments": ""}}]}
+    return {"tool_calls": [{"index": part.index, "function": {"arguments": part.text}}]}
+
+
+def message(reply: ReplyMessage) -> dict:
+    """A finished candidate's chat ``message``: its answer, its thinking where its template
+    shows reasoning, its calls."""
+    body: dict = {"role": "assistant", "content": reply.content or (None if reply.calls
+                                                                       else "")}
+    if reply.reasoning is not None:
+        body["reasoning_content"] = reply.reasoning or None
+    if reply.calls:
+        body["tool_calls"] = [{"id": c.id, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}}
+                              for c in reply.calls]
+    return body
+
+
+def usage(output: RequestOutput) -> dict:
     """``completion_tokens`` counts every generated token, the thinking's too; a reply read
     for thinking says how many of them it was (``completion_tokens_details``)."""
     m = output.metrics
@@ -72,9 +113,10 @@ def usage(output: RequestOutput, replies: ToolReplies | None = None) -> dict:
     body = {"prompt_tokens": m.num_prompt_tokens, "completion_tokens": completion,
             "total_tokens": m.num_prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": m.num_cached_tokens}}
-    reasoning = replies.reasoning_tokens if replies is not None else None
-    if reasoning is not None:
-        body["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    thought = [c.reply.thinking_tokens for c in output.outputs
+               if c.reply is not None and c.reply.thinking_tokens is not None]
+    if thought:
+        body["completion_tokens_details"] = {"reasoning_tokens": sum(thought)}
     return body
 
 
@@ -83,26 +125,19 @@ def model_card(llm) -> dict:
             "owned_by": "folio", "max_model_len": llm.max_model_len}
 
 
-def completion_body(shape: Shape, output: RequestOutput, texts: TokenTexts,
-                    tools: ToolReplies | None = None) -> dict:
+def completion_body(shape: Shape, output: RequestOutput, texts: TokenTexts) -> dict:
     logprobs = LogprobsFormat(shape.kind, texts)
-    if shape.kind == "chat" and tools is not None:
-        choices = [{"index": c.index, "message": tools.message(c.index),
+    if shape.kind == "chat":
+        choices = [{"index": c.index, "message": message(c.reply),
                     "logprobs": logprobs(c.index, c.logprobs),
-                    "finish_reason": tools.finish_reason(c.index, c.finish_reason)}
-                   for c in output.outputs]
-        kind = "chat.completion"
-    elif shape.kind == "chat":
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": logprobs(c.index, c.logprobs),
-                    "finish_reason": finish_reason(c.finish_reason)} for c in output.outputs]
+                    "finish_reason": finish_reason(c)} for c in output.outputs]
         kind = "chat.completion"
     else:
         choices = [{"index": c.index, "text": c.text, "logprobs": logprobs(c.index, c.logprobs),
-                    "finish_reason": finish_reason(c.finish_reason)} for c in output.outputs]
+                    "finish_reason": finish_reason(c)} for c in output.outputs]
         kind = "text_completion"
     return {"id": shape.id, "object": kind, "created": shape.created, "model": shape.model,
-            "choices": choices, "usage": usage(output, tools)}
+            "choices": choices, "usage": usage(output)}
 
 
 def sse(body: dict | str) -> bytes:
@@ -116,12 +151,12 @@ class EventStream(StreamingResponse):
 
     def __init__(self, stream, first, shape: Shape, include_usage: bool,
                  on_finished: Callable[[RequestOutput], None], metrics,
-                 texts: TokenTexts, tools: ToolReplies | None = None) -> None:
+                 texts: TokenTexts) -> None:
         self._stream = stream
         self._metrics = metrics
         metrics.running += 1
         chunks = _chunks(stream, first, shape, include_usage, on_finished,
-                         LogprobsFormat(shape.kind, texts), tools)
+                         LogprobsFormat(shape.kind, texts))
         super().__init__(chunks,
                          media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -136,43 +171,29 @@ class EventStream(StreamingResponse):
 
 async def _chunks(stream, first, shape: Shape, include_usage: bool,
                   on_finished: Callable[[RequestOutput], None],
-                  logprobs: LogprobsFormat,
-                  tools: ToolReplies | None) -> AsyncIterator[bytes]:
+                  logprobs: LogprobsFormat) -> AsyncIterator[bytes]:
     started: set[int] = set()
     event = first
     while True:
-        if isinstance(event, TokenEvent) and tools is not None:
+        if isinstance(event, TokenEvent) and shape.kind == "chat":
             entries = logprobs(event.index, event.logprobs)
-            # A token held back by the parser still reports its log-probabilities.
-            deltas = (tools.deltas(event.index, event.text, len(event.token_ids))
-                      or ([{}] if entries else []))
-            for k, delta in enumerate(deltas):
-                yield sse(shape.chunk([shape.chat_delta(event.index, delta,
+            # A token the reader held back still reports its log-probabilities.
+            deltas = [delta(part) for part in event.parts] or ([{}] if entries else [])
+            for k, piece in enumerate(deltas):
+                yield sse(shape.chunk([shape.chat_delta(event.index, piece,
                                                         event.index not in started,
                                                         entries if k == 0 else None)]))
                 started.add(event.index)
-            if tools.all_done:
-                stream.cancel()  # what follows would be dropped; its FinishedEvent comes
         elif isinstance(event, TokenEvent):
-            yield sse(shape.chunk([shape.delta(event.index, event.text,
-                                               event.index not in started,
-                                               logprobs(event.index, event.logprobs))]))
-            started.add(event.index)
+            yield sse(shape.chunk([shape.text_delta(event.index, event.text,
+                                                    logprobs(event.index, event.logprobs))]))
         elif isinstance(event, FinishedEvent):
             output = event.output
             on_finished(output)
-            if tools is not None:
-                for c in output.outputs:
-                    for delta in tools.finish(c.index):
-                        yield sse(shape.chunk([shape.chat_delta(c.index, delta,
-                                                                c.index not in started)]))
-                        started.add(c.index)
-            reasons = [tools.finish_reason(c.index, c.finish_reason) if tools is not None else
-                       finish_reason(c.finish_reason) for c in output.outputs]
-            yield sse(shape.chunk([shape.last(c.index, reason)
-                                   for c, reason in zip(output.outputs, reasons, strict=True)]))
+            yield sse(shape.chunk([shape.last(c.index, finish_reason(c))
+                                   for c in output.outputs]))
             if include_usage:
-                yield sse(shape.chunk([], usage(output, tools)))
+                yield sse(shape.chunk([], usage(output)))
             break
         elif isinstance(event, ErrorEvent):
             # Headers are sent already: the error travels as an event, as OpenAI does.

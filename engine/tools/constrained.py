@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import re
 
-from engine.tools.events import CallArguments, CallStart, ToolEvent
+from engine.outputs import CallArguments, CallStart
+from engine.tools.events import ToolEvent
 from engine.tools.format import openai_call_id
 
 # The grammar writes the object without free whitespace, properties in schema order.

@@ -1,39 +1,12 @@
-"""What a tool parser emits while a reply streams: text, then each call's id and name,
-then its arguments in pieces (OpenAI's ``delta.tool_calls`` order)."""
+"""What a tool parser emits while a reply streams (the event types are engine.outputs'):
+text, then each call's id and name, then its arguments in pieces; ``assemble`` puts a
+reply's events together as a client does."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(slots=True, frozen=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(slots=True, frozen=True)
-class CallStart:
-    index: int  # the call's place in the reply, from 0
-    id: str
-    name: str
-
-
-@dataclass(slots=True, frozen=True)
-class CallArguments:
-    index: int
-    text: str  # a piece of the arguments' JSON text
-
+from engine.outputs import CallArguments, CallStart, TextDelta, ToolCall
 
 ToolEvent = TextDelta | CallStart | CallArguments
-
-
-@dataclass(slots=True, frozen=True)
-class ToolCall:
-    """A whole call, as a non-streamed reply carries it."""
-
-    id: str
-    name: str
-    arguments: str  # JSON text of an object
 
 
 def assemble(events: list[ToolEvent]) -> tuple[str, list[ToolCall]]:

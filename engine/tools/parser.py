@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+from engine.outputs import CallArguments, CallStart, TextDelta
 from engine.tools.calls import RawCall, parse_calls
-from engine.tools.events import CallArguments, CallStart, TextDelta, ToolEvent
+from engine.tools.events import ToolEvent
 from engine.tools.format import Marker, ToolFormat
 
 _SPACE = " \t\r\n"

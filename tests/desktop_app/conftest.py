@@ -16,8 +16,10 @@ from engine.outputs import (
     CompletionOutput,
     ErrorEvent,
     FinishedEvent,
+    ReplyMessage,
     RequestMetrics,
     RequestOutput,
+    TextDelta,
     TokenEvent,
 )
 
@@ -130,8 +132,8 @@ class FakeWorker:
 
     def _output(self, rid: str, req: dict, reason: str) -> RequestOutput:
         n = req["params"].n
-        outs = [CompletionOutput(i, req["texts"][i], list(req["ids"][i]), reason)
-                for i in range(n)]
+        outs = [CompletionOutput(i, req["texts"][i], list(req["ids"][i]), reason,
+                                 reply=ReplyMessage(req["texts"][i])) for i in range(n)]
         metrics = RequestMetrics(num_prompt_tokens=req["prompt"] + 16,
                                  num_cached_tokens=16, num_generated_tokens=req["step"],
                                  ttft_s=0.05, decode_tok_s=42.0,
@@ -153,7 +155,8 @@ class FakeWorker:
                     text = (" " if step else "") + word
                     req["texts"][i] += text
                     req["ids"][i].append(1000 * i + step)
-                    req["on_event"](TokenEvent(rid, i, text, [1000 * i + step]))
+                    req["on_event"](TokenEvent(rid, i, text, [1000 * i + step],
+                                               parts=(TextDelta(text),)))
                 req["step"] = step + 1
                 if req["step"] >= limit:
                     with self._lock:

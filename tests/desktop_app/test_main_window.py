@@ -43,7 +43,8 @@ def test_reply_streams_into_the_view_and_the_store(qtbot, make_starter_bridge, m
     bridge = make_starter_bridge()
     window = make_window(bridge, settings())
     deltas = []
-    bridge.tokenArrived.connect(lambda rid, i, text: deltas.append(text))
+    bridge.tokenArrived.connect(
+        lambda rid, i, parts: deltas.append("".join(part.text for part in parts)))
     send(qtbot, window, "What is the capital of France?")
     user, reply = active_branch(store, window.controller.chat_id)
     assert (user.role, user.content) == ("user", "What is the capital of France?")

@@ -95,7 +95,8 @@ def tools_window(request, qtbot, make_window, folio_dirs):
         qtbot.waitUntil(lambda: set(window.tools.known_tools) == set(servers), timeout=30_000)
         prompts = []
         submit = bridge.submit
-        bridge.submit = lambda prompt, params: (prompts.append(prompt), submit(prompt, params))[1]
+        bridge.submit = lambda prompt, params: (prompts.append(prompt.ids),
+                                               submit(prompt, params))[1]
         window.prompts = prompts
 
         def say(text: str, *then: str) -> None:
@@ -176,7 +177,9 @@ def test_a_call_waits_for_run_then_its_result_goes_back_and_the_reply_goes_on(
 
 @pytest.mark.parametrize("tools_window", ["harmony_llm"], indirect=True)
 def test_a_gpt_oss_call_in_its_channels_runs_and_the_turn_goes_on(qtbot, tools_window):
-    window, say = tools_window({"demo": stdio_entry()})
+    # Room for the tools' block within the tiny model's 1,024 tokens: the planner counts
+    # the prompt the engine runs, tools included.
+    window, say = tools_window({"demo": stdio_entry()}, max_tokens=100)
     say("<|channel|>analysis<|message|>I add them.<|end|><|start|>assistant<|channel|>"
         'commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 40}<|call|>')
     send(qtbot, window, "What is 2 + 40?")

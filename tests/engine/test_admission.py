@@ -49,7 +49,7 @@ def failing(monkeypatch, engine: LLMEngine, stage: str):
     prompt, extra, request_id = PROMPTS[0], {}, None
     with monkeypatch.context() as m:
         if stage == "encode":
-            m.setattr(engine, "encode", _raise("the template failed"))
+            m.setattr(engine, "build", _raise("the template failed"))
         elif stage == "token ids":
             prompt = [*PROMPTS[0], 10**6]
         elif stage == "grammar":

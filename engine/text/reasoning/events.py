@@ -1,20 +1,14 @@
-"""What a reasoning parser emits while a reply streams: the model's thinking, and the
-answer (``TextDelta``, the tool parsers' text event, so the answer can go on to a
-``ToolParser``); harmony replies may also carry a call (``CallStart``, ``CallArguments``)."""
+"""What a reasoning parser emits while a reply streams (engine.outputs' ``ReplyEvent``):
+the model's thinking, and the answer (``TextDelta``, the tool parsers' text event, so the
+answer can go on to a ``ToolParser``); harmony replies may also carry a call
+(``CallStart``, ``CallArguments``). ``split_reply`` puts a reply's events together."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.tools.events import CallArguments, CallStart, TextDelta, ToolCall, assemble
-
-
-@dataclass(slots=True, frozen=True)
-class Thinking:
-    text: str
-
-
-ReasoningEvent = Thinking | TextDelta | CallStart | CallArguments
+from engine.outputs import ReplyEvent, Thinking, ToolCall
+from engine.tools.events import assemble
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,7 +20,7 @@ class SplitReply:
     calls: tuple[ToolCall, ...] = ()
 
 
-def split_reply(events: list[ReasoningEvent]) -> SplitReply:
+def split_reply(events: list[ReplyEvent]) -> SplitReply:
     thinking = "".join(e.text for e in events if isinstance(e, Thinking))
     answer, calls = assemble([e for e in events if not isinstance(e, Thinking)])
     return SplitReply(thinking, answer, tuple(calls))
@@ -41,14 +35,14 @@ class HeldText:
     def __init__(self, held: str = "") -> None:
         self._held = held
 
-    def feed(self, text: str) -> list[ReasoningEvent]:
-        out: list[ReasoningEvent] = []
+    def feed(self, text: str) -> list[ReplyEvent]:
+        out: list[ReplyEvent] = []
         self._held += text
         while self._step(out):
             pass
         return out
 
-    def _step(self, out: list[ReasoningEvent]) -> bool:
+    def _step(self, out: list[ReplyEvent]) -> bool:
         raise NotImplementedError
 
 

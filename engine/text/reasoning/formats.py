@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.text.reasoning.events import ReasoningEvent, Thinking
+from engine.outputs import ReplyEvent, Thinking
 from engine.text.reasoning.harmony import START, HarmonyParser
 from engine.text.reasoning.think import CLOSE, OPEN, ThinkParser
 
@@ -94,7 +94,7 @@ class ReasoningReader:
         self._held = 0
 
     def feed(self, text: str, num_tokens: int = 1,
-             now: float | None = None) -> list[ReasoningEvent]:
+             now: float | None = None) -> list[ReplyEvent]:
         before = self.parser.thinking
         events = self.parser.feed(text) if text else []
         thought = before or self.parser.thinking or any(isinstance(e, Thinking)
@@ -107,7 +107,7 @@ class ReasoningReader:
         self._clock(now, thought)
         return events
 
-    def finish(self, now: float | None = None) -> list[ReasoningEvent]:
+    def finish(self, now: float | None = None) -> list[ReplyEvent]:
         self._clock(now, False)
         return self.parser.finish()
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import re
 
-from engine.text.reasoning.events import HeldText, ReasoningEvent, Thinking, partial_tag
-from engine.tools.events import CallArguments, CallStart, TextDelta
+from engine.outputs import CallArguments, CallStart, ReplyEvent, TextDelta, Thinking
+from engine.text.reasoning.events import HeldText, partial_tag
 from engine.tools.format import openai_call_id
 
 START, MESSAGE = "<|start|>", "<|message|>"
@@ -56,15 +56,15 @@ class HarmonyParser(HeldText):
     def thinking(self) -> bool:
         return self._state == _BODY and self._kind is Thinking and self._call is None
 
-    def finish(self) -> list[ReasoningEvent]:
+    def finish(self) -> list[ReplyEvent]:
         """A reply cut short (max_tokens, a stop) ends its open body as it stands."""
-        out: list[ReasoningEvent] = []
+        out: list[ReplyEvent] = []
         if self._state == _BODY:
             self._end_body(self._held, out)
         self._held = ""
         return out
 
-    def _step(self, out: list[ReasoningEvent]) -> bool:
+    def _step(self, out: list[ReplyEvent]) -> bool:
         held = self._held
         if self._state == _HEADER:
             at = held.find(MESSAGE)
@@ -99,7 +99,7 @@ class HarmonyParser(HeldText):
     def _open(self, kind: type, recipient: str | None) -> None:
         self._state, self._kind, self._call, self._lead = _BODY, kind, recipient, True
 
-    def _end_body(self, body: str, out: list[ReasoningEvent]) -> None:
+    def _end_body(self, body: str, out: list[ReplyEvent]) -> None:
         self._state = _BETWEEN
         if self._call is None:
             self._emit(body.rstrip(), out)
@@ -116,7 +116,7 @@ class HarmonyParser(HeldText):
         index, self._calls = self._calls, self._calls + 1
         out += [CallStart(index, openai_call_id(), name), CallArguments(index, body.strip())]
 
-    def _emit(self, text: str, out: list[ReasoningEvent]) -> None:
+    def _emit(self, text: str, out: list[ReplyEvent]) -> None:
         if self._lead:
             text = text.lstrip()
             if not text:

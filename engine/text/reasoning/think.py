@@ -12,8 +12,8 @@ reply that ends inside its thinking has no answer.
 
 from __future__ import annotations
 
-from engine.text.reasoning.events import HeldText, ReasoningEvent, Thinking, partial_tag
-from engine.tools.events import TextDelta
+from engine.outputs import ReplyEvent, TextDelta, Thinking
+from engine.text.reasoning.events import HeldText, partial_tag
 
 OPEN, CLOSE = "<think>", "</think>"
 _START, _THINKING, _ANSWER = "start", "thinking", "answer"
@@ -34,8 +34,8 @@ class ThinkParser(HeldText):
         """The text that comes next is (still) thinking."""
         return self._state == _THINKING
 
-    def finish(self) -> list[ReasoningEvent]:
-        out: list[ReasoningEvent] = []
+    def finish(self) -> list[ReplyEvent]:
+        out: list[ReplyEvent] = []
         held, self._held = self._held, ""
         if self._state == _THINKING:
             self._emit(Thinking, held.rstrip(), out)
@@ -43,7 +43,7 @@ class ThinkParser(HeldText):
             self._emit(TextDelta, held, out)
         return out
 
-    def _step(self, out: list[ReasoningEvent]) -> bool:
+    def _step(self, out: list[ReplyEvent]) -> bool:
         """One move of the state machine; False when it waits for more text."""
         held = self._held
         if self._state == _START or (self._state == _THINKING and self._lead):
@@ -70,7 +70,7 @@ class ThinkParser(HeldText):
         self._held = ""
         return False
 
-    def _emit(self, kind: type, text: str, out: list[ReasoningEvent]) -> None:
+    def _emit(self, kind: type, text: str, out: list[ReplyEvent]) -> None:
         if self._lead:
             text = text.lstrip()
         if text:

@@ -23,14 +23,15 @@ def app_settings(**chat) -> AppSettings:
 
 
 def spy_submit(bridge) -> list:
-    """The messages of every request the worker receives."""
+    """The messages of every request the worker receives (the app sends the prompt its
+    planner built: the messages it was built from)."""
     sent: list = []
     worker = bridge.worker
     real = worker.submit
 
-    def submit(messages, params, on_event):
-        sent.append(messages)
-        return real(messages, params, on_event)
+    def submit(prompt, params, on_event):
+        sent.append(list(prompt.request.messages))
+        return real(prompt, params, on_event)
 
     worker.submit = submit
     return sent

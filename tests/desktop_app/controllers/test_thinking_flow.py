@@ -47,7 +47,7 @@ def thinking_bridge(qtbot, thinking_llm):
         return submit(prompt, params)
 
     bridge.submit = recording
-    bridge.prompts = prompts
+    bridge.sent_prompts = prompts
     yield bridge
     bridge.shutdown()
 
@@ -59,9 +59,8 @@ def last_reply(window):
 
 
 def prompt_text(bridge, prompt) -> str:
-    if isinstance(prompt[0], int):
-        return bridge.tokenizer.decode(prompt, skip_special_tokens=False)
-    return "".join(m["content"] for m in prompt)
+    """The ids the engine ran for a turn (the prompt the app's planner built), as text."""
+    return bridge.tokenizer.decode(prompt.ids, skip_special_tokens=False)
 
 
 def test_thinking_folds_above_the_answer_and_stays_out_of_it(qtbot, thinking_bridge,
@@ -94,7 +93,7 @@ def test_earlier_thinking_is_dropped_as_the_template_does_and_its_cost_said(
     window = make_window(thinking_bridge)
     send(qtbot, window, "Hi there")
     send(qtbot, window, "And again")
-    second = prompt_text(thinking_bridge, thinking_bridge.prompts[-1])
+    second = prompt_text(thinking_bridge, thinking_bridge.sent_prompts[-1])
     assert THOUGHT not in second and ANSWER in second
     message, widget = last_reply(window)
     assert message.metrics["thinking_dropped_tokens"] > 0
@@ -106,11 +105,12 @@ def test_the_think_switch_reaches_the_template(qtbot, thinking_bridge, make_wind
     send(qtbot, window, "Hi there")
     button = window.findChild(type(window.conversation.think_button), "thinkButton")
     assert button.isVisible() and button.isChecked()
-    assert not prompt_text(thinking_bridge, thinking_bridge.prompts[-1]).endswith("</think>\n\n")
+    last = prompt_text(thinking_bridge, thinking_bridge.sent_prompts[-1])
+    assert not last.endswith("</think>\n\n")
     qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
     assert not window.store.get_chat(window.controller.chat_id).settings.think
     send(qtbot, window, "Quick, please")
-    assert prompt_text(thinking_bridge, thinking_bridge.prompts[-1]).endswith(
+    assert prompt_text(thinking_bridge, thinking_bridge.sent_prompts[-1]).endswith(
         "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
@@ -186,9 +186,8 @@ def test_the_reasoning_effort_box_reaches_the_template_and_stays_with_the_chat(
     submit = bridge.submit
     bridge.submit = lambda prompt, params: prompts.append(prompt) or submit(prompt, params)
 
-    def rendered(prompt) -> str:  # messages are rendered by the engine, at its default
-        ids = prompt if isinstance(prompt[0], int) else llm.tokenizer.encode_chat(prompt)
-        return llm.tokenizer.decode(ids, skip_special_tokens=False)
+    def rendered(prompt) -> str:  # the ids the app's planner built, as text
+        return llm.tokenizer.decode(prompt.ids, skip_special_tokens=False)
 
     try:
         window = make_window(bridge)

@@ -61,9 +61,9 @@ def test_events_arrive_on_the_gui_thread_in_order(qtbot, make_bridge):
         bridge.load_model("a")
     seen, threads = [], set()
 
-    def on_token(rid, index, text):
+    def on_token(rid, index, parts):
         threads.add(QThread.currentThread() is bridge.thread())
-        seen.append((index, text))
+        seen.append((index, "".join(part.text for part in parts)))
 
     bridge.tokenArrived.connect(on_token)
     busy = []

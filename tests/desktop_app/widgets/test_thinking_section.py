@@ -8,7 +8,8 @@ from __future__ import annotations
 from desktop_app.data.chat_schema import Message
 from desktop_app.widgets.message_widget import MessageWidget, TurnItem
 from desktop_app.widgets.thinking_section import thinking_summary
-from engine.text.reasoning import Thinking, ThinkParser
+from engine.outputs import Thinking
+from engine.text.reasoning import ThinkParser
 from tests.desktop_app.data.test_metric_values import NAN, bad_metrics, shows_no_bad_number
 
 REPLY = "<think>\nFirst **this**, then that.\n</think>\n\nThe answer is `42`."

@@ -11,8 +11,9 @@ import jsonschema
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
+from engine.outputs import CallArguments, CallStart
 from engine.tools.constrained import SchemaCallParser, call_schema, shown_as_text
-from engine.tools.events import CallArguments, CallStart, assemble
+from engine.tools.events import assemble
 from tests.engine.serve.conftest import Served
 from tests.engine.tools.tool_models import TIME_TOOL, WEATHER_TOOL
 

@@ -8,7 +8,7 @@ import httpx2 as httpx
 import pytest
 
 from engine import LLM
-from engine.serve.tool_fields import InvalidField, tool_request
+from engine.tools.request import InvalidField, tool_request
 from tests.engine.serve.conftest import Served
 from tests.engine.tools.tool_models import (
     CALL_REPLIES,

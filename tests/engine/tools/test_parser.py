@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from engine.tools.events import CallArguments, CallStart, TextDelta, assemble
+from engine.outputs import CallArguments, CallStart, TextDelta
+from engine.tools.events import assemble
 from engine.tools.format import ToolFormat
 from engine.tools.hermes import HERMES
 from engine.tools.llama3 import LLAMA3_JSON

@@ -3,6 +3,7 @@ reader's thinking tokens and time."""
 
 from __future__ import annotations
 
+from engine.outputs import TextDelta
 from engine.text.reasoning import (
     HARMONY,
     THINK,
@@ -11,7 +12,6 @@ from engine.text.reasoning import (
     has_think_switch,
     reasoning_format,
 )
-from engine.tools.events import TextDelta
 
 QWEN3 = ("{%- if enable_thinking is defined and enable_thinking is false %}"
          "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}")

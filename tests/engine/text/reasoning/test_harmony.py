@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from engine.text.reasoning import HarmonyParser, Thinking, split_reply
-from engine.tools.events import CallArguments, CallStart, TextDelta
+from engine.outputs import CallArguments, CallStart, TextDelta, Thinking
+from engine.text.reasoning import HarmonyParser, split_reply
 from tests.engine.text.reasoning import streams
 
 ANSWER = ("<|channel|>analysis<|message|>User asks the weather. Need the tool.<|end|>"

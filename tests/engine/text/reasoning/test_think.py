@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.text.reasoning import Thinking, ThinkParser, split_reply
-from engine.tools.events import TextDelta
+from engine.outputs import TextDelta, Thinking
+from engine.text.reasoning import ThinkParser, split_reply
 from tests.engine.text.reasoning import streams
 
 REPLY = "<think>\nThe user greets me.\nI should greet back.\n</think>\n\nHello! How can I help?"

@@ -1,6 +1,6 @@
-"""A chat request with tools, made into prompt ids for the served model.
+"""A chat request with tools, made into prompt ids (for ``PromptBuilder``).
 
-``ModelTools`` is read once per server: the model family's tool format, if it has one for
+``ModelTools`` is read once per model: the model family's tool format, if it has one for
 this chat template (``engine/tools/registry.py``), and what the template can show.
 ``tool_prompt`` checks a request against it, renders tools, calls and results through the
 template, and starts the reply with the format's call marker when the client requires a
@@ -17,15 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.models.registry import family_of
-from engine.sampling_params import ResponseFormat, SamplingParams
-from engine.serve.reply_tokens import ReplyTokens
-from engine.serve.tool_fields import InvalidField, ToolRequest
+from engine.chat.reply_tokens import ReplyTokens
+from engine.sampling_params import ResponseFormat
 from engine.text.reasoning import HARMONY, TemplateOptions, reasoning_format
 from engine.tools.constrained import call_schema, shown_as_text
 from engine.tools.format import ToolFormat
 from engine.tools.harmony import call_opening
 from engine.tools.registry import tool_format
+from engine.tools.request import InvalidField, ToolRequest
 from engine.tools.template import TemplateToolError, TemplateTools, prepare
 
 
@@ -45,9 +44,10 @@ class ModelTools:
     harmony: bool = False
 
     @classmethod
-    def of(cls, llm) -> ModelTools:
-        source = template_source(llm.tokenizer.hf)
-        fmt = tool_format(family_of(llm.engine.hf_config).model_type, source)
+    def of(cls, model_type: str, source: str | None) -> ModelTools:
+        """``model_type``: the family's (``family_of(config).model_type``); ``source``: the
+        chat template's text."""
+        fmt = tool_format(model_type, source)
         return cls(fmt, TemplateTools.of(source), reasoning_format(source) is HARMONY)
 
     @property
@@ -65,14 +65,6 @@ class ToolPrompt:
     stop_ids: tuple[int, ...] = ()
     # A family without a call format, made to call: its reply constrained to one call.
     call_format: ResponseFormat | None = None
-
-    def adjust(self, params: SamplingParams) -> None:
-        """What reading calls needs of sampling: marker tokens kept in the text (many are
-        special tokens), and the format's end-of-call tokens as stops."""
-        if self.fmt is None:
-            return
-        params.skip_special_tokens = False
-        params.stop_token_ids = [*params.stop_token_ids, *self.stop_ids]
 
 
 def tool_prompt(model: ModelTools, request: ToolRequest, messages: list[dict],
