@@ -76,9 +76,8 @@ class MainWindow(QMainWindow):
         splitter.setHandleWidth(1)
         self.setCentralWidget(splitter)
 
-        self.vram_panel = VramPanel(bridge)
-        self.vram_panel.chat_of_owner = self.controller.chat_of_owner
-        self.vram_panel.current_chat_tokens = self.controller.current_chat_tokens
+        self.vram_panel = VramPanel(bridge, chat_of_owner=self.controller.chat_of_owner,
+                                    chat_tokens=self.controller.current_chat_tokens)
         self.vram_dock = QDockWidget("Memory", self)
         self.vram_dock.setObjectName("vramDock")
         self.vram_dock.setWidget(self.vram_panel)
