@@ -53,7 +53,7 @@ def kv_rows(kv) -> dict[str, str]:
 
 def disk_row(kv) -> str:
     """The KV cache's disk tier: its blocks, bytes and hits (or why there are none)."""
-    disk = getattr(kv, "disk", None)
+    disk = kv.disk
     if disk is None:
         return "Off (Settings ▸ Engine ▸ Keep chats warm on disk)"
     if not disk.enabled:
@@ -65,7 +65,7 @@ def disk_row(kv) -> str:
 
 def group_rows(kv) -> list[str]:
     """A line per KV group (global, sliding) when the model has several, else none."""
-    groups = getattr(kv, "groups", None) or []
+    groups = kv.groups
     if len(groups) < 2:
         return []
     return [f"{g.name}: {g.num_layers} layer{'s' if g.num_layers != 1 else ''}, "
@@ -354,7 +354,7 @@ class VramPanel(QScrollArea):
         room = headroom_tokens(kv, self.source.max_model_len, self._chat_tokens())
         texts["headroom"] = f"This chat can grow about {room} more tokens"
         texts["disk"] = disk_row(kv)
-        self.clear_disk.setEnabled(getattr(kv, "disk", None) is not None)
+        self.clear_disk.setEnabled(kv.disk is not None)
         per_chat = blocks_per_chat(kv, self._owner_name)
         texts["per_chat"] = "\n".join(
             f"{chat}: {n} block{'s' if n != 1 else ''}" for chat, n in sorted(
