@@ -170,7 +170,9 @@ class ChatController(QObject):
             chat = self.store.get_chat(chat_id) if chat_id is not None else None
         except KeyError:
             chat = None
-        self._session(chat.id if chat is not None else self.new_chat()).send(text)
+        session = self._session(chat.id if chat is not None else self.new_chat())
+        session.send(text)
+        self._release(session.chat_id)  # refused in a chat out of view: nothing to keep
 
     def edit(self, message_id: int, text: str) -> None:
         session = self._session_of(message_id)
@@ -187,6 +189,7 @@ class ChatController(QObject):
         session = self._session(chat_id)
         if self.bridge.is_loaded and not session.generating:
             session.continue_after(parent_id)
+        self._release(chat_id)
 
     def keep(self, message_id: int) -> None:
         self._session_of(message_id).keep(message_id)
