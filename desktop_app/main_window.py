@@ -1,4 +1,10 @@
-"""The main window: chat sidebar, conversation, VRAM dock, toolbar, shortcuts, dialogs."""
+"""The main window: chat sidebar, conversation, VRAM dock, toolbar, shortcuts, dialogs.
+
+It builds the controllers with the collaborators they use and declares here how they talk:
+the chat in view (``ChatController.chatOpened``) reaches the composer's Think, JSON and
+Tools controls, ToolTurns asks the controller to go on after tool results and to show a
+chat again, and the memory panel is handed the controller's answers for block owners and
+the open chat's size."""
 
 from __future__ import annotations
 
@@ -20,7 +26,9 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.controllers.chat_controller import ChatController
+from desktop_app.controllers.json_mode import JsonModeController
 from desktop_app.controllers.serve_switch import ServeSwitch
+from desktop_app.controllers.thinking import ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
 from desktop_app.data.model_templates import template_config
 from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, config_dir, save_settings
@@ -54,11 +62,22 @@ class MainWindow(QMainWindow):
 
         self.chat_list = ChatList()
         self.conversation = ConversationView()
-        self.controller = ChatController(store, bridge, self.conversation, settings, self)
+        view = self.conversation
         # MCP servers' tools (mcp.json in the config folder), per chat.
         self.tools = tools if tools is not None else ToolsBridge(config_dir(), parent=self)
-        self.tool_turns = ToolTurns(self.controller, self.tools, settings, persist, self)
-        self.controller.tools = self.tool_turns
+        self.tools_button = ChatToolsButton()  # on the toolbar
+        self.tool_turns = ToolTurns(store, bridge, self.tools, self.tools_button, settings,
+                                    persist, self)
+        self.thinking = ThinkingControls(store, bridge, view.think_button, view.effort_box,
+                                         self)
+        self.json_mode = JsonModeController(store, view.json_button, view, self)
+        self.controller = ChatController(store, bridge, view, settings, self.tool_turns,
+                                         self.thinking, self)
+        for shows_chat in (self.thinking.show_chat, self.json_mode.show_chat,
+                           self.tool_turns.show_chat):
+            self.controller.chatOpened.connect(shows_chat)
+        self.tool_turns.continueRequested.connect(self.controller.continue_after)
+        self.tool_turns.chatChanged.connect(self.controller.refresh_chat)
         sources.register_remembered_keys(bridge, settings)
         self.serve = ServeSwitch(bridge, settings, persist, self)  # the API on localhost
         self.serve_label = QLabel("")
@@ -76,9 +95,8 @@ class MainWindow(QMainWindow):
         splitter.setHandleWidth(1)
         self.setCentralWidget(splitter)
 
-        self.vram_panel = VramPanel(bridge)
-        self.vram_panel.chat_of_owner = self.controller.chat_of_owner
-        self.vram_panel.current_chat_tokens = self.controller.current_chat_tokens
+        self.vram_panel = VramPanel(bridge, chat_of_owner=self.controller.chat_of_owner,
+                                    chat_tokens=self.controller.current_chat_tokens)
         self.vram_dock = QDockWidget("Memory", self)
         self.vram_dock.setObjectName("vramDock")
         self.vram_dock.setWidget(self.vram_panel)
@@ -152,9 +170,7 @@ class MainWindow(QMainWindow):
         self.candidates_spin.setToolTip("Replies generated side by side for each message")
         self.candidates_spin.valueChanged.connect(self._on_candidates_changed)
         bar.addWidget(self.candidates_spin)
-        self.tools_button = ChatToolsButton()
         bar.addWidget(self.tools_button)
-        self.tool_turns.bind_button(self.tools_button)
         spacer = QWidget()
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         bar.addWidget(spacer)

@@ -5,20 +5,29 @@ from __future__ import annotations
 from dataclasses import replace
 
 from PySide6.QtCore import QObject
+from PySide6.QtWidgets import QWidget
 
 from desktop_app.data.json_mode import METRIC
 from desktop_app.widgets.json_mode import JsonModeButton, JsonModeDialog
 
 
 class JsonModeController(QObject):
-    """Owned by the ChatController: the button shows the chat in view's mode and opens
-    the dialog that changes it; ``reply_metrics`` is what each reply records of it."""
+    """The composer's JSON button for the chat in view (``show_chat``): it shows the chat's
+    mode and opens the dialog that changes it; ``reply_metrics`` is what each reply
+    records of it."""
 
-    def __init__(self, chats, button: JsonModeButton) -> None:
-        super().__init__(chats)
-        self.chats, self.button = chats, button
+    def __init__(self, store, button: JsonModeButton, dialog_parent: QWidget,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.store, self.button, self._dialog_parent = store, button, dialog_parent
+        self.chat_id: int | None = None
         self.dialog: JsonModeDialog | None = None  # the open one, for tests to drive
         button.clicked.connect(self.edit)
+
+    def show_chat(self, chat_id: int) -> None:
+        """The chat in view changed (0: none)."""
+        self.chat_id = chat_id or None
+        self.refresh()
 
     def refresh(self) -> None:
         settings = self._settings()
@@ -32,7 +41,7 @@ class JsonModeController(QObject):
             self.refresh()
             return
         self.dialog = JsonModeDialog(settings.json_mode, settings.json_schema,
-                                     self.chats.view)
+                                     self._dialog_parent)
         self.dialog.finished.connect(self._closed)
         self.dialog.open()
 
@@ -43,12 +52,11 @@ class JsonModeController(QObject):
             on, schema = dialog.values()
             # The dialog checked the schema already: this cannot raise.
             updated = replace(settings, json_mode=on, json_schema=schema)
-            self.chats.store.update_chat_settings(self.chats.chat_id, updated)
+            self.store.update_chat_settings(self.chat_id, updated)
         self.refresh()
 
     def _settings(self):
-        chat_id = self.chats.chat_id
-        return None if chat_id is None else self.chats.store.get_chat(chat_id).settings
+        return None if self.chat_id is None else self.store.get_chat(self.chat_id).settings
 
 
 def reply_metrics(params) -> dict:

@@ -22,20 +22,25 @@ DROPPED_METRIC = "thinking_dropped_tokens"
 
 
 class ThinkingControls(QObject):
-    """The Think button and effort box of the chat in view; ``options(chat)`` what its
-    prompts pass the template. Owned by the ChatController, on the GUI thread."""
+    """The composer's Think button and effort box, for the chat in view (``show_chat``, on
+    the GUI thread); ``options(chat)`` what a chat's prompts pass the template."""
 
-    def __init__(self, chats, parent: QObject | None = None) -> None:
-        super().__init__(parent or chats)
-        self.chats = chats
-        self.button = chats.view.think_button
+    def __init__(self, store, bridge, button, effort_box, parent: QObject | None = None
+                 ) -> None:
+        super().__init__(parent)
+        self.store, self.bridge = store, bridge
+        self.chat_id: int | None = None
+        self.button = button
         self.button.toggled.connect(self._switched)
-        self.effort_box = chats.view.effort_box
+        self.effort_box = effort_box
         self.effort_box.effortChosen.connect(self._effort_chosen)
+        # What the template reads changes with the model.
+        for signal in (bridge.modelLoaded, bridge.modelUnloaded):
+            signal.connect(lambda *_: self.refresh())
 
     def _template(self) -> tuple[bool, bool]:
         """(the template reads enable_thinking, it reads reasoning_effort)."""
-        prompts = self.chats.bridge.prompts if self.chats.bridge.is_loaded else None
+        prompts = self.bridge.prompts if self.bridge.is_loaded else None
         if prompts is None:
             return False, False
         return prompts.has_think_switch, prompts.has_effort_setting
@@ -46,10 +51,15 @@ class ThinkingControls(QObject):
         return TemplateOptions(chat.settings.think if switch else None,
                                chat.settings.reasoning_effort if effort else None)
 
+    def show_chat(self, chat_id: int) -> None:
+        """The chat in view changed (0: none)."""
+        self.chat_id = chat_id or None
+        self.refresh()
+
     def refresh(self) -> None:
-        chat_id = self.chats.chat_id
+        chat_id = self.chat_id
         switch, effort = self._template() if chat_id is not None else (False, False)
-        settings = self.chats.store.get_chat(chat_id).settings if chat_id is not None else None
+        settings = self.store.get_chat(chat_id).settings if chat_id is not None else None
         self.button.setVisible(switch)
         if switch:
             self.button.blockSignals(True)
@@ -60,16 +70,14 @@ class ThinkingControls(QObject):
             self.effort_box.show_effort(settings.reasoning_effort)
 
     def _effort_chosen(self, effort: str | None) -> None:
-        chat_id = self.chats.chat_id
-        if chat_id is None:
+        if self.chat_id is None:
             return
-        settings = self.chats.store.get_chat(chat_id).settings
-        self.chats.store.update_chat_settings(chat_id, replace(settings,
-                                                               reasoning_effort=effort))
+        settings = self.store.get_chat(self.chat_id).settings
+        self.store.update_chat_settings(self.chat_id, replace(settings,
+                                                              reasoning_effort=effort))
 
     def _switched(self, on: bool) -> None:
-        chat_id = self.chats.chat_id
-        if chat_id is None:
+        if self.chat_id is None:
             return
-        settings = self.chats.store.get_chat(chat_id).settings
-        self.chats.store.update_chat_settings(chat_id, replace(settings, think=on))
+        settings = self.store.get_chat(self.chat_id).settings
+        self.store.update_chat_settings(self.chat_id, replace(settings, think=on))

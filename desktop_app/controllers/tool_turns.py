@@ -1,22 +1,24 @@
 """Tool calls in chat turns: MCP tools shown to the model, its calls read from the reply,
 run when the user says so, and the results sent back so the reply goes on.
 
-``ChatController`` asks this object at a few points: ``tool_request`` (the chat's tools,
-which the engine's prompt builder renders through the model's own template; the engine
-reads each reply's calls, which arrive with the finished candidate), ``finished`` and
-``kept`` (a reply's calls become pending "tool" messages in the chat tree,
-data.tool_records) and ``card`` (a tool message's card in the view). A
+Each chat's session (controllers.chat_session) asks this object at a few points:
+``tool_request`` (the chat's tools, which the engine's prompt builder renders through the
+model's own template; the engine reads each reply's calls, which arrive with the finished
+candidate), ``finished`` and ``kept`` (a reply's calls become pending "tool" messages in
+the chat tree, data.tool_records) and ``card`` (a tool message's card in the view). A
 pending call waits for Run unless its tool is always allowed; the result arrives from the
-ToolsBridge, is stored, and once every call of the reply has an answer the controller
-generates the next reply after them: the same turn, continued. A candidate's calls wait
-until the user keeps it. Only local models read calls (a remote server gets no tools).
+ToolsBridge, is stored, and once every call of the reply has an answer
+``continueRequested`` asks for the next reply after them: the same turn, continued.
+``chatChanged`` says a chat's cards changed. A candidate's calls wait until the user keeps
+it. Only local models read calls (a remote server gets no tools). The window wires the
+signals and ``show_chat`` (the chat in view, whose tools the toolbar's button shows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, Signal
 
 from desktop_app.data import tool_records as records
 from desktop_app.mcp.toolset import with_server, with_tool
@@ -31,21 +33,25 @@ MAX_AUTO_ROUNDS = 8
 
 
 class ToolTurns(QObject):
-    def __init__(self, controller, tools_bridge, app_settings,
+    continueRequested = Signal(int, int)  # chat id, the last answer's id: go on after it
+    chatChanged = Signal(int)  # chat id: its tool cards changed
+
+    def __init__(self, store, bridge, tools_bridge, button: ChatToolsButton, app_settings,
                  persist: Callable[[object], object], parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.controller = controller
-        self.store, self.bridge = controller.store, controller.bridge
+        self.store, self.bridge = store, bridge
         self.tools = tools_bridge
         self.app_settings = app_settings
         self._persist = persist
         self._running: dict[str, int] = {}  # call id -> tool message id
-        self.button: ChatToolsButton | None = None
+        self.chat_id: int | None = None  # the chat in view
+        self.button = button
+        button.toggled_tool.connect(self._on_toggle)
         tools_bridge.callFinished.connect(self._on_result)
         tools_bridge.serversChanged.connect(self.refresh_button)
-        controller.chatOpened.connect(lambda _chat: self.refresh_button())
-        for signal in (self.bridge.modelLoaded, self.bridge.modelUnloaded):
+        for signal in (bridge.modelLoaded, bridge.modelUnloaded):
             signal.connect(lambda *_: self.refresh_button())
+        self.refresh_button()
 
     # -- what the model is shown -------------------------------------------------------
     def model_tools(self):
@@ -90,7 +96,7 @@ class ToolTurns(QObject):
                              "chat", records.ERROR)
             elif auto and self._always(server, name):
                 self.run(msg.id)
-        self._rerender(reply.chat_id)
+        self.chatChanged.emit(reply.chat_id)
         self._continue_if_answered(parent)
 
     # -- the user's answer ---------------------------------------------------------------
@@ -107,7 +113,7 @@ class ToolTurns(QObject):
             return
         self._running[str(message_id)] = message_id
         self.tools.call(str(message_id), call["server"], call["tool"], arguments)
-        self._rerender(msg.chat_id)
+        self.chatChanged.emit(msg.chat_id)
 
     def always_allow(self, message_id: int) -> None:
         call = self.store.get_message(message_id).tool_call
@@ -141,17 +147,17 @@ class ToolTurns(QObject):
     def _answer(self, message_id: int, text: str, state: str) -> None:
         msg = self.store.get_message(message_id)
         self.store.set_tool_result(message_id, text, {**msg.tool_call, "state": state})
-        self._rerender(msg.chat_id)
+        self.chatChanged.emit(msg.chat_id)
 
     def _continue_if_answered(self, message_id: int) -> None:
-        """Once every call of a reply has its answer, the reply goes on after the last."""
+        """Once every call of a reply has its answer, the reply goes on after the last (the
+        chat's session starts it unless that chat is generating)."""
         chain = self._chain(message_id)
         if not chain or any(m.tool_call["state"] == records.PENDING for m in chain):
             return
         last = chain[-1]
-        if self.store.children(last.id) or self.controller.is_generating(last.chat_id):
-            return
-        self.controller.continue_after(last.chat_id, last.id)
+        if not self.store.children(last.id):
+            self.continueRequested.emit(last.chat_id, last.id)
 
     def _rounds(self, reply_id: int) -> int:
         """Replies with calls since the user last wrote, this one included."""
@@ -194,20 +200,14 @@ class ToolTurns(QObject):
         return msg.content + (f"{calls}\n\n*Keep this candidate to run its tool calls.*"
                               if calls else "")
 
-    def _rerender(self, chat_id: int) -> None:
-        if chat_id == self.controller.chat_id:
-            self.controller.render()
-
     # -- the chat's Tools button ---------------------------------------------------------
-    def bind_button(self, button: ChatToolsButton) -> None:
-        self.button = button
-        button.toggled_tool.connect(self._on_toggle)
+    def show_chat(self, chat_id: int) -> None:
+        """The chat in view changed (0: none)."""
+        self.chat_id = chat_id or None
         self.refresh_button()
 
     def refresh_button(self) -> None:
-        if self.button is None:
-            return
-        chat_id = self.controller.chat_id
+        chat_id = self.chat_id
         selection = self.store.get_chat(chat_id).settings.tools if chat_id else {}
         entries = []
         for server in self.tools.config.servers:
@@ -226,7 +226,7 @@ class ToolTurns(QObject):
         self.button.setEnabled(chat_id is not None or not entries)
 
     def _on_toggle(self, server: str, tool: str, on: bool) -> None:
-        chat_id = self.controller.chat_id
+        chat_id = self.chat_id
         if chat_id is None:
             return
         chat = self.store.get_chat(chat_id)

@@ -1,12 +1,12 @@
 """The one QObject between the GUI and the engine.
 
-It owns the `engine.EngineWorker` (whose step loop runs on its own thread), loads models
-on a background thread, and turns worker callbacks into Qt signals. A ``remote:`` source
-(a server the user added, see desktop_app.data.servers) loads a RemoteLLM / RemoteWorker
-(services.remote) instead: same surface, same events, the model on another machine. Worker callbacks
-run on the worker thread, so they only post the event object to the GUI thread through a
-queued connection; every public signal is therefore emitted on the GUI thread and views
-may connect to it directly.
+It owns the loaded model's worker (services.worker_protocol.ModelWorker: a LocalWorker,
+the engine's worker whose step loop runs on its own thread, or for a ``remote:`` source, a
+server the user added (desktop_app.data.servers), a RemoteWorker: same surface, same
+events, the model on another machine), loads models on a background thread, and turns
+worker callbacks into Qt signals. Worker callbacks run on the worker thread, so they only
+post the event object to the GUI thread through a queued connection; every public signal
+is therefore emitted on the GUI thread and views may connect to it directly.
 
 ``busyChanged`` follows this app's own requests; ``activityChanged`` whether the engine
 runs anything, the API's requests (the serve switch) included, from the worker's
@@ -24,10 +24,11 @@ from PySide6.QtCore import QObject, Qt, Signal, Slot
 from desktop_app.data.engine_settings import EngineSettings
 from desktop_app.data.servers import is_remote_source, parse_server_source
 from desktop_app.services.devices import describe_memory_error, engine_config_for
+from desktop_app.services.worker_protocol import ModelWorker
 from engine.outputs import ActivityEvent, ErrorEvent, FinishedEvent, TokenEvent
 
 LlmFactory = Callable[..., Any]  # (name_or_path, config=..., progress=...) -> LLM
-WorkerFactory = Callable[[Any], Any]  # (llm) -> EngineWorker (not started)
+WorkerFactory = Callable[[Any], ModelWorker]  # (llm) -> its worker, not started
 
 
 def _default_llm_factory(name_or_path: str, config=None, progress=None):
@@ -36,19 +37,18 @@ def _default_llm_factory(name_or_path: str, config=None, progress=None):
     return LLM(name_or_path, config=config, progress=progress)
 
 
-def _default_worker_factory(llm):
-    from engine import EngineWorker
+def _default_worker_factory(llm) -> ModelWorker:
+    from desktop_app.services.local_worker import LocalWorker  # imports torch: on first load
 
-    return EngineWorker(llm)
+    return LocalWorker(llm)
 
 
-def _remote_factory(source: str, api_key: str, progress=None):
-    """(RemoteLLM, RemoteWorker) for a ``remote:`` source; raises RemoteError (an OSError)."""
+def _remote_factory(source: str, api_key: str, progress=None) -> ModelWorker:
+    """The RemoteWorker of a ``remote:`` source; raises RemoteError (an OSError)."""
     from desktop_app.services.remote import RemoteLLM, RemoteWorker
 
     base_url, model = parse_server_source(source)
-    llm = RemoteLLM.connect(base_url, model, api_key, progress=progress)
-    return llm, RemoteWorker(llm)
+    return RemoteWorker(RemoteLLM.connect(base_url, model, api_key, progress=progress))
 
 
 def describe_error(exc: BaseException) -> str:
@@ -90,8 +90,7 @@ class EngineBridge(QObject):
         # API keys of remote sources, in memory only (settings keep the remembered ones).
         self._server_keys: dict[str, str] = {}
         self.engine_config = engine_config
-        self._llm = None
-        self._worker = None
+        self._worker: ModelWorker | None = None
         # Bumped whenever the worker is replaced: events and loads from an older
         # generation are dropped instead of reaching views that moved on.
         self._generation = 0
@@ -122,36 +121,32 @@ class EngineBridge(QObject):
         return self._source
 
     @property
-    def llm(self):
-        return self._llm
-
-    @property
     def model_name(self) -> str | None:
-        return None if self._llm is None else self._llm.model_name
+        return None if self._worker is None else self._worker.model_name
 
     @property
     def max_model_len(self) -> int | None:
-        return None if self._llm is None else self._llm.max_model_len
+        return None if self._worker is None else self._worker.max_model_len
 
     @property
     def tokenizer(self):
-        return None if self._llm is None else self._llm.tokenizer
+        return None if self._worker is None else self._worker.tokenizer
 
     @property
     def prompts(self):
         """The loaded model's prompt builder (engine.chat.PromptBuilder): what the context
         planner measures with and the prompts it submits come from; None for a remote
         model or none loaded (the planner estimates, the messages are sent)."""
-        return getattr(self._llm, "prompts", None)
+        return None if self._worker is None else self._worker.prompts
 
     @property
-    def worker(self):
-        """The running worker (an EngineWorker, or a RemoteWorker), None when unloaded."""
+    def worker(self) -> ModelWorker | None:
+        """The running worker (a LocalWorker, or a RemoteWorker), None when unloaded."""
         return self._worker
 
     @property
     def is_remote(self) -> bool:
-        return bool(getattr(self._llm, "is_remote", False))
+        return self._worker is not None and self._worker.is_remote
 
     def set_server_key(self, source: str, api_key: str) -> None:
         """The API key to send when ``source`` (a remote server) loads."""
@@ -160,8 +155,7 @@ class EngineBridge(QObject):
     def remote_status(self):
         """The server's figures (services.remote_metrics.RemoteStatus) for a remote model,
         None for a local one."""
-        status = getattr(self._worker, "remote_status", None)
-        return status() if status is not None else None
+        return None if self._worker is None else self._worker.remote_status()
 
     @property
     def busy(self) -> bool:
@@ -214,7 +208,7 @@ class EngineBridge(QObject):
 
             try:
                 if is_remote_source(name_or_path):
-                    llm, worker = self._remote_factory(
+                    worker = self._remote_factory(
                         name_or_path, self._server_keys.get(name_or_path, ""), progress)
                 else:
                     llm = self._llm_factory(name_or_path, config=cfg, progress=progress)
@@ -222,7 +216,7 @@ class EngineBridge(QObject):
             except BaseException as exc:  # noqa: BLE001 - any failure goes to the dialog
                 self._posted.emit(token, ("failed", name_or_path, describe_error(exc)))
                 return
-            self._posted.emit(token, ("loaded", llm, worker, name_or_path))
+            self._posted.emit(token, ("loaded", worker, name_or_path))
 
         threading.Thread(target=run, name="folio-model-load", daemon=True).start()
 
@@ -246,7 +240,6 @@ class EngineBridge(QObject):
         self._handles.clear()
         self._generation += 1
         self._worker = None
-        self._llm = None
         self._source = None
         self._engine_busy = False
         self.busyChanged.emit(False)
@@ -289,12 +282,11 @@ class EngineBridge(QObject):
     def memory_stats(self):
         return None if self._worker is None else self._worker.memory_stats()
 
-    def preload(self, messages) -> None:
+    def preload(self, prompt) -> None:
         """A chat was opened: its history's blocks on disk are loaded ahead of its next
-        turn, when the engine has nothing else to do (a local model only)."""
-        preload = getattr(self._worker, "preload", None)
-        if preload is not None and not self.is_remote:
-            preload(messages)
+        turn, when the engine has nothing else to do (a remote worker does nothing)."""
+        if self._worker is not None:
+            self._worker.preload(prompt)
 
     def clear_disk(self) -> None:
         """Remove the KV cache's disk tier files (the memory panel's Clear)."""
@@ -311,7 +303,7 @@ class EngineBridge(QObject):
             return
         if token != self._load_token:
             if payload[0] == "loaded":  # a superseded load: free it
-                threading.Thread(target=payload[2].shutdown, daemon=True).start()
+                threading.Thread(target=payload[1].shutdown, daemon=True).start()
             return
         kind = payload[0]
         if kind == "progress":
@@ -321,16 +313,15 @@ class EngineBridge(QObject):
             self.modelLoadFailed.emit(payload[1], payload[2])
         elif kind == "loaded":
             self._loading = None
-            llm, worker = payload[1], payload[2]
+            worker = payload[1]
             if self._worker is not None:
                 self._retire_worker(wait=False)
-            listen = getattr(worker, "set_activity_listener", None)
-            if listen is not None:  # the engine's worker has one, a remote one does not
-                generation = self._generation
-                listen(lambda event: self._posted.emit(-1, (generation, event)))
+            generation = self._generation
+            worker.set_activity_listener(lambda event: self._posted.emit(-1, (generation,
+                                                                              event)))
             worker.start()
-            self._llm, self._worker, self._source = llm, worker, payload[3]
-            self.modelLoaded.emit(llm.model_name)
+            self._worker, self._source = worker, payload[2]
+            self.modelLoaded.emit(worker.model_name)
 
     def _dispatch(self, event) -> None:
         if isinstance(event, ActivityEvent):

@@ -1,11 +1,13 @@
 """Remote OpenAI-compatible servers (vLLM, SGLang, ``folio serve``) as a model source.
 
-``RemoteLLM`` and ``RemoteWorker`` have the surface EngineBridge uses of engine.LLM and
-engine.EngineWorker, and a request emits the engine's own TokenEvent / FinishedEvent /
+``RemoteWorker`` is the remote side of services.worker_protocol.ModelWorker (``RemoteLLM``
+the model on the server), and a request emits the engine's own TokenEvent / FinishedEvent /
 ErrorEvent (from a background thread, as the engine's worker does), so the bridge, the
 chat controller and the views treat a remote model like a local one. What differs:
-``kv_stats()`` / ``memory_stats()`` are None (the KV cache is on another machine) and
-``remote_status()`` reports the server's own figures from its ``/metrics`` page.
+``kv_stats()`` / ``memory_stats()`` are None (the KV cache is on another machine),
+``remote_status()`` reports the server's own figures from its ``/metrics`` page, there is
+no prompt builder or tokenizer here (the messages are sent), nothing on disk to preload or
+clear, and no activity events (the bridge's own requests say when it is busy).
 
 The API key goes only into the Authorization header: never into a source string, a
 log line, a repr or an error message.
@@ -43,10 +45,9 @@ __all__ = ["DEFAULT_MAX_MODEL_LEN", "ModelCard", "RemoteError", "RemoteLLM", "Re
 
 
 class RemoteLLM:
-    """A model on a remote server, with the attributes the bridge reads of engine.LLM."""
+    """A model on a remote server: where it is, its name and context, and clients on it."""
 
-    is_remote = True
-    tokenizer = None
+    tokenizer = None  # the server's: a draft is estimated (context_policy.estimate_tokens)
 
     def __init__(self, base_url: str, model: str, api_key: str = "",
                  max_model_len: int | None = None) -> None:
@@ -96,12 +97,27 @@ class RemoteHandle:
 class RemoteWorker:
     """Requests to a remote server, each streamed on its own thread."""
 
+    is_remote = True
+    prompts = None  # the server renders its template: the messages are sent
+
     def __init__(self, llm: RemoteLLM, metrics_interval_s: float = METRICS_INTERVAL_S) -> None:
         self.llm = llm
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._requests: dict = {}
         self._poller = llm.metrics_poller(metrics_interval_s)
+
+    @property
+    def model_name(self) -> str:
+        return self.llm.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.max_model_len
+
+    @property
+    def tokenizer(self) -> None:
+        return self.llm.tokenizer
 
     def start(self) -> RemoteWorker:
         self._poller.start()
@@ -139,6 +155,15 @@ class RemoteWorker:
 
     def memory_stats(self):
         return None
+
+    def preload(self, prompt) -> None:
+        """The server keeps its own cache: nothing to load ahead from here."""
+
+    def clear_disk(self) -> None:
+        """No disk tier of ours holds a remote model's blocks."""
+
+    def set_activity_listener(self, listener) -> None:
+        """The server's other clients are not seen: the bridge's requests tell busy."""
 
     def remote_status(self) -> RemoteStatus:
         metrics, note, checked = self._poller.latest()

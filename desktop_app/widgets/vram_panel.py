@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from PySide6.QtCore import QPointF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
@@ -52,7 +53,7 @@ def kv_rows(kv) -> dict[str, str]:
 
 def disk_row(kv) -> str:
     """The KV cache's disk tier: its blocks, bytes and hits (or why there are none)."""
-    disk = getattr(kv, "disk", None)
+    disk = kv.disk
     if disk is None:
         return "Off (Settings ▸ Engine ▸ Keep chats warm on disk)"
     if not disk.enabled:
@@ -64,7 +65,7 @@ def disk_row(kv) -> str:
 
 def group_rows(kv) -> list[str]:
     """A line per KV group (global, sliding) when the model has several, else none."""
-    groups = getattr(kv, "groups", None) or []
+    groups = kv.groups
     if len(groups) < 2:
         return []
     return [f"{g.name}: {g.num_layers} layer{'s' if g.num_layers != 1 else ''}, "
@@ -156,19 +157,38 @@ class Sparkline(QWidget):
         painter.end()
 
 
-class VramPanel(QScrollArea):
-    """The dock's content. `source` needs kv_stats(), memory_stats(), busy, max_model_len."""
+class MemorySource(Protocol):
+    """What the panel reads: the bridge in the app (its worker's figures; a remote model
+    has server figures instead of KV and memory ones, a local one none)."""
 
-    def __init__(self, source, parent: QWidget | None = None) -> None:
+    @property
+    def max_model_len(self) -> int | None: ...
+
+    def kv_stats(self): ...
+
+    def memory_stats(self): ...
+
+    def remote_status(self): ...
+
+    def clear_disk(self) -> None: ...
+
+
+class VramPanel(QScrollArea):
+    """The dock's content. ``chat_of_owner(owner)``: the title of the chat whose request
+    owns a block ("request_id:index"), None for none; ``chat_tokens()``: the tokens the
+    open chat holds (its headroom is what the context and the pool leave)."""
+
+    def __init__(self, source: MemorySource,
+                 chat_of_owner: Callable[[str], str | None] = lambda owner: None,
+                 chat_tokens: Callable[[], int] = lambda: 0,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("vramPanel")
         self.setAccessibleName("Memory panel")
         self.setWidgetResizable(True)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.source = source
-        # Set by the main window: who owns a block, and the size of the open chat.
-        self.chat_of_owner: Callable[[str], str | None] = lambda owner: None
-        self.current_chat_tokens: Callable[[], int] = lambda: 0
+        self._chat_of_owner, self._chat_tokens = chat_of_owner, chat_tokens
         self._values: dict[str, QLabel] = {}
 
         body = QWidget()
@@ -214,7 +234,7 @@ class VramPanel(QScrollArea):
         self.clear_disk.setObjectName("clearDiskButton")
         self.clear_disk.setToolTip("Remove the chats' KV cache kept on disk; chats recompute "
                                    "their history next time")
-        self.clear_disk.clicked.connect(self._clear_disk)
+        self.clear_disk.clicked.connect(lambda: self.source.clear_disk())
         layout.addWidget(self.clear_disk, 0, Qt.AlignmentFlag.AlignLeft)
         self._section(layout, "Blocks per chat", [("per_chat", "")])
         layout.addWidget(self._heading("Block map"))
@@ -231,11 +251,6 @@ class VramPanel(QScrollArea):
         self.timer = self.schedule.timer
         self.last_kv = None
         self.last_memory = None
-
-    def _clear_disk(self) -> None:
-        clear = getattr(self.source, "clear_disk", None)
-        if clear is not None:
-            clear()
 
     def _heading(self, text: str) -> QLabel:
         label = QLabel(text)
@@ -306,14 +321,13 @@ class VramPanel(QScrollArea):
 
     def _owner_name(self, owner: str) -> str | None:
         """A chat's title, "API request" for the app's API, None for anything else."""
-        chat = self.chat_of_owner(owner)
+        chat = self._chat_of_owner(owner)
         if chat is None and owner.startswith(API_PREFIX):
             return "API request"
         return chat
 
     def refresh(self) -> None:
-        remote = getattr(self.source, "remote_status", None)
-        status = remote() if remote is not None else None
+        status = self.source.remote_status()
         self.schedule.set_remote(status is not None)
         self.remote_view.setVisible(status is not None)
         self.local_view.setVisible(status is None)
@@ -337,10 +351,10 @@ class VramPanel(QScrollArea):
         self._memory_form.setRowVisible(self._values["rss"], not cuda)
         self._memory_form.setRowVisible(self._values["experts"], "experts" in texts)
         self._memory_form.setRowVisible(self._values["state_pool"], "state_pool" in texts)
-        room = headroom_tokens(kv, self.source.max_model_len, self.current_chat_tokens())
+        room = headroom_tokens(kv, self.source.max_model_len, self._chat_tokens())
         texts["headroom"] = f"This chat can grow about {room} more tokens"
         texts["disk"] = disk_row(kv)
-        self.clear_disk.setEnabled(getattr(kv, "disk", None) is not None)
+        self.clear_disk.setEnabled(kv.disk is not None)
         per_chat = blocks_per_chat(kv, self._owner_name)
         texts["per_chat"] = "\n".join(
             f"{chat}: {n} block{'s' if n != 1 else ''}" for chat, n in sorted(

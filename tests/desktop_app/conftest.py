@@ -85,10 +85,14 @@ class _Handle:
 
 class FakeWorker:
     """A thread that streams canned words, one token per candidate per step, with a KV
-    pool of 32 blocks of 4 tokens whose use follows the requests in flight."""
+    pool of 32 blocks of 4 tokens whose use follows the requests in flight. Implements
+    services.worker_protocol.ModelWorker, as a local model without a prompt builder (the
+    messages are sent)."""
 
     NUM_BLOCKS = 32
     BLOCK = 4
+    is_remote = False
+    prompts = None
 
     def __init__(self, llm: FakeLLM) -> None:
         self.llm = llm
@@ -98,8 +102,21 @@ class FakeWorker:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.submitted: list[tuple[object, object]] = []
+        self.preloaded: list[object] = []
         self.gate = threading.Event()  # cleared: generation pauses (tests of mid-stream)
         self.gate.set()
+
+    @property
+    def model_name(self) -> str:
+        return self.llm.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.max_model_len
+
+    @property
+    def tokenizer(self):
+        return self.llm.tokenizer
 
     def start(self) -> FakeWorker:
         self._thread.start()
@@ -129,6 +146,18 @@ class FakeWorker:
     def shutdown(self) -> None:
         self._stop.set()
         self._thread.join(5)
+
+    def preload(self, prompt) -> None:
+        self.preloaded.append(prompt)
+
+    def clear_disk(self) -> None:
+        pass
+
+    def set_activity_listener(self, listener) -> None:
+        pass  # the bridge's own requests say when it is busy
+
+    def remote_status(self) -> None:
+        return None
 
     def _output(self, rid: str, req: dict, reason: str) -> RequestOutput:
         n = req["params"].n

@@ -135,7 +135,7 @@ def test_stop_keeps_the_partial_reply_and_frees_its_blocks(qtbot, make_starter_b
     qtbot.waitUntil(lambda: bridge.kv_stats().num_used == 0, timeout=5000)
     window.conversation.composer.setPlainText("Write a long story about a lighthouse keeper.")
     window.conversation.send_button.click()
-    [stream] = window.controller.streams.values()
+    [stream] = window.controller.current.streams.values()
     qtbot.waitUntil(lambda: len(stream.texts[0]) > 20, timeout=TURN_TIMEOUT_MS)
     # The worker refreshes its KV figures every STATS_INTERVAL_S: the first tokens can
     # arrive before a snapshot that shows the reply's blocks.
@@ -222,7 +222,7 @@ def test_screenshot_of_three_candidates_and_the_vram_panel(qtbot, make_starter_b
         "Suggest a name for a **paged** KV cache, with a `code` example.")
     with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
         window.conversation.send_button.click()
-        [stream] = window.controller.streams.values()
+        [stream] = window.controller.current.streams.values()
         qtbot.waitUntil(lambda: all(len(t) >= 8 for t in stream.texts),
                         timeout=TURN_TIMEOUT_MS)
         window.vram_panel.refresh()

@@ -42,7 +42,7 @@ def test_the_dock_shows_the_pool_reserved_and_resident(qtbot, make_starter_bridg
     resident = mem.kv_pool_resident_bytes
     assert kv.num_cached * kv.bytes_per_block <= resident < mem.kv_pool_bytes
     if sys.platform.startswith("linux"):
-        [pool] = bridge.llm.engine.runner.kv_caches
+        [pool] = bridge.worker.llm.engine.runner.kv_caches
         assert resident == smaps_rss(pool.untyped_storage().data_ptr())
     # Reserved: all 384 blocks and the pool's null block (core/block_pool.py).
     assert mem.kv_pool_bytes == (kv.num_blocks + 1) * kv.bytes_per_block

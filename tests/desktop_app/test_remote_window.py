@@ -79,7 +79,7 @@ def test_chat_with_a_remote_server(qtbot, make_window, store, captured_errors):
         stub.forever, stub.delay_s = True, 0.02
         window.conversation.composer.setPlainText("Go on forever")
         window.conversation.send_button.click()
-        [stream] = window.controller.streams.values()
+        [stream] = window.controller.current.streams.values()
         qtbot.waitUntil(lambda: len(stream.texts[0]) > 15, timeout=20000)
         with qtbot.waitSignal(window.controller.turnFinished, timeout=5000):
             window.conversation.stop_button.click()
@@ -92,7 +92,7 @@ def test_chat_with_a_remote_server(qtbot, make_window, store, captured_errors):
         stub.forever, stub.words, stub.die_after = False, 100, 4
         window.conversation.composer.setPlainText("And now?")
         window.conversation.send_button.click()
-        [stream] = window.controller.streams.values()
+        [stream] = window.controller.current.streams.values()
         qtbot.waitUntil(lambda: captured_errors != [], timeout=20000)
         [(title, text)] = captured_errors
         assert title == "The reply failed"

@@ -61,7 +61,7 @@ def test_the_switch_serves_the_loaded_model(qtbot, tiny_bridge, make_window, mon
 
     # Pause the engine one step after an API request holds blocks, so the panel's
     # snapshot (taken after that step) is looked at while the request still runs.
-    engine_ = tiny_bridge.llm.engine
+    engine_ = tiny_bridge.worker.llm.engine
     seen, resume = threading.Event(), threading.Event()
 
     def hook(_report) -> None:
@@ -70,7 +70,7 @@ def test_the_switch_serves_the_loaded_model(qtbot, tiny_bridge, make_window, mon
         elif any(o.startswith("api-") for b in engine_.kv_stats().blocks for o in b.owners):
             seen.set()
 
-    remove = tiny_bridge.llm.loop.add_hook(hook)
+    remove = tiny_bridge.worker.llm.loop.add_hook(hook)
     answers: list = []
     caller = threading.Thread(target=lambda: answers.append(
         ask(url, tiny_bridge.model_name, n=2, max_tokens=24, temperature=1.0, seed=1)))

@@ -119,7 +119,7 @@ def test_app_on_a_remote_folio_serve(qtbot, tmp_path, app_env):
         store.update_chat_settings(chat_id, ChatSettings(max_tokens=400, temperature=0.8))
         window.conversation.composer.setPlainText(LONG)
         window.conversation.send_button.click()
-        [stream] = window.controller.streams.values()
+        [stream] = window.controller.current.streams.values()
         qtbot.waitUntil(lambda: len(stream.texts[0]) > 20, timeout=TURN_TIMEOUT_MS)
         with qtbot.waitSignal(window.controller.turnFinished, timeout=10000):
             window.conversation.stop_button.click()
@@ -131,7 +131,7 @@ def test_app_on_a_remote_folio_serve(qtbot, tmp_path, app_env):
         # The server dies mid-reply: a clear error, the chat keeps the partial text.
         window.conversation.composer.setPlainText(LONG + " Make it longer still.")
         window.conversation.send_button.click()
-        [stream] = window.controller.streams.values()
+        [stream] = window.controller.current.streams.values()
         qtbot.waitUntil(lambda: len(stream.texts[0]) > 20, timeout=TURN_TIMEOUT_MS)
         seen = stream.texts[0]
         proc.kill()

@@ -111,9 +111,9 @@ def test_stop_keeps_partial_reply(qtbot, fake_bridge, make_window, store):
     fake_bridge.fake_workers[0].llm.words_per_reply = 10_000
     window.conversation.composer.setPlainText("long please")
     window.conversation.send_button.click()
-    reply_id = window.controller.streams[next(iter(window.controller.streams))].message_ids[0]
-    qtbot.waitUntil(lambda: len(window.controller.streams[
-        next(iter(window.controller.streams))].texts[0]) > 20, timeout=5000)
+    [stream] = window.controller.current.streams.values()
+    reply_id = stream.message_ids[0]
+    qtbot.waitUntil(lambda: len(stream.texts[0]) > 20, timeout=5000)
     assert window.conversation.stop_button.isVisible()
     with qtbot.waitSignal(window.controller.turnFinished, timeout=5000):
         qtbot.keyClick(window, Qt.Key.Key_Escape)

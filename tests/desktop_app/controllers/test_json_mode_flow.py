@@ -26,7 +26,7 @@ def send(qtbot, window, text: str) -> None:
 def open_dialog(qtbot, window) -> JsonModeDialog:
     button = window.findChild(type(window.conversation.json_button), "jsonModeButton")
     qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
-    dialog = window.controller.json_mode.dialog
+    dialog = window.json_mode.dialog
     assert dialog is not None and dialog.objectName() == "jsonModeDialog"
     return dialog
 

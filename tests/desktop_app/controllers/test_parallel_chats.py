@@ -52,12 +52,12 @@ def test_send_in_b_while_a_streams_both_complete_in_their_own_chats(
 
     # Let a few tokens through, then switch to A: its partial text is on screen and grows.
     worker.gate.set()
-    qtbot.waitUntil(lambda: any(s.texts[0] for s in controller.streams.values()
+    qtbot.waitUntil(lambda: any(s.texts[0] for s in controller.sessions[a].streams.values()
                                 if s.chat_id == a))
     worker.gate.clear()
     window.chat_list.select(a)
     qtbot.waitUntil(lambda: controller.chat_id == a)
-    [stream_a] = [s for s in controller.streams.values() if s.chat_id == a]
+    [stream_a] = [s for s in controller.sessions[a].streams.values() if s.chat_id == a]
     reply_row = view.rows()[-1]
     assert isinstance(reply_row, MessageWidget)
     partial = reply_row.text()
@@ -109,7 +109,7 @@ def test_two_chats_on_the_real_engine_free_every_block(qtbot, small_bridge, make
     # Both in flight in the same batch (no event was processed between the two sends).
     assert controller.generating_chats() == {a, b}
     owners = {o.rsplit(":", 1)[0] for o in small_bridge.kv_stats().blocks_per_owner}
-    assert owners <= set(controller.streams)
+    assert owners <= {rid for s in controller.sessions.values() for rid in s.streams}
     qtbot.waitUntil(lambda: not controller.generating, timeout=90_000)
     for chat_id, question in ((a, "Name a colour."), (b, "Name an animal.")):
         user, reply = window.store.path_to(window.store.active_leaf(chat_id))

@@ -94,10 +94,30 @@ def served(llm, events) -> tuple[dict, dict]:
 
 
 class ReplayWorker:
-    """The app's worker, replaying the recorded events for whatever it is sent."""
+    """The app's worker (services.worker_protocol.ModelWorker) on ``llm``, replaying the
+    recorded events for whatever it is sent."""
 
-    def __init__(self, events) -> None:
+    is_remote = False
+
+    def __init__(self, events, llm) -> None:
         self._events, self._ids = events, itertools.count()
+        self.llm = llm
+
+    @property
+    def model_name(self):
+        return self.llm.model_name
+
+    @property
+    def max_model_len(self):
+        return self.llm.max_model_len
+
+    @property
+    def tokenizer(self):
+        return self.llm.tokenizer
+
+    @property
+    def prompts(self):
+        return self.llm.prompts
 
     def start(self):
         return self
@@ -123,6 +143,21 @@ class ReplayWorker:
     def memory_stats(self):
         return None
 
+    def remote_status(self):
+        return None
+
+    def cancel(self, request_id: str) -> None:
+        pass  # a replay runs to its end
+
+    def preload(self, prompt) -> None:
+        pass
+
+    def clear_disk(self) -> None:
+        pass
+
+    def set_activity_listener(self, listener) -> None:
+        pass
+
 
 class _Handle:
     def __init__(self, request_id: str) -> None:
@@ -144,7 +179,7 @@ def shown_by_the_app(qtbot, make_window, llm, events) -> tuple[str, dict]:
     from desktop_app.services.engine_bridge import EngineBridge
 
     bridge = EngineBridge(llm_factory=lambda source, config=None, progress=None: llm,
-                          worker_factory=lambda _llm: ReplayWorker(events))
+                          worker_factory=lambda llm_: ReplayWorker(events, llm_))
     with qtbot.waitSignal(bridge.modelLoaded, timeout=30000):
         bridge.load_model("replay")
     window = make_window(bridge)

@@ -28,6 +28,9 @@ class RemoteSource:
     def remote_status(self):
         return self.status
 
+    def clear_disk(self):
+        pass
+
 
 def test_rows_for_folio_vllm_and_no_metrics():
     status = RemoteStatus("gpu-box:8000", "http://gpu-box:8000/v1", "m", FOLIO, "", True)
@@ -77,9 +80,15 @@ def test_api_requests_are_named_in_the_block_map(qtbot):
         def memory_stats(self):
             return mem
 
-    panel = VramPanel(Local())
+        def remote_status(self):
+            return None
+
+        def clear_disk(self):
+            pass
+
+    panel = VramPanel(Local(),
+                      chat_of_owner=lambda owner: "Trip" if owner.startswith("chat-1") else None)
     qtbot.addWidget(panel)
-    panel.chat_of_owner = lambda owner: "Trip" if owner.startswith("chat-1") else None
     panel.refresh()
     assert not panel.remote_view.isVisibleTo(panel)
     assert panel.block_map.tooltip_for(blocks[0]) == (

@@ -24,6 +24,12 @@ class Source:
     def memory_stats(self):
         return self.mem
 
+    def remote_status(self):
+        return None  # a local model
+
+    def clear_disk(self):
+        pass
+
 
 def test_the_panel_shows_the_resolved_label(qtbot):
     gib = 2**30

@@ -27,6 +27,12 @@ class Source:
     def memory_stats(self):
         return self.mem
 
+    def remote_status(self):
+        return None  # a local model
+
+    def clear_disk(self):
+        pass
+
 
 def test_rows_name_the_experts_share_of_the_weights():
     rows = memory_rows(MOE)

@@ -32,6 +32,12 @@ class Source:
     def memory_stats(self):
         return CPU
 
+    def remote_status(self):
+        return None  # a local model
+
+    def clear_disk(self):
+        pass
+
 
 def test_group_rows_and_totals():
     kv = _kv(GROUPS)

@@ -45,6 +45,9 @@ class Source:
     def memory_stats(self):
         return self.mem
 
+    def remote_status(self):
+        return None  # a local model
+
 
 CPU = MemoryStats("cpu", 538 * 2**20, 2**30, None, None, None, 900 * 2**20, 100 * 2**20)
 
@@ -78,10 +81,10 @@ def test_panel_labels_match_the_snapshot(qtbot):
         [("shared", 2, ("q:0", "q:1")), ("used", 1, ("q:0",)), ("used", 1, ("q:1",)),
          ("cached", 0, ()), ("cached", 0, ()), ("free", 0, ()), ("free", 0, ()),
          ("free", 0, ())])]
-    panel = VramPanel(Source(_kv(blocks), CPU))
+    panel = VramPanel(Source(_kv(blocks), CPU),
+                      chat_of_owner=lambda owner: "Trip plans" if owner.startswith("q:")
+                      else None, chat_tokens=lambda: 8150)
     qtbot.addWidget(panel)
-    panel.chat_of_owner = lambda owner: "Trip plans" if owner.startswith("q:") else None
-    panel.current_chat_tokens = lambda: 8150
     panel.refresh()
     expected = {**memory_rows(CPU), **kv_rows(_kv())}
     for key, text in expected.items():
