@@ -11,7 +11,7 @@ from desktop_app.widgets.memory_rows import format_bytes, resident_text
 from desktop_app.widgets.refresh_schedule import BUSY_INTERVAL_MS
 from tests.cpu_pool import CPU_KV_ITEM_BYTES
 from tests.desktop_app.test_main_window import send, settings
-from tests.engine.runner.test_resident import smaps_rss
+from tests.engine.runner.test_resident import kernel_resident
 
 IDLE_WATCH_MS = 1700  # longer than any poll the panel ever ran while idle (1.5 s)
 
@@ -43,7 +43,8 @@ def test_the_dock_shows_the_pool_reserved_and_resident(qtbot, make_starter_bridg
     assert kv.num_cached * kv.bytes_per_block <= resident < mem.kv_pool_bytes
     if sys.platform.startswith("linux"):
         [pool] = bridge.worker.llm.engine.runner.kv_caches
-        assert resident == smaps_rss(pool.untyped_storage().data_ptr())
+        storage = pool.untyped_storage()
+        assert resident == kernel_resident(storage.data_ptr(), storage.nbytes())
     # Reserved: all 384 blocks and the pool's null block (core/block_pool.py).
     assert mem.kv_pool_bytes == (kv.num_blocks + 1) * kv.bytes_per_block
     # 385 blocks of 16 tokens x 30 layers x K, V x 3 heads x 64 (float16 on the native kernels)
