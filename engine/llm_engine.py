@@ -120,7 +120,7 @@ class LLMEngine:
         num_blocks = num_blocks_for(config, shape, device, self.max_model_len)
         backend = get_backend(device, resolved.backend)
         windows = net.layer_windows()
-        linear = net.linear_layers() if hasattr(net, "linear_layers") else ()
+        linear = net.linear_layers()
         self.kv_groups = (group_layers(windows, self.max_model_len, linear) if config.kv_groups
                           or linear else [KVGroupSpec(tuple(range(len(windows))))])
         attention_groups = [g for g in self.kv_groups if not g.linear]
