@@ -133,17 +133,17 @@ class LLMEngine:
             counts.append(total)
         self.runner = ModelRunner(net, shape, self.kv_groups, counts, config.num_host_blocks,
                                   backend, device, config.cuda_graphs, self.max_model_len)
+        self.disk: DiskStore | None = None
+        self.reader: DiskReader | None = None
+        if config.kv_disk_bytes:
+            self._open_disk_tier(path, shape)
         self.kv_cache = KVCacheManager.build(
             self.kv_groups, counts, config.block_size, num_host_blocks=config.num_host_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
             group_block_bytes=[0 if g.linear else shape.block_bytes(g.layers)
                                for g in self.kv_groups],
             lookahead=config.max_num_batched_tokens, state_slot_bytes=slot_bytes,
-            live_state_slots=live_slots)
-        self.disk: DiskStore | None = None
-        self.reader: DiskReader | None = None
-        if config.kv_disk_bytes:
-            self._open_disk_tier(path, shape)
+            live_state_slots=live_slots, lower_tiers=self.runner.disks)
         self.scheduler = Scheduler(
             self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens,
             self.max_model_len,
@@ -167,16 +167,12 @@ class LLMEngine:
         one-time costs (weights paged in, kernels' first calls, the pool's first pages)
         are paid now. No full block is computed and its partial one is not kept, so
         nothing is cached or saved to disk; the prefix counters are put back."""
-        kv = self.kv_cache
-        counters = kv.prefix_hit_tokens, kv.prefix_query_tokens, kv.disk_hit_tokens
-        reuse_partial, kv.reuse_partial = kv.reuse_partial, False
         n = max(1, min(8, self.config.block_size - 1, self.max_model_len - 2))
         params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
-        request_id = self.add_request([0] * n, params, "warm-up")
-        while request_id in self._requests:
-            self.step()
-        kv.prefix_hit_tokens, kv.prefix_query_tokens, kv.disk_hit_tokens = counters
-        kv.reuse_partial = reuse_partial
+        with self.kv_cache.unrecorded():
+            request_id = self.add_request([0] * n, params, "warm-up")
+            while request_id in self._requests:
+                self.step()
 
     def _open_disk_tier(self, path, shape: KVShape) -> None:
         """Each group's pool and the runner over one store; the fingerprint names what a
@@ -191,13 +187,11 @@ class LLMEngine:
                  type(runner.backend).__name__, runner.backend.head_major_kv,
                  shape.block_size, shape.num_kv_heads, shape.head_size, shape.layer_heads)
         runner.disks = []
-        for g, (spec, pool) in enumerate(zip(self.kv_groups, self.kv_cache.pools,
-                                             strict=True)):
+        for g, spec in enumerate(self.kv_groups):
             # A linear group's "blocks" are state snapshots: their layout is the state's.
             layout = repr(self.runner.model.deltanet_shape) if spec.linear else spec.window
             disk = GroupDisk(self.disk, fingerprint(model, spec.layers, spec.linear, layout),
                              g, runner.block_payload_bytes(g))
-            pool.tier = disk
             runner.disks.append(disk)
 
     def close(self) -> None:
@@ -296,7 +290,7 @@ class LLMEngine:
         vocab = self.hf_config.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        slots = self.runner.states and self.kv_cache.managers[-1].pool.num_blocks
+        slots = self.kv_cache.state_slots
         if slots and params.n > slots:
             # Each candidate needs a linear-attention state slot at once.
             raise ValueError(f"SamplingParams.n: {params.n} candidates need as many state "

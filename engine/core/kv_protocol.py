@@ -7,9 +7,9 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.core.block_pool import Save
 from engine.core.disk_loads import LoadState
 from engine.core.sequence import Sequence
+from engine.core.tier_blocks import Save
 
 # Per KV group, a list of (from, to) block pairs in that group's ids.
 GroupMoves = list[list[tuple[int, int]]]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.block_pool import Save
 from engine.core.kv_protocol import GroupMoves
 from engine.core.sequence import Request, Sequence
+from engine.core.tier_blocks import Save
 
 
 @dataclass(slots=True)
