@@ -18,11 +18,13 @@ import torch
 
 from engine.chat import PLAIN, ChatPrompt, ChatRequest, PromptBuilder, ReplyReader
 from engine.config import EngineConfig
-from engine.core.disk_loads import LoadState
 from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec, group_layers
 from engine.core.kv_stats import KVStats
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Request, Sequence
+from engine.disk.group import GroupDisk, fingerprint, model_identity
+from engine.disk.store import DiskStore, kv_cache_root
+from engine.disk.tier import READ_WAIT_S, DiskTier
 from engine.grammar import Grammars, Matcher, token_masks
 from engine.layers.moe.sparse import expert_bytes
 from engine.layers.weights import set_activation_bits
@@ -36,9 +38,6 @@ from engine.outputs import (
     TokenLogprobs,
 )
 from engine.runner.device import resolve_device
-from engine.runner.disk_reader import DiskReader
-from engine.runner.disk_store import DiskStore, kv_cache_root
-from engine.runner.disk_tier import GroupDisk, fingerprint, model_identity
 from engine.runner.heap import keep_freed_memory
 from engine.runner.kv_cache import KVShape, group_blocks, num_blocks_for
 from engine.runner.logprobs import token_logprobs
@@ -133,17 +132,17 @@ class LLMEngine:
             counts.append(total)
         self.runner = ModelRunner(net, shape, self.kv_groups, counts, config.num_host_blocks,
                                   backend, device, config.cuda_graphs, self.max_model_len)
-        self.disk: DiskStore | None = None
-        self.reader: DiskReader | None = None
-        if config.kv_disk_bytes:
-            self._open_disk_tier(path, shape)
+        store = DiskStore(kv_cache_root(), config.kv_disk_bytes) if config.kv_disk_bytes \
+            else None
+        groups = self._open_disk_tier(store, path, shape) if store else None
         self.kv_cache = KVCacheManager.build(
             self.kv_groups, counts, config.block_size, num_host_blocks=config.num_host_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
             group_block_bytes=[0 if g.linear else shape.block_bytes(g.layers)
                                for g in self.kv_groups],
             lookahead=config.max_num_batched_tokens, state_slot_bytes=slot_bytes,
-            live_state_slots=live_slots, lower_tiers=self.runner.disks)
+            live_state_slots=live_slots, lower_tiers=groups)
+        self.disk = DiskTier(store, groups, self.kv_cache, self.runner) if store else None
         self.scheduler = Scheduler(
             self.kv_cache, config.max_num_seqs, config.max_num_batched_tokens,
             self.max_model_len,
@@ -174,33 +173,30 @@ class LLMEngine:
             while request_id in self._requests:
                 self.step()
 
-    def _open_disk_tier(self, path, shape: KVShape) -> None:
+    def _open_disk_tier(self, store, path, shape: KVShape) -> list[GroupDisk]:
         """Each group's pool and the runner over one store; the fingerprint names what a
         block's K/V depends on (model file, compute and KV dtype, weights mode, kernels'
         layout, block and head shapes) and, per group, its layers and window."""
         config, runner = self.config, self.runner
-        self.disk = DiskStore(kv_cache_root(), config.kv_disk_bytes)
-        self.reader = DiskReader()
         model = (model_identity(path), str(self.resolved_device.dtype), str(shape.dtype),
                  config.weights,
                  config.cpu_activation_bits, self.resolved_device.device.type,
                  type(runner.backend).__name__, runner.backend.head_major_kv,
                  shape.block_size, shape.num_kv_heads, shape.head_size, shape.layer_heads)
-        runner.disks = []
+        groups = []
         for g, spec in enumerate(self.kv_groups):
             # A linear group's "blocks" are state snapshots: their layout is the state's.
             layout = repr(self.runner.model.deltanet_shape) if spec.linear else spec.window
-            disk = GroupDisk(self.disk, fingerprint(model, spec.layers, spec.linear, layout),
-                             g, runner.block_payload_bytes(g))
-            runner.disks.append(disk)
+            groups.append(GroupDisk(store, fingerprint(model, spec.layers, spec.linear,
+                                                       layout),
+                                    g, runner.block_payload_bytes(g)))
+        return groups
 
     def close(self) -> None:
         """Keep every cached block on disk (the model unloads, the app quits) and wait
         for the writes. The engine may still be used afterwards."""
-        if self.disk is None:
-            return
-        self.runner.save_blocks(self.kv_cache.unsaved_cached())
-        self.disk.flush()
+        if self.disk is not None:
+            self.disk.close()
 
     def clear_disk(self) -> None:
         """Remove every block file of the disk tier (the memory panel's Clear)."""
@@ -215,41 +211,7 @@ class LLMEngine:
         if self.disk is None or not self.disk.enabled:
             return 0
         ids = self.encode(prompt)
-        seq = Sequence(-1, "preload", 0, ids, len(ids))
-        kv = self.kv_cache
-        loaded = kv.preload(seq)
-        # Blocks the loads took from the free queue may have held cached prefixes: they
-        # are saved first, as a step would, before any read lands in them.
-        self.runner.save_blocks(kv.take_saves())
-        self._submit_reads()
-        while kv.load_state(seq) is LoadState.LOADING:
-            self._copy_reads(wait_s=0.05)  # each block as it comes, the next being read
-        return loaded
-
-    def _submit_reads(self) -> None:
-        """Hand the reader the reads queued by this step's admissions (and cancels)."""
-        if self.reader is None or self.runner.disks is None:
-            return
-        loads = self.kv_cache.loads
-        for ticket in loads.take_cancelled():
-            self.reader.cancel(ticket)
-        for read in loads.take_new():
-            self.reader.submit(read.ticket, self.runner.disks[read.group], read.block_hash,
-                               read.token_ids)
-
-    def _copy_reads(self, wait_s: float = 0.0) -> None:
-        """Copy the finished reads into their blocks (between steps, before any forward
-        reads them); a ticket cancelled meanwhile is dropped, its block maybe reused."""
-        if self.reader is None:
-            return
-        kv = self.kv_cache
-        for ticket, payload in self.reader.poll(wait_s):
-            read = kv.loads.get(ticket)
-            if read is None:
-                continue
-            if payload is not None:
-                self.runner.fill_block(read.group, read.block_id, payload)
-            kv.finish_read(ticket, payload is not None)
+        return self.disk.preload(Sequence(-1, "preload", 0, ids, len(ids)))
 
     # ---------------------------------------------------------------- requests
     def build(self, prompt: Prompt) -> ChatPrompt:
@@ -335,15 +297,17 @@ class LLMEngine:
     # -------------------------------------------------------------------- step
     def step(self) -> list[Event]:
         """Run one scheduled step; return the token deltas and finished requests."""
-        if self.kv_cache.loads.pending:
-            self._copy_reads()
+        disk = self.disk
+        if disk is not None and disk.loading:
+            disk.copy_reads()
         out = self.scheduler.schedule()
-        self._submit_reads()
+        if disk is not None:
+            disk.before_forward()
         events: list[Event] = []
         self.last_step_tokens = {}
-        if out.is_empty and self.kv_cache.loads.pending:
+        if out.is_empty and disk is not None and disk.loading:
             # Only loads to wait for: wait for the next read instead of spinning.
-            self._copy_reads(wait_s=0.05)
+            disk.copy_reads(wait_s=READ_WAIT_S)
         elif not out.is_empty:
             logits = self.runner.execute(out)
             sampled = [item for item in out.scheduled if item.samples]
@@ -489,7 +453,7 @@ class LLMEngine:
         holders = (seq for state in self._requests.values() for seq in state.request.seqs)
         stats = self.kv_cache.stats(holders, with_blocks)
         if self.disk is not None:
-            stats.disk = self.disk.stats(self.kv_cache.disk_hit_tokens)
+            stats.disk = self.disk.stats()
         return stats
 
     def memory_stats(self) -> MemoryStats:

@@ -2,7 +2,7 @@
 
 A prefix hit that uses blocks found on disk takes free blocks for them at admission
 (held by the sequence, not yet in the prefix cache) and queues one `DiskRead` per block.
-The engine hands the reads to a background reader (engine/runner/disk_reader.py) and
+The engine hands the reads to a background reader (engine/disk/reader.py) and
 the sequence waits in the scheduler (``LOADING``) while the running requests keep
 stepping; each finished read is copied into its block at the start of a later step and
 reported here (`DiskLoads.finish`), then the block is registered in the prefix cache.

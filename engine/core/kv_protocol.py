@@ -9,7 +9,6 @@ from typing import Protocol
 
 from engine.core.disk_loads import LoadState
 from engine.core.sequence import Sequence
-from engine.core.tier_blocks import Save
 
 # Per KV group, a list of (from, to) block pairs in that group's ids.
 GroupMoves = list[list[tuple[int, int]]]
@@ -57,7 +56,5 @@ class KVCache(Protocol):
     def can_swap_in(self, seqs: Seq[Sequence], reserve: int = 0) -> bool: ...
 
     def swap_in(self, seqs: Seq[Sequence]) -> GroupMoves: ...
-
-    def take_saves(self) -> list[list[Save]]: ...
 
     def load_state(self, seq: Sequence) -> LoadState: ...

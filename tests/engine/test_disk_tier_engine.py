@@ -9,7 +9,7 @@ import random
 import pytest
 
 from engine import LLM, EngineConfig, SamplingParams
-from engine.runner import disk_store
+from engine.disk import store as disk_store
 from tests.engine.tiny_models import save_tiny_model, tiny_llama_config
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
