@@ -8,8 +8,9 @@ from pathlib import Path
 from engine.chat import ChatPrompt, ChatRequest
 from engine.config import EngineConfig
 from engine.core.kv_stats import KVStats
-from engine.llm_engine import LLMEngine, Prompt
+from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from engine.requests import Prompt
 from engine.runner.memory import MemoryStats
 from engine.sampling_params import SamplingParams
 from engine.step_loop import StepLoop
