@@ -34,7 +34,8 @@ def fingerprint(*parts: object) -> str:
 
 
 class GroupDisk:
-    """The `LowerTier` of KV group ``group``'s pool."""
+    """KV group ``group``'s view of the store: the `LowerTier` its `TierBlocks` asks
+    (engine/core/tier_blocks.py), and what the tier reads and writes."""
 
     def __init__(self, store: DiskStore, model_fingerprint: str, group: int,
                  payload_size: int) -> None:
