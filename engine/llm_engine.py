@@ -180,8 +180,8 @@ class LLMEngine:
     def step(self) -> list[Event]:
         """Run one scheduled step; return the token deltas and finished requests."""
         disk = self.disk
-        if disk is not None and disk.loading:
-            disk.copy_reads()
+        if disk is not None:
+            disk.begin_step()
         out = self.scheduler.schedule()
         if disk is not None:
             disk.before_forward()

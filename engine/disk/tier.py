@@ -7,11 +7,13 @@ engine/core/tier_blocks.py decides from it what to save and what a hit is), the
 background reader (`reader.py`) and the traffic between them and the KV cache, which
 the engine drives between steps:
 
+- ``begin_step``: the reads that came in are copied into their blocks and reported (a
+  ticket cancelled meanwhile is dropped: its block may be someone else's by now), before
+  the scheduler looks at who still waits (``copy_reads`` alone, waiting for one, when a
+  step has nothing else to do);
 - ``before_forward``, each step once scheduled: the cached blocks the step evicted are
   copied out and queued for writing (before the forward or a block move writes into
   them), then the reads the KV cache queued (engine/core/disk_loads.py) go to the reader;
-- ``copy_reads``: the reads that came in are copied into their blocks and reported (a
-  ticket cancelled meanwhile is dropped: its block may be someone else's by now);
 - ``preload``: a chat's blocks loaded ahead of its next turn;
 - ``close``: every cached block the disk lacks is saved and the writes waited for.
 
@@ -84,9 +86,14 @@ class DiskTier:
         return self.kv.loads.pending
 
     # ------------------------------------------------------------------- steps
+    def begin_step(self) -> None:
+        """Before a step is scheduled: the reads that are in copied into their blocks."""
+        self._driver = threading.current_thread()
+        if self.kv.loads.pending:
+            self.copy_reads()
+
     def before_forward(self) -> None:
         """Once a step is scheduled: its evicted blocks saved, its reads submitted."""
-        self._driver = threading.current_thread()
         self._save(self.kv.take_saves())
         loads = self.kv.loads
         for ticket in loads.take_cancelled():
@@ -113,6 +120,7 @@ class DiskTier:
         tokens loaded; 0 when the tier is off or the pool has no room."""
         if not self.enabled:
             return 0
+        self._driver = threading.current_thread()
         loaded = self.kv.preload(seq)
         # Blocks the loads took from the free queue may have held cached prefixes: they
         # are saved first, as a step would, before any read lands in them.

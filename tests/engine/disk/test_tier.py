@@ -87,7 +87,7 @@ def test_the_exit_hook_skips_a_tier_driven_by_another_live_thread(tmp_path):
     busy, busy_blocks = open_tier(tmp_path / "busy")
     computed(busy, busy_blocks, Sequence(0, "a", 0, [1, 2, 3], 3))
     release = threading.Event()
-    worker = threading.Thread(target=lambda: (busy.before_forward(), release.wait(30)))
+    worker = threading.Thread(target=lambda: (busy.begin_step(), release.wait(30)))
     worker.start()
     try:
         while busy._driver is not worker:
