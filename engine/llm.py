@@ -8,8 +8,9 @@ from pathlib import Path
 from engine.chat import ChatPrompt, ChatRequest
 from engine.config import EngineConfig
 from engine.core.kv_stats import KVStats
-from engine.llm_engine import LLMEngine, Prompt
+from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from engine.requests import Prompt
 from engine.runner.memory import MemoryStats
 from engine.sampling_params import SamplingParams
 from engine.step_loop import StepLoop
@@ -17,7 +18,7 @@ from engine.step_loop import StepLoop
 
 class LLM:
     """``LLM("starter")``, a model folder, a ``.gguf`` file, or a repo id in the local
-    Hugging Face cache."""
+    Hugging Face cache. ``with LLM(...) as llm:`` closes it on exit (LLMEngine.close)."""
 
     def __init__(
         self,
@@ -75,6 +76,12 @@ class LLM:
     def close(self) -> None:
         """Keep the cached blocks on disk (with the disk tier on); see LLMEngine.close."""
         self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def kv_stats(self, with_blocks: bool = True) -> KVStats:
         return self.engine.kv_stats(with_blocks)

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.llm_engine import LLMEngine, Prompt
+from engine.llm_engine import LLMEngine
 from engine.outputs import ErrorEvent, Event, FinishedEvent, RequestOutput
+from engine.requests import Prompt
 from engine.sampling_params import SamplingParams
 
 EventCallback = Callable[[Event], None]

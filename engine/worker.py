@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from engine.core.kv_stats import KVStats
 from engine.llm import LLM
-from engine.llm_engine import Prompt
 from engine.outputs import ActivityEvent, ErrorEvent, Event, FinishedEvent
+from engine.requests import Prompt
 from engine.runner.memory import MemoryStats
 from engine.sampling_params import SamplingParams
 from engine.step_loop import EventCallback

@@ -247,7 +247,7 @@ def _decode_while_writing(on, off, messages, params) -> float:
                           ignore_eos=True)
     on.chat(messages, params)  # the history into memory (from disk)
     on.engine.clear_disk()
-    on.engine.runner.save_blocks(on.engine.kv_cache.unsaved_cached())  # queued, not waited
+    on.engine.disk.save_cached()  # queued, not waited
     writing = on.chat(messages, long).metrics.decode_tok_s
     on.engine.disk.flush()
     quiet = off.chat(messages, long).metrics.decode_tok_s

@@ -1,5 +1,5 @@
 """The block pool of one KV group: block ids, ref counts, the free queue, the prefix-cache
-map, the host pool for swaps, and the tier below memory (the disk).
+map and the host pool for swaps (vLLM's BlockPool, plus the host pool).
 
 Pure bookkeeping (no torch). Which blocks a sequence holds is a manager's business
 (`kind_managers.py`); the pool only hands blocks out, takes them back and remembers what a
@@ -13,43 +13,29 @@ free block still holds:
 A full, computed block carries ``block_hash`` (a chain: the parent's hash and its tokens)
 and the tokens behind it; freed, it stays in ``cached`` until popped for reuse. So does a
 sequence's last, partial block once it leaves (`partial_blocks.py`), under a key of its
-own; it is only ever copied from, and never goes to the tier below. With a
-``tier`` below (`LowerTier`, the disk), a cached block popped for reuse is queued to be
-saved there first (``pending_saves``: the runner copies it out before the step writes
-into it), and a prefix block missing in memory but found there is placed in a free block
-(``placed``: the KV cache manager queues its read, engine/core/disk_loads.py; the block is
-registered once its content is in).
+own. The tier below memory (the disk) hears of each cached block popped for reuse through
+the ``tier`` given at construction (`EvictionHook`; `tier_blocks.py` keeps what it
+implies), before the block forgets its content.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
 from engine.core.free_block_queue import Block, FreeBlockQueue
 
-# (block id, block hash, tokens) of a block to save a tier below before it is reused.
-Save = tuple[int, bytes, tuple[int, ...]]
 
+class EvictionHook(Protocol):
+    """Told of each cached block the pool evicts, with its content still named in it."""
 
-class LowerTier(Protocol):
-    """Where full blocks go when they leave memory (one KV group's view of the disk)."""
-
-    def has(self, block_hash: bytes) -> bool: ...
-
-
-@dataclass(slots=True, eq=False)
-class TierHit:
-    """A prefix block found a tier below (its file exists; it is checked when read)."""
-
-    block_hash: bytes
-    token_ids: tuple[int, ...]
+    def evicting(self, block: Block) -> None: ...
 
 
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
-                 enable_prefix_caching: bool = True, bytes_per_block: int = 0) -> None:
+                 enable_prefix_caching: bool = True, bytes_per_block: int = 0,
+                 tier: EvictionHook | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if num_host_blocks < 0:
@@ -62,15 +48,10 @@ class BlockPool:
         self.null_block = Block(num_blocks)
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, Block] = {}
-        self.tier: LowerTier | None = None
-        self.pending_saves: list[Save] = []
-        self.placed: list[tuple[int, TierHit]] = []  # blocks taken for tier hits, unread
+        self.tier = tier
         # Cached partial blocks held for a copy into a new sequence's block, released
         # once the copy pairs are drained (engine/core/partial_blocks.py).
         self.copy_sources: list[int] = []
-        # Blocks loaded from the tier below ahead of a request (a chat opened), not yet
-        # used by one: the first request that does counts them as loaded from disk.
-        self.preloaded: set[int] = set()
         # Host pool for swap preemption: host block id -> ref count; no prefix cache there.
         self.num_host_blocks = num_host_blocks
         self.host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
@@ -89,14 +70,11 @@ class BlockPool:
         """The least recently freed block, ref count 1; a cached prefix in it is evicted
         now (lazily: only when the block is needed)."""
         block = self.free_queue.popleft()
-        self.preloaded.discard(block.block_id)
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
-                if (self.tier is not None and not self.is_partial(block)
-                        and not self.tier.has(block.block_hash)):
-                    self.pending_saves.append((block.block_id, block.block_hash,
-                                               block.token_ids or ()))
+                if self.tier is not None:
+                    self.tier.evicting(block)
             block.block_hash = None
             block.token_ids = None
         block.ref_count = 1
@@ -141,37 +119,8 @@ class BlockPool:
         return True
 
     def is_partial(self, block: Block) -> bool:
-        """A cached block of fewer than block_size tokens (a sequence's last): it stays
-        in memory, the tier below keeps full blocks only."""
+        """A cached block of fewer than block_size tokens (a sequence's last)."""
         return block.token_ids is not None and len(block.token_ids) < self.block_size
-
-    # -------------------------------------------------------------- tier below
-    def tier_hit(self, block_hash: bytes, token_ids: tuple[int, ...]) -> TierHit | None:
-        if self.tier is None or not self.tier.has(block_hash):
-            return None
-        return TierHit(block_hash, token_ids)
-
-    def place(self, hit: TierHit) -> Block:
-        """A free block for a tier hit, to be read into (``placed``); not in the prefix
-        cache until its content is in, so nothing else can hit on it meanwhile."""
-        block = self.take()
-        self.placed.append((block.block_id, hit))
-        return block
-
-    def take_placed(self) -> list[tuple[int, TierHit]]:
-        placed, self.placed = self.placed, []
-        return placed
-
-    def take_saves(self) -> list[Save]:
-        saves, self.pending_saves = self.pending_saves, []
-        return saves
-
-    def unsaved_cached(self) -> list[Save]:
-        """Every cached block the tier below lacks (saved when the model unloads)."""
-        if self.tier is None:
-            return []
-        return [(b.block_id, h, b.token_ids or ()) for h, b in self.cached.items()
-                if not self.is_partial(b) and not self.tier.has(h)]
 
     # -------------------------------------------------------------------- host
     def take_host(self) -> int:

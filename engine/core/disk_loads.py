@@ -2,7 +2,7 @@
 
 A prefix hit that uses blocks found on disk takes free blocks for them at admission
 (held by the sequence, not yet in the prefix cache) and queues one `DiskRead` per block.
-The engine hands the reads to a background reader (engine/runner/disk_reader.py) and
+The engine hands the reads to a background reader (engine/disk/reader.py) and
 the sequence waits in the scheduler (``LOADING``) while the running requests keep
 stepping; each finished read is copied into its block at the start of a later step and
 reported here (`DiskLoads.finish`), then the block is registered in the prefix cache.
@@ -131,7 +131,7 @@ class DiskLoads:
     def queue(self, seq: Sequence) -> None:
         """A read for each block the groups' pools placed for ``seq``."""
         for g, m in enumerate(self.managers):
-            for block_id, hit in m.pool.take_placed():
+            for block_id, hit in m.tier.take_placed():
                 self.add(seq, g, block_id, hit.block_hash, hit.token_ids)
 
     def start_preload(self, seq: Sequence, loaded: list[list[int]]) -> bool:
@@ -147,7 +147,7 @@ class DiskLoads:
         _, loaded = self._preloads.pop(seq.seq_id)
         for m, blocks in zip(self.managers, loaded, strict=True):
             # Still unused, whether loaded now or before; a failed read holds nothing.
-            m.pool.preloaded.update(b for b in blocks
+            m.tier.preloaded.update(b for b in blocks
                                     if m.pool.blocks[b].block_hash is not None)
         return True
 

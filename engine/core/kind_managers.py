@@ -21,10 +21,11 @@ Window 4, block_size 4, after 11 computed tokens (11 - 4 + 1 = 8 skipped)::
 from __future__ import annotations
 
 from engine.core.block_hashes import extend_hashes
-from engine.core.block_pool import BlockPool, TierHit
+from engine.core.block_pool import BlockPool
 from engine.core.free_block_queue import Block
 from engine.core.host_swap import HostSwap
 from engine.core.sequence import Sequence
+from engine.core.tier_blocks import TierBlocks, TierHit
 
 # A prefix block found by a lookup: in memory, a tier below, or neither (None).
 Found = Block | TierHit | None
@@ -36,16 +37,19 @@ Plan = tuple[list[Found], int]
 class SingleKindManager(HostSwap):
     """The blocks of KV group ``group``, one attention kind (vLLM's
     SingleTypeKVCacheManager): each sequence's block table (``tables``); swaps to the
-    host pool are `HostSwap`'s."""
+    host pool are `HostSwap`'s. ``tier``: the group's traffic with the tier below
+    (`TierBlocks`, the pool's eviction hook too); none below by default."""
 
     # Freed tables enter the queue oldest block first (the end is evicted last), or
     # newest first (the beginning is evicted last): whichever a later hit needs most.
     free_oldest_first = False
 
-    def __init__(self, pool: BlockPool, group: int = 0, lookahead: int | None = None) -> None:
+    def __init__(self, pool: BlockPool, group: int = 0, lookahead: int | None = None,
+                 tier: TierBlocks | None = None) -> None:
         if lookahead is not None and lookahead < 1:
             raise ValueError(f"lookahead must be >= 1, got {lookahead}")
         self.pool = pool
+        self.tier = tier if tier is not None else TierBlocks(None, pool.block_size)
         self.group = group
         self.block_size = pool.block_size
         self.lookahead = lookahead
@@ -90,7 +94,7 @@ class SingleKindManager(HostSwap):
         """The cached block of each of ``seq``'s full prompt blocks that could be a hit,
         in memory or a tier below (None: a miss), stopping where no later hit is
         possible (``lookup_blocks``)."""
-        pool = self.pool
+        pool, tier = self.pool, self.tier
         bs = self.block_size
         num_full = self.lookup_blocks(seq)
         last_kept = self.first_kept(num_full * bs)
@@ -99,7 +103,7 @@ class SingleKindManager(HostSwap):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             block: Found = pool.lookup(seq.block_hashes[i], tokens)
             if block is None:
-                block = pool.tier_hit(seq.block_hashes[i], tokens)
+                block = tier.hit(seq.block_hashes[i], tokens)
             found.append(block)
             if block is None and i >= last_kept:
                 break  # every longer prefix still reads block i
@@ -144,21 +148,21 @@ class SingleKindManager(HostSwap):
 
     def apply(self, seq: Sequence, plan: Plan) -> list[int]:
         """Returns the hit's blocks that come from a tier below: placed now to be read
-        (``BlockPool.placed``), or loaded ahead (``BlockPool.preloaded``) and used for
+        (``TierBlocks.placed``), or loaded ahead (``TierBlocks.preloaded``) and used for
         the first time."""
         hits, num_new = plan
-        pool = self.pool
+        pool, tier = self.pool, self.tier
         # Memory hits are held before any block is taken: a taken block is the free
         # queue's head, which may be one of them (cached, ref count 0).
         for block in hits:
             if block is not None and not isinstance(block, TierHit):
                 pool.touch(block)
         table = [pool.null_id if block is None
-                 else pool.place(block).block_id if isinstance(block, TierHit)
+                 else tier.place(pool, block).block_id if isinstance(block, TierHit)
                  else block.block_id for block in hits]
         loaded = [b for b, hit in zip(table, hits, strict=True)
-                  if isinstance(hit, TierHit) or b in pool.preloaded]
-        pool.preloaded.difference_update(loaded)
+                  if isinstance(hit, TierHit) or b in tier.preloaded]
+        tier.preloaded.difference_update(loaded)
         table += [pool.take().block_id for _ in range(num_new)]
         self._set_table(seq, table)
         return loaded
@@ -263,10 +267,11 @@ class SlidingWindowManager(SingleKindManager):
 
     free_oldest_first = True
 
-    def __init__(self, pool: BlockPool, window: int, lookahead: int, group: int = 0) -> None:
+    def __init__(self, pool: BlockPool, window: int, lookahead: int, group: int = 0,
+                 tier: TierBlocks | None = None) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        super().__init__(pool, group, lookahead)
+        super().__init__(pool, group, lookahead, tier)
         self.window = window
 
     def skipped_tokens(self, num_computed: int) -> int:

@@ -16,11 +16,12 @@ sequence's ``load_state`` is ``LOADING`` until every read is in (``finish_read``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from engine.core.block_pool import BlockPool, Save
+from engine.core.block_pool import BlockPool
 from engine.core.disk_loads import DiskLoads, LoadState
 from engine.core.kind_managers import FullAttentionManager, SingleKindManager, SlidingWindowManager
 from engine.core.kv_protocol import GroupMoves, PrefixHit
@@ -35,6 +36,7 @@ from engine.core.partial_blocks import (
     release_sources,
 )
 from engine.core.sequence import Sequence
+from engine.core.tier_blocks import LowerTier, Save, TierBlocks
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,6 +81,7 @@ class KVCacheManager:
         self.managers = list(managers)
         self.specs = list(specs)
         self.pools = [m.pool for m in self.managers]
+        self.tiers = [m.tier for m in self.managers]
         first = self.pools[0]
         self.block_size = first.block_size
         # Limits the prompt a request may have: the first group holds every token of a
@@ -98,7 +101,8 @@ class KVCacheManager:
               num_host_blocks: int = 0, enable_prefix_caching: bool = True,
               bytes_per_layer_block: int = 0, lookahead: int = 512,
               group_block_bytes: Seq[int] | None = None, state_slot_bytes: int = 0,
-              live_state_slots: int = 1, snapshot_every: int = 1) -> KVCacheManager:
+              live_state_slots: int = 1, snapshot_every: int = 1,
+              lower_tiers: Seq[LowerTier | None] | None = None) -> KVCacheManager:
         """A pool and a manager per spec: ``num_blocks[g]`` blocks for group g, the same
         host pool size for each; ``lookahead`` is the most tokens a step computes of a
         sequence (the scheduler's budget), how far ahead a window gets blocks. A block's
@@ -106,22 +110,48 @@ class KVCacheManager:
         shape), else ``bytes_per_layer_block`` per layer. A linear group's count is its
         state slots (``live_state_slots`` of them for running states, as many host slots
         when there is a host pool) of ``state_slot_bytes``; ``snapshot_every`` is its
-        snapshot interval in blocks."""
+        snapshot interval in blocks. ``lower_tiers[g]``: group g's view of the tier below
+        memory (the disk), None without one; its `TierBlocks` is both the pool's
+        eviction hook and the manager's way to hits there."""
+        lowers = list(lower_tiers) if lower_tiers is not None else [None] * len(specs)
+        if len(lowers) != len(specs):
+            raise ValueError(f"lower_tiers: one per KV group spec ({len(specs)}), "
+                             f"got {len(lowers)}")
         managers: list[SingleKindManager] = []
         for g, (spec, count) in enumerate(zip(specs, num_blocks, strict=True)):
+            tier = TierBlocks(lowers[g], block_size)
+            hook = tier if lowers[g] is not None else None
             if spec.linear:
                 pool = BlockPool(count, block_size, count if num_host_blocks else 0,
-                                 enable_prefix_caching, state_slot_bytes)
+                                 enable_prefix_caching, state_slot_bytes, hook)
                 managers.append(LinearStateManager(pool, g, live_state_slots,
-                                                   snapshot_every))
+                                                   snapshot_every, tier))
                 continue
             block_bytes = (group_block_bytes[g] if group_block_bytes is not None
                            else bytes_per_layer_block * len(spec.layers))
             pool = BlockPool(count, block_size, num_host_blocks, enable_prefix_caching,
-                             block_bytes)
-            managers.append(FullAttentionManager(pool, g) if spec.window is None
-                            else SlidingWindowManager(pool, spec.window, lookahead, g))
+                             block_bytes, hook)
+            managers.append(FullAttentionManager(pool, g, tier=tier) if spec.window is None
+                            else SlidingWindowManager(pool, spec.window, lookahead, g, tier))
         return cls(managers, specs)
+
+    @property
+    def state_slots(self) -> int:
+        """Slots of the linear-attention state group (a running candidate holds one);
+        0 without one."""
+        return self.pools[-1].num_blocks if self.specs[-1].linear else 0
+
+    @contextmanager
+    def unrecorded(self) -> Iterator[None]:
+        """Allocations inside count no prefix lookup or hit and cache no partial block:
+        a run that leaves the cache's figures as they were (the engine's warm-up)."""
+        counters = self.prefix_hit_tokens, self.prefix_query_tokens, self.disk_hit_tokens
+        reuse_partial, self.reuse_partial = self.reuse_partial, False
+        try:
+            yield
+        finally:
+            self.prefix_hit_tokens, self.prefix_query_tokens, self.disk_hit_tokens = counters
+            self.reuse_partial = reuse_partial
 
     def blocks_needed(self, num_tokens: int) -> int:
         return self.managers[0].blocks_needed(num_tokens)
@@ -250,9 +280,9 @@ class KVCacheManager:
         for m in self.managers:
             m.free(seq)
         for g, block_id in read:
-            pool = self.pools[g]
-            if pool.blocks[block_id].block_hash is not None and not self.specs[g].linear:
-                pool.preloaded.add(block_id)
+            if (self.pools[g].blocks[block_id].block_hash is not None
+                    and not self.specs[g].linear):
+                self.tiers[g].preloaded.add(block_id)
 
     def free_host(self, seq: Sequence) -> None:
         for m in self.managers:
@@ -266,11 +296,11 @@ class KVCacheManager:
 
     def take_saves(self) -> list[list[Save]]:
         """Per group, the blocks to save to disk before this step writes into them."""
-        return [p.take_saves() for p in self.pools]
+        return [t.take_saves() for t in self.tiers]
 
     def unsaved_cached(self) -> list[list[Save]]:
         """Per group, every cached block the disk lacks (saved when the model unloads)."""
-        return [p.unsaved_cached() for p in self.pools]
+        return [t.unsaved(p) for t, p in zip(self.tiers, self.pools, strict=True)]
 
     # -------------------------------------------------------------------- swap
     def can_swap_out(self, seqs: Seq[Sequence]) -> bool:

@@ -7,7 +7,6 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.core.block_pool import Save
 from engine.core.disk_loads import LoadState
 from engine.core.sequence import Sequence
 
@@ -57,7 +56,5 @@ class KVCache(Protocol):
     def can_swap_in(self, seqs: Seq[Sequence], reserve: int = 0) -> bool: ...
 
     def swap_in(self, seqs: Seq[Sequence]) -> GroupMoves: ...
-
-    def take_saves(self) -> list[list[Save]]: ...
 
     def load_state(self, seq: Sequence) -> LoadState: ...

@@ -47,7 +47,7 @@ class KVGroupStats:
 
 @dataclass(slots=True, frozen=True)
 class DiskTierStats:
-    """The KV cache's disk tier (engine/runner/disk_store.py) as the memory panel shows it."""
+    """The KV cache's disk tier (engine/disk/store.py) as the memory panel shows it."""
 
     enabled: bool
     num_blocks: int  # block files this process knows of, every model's

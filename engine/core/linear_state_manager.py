@@ -28,19 +28,20 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 from engine.core.block_hashes import extend_hashes
-from engine.core.block_pool import BlockPool, TierHit
+from engine.core.block_pool import BlockPool
 from engine.core.kind_managers import Found, Plan, SingleKindManager
 from engine.core.sequence import Sequence
+from engine.core.tier_blocks import TierBlocks, TierHit
 
 
 class LinearStateManager(SingleKindManager):
     def __init__(self, pool: BlockPool, group: int, live_slots: int,
-                 snapshot_every: int = 1) -> None:
+                 snapshot_every: int = 1, tier: TierBlocks | None = None) -> None:
         """``live_slots``: slots kept for running states (the rest may hold snapshots);
         ``snapshot_every``: snapshot each k-th block boundary."""
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
-        super().__init__(pool, group)
+        super().__init__(pool, group, tier=tier)
         self.live_slots = min(live_slots, pool.num_blocks)
         self.snapshot_every = snapshot_every
         self.reserved: dict[int, list[int]] = {}  # a sequence's slots for its fork
@@ -56,7 +57,7 @@ class LinearStateManager(SingleKindManager):
         for i in range(self.lookup_blocks(seq)):
             tokens = self._tokens(seq, i)
             hit: Found = pool.lookup(seq.block_hashes[i], tokens)
-            found.append(hit if hit is not None else pool.tier_hit(seq.block_hashes[i], tokens))
+            found.append(hit if hit is not None else self.tier.hit(seq.block_hashes[i], tokens))
         return found
 
     def longest_hit(self, found: list[Found], limit: int | None = None) -> int:
@@ -97,7 +98,8 @@ class LinearStateManager(SingleKindManager):
             # On disk: read into a slot of its own, in the table at its boundary (after
             # block len(hits) - 1); copied into the running state once read (`load_done`).
             table = self.tables[seq.seq_id]
-            table += [pool.null_id] * (len(hits) - 1) + [pool.place(snapshot).block_id]
+            placed = self.tier.place(pool, snapshot).block_id
+            table += [pool.null_id] * (len(hits) - 1) + [placed]
             self.from_disk[seq.seq_id] = table[-1]
         elif snapshot is not None:
             # Read before this step's forward; touched so the LRU keeps it longest.

@@ -168,7 +168,6 @@ class Scheduler:
         if not out.preempted and not self.swapped and not parked:
             self._admit(out, budget, num_seqs)
         out.cow_pairs = self.kv.take_cow_pairs()
-        out.disk_saves = self.kv.take_saves()
         return out
 
     def _end_loads(self) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.block_pool import Save
 from engine.core.kv_protocol import GroupMoves
 from engine.core.sequence import Request, Sequence
 
@@ -33,8 +32,6 @@ class SchedulerOutput:
     cow_pairs: GroupMoves = field(default_factory=list)  # (src, dst) device blocks
     swap_out: GroupMoves = field(default_factory=list)  # (device, host)
     swap_in: GroupMoves = field(default_factory=list)  # (host, device)
-    # Per group: blocks to save to disk before anything writes into them.
-    disk_saves: list[list[Save]] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)  # request ids
     finished: list[Request] = field(default_factory=list)  # ended by the scheduler
 
@@ -45,7 +42,7 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not (self.scheduled or any(self.swap_out) or any(self.swap_in)
-                    or any(self.cow_pairs) or any(self.disk_saves))
+                    or any(self.cow_pairs))
 
 
 def add_moves(into: GroupMoves, moves: GroupMoves) -> None:

@@ -95,6 +95,11 @@ class CausalLM(nn.Module):
         """Each layer's sliding window (None: full attention), which groups the KV cache."""
         return [self.spec.sliding_window] * self.spec.num_layers
 
+    def linear_layers(self) -> tuple[int, ...]:
+        """The layers that keep a linear-attention state slot per sequence instead of K/V
+        (a hybrid model's); none here."""
+        return ()
+
     def kv_heads(self) -> list[tuple[int, int]]:
         """(num_kv_heads, head_dim) of each layer that keeps K/V, as ``layer_windows``
         lists them: the pool's shape per layer."""

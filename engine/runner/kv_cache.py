@@ -95,7 +95,7 @@ class KVShape:
         """From a built model: its KV layers' heads (``kv_heads``), one entry per layer
         that keeps K/V (a layer reading another's K/V keeps none; a hybrid model's
         linear-attention layers keep a state slot instead)."""
-        linear = set(model.linear_layers()) if hasattr(model, "linear_layers") else set()
+        linear = set(model.linear_layers())
         heads = tuple(h for layer, h in enumerate(model.kv_heads()) if layer not in linear)
         spec = model.spec
         uniform = all(h == (spec.num_kv_heads, spec.head_dim) for h in heads)

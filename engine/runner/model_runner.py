@@ -12,10 +12,9 @@ table slot, never written. Each group has its own block tables and slot mapping;
 positions, query starts and lengths are shared. The model gets a (k_cache, v_cache,
 metadata) per layer.
 
-With the disk tier (`disk_tier.py`), a step's ``disk_saves`` (cached blocks about to be
-reused, state snapshots among them) are copied out first, before any move or forward
-writes into them; blocks read from disk are copied in by ``fill_block`` between steps
-(the engine, once the background reader has them).
+The disk tier (engine/disk/tier.py) moves blocks through ``block_bytes`` (a cached block
+about to be reused, copied out before the step's moves and forward write into it; a
+state snapshot too) and ``fill_block`` (a block read from disk, between steps).
 
 A hybrid model's linear-attention layers (a ``linear`` KV group, the last) read and
 write the state pool (`state_pool.py`) instead: their group's "blocks" are state slots,
@@ -34,7 +33,6 @@ from engine.core.kv_cache_manager import KVGroupSpec
 from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from engine.layers.gated_deltanet import StateMetadata
 from engine.runner.cuda_graphs import CudaGraphRunner, backend_is_capturable
-from engine.runner.disk_tier import GroupDisk
 from engine.runner.kv_cache import KVShape
 from engine.runner.state_pool import StatePool
 from kernels import AttentionBackend, AttentionMetadata, allocate_kv_cache
@@ -77,7 +75,6 @@ class ModelRunner:
                                                torch.device("cpu"),
                                                pin_memory=device.type == "cuda")
                                 for g, _ in attention]
-        self.disks: list[GroupDisk] | None = None  # each group's disk tier, if on
         # Per layer: its group and its K and V views in the group's pool (a linear
         # layer's conv and recurrent states).
         self._layer_views: list[tuple[int, torch.Tensor, torch.Tensor]] = [None] * sum(
@@ -127,7 +124,6 @@ class ModelRunner:
     def apply_block_moves(self, out: SchedulerOutput) -> None:
         """Each group's moves, swap-outs first: the blocks they free may be reused by
         this step's swap-ins and copies."""
-        self.save_blocks(out.disk_saves)
         for g in range(len(self.kv_groups)):
             moves = _group(out.swap_out, g), _group(out.swap_in, g), _group(out.cow_pairs, g)
             if g == self.state_group:
@@ -148,22 +144,13 @@ class ModelRunner:
         """Bytes of one block of group g across its layers (a disk file's payload)."""
         return sum(t.numel() * t.element_size() for t in self._block_views(g, 0))
 
-    def save_blocks(self, saves) -> None:
-        """Hand each group's (block id, hash, tokens) blocks to its disk tier."""
-        if self.disks is None:
-            return
-        for g, group_saves in enumerate(saves):
-            if not group_saves:
-                continue
-            disk = self.disks[g]
-            for block_id, block_hash, token_ids in group_saves:
-                payload = b"".join(
-                    t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
-                    for t in self._block_views(g, block_id))
-                disk.save(block_hash, token_ids, payload)
+    def block_bytes(self, g: int, block_id: int) -> bytes:
+        """Block ``block_id`` of group g across its layers, as a disk file's payload."""
+        return b"".join(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+                        for t in self._block_views(g, block_id))
 
     def fill_block(self, g: int, block_id: int, payload: bytes) -> None:
-        """Copy a block read from disk (``save_blocks``' layout) into group g's pool."""
+        """Copy a block read from disk (``block_bytes``' layout) into group g's pool."""
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         offset = 0
         for target in self._block_views(g, block_id):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import engine.llm_engine as llm_engine_module
+import engine.requests as requests_module
 from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -55,9 +55,9 @@ def failing(monkeypatch, engine: LLMEngine, stage: str):
         elif stage == "grammar":
             extra = {"response_format": UNENFORCEABLE}
         elif stage == "generator":
-            real = llm_engine_module.make_generator
+            real = requests_module.make_generator
             # The last candidate's generator fails: the fork's parts are made up front.
-            m.setattr(llm_engine_module, "make_generator",
+            m.setattr(requests_module, "make_generator",
                       lambda seed, i: _raise("no generator")() if i == 2 else real(seed, i))
         elif stage == "candidate text":
             m.setattr(CandidateText, "start", classmethod(_raise("no detokenizer")))

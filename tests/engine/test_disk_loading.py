@@ -11,8 +11,8 @@ import pytest
 
 from engine import SamplingParams
 from engine.core.sequence import SequenceStatus
+from engine.disk.group import GroupDisk
 from engine.outputs import FinishedEvent
-from engine.runner.disk_tier import GroupDisk
 from tests.engine import test_disk_tier_engine as disk_tests
 from tests.engine.test_disk_tier_engine import GREEDY, chat, new_llm, next_turn
 

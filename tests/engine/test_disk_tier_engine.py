@@ -1,15 +1,24 @@
 """The KV cache's disk tier through the engine: a chat reopened after a restart finds its
-history on disk and replies exactly as the app kept open; damaged, foreign or swapped
-files are recomputed with the same reply; a failing disk leaves the chat working."""
+history on disk and replies exactly as the app kept open, whether the first process
+closed its engine (by hand, or leaving a ``with`` block) or just exited; damaged, foreign
+or swapped files are recomputed with the same reply; a failing disk leaves the chat
+working."""
 
 from __future__ import annotations
 
+import gc
+import os
 import random
+import subprocess
+import sys
+import textwrap
+import weakref
+from pathlib import Path
 
 import pytest
 
 from engine import LLM, EngineConfig, SamplingParams
-from engine.runner import disk_store
+from engine.disk import store as disk_store
 from tests.engine.tiny_models import save_tiny_model, tiny_llama_config
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -94,6 +103,49 @@ def test_a_12_turn_starter_chat_reopens_from_disk(cache):
     assert out.metrics.num_disk_tokens >= len(history) // 16 * 16
     assert out.metrics.num_disk_tokens == (out.metrics.num_prompt_tokens - 1) // 16 * 16
     assert out.outputs[0].token_ids == kept_open.outputs[0].token_ids
+
+
+# A script that chats and exits without close(); prints the reply's tokens read from disk.
+NEVER_CLOSED = textwrap.dedent("""
+    import sys
+    from engine import LLM, EngineConfig, SamplingParams
+    llm = LLM(sys.argv[1], EngineConfig(device="cpu", weights="float32", num_gpu_blocks=64,
+                                        kv_disk_bytes=1 << 30))
+    messages = [{"role": "user", "content": "warm disk block cache chat turn " * 6}]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    print(llm.chat(messages, params).metrics.num_disk_tokens)
+""")
+
+
+def test_a_script_that_never_closes_keeps_its_blocks_at_exit(tiny, cache):
+    def run() -> int:
+        done = subprocess.run([sys.executable, "-c", NEVER_CLOSED, str(tiny)],
+                              cwd=Path(__file__).resolve().parents[2],
+                              env={**os.environ, "FOLIO_KV_CACHE_DIR": str(cache)},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.split()[-1])
+
+    assert run() == 0 and any(cache.rglob("*.kvb"))
+    assert run() > 0  # the second process reads the first one's blocks
+
+
+def test_leaving_a_with_block_closes_the_engine(tiny, cache):
+    with new_llm(tiny) as llm:
+        messages, _ = chat(llm, 2)
+        assert not any(cache.rglob("*.kvb"))
+    assert any(cache.rglob("*.kvb"))
+    out = new_llm(tiny).chat(next_turn(messages), GREEDY)
+    assert out.metrics.num_disk_tokens > 0
+
+
+def test_the_exit_hook_holds_no_engine(tiny, cache):
+    llm = new_llm(tiny)
+    chat(llm, 1)
+    engine, tier = weakref.ref(llm.engine), weakref.ref(llm.engine.disk)
+    del llm
+    gc.collect()
+    assert engine() is None and tier() is None
 
 
 def test_evicted_blocks_go_to_disk_while_the_engine_runs(tiny, cache):

@@ -72,13 +72,12 @@ class KVMachine(RuleBasedStateMachine):
         super().__init__()
         specs, self.num_blocks = KINDS[self.KIND]
         self.num_host = NUM_HOST_BLOCKS if self.TIERS else 0
+        self.disks = [DictTier() if self.TIERS else None for _ in specs]
         self.kv = KVCacheManager.build(specs, self.num_blocks, BLOCK_SIZE,
-                                       num_host_blocks=self.num_host, lookahead=LOOKAHEAD)
+                                       num_host_blocks=self.num_host, lookahead=LOOKAHEAD,
+                                       lower_tiers=self.disks)
         self.pools = self.kv.pools
         self.groups = range(len(self.pools))
-        self.disks = [DictTier() if self.TIERS else None for _ in self.pools]
-        for pool, disk in zip(self.pools, self.disks, strict=True):
-            pool.tier = disk
         self.live: list[Sequence] = []  # holding device blocks
         self.swapped: list[Sequence] = []  # holding host blocks
         # Per group: each block's slots (the null block last) and each host block's.
@@ -94,7 +93,8 @@ class KVMachine(RuleBasedStateMachine):
     def _snapshot(self) -> tuple:
         kv = self.kv
         return tuple(([b.block_id for b in p.free_queue], [b.ref_count for b in p.blocks],
-                      dict(p.cached), set(p.preloaded)) for p in self.pools) + (
+                      dict(p.cached), set(t.preloaded))
+                     for p, t in zip(self.pools, self.kv.tiers, strict=True)) + (
             kv.prefix_hit_tokens, kv.prefix_query_tokens,
             [[list(t) for t in self.kv.block_tables(s)] for s in self.live])
 
@@ -352,7 +352,7 @@ class KVMachine(RuleBasedStateMachine):
 
     @invariant()
     def cache_maps_to_matching_blocks(self) -> None:
-        for g, pool in enumerate(self.pools):
+        for g, (pool, tier) in enumerate(zip(self.pools, self.kv.tiers, strict=True)):
             for block_hash, block in pool.cached.items():
                 assert block.block_hash == block_hash
                 tokens = block.token_ids or ()  # a partial block's first slots only
@@ -364,7 +364,7 @@ class KVMachine(RuleBasedStateMachine):
                 if block.block_hash is not None:
                     assert pool.cached[block.block_hash] is block
             # Loaded ahead and not used yet: cached, held by nothing.
-            for block_id in pool.preloaded:
+            for block_id in tier.preloaded:
                 block = pool.blocks[block_id]
                 assert block.block_hash is not None and block.ref_count == 0, block
 

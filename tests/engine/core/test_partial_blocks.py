@@ -166,13 +166,12 @@ class DictTier:
 
 
 def test_the_tier_below_never_gets_a_partial_block() -> None:
-    kv = one_kind(num_blocks=3)
-    pool = kv.pools[0]
-    pool.tier = DictTier()
+    kv = one_kind(num_blocks=3, lower_tiers=[DictTier()])
+    pool, tier = kv.pools[0], kv.tiers[0]
     seq = make_seq(0, [1, 2, 3, 4, 5, 6])
     allocate(kv, seq)
     finish(kv, seq, 6)
-    assert [s[0] for s in pool.unsaved_cached()] == [0]  # the full block only
+    assert [s[0] for s in tier.unsaved(pool)] == [0]  # the full block only
     allocate(kv, make_seq(1, [9] * 12))  # evicts both cached blocks
     saves = kv.take_saves()
     assert [s[0] for s in saves[0]] == [0]

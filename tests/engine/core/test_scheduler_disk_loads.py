@@ -41,10 +41,9 @@ def history_on_disk() -> tuple[dict[bytes, tuple[int, ...]], list[bytes]]:
 
 
 def setup(num_blocks: int = 10) -> tuple[Scheduler, BlockPool, Shelf, list[bytes]]:
-    kv = KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], BS)
     kept, hashes = history_on_disk()
     shelf = Shelf(kept)
-    kv.pools[0].tier = shelf
+    kv = KVCacheManager.build([KVGroupSpec((0,))], [num_blocks], BS, lower_tiers=[shelf])
     return Scheduler(kv, max_num_batched_tokens=16), kv.pools[0], shelf, hashes
 
 

@@ -58,9 +58,11 @@ class HybridMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        self.disks = [Shelf(), Shelf()] if self.DISK else []
         self.kv = KVCacheManager.build(
             [KVGroupSpec((1,)), KVGroupSpec((0,), linear=True)], [NUM_BLOCKS, NUM_SLOTS], BS,
-            num_host_blocks=HOST, live_state_slots=LIVE_SLOTS)
+            num_host_blocks=HOST, live_state_slots=LIVE_SLOTS,
+            lower_tiers=self.disks or None)
         self.state = self.kv.managers[LINEAR]
         self.live: list[Sequence] = []
         self.swapped: list[Sequence] = []
@@ -71,9 +73,6 @@ class HybridMachine(RuleBasedStateMachine):
         self.prefix_of: dict[bytes, tuple] = {}  # a block hash -> every token up to it
         self.ids = itertools.count()
         self.fresh = itertools.count(1000)
-        self.disks = [Shelf(), Shelf()] if self.DISK else []
-        for pool, disk in zip(self.kv.pools, self.disks, strict=False):
-            pool.tier = disk
 
     def _saves(self) -> None:
         """What the runner does first: copy out the cached blocks about to be reused."""

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-import engine.llm_engine as llm_engine_module
+import engine.requests as requests_module
 from tests.engine.serve.test_errors import assert_error, chat, post
 
 STREAM_TOKENS = 200
@@ -95,14 +95,14 @@ def test_seeds_at_the_ends_of_the_range_give_every_candidate(tiny_served):
 def test_a_failure_inside_admission_is_that_request_alone(tiny_served, monkeypatch):
     """A candidate's generator that cannot be made (any admission stage would do): the
     request is refused, nothing of it stays, the streams beside it finish."""
-    real = llm_engine_module.make_generator
+    real = requests_module.make_generator
 
     def make_generator(seed, index):
         if seed == 4242 and index == 1:
             raise ValueError("no generator for candidate 1")
         return real(seed, index)
 
-    monkeypatch.setattr(llm_engine_module, "make_generator", make_generator)
+    monkeypatch.setattr(requests_module, "make_generator", make_generator)
     with Streams(tiny_served):
         for _ in range(3):
             assert_error(post(tiny_served, "/v1/chat/completions",

@@ -1,8 +1,8 @@
-"""One KV group's view of the disk store (`engine/runner/disk_store.py`): a block's file
+"""One KV group's view of the disk store (`engine/disk/store.py`): a block's file
 named by its hash chain under the group's fingerprint, and that fingerprint: everything a
 block's K/V depends on, so a file from another model, dtype or layout is never found (and
 one swapped in by hand fails its header check: the header's hash, and the MAC of the
-block's tokens that stands in for them, `disk_key.py`).
+block's tokens that stands in for them, `key.py`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from engine.runner.disk_store import DiskStore
+from engine.disk.store import DiskStore
 
 
 def model_identity(path: str | Path) -> list:
@@ -34,7 +34,8 @@ def fingerprint(*parts: object) -> str:
 
 
 class GroupDisk:
-    """The `LowerTier` of KV group ``group``'s pool."""
+    """KV group ``group``'s view of the store: the `LowerTier` its `TierBlocks` asks
+    (engine/core/tier_blocks.py), and what the tier reads and writes."""
 
     def __init__(self, store: DiskStore, model_fingerprint: str, group: int,
                  payload_size: int) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.runner.disk_store import DiskStore
+from engine.disk.store import DiskStore
 
 REPO = Path(__file__).resolve().parents[3]
 HEADER = {"fingerprint": "fp", "group": 0, "hash": "00", "tokens": [1, 2]}
@@ -140,7 +140,7 @@ def test_a_read_only_folder_turns_the_tier_off(tmp_path, monkeypatch, caplog):
 WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from engine.runner.disk_store import DiskStore
+    from engine.disk.store import DiskStore
     store = DiskStore(Path(sys.argv[1]), 1 << 30)
     tag = int(sys.argv[2])
     for i in range(int(sys.argv[3])):

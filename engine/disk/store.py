@@ -4,14 +4,14 @@ One file per block, under ``<root>/<model fingerprint>/<KV group>/<block hash>.k
 (the root is ``FOLIO_KV_CACHE_DIR``, else ``kv`` in ``FOLIO_CACHE_DIR`` or the user
 cache): a short header naming what the
 block is (the fingerprint of everything its K/V depends on, the group, its hash chain,
-a keyed hash of its tokens, never the tokens: `disk_key.py`; the payload's size and
+a keyed hash of its tokens, never the tokens: `key.py`; the payload's size and
 CRC-32), then the block's K/V bytes as the pool holds them. Safe by construction:
 
-- private: folders 0700 and files 0600 from the moment they are made (`disk_files.py`);
+- private: folders 0700 and files 0600 from the moment they are made (`files.py`);
   the root and what an older Folio left under it are tightened at open;
 - a file is written under a temporary name and renamed, so a reader (this process after
   a crash, another Folio on the same folder) sees a whole file or none; a killed
-  writer's temporary files are removed at open (`disk_scan.py`, counted in ``stats``);
+  writer's temporary files are removed at open (`scan.py`, counted in ``stats``);
 - a load checks the header against the block it wants and the payload against its
   checksum; a corrupt, truncated, foreign or unreadable file is skipped (the block is
   recomputed), counted in the log and removed;
@@ -35,13 +35,13 @@ import zlib
 from pathlib import Path
 
 from engine.core.kv_stats import DiskTierStats
-from engine.runner.disk_files import make_private_dirs, new_nonce, temp_path, write_private
-from engine.runner.disk_key import installation_key, tokens_mac
-from engine.runner.disk_scan import scan
+from engine.disk.files import make_private_dirs, new_nonce, temp_path, write_private
+from engine.disk.key import installation_key, tokens_mac
+from engine.disk.scan import scan
 
 log = logging.getLogger(__name__)
 
-# 2: the header holds a MAC of the tokens (`disk_key.py`); a version 1 file is a miss.
+# 2: the header holds a MAC of the tokens (`key.py`); a version 1 file is a miss.
 MAGIC = b"FOLIOKV2"
 SUFFIX = ".kvb"
 _LEN = struct.Struct("<I")
@@ -93,7 +93,7 @@ class DiskStore:
         self._enforce_cap()
 
     def tokens_mac(self, block_hash: bytes, token_ids: tuple[int, ...]) -> str:
-        """What a header says of a block's tokens (`disk_key.py`)."""
+        """What a header says of a block's tokens (`key.py`)."""
         return tokens_mac(self._key, block_hash, token_ids)
 
     def path_for(self, fingerprint: str, group: int, block_hash: bytes) -> Path:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.runner import disk_key
-from engine.runner.disk_key import KEY_FILE, installation_key
-from engine.runner.disk_store import DiskStore
-from engine.runner.disk_tier import GroupDisk
+from engine.disk import key as disk_key
+from engine.disk.group import GroupDisk
+from engine.disk.key import KEY_FILE, installation_key
+from engine.disk.store import DiskStore
 
 TOKENS = (987654321, 123456789, 555555555, 424242424)
 HASH = bytes(range(16))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.runner import disk_files
-from engine.runner.disk_store import DiskStore
-from engine.runner.disk_tier import GroupDisk
+from engine.disk import files as disk_files
+from engine.disk.group import GroupDisk
+from engine.disk.store import DiskStore
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
 

@@ -1,11 +1,11 @@
 """The disk tier's background reader: block files read and checked off the step loop.
 
-The engine submits a ticket per block a prefix hit needs from disk
+The tier (`tier.py`) submits a ticket per block a prefix hit needs from disk
 (engine/core/disk_loads.py); this thread reads each file, checks its header and
 checksum (`DiskStore.load`: file reads and zlib's CRC release the GIL, so the step loop
 keeps running the other requests meanwhile) and keeps the payload in memory, a staging
-buffer, until the engine polls for it and copies it into its block. Reads run in the
-order submitted, so the engine copies block i while this thread reads block i + 1.
+buffer, until the tier polls for it and copies it into its block. Reads run in the
+order submitted, so the tier copies block i while this thread reads block i + 1.
 A cancelled ticket is skipped if not read yet, and dropped if it was.
 """
 
@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 
-from engine.runner.disk_tier import GroupDisk
+from engine.disk.group import GroupDisk
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """What the disk tier finds in its folder when it opens: the block files to index, and
 what must not stay.
 
-- A killed writer's temporary file (`disk_files.stale`) is removed: the size cap, which
+- A killed writer's temporary file (`files.stale`) is removed: the size cap, which
   counts block files only, would never reach it.
-- When the folder has no key yet (`disk_key.installation_key` made one just now), the
+- When the folder has no key yet (`key.installation_key` made one just now), the
   block files there are an older Folio's, whose headers hold the prompt's tokens in
   clear: each whose format is not this one is removed. Later an older file is only ever
   a miss (its magic differs), removed when read.
@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.runner.disk_files import PRIVATE_DIR, PRIVATE_FILE, is_temp, stale, tighten
+from engine.disk.files import PRIVATE_DIR, PRIVATE_FILE, is_temp, stale, tighten
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ tokens. Why this and not the chain hash alone:
 
 What it does not hide: the file name is the chain hash, unkeyed, so someone who can list
 the folder can check a guessed prompt, block by block. The folders are 0700
-(`disk_files.py`), which is what keeps others from listing them at all.
+(`files.py`), which is what keeps others from listing them at all.
 
 The key is per tier folder: another installation's files, copied in, are misses. Losing
 the key costs only the cache (every file is a miss, then removed).
@@ -34,7 +34,7 @@ import os
 import secrets
 from pathlib import Path
 
-from engine.runner.disk_files import (
+from engine.disk.files import (
     PRIVATE_FILE,
     create_private,
     new_nonce,
