@@ -9,27 +9,12 @@ EngineWorker.
 
 from __future__ import annotations
 
+from desktop_app.services.worker_protocol import ModelFacts
 from engine.worker import EngineWorker
 
 
-class LocalWorker(EngineWorker):
+class LocalWorker(ModelFacts, EngineWorker):
     is_remote = False
-
-    @property
-    def model_name(self) -> str:
-        return self.llm.model_name
-
-    @property
-    def max_model_len(self) -> int:
-        return self.llm.max_model_len
-
-    @property
-    def tokenizer(self):
-        return self.llm.tokenizer
-
-    @property
-    def prompts(self):
-        return self.llm.prompts
 
     def remote_status(self) -> None:
         return None

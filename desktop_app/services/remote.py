@@ -36,6 +36,7 @@ from desktop_app.services.remote_metrics import (
     metrics_url,
 )
 from desktop_app.services.remote_request import RemoteRequest
+from desktop_app.services.worker_protocol import ModelFacts
 from engine.outputs import ErrorEvent, FinishedEvent
 from engine.sampling_params import SamplingParams
 
@@ -48,6 +49,7 @@ class RemoteLLM:
     """A model on a remote server: where it is, its name and context, and clients on it."""
 
     tokenizer = None  # the server's: a draft is estimated (context_policy.estimate_tokens)
+    prompts = None  # the server renders its template: the messages are sent
 
     def __init__(self, base_url: str, model: str, api_key: str = "",
                  max_model_len: int | None = None) -> None:
@@ -94,11 +96,10 @@ class RemoteHandle:
         self._worker.cancel(self.request_id)
 
 
-class RemoteWorker:
+class RemoteWorker(ModelFacts):
     """Requests to a remote server, each streamed on its own thread."""
 
     is_remote = True
-    prompts = None  # the server renders its template: the messages are sent
 
     def __init__(self, llm: RemoteLLM, metrics_interval_s: float = METRICS_INTERVAL_S) -> None:
         self.llm = llm
@@ -106,18 +107,6 @@ class RemoteWorker:
         self._lock = threading.Lock()
         self._requests: dict = {}
         self._poller = llm.metrics_poller(metrics_interval_s)
-
-    @property
-    def model_name(self) -> str:
-        return self.llm.model_name
-
-    @property
-    def max_model_len(self) -> int:
-        return self.llm.max_model_len
-
-    @property
-    def tokenizer(self) -> None:
-        return self.llm.tokenizer
 
     def start(self) -> RemoteWorker:
         self._poller.start()

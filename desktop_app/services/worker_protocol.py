@@ -26,6 +26,29 @@ if TYPE_CHECKING:
 EventCallback = Callable[["Event"], None]
 
 
+class ModelFacts:
+    """The model facts every worker reads off its model (``self.llm``: an engine.LLM, a
+    RemoteLLM, a test's fake), so each side states them once."""
+
+    llm: Any
+
+    @property
+    def model_name(self) -> str:
+        return self.llm.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.llm.tokenizer
+
+    @property
+    def prompts(self) -> PromptBuilder | None:
+        return self.llm.prompts
+
+
 class RequestHandle(Protocol):
     request_id: str
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from desktop_app.services.worker_protocol import ModelFacts
 from engine.core.kv_stats import BlockInfo, KVStats
 from engine.outputs import (
     CompletionOutput,
@@ -72,6 +73,7 @@ class FakeLLM:
         self.words_per_reply = words_per_reply
         self.delay_s = delay_s
         self.tokenizer = None
+        self.prompts = None  # the messages are sent, as to a model without a builder
 
 
 class _Handle:
@@ -83,7 +85,7 @@ class _Handle:
         self._worker.cancel(self.request_id)
 
 
-class FakeWorker:
+class FakeWorker(ModelFacts):
     """A thread that streams canned words, one token per candidate per step, with a KV
     pool of 32 blocks of 4 tokens whose use follows the requests in flight. Implements
     services.worker_protocol.ModelWorker, as a local model without a prompt builder (the
@@ -92,7 +94,6 @@ class FakeWorker:
     NUM_BLOCKS = 32
     BLOCK = 4
     is_remote = False
-    prompts = None
 
     def __init__(self, llm: FakeLLM) -> None:
         self.llm = llm
@@ -105,18 +106,6 @@ class FakeWorker:
         self.preloaded: list[object] = []
         self.gate = threading.Event()  # cleared: generation pauses (tests of mid-stream)
         self.gate.set()
-
-    @property
-    def model_name(self) -> str:
-        return self.llm.model_name
-
-    @property
-    def max_model_len(self) -> int:
-        return self.llm.max_model_len
-
-    @property
-    def tokenizer(self):
-        return self.llm.tokenizer
 
     def start(self) -> FakeWorker:
         self._thread.start()

@@ -13,6 +13,7 @@ import threading
 import pytest
 from PySide6.QtCore import Qt
 
+from desktop_app.services.worker_protocol import ModelFacts
 from engine import LLM, SamplingParams
 from engine.chat import ChatRequest
 from engine.outputs import FinishedEvent, TokenEvent
@@ -93,7 +94,7 @@ def served(llm, events) -> tuple[dict, dict]:
                        for c in body.get("tool_calls") or ()]})
 
 
-class ReplayWorker:
+class ReplayWorker(ModelFacts):
     """The app's worker (services.worker_protocol.ModelWorker) on ``llm``, replaying the
     recorded events for whatever it is sent."""
 
@@ -102,22 +103,6 @@ class ReplayWorker:
     def __init__(self, events, llm) -> None:
         self._events, self._ids = events, itertools.count()
         self.llm = llm
-
-    @property
-    def model_name(self):
-        return self.llm.model_name
-
-    @property
-    def max_model_len(self):
-        return self.llm.max_model_len
-
-    @property
-    def tokenizer(self):
-        return self.llm.tokenizer
-
-    @property
-    def prompts(self):
-        return self.llm.prompts
 
     def start(self):
         return self
