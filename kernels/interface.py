@@ -2,7 +2,8 @@
 
 The engine describes each step's varlen batch with `AttentionMetadata`, allocates the KV
 pool with `allocate_kv_cache` and calls the four `AttentionBackend` methods (documented in
-`docs/INTERNALS.md`); the backends (`kernels.reference`, `kernels.triton`) implement them.
+`docs/INTERNALS.md`); the backends (`kernels.reference`, the C++ `kernels.cpu`,
+`kernels.triton`) implement them.
 This module imports nothing else from `kernels`, so every backend can import it while
 `kernels.get_backend` imports the backends.
 """
