@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-from desktop_app.controllers.chat_session import DEFAULT_TITLE, ChatSession
+from desktop_app.controllers.chat_session import ChatSession
 from desktop_app.controllers.context_gauge import ContextGauge
 from desktop_app.controllers.context_window import branch_tokens
 from desktop_app.controllers.pending_send import PendingSend
 from desktop_app.controllers.thinking import ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
+from desktop_app.data.chat_titles import DEFAULT_TITLE
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.conversation_view import ConversationView
 
