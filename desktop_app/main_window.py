@@ -230,10 +230,13 @@ class MainWindow(QMainWindow):
 
     def _build_shortcuts(self) -> None:
         self.new_chat_action.setShortcut(QKeySequence.StandardKey.New)
-        regen = QAction("Regenerate", self)
-        regen.setShortcut(QKeySequence("Ctrl+R"))
-        regen.triggered.connect(lambda: self.controller.regenerate(0))
-        self.addAction(regen)
+        self.regenerate_action = QAction("Regenerate", self)
+        self.regenerate_action.setShortcut(QKeySequence("Ctrl+R"))
+        self.regenerate_action.triggered.connect(lambda: self.controller.regenerate(0))
+        # Disabled (so Ctrl+R does nothing) while the view's Regenerate button is.
+        self.regenerate_action.setEnabled(self.controller.can_regenerate())
+        self.controller.regenerateChanged.connect(self.regenerate_action.setEnabled)
+        self.addAction(self.regenerate_action)
         stop = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
         stop.setContext(Qt.ShortcutContext.WindowShortcut)
         stop.activated.connect(self.controller.stop)
@@ -406,6 +409,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
         self.controller.stop_all()
+        self.controller.leave()  # an empty chat is not kept
         self.settings.window_geometry = bytes(self.saveGeometry().toBase64()).decode()
         self.settings.dock_state = bytes(self.saveState().toBase64()).decode()
         self._persist(self.settings)
