@@ -409,7 +409,6 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
         self.controller.stop_all()
-        self.controller.leave()  # an empty chat is not kept
         self.settings.window_geometry = bytes(self.saveGeometry().toBase64()).decode()
         self.settings.dock_state = bytes(self.saveState().toBase64()).decode()
         self._persist(self.settings)
@@ -417,5 +416,6 @@ class MainWindow(QMainWindow):
         self.serve.shutdown()
         self.tools.shutdown()
         self.bridge.shutdown()
+        self.controller.leave()  # last: nothing it raises may skip the shutdowns above
         super().closeEvent(event)
 

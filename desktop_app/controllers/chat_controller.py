@@ -14,6 +14,8 @@ the same way) is let go.
 
 from __future__ import annotations
 
+import sqlite3
+
 from PySide6.QtCore import QObject, Signal
 
 from desktop_app.controllers.chat_session import ChatSession
@@ -158,8 +160,12 @@ class ChatController(QObject):
 
     def leave(self) -> None:
         """The window closes: the chat in view goes too if it is empty."""
-        if self.chat_id is not None:
+        if self.chat_id is None:
+            return
+        try:
             self._drop_if_empty(self.chat_id)
+        except sqlite3.ProgrammingError:
+            pass  # the store was closed before the window: the chat stays, harmlessly
 
     def delete_chat(self, chat_id: int) -> None:
         session = self.sessions.pop(chat_id, None)
