@@ -205,6 +205,7 @@ class MainWindow(QMainWindow):
         # Quit goes through closeEvent like the title bar's close: state saved, engine
         # and servers shut down.
         self.quit_action = QAction(theme.icon("quit"), "&Quit", self)
+        self.quit_action.setObjectName("quitAction")
         self.quit_action.setShortcuts(quit_keys())
         self.quit_action.setMenuRole(QAction.MenuRole.QuitRole)
         self.quit_action.triggered.connect(self.close)
@@ -216,6 +217,8 @@ class MainWindow(QMainWindow):
         self.about_action = help_menu.addAction(theme.app_icon(), "&About Folio",
                                                 self.show_about)
         self.about_action.setMenuRole(QAction.MenuRole.AboutRole)
+        self.docs_action.setObjectName("docsAction")
+        self.about_action.setObjectName("aboutAction")
 
     def show_about(self) -> about_dialog.AboutDialog:
         dialog = about_dialog.AboutDialog(about_dialog.about_facts(self.bridge, self.store),
