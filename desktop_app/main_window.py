@@ -32,7 +32,7 @@ from desktop_app.controllers.thinking import ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
 from desktop_app.data.model_templates import template_config
 from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, config_dir, save_settings
-from desktop_app.dialogs import error_dialog
+from desktop_app.dialogs import about_dialog, error_dialog
 from desktop_app.dialogs.chat_files import ChatFileActions
 from desktop_app.dialogs.settings_dialog import SettingsDialog
 from desktop_app.services import sources
@@ -45,6 +45,13 @@ from desktop_app.widgets.vram_panel import VramPanel
 
 STARTER = sources.STARTER
 _display_name = sources.display_name
+
+
+def quit_keys() -> list[QKeySequence]:
+    """The platform's Quit keys, and Ctrl+Q where it has none (Windows)."""
+    keys = QKeySequence.keyBindings(QKeySequence.StandardKey.Quit)
+    ctrl_q = QKeySequence("Ctrl+Q")
+    return keys if ctrl_q in keys else [*keys, ctrl_q]
 
 
 class MainWindow(QMainWindow):
@@ -184,7 +191,8 @@ class MainWindow(QMainWindow):
         self._fill_model_picker()
 
     def _build_file_menu(self) -> None:
-        """File ▸ Export chat… / Import chat… (dialogs.chat_files does the work)."""
+        """File ▸ Export chat… / Import chat… (dialogs.chat_files does the work), Quit;
+        Help ▸ Documentation, About Folio (dialogs.about_dialog)."""
         self.chat_files = ChatFileActions(self.store, lambda: self.controller.chat_id, self)
         self.chat_files.chatImported.connect(self._on_chat_imported)
         self.export_chat_action = self.chat_files.export_action
@@ -193,6 +201,31 @@ class MainWindow(QMainWindow):
         menu.setObjectName("fileMenu")
         menu.addAction(self.export_chat_action)
         menu.addAction(self.import_chat_action)
+        menu.addSeparator()
+        # Quit goes through closeEvent like the title bar's close: state saved, engine
+        # and servers shut down.
+        self.quit_action = QAction(theme.icon("quit"), "&Quit", self)
+        self.quit_action.setObjectName("quitAction")
+        self.quit_action.setShortcuts(quit_keys())
+        self.quit_action.setMenuRole(QAction.MenuRole.QuitRole)
+        self.quit_action.triggered.connect(self.close)
+        menu.addAction(self.quit_action)
+        help_menu = self.menuBar().addMenu("&Help")
+        help_menu.setObjectName("helpMenu")
+        self.docs_action = help_menu.addAction(theme.icon("help"), "&Documentation",
+                                               lambda: about_dialog.open_docs(self))
+        self.about_action = help_menu.addAction(theme.app_icon(), "&About Folio",
+                                                self.show_about)
+        self.about_action.setMenuRole(QAction.MenuRole.AboutRole)
+        self.docs_action.setObjectName("docsAction")
+        self.about_action.setObjectName("aboutAction")
+
+    def show_about(self) -> about_dialog.AboutDialog:
+        dialog = about_dialog.AboutDialog(about_dialog.about_facts(self.bridge, self.store),
+                                          self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        return dialog
 
     def _on_chat_imported(self, chat_id: int) -> None:
         self.refresh_chats()
@@ -200,10 +233,13 @@ class MainWindow(QMainWindow):
 
     def _build_shortcuts(self) -> None:
         self.new_chat_action.setShortcut(QKeySequence.StandardKey.New)
-        regen = QAction("Regenerate", self)
-        regen.setShortcut(QKeySequence("Ctrl+R"))
-        regen.triggered.connect(lambda: self.controller.regenerate(0))
-        self.addAction(regen)
+        self.regenerate_action = QAction("Regenerate", self)
+        self.regenerate_action.setShortcut(QKeySequence("Ctrl+R"))
+        self.regenerate_action.triggered.connect(lambda: self.controller.regenerate(0))
+        # Disabled (so Ctrl+R does nothing) while the view's Regenerate button is.
+        self.regenerate_action.setEnabled(self.controller.can_regenerate())
+        self.controller.regenerateChanged.connect(self.regenerate_action.setEnabled)
+        self.addAction(self.regenerate_action)
         stop = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
         stop.setContext(Qt.ShortcutContext.WindowShortcut)
         stop.activated.connect(self.controller.stop)
@@ -358,7 +394,8 @@ class MainWindow(QMainWindow):
     def retheme(self) -> None:
         """The system switched light/dark: icons are tinted per theme, so redo them."""
         for action, name in ((self.new_chat_action, "new-chat"), (self.models_action, "model"),
-                             (self.vram_action, "memory"), (self.settings_action, "settings")):
+                             (self.vram_action, "memory"), (self.settings_action, "settings"),
+                             (self.quit_action, "quit"), (self.docs_action, "help")):
             action.setIcon(theme.icon(name))
         self.chat_list.retheme()
         self.conversation.retheme()
@@ -382,5 +419,6 @@ class MainWindow(QMainWindow):
         self.serve.shutdown()
         self.tools.shutdown()
         self.bridge.shutdown()
+        self.controller.leave()  # last: nothing it raises may skip the shutdowns above
         super().closeEvent(event)
 

@@ -14,14 +14,17 @@ the same way) is let go.
 
 from __future__ import annotations
 
+import sqlite3
+
 from PySide6.QtCore import QObject, Signal
 
-from desktop_app.controllers.chat_session import DEFAULT_TITLE, ChatSession
+from desktop_app.controllers.chat_session import ChatSession
 from desktop_app.controllers.context_gauge import ContextGauge
 from desktop_app.controllers.context_window import branch_tokens
 from desktop_app.controllers.pending_send import PendingSend
 from desktop_app.controllers.thinking import ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
+from desktop_app.data.chat_titles import DEFAULT_TITLE
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.conversation_view import ConversationView
 
@@ -32,6 +35,7 @@ class ChatController(QObject):
     streamsChanged = Signal()  # a chat started or stopped generating (generating_chats)
     errorRaised = Signal(str, str)  # title, text
     turnFinished = Signal(int)  # chat id
+    regenerateChanged = Signal(bool)  # whether the chat in view has a reply to regenerate
 
     def __init__(self, store, bridge, view: ConversationView, app_settings: AppSettings,
                  tools: ToolTurns, thinking: ThinkingControls,
@@ -55,6 +59,7 @@ class ChatController(QObject):
         bridge.requestFailed.connect(self._on_failed)
         for signal in (bridge.modelLoaded, bridge.modelUnloaded):
             signal.connect(lambda *_: self.update_gauge())
+            signal.connect(lambda *_: self._update_regenerate())
         bridge.modelLoaded.connect(lambda *_: self._load_ahead())
 
     # -- sessions ----------------------------------------------------------------------
@@ -106,6 +111,10 @@ class ChatController(QObject):
 
     # -- chats -------------------------------------------------------------------------
     def new_chat(self) -> int:
+        """A new chat, opened; the chat in view itself when it is still empty (the sidebar
+        does not pile up "New chat" entries)."""
+        if self.chat_id is not None and self._is_empty(self.chat_id):
+            return self.chat_id
         defaults = ChatSettings.from_dict(self.app_settings.chat_defaults.to_dict())
         chat = self.store.create_chat(DEFAULT_TITLE, defaults)
         self.chatsChanged.emit()
@@ -117,6 +126,8 @@ class ChatController(QObject):
         if chat_id is not None:
             self._session(chat_id)
         self._release(left)
+        if left is not None and left != chat_id:
+            self._drop_if_empty(left)
         self.render()
         self.chatOpened.emit(chat_id or 0)
         self._load_ahead()
@@ -126,6 +137,35 @@ class ChatController(QObject):
         blocks from disk now, while the user types, not when the next turn is sent."""
         if self.current is not None:
             self.current.preload()
+
+    def _is_empty(self, chat_id: int) -> bool:
+        """Nobody wrote in it: no message, the default title, no message waiting for the
+        model to be sent there."""
+        try:
+            chat = self.store.get_chat(chat_id)
+        except KeyError:
+            return False
+        held = self.pending.message
+        return (chat.title == DEFAULT_TITLE and self.store.active_leaf(chat_id) is None
+                and (held is None or held.chat_id != chat_id))
+
+    def _drop_if_empty(self, chat_id: int) -> None:
+        """An empty chat left behind (another opened, or the app closing) is not kept."""
+        if self._is_empty(chat_id):
+            session = self.sessions.pop(chat_id, None)
+            if session is not None:
+                session.deleteLater()
+            self.store.delete_chat(chat_id)
+            self.chatsChanged.emit()
+
+    def leave(self) -> None:
+        """The window closes: the chat in view goes too if it is empty."""
+        if self.chat_id is None:
+            return
+        try:
+            self._drop_if_empty(self.chat_id)
+        except sqlite3.ProgrammingError:
+            pass  # the store was closed before the window: the chat stays, harmlessly
 
     def delete_chat(self, chat_id: int) -> None:
         session = self.sessions.pop(chat_id, None)
@@ -142,7 +182,20 @@ class ChatController(QObject):
         session = self.current
         self.view.show_items(session.items() if session is not None else [])
         self.view.set_generating(self.is_generating(self.chat_id))
+        self._update_regenerate()
         self.update_gauge()
+
+    def can_regenerate(self) -> bool:
+        """A model is loaded, the chat in view is idle and has a message to answer again
+        (its last reply, or a user message whose reply failed)."""
+        session = self.current
+        return (session is not None and self.bridge.is_loaded and not session.generating
+                and self.store.active_leaf(session.chat_id) is not None)
+
+    def _update_regenerate(self) -> None:
+        enabled = self.can_regenerate()
+        self.view.set_can_regenerate(enabled)
+        self.regenerateChanged.emit(enabled)
 
     def update_gauge(self) -> None:
         """The context gauge of the chat in view: what the engine counted for it."""
@@ -255,6 +308,7 @@ class ChatController(QObject):
 
     def _set_generating(self) -> None:
         self.view.set_generating(self.is_generating(self.chat_id))
+        self._update_regenerate()
         self.streamsChanged.emit()
 
     # -- for the memory panel ------------------------------------------------------------

@@ -24,19 +24,11 @@ from desktop_app.controllers.json_mode import reply_metrics
 from desktop_app.controllers.stream import Stream
 from desktop_app.controllers.thinking import DROPPED_METRIC, ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
+from desktop_app.data.chat_titles import DEFAULT_TITLE, title_from
 from desktop_app.data.context_policy import ContextPlan
 from desktop_app.widgets.conversation_view import GroupItem
 from desktop_app.widgets.message_widget import TurnItem
 from engine.chat import ChatRequest
-
-DEFAULT_TITLE = "New chat"
-TITLE_LENGTH = 48
-
-
-def title_from(text: str) -> str:
-    """A chat title from its first message: one line, Markdown marks dropped."""
-    line = " ".join(text.replace("`", "").replace("*", "").replace("#", "").split())
-    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
 
 
 class ChatSession(QObject):

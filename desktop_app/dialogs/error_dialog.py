@@ -11,12 +11,14 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QWidget
 
+from desktop_app.widgets import message_box
+
 
 def show_error(parent: QWidget | None, title: str, text: str) -> QMessageBox:
     """Every error dialog goes through here (tests monkeypatch it). Window-modal but
-    opened with open(), so the event loop, and any stream in flight, keep running."""
-    box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok,
-                      parent)
+    opened with open(), so the event loop, and any stream in flight, keep running. It
+    carries the app's warning icon (widgets.message_box), not the style's stock one."""
+    box = message_box.message_box(parent, message_box.WARNING, title, text)
     box.setObjectName("errorDialog")
     box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     box.setWindowModality(Qt.WindowModality.WindowModal)

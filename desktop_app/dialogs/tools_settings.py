@@ -15,10 +15,12 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QPlainTextEdit,
     QPushButton,
+    QSplitter,
     QVBoxLayout,
     QWidget,
 )
 
+from desktop_app.dialogs.mcp_form import McpServerForm
 from desktop_app.mcp.events import FAILED, READY
 
 HELP = ("MCP servers give the model tools: files, search, anything a server offers. Each "
@@ -40,7 +42,9 @@ def status_line(name: str, status, tools: tuple) -> str:
 
 
 class ToolsSettingsPage(QWidget):
-    def __init__(self, tools_bridge, parent: QWidget | None = None) -> None:
+    """The form (dialogs.mcp_form) beside the mcp.json editor; both end in Apply."""
+
+    def __init__(self, tools_bridge, parent: QWidget | None = None, probe=None) -> None:
         super().__init__(parent)
         self.setObjectName("toolsSettings")
         self.tools = tools_bridge
@@ -70,10 +74,22 @@ class ToolsSettingsPage(QWidget):
         buttons.addWidget(self.apply_button)
         buttons.addWidget(self.restart_button)
         buttons.addStretch(1)
+        self.form = McpServerForm(self.editor.toPlainText, probe)
+        self.form.saveRequested.connect(self._save_from_form)
+        self.editor.textChanged.connect(self.form.refresh_picker)
+        json_side = QWidget()
+        json_layout = QVBoxLayout(json_side)
+        json_layout.setContentsMargins(0, 0, 0, 0)
+        json_layout.addWidget(QLabel(f"mcp.json ({tools_bridge.path})"))
+        json_layout.addWidget(self.editor, 1)
+        beside = QSplitter()
+        beside.setObjectName("mcpFormSplitter")
+        beside.setChildrenCollapsible(False)
+        beside.addWidget(self.form)
+        beside.addWidget(json_side)
         layout = QVBoxLayout(self)
         layout.addWidget(note)
-        layout.addWidget(QLabel(f"mcp.json ({tools_bridge.path})"))
-        layout.addWidget(self.editor, 2)
+        layout.addWidget(beside, 2)
         layout.addLayout(buttons)
         layout.addWidget(self.error)
         layout.addWidget(QLabel("Servers"))
@@ -88,6 +104,11 @@ class ToolsSettingsPage(QWidget):
             self.error.setText(f"Not applied: {exc}")
             return
         self.error.setText("")
+
+    def _save_from_form(self, text: str) -> None:
+        """The form's server, into the editor and applied like a typed edit."""
+        self.editor.setPlainText(text)
+        self.apply()
 
     def restart_selected(self) -> None:
         item = self.servers.currentItem()

@@ -14,13 +14,12 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListView,
     QMenu,
-    QMessageBox,
     QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
-from desktop_app.widgets import theme
+from desktop_app.widgets import message_box, theme
 
 ChatIdRole = Qt.ItemDataRole.UserRole + 1
 GeneratingRole = Qt.ItemDataRole.UserRole + 2  # True while a reply streams in that chat
@@ -28,10 +27,7 @@ GeneratingRole = Qt.ItemDataRole.UserRole + 2  # True while a reply streams in t
 
 def confirm(parent: QWidget, title: str, text: str) -> bool:
     """Ask yes/no; tests monkeypatch this module function instead of clicking a dialog."""
-    answer = QMessageBox.question(parent, title, text,
-                                  QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-                                  QMessageBox.StandardButton.No)
-    return answer == QMessageBox.StandardButton.Yes
+    return message_box.ask(parent, title, text)
 
 
 def relative_time(stamp: float, now: float | None = None) -> str:

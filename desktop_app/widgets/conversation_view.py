@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from desktop_app.widgets import theme
 from desktop_app.widgets.candidates import CandidateGroup
+from desktop_app.widgets.composer_hint import ComposerHint
 from desktop_app.widgets.effort_box import ReasoningEffortBox
 from desktop_app.widgets.json_mode import JsonModeButton
 from desktop_app.widgets.message_widget import MessageWidget
@@ -109,6 +110,8 @@ class ConversationView(QWidget):
         self.composer = Composer()
         self.composer.submitted.connect(self._send)
         self.pending_note = PendingNote()  # a message waiting for the model to load
+        self.composer_hint = ComposerHint()  # "Type a message first"
+        self.composer.textChanged.connect(self.composer_hint.dismiss)
         self.send_button = QPushButton(theme.icon("send", theme.current().accent_text), "Send")
         self.send_button.setObjectName("sendButton")
         self.send_button.setAccessibleName("Send the message")
@@ -136,6 +139,7 @@ class ConversationView(QWidget):
         composer_column = QVBoxLayout()
         composer_column.setSpacing(4)
         composer_column.addWidget(self.pending_note)
+        composer_column.addWidget(self.composer_hint)
         composer_column.addWidget(self.composer)
         composer_column.addWidget(self.context_gauge)
         bottom.addLayout(composer_column, 1)
@@ -275,7 +279,6 @@ class ConversationView(QWidget):
         self.generating = generating
         self.stop_button.setVisible(generating)
         self.send_button.setVisible(not generating)
-        self.regenerate_button.setEnabled(not generating)
         for row in set(self._rows.values()):
             if isinstance(row, MessageWidget):
                 row.set_locked(generating)
@@ -287,6 +290,13 @@ class ConversationView(QWidget):
         text = self.composer.toPlainText().strip()
         if text:
             self.sendRequested.emit(text)
+        else:
+            self.composer_hint.show_hint("Type a message first")
+            self.composer.setFocus()
+
+    def set_can_regenerate(self, enabled: bool) -> None:
+        """The controller says whether there is a reply to regenerate now."""
+        self.regenerate_button.setEnabled(enabled)
 
     def clear_composer(self) -> None:
         self.composer.clear()

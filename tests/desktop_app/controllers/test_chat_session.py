@@ -101,13 +101,13 @@ def test_candidates_waiting_for_keep_stay_with_their_chat(qtbot, fake_bridge, ma
     assert group is not None
     b = window.new_chat()
     assert set(controller.sessions) == {a, b}  # a keeps its columns while out of view
-    window.open_chat(a)
+    window.open_chat(a)  # b, left empty, is not kept
     columns = window.findChildren(CandidateColumn, "candidateColumn")
     assert len(columns) == 2 and controller.current.pending_group == group
     qtbot.mouseClick(columns[1].keep_button, Qt.MouseButton.LeftButton)
     assert controller.current.pending_group is None
-    window.open_chat(b)
-    assert set(controller.sessions) == {b}
+    c = window.new_chat()
+    assert set(controller.sessions) == {c}
 
 
 def test_deleting_a_streaming_chat_closes_its_session(qtbot, fake_bridge, make_window):
