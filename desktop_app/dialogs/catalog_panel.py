@@ -72,6 +72,13 @@ class CatalogPanel(QWidget):
         self.machine_label.setObjectName("machineMemory")
 
         self.table = _table("catalogTable", CATALOG_COLUMNS)
+        memory_col = CATALOG_COLUMNS.index("Memory needed")
+        self.table.horizontalHeaderItem(memory_col).setToolTip(
+            "The weights plus the memory for chats (the KV cache) for the model's context, "
+            "under Settings ▸ Engine: what loading it takes on this computer")
+        self.table.horizontalHeaderItem(memory_col + 1).setToolTip(
+            "Fits: at most 80% of this computer's memory (its GPU's, when it has one) and no "
+            "more than is free now. Tight: it fits with other programs closed.")
         self.table.itemSelectionChanged.connect(self._update_action)
         self.table.doubleClicked.connect(lambda _i: self.act_on_selected())
         self.action_button = QPushButton(theme.icon("download"), "Download")
