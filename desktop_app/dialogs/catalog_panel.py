@@ -174,11 +174,15 @@ class CatalogPanel(QWidget):
 
         def run() -> None:
             try:
-                self._hub_event.emit("found", (query, self._search_hub(query)))
+                answer = ("found", (query, self._search_hub(query)))
             except DownloadError as err:
-                self._hub_event.emit("error", err.message)
+                answer = ("error", err.message)
             except Exception as err:  # noqa: BLE001 - any failure is the user's to read
-                self._hub_event.emit("error", f"the Hub search failed: {err}")
+                answer = ("error", f"the Hub search failed: {err}")
+            try:
+                self._hub_event.emit(*answer)
+            except RuntimeError:
+                pass  # the dialog was closed while the Hub answered: no one to tell
 
         threading.Thread(target=run, name="folio-hub-search", daemon=True).start()
 

@@ -137,8 +137,8 @@ class DownloadBox(QGroupBox):
         elif payload.kind == "cancelled":
             self.download_status.setText(self._kept_text("Download paused"))
         elif payload.kind == "no_weights":  # a GGUF repo: its files are named, pick one
-            self.download_status.setText(f"{payload.message[:1].upper()}"
-                                         f"{payload.message[1:]}: type it in the second field.")
+            # The message starts with the repo id, whose case is its own.
+            self.download_status.setText(f"{payload.message}: type it in the second field.")
             self.gguf_edit.setFocus()
         else:
             self.download_status.setText(payload.message)

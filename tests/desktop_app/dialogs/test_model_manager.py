@@ -185,3 +185,19 @@ def test_offline_through_the_real_downloader(dialog, qtbot, monkeypatch, capture
     assert title == "Download failed"
     assert text.startswith("Could not reach the model hub: check your connection.")
     assert "Check your internet connection" in text
+
+
+def test_a_gguf_repo_without_a_chosen_file_asks_for_one_without_an_error_box(
+        dialog, qtbot, monkeypatch, captured_errors):
+    def no_file(repo_id, **kwargs):
+        raise downloads.DownloadError("no_weights", "a/b has no safetensors weights (it has "
+                                      "GGUF files: choose one of m-Q4_0.gguf, m-Q8_0.gguf)")
+
+    monkeypatch.setattr(downloads, "download_model", no_file)
+    dialog.repo_edit.setText("a/b")
+    dialog.start_download()
+    qtbot.waitUntil(lambda: not dialog.downloading, timeout=5000)
+    assert dialog.download_status.text() == (
+        "a/b has no safetensors weights (it has GGUF files: choose one of m-Q4_0.gguf, "
+        "m-Q8_0.gguf): type it in the second field.")
+    assert captured_errors == []
