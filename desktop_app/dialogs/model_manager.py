@@ -1,71 +1,68 @@
-"""The model manager: local models with what they need, remote servers, load/unload, add,
-and download.
+"""The model manager: local models with what they need, remote servers, load/unload, add;
+the Discover tab's catalog and Hub search (dialogs.catalog_panel); and download
+(dialogs.download_box).
 
 Listing reads only model headers (engine.loaders.catalog), so it runs on the GUI thread.
-Loading goes through the bridge (a background thread, progress in the dialog). A download
-runs desktop_app.services.downloads.download_model on a plain thread; its progress
-callback posts to the GUI thread through a queued signal, and Cancel sets the event it polls.
-Errors go through dialogs.error_dialog, which the main window uses too.
+Loading goes through the bridge (a background thread, progress in the dialog). Errors go
+through dialogs.error_dialog, which the main window uses too.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
+    QDialogButtonBox,
     QFileDialog,
-    QGroupBox,
     QHBoxLayout,
     QHeaderView,
-    QLabel,
-    QLineEdit,
     QProgressBar,
     QPushButton,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
-from desktop_app.dialogs import error_dialog
+from desktop_app.dialogs.catalog_panel import CatalogPanel
+from desktop_app.dialogs.download_box import DownloadBox
 from desktop_app.dialogs.model_rows import (  # noqa: F401 - tests import them from here
     COLUMNS,
     ServerRow,
     download_advice,
     format_parameters,
+    installed_source,
     list_local_models,
     memory_needed,
+    row_name,
     source_for,
     template_cell,
 )
 from desktop_app.dialogs.server_dialog import AddServerDialog
 from desktop_app.dialogs.template_dialog import TemplateDialog
-from desktop_app.services import downloads
 from desktop_app.widgets import theme
 from desktop_app.widgets.vram_panel import format_bytes
 
 
 class ModelManagerDialog(QDialog):
     loadRequested = Signal(str)  # a source for LLM(...)
-    _download_event = Signal(str, object)  # internal: kind, payload (queued)
 
     def __init__(self, bridge, settings, persist: Callable, parent: QWidget | None = None,
-                 list_models: Callable | None = None) -> None:
+                 list_models: Callable | None = None, catalog: dict | None = None) -> None:
+        """catalog: CatalogPanel's keyword arguments (memory, entries, search_hub), for
+        tests to give it a machine and a Hub of their own."""
         super().__init__(parent)
         self.setObjectName("modelManager")
         self.setWindowTitle("Models")
-        self.resize(940, 520)
+        self.resize(1000, 620)
         self.bridge, self.settings, self._persist = bridge, settings, persist
         self._list_models = list_models or list_local_models
         self.infos: list = []
-        self._cancel: threading.Event | None = None
-        self._download_event.connect(self._on_download_event,
-                                     Qt.ConnectionType.QueuedConnection)
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setObjectName("modelTable")
@@ -108,40 +105,35 @@ class ModelManagerDialog(QDialog):
             actions.addWidget(w)
         actions.addWidget(self.load_progress, 1)
 
-        self.repo_edit = QLineEdit()
-        self.repo_edit.setObjectName("downloadRepo")
-        self.repo_edit.setPlaceholderText("Hugging Face repo id, e.g. HuggingFaceTB/"
-                                          "SmolLM2-360M-Instruct")
-        self.gguf_edit = QLineEdit()
-        self.gguf_edit.setObjectName("downloadGguf")
-        self.gguf_edit.setPlaceholderText("optional: one .gguf file of the repo")
-        self.download_button = QPushButton(theme.icon("download"), "Download")
-        self.download_button.setObjectName("downloadButton")
-        self.download_button.clicked.connect(self.start_download)
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setObjectName("downloadCancel")
-        self.cancel_button.setEnabled(False)
-        self.cancel_button.clicked.connect(self.cancel_download)
-        self.download_progress = QProgressBar()
-        self.download_progress.setObjectName("downloadProgress")
-        self.download_progress.setRange(0, 1000)
-        self.download_status = QLabel("")
-        self.download_status.setObjectName("downloadStatus")
-        box = QGroupBox("Download from Hugging Face")
-        form = QVBoxLayout(box)
-        row = QHBoxLayout()
-        row.addWidget(self.repo_edit, 2)
-        row.addWidget(self.gguf_edit, 1)
-        row.addWidget(self.download_button)
-        row.addWidget(self.cancel_button)
-        form.addLayout(row)
-        form.addWidget(self.download_progress)
-        form.addWidget(self.download_status)
+        self.download_box = DownloadBox(self)
+        self.download_box.downloaded.connect(self._on_downloaded)
+        box = self.download_box
+        # The box's parts under the names the dialog has always had (tests, accessibility).
+        self.repo_edit, self.gguf_edit = box.repo_edit, box.gguf_edit
+        self.download_button, self.cancel_button = box.download_button, box.cancel_button
+        self.download_progress, self.download_status = box.download_progress, \
+            box.download_status
+
+        local = QWidget()
+        local_layout = QVBoxLayout(local)
+        local_layout.addWidget(self.table, 1)
+        local_layout.addLayout(actions)
+        self.catalog = CatalogPanel(self._engine_config, self._installed, **(catalog or {}))
+        self.catalog.downloadRequested.connect(self.download_box.download)
+        self.catalog.loadRequested.connect(self.loadRequested)
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("modelTabs")
+        self.tabs.addTab(local, "On this computer")
+        self.tabs.addTab(self.catalog, "Discover")
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.close_button = buttons.button(QDialogButtonBox.StandardButton.Close)
+        self.close_button.setObjectName("closeModelsButton")
+        buttons.rejected.connect(self.reject)  # Close and Esc
 
         layout = QVBoxLayout(self)
-        layout.addWidget(self.table, 1)
-        layout.addLayout(actions)
+        layout.addWidget(self.tabs, 1)
         layout.addWidget(box)
+        layout.addWidget(buttons)
 
         bridge.loadStarted.connect(self._on_load_started)
         bridge.loadProgress.connect(self._on_load_progress)
@@ -151,22 +143,28 @@ class ModelManagerDialog(QDialog):
         self.refresh()
 
     # -- the list --------------------------------------------------------------------------
+    def _engine_config(self):
+        # The bridge's config once Settings ▸ Engine applied one, else the stored settings'.
+        return self.bridge.engine_config or self.settings.engine.to_engine_config()
+
+    def _installed(self, entry) -> str | None:
+        return installed_source(entry, self.infos)
+
     def refresh(self) -> None:
         self.infos = list(self._list_models(self.settings.model_paths))
         self.infos += [ServerRow(entry) for entry in self.settings.servers]
         loaded = self.bridge.source if self.bridge.is_loaded else None
         self.table.setRowCount(len(self.infos))
-        # The bridge's config once Settings ▸ Engine applied one, else the stored settings'.
-        config = self.bridge.engine_config or self.settings.engine.to_engine_config()
+        config = self._engine_config()
         for row, info in enumerate(self.infos):
             if isinstance(info, ServerRow):
                 cells = info.cells(loaded == info.source)
             elif info.error:
-                cells = (info.name, info.format, "", "", "", "", "", info.error, "")
+                cells = (row_name(info), info.format, "", "", "", "", "", info.error, "")
             else:
                 status = "● loaded" if loaded and loaded == source_for(info) else ""
                 kind = f" ({info.layer_summary})" if info.layer_summary else ""
-                cells = (info.name, info.format, info.architecture + kind,
+                cells = (row_name(info), info.format, info.architecture + kind,
                          format_parameters(info.num_parameters, info.active_parameters),
                          str(info.context_length),
                          format_bytes(info.size_bytes),
@@ -179,6 +177,7 @@ class ModelManagerDialog(QDialog):
                 self.table.setItem(row, col, item)
         self.table.resizeColumnsToContents()
         self.unload_button.setEnabled(self.bridge.is_loaded)
+        self.catalog.refresh()  # its "downloaded" marks follow the list
 
     def select_source(self, source: str) -> None:
         for row, info in enumerate(self.infos):
@@ -264,66 +263,18 @@ class ModelManagerDialog(QDialog):
         self.load_progress.setVisible(False)
         self.refresh()
 
-    # -- downloads -------------------------------------------------------------------------
+    # -- downloads ------------------------------------------------------------------------
     @property
     def downloading(self) -> bool:
-        return self._cancel is not None
+        return self.download_box.downloading
 
     def start_download(self) -> None:
-        repo_id = self.repo_edit.text().strip()
-        gguf = self.gguf_edit.text().strip() or None
-        if not repo_id or self.downloading:
-            return
-        cancel = self._cancel = threading.Event()
-        self.download_button.setEnabled(False)
-        self.cancel_button.setEnabled(True)
-        self.download_progress.setValue(0)
-        self.download_status.setText(f"Asking the hub about {repo_id}…")
-
-        def run() -> None:
-            def on_progress(p) -> None:
-                self._download_event.emit("progress", p)
-
-            try:
-                result = downloads.download_model(repo_id, gguf_file=gguf,
-                                                  on_progress=on_progress, cancel=cancel)
-            except downloads.DownloadError as err:
-                self._download_event.emit("error", err)
-            except ValueError as err:  # a malformed repo id or file name
-                self._download_event.emit("error", downloads.DownloadError("failed", str(err)))
-            else:
-                self._download_event.emit("done", result)
-
-        threading.Thread(target=run, name="folio-download", daemon=True).start()
+        self.download_box.start_download()
 
     def cancel_download(self) -> None:
-        if self._cancel is not None:
-            self._cancel.set()
-            self.download_status.setText("Cancelling…")
+        self.download_box.cancel_download()
 
-    @Slot(str, object)
-    def _on_download_event(self, kind: str, payload) -> None:
-        if kind == "progress":
-            total = max(1, payload.total_bytes)
-            self.download_progress.setValue(round(1000 * payload.done_bytes / total))
-            self.download_status.setText(
-                f"{payload.file_name}: {format_bytes(payload.done_bytes)} of "
-                f"{format_bytes(payload.total_bytes)} (file {payload.files_done + 1} of "
-                f"{payload.files_total})")
-            return
-        self._cancel = None
-        self.download_button.setEnabled(True)
-        self.cancel_button.setEnabled(False)
-        if kind == "done":
-            self.download_progress.setValue(1000)
-            self.download_status.setText(f"Downloaded {payload.repo_id} to {payload.path}")
-            self.refresh()
-            target = payload.path / self.gguf_edit.text().strip() \
-                if self.gguf_edit.text().strip() else payload.path
-            self.select_source(str(target))
-        elif payload.kind == "cancelled":
-            self.download_progress.setValue(0)
-            self.download_status.setText("Download cancelled; nothing was kept.")
-        else:
-            self.download_status.setText(payload.message)
-            error_dialog.show_error(self, "Download failed", download_advice(payload))
+    def _on_downloaded(self, result) -> None:
+        self.refresh()
+        gguf = self.gguf_edit.text().strip()
+        self.select_source(str(result.path / gguf if gguf else result.path))

@@ -4,6 +4,7 @@ ModelInfo) or added server (``ServerRow``), and the words around downloads."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from desktop_app.data.model_templates import turn_format_of
 from desktop_app.data.servers import ServerEntry
@@ -65,6 +66,28 @@ def format_parameters(n: int, active: int | None = None) -> str:
     return str(n)
 
 
+def row_name(info) -> str:
+    """The Name column: the starter by its real name (services.sources.display_name)."""
+    from desktop_app.services.sources import STARTER, display_name
+
+    return display_name(STARTER) if info.name == STARTER else info.name
+
+
+def installed_source(entry, infos) -> str | None:
+    """The source of a catalog entry (data.model_catalog) among the listed local models:
+    its repo's folder in the Hugging Face cache, and its .gguf file when it names one."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = repo_folder_name(repo_id=entry.repo, repo_type="model")
+    for info in infos:
+        if isinstance(info, ServerRow) or info.error:
+            continue
+        parts = Path(info.path).parts
+        if folder in parts and (entry.file is None or Path(info.path).name == entry.file):
+            return source_for(info)
+    return None
+
+
 def source_for(info) -> str:
     """What to load for a listed model (a server's row knows its own source)."""
     if isinstance(info, ServerRow):
@@ -89,7 +112,8 @@ def download_advice(err) -> str:
         "no_weights": "Pick one of the repo's .gguf files in the second field.",
         "disk_full": "Free some disk space, then try again.",
     }.get(err.kind, "Try again later.")
-    return f"{err.message[:1].upper()}{err.message[1:]}.\n\n{advice} Nothing was half-written."
+    return (f"{err.message[:1].upper()}{err.message[1:]}.\n\n{advice} What had arrived is "
+            f"kept out of the models list: downloading again resumes it.")
 
 
 def list_local_models(extra_paths):

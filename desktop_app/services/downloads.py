@@ -17,8 +17,11 @@ registered in engine/models/registry.py) is fetched, from the repo's top level: 
 generation config, tokenizer files, chat template and either the safetensors weights or one
 chosen ``.gguf`` file (``gguf_file=``; ``list_model_files`` lists the choices).
 
-Files download into a private folder inside the cache and move into place only when all
-of them are there, so a failed or cancelled download leaves no half-written model behind.
+Files download into a private folder inside the cache (``_Partial``) and move into place
+only when all of them are there, so a failed or cancelled download leaves no half-written
+model in the cache. The private folder stays: downloading the same model again resumes
+where the bytes stopped, file by file and inside a file (an HTTP range request), so a
+cancel or a dropped connection loses nothing already downloaded.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import functools
 import os
 import re
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from huggingface_hub import HfApi, constants, hf_hub_download
+from huggingface_hub import HfApi, constants, hf_hub_url
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -48,16 +50,15 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.file_download import repo_folder_name
+from huggingface_hub.utils import build_hf_headers
+
+from desktop_app.services.partial_download import CHUNK_SIZE, PartialDownload  # noqa: F401
 
 # Everything but the weights; matched against top-level file names.
 MODEL_FILE_PATTERNS = ("config.json", "generation_config.json", "tokenizer*",
                        "special_tokens_map.json", "vocab.json", "merges.txt",
                        "chat_template.json", "chat_template.jinja")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
-# Smaller chunks than huggingface_hub's 10 MB default: a cancel and each progress report wait
-# for the current chunk.
-CHUNK_SIZE = 1024 * 1024
-_PARTIAL_PREFIX = ".folio-download-"
 _REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 
 OFFLINE_MESSAGE = "could not reach the model hub: check your connection"
@@ -67,6 +68,7 @@ OFFLINE_MESSAGE = "could not reach the model hub: check your connection"
 class RemoteFile:
     name: str
     size: int | None
+    etag: str | None = None  # the blob's name in the cache (an LFS file's sha256)
 
 
 @dataclass(slots=True)
@@ -125,10 +127,11 @@ def list_model_files(repo_id: str, *, revision: str = "main", endpoint: str | No
         info = HfApi(endpoint=_endpoint(endpoint), token=token).model_info(
             repo_id, revision=revision, files_metadata=True)
     except Exception as err:
-        raise _as_download_error(err, repo_id, revision, None) from err
+        raise as_download_error(err, repo_id, revision, None) from err
     if not info.sha:
         raise DownloadError("failed", f"the model hub gave no commit for {repo_id}@{revision}")
-    return info.sha, [RemoteFile(s.rfilename, s.size) for s in info.siblings or []]
+    return info.sha, [RemoteFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else s.blob_id)
+                      for s in info.siblings or []]
 
 
 def download_model(repo_id: str, *, revision: str = "main", gguf_file: str | None = None,
@@ -145,6 +148,7 @@ def download_model(repo_id: str, *, revision: str = "main", gguf_file: str | Non
     cancel = cancel if cancel is not None else threading.Event()
     commit, listing = list_model_files(repo_id, revision=revision, endpoint=endpoint,
                                        token=token)
+    remote = {f.name: f for f in listing}
     sizes = {f.name: f.size or 0 for f in listing}
     files = select_files(list(sizes), gguf_file)
     if not files:
@@ -157,35 +161,33 @@ def download_model(repo_id: str, *, revision: str = "main", gguf_file: str | Non
     missing = [n for n in files if not (snapshot / n).exists()]
     tracker = _Tracker(on_progress, cancel, total=sum(sizes[n] for n in files),
                        files_total=len(files))
-    tracker.done = tracker.total - sum(sizes[n] for n in missing)
+    tracker.base = tracker.total - sum(sizes[n] for n in missing)
     tracker.files_done = len(files) - len(missing)
-    partial: Path | None = None
     try:
         if missing:
+            tracker.check_cancel()
             cache.mkdir(parents=True, exist_ok=True)
-            _remove_stale_partials(cache)
-            needed = sum(sizes[n] for n in missing)
+            partial = PartialDownload(cache, folder, commit)
+            needed = sum(sizes[n] for n in missing) - partial.kept_bytes(missing)
             if _free_bytes(cache) < needed:
                 raise OSError(errno.ENOSPC, "not enough free space for the download")
-            partial = Path(tempfile.mkdtemp(prefix=f"{_PARTIAL_PREFIX}{os.getpid()}-", dir=cache))
-            constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, CHUNK_SIZE)
+            headers = build_hf_headers(token=token)
             for name in missing:
                 tracker.start_file(name)
-                hf_hub_download(repo_id, name, revision=commit, cache_dir=partial,
-                                endpoint=endpoint, token=token,
-                                tqdm_class=functools.partial(_ProgressHook, tracker))
-                tracker.files_done += 1
+                url = hf_hub_url(repo_id, name, revision=commit, endpoint=endpoint)
+                if partial.fetch(name, url, headers, sizes[name],
+                                 functools.partial(_ProgressHook, tracker),
+                                 tracker.check_cancel):
+                    tracker.advance(sizes[name])  # whole from an earlier try
+                tracker.finish_file()
             tracker.check_cancel()
-            _publish(partial / folder, cache / folder, commit)
+            partial.publish(cache / folder, {n: remote[n].etag for n in missing})
         if revision != commit:
             _write_ref(cache / folder, revision, commit)
     except DownloadError:
         raise
     except Exception as err:
-        raise _as_download_error(err, repo_id, revision, cache) from err
-    finally:
-        if partial is not None:
-            shutil.rmtree(partial, ignore_errors=True)
+        raise as_download_error(err, repo_id, revision, cache) from err
     tracker.report()
     return DownloadResult(repo_id, commit, snapshot, files, tracker.total)
 
@@ -195,18 +197,31 @@ class _Tracker:
                  cancel: threading.Event, total: int, files_total: int) -> None:
         self.on_progress, self.cancel = on_progress, cancel
         self.total, self.files_total = total, files_total
-        self.done = self.files_done = 0
+        self.base = 0  # the bytes of the files already whole
+        self.file_bytes = 0  # the current file's bytes on disk
+        self.files_done = 0
         self.file_name = ""
+
+    @property
+    def done(self) -> int:
+        return self.base + self.file_bytes
 
     def start_file(self, name: str) -> None:
         self.check_cancel()
-        self.file_name = name
+        self.file_name, self.file_bytes = name, 0
+        self.report()
+
+    def finish_file(self) -> None:
+        self.base, self.file_bytes = self.base + self.file_bytes, 0
+        self.files_done += 1
+
+    def resume_at(self, n: int) -> None:
+        self.file_bytes = n
         self.report()
 
     def advance(self, n: int) -> None:
-        self.done += n
+        self.file_bytes += n
         self.report()
-        self.check_cancel()
 
     def report(self) -> None:
         if self.on_progress is not None:
@@ -219,11 +234,13 @@ class _Tracker:
 
 
 class _ProgressHook:
-    """Stands in for tqdm inside huggingface_hub, which reports each chunk through update();
-    raising there is how a cancel stops a file mid-way."""
+    """Stands in for tqdm inside huggingface_hub, which reports each chunk through update()
+    (a cancel stops the file once the chunk is written: PartialDownload.fetch). ``initial``
+    is where a resumed file starts (0 again when the server ignored the range)."""
 
-    def __init__(self, tracker: _Tracker, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, tracker: _Tracker, *args: Any, initial: int = 0, **kwargs: Any) -> None:
         self._tracker = tracker
+        tracker.resume_at(int(initial or 0))
 
     def update(self, n: int | float | None = 1) -> None:
         self._tracker.advance(int(n or 0))
@@ -240,49 +257,12 @@ class _ProgressHook:
         return lambda *args, **kwargs: None
 
 
-def _publish(src: Path, dst: Path, commit: str) -> None:
-    """Move a finished download into the real cache: blobs first, then the snapshot."""
-    if (src / "blobs").is_dir():
-        for blob in (src / "blobs").iterdir():
-            target = dst / "blobs" / blob.name
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(blob, target)
-    src_snap, dst_snap = src / "snapshots" / commit, dst / "snapshots" / commit
-    if not dst_snap.exists():
-        dst_snap.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(src_snap, dst_snap)  # the whole snapshot appears at once
-        return
-    # Relative symlinks (../../blobs/x) stay valid: both trees have the same layout.
-    for entry in sorted(src_snap.rglob("*")):
-        if entry.is_symlink() or entry.is_file():
-            target = dst_snap / entry.relative_to(src_snap)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(entry, target)
-
-
 def _write_ref(storage: Path, revision: str, commit: str) -> None:
     ref = storage / "refs" / revision
     ref.parent.mkdir(parents=True, exist_ok=True)
     tmp = ref.with_name(ref.name + f".{os.getpid()}.tmp")
     tmp.write_text(commit)
     os.replace(tmp, ref)
-
-
-def _remove_stale_partials(cache: Path) -> None:
-    """Delete private folders left by a process that died mid-download."""
-    if os.name != "posix":  # os.kill(pid, 0) is a liveness probe on POSIX only
-        return
-    for entry in cache.glob(_PARTIAL_PREFIX + "*"):
-        pid = entry.name[len(_PARTIAL_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(entry, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, owned by someone else
 
 
 def _free_bytes(path: Path) -> int:
@@ -307,7 +287,7 @@ def _endpoint(endpoint: str | None) -> str | None:
     return endpoint or os.environ.get("HF_ENDPOINT") or None
 
 
-def _as_download_error(err: Exception, repo_id: str, revision: str,
+def as_download_error(err: Exception, repo_id: str, revision: str,
                        cache: Path | None) -> DownloadError:
     if isinstance(err, DownloadError):
         return err

@@ -10,7 +10,7 @@ STARTER = "starter"
 
 def display_name(source: str) -> str:
     if source == STARTER:
-        return "SmolLM2-135M-Instruct (starter)"
+        return "SmolLM2-135M-Instruct (built in)"
     if is_remote_source(source):
         base_url, model = parse_server_source(source)
         return f"{model} @ {host_of(base_url)}"

@@ -71,6 +71,7 @@ def test_wheel_installs_and_runs_from_a_fresh_venv(tmp_path, tiny_model_path):
     for icon in theme.icon_names():
         assert f"desktop_app/assets/{icon}.svg" in names
     assert "desktop_app/assets/folio.desktop" in names
+    assert "desktop_app/data/catalog.json" in names  # the Models dialog's catalog
     assert not any(n.startswith("tests/") for n in names)
     # The native kernels' sources ride along (python -m kernels.cpu.build), never a build.
     sources = {str(p.relative_to(REPO)) for p in (REPO / "kernels/cpu/csrc").rglob("*")

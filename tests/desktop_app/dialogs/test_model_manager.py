@@ -16,6 +16,7 @@ from desktop_app.dialogs.model_manager import (
     source_for,
 )
 from desktop_app.services import downloads
+from desktop_app.services.machine_memory import MachineMemory
 from desktop_app.widgets.vram_panel import format_bytes
 from engine.config import EngineConfig
 from tests.cpu_pool import CPU_KV_ITEM_BYTES
@@ -30,7 +31,8 @@ def dialog(qtbot, fake_bridge, tmp_path, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # CPU figures everywhere
     fake_bridge.engine_config = EngineConfig(max_model_len=2048)
     saved = []
-    dlg = ModelManagerDialog(fake_bridge, AppSettings(), saved.append)
+    dlg = ModelManagerDialog(fake_bridge, AppSettings(), saved.append,
+                             catalog={"memory": MachineMemory(16 << 30, 12 << 30)})
     dlg.saved = saved
     qtbot.addWidget(dlg)
     return dlg
@@ -52,7 +54,7 @@ def test_lists_the_starter_with_what_it_needs(dialog):
     assert info.kv_bytes(1) == STARTER_KV_BYTES_PER_TOKEN
     assert info.context_length == 8192
     row = _row(dialog, 0)
-    assert row["Name"] == "starter"
+    assert row["Name"] == "SmolLM2-135M-Instruct (built in)"  # its real name, not "starter"
     assert row["Architecture"] == "llama"
     assert row["Parameters"] == format_parameters(info.num_parameters) == "134.5 M"
     assert row["Context"] == "8192"
@@ -140,11 +142,13 @@ def test_download_cancel(dialog, qtbot, monkeypatch):
     dialog.start_download()
     qtbot.waitUntil(lambda: dialog.download_progress.value() == 100, timeout=5000)
     assert dialog.download_status.text() == (
-        "model.safetensors: 100 B of 1000 B (file 1 of 3)")
+        "model.safetensors: 100 B of 1000 B, 10% (file 1 of 3)")
     dialog.cancel_button.click()
     qtbot.waitUntil(lambda: not dialog.downloading, timeout=5000)
-    assert dialog.download_status.text() == "Download cancelled; nothing was kept."
-    assert dialog.download_progress.value() == 0
+    # What arrived stays (services.partial_download): the next Download resumes it.
+    assert dialog.download_status.text() == (
+        "Download paused: 100 B of 1000 B kept. Download again to resume.")
+    assert dialog.download_progress.value() == 100
 
 
 @pytest.mark.parametrize("kind, message, advice", [
@@ -181,3 +185,19 @@ def test_offline_through_the_real_downloader(dialog, qtbot, monkeypatch, capture
     assert title == "Download failed"
     assert text.startswith("Could not reach the model hub: check your connection.")
     assert "Check your internet connection" in text
+
+
+def test_a_gguf_repo_without_a_chosen_file_asks_for_one_without_an_error_box(
+        dialog, qtbot, monkeypatch, captured_errors):
+    def no_file(repo_id, **kwargs):
+        raise downloads.DownloadError("no_weights", "a/b has no safetensors weights (it has "
+                                      "GGUF files: choose one of m-Q4_0.gguf, m-Q8_0.gguf)")
+
+    monkeypatch.setattr(downloads, "download_model", no_file)
+    dialog.repo_edit.setText("a/b")
+    dialog.start_download()
+    qtbot.waitUntil(lambda: not dialog.downloading, timeout=5000)
+    assert dialog.download_status.text() == (
+        "a/b has no safetensors weights (it has GGUF files: choose one of m-Q4_0.gguf, "
+        "m-Q8_0.gguf): type it in the second field.")
+    assert captured_errors == []

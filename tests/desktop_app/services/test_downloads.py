@@ -35,6 +35,7 @@ class FakeHub:
         self.requests: list[tuple[str, str]] = []
         self.slow: set[str] = set()  # "repo/file" served in small pieces with pauses
         self.missing: set[str] = set()  # "repo/file" listed but answering 404
+        self.ranges: list[tuple[str, int]] = []  # ("repo/file", first byte) of range requests
 
     def add_repo(self, repo_id: str, files: dict[str, bytes]) -> str:
         sha = hashlib.sha1(repo_id.encode()).hexdigest()
@@ -86,6 +87,11 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                        "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
                        "Content-Type": "application/octet-stream"}
             slow = f"{repo_id}/{name}" in hub.slow
+            start = _range_start(self.headers.get("Range"))
+            if start:  # a resumed download: the bytes from `start` on
+                hub.ranges.append((f"{repo_id}/{name}", start))
+                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+                return self._send(206, headers, data[start:], body, slow=slow)
             self._send(200, headers, data, body, slow=slow)
 
         def _error(self, code: int, error_code: str, body: bool, extra=None) -> None:
@@ -112,6 +118,12 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 pass  # the client cancelled
 
     return Handler
+
+
+def _range_start(header: str | None) -> int:
+    if not header or not header.startswith("bytes="):
+        return 0
+    return int(header[len("bytes="):].split("-", 1)[0] or 0)
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +170,16 @@ def _download(hub, repo_id, cache, **kwargs):
 
 def _left_behind(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+
+def _models(cache: Path) -> list[str]:
+    """What the model list would see: the cache's model folders (not the partial ones)."""
+    return [n for n in _left_behind(cache) if not n.startswith(".")]
+
+
+def _partial(cache: Path, repo_id: str) -> Path:
+    [folder] = cache.glob(".folio-partial-models--" + repo_id.replace("/", "--") + "-*")
+    return folder
 
 
 def test_select_files():
@@ -242,17 +264,18 @@ def test_unknown_repo_gives_not_found_and_leaves_nothing(hub, tmp_path):
     assert _left_behind(cache) == []
 
 
-def test_missing_file_mid_download_leaves_nothing(hub, tmp_path):
+def test_missing_file_mid_download_keeps_what_arrived_out_of_the_model_list(hub, tmp_path):
     cache = tmp_path / "hub"
     with pytest.raises(DownloadError) as info:
         _download(hub, "folio-test/broken", cache)
     assert info.value.kind == "not_found"
-    # config.json arrived before the failure, yet nothing of the repo reached the cache.
-    assert _left_behind(cache) == []
+    # config.json arrived before the failure: kept for the next try, out of the model list.
+    assert _models(cache) == []
+    assert sorted(p.name for p in _partial(cache, "folio-test/broken").iterdir()) == [
+        "config.json"]
 
 
-def test_cancel_mid_file_leaves_nothing(hub, tmp_path):
-    cache = tmp_path / "hub"
+def _cancel_mid_file(hub, cache):
     cancel = threading.Event()
     seen = []
 
@@ -265,9 +288,41 @@ def test_cancel_mid_file_leaves_nothing(hub, tmp_path):
     with pytest.raises(DownloadCancelled) as info:
         _download(hub, "folio-test/big", cache, on_progress=on_progress, cancel=cancel)
     assert info.value.kind == "cancelled"
+    return seen
+
+
+def test_cancel_mid_file_keeps_the_bytes_out_of_the_model_list(hub, tmp_path):
+    cache = tmp_path / "hub"
+    seen = _cancel_mid_file(hub, cache)
     config_size = len(hub.repos["folio-test/big"]["files"]["config.json"])
     assert seen[-1] == ("model.safetensors", config_size + downloads.CHUNK_SIZE)
-    assert _left_behind(cache) == []
+    assert _models(cache) == []
+    partial = _partial(cache, "folio-test/big")
+    assert (partial / "config.json").read_bytes() == hub.repos["folio-test/big"]["files"][
+        "config.json"]
+    assert (partial / "model.safetensors.part").stat().st_size >= downloads.CHUNK_SIZE
+
+
+def test_a_cancelled_download_resumes_where_it_stopped(hub, tmp_path):
+    cache = tmp_path / "hub"
+    _cancel_mid_file(hub, cache)
+    data = hub.repos["folio-test/big"]["files"]["model.safetensors"]
+    kept = (_partial(cache, "folio-test/big") / "model.safetensors.part").stat().st_size
+    assert 0 < kept < len(data)
+    hub.requests.clear()
+    hub.ranges.clear()
+    seen = []
+    result = _download(hub, "folio-test/big", cache, on_progress=seen.append)
+    # config.json is not asked for again, and the weights only from the kept bytes on.
+    assert [p for m, p in hub.requests if m == "GET" and "/resolve/" in p] == [
+        f"/folio-test/big/resolve/{result.commit}/model.safetensors"]
+    assert hub.ranges == [("folio-test/big/model.safetensors", kept)]
+    config_size = len(hub.repos["folio-test/big"]["files"]["config.json"])
+    done = [p.done_bytes for p in seen if p.file_name == "model.safetensors"]
+    assert done[1] == config_size + kept  # the first report after the range request
+    assert done == sorted(done) and seen[-1].done_bytes == result.total_bytes
+    assert (result.path / "model.safetensors").read_bytes() == data
+    assert _left_behind(cache) == ["models--folio-test--big"]  # the partial is gone
 
 
 def test_cancel_before_start(hub, tmp_path):
@@ -299,7 +354,7 @@ def test_not_enough_space_up_front(hub, tmp_path, monkeypatch):
     assert _left_behind(cache) == []
 
 
-def test_disk_full_while_writing_leaves_nothing(hub, tmp_path, monkeypatch):
+def test_disk_full_while_writing_keeps_the_model_list_clean(hub, tmp_path, monkeypatch):
     def full_disk_get(url, temp_file, **kwargs):
         temp_file.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -309,17 +364,17 @@ def test_disk_full_while_writing_leaves_nothing(hub, tmp_path, monkeypatch):
     with pytest.raises(DownloadError) as info:
         _download(hub, "folio-test/tiny-llama", cache)
     assert info.value.kind == "disk_full"
-    assert _left_behind(cache) == []
+    assert _models(cache) == []
 
 
-def test_stale_partial_of_a_dead_process_is_removed(hub, tmp_path):
+def test_an_older_commits_partial_download_is_removed(hub, tmp_path):
     cache = tmp_path / "hub"
-    dead = cache / ".folio-download-999999999-abc"
-    alive = cache / f".folio-download-{os.getpid()}-def"
-    dead.mkdir(parents=True)
-    alive.mkdir()
+    old = cache / ".folio-partial-models--folio-test--gguf-only-0123abcd"
+    other = cache / ".folio-partial-models--folio-test--big-0123abcd"
+    old.mkdir(parents=True)
+    other.mkdir()
     _download(hub, "folio-test/gguf-only", cache, gguf_file="model-Q4_0.gguf")
-    assert _left_behind(cache) == [alive.name, "models--folio-test--gguf-only"]
+    assert _left_behind(cache) == [other.name, "models--folio-test--gguf-only"]
 
 
 @pytest.mark.parametrize("kwargs, field", [
