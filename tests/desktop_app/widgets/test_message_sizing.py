@@ -37,13 +37,15 @@ def test_a_tall_message_leaves_no_empty_space_below_the_reply(qtbot):
     qtbot.addWidget(view)
     view.resize(1200, 800)
     view.show()
-    view.show_items([TurnItem(_msg(1, "user", long_document())),
-                     TurnItem(_msg(2, "assistant", "A short reply."))])
+    view.show_items([TurnItem(_msg(1, "user", "Write me a long document.")),
+                     TurnItem(_msg(2, "assistant", long_document())),
+                     TurnItem(_msg(3, "user", "Thanks.")),
+                     TurnItem(_msg(4, "assistant", "A short reply."))])
     qtbot.wait(50)
     for width in (1200, 700, 1400):  # sized again for each width
         view.resize(width, 800)
         qtbot.wait(50)
-        user, reply = view.rows()
+        tall, reply = view.rows()[1], view.rows()[3]
         viewport = view.scroll.viewport().rect()
         where = in_viewport(view, reply)
         assert viewport.contains(where), (width, where, viewport)
@@ -51,7 +53,7 @@ def test_a_tall_message_leaves_no_empty_space_below_the_reply(qtbot):
         canvas = view.scroll.widget()
         assert canvas.height() - reply.geometry().bottom() < 60
         # Each paragraph is as tall as its text at its width, not at Qt's narrow guess.
-        for label in user.body.text_labels():
+        for label in tall.body.text_labels():
             assert label.height() == label.heightForWidth(label.width())
 
 
