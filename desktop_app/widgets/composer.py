@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QMimeData, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QMimeData, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QToolButton, QWidget
 
@@ -166,3 +166,29 @@ class DropNotice(QLabel):
         self._timer.stop()
         self.clear()
         self.setVisible(False)
+
+
+class DropForwarder(QObject):
+    """Makes `target` (the conversation) take drops as the composer does: the same
+    sorting, the same notice, text into the draft."""
+
+    def __init__(self, composer: Composer, target: QWidget) -> None:
+        super().__init__(target)
+        self._composer, self._target = composer, target
+        target.setAcceptDrops(True)
+        target.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt override
+        if watched is not self._target:
+            return False
+        kind = event.type()
+        if kind in (QEvent.Type.DragEnter, QEvent.Type.DragMove):
+            if self._composer.canInsertFromMimeData(event.mimeData()):
+                event.acceptProposedAction()
+                return True
+        elif kind == QEvent.Type.Drop:
+            self._composer.insertFromMimeData(event.mimeData())
+            self._composer.setFocus()
+            event.acceptProposedAction()
+            return True
+        return False

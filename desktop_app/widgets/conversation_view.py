@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 from desktop_app.data.pasted_text import join_draft
 from desktop_app.widgets import drops, theme
 from desktop_app.widgets.candidates import CandidateGroup
-from desktop_app.widgets.composer import Composer, DropNotice, PasteChips
+from desktop_app.widgets.composer import Composer, DropForwarder, DropNotice, PasteChips
 from desktop_app.widgets.effort_box import ReasoningEffortBox
 from desktop_app.widgets.json_mode import JsonModeButton
 from desktop_app.widgets.message_widget import MessageWidget
@@ -81,9 +81,6 @@ class ConversationView(QWidget):
         bar = self.scroll.verticalScrollBar()
         bar.valueChanged.connect(self._on_scrolled)
         bar.rangeChanged.connect(self._on_range_changed)
-        # A drop anywhere on the conversation goes where a drop on the composer goes.
-        self.scroll.viewport().setAcceptDrops(True)
-        self.scroll.viewport().installEventFilter(self)
 
         self.empty_label = QLabel("Start the conversation below.")
         self.empty_label.setObjectName("emptyState")
@@ -96,6 +93,7 @@ class ConversationView(QWidget):
 
         self.composer = Composer()
         self.composer.submitted.connect(self._send)
+        self._chat_drops = DropForwarder(self.composer, self.scroll.viewport())
         self.paste_chips = PasteChips(self.composer)
         self.drop_notice = DropNotice()
         self.composer.pasteFolded.connect(self.paste_chips.add)
@@ -310,20 +308,6 @@ class ConversationView(QWidget):
     def _on_dropped(self, dropped: drops.Dropped) -> None:
         self.attachmentsOffered.emit(dropped)
         self.drop_notice.show_notice(drops.notice(dropped))
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt override
-        if watched is self.scroll.viewport():
-            kind = event.type()
-            if kind in (QEvent.Type.DragEnter, QEvent.Type.DragMove):
-                if self.composer.canInsertFromMimeData(event.mimeData()):
-                    event.acceptProposedAction()
-                    return True
-            elif kind == QEvent.Type.Drop:
-                self.composer.insertFromMimeData(event.mimeData())
-                self.composer.setFocus()
-                event.acceptProposedAction()
-                return True
-        return super().eventFilter(watched, event)
 
     def scroll_to_bottom(self) -> None:
         bar = self.scroll.verticalScrollBar()

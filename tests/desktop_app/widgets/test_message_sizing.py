@@ -70,3 +70,30 @@ def test_a_tall_candidate_leaves_no_empty_space_either(qtbot):
     qtbot.wait(50)
     _user, group = view.rows()
     assert view.scroll.widget().height() - group.geometry().bottom() < 60
+
+
+def test_streaming_keeps_the_end_in_view_unless_the_user_scrolled_up(qtbot):
+    view = ConversationView()
+    qtbot.addWidget(view)
+    view.resize(900, 600)
+    view.show()
+    view.show_items([TurnItem(_msg(1, "user", "Go on.")),
+                     TurnItem(_msg(2, "assistant", ""))])
+    bar = view.scroll.verticalScrollBar()
+    paragraph = "A streamed paragraph that wraps over a line or two of the bubble.\n\n"
+    for _ in range(40):
+        view.append_text(2, paragraph)
+        view.rows()[1].body.flush()
+        qtbot.wait(5)
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    bar.setValue(bar.maximum() // 3)  # the user scrolls up to read
+    held = bar.value()
+    for _ in range(10):
+        view.append_text(2, paragraph)
+        view.rows()[1].body.flush()
+        qtbot.wait(5)
+    assert bar.value() == held and bar.maximum() > held
+    bar.setValue(bar.maximum())  # back at the end: following resumes
+    view.append_text(2, paragraph * 5)
+    view.rows()[1].body.flush()
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum())
