@@ -25,7 +25,13 @@ class ContextGauge(QObject):
         self._timer.setSingleShot(True)
         self._timer.setInterval(GAUGE_DELAY_MS)
         self._timer.timeout.connect(self._draw)
-        view.composer.textChanged.connect(self._timer.start)
+        view.draftChanged.connect(self._timer.start)
+        view.set_token_counter(self.count_tokens)
+
+    def count_tokens(self, text: str) -> int | None:
+        """`text`'s tokens by the loaded model's tokenizer; None where there is none."""
+        tokenizer = self.bridge.tokenizer if self.bridge.is_loaded else None
+        return None if tokenizer is None else context_window.text_tokens(tokenizer, text)
 
     def show(self, held: int, note: str = "") -> None:
         self._held, self._note = held, note
@@ -34,7 +40,7 @@ class ContextGauge(QObject):
     def _draw(self) -> None:
         total = self.bridge.max_model_len if self.bridge.is_loaded else None
         used, notes = self._held, [self._note] if self._note else []
-        draft = self.view.composer.toPlainText().strip() if total else ""
+        draft = self.view.draft() if total else ""
         if draft:
             extra = context_window.text_tokens(self.bridge.tokenizer, draft)
             used += extra

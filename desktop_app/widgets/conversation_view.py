@@ -9,12 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
-    QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QScrollArea,
@@ -23,12 +21,21 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_app.widgets import theme
+from desktop_app.data.pasted_text import join_draft
+from desktop_app.widgets import drops, theme
 from desktop_app.widgets.candidates import CandidateGroup
-from desktop_app.widgets.composer_hint import ComposerHint
+from desktop_app.widgets.composer import (
+    HINT_MS,
+    NOTICE_MS,
+    Composer,
+    ComposerNote,
+    DropForwarder,
+    PasteChips,
+)
 from desktop_app.widgets.effort_box import ReasoningEffortBox
 from desktop_app.widgets.json_mode import JsonModeButton
 from desktop_app.widgets.message_widget import MessageWidget
+from desktop_app.widgets.paste_fold import TokenCounter
 from desktop_app.widgets.pending_note import PendingNote
 
 MAX_COLUMN_WIDTH = 980
@@ -43,27 +50,6 @@ class GroupItem:
     messages: list
 
 
-class Composer(QPlainTextEdit):
-    """Enter sends, Shift+Enter inserts a new line."""
-
-    submitted = Signal()
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("composer")
-        self.setAccessibleName("Message to the model")
-        self.setPlaceholderText("Message the model  (Enter to send, Shift+Enter for a new line)")
-        self.setTabChangesFocus(True)
-        self.setFixedHeight(72)
-
-    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt override
-        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
-        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
-            self.submitted.emit()
-            return
-        super().keyPressEvent(event)
-
-
 class ConversationView(QWidget):
     sendRequested = Signal(str)
     stopRequested = Signal()
@@ -71,12 +57,17 @@ class ConversationView(QWidget):
     switchRequested = Signal(int, int)
     editSubmitted = Signal(int, str)
     keepRequested = Signal(int)
+    # drops.Dropped: files or images dropped or pasted, for the attachments (issues 44 and
+    # 45) to take; until then the composer note says why nothing was attached.
+    attachmentsOffered = Signal(object)
+    draftChanged = Signal()  # the typed text or the folded pastes changed
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("conversationView")
         self._rows: dict[int, QWidget] = {}  # message id -> MessageWidget / CandidateGroup
         self.stick_to_bottom = True
+        self._count_tokens: TokenCounter = lambda _text: None
 
         self.scroll = QScrollArea()
         self.scroll.setObjectName("conversationArea")
@@ -109,9 +100,15 @@ class ConversationView(QWidget):
 
         self.composer = Composer()
         self.composer.submitted.connect(self._send)
+        self._chat_drops = DropForwarder(self.composer, self.scroll.viewport())
+        self.paste_chips = PasteChips(self.composer)
+        self.composer_note = ComposerNote()  # "Type a message first", a drop not taken
+        self.composer.pasteFolded.connect(self.paste_chips.add)
+        self.composer.dropped.connect(self._on_dropped)
+        self.composer.textChanged.connect(self.draftChanged)
+        self.paste_chips.changed.connect(self.draftChanged)
         self.pending_note = PendingNote()  # a message waiting for the model to load
-        self.composer_hint = ComposerHint()  # "Type a message first"
-        self.composer.textChanged.connect(self.composer_hint.dismiss)
+        self.composer.textChanged.connect(self.composer_note.on_typing)
         self.send_button = QPushButton(theme.icon("send", theme.current().accent_text), "Send")
         self.send_button.setObjectName("sendButton")
         self.send_button.setAccessibleName("Send the message")
@@ -139,7 +136,8 @@ class ConversationView(QWidget):
         composer_column = QVBoxLayout()
         composer_column.setSpacing(4)
         composer_column.addWidget(self.pending_note)
-        composer_column.addWidget(self.composer_hint)
+        composer_column.addWidget(self.composer_note)
+        composer_column.addWidget(self.paste_chips)
         composer_column.addWidget(self.composer)
         composer_column.addWidget(self.context_gauge)
         bottom.addLayout(composer_column, 1)
@@ -235,7 +233,7 @@ class ConversationView(QWidget):
             row.keepRequested.connect(self.keepRequested)
             ids = row.message_ids()
         else:
-            row = MessageWidget(item)
+            row = MessageWidget(item, count_tokens=self._count_tokens)
             row.switchRequested.connect(self.switchRequested)
             row.editSubmitted.connect(self.editSubmitted)
             row.regenerateRequested.connect(self.regenerateRequested)
@@ -287,25 +285,43 @@ class ConversationView(QWidget):
     def _send(self) -> None:
         if self.generating:
             return  # Enter does not queue a second turn while one streams
-        text = self.composer.toPlainText().strip()
+        text = self.draft()
         if text:
             self.sendRequested.emit(text)
         else:
-            self.composer_hint.show_hint("Type a message first")
+            self.composer_note.show_note("Type a message first", HINT_MS, until_typing=True)
             self.composer.setFocus()
 
     def set_can_regenerate(self, enabled: bool) -> None:
         """The controller says whether there is a reply to regenerate now."""
         self.regenerate_button.setEnabled(enabled)
 
+    def draft(self) -> str:
+        """The message Send would send: the typed text, then the folded pastes."""
+        return join_draft(self.composer.toPlainText(), self.paste_chips.texts()).strip()
+
+    def set_token_counter(self, count_tokens: TokenCounter) -> None:
+        """How pasted text is measured ("Pasted text · 5,839 tokens"): the loaded model's
+        tokenizer, or None where there is none (the size is then given in characters)."""
+        self._count_tokens = count_tokens
+        self.paste_chips.count_tokens = count_tokens
+
     def clear_composer(self) -> None:
         self.composer.clear()
+        self.paste_chips.clear()
+        self.composer_note.dismiss()
 
     def set_pending(self, waiting: bool) -> None:
         """A message waits for the model (controllers.pending_send): the composer keeps
         it, read-only, until it is sent or taken back."""
         self.composer.setReadOnly(waiting)
+        self.paste_chips.set_locked(waiting)
         self.send_button.setEnabled(not waiting)
+
+    # -- drops and pastes ------------------------------------------------------------------
+    def _on_dropped(self, dropped: drops.Dropped) -> None:
+        self.attachmentsOffered.emit(dropped)
+        self.composer_note.show_note(drops.notice(dropped), NOTICE_MS)
 
     def scroll_to_bottom(self) -> None:
         bar = self.scroll.verticalScrollBar()

@@ -148,6 +148,20 @@ def _mono_families() -> list[str]:
     return [family] if family == "monospace" else [family, "monospace"]
 
 
+def wrapped_text_policy(horizontal: QSizePolicy.Policy) -> QSizePolicy:
+    """The size policy of word-wrapped text: its height follows its width.
+
+    The height-for-width flag must be set again on any new policy (QLabel sets it for
+    wrapped text, a plain QSizePolicy drops it): without it the layouts size a paragraph
+    by its sizeHint, measured at QLabel's own narrow guess of a width. And the vertical
+    policy may shrink (Preferred, not Minimum): a row's minimum height is otherwise that
+    same narrow sizeHint, and the scroll area sizes its canvas to the sum of the
+    minimums, so a long message left a band of empty space under the last reply."""
+    policy = QSizePolicy(horizontal, QSizePolicy.Policy.Preferred)
+    policy.setHeightForWidth(True)
+    return policy
+
+
 class ThrottledMarkdown:
     """Markdown text that streams in: `append()` only marks it dirty and a single-shot
     timer re-renders at most every RENDER_INTERVAL_MS, so a fast token stream costs one
@@ -196,7 +210,7 @@ class MarkdownLabel(ThrottledMarkdown, QLabel):
         self.setTextFormat(Qt.TextFormat.RichText)
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.setOpenExternalLinks(True)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Minimum)
+        self.setSizePolicy(wrapped_text_policy(QSizePolicy.Policy.Expanding))
         self._start_text(text)
 
     def _render(self, streaming: bool = True) -> None:
@@ -278,7 +292,7 @@ class MarkdownView(ThrottledMarkdown, QWidget):
         self._layout = QVBoxLayout(self)
         self._layout.setContentsMargins(0, 0, 0, 0)
         self._layout.setSpacing(6)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Minimum)
+        self.setSizePolicy(wrapped_text_policy(QSizePolicy.Policy.Expanding))
         self._dark = theme.current().dark
         self._segments: list[Segment] = []
         self._widgets: list[QWidget] = []
@@ -333,7 +347,7 @@ class MarkdownView(ThrottledMarkdown, QWidget):
         if segment.kind == "code":
             return CodeBlock(segment.text, segment.language)
         label = MarkdownLabel(segment.text)
-        label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        label.setSizePolicy(wrapped_text_policy(QSizePolicy.Policy.Preferred))
         return label
 
     @staticmethod

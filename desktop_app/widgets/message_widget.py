@@ -20,9 +20,11 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.data.json_mode import reply_label
+from desktop_app.data.pasted_text import should_fold
 from desktop_app.widgets import theme
 from desktop_app.widgets.candidates import footer_line
 from desktop_app.widgets.markdown import MarkdownView
+from desktop_app.widgets.paste_fold import FoldedBody, TokenCounter
 from desktop_app.widgets.thinking_section import ThinkingSection
 
 
@@ -52,7 +54,8 @@ class MessageWidget(QFrame):
     editSubmitted = Signal(int, str)
     regenerateRequested = Signal(int)
 
-    def __init__(self, item: TurnItem, parent: QWidget | None = None) -> None:
+    def __init__(self, item: TurnItem, parent: QWidget | None = None,
+                 count_tokens: TokenCounter | None = None) -> None:
         super().__init__(parent)
         msg = item.message
         self.message_id = msg.id
@@ -96,7 +99,10 @@ class MessageWidget(QFrame):
 
         self.thinking = ThinkingSection(msg.thinking, msg.metrics)
         outer.addWidget(self.thinking)
-        self.body = MarkdownView(msg.content)
+        if msg.role == "user" and should_fold(msg.content):  # a long paste shows folded
+            self.body = FoldedBody(msg.content, count_tokens or (lambda _text: None))
+        else:
+            self.body = MarkdownView(msg.content)
         outer.addWidget(self.body)
         self.editor: QPlainTextEdit | None = None
         self._edit_row: QWidget | None = None

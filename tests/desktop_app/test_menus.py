@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QMenu
 from desktop_app.data.settings import load_settings
 from desktop_app.dialogs import about_dialog
 from desktop_app.main_window import quit_keys
+from desktop_app.services import sources
 
 
 def test_ctrl_q_closes_the_window_through_close_event(qtbot, fake_bridge, make_window):
@@ -46,7 +47,7 @@ def test_about_names_version_model_device_and_where_data_lives(qtbot, fake_bridg
     assert dialog is not None and dialog.isVisible()
     text = dialog.text.text()
     assert "Version</b>&nbsp;&nbsp;</td><td>0.1.0" in text
-    assert "SmolLM2-135M-Instruct (starter)" in text  # the fake bridge loaded "starter"
+    assert sources.display_name(sources.STARTER) in text  # the fake bridge loaded "starter"
     assert "<td>cpu</td>" in text  # the worker's device
     assert str(folio_dirs[1]) in text  # settings
     assert str(folio_dirs[0] / "chats.sqlite3") in text  # the chats database

@@ -63,7 +63,7 @@ def test_a_failed_reply_can_be_regenerated(qtbot, fake_bridge, make_window):
 def test_a_blank_message_is_refused_with_a_hint(qtbot, fake_bridge, make_window):
     window = make_window(fake_bridge)
     view = window.conversation
-    hint = view.composer_hint
+    hint = view.composer_note
     assert not hint.isVisible()
     view.composer.setPlainText("   \n\t  ")
     qtbot.keyClick(view.composer, Qt.Key.Key_Return)

@@ -1,0 +1,120 @@
+"""Drops and pastes through the real window: files and images never become a file://
+path in the composer, the notice says in plain words why nothing was attached, and text
+still goes in as text (folded when long)."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+from PySide6.QtGui import QColor, QDragEnterEvent, QDropEvent, QGuiApplication, QImage
+from PySide6.QtWidgets import QApplication
+
+from desktop_app.widgets.drops import Dropped
+
+IMAGES_NOTE = "Folio can't attach images yet"
+FILES_NOTE = "Folio can't attach files yet"
+
+
+@pytest.fixture
+def files(tmp_path):
+    image = tmp_path / "photo.png"
+    picture = QImage(8, 8, QImage.Format.Format_RGB32)
+    picture.fill(QColor("red"))
+    picture.save(str(image))
+    text = tmp_path / "notes.txt"
+    text.write_text("some notes\n")
+    return image, text
+
+
+def url_mime(*paths) -> QMimeData:
+    """What a file manager offers: file URLs (text/uri-list) and the paths as text."""
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+    mime.setText("\n".join(QUrl.fromLocalFile(str(p)).toString() for p in paths))
+    return mime
+
+
+def drop(target, mime: QMimeData) -> None:
+    """Drag `mime` over `target` and drop it, as the platform would."""
+    at = target.rect().center()
+    enter = QDragEnterEvent(at, Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                            Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(target, enter)
+    assert enter.isAccepted()
+    event = QDropEvent(QPointF(QPoint(at)), Qt.DropAction.CopyAction, mime,
+                       Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(target, event)
+
+
+@pytest.fixture
+def window(make_window, fake_bridge):
+    return make_window(fake_bridge)
+
+
+def offered(window) -> list[Dropped]:
+    got: list[Dropped] = []
+    window.conversation.attachmentsOffered.connect(got.append)
+    return got
+
+
+@pytest.mark.parametrize("where", ["composer", "chat"])
+def test_dropped_files_are_not_inserted_and_the_notice_says_why(window, files, where):
+    view = window.conversation
+    target = view.composer.viewport() if where == "composer" else view.scroll.viewport()
+    image, text = files
+    got = offered(window)
+
+    drop(target, url_mime(image))
+    assert view.composer.toPlainText() == ""
+    assert view.composer_note.isVisible() and IMAGES_NOTE in view.composer_note.text()
+    assert "photo.png" in view.composer_note.text()
+
+    drop(target, url_mime(text))
+    assert view.composer.toPlainText() == ""
+    assert FILES_NOTE in view.composer_note.text() and "notes.txt" in view.composer_note.text()
+    assert got == [Dropped(images=(str(image),)), Dropped(files=(str(text),))]
+
+    pixels = QMimeData()
+    pixels.setImageData(QImage(4, 4, QImage.Format.Format_RGB32))
+    drop(target, pixels)
+    assert view.composer.toPlainText() == "" and IMAGES_NOTE in view.composer_note.text()
+    assert got[-1] == Dropped(image_data=True)
+
+
+def test_dropped_text_on_the_chat_goes_into_the_composer(window):
+    view = window.conversation
+    mime = QMimeData()
+    mime.setText("a quoted line")
+    drop(view.scroll.viewport(), mime)
+    assert view.composer.toPlainText() == "a quoted line"
+    assert not view.composer_note.isVisible()
+
+
+def test_pasting_a_copied_file_or_image_inserts_no_path(window, files):
+    view = window.conversation
+    image, text = files
+    clipboard = QGuiApplication.clipboard()
+    view.composer.setFocus()
+
+    clipboard.setMimeData(url_mime(image, text))  # a file manager's copy of two files
+    view.composer.paste()
+    assert view.composer.toPlainText() == ""
+    notice = view.composer_note.text()
+    assert IMAGES_NOTE in notice and FILES_NOTE in notice
+
+    only_text = QMimeData()  # some file managers put nothing but the address as text
+    only_text.setText(QUrl.fromLocalFile(str(text)).toString())
+    clipboard.setMimeData(only_text)
+    view.composer.paste()
+    assert view.composer.toPlainText() == ""
+
+    view.composer_note.dismiss()
+    clipboard.setImage(QImage(4, 4, QImage.Format.Format_RGB32))  # a copied picture
+    view.composer.paste()
+    assert view.composer.toPlainText() == "" and IMAGES_NOTE in view.composer_note.text()
+
+    clipboard.setText("plain words, and https://example.com/page")
+    view.composer.paste()
+    assert view.composer.toPlainText() == "plain words, and https://example.com/page"
+    view.clear_composer()  # sending or clearing the draft ends the notice
+    assert not view.composer_note.isVisible()
