@@ -23,6 +23,7 @@ from desktop_app.data.json_mode import reply_label
 from desktop_app.widgets import theme
 from desktop_app.widgets.candidates import footer_line
 from desktop_app.widgets.markdown import MarkdownView
+from desktop_app.widgets.prompt_progress import PromptProgressLine
 from desktop_app.widgets.thinking_section import ThinkingSection
 
 
@@ -96,6 +97,8 @@ class MessageWidget(QFrame):
 
         self.thinking = ThinkingSection(msg.thinking, msg.metrics)
         outer.addWidget(self.thinking)
+        self.prompt_progress = PromptProgressLine()  # shown by the controller, till a token
+        outer.addWidget(self.prompt_progress)
         self.body = MarkdownView(msg.content)
         outer.addWidget(self.body)
         self.editor: QPlainTextEdit | None = None
@@ -130,6 +133,7 @@ class MessageWidget(QFrame):
         self.thinking.append(delta)
 
     def finish(self, text: str, metrics: dict | None, status: str, thinking: str = "") -> None:
+        self.prompt_progress.finish()
         self.body.set_markdown(text)
         self.thinking.finish(thinking, metrics)
         self.set_footer(metrics, status)
