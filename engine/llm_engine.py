@@ -23,9 +23,10 @@ from engine.build import assemble
 from engine.chat import ChatPrompt
 from engine.config import EngineConfig
 from engine.core.kv_stats import KVStats
+from engine.core.scheduler_output import SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.disk.tier import READ_WAIT_S
-from engine.outputs import Event, FinishedEvent, RequestOutput
+from engine.outputs import Event, FinishedEvent, PromptProgress, RequestOutput
 from engine.requests import (
     Prompt,
     RequestState,
@@ -178,7 +179,8 @@ class LLMEngine:
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[Event]:
-        """Run one scheduled step; return the token deltas and finished requests."""
+        """Run one scheduled step; return the prompts' progress, the token deltas and
+        the finished requests."""
         disk = self.disk
         if disk is not None:
             disk.begin_step()
@@ -193,6 +195,7 @@ class LLMEngine:
         elif not out.is_empty:
             logits = self.runner.execute(out)
             sampled = [item.seq for item in out.scheduled if item.samples]
+            events += self._prompt_progress(out)
             self.scheduler.mark_computed(out)
             if logits is not None:
                 events += self._sample(logits, sampled)
@@ -203,6 +206,25 @@ class LLMEngine:
                 if state.chat:
                     self.prompts.remember(output)
                 events.append(FinishedEvent(request.request_id, output))
+        return events
+
+    def _prompt_progress(self, out: SchedulerOutput) -> list[PromptProgress]:
+        """A PromptProgress per request whose prompt this step read a chunk of, before
+        its first token: a prompt read again after a preemption mid-reply reports none
+        (its reply is showing already). Read before ``mark_computed`` moves the counts."""
+        events: list[PromptProgress] = []
+        for item in out.scheduled:
+            seq = item.seq
+            state = self._requests.get(seq.request_id)
+            if seq.index != 0 or state is None or \
+                    seq.num_computed_tokens >= seq.num_prompt_tokens:
+                continue
+            request = state.request
+            if request.first_token_time is not None:
+                continue
+            done = min(seq.num_computed_tokens + item.num_new_tokens, seq.num_prompt_tokens)
+            events.append(PromptProgress(seq.request_id, done, seq.num_prompt_tokens,
+                                         request.num_cached_tokens))
         return events
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Event]:

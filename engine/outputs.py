@@ -142,7 +142,22 @@ class ErrorEvent:
     rejected: bool = False
 
 
-Event = TokenEvent | FinishedEvent | ErrorEvent
+@dataclass(slots=True, frozen=True)
+class PromptProgress:
+    """A chunk of a request's prompt was read (prefilled): ``done`` of its ``total``
+    prompt tokens have K/V now, ``cached`` of them found in the prefix cache (or loaded
+    from disk) at admission, so counted as done from the start. One per chunk, for the
+    prompt only (its candidates share it); the chunk that ends the prompt reports
+    ``done == total`` and precedes the first token's event. A consumer that shows no
+    progress ignores it."""
+
+    request_id: str
+    done: int
+    total: int
+    cached: int = 0
+
+
+Event = TokenEvent | FinishedEvent | ErrorEvent | PromptProgress
 
 
 @dataclass(slots=True, frozen=True)

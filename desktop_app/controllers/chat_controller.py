@@ -22,6 +22,7 @@ from desktop_app.controllers.chat_session import ChatSession
 from desktop_app.controllers.context_gauge import ContextGauge
 from desktop_app.controllers.context_window import branch_tokens
 from desktop_app.controllers.pending_send import PendingSend
+from desktop_app.controllers.prompt_reading import show_reading
 from desktop_app.controllers.thinking import ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
 from desktop_app.data.chat_titles import DEFAULT_TITLE
@@ -55,6 +56,7 @@ class ChatController(QObject):
         view.editSubmitted.connect(self.edit)
         view.keepRequested.connect(self.keep)
         bridge.tokenArrived.connect(self._on_token)
+        bridge.promptProgress.connect(self._on_prompt_progress)
         bridge.requestFinished.connect(self._on_finished)
         bridge.requestFailed.connect(self._on_failed)
         for signal in (bridge.modelLoaded, bridge.modelUnloaded):
@@ -74,6 +76,7 @@ class ChatController(QObject):
             session = ChatSession(chat_id, self.store, self.bridge, self.tools, self.thinking,
                                   self)
             session.replyDelta.connect(self._on_delta)
+            session.readingChanged.connect(self._on_reading)
             session.replyFinished.connect(self._on_reply_finished)
             session.changed.connect(self._on_changed)
             session.streamsChanged.connect(self._on_streams_changed)
@@ -181,6 +184,8 @@ class ChatController(QObject):
     def render(self) -> None:
         session = self.current
         self.view.show_items(session.items() if session is not None else [])
+        for stream in session.streams.values() if session is not None else ():
+            show_reading(self.view, stream)
         self.view.set_generating(self.is_generating(self.chat_id))
         self._update_regenerate()
         self.update_gauge()
@@ -274,6 +279,11 @@ class ChatController(QObject):
         if session is not None:
             session.on_token(request_id, index, parts)
 
+    def _on_prompt_progress(self, request_id: str, progress) -> None:
+        session = self._owner(request_id)
+        if session is not None:
+            session.on_prompt_progress(request_id, progress)
+
     def _on_finished(self, request_id: str, output) -> None:
         session = self._owner(request_id)
         if session is not None:
@@ -292,6 +302,10 @@ class ChatController(QObject):
             self.view.append_thinking(message_id, thought)
         if text:
             self.view.append_text(message_id, text)
+
+    def _on_reading(self, chat_id: int, request_id: str) -> None:
+        if chat_id == self.chat_id:
+            show_reading(self.view, self.current.streams.get(request_id))
 
     def _on_reply_finished(self, chat_id: int, message) -> None:
         if chat_id == self.chat_id:

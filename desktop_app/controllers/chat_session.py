@@ -33,6 +33,7 @@ from engine.chat import ChatRequest
 
 class ChatSession(QObject):
     replyDelta = Signal(int, int, str, str)  # chat id, reply id, its thinking, its text
+    readingChanged = Signal(int, str)  # chat id, request id: its prompt read further, or done
     replyFinished = Signal(int, object)  # chat id, the finished reply as it shows
     changed = Signal(int)  # chat id: its branch must be shown again
     streamsChanged = Signal(int)  # chat id: a reply started or ended
@@ -229,8 +230,17 @@ class ChatSession(QObject):
         self.changed.emit(self.chat_id)
 
     # -- its requests' events (routed here by request id) ------------------------------
+    def on_prompt_progress(self, request_id: str, progress) -> None:
+        stream = self.streams[request_id]
+        if not stream.answering:
+            stream.reading = progress
+            self.readingChanged.emit(self.chat_id, request_id)
+
     def on_token(self, request_id: str, index: int, parts: tuple) -> None:
         stream = self.streams[request_id]
+        if not stream.answering:  # the prompt is read: its line goes before the text comes
+            stream.answering = True
+            self.readingChanged.emit(self.chat_id, request_id)
         delta = stream.add(index, parts)
         if delta is None:
             return

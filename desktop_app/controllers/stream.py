@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from engine.outputs import ReplyMessage, TextDelta, Thinking
+from engine.outputs import PromptProgress, ReplyMessage, TextDelta, Thinking
 
 SAVE_INTERVAL_S = 0.25
 
@@ -27,13 +27,18 @@ class Stream:
     prompt_tokens: int = 0  # as measured when it was sent (the gauge, while streaming)
     reply_metrics: dict | None = None  # what the replies record of how they were asked
     last_saved: float = 0.0
+    sent_at: float = 0.0  # time.monotonic() when it was sent: the reading line's clock
+    # The prompt's reading until the first token (answering): the engine's last
+    # PromptProgress, None before its first chunk or from a model that sends none.
+    reading: PromptProgress | None = None
+    answering: bool = False
 
     @classmethod
     def started(cls, request_id: str, chat_id: int, parent_id: int, message_ids: list[int],
                 prompt_tokens: int, reply_metrics: dict) -> Stream:
-        n = len(message_ids)
+        n, now = len(message_ids), time.monotonic()
         return cls(request_id, chat_id, parent_id, message_ids, [""] * n, [""] * n,
-                   prompt_tokens, reply_metrics, time.monotonic())
+                   prompt_tokens, reply_metrics, now, now)
 
     def live(self) -> dict[int, tuple[str, str]]:
         """Each reply's (text, thinking) so far, by message id: fresher than the store."""

@@ -25,7 +25,7 @@ from desktop_app.data.engine_settings import EngineSettings
 from desktop_app.data.servers import is_remote_source, parse_server_source
 from desktop_app.services.devices import describe_memory_error, engine_config_for
 from desktop_app.services.worker_protocol import ModelWorker
-from engine.outputs import ActivityEvent, ErrorEvent, FinishedEvent, TokenEvent
+from engine.outputs import ActivityEvent, ErrorEvent, FinishedEvent, PromptProgress, TokenEvent
 
 LlmFactory = Callable[..., Any]  # (name_or_path, config=..., progress=...) -> LLM
 WorkerFactory = Callable[[Any], ModelWorker]  # (llm) -> its worker, not started
@@ -66,6 +66,9 @@ class EngineBridge(QObject):
     # Request id, candidate index, the delta as the engine read it: a tuple of
     # engine.outputs' TextDelta / Thinking / CallStart / CallArguments.
     tokenArrived = Signal(str, int, object)
+    # Request id, engine.outputs.PromptProgress: a chunk of its prompt was read (a local
+    # model only; before its first token).
+    promptProgress = Signal(str, object)
     requestFinished = Signal(str, object)  # request id, RequestOutput
     requestFailed = Signal(str, str)  # request id, message
     loadStarted = Signal(str)  # model name or path
@@ -330,6 +333,9 @@ class EngineBridge(QObject):
         elif isinstance(event, TokenEvent):
             if event.request_id in self._handles:
                 self.tokenArrived.emit(event.request_id, event.index, event.parts)
+        elif isinstance(event, PromptProgress):
+            if event.request_id in self._handles:
+                self.promptProgress.emit(event.request_id, event)
         elif isinstance(event, FinishedEvent | ErrorEvent):
             if self._handles.pop(event.request_id, None) is None:
                 return

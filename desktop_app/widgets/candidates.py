@@ -17,10 +17,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop_app.data.durations import latency
 from desktop_app.data.metric_values import count, label, measure
 from desktop_app.data.pacing_note import pacing_note
 from desktop_app.widgets import theme
 from desktop_app.widgets.markdown import MarkdownView
+from desktop_app.widgets.prompt_progress import PromptProgressLine
 from desktop_app.widgets.thinking_section import ThinkingSection
 
 
@@ -34,7 +36,7 @@ def format_metrics(metrics: dict | None) -> str:
     if speed is not None:
         parts.append(f"{speed:.1f} tok/s")
     if ttft is not None:
-        parts.append(f"first token {1000 * ttft:.0f} ms")
+        parts.append(f"first token {latency(ttft)}")
     prompt = count(metrics, "num_prompt_tokens")
     if prompt is not None:
         # Older rows lack the disk count; clamped, so that "computed" is never negative.
@@ -113,6 +115,8 @@ class CandidateColumn(QFrame):
         layout.addLayout(header)
         self.thinking = ThinkingSection(thinking)
         layout.addWidget(self.thinking)
+        self.prompt_progress = PromptProgressLine()  # shown by the controller, till a token
+        layout.addWidget(self.prompt_progress)
         self.body = MarkdownView(text)
         layout.addWidget(self.body)
         layout.addStretch(1)
@@ -173,6 +177,7 @@ class CandidateColumn(QFrame):
     def finish(self, text: str, metrics: dict | None, status: str = "complete",
                thinking: str = "") -> None:
         self.finished = True
+        self.prompt_progress.finish()
         self.body.set_markdown(text)
         self.thinking.finish(thinking, metrics)
         line = footer_line(metrics, status)

@@ -25,6 +25,7 @@ from desktop_app.widgets import theme
 from desktop_app.widgets.candidates import footer_line
 from desktop_app.widgets.markdown import MarkdownView
 from desktop_app.widgets.paste_fold import FoldedBody, TokenCounter
+from desktop_app.widgets.prompt_progress import PromptProgressLine
 from desktop_app.widgets.thinking_section import ThinkingSection
 
 
@@ -99,6 +100,8 @@ class MessageWidget(QFrame):
 
         self.thinking = ThinkingSection(msg.thinking, msg.metrics)
         outer.addWidget(self.thinking)
+        self.prompt_progress = PromptProgressLine()  # shown by the controller, till a token
+        outer.addWidget(self.prompt_progress)
         if msg.role == "user" and should_fold(msg.content):  # a long paste shows folded
             self.body = FoldedBody(msg.content, count_tokens or (lambda _text: None))
         else:
@@ -136,6 +139,7 @@ class MessageWidget(QFrame):
         self.thinking.append(delta)
 
     def finish(self, text: str, metrics: dict | None, status: str, thinking: str = "") -> None:
+        self.prompt_progress.finish()
         self.body.set_markdown(text)
         self.thinking.finish(thinking, metrics)
         self.set_footer(metrics, status)

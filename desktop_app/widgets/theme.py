@@ -164,6 +164,7 @@ QToolButton:checked {{ background: {c.user_bubble}; }}
 #candidateColumn {{ background: {c.assistant_bubble}; border: 1px solid {c.border};
     border-radius: 10px; }}
 #roleLabel {{ color: {c.muted}; font-weight: 600; }}
+#promptProgress {{ color: {c.muted}; font-style: italic; }}
 #metricsLabel, #mutedLabel, #branchLabel {{ color: {c.muted}; }}
 #conversationArea {{ background: {c.window}; border: none; }}
 #conversationArea > QWidget > QWidget {{ background: {c.window}; }}

@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from engine.outputs import ErrorEvent, Event, FinishedEvent, TokenEvent
+from engine.outputs import ErrorEvent, Event, FinishedEvent, PromptProgress, TokenEvent
 from engine.sampling_params import SamplingParams
 from engine.worker import EngineWorker
 
@@ -35,6 +35,8 @@ class RequestStream:
         loop = asyncio.get_running_loop()
 
         def on_event(event: Event) -> None:  # the worker's thread
+            if isinstance(event, PromptProgress):
+                return  # the API has no such chunk: OpenAI's stream starts at the reply
             loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
         self.submitted_at = time.perf_counter()
