@@ -15,7 +15,8 @@ Policies (``ChatSettings.overflow_policy``):
 * ``stop``  Stop at the limit: send nothing and say the context is full.
 
 Room is left for the reply: ``reply_reserve(max_tokens, context)`` tokens, the chat's max
-tokens but at most a quarter of the context. The prompt is measured by ``count``, a
+tokens but at most a quarter of the context (a quarter for max tokens None, "up to the
+context"). The prompt is measured by ``count``, a
 function of a message list (the app passes the loaded model's own prompt builder, so the
 figure is the engine's; see ``estimate_tokens`` for a model without one).
 
@@ -58,9 +59,10 @@ Messages = list[dict[str, Any]]
 Counter = Callable[[Sequence[dict[str, Any]]], int]
 
 
-def reply_reserve(max_tokens: int, context: int) -> int:
+def reply_reserve(max_tokens: int | None, context: int) -> int:
     """Tokens kept free for the reply: max tokens, at most a quarter of the context."""
-    return max(1, min(int(max_tokens), int(context) // 4))
+    quarter = int(context) // 4
+    return max(1, quarter if max_tokens is None else min(int(max_tokens), quarter))
 
 
 def estimate_tokens(messages: Sequence[dict[str, Any]]) -> int:
@@ -109,7 +111,7 @@ class ContextPlan:
 
 
 def plan_context(messages: Sequence[dict[str, Any]], policy: str, context: int,
-                 max_tokens: int, count: Counter, *, min_dropped: int = 0,
+                 max_tokens: int | None, count: Counter, *, min_dropped: int = 0,
                  slack: float = CUT_SLACK) -> ContextPlan:
     """Choose the messages to send under `policy` (see the module doc).
 

@@ -41,6 +41,7 @@ def test_reply_reserve_is_max_tokens_but_at_most_a_quarter():
     assert reply_reserve(16, 256) == 16
     assert reply_reserve(512, 256) == 64
     assert reply_reserve(512, 2) == 1
+    assert reply_reserve(None, 256) == 64  # up to the context: a quarter kept for it
 
 
 def test_split_turns_keeps_replies_with_their_question():
