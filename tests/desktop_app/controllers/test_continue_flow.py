@@ -99,3 +99,22 @@ def test_continue_shows_only_under_the_last_cut_off_reply(qtbot, fake_bridge, ma
     qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton)
     assert captured_errors == [("Could not continue the reply", NO_CONTINUE_REMOTE)]
     assert store.get_message(stopped.id).content == "Half a"
+
+
+def test_a_continuation_that_fails_leaves_the_reply_as_it_was(store):
+    from desktop_app.controllers.stream import Stream
+    from engine.outputs import TextDelta
+
+    chat = store.create_chat("c", ChatSettings())
+    user = store.add_message(chat.id, None, "user", "Hi")
+    reply = store.add_message(chat.id, user.id, "assistant", "Once upon", [5, 6],
+                              metrics={"finish_reason": "length", "num_prompt_tokens": 9})
+    stream = Stream.continuing("r", store.get_message(reply.id), 11, {})
+    stream.add(0, (TextDelta(" a time"),))
+    assert stream.live() == {reply.id: ("Once upon a time", "")}
+    stream.last_saved = 0.0
+    stream.save_partial(store)
+    assert stream.fail(store, "the engine stopped")
+    kept = store.get_message(reply.id)
+    assert (kept.content, kept.token_ids, kept.metrics, kept.status) == (
+        "Once upon", [5, 6], {"finish_reason": "length", "num_prompt_tokens": 9}, "complete")
