@@ -177,6 +177,12 @@ class ChatSession(QObject):
         msg = self.store.get_message(message_id)
         if msg.role != "assistant" or message_id != self.store.active_leaf(self.chat_id):
             return  # only the end of the branch: later turns answered it as it was
+        if msg.model and msg.model != self.bridge.model_name:
+            # Its ids are another vocabulary's: only the model that wrote it goes on.
+            self.errorRaised.emit("Could not continue the reply", (
+                f"This reply was written by {msg.model}. Load that model to continue it, "
+                f"or regenerate it with {self.bridge.model_name}."))
+            return
         if self.bridge.prompts is None:
             self.errorRaised.emit("Could not continue the reply", NO_CONTINUE_REMOTE)
             return

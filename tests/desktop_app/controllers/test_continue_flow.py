@@ -99,6 +99,13 @@ def test_continue_shows_only_under_the_last_cut_off_reply(qtbot, fake_bridge, ma
     qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton)
     assert captured_errors == [("Could not continue the reply", NO_CONTINUE_REMOTE)]
     assert store.get_message(stopped.id).content == "Half a"
+    # Another model's reply: its ids are not this model's, so it is not continued.
+    other = store.add_message(chat.id, again.id, "assistant", "Half b", model="other-model",
+                              metrics={"finish_reason": "length"})
+    store.set_active_leaf(chat.id, other.id)
+    bubbles = open_chat(qtbot, window, chat.id)
+    qtbot.mouseClick(bubbles[other.id].continue_button, Qt.MouseButton.LeftButton)
+    assert "written by other-model" in captured_errors[-1][1]
 
 
 def test_a_continuation_that_fails_leaves_the_reply_as_it_was(store):
