@@ -1,14 +1,17 @@
 """"Continue" on a cut-off reply, through the real window: the starter model extends the
-same message in place from its cached prompt, and the button shows only where a reply can
-be continued."""
+same message in place from its cached prompt, a reply cut off inside its thinking goes on
+thinking, and the button shows only where a reply can be continued."""
 
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import Qt
 
 from desktop_app.controllers.chat_session import NO_CONTINUE_REMOTE
 from desktop_app.data.settings import AppSettings, ChatSettings
 from desktop_app.widgets.message_widget import MessageWidget
+from tests.engine.text.reasoning.thinking_models import save_thinking_model
+from tests.engine.tools.tool_models import scripted
 
 TURN_TIMEOUT_MS = 90_000
 BLOCK = 16  # the small_llm fixture's block size
@@ -125,3 +128,53 @@ def test_a_continuation_that_fails_leaves_the_reply_as_it_was(store):
     kept = store.get_message(reply.id)
     assert (kept.content, kept.token_ids, kept.metrics, kept.status) == (
         "Once upon", [5, 6], {"finish_reason": "length", "num_prompt_tokens": 9}, "complete")
+
+
+THOUGHT = "The user greets me. I greet back."
+ANSWER = "Hello! How can I help?"
+SCRIPT = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
+CUT = 24  # tokens of the first part: the opening tag and the start of the thinking
+
+
+@pytest.fixture
+def thinking_bridge(qtbot, tmp_path):
+    from desktop_app.services.engine_bridge import EngineBridge
+    from engine import LLM
+
+    llm = LLM(str(save_thinking_model(tmp_path / "think")), num_gpu_blocks=64,
+              max_model_len=512)
+    bridge = EngineBridge(llm_factory=lambda source, config=None, progress=None: llm)
+    with qtbot.waitSignal(bridge.modelLoaded, timeout=30000):
+        bridge.load_model("thinking")
+    bridge.sampler = scripted(llm)
+    yield bridge
+    bridge.shutdown()
+
+
+def test_a_reply_cut_off_inside_its_thinking_goes_on_thinking(qtbot, thinking_bridge,
+                                                              make_window, captured_errors):
+    script = thinking_bridge.tokenizer.encode(SCRIPT, add_special_tokens=False)
+    thinking_bridge.sampler.script = script
+    window = make_window(thinking_bridge, greedy(CUT))
+    send(qtbot, window, "Hi there")
+    store, chat_id = window.store, window.controller.chat_id
+    before = store.get_message(store.active_leaf(chat_id))
+    assert before.content == "" and before.thinking and THOUGHT.startswith(before.thinking)
+    assert before.metrics["finish_reason"] == "length"
+    # The model goes on with the rest; the chat now lets it run to the end.
+    thinking_bridge.sampler.script = script[CUT:]
+    chat = store.get_chat(chat_id)
+    chat.settings.max_tokens = None
+    store.update_chat_settings(chat_id, chat.settings)
+    bubble = window.conversation.widget_for(before.id)
+    with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
+        qtbot.mouseClick(bubble.continue_button, Qt.MouseButton.LeftButton)
+    assert not captured_errors
+    after = store.get_message(before.id)
+    assert (after.thinking, after.content) == (THOUGHT, ANSWER)
+    assert after.token_ids[:-1] == script  # then the end of its turn
+    assert after.metrics["finish_reason"] == "stop"
+    assert after.metrics["thinking_tokens"] > before.metrics["thinking_tokens"] > 0
+    bubble = window.conversation.widget_for(before.id)
+    assert bubble.text() == ANSWER and bubble.thinking.text() == THOUGHT
+    assert not bubble.continue_button.isVisible()  # complete now
