@@ -57,6 +57,7 @@ def test_continue_extends_the_cut_off_reply_in_place(qtbot, small_bridge, make_w
     assert after.metrics["num_cached_tokens"] >= prompt - BLOCK
     bubble = window.conversation.widget_for(before.id)
     assert bubble.text() == after.content
+    assert "continued after 8 tokens" in bubble.metrics_label.text()
     assert bubble.continue_button.isVisible()  # cut off again: it can go on
     # The gauge counts the continued reply once.
     assert window.controller.current_chat_tokens() == prompt + 8
