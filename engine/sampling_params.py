@@ -43,7 +43,8 @@ class SamplingParams:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
-    max_tokens: int = 256
+    # None: up to the context (the reply ends with "context" where the context is full).
+    max_tokens: int | None = 256
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -73,8 +74,8 @@ class SamplingParams:
         _check(0 <= self.min_p <= 1, "min_p", self.min_p, "in [0, 1]")
         _check(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty,
                "> 0 (1 turns it off)")
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
-               self.max_tokens, "an integer >= 1")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+               self.max_tokens, "an integer >= 1 or None (up to the context)")
         _check(self.seed is None or SEED_MIN <= self.seed <= SEED_MAX, "seed", self.seed,
                f"an integer in [{SEED_MIN}, {SEED_MAX}] or None")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop,

@@ -7,7 +7,7 @@ finish checks run in this order, the first that holds ending the candidate:
                ends the reply even then), a ``stop_token_ids`` token, a stop string in
                the text (cut where it starts, never shown), a grammar that took its
                last token, or a reply reader whose last allowed tool call is made
-    "length"   ``max_tokens`` output tokens
+    "length"   ``max_tokens`` output tokens (None: no such limit)
     "context"  the context is full (``max_model_len``)
 
 The text that comes of the token (the detokenizer's delta, minus what a stop string may
@@ -72,7 +72,8 @@ class Stops:
             stopped, delta = cand.stop.check(cand.detokenizer.add(token))
             if stopped or complete:
                 reason = "stop"
-        if reason is None and seq.num_output_tokens >= params.max_tokens:
+        if reason is None and params.max_tokens is not None \
+                and seq.num_output_tokens >= params.max_tokens:
             reason = "length"
         elif reason is None and seq.num_tokens >= self.max_model_len:
             reason = "context"

@@ -52,6 +52,7 @@ class ChatController(QObject):
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
+        view.continueRequested.connect(self.continue_reply)
         view.switchRequested.connect(self.switch)
         view.editSubmitted.connect(self.edit)
         view.keepRequested.connect(self.keep)
@@ -241,6 +242,12 @@ class ChatController(QObject):
         session = self.current
         if session is not None and not session.generating and self.bridge.is_loaded:
             session.regenerate(message_id)
+
+    def continue_reply(self, message_id: int) -> None:
+        """Extend a cut-off reply in place ("Continue" under it)."""
+        session = self.current
+        if session is not None and not session.generating and self.bridge.is_loaded:
+            session.continue_reply(message_id)
 
     def continue_after(self, chat_id: int, parent_id: int) -> None:
         """The reply after tool results (ToolTurns.continueRequested)."""

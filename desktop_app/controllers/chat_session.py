@@ -8,7 +8,9 @@ loaded model's prompt builder, controllers.context_window: the prompt it measure
 the engine runs, and the stored chat is never shortened), submits through the bridge, and
 stores each reply's text, token ids (so the engine's prefix cache finds their blocks next
 turn) and metrics. Alternates (candidates, regenerations, edits) are siblings in the chat
-tree.
+tree. "Continue" extends the branch's last reply in place when it was cut off: the engine
+builds the prompt it answered with the reply's own ids after it, its turn left open
+(engine/chat/continued.py), so the prefix cache finds all of it.
 
 It never touches the view: the ChatController routes the bridge's events for its request
 ids here and shows what it emits when its chat is the one open (``replyDelta`` as replies
@@ -16,6 +18,8 @@ stream, ``changed`` when its branch must be drawn again). Runs on the GUI thread
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from PySide6.QtCore import QObject, Signal
 
@@ -29,6 +33,9 @@ from desktop_app.data.context_policy import ContextPlan
 from desktop_app.widgets.conversation_view import GroupItem
 from desktop_app.widgets.message_widget import TurnItem
 from engine.chat import ChatRequest
+
+NO_CONTINUE_REMOTE = ("A server's reply cannot be continued: its API has no way to go on "
+                      "with a reply. Regenerate it, or raise Max tokens in Settings first.")
 
 
 class ChatSession(QObject):
@@ -101,7 +108,7 @@ class ChatSession(QObject):
                 items.append(GroupItem(group))
             else:
                 position, count = self.store.sibling_position(msg.id)
-                items.append(TurnItem(msg, position, count))
+                items.append(TurnItem(msg, position, count, last=msg.id == leaf))
         return items
 
     def preload(self) -> None:
@@ -158,6 +165,42 @@ class ChatSession(QObject):
     def continue_after(self, parent_id: int) -> None:
         """The reply after tool results: the same turn, continued."""
         self._generate(parent_id)
+
+    def continue_reply(self, message_id: int) -> None:
+        """Extend the branch's last reply, cut off at max tokens or stopped, in place."""
+        msg = self.store.get_message(message_id)
+        if msg.role != "assistant" or message_id != self.store.active_leaf(self.chat_id):
+            return  # only the end of the branch: later turns answered it as it was
+        if msg.model and msg.model != self.bridge.model_name:
+            # Its ids are another vocabulary's: only the model that wrote it goes on.
+            self.errorRaised.emit("Could not continue the reply", (
+                f"This reply was written by {msg.model}. Load that model to continue it, "
+                f"or regenerate it with {self.bridge.model_name}."))
+            return
+        if self.bridge.prompts is None:
+            self.errorRaised.emit("Could not continue the reply", NO_CONTINUE_REMOTE)
+            return
+        chat = self.store.get_chat(self.chat_id)
+        plan = self.plan(msg.parent_id)
+        if plan is None:
+            return
+        reply = {"role": "assistant", "content": msg.content,
+                 **({"token_ids": msg.token_ids} if msg.token_ids is not None else {}),
+                 **({"reasoning_content": msg.thinking} if msg.thinking else {})}
+        try:
+            request = replace(self.request(chat, [*plan.messages, reply]),
+                              continue_reply=True)
+            prompt = self.bridge.prompts.build(request)
+            params = chat.settings.to_sampling_params(n=1)
+            request_id = self.bridge.submit(prompt, params)
+        except (RuntimeError, ValueError) as exc:
+            self.errorRaised.emit("Could not continue the reply", str(exc))
+            return
+        self.pending_group = None
+        self.streams[request_id] = Stream.continuing(request_id, msg, len(prompt.ids),
+                                                     reply_metrics(params))
+        self.streamsChanged.emit(self.chat_id)
+        self.changed.emit(self.chat_id)
 
     def keep(self, message_id: int) -> None:
         self.pending_group = None

@@ -137,6 +137,8 @@ def branch_tokens(store, chat_id: int | None) -> int:
     for msg in reversed(store.path_to(leaf)):
         prompt = count(msg.metrics, "num_prompt_tokens") if msg.role == "assistant" else None
         if prompt is not None:
+            # A continued reply's prompt held its ids from before; they count once.
+            prompt -= min(prompt, count(msg.metrics, "continued_tokens") or 0)
             generated = (len(msg.token_ids) if msg.token_ids is not None
                          else count(msg.metrics, "num_generated_tokens") or 0)
             return prompt + generated

@@ -4,6 +4,11 @@ their text and thinking so far, and how the request was asked.
 The engine reads every reply: a delta arrives as typed parts (answer text, thinking) and
 the finished candidate carries its answer, thinking and tool calls; nothing here parses a
 reply. Partial text is saved a few times a second, so a crash loses little.
+
+A continued reply (``Stream.continuing``) starts from the reply's text and ids: its
+deltas are appended to them, the engine's finished message is the whole reply, and its
+ids are the old ones then the new. Until it finishes the stored reply is left as it was,
+so a failure or a crash loses nothing of it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from desktop_app.data.metric_values import count, measure
 from engine.outputs import PromptProgress, ReplyMessage, TextDelta, Thinking
 
 SAVE_INTERVAL_S = 0.25
@@ -32,6 +38,8 @@ class Stream:
     # PromptProgress, None before its first chunk or from a model that sends none.
     reading: PromptProgress | None = None
     answering: bool = False
+    # A continued reply: its ids and metrics before (None: a new reply).
+    before: tuple[list[int], dict] | None = None
 
     @classmethod
     def started(cls, request_id: str, chat_id: int, parent_id: int, message_ids: list[int],
@@ -39,6 +47,16 @@ class Stream:
         n, now = len(message_ids), time.monotonic()
         return cls(request_id, chat_id, parent_id, message_ids, [""] * n, [""] * n,
                    prompt_tokens, reply_metrics, now, now)
+
+    @classmethod
+    def continuing(cls, request_id: str, message, prompt_tokens: int,
+                   reply_metrics: dict) -> Stream:
+        """``message``: the stored reply (chat_store.Message) the request continues."""
+        now = time.monotonic()
+        return cls(request_id, message.chat_id, message.parent_id, [message.id],
+                   [message.content], [message.thinking], prompt_tokens, reply_metrics,
+                   last_saved=now, sent_at=now,
+                   before=(list(message.token_ids or []), dict(message.metrics)))
 
     def live(self) -> dict[int, tuple[str, str]]:
         """Each reply's (text, thinking) so far, by message id: fresher than the store."""
@@ -57,6 +75,8 @@ class Stream:
         return thought, text
 
     def save_partial(self, store) -> None:
+        if self.before is not None:
+            return  # the stored reply stays whole until the continuation finishes
         now = time.monotonic()
         if now - self.last_saved >= SAVE_INTERVAL_S:
             self.last_saved = now
@@ -80,15 +100,30 @@ class Stream:
             think_metrics = ({"thinking_tokens": reply.thinking_tokens,
                               "thinking_s": reply.thinking_s}
                              if reply.thinking_tokens else {})
+            if self.before is not None:
+                token_ids, think_metrics = self._joined(token_ids, think_metrics)
             thinking = reply.reasoning if reply.reasoning is not None else self.thinking[i]
             store.finish_message(mid, reply.content, token_ids,
                                  {**base, "finish_reason": reason,
                                   **(self.reply_metrics or {}), **think_metrics},
                                  tool_calls=calls, thinking=thinking)
 
+    def _joined(self, token_ids: list[int] | None, think: dict) -> tuple[list[int], dict]:
+        """A continued reply's ids (the old then the new) and its thinking figures (both
+        parts'); ``continued_tokens`` in its metrics says how many ids it had before."""
+        ids, metrics = self.before
+        old_thought = count(metrics, "thinking_tokens") or 0
+        if old_thought:
+            think = {"thinking_tokens": old_thought + (think.get("thinking_tokens") or 0),
+                     "thinking_s": round((measure(metrics, "thinking_s") or 0)
+                                         + (think.get("thinking_s") or 0), 3)}
+        return [*ids, *(token_ids or [])], {**think, "continued_tokens": len(ids)}
+
     def fail(self, store, message: str) -> bool:
         """Keep what streamed as interrupted replies, drop the empty ones; returns whether
-        anything was kept."""
+        anything was kept (a continued reply is kept as it was stored)."""
+        if self.before is not None:
+            return True
         for mid, (text, thought) in self.live().items():
             if text or thought:
                 store.finish_message(mid, text, None, {"error": message}, "interrupted",

@@ -20,7 +20,7 @@ from typing import Any
 
 import platformdirs
 
-from desktop_app.data.settings import ChatSettings
+from desktop_app.data.settings import ChatSettings, without_old_default
 
 DB_FILE = "chats.sqlite3"
 # Keep in step with the CHECK constraints of the messages table (its latest migration).
@@ -136,9 +136,24 @@ def _migrate_v3(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE messages ADD COLUMN thinking TEXT NOT NULL DEFAULT ''")
 
 
+def _migrate_v4(conn: sqlite3.Connection) -> None:
+    """Max tokens "up to the context": a chat saved with the old default (512) gets the
+    new one (data.settings explains why a stored 512 is read as the default)."""
+    rows = conn.execute("SELECT id, settings FROM chats").fetchall()
+    changed = []
+    for chat_id, text in rows:
+        try:
+            settings = json.loads(text)
+        except ValueError:
+            continue  # read leniently later, as before
+        if isinstance(settings, dict) and without_old_default(settings) is not settings:
+            changed.append((json.dumps(without_old_default(settings)), chat_id))
+    conn.executemany("UPDATE chats SET settings = ? WHERE id = ?", changed)
+
+
 Migration = Callable[[sqlite3.Connection], None]
-# Index i upgrades a database from user_version i to i + 1; v4 is one more function here.
-MIGRATIONS: list[Migration] = [_migrate_v1, _migrate_v2, _migrate_v3]
+# Index i upgrades a database from user_version i to i + 1; v5 is one more function here.
+MIGRATIONS: list[Migration] = [_migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4]
 
 # The ancestors of message ? (itself at depth 0, the root deepest).
 PATH_CTE = """WITH RECURSIVE path(id, parent_id, depth) AS (

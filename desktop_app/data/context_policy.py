@@ -15,9 +15,11 @@ Policies (``ChatSettings.overflow_policy``):
 * ``stop``  Stop at the limit: send nothing and say the context is full.
 
 Room is left for the reply: ``reply_reserve(max_tokens, context)`` tokens, the chat's max
-tokens but at most a quarter of the context. The prompt is measured by ``count``, a
-function of a message list (the app passes the loaded model's own prompt builder, so the
-figure is the engine's; see ``estimate_tokens`` for a model without one).
+tokens but at most a quarter of the context; with max tokens None ("up to the context")
+room for a long answer, ``LONG_REPLY`` tokens, at most a quarter too. The prompt is
+measured by ``count``, a function of a message list (the app passes the loaded model's
+own prompt builder, so the figure is the engine's; see ``estimate_tokens`` for a model
+without one).
 
 Prefix cache: a prompt shares the KV blocks of the previous one only if it starts the
 same way, so the cut point should not move every turn. ``plan_context`` therefore never
@@ -47,6 +49,10 @@ DEFAULT_POLICY = KEEP_LATEST
 # When a cut is needed, cut down to this share of the budget below it, so that the next
 # few turns extend the same prompt (prefix cache hits) instead of moving the cut again.
 CUT_SLACK = 0.2
+# The room kept for a reply without a max tokens limit: a long answer, so a long chat is
+# not cut a quarter of a large context early (the reply may still run past it: the
+# engine stops it at the context's end).
+LONG_REPLY = 4096
 # A model without a tokenizer the app can run (a remote server): a conservative guess.
 # English text averages about 4 characters per token with the usual BPE vocabularies;
 # 3 overestimates the prompt, so a cut comes a little early rather than the server
@@ -58,9 +64,10 @@ Messages = list[dict[str, Any]]
 Counter = Callable[[Sequence[dict[str, Any]]], int]
 
 
-def reply_reserve(max_tokens: int, context: int) -> int:
+def reply_reserve(max_tokens: int | None, context: int) -> int:
     """Tokens kept free for the reply: max tokens, at most a quarter of the context."""
-    return max(1, min(int(max_tokens), int(context) // 4))
+    wanted = LONG_REPLY if max_tokens is None else int(max_tokens)
+    return max(1, min(wanted, int(context) // 4))
 
 
 def estimate_tokens(messages: Sequence[dict[str, Any]]) -> int:
@@ -109,7 +116,7 @@ class ContextPlan:
 
 
 def plan_context(messages: Sequence[dict[str, Any]], policy: str, context: int,
-                 max_tokens: int, count: Counter, *, min_dropped: int = 0,
+                 max_tokens: int | None, count: Counter, *, min_dropped: int = 0,
                  slack: float = CUT_SLACK) -> ContextPlan:
     """Choose the messages to send under `policy` (see the module doc).
 

@@ -13,6 +13,11 @@ Usage from the GUI::
 The file lives at ``settings_path()``: ``platformdirs.user_config_dir("folio")/settings.json``,
 or ``$FOLIO_CONFIG_DIR/settings.json`` when that variable is set.
 
+Max tokens: None (the default) lets a reply run to the end of the model's context. The
+old default, 512, cut long answers off; a file or chat saved before this change (settings
+version 1, chats database version 3) reads a stored 512 as that old default, not as a
+choice, and gets None. A 512 chosen since stays 512.
+
 A file that is not valid JSON falls back to all defaults; a field with a bad value falls back
 to that field's default. Either way the original file is kept next to it as
 ``settings.json.bak`` so nothing the user wrote is lost.
@@ -46,6 +51,8 @@ logger = logging.getLogger(__name__)
 SETTINGS_FILE = "settings.json"
 THEMES = ("system", "light", "dark")
 MAX_CANDIDATES = 4
+SETTINGS_VERSION = 2  # 2: max_tokens None is "up to the context"
+OLD_DEFAULT_MAX_TOKENS = 512  # the default before version 2 (see the module doc)
 
 
 @dataclass(slots=True)
@@ -58,7 +65,8 @@ class ChatSettings:
     top_k: int = 40
     min_p: float = 0.05
     repetition_penalty: float = 1.1
-    max_tokens: int = 512
+    # None: up to the context (the model's context minus the prompt).
+    max_tokens: int | None = None
     seed: int | None = None
     num_candidates: int = 1
     # What is sent once the chat outgrows the model's context (data.context_policy):
@@ -92,8 +100,8 @@ class ChatSettings:
               "a number in [0, 1]")
         check(_is_number(self.repetition_penalty) and 0 < self.repetition_penalty <= 5,
               "repetition_penalty", self.repetition_penalty, "a number in (0, 5]")
-        check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens",
-              self.max_tokens, "an integer >= 1")
+        check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+              "max_tokens", self.max_tokens, "an integer >= 1 or null (up to the context)")
         check(self.seed is None or (_is_int(self.seed) and self.seed >= 0), "seed", self.seed,
               "an integer >= 0 or None")
         check(_is_int(self.num_candidates) and 1 <= self.num_candidates <= MAX_CANDIDATES,
@@ -225,7 +233,7 @@ class AppSettings:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["version"] = 1
+        data["version"] = SETTINGS_VERSION
         return data
 
     @classmethod
@@ -235,8 +243,10 @@ class AppSettings:
         if not isinstance(data, dict):
             raise ValueError(f"settings must be a JSON object, got {type(data).__name__}")
         data = dict(data)
-        data.pop("version", None)
+        version = data.pop("version", None)
         chat = data.get("chat_defaults")
+        if isinstance(chat, dict) and version != SETTINGS_VERSION:
+            chat = without_old_default(chat)
         if isinstance(chat, dict):
             inner: list[str] = []
             data["chat_defaults"] = ChatSettings.from_dict(chat, strict=False, dropped=inner)
@@ -249,6 +259,14 @@ class AppSettings:
             if dropped is not None:
                 dropped.extend(f"engine.{name}" for name in inner)
         return cls(**_valid_subset(cls, data, dropped))
+
+
+def without_old_default(settings: dict[str, Any]) -> dict[str, Any]:
+    """Chat settings saved before version 2 with the old default max tokens read as the
+    new default (see the module doc)."""
+    if settings.get("max_tokens") == OLD_DEFAULT_MAX_TOKENS:
+        return {**settings, "max_tokens": None}
+    return settings
 
 
 def _valid_subset(cls: type, data: dict[str, Any], dropped: list[str] | None) -> dict[str, Any]:

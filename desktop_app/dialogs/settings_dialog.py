@@ -34,6 +34,7 @@ from desktop_app.widgets.dialog_parts import error_label, ok_cancel
 from engine.runner.kv_cache import CONCURRENT_CONTEXTS, DEFAULT_KV_BUDGET_BYTES
 
 MAX_SEED = 2**31 - 1
+NO_LIMIT = "Up to the context"  # the max tokens box at 0: ChatSettings.max_tokens None
 
 
 def _double(lo: float, hi: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
@@ -79,7 +80,11 @@ class ChatSettingsForm(QWidget):
         self.min_p = _double(0.0, 1.0, 0.01)
         self.repetition_penalty = _double(0.01, 5.0, 0.05)
         self.repetition_penalty.setToolTip("1 turns it off")
-        self.max_tokens = _int(1, max_tokens_limit)
+        self.max_tokens = _int(0, max_tokens_limit)
+        self.max_tokens.setObjectName("maxTokens")
+        self.max_tokens.setSpecialValueText(NO_LIMIT)
+        self.max_tokens.setToolTip("0 lets a reply run to the end of the model's context; "
+                                   "a cut-off reply can be continued")
         self.fixed_seed = QCheckBox("Fixed seed")
         self.seed = _int(0, MAX_SEED)
         self.fixed_seed.toggled.connect(self.seed.setEnabled)
@@ -116,7 +121,7 @@ class ChatSettingsForm(QWidget):
         self.top_k.setValue(s.top_k)
         self.min_p.setValue(s.min_p)
         self.repetition_penalty.setValue(s.repetition_penalty)
-        self.max_tokens.setValue(s.max_tokens)
+        self.max_tokens.setValue(s.max_tokens or 0)
         self.fixed_seed.setChecked(s.seed is not None)
         self.seed.setEnabled(s.seed is not None)
         self.seed.setValue(s.seed or 0)
@@ -132,7 +137,7 @@ class ChatSettingsForm(QWidget):
             top_k=self.top_k.value(),
             min_p=round(self.min_p.value(), 4),
             repetition_penalty=round(self.repetition_penalty.value(), 4),
-            max_tokens=self.max_tokens.value(),
+            max_tokens=self.max_tokens.value() or None,
             seed=self.seed.value() if self.fixed_seed.isChecked() else None,
             num_candidates=self.num_candidates.value(),
             overflow_policy=self.overflow_policy.currentData(),

@@ -48,8 +48,10 @@ def request_body(model: str, messages: list[dict], params, n: int, seed: int | N
         "model": model, "messages": messages, "n": n, "stream": True,
         "stream_options": {"include_usage": True},
         "temperature": min(float(params.temperature), MAX_TEMPERATURE),
-        "top_p": float(params.top_p), "max_tokens": params.max_tokens,
+        "top_p": float(params.top_p),
     }
+    if params.max_tokens is not None:  # absent: up to the context, as OpenAI's API has it
+        body["max_tokens"] = params.max_tokens
     if seed is not None:
         body["seed"] = seed
     if params.stop:

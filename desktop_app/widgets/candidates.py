@@ -49,6 +49,10 @@ def format_metrics(metrics: dict | None) -> str:
         seconds = measure(metrics, "thinking_s")
         parts.append(f"thinking {thought} tokens"
                      + ("" if seconds is None else f" in {seconds:.1f} s"))
+    continued = count(metrics, "continued_tokens")
+    if continued:
+        # The figures above are the continuation's: its prompt held the reply so far.
+        parts.append(f"continued after {continued} tokens")
     dropped = count(metrics, "thinking_dropped_tokens")
     if dropped:
         # The template shows earlier replies without their thinking: what was cached of

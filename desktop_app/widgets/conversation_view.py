@@ -54,6 +54,7 @@ class ConversationView(QWidget):
     sendRequested = Signal(str)
     stopRequested = Signal()
     regenerateRequested = Signal(int)  # assistant message id; 0 = the last reply
+    continueRequested = Signal(int)  # a cut-off reply's message id
     switchRequested = Signal(int, int)
     editSubmitted = Signal(int, str)
     keepRequested = Signal(int)
@@ -237,6 +238,7 @@ class ConversationView(QWidget):
             row.switchRequested.connect(self.switchRequested)
             row.editSubmitted.connect(self.editSubmitted)
             row.regenerateRequested.connect(self.regenerateRequested)
+            row.continueRequested.connect(self.continueRequested)
             ids = [item.message.id]
         self.rows_layout.insertWidget(self.rows_layout.count() - 1, row)  # before the stretch
         for mid in ids:

@@ -1,6 +1,7 @@
 """One message bubble of the conversation: role, alternates navigator ("‹ 2/3 ›"), a
 reply's "Thinking" section, Markdown body, copy / edit / regenerate buttons (copy takes the
-answer only), and the metrics line under a reply."""
+answer only), the metrics line under a reply, and "Continue" under the branch's last reply
+when it was cut off (max tokens) or stopped."""
 
 from __future__ import annotations
 
@@ -36,6 +37,17 @@ class TurnItem:
     message: object  # chat_store.Message
     position: int = 0
     count: int = 1
+    last: bool = False  # the end of the branch: a cut-off reply there can be continued
+
+
+# How a reply ended that "Continue" can extend: max tokens reached, or Stop.
+CONTINUABLE = ("length", "abort")
+
+
+def can_continue(role: str, metrics: dict | None, status: str, has_text: bool) -> bool:
+    reason = metrics.get("finish_reason") if isinstance(metrics, dict) else None
+    return role == "assistant" and status == "complete" and reason in CONTINUABLE \
+        and has_text
 
 
 def _flat_button(icon_name: str, tip: str, object_name: str = "flatButton") -> QToolButton:
@@ -54,6 +66,7 @@ class MessageWidget(QFrame):
     switchRequested = Signal(int, int)  # message id, step -1 / +1
     editSubmitted = Signal(int, str)
     regenerateRequested = Signal(int)
+    continueRequested = Signal(int)  # message id
 
     def __init__(self, item: TurnItem, parent: QWidget | None = None,
                  count_tokens: TokenCounter | None = None) -> None:
@@ -61,6 +74,7 @@ class MessageWidget(QFrame):
         msg = item.message
         self.message_id = msg.id
         self.role = msg.role
+        self.last = item.last
         self.position, self.count = item.position, item.count
         self.setObjectName("messageBubble")
         self.setProperty("role", msg.role)
@@ -114,14 +128,22 @@ class MessageWidget(QFrame):
         self.metrics_label.setObjectName("metricsLabel")
         self.metrics_label.setWordWrap(True)
         outer.addWidget(self.metrics_label)
-        self.set_footer(msg.metrics, msg.status)
+        self.continue_button = QPushButton(theme.icon("chevron-right", theme.current().muted),
+                                           "Continue")
+        self.continue_button.setObjectName("continueButton")
+        self.continue_button.setToolTip("Go on writing this reply where it stopped")
+        self.continue_button.setAccessibleName("Continue this reply")
+        self.continue_button.clicked.connect(
+            lambda: self.continueRequested.emit(self.message_id))
+        outer.addWidget(self.continue_button, 0, Qt.AlignmentFlag.AlignLeft)
+        self.set_footer(msg.metrics, msg.status, bool(msg.content or msg.thinking))
         self.set_locked(False)
 
     def set_locked(self, locked: bool) -> None:
         """While a reply streams, branch switches and new branches wait."""
         self.prev_button.setEnabled(not locked and self.position > 0)
         self.next_button.setEnabled(not locked and self.position < self.count - 1)
-        for name in ("regen_button", "edit_button"):
+        for name in ("regen_button", "edit_button", "continue_button"):
             button = getattr(self, name, None)
             if button is not None:
                 button.setEnabled(not locked)
@@ -142,9 +164,11 @@ class MessageWidget(QFrame):
         self.prompt_progress.finish()
         self.body.set_markdown(text)
         self.thinking.finish(thinking, metrics)
-        self.set_footer(metrics, status)
+        self.set_footer(metrics, status, bool(text or thinking))
 
-    def set_footer(self, metrics: dict | None, status: str) -> None:
+    def set_footer(self, metrics: dict | None, status: str, has_text: bool = True) -> None:
+        self.continue_button.setVisible(
+            self.last and can_continue(self.role, metrics, status, has_text))
         if self.role != "assistant":
             self.metrics_label.setVisible(False)
             return

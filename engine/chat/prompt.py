@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from engine.chat.continued import continued_prompt
 from engine.chat.history import drops_thinking, with_thinking
 from engine.chat.reply import ReplyPlan
 from engine.chat.reply_tokens import ReplyTokens
@@ -82,6 +83,8 @@ class PromptBuilder:
         self.replies = ReplyTokens()
 
     def build(self, request: ChatRequest) -> ChatPrompt:
+        if request.continue_reply:
+            return continued_prompt(self, request)
         messages = [_engine_message(m, i) for i, m in enumerate(request.messages)]
         history = with_thinking(messages, self.reasoning, self._drops_thinking,
                                 self._count_text)

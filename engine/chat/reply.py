@@ -32,6 +32,9 @@ class ReplyPlan:
     schema_call: bool = False  # the reply is one call constrained to the tools' schemas
     reasoning: ReasoningFormat | None = None  # the thinking format its template shows
     prompt_tail: str = ""  # the prompt's end, decoded: where the reply starts
+    # A continued reply's text so far (continued.py): read first, shown in the finished
+    # message, never sent again as events.
+    replay: str = ""
 
     def reader(self, constrained: bool = False) -> ReplyReader:
         """One candidate's reader; ``constrained``: the reply is held to a JSON schema
@@ -44,7 +47,10 @@ class ReplyPlan:
         reads_thinking = not (constrained or self.schema_call or self.prefix)
         reasoning = (ReasoningReader(self.reasoning.parser(self.prompt_tail))
                      if self.reasoning is not None and reads_thinking else None)
-        return ReplyReader(parser, reasoning, self.prefix)
+        reader = ReplyReader(parser, reasoning, self.prefix)
+        if self.replay:
+            reader.replay(self.replay)
+        return reader
 
 
 PLAIN = ReplyPlan()  # text completions and token-id prompts: the reply is its text
@@ -73,6 +79,12 @@ class ReplyReader:
         if self.reasoning is None:
             return self._read([TextDelta(text)] if text else [])
         return self._read(self.reasoning.feed(text, num_tokens, now))
+
+    def replay(self, text: str) -> None:
+        """A continued reply's text so far: read into the reader's state and its message,
+        not counted as new tokens or time, and not returned as events."""
+        self._read(self.reasoning.replay(text) if self.reasoning is not None
+                   else [TextDelta(text)])
 
     def finish(self, now: float | None = None) -> list[ReplyEvent]:
         """What was held back when the reply ends; later calls return nothing."""

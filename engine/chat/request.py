@@ -10,6 +10,10 @@ OpenAI's list of parts: ``{"type": "text", "text": ...}``), and where they apply
 ``token_ids`` (an earlier reply's exact ids, spliced so its blocks are found in the prefix
 cache), ``reasoning_content`` (an earlier reply's thinking; the builder shows it as the
 template wants), ``tool_calls`` and ``tool_call_id``.
+
+``continue_reply``: the last message is a reply cut short (max tokens, Stop) that the
+model goes on writing: the prompt is the one that reply answered, then the reply's own
+ids, its turn left open (prompt.py), so the prefix cache finds all of it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class ChatRequest:
     messages: tuple[dict, ...]
     tools: ToolRequest = field(default_factory=ToolRequest)
     options: TemplateOptions = field(default_factory=TemplateOptions)
+    continue_reply: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.messages, str) or not isinstance(self.messages, Sequence):
@@ -38,11 +43,29 @@ class ChatRequest:
             raise ValueError("tools must be a ToolRequest (engine.tools.request.tool_request)")
         if not isinstance(self.options, TemplateOptions):
             raise ValueError("options must be a TemplateOptions")
+        if not isinstance(self.continue_reply, bool):
+            raise ValueError("continue_reply must be true or false")
+        if self.continue_reply:
+            _check_continued(self.messages)
 
     @property
     def has_tool_history(self) -> bool:
         """Earlier calls or results are in the conversation (shown whatever the tools)."""
         return any(m.get("role") == "tool" or m.get("tool_calls") for m in self.messages)
+
+
+def _check_continued(messages: tuple) -> None:
+    """A reply to continue is the conversation's last message, an assistant's without
+    tool calls (a call is whole or not at all: it is never continued)."""
+    last = messages[-1] if messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        raise ValueError("continue_reply: the last message must be the assistant's reply "
+                         "to continue")
+    if last.get("tool_calls"):
+        raise ValueError("continue_reply: a reply that called tools cannot be continued")
+    if len(messages) < 2:
+        raise ValueError("continue_reply: a reply to continue needs the messages it "
+                         "answers before it")
 
 
 def content_text(content, where: str) -> str:

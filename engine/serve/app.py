@@ -113,7 +113,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
 
     @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        params = _params(body, llm, llm.max_model_len)
+        params = _params(body, llm, None)  # no limit: up to the context, as OpenAI's
         try:
             chat = body.chat_request()
         except InvalidField as exc:
@@ -199,7 +199,7 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
     return app
 
 
-def _params(body: SamplingFields, llm, max_tokens_default: int):
+def _params(body: SamplingFields, llm, max_tokens_default: int | None):
     if body.model != llm.model_name:
         raise APIError(404, f"model {body.model!r} is not served here; this server serves "
                        f"{llm.model_name!r} (GET /v1/models)", "model_not_found", "model")

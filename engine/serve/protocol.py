@@ -127,9 +127,9 @@ class SamplingFields(BaseModel):
         unicode_text.check_body(data)
         return data
 
-    def sampling_params(self, max_tokens_default: int) -> SamplingParams:
+    def sampling_params(self, max_tokens_default: int | None) -> SamplingParams:
         """SamplingParams for this request; ``max_tokens_default`` when the client sets no
-        limit (the rest of the context: the engine stops at the context's end)."""
+        limit (None: the rest of the context, the engine stops at the context's end)."""
         fields.refuse_set_fields(self._checked_values(), self.DEFAULT_ONLY)
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stop):
@@ -202,7 +202,7 @@ class ChatCompletionRequest(SamplingFields):
             return None
         return self.top_logprobs or 0
 
-    def sampling_params(self, max_tokens_default: int) -> SamplingParams:
+    def sampling_params(self, max_tokens_default: int | None) -> SamplingParams:
         for i, message in enumerate(self.messages):
             message.check(i)
         check_results_answer_calls(self.messages)

@@ -167,7 +167,8 @@ class FakeWorker(ModelFacts):
                 items = list(self._requests.items())
             for rid, req in items:
                 params, step = req["params"], req["step"]
-                limit = min(params.max_tokens, self.llm.words_per_reply)
+                limit = min(params.max_tokens or self.llm.words_per_reply,
+                            self.llm.words_per_reply)
                 for i in range(params.n):
                     word = f"c{i + 1}w{step}" if step else f"Reply{i + 1}"
                     text = (" " if step else "") + word

@@ -107,6 +107,10 @@ class ReasoningReader:
         self._clock(now, thought)
         return events
 
+    def replay(self, text: str) -> list[ReplyEvent]:
+        """A continued reply's text so far: the parser's state, not the counts."""
+        return self.parser.feed(text) if text else []
+
     def finish(self, now: float | None = None) -> list[ReplyEvent]:
         self._clock(now, False)
         return self.parser.finish()

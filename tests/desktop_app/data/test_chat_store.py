@@ -37,7 +37,7 @@ def test_pragmas_and_schema_version(store):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
-    assert store.schema_version == len(chat_store.MIGRATIONS) == 3
+    assert store.schema_version == len(chat_store.MIGRATIONS) == 4
 
 
 def test_default_path_honours_env(monkeypatch, tmp_path):
@@ -282,7 +282,7 @@ def test_v2_makes_room_for_tool_messages_keeping_the_tree_and_active_leaves(tmp_
     conn.execute("UPDATE chats SET active_leaf_id = 2")
     conn.close()
     with ChatStore(path) as s:
-        assert s.schema_version == 3
+        assert s.schema_version == len(chat_store.MIGRATIONS)
         assert s.get_chat(1).active_leaf_id == 2
         assert [m.id for m in s.path_to(2)] == [1, 2]
         tool = s.add_message(1, 2, "tool", "42", tool_call={
@@ -313,16 +313,32 @@ def test_v3_keeps_a_reply_s_thinking_apart_from_its_answer(tmp_path):
         assert s.get_message(leaf).thinking == "The user greets me."
 
 
+def test_v4_reads_the_old_default_max_tokens_as_up_to_the_context(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    _v1_database_with_data(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE chats SET settings = '{\"max_tokens\": 512}'")
+    conn.execute("INSERT INTO chats (id, title, created_at, updated_at, settings) VALUES"
+                 " (2, 'chosen', 1.0, 2.0, '{\"max_tokens\": 300}')")
+    conn.close()
+    with ChatStore(path) as s:
+        assert s.get_chat(1).settings.max_tokens is None
+        assert s.get_chat(2).settings.max_tokens == 300
+        chat = s.create_chat("new", ChatSettings(max_tokens=512))  # chosen since: kept
+    with ChatStore(path) as s:
+        assert s.get_chat(chat.id).settings.max_tokens == 512
+
+
 def test_migrates_to_a_later_version_keeping_data(tmp_path, monkeypatch):
     path = tmp_path / "chats.sqlite3"
     _v1_database_with_data(path)
 
-    def v4(conn):
+    def v5(conn):
         conn.execute("ALTER TABLE chats ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
 
-    monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, v4])
+    monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, v5])
     with ChatStore(path) as s:
-        assert s.schema_version == 4
+        assert s.schema_version == 5
         chat = s.get_chat(1)
         assert chat.title == "old" and chat.settings == ChatSettings(temperature=0.3)
         assert s.get_message(1).content == "hello"
@@ -333,15 +349,15 @@ def test_failed_migration_rolls_back(tmp_path, monkeypatch):
     path = tmp_path / "chats.sqlite3"
     _v1_database_with_data(path)
 
-    def broken_v4(conn):
+    def broken_v5(conn):
         conn.execute("ALTER TABLE chats ADD COLUMN pinned INTEGER")
         conn.execute("SELECT no_such_column FROM chats")
 
-    monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, broken_v4])
+    monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, broken_v5])
     with pytest.raises(sqlite3.OperationalError):
         ChatStore(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
     assert "pinned" not in [r[1] for r in conn.execute("PRAGMA table_info(chats)")]
     conn.close()
 

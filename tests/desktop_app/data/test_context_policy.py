@@ -6,6 +6,7 @@ import pytest
 
 from desktop_app.data.context_policy import (
     KEEP_LATEST,
+    LONG_REPLY,
     POLICIES,
     STOP,
     TRUNCATE_MIDDLE,
@@ -41,6 +42,9 @@ def test_reply_reserve_is_max_tokens_but_at_most_a_quarter():
     assert reply_reserve(16, 256) == 16
     assert reply_reserve(512, 256) == 64
     assert reply_reserve(512, 2) == 1
+    # Up to the context: room for a long answer, at most a quarter.
+    assert reply_reserve(None, 256) == 64
+    assert reply_reserve(None, 131072) == LONG_REPLY
 
 
 def test_split_turns_keeps_replies_with_their_question():

@@ -15,7 +15,20 @@ from desktop_app.data.settings import (
 def test_chat_defaults():
     s = ChatSettings()
     assert (s.system_prompt, s.temperature, s.top_p, s.top_k, s.min_p, s.repetition_penalty,
-            s.max_tokens, s.seed, s.num_candidates) == ("", 0.7, 0.95, 40, 0.05, 1.1, 512, None, 1)
+            s.max_tokens, s.seed, s.num_candidates) == ("", 0.7, 0.95, 40, 0.05, 1.1, None, None, 1)
+    assert s.to_sampling_params().max_tokens is None  # up to the context
+
+
+def test_the_old_default_max_tokens_of_an_older_file_reads_as_up_to_the_context(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"version": 1, "chat_defaults": {"max_tokens": 512}}))
+    assert load_settings(path).chat_defaults.max_tokens is None
+    path.write_text(json.dumps({"version": 1, "chat_defaults": {"max_tokens": 2000}}))
+    assert load_settings(path).chat_defaults.max_tokens == 2000
+    # Saved since, 512 is the user's choice and stays.
+    save_settings(AppSettings(chat_defaults=ChatSettings(max_tokens=512)), path)
+    assert json.loads(path.read_text())["version"] == settings_mod.SETTINGS_VERSION
+    assert load_settings(path).chat_defaults.max_tokens == 512
 
 
 @pytest.mark.parametrize("field, value", [
@@ -71,7 +84,7 @@ def test_save_and_load_roundtrip(monkeypatch, tmp_path):
     path = save_settings(s)
     assert path == tmp_path / "cfg" / "settings.json"
     assert load_settings() == s
-    assert json.loads(path.read_text())["version"] == 1
+    assert json.loads(path.read_text())["version"] == settings_mod.SETTINGS_VERSION
     assert sorted(p.name for p in path.parent.iterdir()) == ["settings.json"]  # no temp left
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from desktop_app.data.settings import ChatSettings
-from desktop_app.dialogs.settings_dialog import ChatSettingsForm, SettingsDialog
+from desktop_app.dialogs.settings_dialog import NO_LIMIT, ChatSettingsForm, SettingsDialog
 
 CUSTOM = ChatSettings(system_prompt="Be brief.", temperature=0.35, top_p=0.8, top_k=12,
                       min_p=0.1, repetition_penalty=1.25, max_tokens=77, seed=42,
@@ -31,6 +31,18 @@ def test_dialog_returns_both_settings(qtbot):
     assert dialog.result_chat.temperature == 1.5
     assert dialog.result_chat.system_prompt == "Be brief."
     assert dialog.result_defaults == ChatSettings(max_tokens=64)
+
+
+def test_max_tokens_offers_up_to_the_context(qtbot):
+    form = ChatSettingsForm(ChatSettings())
+    qtbot.addWidget(form)
+    assert form.max_tokens.value() == 0 and form.max_tokens.text() == NO_LIMIT
+    form.max_tokens.setValue(300)
+    assert form.settings().max_tokens == 300
+    form.max_tokens.setValue(0)
+    assert form.settings().max_tokens is None
+    form.set_settings(ChatSettings(max_tokens=77))
+    assert form.max_tokens.text() == "77"
 
 
 def test_dialog_without_chat_has_only_defaults(qtbot):

@@ -146,6 +146,8 @@ def test_the_request_carries_text_and_sampling_only(stubs):
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     plain = request_body("m", [], SamplingParams(), 1, None)
     assert "extra_body" not in plain and "seed" not in plain and "stop" not in plain
+    # No limit: the field is left out, which OpenAI's API reads as up to the context.
+    assert "max_tokens" not in request_body("m", [], SamplingParams(max_tokens=None), 1, None)
     worker.shutdown()
 
 

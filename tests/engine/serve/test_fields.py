@@ -201,6 +201,16 @@ def test_vllms_sampling_extensions_are_honoured(tiny_served):
     assert off.sampling_params(16).top_k == 0  # vLLM's -1: off
 
 
+def test_a_chat_without_max_tokens_runs_up_to_the_context(tiny_served):
+    body = chat(tiny_served, ignore_eos=True)
+    del body["max_tokens"]
+    assert ChatCompletionRequest.model_validate(body).sampling_params(None).max_tokens is None
+    reply = post(tiny_served, "/v1/chat/completions", body).json()
+    usage = reply["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == tiny_served.llm.max_model_len
+    assert reply["choices"][0]["finish_reason"] == "length"  # OpenAI's word for the end
+
+
 @pytest.mark.parametrize(("path", "extra", "field"), [
     ("/v1/chat/completions", {"foo": 1}, "foo"),
     ("/v1/chat/completions", {"stream_options": {"include_usage": True, "x": 1}},
