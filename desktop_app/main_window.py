@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.controllers.chat_controller import ChatController
+from desktop_app.controllers.dock_lookups import DockLookups
 from desktop_app.controllers.json_mode import JsonModeController
 from desktop_app.controllers.load_display import LoadDisplay
 from desktop_app.controllers.serve_switch import ServeSwitch
@@ -96,8 +97,11 @@ class MainWindow(QMainWindow):
         splitter.setHandleWidth(1)
         self.setCentralWidget(splitter)
 
-        self.vram_panel = VramPanel(bridge, chat_of_owner=self.controller.chat_of_owner,
-                                    chat_tokens=self.controller.current_chat_tokens)
+        # The dock's chat look-ups, kept between its refreshes (controllers.dock_lookups).
+        self.dock_lookups = DockLookups(store, self.controller, self)
+        self.vram_panel = VramPanel(bridge, chat_of_owner=self.dock_lookups.chat_of_owner,
+                                    chat_tokens=self.dock_lookups.open_chat_tokens,
+                                    in_open_chat=self.dock_lookups.in_open_chat)
         self.vram_dock = QDockWidget("Memory", self)
         self.vram_dock.setObjectName("vramDock")
         self.vram_dock.setWidget(self.vram_panel)
@@ -117,6 +121,7 @@ class MainWindow(QMainWindow):
         self.chat_list.chatSelected.connect(self.open_chat)
         self.chat_list.newChatRequested.connect(self.new_chat)
         self.chat_list.renameRequested.connect(self._rename_chat)
+        self.dock_lookups.invalidate_on(self.chat_list.renameRequested)
         self.chat_list.deleteRequested.connect(self.controller.delete_chat)
         self.chat_list.searchChanged.connect(lambda _text: self.refresh_chats())
         self.controller.chatsChanged.connect(self.refresh_chats)
