@@ -23,9 +23,9 @@ STEPS: dict[str, tuple[str, int, int]] = {
     "weights": ("Loading the model into memory…", 12, 85),
     "building the model": ("Preparing…", 85, 90),
     "warming up": ("Warming up…", 90, 99),
-    "ready": ("Ready", 100, 100),
+    "ready": ("Almost ready…", 100, 100),
     "connecting": ("Connecting to the server…", 0, 90),
-    "connected": ("Connected", 100, 100),
+    "connected": ("Almost ready…", 100, 100),
 }
 UNKNOWN_STEP = "Loading…"
 

@@ -83,7 +83,8 @@ class WelcomePanel(QWidget):
         self.model_label.setAccessibleName("The model")
         self.model_label.setWordWrap(True)
         self.model_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        layout.addWidget(self.model_label)
+        self.model_label.setMaximumWidth(620)  # a paragraph's width, not the column's
+        layout.addWidget(self.model_label, 0, Qt.AlignmentFlag.AlignHCenter)
         hint = QLabel("Type a message below, or start from one of these:")
         hint.setObjectName("mutedLabel")
         hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -100,7 +101,6 @@ class WelcomePanel(QWidget):
         bigger.addStretch(1)
         note = QLabel("Small models answer fast but make mistakes; bigger ones know more.")
         note.setObjectName("mutedLabel")
-        note.setWordWrap(True)
         bigger.addWidget(note)
         self.models_button = QPushButton("Find a bigger model…")
         self.models_button.setObjectName("biggerModelButton")

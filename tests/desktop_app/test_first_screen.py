@@ -83,7 +83,7 @@ def test_every_stage_the_engine_reports_has_plain_words(tiny_model_path):
     for stage in ENGINE_STAGES:
         words, percent = plain_step(stage, 0.5)
         assert words != UNKNOWN_STEP and words[0].isupper()
-        assert words.endswith("…") or stage == "ready"
+        assert words.endswith("…")
         assert 0 <= percent <= 100
     assert plain_step("connecting to gpu-box:8000", 0.2) == ("Connecting to gpu-box:8000…", 18)
 
