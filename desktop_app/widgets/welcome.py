@@ -52,7 +52,8 @@ def model_text(summary: ModelSummary | None) -> str:
         parts.append(f" and takes {_size(summary.weight_bytes)} of memory")
     text = "".join(parts) + "."
     if summary.context_tokens:
-        words = round(summary.context_tokens * WORDS_PER_TOKEN, -2) or summary.context_tokens
+        words = summary.context_tokens * WORDS_PER_TOKEN
+        words = round(words, -2) if words >= 100 else round(words)  # "roughly": no 1,536
         text += (f" It keeps about {summary.context_tokens:,} tokens (roughly "
                  f"{int(words):,} words) of a chat in mind.")
     return text

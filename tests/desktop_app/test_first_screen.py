@@ -66,6 +66,10 @@ def test_the_welcome_speaks_of_a_remote_model_and_of_none():
     assert model_text(remote) == (
         "You are talking to qwen3-32b, which runs on gpu-box:8000. It keeps about 32,768 "
         "tokens (roughly 24,600 words) of a chat in mind.")
+    tiny = ModelSummary("tiny", 64, 3 * 2**20)
+    assert model_text(tiny) == ("You are talking to tiny, which runs on this computer and "
+                                "takes 3 MB of memory. It keeps about 64 tokens (roughly 48 "
+                                "words) of a chat in mind.")
     big = ModelSummary("Llama-3.1-8B", None, 5 * 2**30)
     assert model_text(big) == ("You are talking to Llama-3.1-8B, which runs on this "
                                "computer and takes 5.0 GB of memory.")
