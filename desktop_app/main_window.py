@@ -26,7 +26,9 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.controllers.chat_controller import ChatController
+from desktop_app.controllers.dock_lookups import DockLookups
 from desktop_app.controllers.json_mode import JsonModeController
+from desktop_app.controllers.load_display import LoadDisplay
 from desktop_app.controllers.serve_switch import ServeSwitch
 from desktop_app.controllers.thinking import ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
@@ -102,8 +104,11 @@ class MainWindow(QMainWindow):
         splitter.setHandleWidth(1)
         self.setCentralWidget(splitter)
 
-        self.vram_panel = VramPanel(bridge, chat_of_owner=self.controller.chat_of_owner,
-                                    chat_tokens=self.controller.current_chat_tokens)
+        # The dock's chat look-ups, kept between its refreshes (controllers.dock_lookups).
+        self.dock_lookups = DockLookups(store, self.controller, self)
+        self.vram_panel = VramPanel(bridge, chat_of_owner=self.dock_lookups.chat_of_owner,
+                                    chat_tokens=self.dock_lookups.open_chat_tokens,
+                                    in_open_chat=self.dock_lookups.in_open_chat)
         self.vram_dock = QDockWidget("Memory", self)
         self.vram_dock.setObjectName("vramDock")
         self.vram_dock.setWidget(self.vram_panel)
@@ -113,12 +118,17 @@ class MainWindow(QMainWindow):
         self._build_toolbar()
         self._build_shortcuts()
         self._build_file_menu()
-        self.statusBar().showMessage(f"{bridge.model_name} ready" if bridge.is_loaded
-                                     else "No model loaded")
+        # The load's plain steps and the empty chat's welcome (controllers.load_display).
+        self.load_display = LoadDisplay(bridge, self.load_progress,
+                                        self.load_progress_action, self.statusBar(),
+                                        view.welcome, self)
+        view.welcome.promptChosen.connect(self._use_example)
+        view.welcome.modelsRequested.connect(self.open_model_manager)
 
         self.chat_list.chatSelected.connect(self.open_chat)
         self.chat_list.newChatRequested.connect(self.new_chat)
         self.chat_list.renameRequested.connect(self._rename_chat)
+        self.dock_lookups.invalidate_on(self.chat_list.renameRequested)
         self.chat_list.deleteRequested.connect(self.controller.delete_chat)
         self.chat_list.searchChanged.connect(lambda _text: self.refresh_chats())
         self.controller.chatsChanged.connect(self.refresh_chats)
@@ -127,8 +137,6 @@ class MainWindow(QMainWindow):
         self.controller.chatOpened.connect(self._on_chat_opened)
         self.controller.errorRaised.connect(lambda t, m: error_dialog.show_error(self, t, m))
         bridge.activityChanged.connect(self.vram_panel.set_busy)
-        bridge.loadStarted.connect(self._on_load_started)
-        bridge.loadProgress.connect(self._on_load_progress)
         bridge.modelLoaded.connect(self._on_model_loaded)
         bridge.modelLoadFailed.connect(self._on_model_load_failed)
         bridge.modelUnloaded.connect(self._on_model_unloaded)
@@ -227,6 +235,11 @@ class MainWindow(QMainWindow):
         dialog.open()
         return dialog
 
+    def _use_example(self, text: str) -> None:
+        """An example prompt from the welcome: in the composer, to send or change."""
+        self.conversation.composer.setPlainText(text)
+        self.conversation.composer.setFocus()
+
     def _on_chat_imported(self, chat_id: int) -> None:
         self.refresh_chats()
         self.open_chat(chat_id)
@@ -304,44 +317,27 @@ class MainWindow(QMainWindow):
         if source and source != self._current_source:
             self.load_model(source)
 
-    def _on_load_started(self, source: str) -> None:
-        self.load_progress.setValue(0)
-        self.load_progress_action.setVisible(True)
-        self.load_progress.setVisible(True)
-        self.statusBar().showMessage(f"Loading {_display_name(source)}…")
-
-    def _on_load_progress(self, stage: str, fraction: float) -> None:
-        self.load_progress.setValue(round(100 * fraction))
-        self.load_progress.setFormat(f"{stage} %p%")
-        self.statusBar().showMessage(f"Loading: {stage}")
-
     def _on_model_loaded(self, name: str) -> None:
         source = self.bridge.source
         self._current_source = source
-        self.load_progress_action.setVisible(False)
         if source:
             self.settings.last_model = source
             if source != STARTER and not self.bridge.is_remote:
                 self.settings.remember_model_path(source)
             self._persist(self.settings)
         self._fill_model_picker()
-        self.statusBar().showMessage(f"{name} ready · context {self.bridge.max_model_len} "
-                                     "tokens")
         self.vram_panel.refresh()
 
     def _on_model_load_failed(self, source: str, message: str) -> None:
-        self.load_progress_action.setVisible(False)
         self._fill_model_picker()
         still = (f"Folio keeps using {self.bridge.model_name}." if self.bridge.is_loaded
                  else "No model is loaded now.")
-        self.statusBar().showMessage(f"Could not load {_display_name(source)}")
         error_dialog.show_error(self, "Could not load the model",
                                 sources.load_failure_text(source, message, still))
 
     def _on_model_unloaded(self) -> None:
         self._current_source = None
         self._fill_model_picker()
-        self.statusBar().showMessage("No model loaded")
         self.vram_panel.refresh()
 
     def open_model_manager(self) -> None:
@@ -407,8 +403,11 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(QByteArray.fromBase64(self.settings.window_geometry.encode()))
         else:
             self.resize(1320, 820)
-        if self.settings.dock_state:
-            self.restoreState(QByteArray.fromBase64(self.settings.dock_state.encode()))
+        # The Memory dock is for people who look under the hood: closed on a first run,
+        # and then as the user last left it (saveState keeps whether it is open).
+        if not (self.settings.dock_state and self.restoreState(
+                QByteArray.fromBase64(self.settings.dock_state.encode()))):
+            self.vram_dock.hide()
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
         self.controller.stop_all()

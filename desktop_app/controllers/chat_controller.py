@@ -20,7 +20,6 @@ from PySide6.QtCore import QObject, Signal
 
 from desktop_app.controllers.chat_session import ChatSession
 from desktop_app.controllers.context_gauge import ContextGauge
-from desktop_app.controllers.context_window import branch_tokens
 from desktop_app.controllers.pending_send import PendingSend
 from desktop_app.controllers.prompt_reading import show_reading
 from desktop_app.controllers.thinking import ThinkingControls
@@ -32,6 +31,7 @@ from desktop_app.widgets.conversation_view import ConversationView
 
 class ChatController(QObject):
     chatOpened = Signal(int)  # chat id (0: none)
+    chatShown = Signal(int)  # the chat in view was shown again (render), chat id (0: none)
     chatsChanged = Signal()  # titles or activity order changed
     streamsChanged = Signal()  # a chat started or stopped generating (generating_chats)
     errorRaised = Signal(str, str)  # title, text
@@ -190,6 +190,7 @@ class ChatController(QObject):
         self.view.set_generating(self.is_generating(self.chat_id))
         self._update_regenerate()
         self.update_gauge()
+        self.chatShown.emit(self.chat_id or 0)
 
     def can_regenerate(self) -> bool:
         """A model is loaded, the chat in view is idle and has a message to answer again
@@ -333,16 +334,7 @@ class ChatController(QObject):
         self.streamsChanged.emit()
 
     # -- for the memory panel ------------------------------------------------------------
-    def chat_of_owner(self, owner: str) -> str | None:
-        """The title of the chat whose request owns a block ("request_id:index")."""
-        session = self._owner(owner.rsplit(":", 1)[0])
-        if session is None:
-            return None
-        try:
-            return self.store.get_chat(session.chat_id).title
-        except KeyError:
-            return None
-
-    def current_chat_tokens(self) -> int:
-        """Tokens of the open branch as of its last reply (what the context holds)."""
-        return branch_tokens(self.store, self.chat_id)
+    def chat_of_request(self, request_id: str) -> int | None:
+        """The chat whose session runs `request_id` (controllers.dock_lookups asks)."""
+        session = self._owner(request_id)
+        return None if session is None else session.chat_id

@@ -2,7 +2,8 @@
 
 `folio-app --model FILE` starts loading at once, and the first message is often typed
 before the model is ready. Instead of refusing it, the chat controller hands it here: it
-stays in the composer (read-only) under "Loading the model… 42%", goes to the chat it was
+stays in the composer (read-only) under "Loading the model into memory… 42%" (the load's
+plain steps, widgets.load_steps), goes to the chat it was
 typed in when the bridge says modelLoaded, and, when the load fails, stays in the
 composer, editable again, with the reason on the note. "Don't send" (or Esc) takes it
 back. Only a load with no model loaded holds messages: while a model is loaded, a load
@@ -18,6 +19,7 @@ from PySide6.QtCore import QObject
 
 from desktop_app.services.sources import display_name
 from desktop_app.widgets.conversation_view import ConversationView
+from desktop_app.widgets.load_steps import LoadSteps
 
 
 @dataclass(slots=True)
@@ -26,15 +28,8 @@ class PendingMessage:
     text: str
 
 
-@dataclass(slots=True)
-class LoadState:
-    stage: str = ""
-    fraction: float = 0.0
-
-    def note(self) -> str:
-        stage = f" ({self.stage})" if self.stage else ""
-        return (f"Loading the model… {round(100 * self.fraction)}%{stage}. Your message "
-                "is sent as soon as it is ready.")
+def waiting_note(steps: LoadSteps) -> str:
+    return f"{steps.text()}. Your message is sent as soon as it is ready."
 
 
 class PendingSend(QObject):
@@ -46,7 +41,7 @@ class PendingSend(QObject):
         super().__init__(parent)
         self.view, self._send = view, send
         self.message: PendingMessage | None = None
-        self.load = LoadState()
+        self.load = LoadSteps()
         bridge.loadStarted.connect(self._on_load_started)
         bridge.loadProgress.connect(self._on_progress)
         bridge.modelLoaded.connect(self._on_loaded)
@@ -62,7 +57,7 @@ class PendingSend(QObject):
     def hold(self, chat_id: int | None, text: str) -> None:
         self.message = PendingMessage(chat_id, text)
         self.view.set_pending(True)
-        self.view.pending_note.show_waiting(self.load.note())
+        self.view.pending_note.show_waiting(waiting_note(self.load))
 
     def cancel(self) -> None:
         """Don't send: the message stays in the composer, editable."""
@@ -74,16 +69,17 @@ class PendingSend(QObject):
         self.view.composer.setFocus()
 
     def _on_load_started(self, _source: str) -> None:
-        self.load = LoadState()
+        self.load = LoadSteps()
+        self.load.reset()
         self._show_progress()
 
     def _on_progress(self, stage: str, fraction: float) -> None:
-        self.load = LoadState(stage, fraction)
+        self.load.update(stage, fraction)
         self._show_progress()
 
     def _show_progress(self) -> None:
         if self.message is not None:
-            self.view.pending_note.show_waiting(self.load.note())
+            self.view.pending_note.show_waiting(waiting_note(self.load))
         else:
             self.view.pending_note.clear()  # a new load: an old notice no longer applies
 

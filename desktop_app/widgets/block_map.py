@@ -1,4 +1,11 @@
-"""The live block map: one cell per KV block, colored by state, owners in the tooltip."""
+"""The live block map: one cell per KV block, colored by state, owners in the tooltip.
+
+A pool has thousands of blocks and the panel refreshes a few times a second while the
+engine runs, but a step changes only a few of them: a refresh asks Qt to repaint just the
+cells whose state changed, and a paint fills only the cells inside the region asked for.
+The map's height is fixed (cells shrink to fit it), so the dock keeps its layout when a
+model loads, unloads or brings a pool of another size.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ from desktop_app.widgets import theme
 
 STATES = ("free", "cached", "used", "shared")
 _GAP = 1
-_MIN_CELL = 5
+_MIN_CELL = 2
 _MAX_CELL = 14
 _MAX_HEIGHT = 220
 
@@ -30,10 +37,10 @@ class BlockMap(QWidget):
         super().__init__(parent)
         self.setObjectName("blockMap")
         self.setMouseTracking(True)
-        sp = QSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
-        sp.setHeightForWidth(True)
-        self.setSizePolicy(sp)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setFixedHeight(_MAX_HEIGHT)
         self._blocks: list = []
+        self._states: list[str] = []  # each cell's state as last painted or asked for
         # Maps an owner label ("request_id:index") to something a person reads.
         self.describe_owner: Callable[[str], str] = lambda owner: owner
 
@@ -42,11 +49,17 @@ class BlockMap(QWidget):
         return self._blocks
 
     def set_blocks(self, blocks: Sequence) -> None:
-        resized = len(blocks) != len(self._blocks)
-        self._blocks = list(blocks)
-        if resized:
-            self.updateGeometry()
-        self.update()
+        """Show `blocks`; only the cells whose state changed are repainted (all of them
+        when the pool's size changed, as every cell moves)."""
+        states = [block.state for block in blocks]
+        old, self._blocks, self._states = self._states, list(blocks), states
+        if len(states) != len(old):
+            self._fit_height()
+            self.update()
+            return
+        for i, (before, now) in enumerate(zip(old, states, strict=True)):
+            if before != now:
+                self.update(self.cell_rect(i))
 
     # -- geometry ----------------------------------------------------------------------
     def _cell_size(self, width: int) -> int:
@@ -62,18 +75,23 @@ class BlockMap(QWidget):
     def _columns(self, width: int) -> int:
         return max(1, (width + _GAP) // (self._cell_size(width) + _GAP))
 
-    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt override
-        return True
-
-    def heightForWidth(self, width: int) -> int:  # noqa: N802 - Qt override
+    def grid_height(self, width: int) -> int:
+        """The height the cells take at `width` (at most the widget's fixed height)."""
         if not self._blocks:
-            return _MIN_CELL
-        cols = self._columns(width)
-        rows = -(-len(self._blocks) // cols)
+            return 0
+        rows = -(-len(self._blocks) // self._columns(width))
         return rows * (self._cell_size(width) + _GAP)
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
-        return QSize(240, self.heightForWidth(240))
+        return QSize(240, _MAX_HEIGHT)
+
+    def _fit_height(self) -> None:
+        # Only a pool too big for the smallest cells grows the map past its fixed height.
+        self.setFixedHeight(max(_MAX_HEIGHT, self.grid_height(self.width())))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._fit_height()
 
     def cell_rect(self, index: int) -> QRect:
         cell = self._cell_size(self.width())
@@ -91,11 +109,22 @@ class BlockMap(QWidget):
         return self._blocks[index] if index < len(self._blocks) else None
 
     # -- painting and tooltips -------------------------------------------------------------
-    def paintEvent(self, _event) -> None:  # noqa: N802 - Qt override
+    def cells_in(self, rect: QRect) -> range:
+        """The indices of the cells in the rows `rect` crosses (a paint fills no others)."""
+        step = self._cell_size(self.width()) + _GAP
+        cols = self._columns(self.width())
+        first = max(0, rect.top() // step) * cols
+        last = (max(0, rect.bottom()) // step + 1) * cols
+        return range(first, min(last, len(self._blocks)))
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt override
         painter = QPainter(self)
         colors = {s: state_color(s) for s in STATES}
-        for i, block in enumerate(self._blocks):
-            painter.fillRect(self.cell_rect(i), colors.get(block.state, colors["free"]))
+        area = event.rect()
+        for i in self.cells_in(area):
+            cell = self.cell_rect(i)
+            if cell.intersects(area):
+                painter.fillRect(cell, colors.get(self._states[i], colors["free"]))
         painter.end()
 
     def tooltip_for(self, block) -> str:

@@ -12,7 +12,6 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
-    QLabel,
     QProgressBar,
     QPushButton,
     QScrollArea,
@@ -37,6 +36,7 @@ from desktop_app.widgets.json_mode import JsonModeButton
 from desktop_app.widgets.message_widget import MessageWidget
 from desktop_app.widgets.paste_fold import TokenCounter
 from desktop_app.widgets.pending_note import PendingNote
+from desktop_app.widgets.welcome import WelcomePanel
 
 MAX_COLUMN_WIDTH = 980
 _STICK_THRESHOLD_PX = 24
@@ -90,13 +90,11 @@ class ConversationView(QWidget):
         bar.valueChanged.connect(self._on_scrolled)
         bar.rangeChanged.connect(self._on_range_changed)
 
-        self.empty_label = QLabel("Start the conversation below.")
-        self.empty_label.setObjectName("emptyState")
-        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.empty_label.setMinimumHeight(120)
-        # Layout: the empty-state label, then the rows, then a stretch that keeps a short
+        # An empty chat's guide (the window feeds it the model and picks up its choices).
+        self.welcome = WelcomePanel()
+        # Layout: the welcome, then the rows, then a stretch that keeps a short
         # conversation at the top.
-        self.rows_layout.addWidget(self.empty_label)
+        self.rows_layout.addWidget(self.welcome)
         self.rows_layout.addStretch(1)
 
         self.composer = Composer()
@@ -216,12 +214,12 @@ class ConversationView(QWidget):
         self._rows.clear()
         for item in items:
             self._add_row(item)
-        self.empty_label.setVisible(not items)
+        self.welcome.setVisible(not items)
         self.stick_to_bottom = True
         self.scroll_to_bottom()
 
     def add_item(self, item) -> None:
-        self.empty_label.setVisible(False)
+        self.welcome.setVisible(False)
         self._add_row(item)
 
     def _add_row(self, item) -> None:
@@ -248,7 +246,7 @@ class ConversationView(QWidget):
         out = []
         for i in range(self.rows_layout.count()):
             w = self.rows_layout.itemAt(i).widget()
-            if w is not None and w is not self.empty_label:
+            if w is not None and w is not self.welcome:
                 out.append(w)
         return out
 

@@ -168,11 +168,13 @@ QToolButton:checked {{ background: {c.user_bubble}; }}
 #metricsLabel, #mutedLabel, #branchLabel {{ color: {c.muted}; }}
 #conversationArea {{ background: {c.window}; border: none; }}
 #conversationArea > QWidget > QWidget {{ background: {c.window}; }}
-#emptyState {{ color: {c.muted}; }}
 #pasteChip, #pastedBlock {{ background: {c.surface}; border: 1px solid {c.border};
     border-radius: 8px; }}
 #pastedText {{ padding: 4px 8px; }}
 #composerNote {{ color: {c.muted}; }}
+QPushButton#examplePrompt {{ background: {c.base}; border: 1px solid {c.border};
+    border-radius: 8px; padding: 7px 14px; }}
+QPushButton#examplePrompt:hover {{ border: 1px solid {c.accent}; }}
 QPushButton#sendButton, QPushButton#keepButton {{ background: {c.accent}; color: {c.accent_text};
     border: none; border-radius: 8px; padding: 6px 14px; font-weight: 600; }}
 QPushButton#sendButton:disabled, QPushButton#keepButton:disabled {{ background: {c.border};

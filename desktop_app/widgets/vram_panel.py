@@ -10,13 +10,10 @@ refreshes) replaces them, shown by widgets.remote_view.
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from PySide6.QtCore import QPointF, QSize, Qt
-from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFormLayout,
     QLabel,
@@ -26,135 +23,28 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_app.widgets import theme
 from desktop_app.widgets.block_map import BlockMap, Legend
-from desktop_app.widgets.memory_rows import TOOLTIPS, format_bytes, format_percent, memory_rows
-from desktop_app.widgets.refresh_schedule import BUSY_INTERVAL_MS, RefreshSchedule
+from desktop_app.widgets.kv_rows import (
+    blocks_per_chat,
+    disk_row,
+    group_rows,
+    headroom_text,
+    headroom_tokens,
+    kv_rows,
+)
+from desktop_app.widgets.memory_rows import TOOLTIPS, format_bytes, memory_rows
+from desktop_app.widgets.refresh_schedule import RefreshSchedule
 from desktop_app.widgets.remote_view import RemoteView
+from desktop_app.widgets.sparkline import Sparkline
 
-HISTORY_SECONDS = 300.0
+# What other modules and the tests import from here, from before the rows had modules.
+__all__ = ["MemorySource", "Sparkline", "VramPanel", "blocks_per_chat", "disk_row",
+           "format_bytes", "group_rows", "headroom_tokens", "kv_rows"]
+
 API_PREFIX = "api-"  # requests that came through the app's own API (the serve switch)
-
-
-def kv_rows(kv) -> dict[str, str]:
-    """Label texts for a KVStats snapshot, keyed by row name."""
-    return {
-        "blocks_used": f"{kv.num_used} / {kv.num_blocks}",
-        "blocks_shared": str(kv.num_shared),
-        "blocks_cached": str(kv.num_cached),
-        "blocks_free": str(kv.num_free),
-        "block_size": f"{kv.block_size} tokens, {format_bytes(kv.bytes_per_block)}",
-        "saved_by_sharing": format_bytes(kv.bytes_saved_by_sharing),
-        "waste": format_percent(kv.waste_fraction),
-        "hit_rate": (f"{format_percent(kv.hit_rate)} "
-                     f"({kv.prefix_hit_tokens} / {kv.prefix_query_tokens} tokens)"),
-    }
-
-
-def disk_row(kv) -> str:
-    """The KV cache's disk tier: its blocks, bytes and hits (or why there are none)."""
-    disk = kv.disk
-    if disk is None:
-        return "Off (Settings ▸ Engine ▸ Keep chats warm on disk)"
-    if not disk.enabled:
-        return "Turned off: the folder could not be written (see the log)"
-    return (f"{disk.num_blocks} blocks, {format_bytes(disk.num_bytes)} of "
-            f"{format_bytes(disk.max_bytes)}; {disk.hit_blocks} blocks loaded "
-            f"({disk.hit_tokens} tokens) since start")
-
-
-def group_rows(kv) -> list[str]:
-    """A line per KV group (global, sliding) when the model has several, else none."""
-    groups = kv.groups
-    if len(groups) < 2:
-        return []
-    return [f"{g.name}: {g.num_layers} layer{'s' if g.num_layers != 1 else ''}, "
-            f"{g.num_used} / {g.num_blocks} blocks used ({g.num_cached} cached, "
-            f"{g.num_free} free), {format_bytes(g.used_bytes)} of {format_bytes(g.pool_bytes)}"
-            for g in groups]
-
-
-def blocks_per_chat(kv, chat_of_owner: Callable[[str], str | None]) -> dict[str, int]:
-    """Distinct blocks each chat holds now (a block shared by candidates counts once)."""
-    counts: dict[str, int] = {}
-    for block in kv.blocks:
-        chats = {chat_of_owner(owner) for owner in block.owners} - {None}
-        for chat in chats:
-            counts[chat] = counts.get(chat, 0) + 1
-    return counts
-
-
-def headroom_tokens(kv, max_model_len: int | None, chat_tokens: int) -> int:
-    """About how many more tokens the current chat can take: the free pool (cached blocks
-    can be evicted) bounded by what is left of the context window."""
-    room = kv.headroom_tokens()
-    if max_model_len is not None:
-        room = min(room, max(0, max_model_len - chat_tokens))
-    return room
-
-
-class Sparkline(QWidget):
-    """KV usage (fraction of the pool in use) over the last few minutes.
-
-    Samples come only while the engine runs (the panel does not poll an idle one), and
-    usage does not change while it is idle: after a gap the line steps instead of sloping
-    across it, and the last value runs on to the right edge, which is now."""
-
-    GAP_S = 2 * BUSY_INTERVAL_MS / 1000  # longer without a sample: the engine was idle
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setObjectName("kvSparkline")
-        self.samples: deque[tuple[float, float]] = deque()
-        self.clock = time.monotonic
-        self.setMinimumHeight(48)
-
-    def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
-        return QSize(240, 56)
-
-    def add(self, fraction: float, now: float | None = None) -> None:
-        now = self.clock() if now is None else now
-        if self.samples and now - self.samples[-1][0] > self.GAP_S:
-            self.samples.append((now, self.samples[-1][1]))
-        self.samples.append((now, fraction))
-        while self.samples and now - self.samples[0][0] > HISTORY_SECONDS:
-            self.samples.popleft()
-        self.update()
-
-    def scale(self) -> float:
-        """The fraction at the top of the chart: small usage still shows a shape."""
-        peak = max((frac for _, frac in self.samples), default=0.0)
-        return min(1.0, max(0.05, peak * 1.25))
-
-    def paintEvent(self, _event) -> None:  # noqa: N802 - Qt override
-        c = theme.current()
-        painter = QPainter(self)
-        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        w, h = self.width(), self.height()
-        painter.fillRect(0, 0, w, h, QColor(c.base))
-        painter.setPen(QPen(QColor(c.border), 1))
-        painter.drawRect(0, 0, w - 1, h - 1)
-        top = self.scale()
-        if self.samples:
-            newest = max(self.samples[-1][0], self.clock())
-            path = QPainterPath()
-            for i, (t, frac) in enumerate([*self.samples, (newest, self.samples[-1][1])]):
-                x = (w - 2) * (1 - (newest - t) / HISTORY_SECONDS) + 1
-                y = (h - 3) * (1 - min(1.0, max(0.0, frac / top))) + 1
-                path.moveTo(x, y) if i == 0 else path.lineTo(x, y)
-            fill = QPainterPath(path)
-            fill.lineTo(QPointF(w - 1, h - 1))
-            fill.lineTo(QPointF(path.elementAt(0).x, h - 1))
-            area = QColor(c.accent)
-            area.setAlpha(50)
-            painter.fillPath(fill, area)
-            painter.setPen(QPen(QColor(c.accent), 1.5))
-            painter.drawPath(path)
-        if self.samples:
-            painter.setPen(QColor(c.muted))
-            painter.drawText(6, 14, f"now {format_percent(self.samples[-1][1])} · "
-                                    f"scale {format_percent(top)}")
-        painter.end()
+# Rows whose text wraps at the dock's width, with the lines kept for them so that the
+# "–" shown without a model takes as much room as the text that replaces it.
+WRAPPED_LINES = {"hit_rate": 2, "headroom": 2, "disk": 3}
 
 
 class MemorySource(Protocol):
@@ -176,11 +66,19 @@ class MemorySource(Protocol):
 class VramPanel(QScrollArea):
     """The dock's content. ``chat_of_owner(owner)``: the title of the chat whose request
     owns a block ("request_id:index"), None for none; ``chat_tokens()``: the tokens the
-    open chat holds (its headroom is what the context and the pool leave)."""
+    open chat holds as of its last reply, ``in_open_chat(owner)``: whether a block's
+    owner is a request of the open chat (a turn in flight holds more than its last reply
+    counted; its headroom is what the context and the pool leave).
+
+    The layout stays as it is when a model loads or unloads: every row is there from the
+    start ("–" without a model), the block map's height is fixed, and the rows that wrap
+    keep room for their lines; only rows a model has or lacks (experts, a state pool,
+    several KV groups, a GPU's figures) come and go with it."""
 
     def __init__(self, source: MemorySource,
                  chat_of_owner: Callable[[str], str | None] = lambda owner: None,
                  chat_tokens: Callable[[], int] = lambda: 0,
+                 in_open_chat: Callable[[str], bool] = lambda owner: False,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("vramPanel")
@@ -189,6 +87,7 @@ class VramPanel(QScrollArea):
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.source = source
         self._chat_of_owner, self._chat_tokens = chat_of_owner, chat_tokens
+        self._in_open_chat = in_open_chat
         self._values: dict[str, QLabel] = {}
 
         body = QWidget()
@@ -213,11 +112,14 @@ class VramPanel(QScrollArea):
             ("other", "Everything else")])
         for key, tip in TOOLTIPS.items():
             self._values[key].setToolTip(tip)
+        # Until a model says otherwise, the rows of a dense model on the CPU.
+        for key in ("total", "used", "free", "experts", "state_pool"):
+            self._memory_form.setRowVisible(self._values[key], False)
         self._section(layout, "KV cache pool", [
             ("blocks_used", "Blocks used"), ("blocks_shared", "Shared"),
             ("blocks_cached", "Cached"), ("blocks_free", "Free"), ("block_size", "Block"),
             ("saved_by_sharing", "Saved by sharing"), ("waste", "Internal waste"),
-            ("hit_rate", "Prefix-cache hits"), ("headroom", "Headroom")])
+            ("hit_rate", "Prefix-cache hits"), ("headroom", "")])
         # A line per KV group, shown only for a model with several (Gemma's global and
         # sliding layers); labels are made as the group count asks.
         self._groups_heading = self._heading("KV groups")
@@ -237,6 +139,9 @@ class VramPanel(QScrollArea):
         self.clear_disk.clicked.connect(lambda: self.source.clear_disk())
         layout.addWidget(self.clear_disk, 0, Qt.AlignmentFlag.AlignLeft)
         self._section(layout, "Blocks per chat", [("per_chat", "")])
+        for key, lines in WRAPPED_LINES.items():
+            label = self._values[key]
+            label.setMinimumHeight(lines * label.fontMetrics().lineSpacing())
         layout.addWidget(self._heading("Block map"))
         self.block_map = BlockMap()
         self.block_map.describe_owner = self._describe_owner
@@ -326,6 +231,12 @@ class VramPanel(QScrollArea):
             return "API request"
         return chat
 
+    def _open_chat_blocks(self, kv) -> int:
+        """Blocks the open chat's requests hold in the first KV group (every token)."""
+        in_open = self._in_open_chat
+        return sum(1 for block in kv.blocks
+                   if block.group == 0 and any(in_open(owner) for owner in block.owners))
+
     def refresh(self) -> None:
         status = self.source.remote_status()
         self.schedule.set_remote(status is not None)
@@ -351,8 +262,9 @@ class VramPanel(QScrollArea):
         self._memory_form.setRowVisible(self._values["rss"], not cuda)
         self._memory_form.setRowVisible(self._values["experts"], "experts" in texts)
         self._memory_form.setRowVisible(self._values["state_pool"], "state_pool" in texts)
-        room = headroom_tokens(kv, self.source.max_model_len, self._chat_tokens())
-        texts["headroom"] = f"This chat can grow about {room} more tokens"
+        held = max(self._chat_tokens(), self._open_chat_blocks(kv) * kv.block_size)
+        texts["headroom"] = headroom_text(
+            held, headroom_tokens(kv, self.source.max_model_len, held))
         texts["disk"] = disk_row(kv)
         self.clear_disk.setEnabled(kv.disk is not None)
         per_chat = blocks_per_chat(kv, self._owner_name)

@@ -216,6 +216,7 @@ def test_screenshot_of_three_candidates_and_the_vram_panel(qtbot, make_starter_b
     window = make_window(bridge, settings(temperature=0.8, seed=11, max_tokens=24,
                                           num_candidates=3))
     window.resize(1400, 860)
+    window.vram_action.trigger()  # the dock starts closed on a first run
     out = Path(os.environ.get("FOLIO_SCREENSHOT_DIR") or REPO / "test-artifacts")
     out.mkdir(parents=True, exist_ok=True)
     window.conversation.composer.setPlainText(

@@ -35,6 +35,7 @@ def test_the_dock_shows_the_pool_reserved_and_resident(qtbot, make_starter_bridg
                                                        make_window):
     bridge = make_starter_bridge()
     window = make_window(bridge, settings(max_tokens=24))
+    window.vram_action.trigger()  # the dock starts closed on a first run
     send(qtbot, window, "Name three colors.")  # returns once the engine is idle
     panel, mem, kv = window.vram_panel, bridge.memory_stats(), bridge.kv_stats()
     # The worker measured the pool as it fell idle: every block written so far (this
@@ -60,6 +61,7 @@ def test_no_timer_fires_in_the_panel_while_the_engine_is_idle(qtbot, qapp,
                                                               make_window):
     bridge = make_starter_bridge()
     window = make_window(bridge, settings(max_tokens=8))
+    window.vram_action.trigger()  # the dock starts closed on a first run
     panel = window.vram_panel
     timers = PanelTimers(panel)
     qapp.installEventFilter(timers)

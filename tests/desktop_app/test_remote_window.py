@@ -62,6 +62,7 @@ def test_chat_with_a_remote_server(qtbot, make_window, store, captured_errors):
         assert reply.metrics["num_prompt_tokens"] == 11
 
         # The memory panel: where the model runs and the server's vLLM figures.
+        window.vram_action.trigger()  # the dock starts closed on a first run
         panel = window.vram_panel
 
         def panel_shows_metrics() -> bool:

@@ -249,7 +249,7 @@ def test_model_picker_loads_with_progress_and_remembers_the_model(qtbot, make_wi
     fake_llm, fake_worker = fake_engine
 
     def factory(source, config=None, progress=None):
-        progress("reading weights", 0.5)
+        progress("weights", 0.5)
         return fake_llm(name=source.rsplit("/", 1)[-1])
 
     bridge = EngineBridge(llm_factory=factory, worker_factory=fake_worker)
@@ -259,13 +259,16 @@ def test_model_picker_loads_with_progress_and_remembers_the_model(qtbot, make_wi
     with qtbot.waitSignal(bridge.modelLoaded, timeout=5000):
         window.load_model("/models/tiny.gguf")
         assert window.load_progress_action.isVisible()
-    assert seen == [0, 50]  # reset when the load starts, then the reported fraction
-    assert window.load_progress.format() == "reading weights %p%"
+    # Reset when the load starts, then halfway through the weights' share of the load
+    # (widgets.load_steps), in plain words.
+    assert seen == [0, 48]
+    assert window.load_progress.format() == "Loading the model into memory… %p%"
     assert not window.load_progress_action.isVisible()
     assert window.model_picker.currentData() == "/models/tiny.gguf"
     assert window.model_picker.currentText() == "tiny.gguf"
     saved = load_settings()
     assert saved.last_model == "/models/tiny.gguf"
     assert saved.model_paths == ["/models/tiny.gguf"]
-    assert window.statusBar().currentMessage() == "tiny.gguf ready · context 2048 tokens"
+    assert window.statusBar().currentMessage() == (
+        "tiny.gguf ready · keeps 2,048 tokens of a chat in mind")
     bridge.shutdown()

@@ -57,8 +57,9 @@ def test_a_message_sent_during_the_load_goes_out_when_it_finishes(qtbot, make_wi
     assert captured_errors == []  # not refused
     note = view.pending_note
     assert note.isVisible() and note.cancel_button.isVisible()
-    assert note.text() == ("Loading the model… 50% (weights). Your message is sent as soon "
-                           "as it is ready.")
+    # Halfway through the weights, in the plain steps of widgets.load_steps.
+    assert note.text() == ("Loading the model into memory… 48%. Your message is sent as "
+                           "soon as it is ready.")
     assert view.composer.toPlainText() == "Hello while you load"
     assert view.composer.isReadOnly() and not view.send_button.isEnabled()
     assert store.list_chats() == []  # nothing stored until it is sent
@@ -133,11 +134,10 @@ def test_a_model_loading_for_real(qtbot, make_window, store, tiny_model_path):
     assert window.controller.pending.waiting
     qtbot.waitUntil(lambda: bool(ends), timeout=TURN_TIMEOUT_MS)
     assert ends == ["finished"]
-    # The loader's own stages, each from 0 to 100 %, up to the engine's "ready".
-    assert notes[0].startswith("Loading the model… 0% (config). ")
-    assert any(n.startswith("Loading the model… 100% (weights). ") for n in notes)
-    assert notes[-1] == ("Loading the model… 100% (ready). Your message is sent as soon "
-                         "as it is ready.")
+    # The loader's stages in plain steps, one percentage for the whole load up to "Ready".
+    assert notes[0].startswith("Reading the model file… 0%. ")
+    assert any(n.startswith("Loading the model into memory… 85%. ") for n in notes)
+    assert notes[-1] == "Almost ready… 100%. Your message is sent as soon as it is ready."
     user, reply = store.path_to(store.active_leaf(window.controller.chat_id))
     assert user.content == "What is the capital of France?" and reply.token_ids
     bridge.shutdown()
