@@ -60,7 +60,7 @@ def test_continue_extends_the_cut_off_reply_in_place(qtbot, small_bridge, make_w
     assert "continued after 8 tokens" in bubble.metrics_label.text()
     assert bubble.continue_button.isVisible()  # cut off again: it can go on
     # The gauge counts the continued reply once.
-    assert window.controller.current_chat_tokens() == prompt + 8
+    assert window.conversation.context_gauge.value() == prompt + 8
 
 
 def open_chat(qtbot, window, chat_id: int) -> dict[int, MessageWidget]:
