@@ -1,4 +1,5 @@
-"""The main window: chat sidebar, conversation, VRAM dock, toolbar, shortcuts, dialogs.
+"""The main window: chat sidebar, conversation, Memory dock, toolbar, dialogs (its menus
+and keys: window_menus).
 
 It builds the controllers with the collaborators they use and declares here how they talk:
 the chat in view (``ChatController.chatOpened``) reaches the composer's Think, JSON and
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import QByteArray, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QCloseEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QDockWidget,
@@ -34,8 +35,7 @@ from desktop_app.controllers.thinking import ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
 from desktop_app.data.model_templates import template_config
 from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, config_dir, save_settings
-from desktop_app.dialogs import about_dialog, error_dialog
-from desktop_app.dialogs.chat_files import ChatFileActions
+from desktop_app.dialogs import error_dialog
 from desktop_app.dialogs.settings_dialog import SettingsDialog
 from desktop_app.services import sources
 from desktop_app.services.tools_bridge import ToolsBridge
@@ -44,16 +44,10 @@ from desktop_app.widgets.chat_list import ChatList
 from desktop_app.widgets.chat_tools import ChatToolsButton
 from desktop_app.widgets.conversation_view import ConversationView
 from desktop_app.widgets.vram_panel import VramPanel
+from desktop_app.window_menus import WindowMenus
 
 STARTER = sources.STARTER
 _display_name = sources.display_name
-
-
-def quit_keys() -> list[QKeySequence]:
-    """The platform's Quit keys, and Ctrl+Q where it has none (Windows)."""
-    keys = QKeySequence.keyBindings(QKeySequence.StandardKey.Quit)
-    ctrl_q = QKeySequence("Ctrl+Q")
-    return keys if ctrl_q in keys else [*keys, ctrl_q]
 
 
 class MainWindow(QMainWindow):
@@ -116,8 +110,7 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.vram_dock)
 
         self._build_toolbar()
-        self._build_shortcuts()
-        self._build_file_menu()
+        self.menus = WindowMenus(self)  # File, Help, Ctrl+N / Ctrl+R / Esc
         # The load's plain steps and the empty chat's welcome (controllers.load_display).
         self.load_display = LoadDisplay(bridge, self.load_progress,
                                         self.load_progress_action, self.statusBar(),
@@ -198,64 +191,10 @@ class MainWindow(QMainWindow):
                                              self.open_settings)
         self._fill_model_picker()
 
-    def _build_file_menu(self) -> None:
-        """File ▸ Export chat… / Import chat… (dialogs.chat_files does the work), Quit;
-        Help ▸ Documentation, About Folio (dialogs.about_dialog)."""
-        self.chat_files = ChatFileActions(self.store, lambda: self.controller.chat_id, self)
-        self.chat_files.chatImported.connect(self._on_chat_imported)
-        self.export_chat_action = self.chat_files.export_action
-        self.import_chat_action = self.chat_files.import_action
-        menu = self.menuBar().addMenu("&File")
-        menu.setObjectName("fileMenu")
-        menu.addAction(self.export_chat_action)
-        menu.addAction(self.import_chat_action)
-        menu.addSeparator()
-        # Quit goes through closeEvent like the title bar's close: state saved, engine
-        # and servers shut down.
-        self.quit_action = QAction(theme.icon("quit"), "&Quit", self)
-        self.quit_action.setObjectName("quitAction")
-        self.quit_action.setShortcuts(quit_keys())
-        self.quit_action.setMenuRole(QAction.MenuRole.QuitRole)
-        self.quit_action.triggered.connect(self.close)
-        menu.addAction(self.quit_action)
-        help_menu = self.menuBar().addMenu("&Help")
-        help_menu.setObjectName("helpMenu")
-        self.docs_action = help_menu.addAction(theme.icon("help"), "&Documentation",
-                                               lambda: about_dialog.open_docs(self))
-        self.about_action = help_menu.addAction(theme.app_icon(), "&About Folio",
-                                                self.show_about)
-        self.about_action.setMenuRole(QAction.MenuRole.AboutRole)
-        self.docs_action.setObjectName("docsAction")
-        self.about_action.setObjectName("aboutAction")
-
-    def show_about(self) -> about_dialog.AboutDialog:
-        dialog = about_dialog.AboutDialog(about_dialog.about_facts(self.bridge, self.store),
-                                          self)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.open()
-        return dialog
-
     def _use_example(self, text: str) -> None:
         """An example prompt from the welcome: in the composer, to send or change."""
         self.conversation.composer.setPlainText(text)
         self.conversation.composer.setFocus()
-
-    def _on_chat_imported(self, chat_id: int) -> None:
-        self.refresh_chats()
-        self.open_chat(chat_id)
-
-    def _build_shortcuts(self) -> None:
-        self.new_chat_action.setShortcut(QKeySequence.StandardKey.New)
-        self.regenerate_action = QAction("Regenerate", self)
-        self.regenerate_action.setShortcut(QKeySequence("Ctrl+R"))
-        self.regenerate_action.triggered.connect(lambda: self.controller.regenerate(0))
-        # Disabled (so Ctrl+R does nothing) while the view's Regenerate button is.
-        self.regenerate_action.setEnabled(self.controller.can_regenerate())
-        self.controller.regenerateChanged.connect(self.regenerate_action.setEnabled)
-        self.addAction(self.regenerate_action)
-        stop = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
-        stop.setContext(Qt.ShortcutContext.WindowShortcut)
-        stop.activated.connect(self.controller.stop)
 
     def _fill_model_picker(self) -> None:
         self.model_picker.blockSignals(True)

@@ -11,8 +11,8 @@ from PySide6.QtWidgets import QMenu
 
 from desktop_app.data.settings import load_settings
 from desktop_app.dialogs import about_dialog
-from desktop_app.main_window import quit_keys
 from desktop_app.services import sources
+from desktop_app.window_menus import quit_keys
 
 
 def test_ctrl_q_closes_the_window_through_close_event(qtbot, fake_bridge, make_window):
@@ -33,8 +33,8 @@ def test_quit_keys_always_include_ctrl_q():
 def test_quit_action_sits_in_the_file_menu(qtbot, fake_bridge, make_window):
     window = make_window(fake_bridge)
     file_menu = window.menuBar().actions()[0].menu()
-    assert window.quit_action in file_menu.actions()
-    assert QKeySequence("Ctrl+Q") in window.quit_action.shortcuts()
+    assert window.menus.quit_action in file_menu.actions()
+    assert QKeySequence("Ctrl+Q") in window.menus.quit_action.shortcuts()
 
 
 def test_about_names_version_model_device_and_where_data_lives(qtbot, fake_bridge,
@@ -42,7 +42,7 @@ def test_about_names_version_model_device_and_where_data_lives(qtbot, fake_bridg
     window = make_window(fake_bridge)
     help_menu = window.menuBar().findChild(QMenu, "helpMenu")
     assert [a.text() for a in help_menu.actions()] == ["&Documentation", "&About Folio"]
-    window.about_action.trigger()
+    window.menus.about_action.trigger()
     dialog = window.findChild(about_dialog.AboutDialog, "aboutDialog")
     assert dialog is not None and dialog.isVisible()
     text = dialog.text.text()
@@ -67,7 +67,7 @@ def test_documentation_opens_the_readme(qtbot, fake_bridge, make_window, monkeyp
     monkeypatch.setattr(QDesktopServices, "openUrl",
                         staticmethod(lambda url: opened.append(url) or True))
     window = make_window(fake_bridge)
-    window.docs_action.trigger()
+    window.menus.docs_action.trigger()
     [url] = opened
     path = Path(url.toLocalFile())
     assert path.name == "README.md" and path.read_text(encoding="utf-8").startswith("# Folio")
@@ -82,5 +82,5 @@ def test_installed_docs_come_from_the_package_description(tmp_path):
 def test_no_docs_tells_the_user(qtbot, fake_bridge, make_window, monkeypatch, captured_errors):
     monkeypatch.setattr(about_dialog, "docs_path", lambda: None)
     window = make_window(fake_bridge)
-    window.docs_action.trigger()
+    window.menus.docs_action.trigger()
     assert [title for title, _ in captured_errors] == ["Documentation not found"]

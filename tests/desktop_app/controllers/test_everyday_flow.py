@@ -11,7 +11,7 @@ from tests.desktop_app.controllers.test_chat_flow import send
 
 def regenerate_state(window) -> tuple[bool, bool]:
     return (window.conversation.regenerate_button.isEnabled(),
-            window.regenerate_action.isEnabled())
+            window.menus.regenerate_action.isEnabled())
 
 
 def titles(window) -> list[str]:

@@ -50,14 +50,14 @@ def test_json_export_then_import_through_the_actions_round_trips(
     window.open_chat(chat_id)
     # The JSON filter picks the format; the extension is added.
     asked = answer_save(monkeypatch, tmp_path / "saved", chat_files.JSON_FILTER)
-    window.export_chat_action.trigger()
+    window.menus.export_chat_action.trigger()
     assert asked[0][1] == "Branches.md"
     saved = tmp_path / "saved.json"
     assert json.loads(saved.read_text())["format"] == "folio-chat"
 
     answer_open(monkeypatch, saved)
-    with qtbot.waitSignal(window.chat_files.chatImported) as imported:
-        window.import_chat_action.trigger()
+    with qtbot.waitSignal(window.menus.chat_files.chatImported) as imported:
+        window.menus.import_chat_action.trigger()
     new_id = imported.args[0]
     assert captured_errors == []
     assert new_id != chat_id and len(store.list_chats()) == 2
@@ -71,7 +71,7 @@ def test_markdown_export_is_the_open_branch(window, store, monkeypatch, tmp_path
     chat_id = branchy_chat(store)
     window.open_chat(chat_id)
     answer_save(monkeypatch, tmp_path / "notes.md", chat_files.MARKDOWN_FILTER)
-    window.export_chat_action.trigger()
+    window.menus.export_chat_action.trigger()
     text = (tmp_path / "notes.md").read_text()
     assert text == store.export_markdown(chat_id)
     assert text.startswith("# Branches\n\n**System:** Be brief.\n")
@@ -83,7 +83,7 @@ def test_json_chosen_by_extension_when_no_filter(window, store, monkeypatch, tmp
     chat_id = branchy_chat(store)
     window.open_chat(chat_id)
     answer_save(monkeypatch, tmp_path / "x.json", "")
-    window.export_chat_action.trigger()
+    window.menus.export_chat_action.trigger()
     assert json.loads((tmp_path / "x.json").read_text())["chat"]["title"] == "Branches"
 
 
@@ -111,10 +111,10 @@ def test_bad_file_shows_a_clear_error_and_adds_no_chat(window, store, monkeypatc
 def test_unreadable_and_binary_files_are_reported(window, monkeypatch, tmp_path,
                                                    captured_errors, store):
     answer_open(monkeypatch, tmp_path / "missing.json")
-    window.import_chat_action.trigger()
+    window.menus.import_chat_action.trigger()
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00garbage")
     answer_open(monkeypatch, tmp_path / "bin.json")
-    window.import_chat_action.trigger()
+    window.menus.import_chat_action.trigger()
     assert [t for t, _ in captured_errors] == ["Could not import the chat"] * 2
     assert "Could not read" in captured_errors[0][1]
     assert "not UTF-8" in captured_errors[1][1]
@@ -123,9 +123,9 @@ def test_unreadable_and_binary_files_are_reported(window, monkeypatch, tmp_path,
 
 def test_cancel_and_no_chat(window, monkeypatch, tmp_path, captured_errors, store):
     answer_open(monkeypatch, "")
-    window.import_chat_action.trigger()
+    window.menus.import_chat_action.trigger()
     assert window.controller.chat_id is None
-    window.export_chat_action.trigger()
+    window.menus.export_chat_action.trigger()
     assert captured_errors == [("Nothing to export",
                                 "Open or start a chat first, then export it.")]
     assert not list(tmp_path.glob("*.md"))
@@ -177,7 +177,7 @@ def test_a_failure_while_saving_is_shown_and_nothing_is_imported(
     monkeypatch.setattr(chat_import.schema, "pack_token_ids", failing)
     answer_open(monkeypatch, path)
     imported = []
-    window.chat_files.chatImported.connect(imported.append)
+    window.menus.chat_files.chatImported.connect(imported.append)
     before = snapshot(store)
     assert window.chat_files.import_chat() is None
     [(title, text)] = captured_errors
@@ -204,8 +204,8 @@ def test_values_at_every_bound_import_and_open(qtbot, window, store, monkeypatch
     path = tmp_path / "edges.json"
     path.write_text(json.dumps(data))
     answer_open(monkeypatch, path)
-    with qtbot.waitSignal(window.chat_files.chatImported) as imported:
-        window.import_chat_action.trigger()
+    with qtbot.waitSignal(window.menus.chat_files.chatImported) as imported:
+        window.menus.import_chat_action.trigger()
     assert captured_errors == []
     assert window.controller.chat_id == imported.args[0]
     footer = window.conversation.rows()[1].metrics_label.text()
