@@ -330,7 +330,8 @@ class MainWindow(QMainWindow):
         """The system switched light/dark: icons are tinted per theme, so redo them."""
         for action, name in ((self.new_chat_action, "new-chat"), (self.models_action, "model"),
                              (self.vram_action, "memory"), (self.settings_action, "settings"),
-                             (self.quit_action, "quit"), (self.docs_action, "help")):
+                             (self.menus.quit_action, "quit"),
+                             (self.menus.docs_action, "help")):
             action.setIcon(theme.icon(name))
         self.chat_list.retheme()
         self.conversation.retheme()

@@ -15,47 +15,34 @@ message is the whole reply while the events carry only what is new.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
-
-from engine.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from engine.chat.prompt import ChatPrompt, PromptBuilder
-    from engine.chat.request import ChatRequest
+from engine.chat.request import content_text
+from engine.text.chat_template import ChatTokenizer
 
 
-def continued_prompt(builder: PromptBuilder, request: ChatRequest) -> ChatPrompt:
-    """``request.messages[-1]``: the reply to continue (ChatRequest checked its place)."""
-    reply = request.messages[-1]
-    base = builder.build(replace(request, messages=request.messages[:-1],
-                                 continue_reply=False))
-    ids = _reply_ids(reply, builder)
-    # Decoded as the engine decodes the reply's tokens for its reader.
-    keeps_special = base.sampling(SamplingParams()).skip_special_tokens is False
-    replay = builder.tokenizer.decode(ids, skip_special_tokens=not keeps_special)
-    return replace(base, ids=[*base.ids, *ids], plan=replace(base.plan, replay=replay),
-                   request=request)
+def replay_text(ids: list[int], tokenizer: ChatTokenizer, keeps_special: bool) -> str:
+    """The reply's text as the engine decoded its tokens for the reader (special tokens
+    kept where the prompt's sampling keeps them), to replay into the new reader."""
+    return tokenizer.decode(ids, skip_special_tokens=not keeps_special)
 
 
-def _reply_ids(reply: dict, builder: PromptBuilder) -> list[int]:
+def reply_ids(reply: dict, tokenizer: ChatTokenizer) -> list[int]:
+    """The ids to continue from: the reply's own, or its text encoded where none were
+    kept (a reply without thinking)."""
     ids = reply.get("token_ids")
     if ids is None:
         if reply.get("reasoning_content"):
             # Its text alone does not say how the model wrote its thinking.
             raise ValueError("messages[-1].token_ids: a reply with thinking is continued "
                              "from its token ids")
-        ids = builder.tokenizer.encode(_text(reply.get("content")), add_special_tokens=False)
+        ids = tokenizer.encode(_text(reply.get("content")), add_special_tokens=False)
     if not isinstance(ids, list | tuple) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
         raise ValueError("messages[-1].token_ids must be a list of token ids >= 0")
-    if ids and ids[-1] in builder.tokenizer.eos_token_ids:
+    if ids and ids[-1] in tokenizer.eos_token_ids:
         raise ValueError("continue_reply: the reply ended its turn; there is nothing to "
                          "continue")
     return list(ids)
 
 
 def _text(content) -> str:
-    from engine.chat.request import content_text
-
     return content_text(content, "messages[-1].content")

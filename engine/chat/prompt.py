@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine.chat.continued import continued_prompt
+from engine.chat.continued import replay_text, reply_ids
 from engine.chat.history import drops_thinking, with_thinking
 from engine.chat.reply import ReplyPlan
 from engine.chat.reply_tokens import ReplyTokens
@@ -84,7 +84,7 @@ class PromptBuilder:
 
     def build(self, request: ChatRequest) -> ChatPrompt:
         if request.continue_reply:
-            return continued_prompt(self, request)
+            return self._continued(request)
         messages = [_engine_message(m, i) for i, m in enumerate(request.messages)]
         history = with_thinking(messages, self.reasoning, self._drops_thinking,
                                 self._count_text)
@@ -102,6 +102,18 @@ class PromptBuilder:
         return ChatPrompt(ids, ReplyPlan(reasoning=self.reasoning, prompt_tail=self._tail(ids)),
                           recomputed=history.recomputed, request=request)
 
+
+    def _continued(self, request: ChatRequest) -> ChatPrompt:
+        """A ``continue_reply`` request (engine.chat.continued): the prompt the reply
+        answered, built again from the messages before it, then the reply's ids with its
+        turn left open; its text replayed into the new reader."""
+        base = self.build(replace(request, messages=request.messages[:-1],
+                                  continue_reply=False))
+        ids = reply_ids(request.messages[-1], self.tokenizer)
+        keeps_special = base.sampling(SamplingParams()).skip_special_tokens is False
+        replay = replay_text(ids, self.tokenizer, keeps_special)
+        return replace(base, ids=[*base.ids, *ids], plan=replace(base.plan, replay=replay),
+                       request=request)
     def count(self, request: ChatRequest) -> int:
         return len(self.build(request).ids)
 

@@ -101,7 +101,7 @@ def test_bad_file_shows_a_clear_error_and_adds_no_chat(window, store, monkeypatc
     path.write_text(good[: len(good) // 2] if content == "truncated" else content)
     answer_open(monkeypatch, path)
     before = store.list_chats()
-    assert window.chat_files.import_chat() is None
+    assert window.menus.chat_files.import_chat() is None
     assert store.list_chats() == before
     [(title, text)] = captured_errors
     assert title == "Could not import the chat"
@@ -149,7 +149,7 @@ def test_a_crafted_file_shows_the_field_and_adds_no_chat(window, store, monkeypa
     path.write_text(json.dumps(data))
     answer_open(monkeypatch, path)
     before = snapshot(store)
-    assert window.chat_files.import_chat() is None
+    assert window.menus.chat_files.import_chat() is None
     [(title, text)] = captured_errors
     assert title == "Could not import the chat"
     assert text.startswith(f"crafted.json: {expected}") and "Nothing was imported" in text
@@ -179,7 +179,7 @@ def test_a_failure_while_saving_is_shown_and_nothing_is_imported(
     imported = []
     window.menus.chat_files.chatImported.connect(imported.append)
     before = snapshot(store)
-    assert window.chat_files.import_chat() is None
+    assert window.menus.chat_files.import_chat() is None
     [(title, text)] = captured_errors
     assert title == "Could not import the chat"
     assert text.startswith(f"in.json: the import failed unexpectedly "
