@@ -6,7 +6,7 @@ Runs the checkout it is started from (its desktop_app and engine come first on t
 so the same script measures another checkout's code too:
 
     cd <checkout> && QT_QPA_PLATFORM=offscreen .venv/bin/python \\
-        /work/wt/first/scripts/bench_dock_cost.py --runs 3 --tokens 300
+        <this checkout>/scripts/bench_dock_cost.py --runs 3 --tokens 300
 
 The window, the store and the settings are temporary (FOLIO_DATA_DIR, FOLIO_CONFIG_DIR
 point to a temporary folder). The dock's cost is the open runs' figure less the closed

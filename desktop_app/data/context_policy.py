@@ -16,7 +16,10 @@ Policies (``ChatSettings.overflow_policy``):
 
 Room is left for the reply: ``reply_reserve(max_tokens, context)`` tokens, the chat's max
 tokens but at most a quarter of the context; with max tokens None ("up to the context")
-room for a long answer, ``LONG_REPLY`` tokens, at most a quarter too. The prompt is
+room for a long answer, ``LONG_REPLY`` tokens, at most a quarter too. That room decides
+where a long chat is cut; without a limit it is not a reason to refuse a message: one
+that leaves a reply ``reply_floor`` tokens (``MIN_REPLY``) is still sent, its reply
+getting what is left of the context. The prompt is
 measured by ``count``, a function of a message list (the app passes the loaded model's
 own prompt builder, so the figure is the engine's; see ``estimate_tokens`` for a model
 without one).
@@ -53,6 +56,9 @@ CUT_SLACK = 0.2
 # not cut a quarter of a large context early (the reply may still run past it: the
 # engine stops it at the context's end).
 LONG_REPLY = 4096
+# Without a max tokens limit, the least room a message must leave for its reply to be
+# sent at all (a long paste on a small context).
+MIN_REPLY = 256
 # A model without a tokenizer the app can run (a remote server): a conservative guess.
 # English text averages about 4 characters per token with the usual BPE vocabularies;
 # 3 overestimates the prompt, so a cut comes a little early rather than the server
@@ -68,6 +74,14 @@ def reply_reserve(max_tokens: int | None, context: int) -> int:
     """Tokens kept free for the reply: max tokens, at most a quarter of the context."""
     wanted = LONG_REPLY if max_tokens is None else int(max_tokens)
     return max(1, min(wanted, int(context) // 4))
+
+
+def reply_floor(max_tokens: int | None, context: int) -> int:
+    """The least room for the reply with which a turn is sent at all: the reserve when
+    the chat sets max tokens; without a limit ``MIN_REPLY`` (at most a sixteenth)."""
+    if max_tokens is not None:
+        return reply_reserve(max_tokens, context)
+    return max(1, min(MIN_REPLY, int(context) // 16))
 
 
 def estimate_tokens(messages: Sequence[dict[str, Any]]) -> int:
@@ -128,6 +142,7 @@ def plan_context(messages: Sequence[dict[str, Any]], policy: str, context: int,
         raise ValueError(f"overflow policy must be one of {POLICIES}, got {policy!r}")
     messages = list(messages)
     budget = int(context) - reply_reserve(max_tokens, context)
+    hard = int(context) - reply_floor(max_tokens, context)  # == budget with a limit
     head, turns = split_turns(messages)
 
     def build(drop: range) -> tuple[Messages, list[int]]:
@@ -137,10 +152,12 @@ def plan_context(messages: Sequence[dict[str, Any]], policy: str, context: int,
     full = count(messages)
     if full <= budget or policy == STOP or len(turns) <= 1:
         plan = ContextPlan(messages, full, budget, context)
+        if len(turns) <= 1 and full <= hard:
+            return plan  # nothing to cut, and the reply still has room
         if full > budget:
             alone = len(turns) <= 1 or count(
-                [messages[i] for i in range(head)] + [messages[i] for i in turns[-1]]) > budget
-            plan.refused = _refusal(policy, full, budget, context, alone)
+                [messages[i] for i in range(head)] + [messages[i] for i in turns[-1]]) > hard
+            plan.refused = _refusal(policy, full, hard if alone else budget, context, alone)
         return plan
 
     # Turns that may go: all but the last; under truncate_middle the first stays too
@@ -160,6 +177,8 @@ def plan_context(messages: Sequence[dict[str, Any]], policy: str, context: int,
             sent_hi, gone_hi = build(range(start, start + hi))
             tokens_hi = count(sent_hi)
             if tokens_hi > budget:
+                if start == 0 and tokens_hi <= hard:  # the latest turn alone, a short reply
+                    return ContextPlan(sent_hi, tokens_hi, budget, context, gone_hi, hi)
                 continue  # even the shortest prompt of this shape does not fit
             if tokens_hi > target:
                 target = budget  # slack unreachable: just fit
@@ -180,7 +199,7 @@ def plan_context(messages: Sequence[dict[str, Any]], policy: str, context: int,
     sent, gone = build(range(0, len(turns) - 1))
     tokens = count(sent)
     plan = ContextPlan(sent, tokens, budget, context, gone, len(turns) - 1)
-    plan.refused = _refusal(policy, tokens, budget, context, True)
+    plan.refused = _refusal(policy, tokens, hard, context, True)
     return plan
 
 

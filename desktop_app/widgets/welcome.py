@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
+
+from desktop_app.widgets.markdown import wrapped_text_policy
 
 EXAMPLES = (
     "Explain what a hash map is, with a short example in Python.",
@@ -85,7 +87,15 @@ class WelcomePanel(QWidget):
         self.model_label.setWordWrap(True)
         self.model_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.model_label.setMaximumWidth(620)  # a paragraph's width, not the column's
-        layout.addWidget(self.model_label, 0, Qt.AlignmentFlag.AlignHCenter)
+        # Centred by stretches, not by an alignment flag: a widget placed by alignment
+        # gets its sizeHint, measured at QLabel's own narrow guess of a width, and its
+        # wrapped lines were clipped; in a row its height follows its real width.
+        self.model_label.setSizePolicy(wrapped_text_policy(QSizePolicy.Policy.Expanding))
+        centred = QHBoxLayout()
+        centred.addStretch(1)
+        centred.addWidget(self.model_label, 100)
+        centred.addStretch(1)
+        layout.addLayout(centred)
         hint = QLabel("Type a message below, or start from one of these:")
         hint.setObjectName("mutedLabel")
         hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -102,7 +112,8 @@ class WelcomePanel(QWidget):
         bigger.addStretch(1)
         note = QLabel("Small models answer fast but make mistakes; bigger ones know more.")
         note.setObjectName("mutedLabel")
-        bigger.addWidget(note)
+        note.setWordWrap(True)  # a narrow window wraps it rather than scroll sideways
+        bigger.addWidget(note, 1)
         self.models_button = QPushButton("Find a bigger model…")
         self.models_button.setObjectName("biggerModelButton")
         self.models_button.setToolTip("Open Models… to download or pick another model")

@@ -43,6 +43,11 @@ def test_an_empty_chat_shows_the_model_examples_and_where_to_get_a_bigger_one(
     assert text.startswith(f"You are talking to {sources.display_name('starter')}, "
                            "which runs on this computer and takes 500 MB of memory.")
     assert "about 2,048 tokens (roughly 1,500 words)" in text  # the fake's context
+    for width in (1600, 900):  # the sentence wraps and none of its lines is clipped
+        window.resize(width, 800)
+        qtbot.waitUntil(lambda: welcome.model_label.height() >= welcome.model_label
+                        .heightForWidth(welcome.model_label.width()) > 20, timeout=2000)
+        assert welcome.width() <= window.conversation.scroll.viewport().width()
     assert [b.text() for b in welcome.example_buttons] == list(EXAMPLES)
     qtbot.mouseClick(welcome.example_buttons[1], Qt.MouseButton.LeftButton)
     assert window.conversation.composer.toPlainText() == EXAMPLES[1]

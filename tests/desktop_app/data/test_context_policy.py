@@ -12,6 +12,7 @@ from desktop_app.data.context_policy import (
     TRUNCATE_MIDDLE,
     estimate_tokens,
     plan_context,
+    reply_floor,
     reply_reserve,
     split_turns,
 )
@@ -128,6 +129,27 @@ def test_a_message_too_long_alone_is_refused_under_every_policy(policy):
     assert plan.refused is not None and "Shorten the message" in plan.refused
     # The prompt it measured never holds half a message.
     assert all(m in messages for m in plan.messages)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_without_a_limit_a_long_message_goes_if_its_reply_keeps_a_little_room(policy):
+    """Max tokens "up to the context": the long-answer room decides cuts, not refusals; a
+    message leaving the reply its floor is sent (alone, or with every older turn cut)."""
+    assert reply_floor(None, 8192) == 256 and reply_floor(64, 8192) == 64
+    for turns, first_kept in ((0, "sys"), (3, "sys")):
+        messages = chat(turns)
+        messages[-1]["content"] = "word " * 7000  # 7,003 tokens: past 8192 - 2048
+        plan = plan_context(messages, policy, context=8192, max_tokens=None, count=count)
+        if policy == STOP and turns:
+            assert plan.refused is not None  # "stop at the limit" keeps its word
+            continue
+        assert plan.refused is None
+        assert tags(plan.messages) == [first_kept, "word"]
+        assert plan.prompt_tokens <= 8192 - 256
+    messages = chat(0)
+    messages[-1]["content"] = "word " * 7990  # leaves the reply less than its floor
+    plan = plan_context(messages, policy, context=8192, max_tokens=None, count=count)
+    assert plan.refused is not None and "256 of them are kept" in plan.refused
 
 
 def test_without_a_system_prompt_the_latest_turns_are_kept():
