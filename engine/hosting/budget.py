@@ -57,3 +57,23 @@ def plan_room(name: str, need: int, budget: int | None,
 
 def _gib(size: int) -> str:
     return f"{size / GIB:.2f} GiB"
+
+
+# The share of the machine's memory (the card's on CUDA) hosted models may take by
+# default: the rest stays for the process's activations, the OS and other programs.
+DEFAULT_BUDGET_SHARE = 0.75
+
+
+def default_budget_bytes(config) -> int:
+    """DEFAULT_BUDGET_SHARE of the device's memory: the CUDA card's where the config
+    runs on one, else the machine's physical memory."""
+    import os
+
+    import torch
+
+    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(total * DEFAULT_BUDGET_SHARE)
