@@ -4,8 +4,10 @@ folders found in the models folders it is given (``folio serve --models-dir``, l
 again on each listing); and how the ModelHost loads each and estimates its memory.
 
 A name is the catalog's (``starter``, a repo id, a file's stem or a folder's name); the
-first model listed under a name keeps it. Paths the catalog could not read are left out
-of the names and kept in ``problems``, so a bad file is reported, not served.
+first model listed under a name keeps it. The name a model's engine reports (the
+starter's file stem, which a one-model server answered to) is taken as an alias. Paths
+the catalog could not read are left out of the names and kept in ``problems``, so a bad
+file is reported, not served.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.loaders.base import display_name
 from engine.loaders.catalog import STARTER, ModelInfo, list_local_models
 
 
@@ -51,6 +54,7 @@ class ModelLibrary:
                 raise ValueError(f"models_dirs: {folder} is not a folder")
         self._list_models = list_models
         self._models: dict[str, ModelInfo] = {}
+        self._aliases: dict[str, str] = {}
         self.problems: list[ModelInfo] = []
         self.refresh()
 
@@ -64,26 +68,40 @@ class ModelLibrary:
                 problems.append(info)
             else:
                 models.setdefault(info.name, info)
+        aliases = {display_name(info.path): name for name, info in models.items()}
+        self._aliases = {alias: name for alias, name in aliases.items() if alias not in models}
         self._models, self.problems = models, problems
 
     def names(self) -> list[str]:
         return list(self._models)
 
     def info(self, name: str) -> ModelInfo:
-        """The model listed as `name`; UnknownModel if none is (after a fresh listing, so
-        a file added since the server started is found)."""
-        if name not in self._models:
-            self.refresh()
-        try:
-            return self._models[name]
-        except KeyError:
-            raise UnknownModel(name, self._models) from None
+        """The model listed as `name` (or an alias); UnknownModel if none is (after a
+        fresh listing, so a file added since the server started is found)."""
+        return self._models[self.resolve(name)]
+
+    def resolve(self, name: str) -> str:
+        """The library name of `name` or of an alias; UnknownModel if neither is listed
+        (after a fresh listing)."""
+        for attempt in range(2):
+            if name in self._models:
+                return name
+            if name in self._aliases:
+                return self._aliases[name]
+            if attempt == 0:
+                self.refresh()
+        raise UnknownModel(name, self._models)
+
+    def max_model_len(self, name: str, config: EngineConfig) -> int:
+        """The context the engine gives `name` under `config` (its max_model_len rule)."""
+        context = self.info(name).context_length
+        return max(1, min(config.max_model_len or context, context))
 
     def name_of(self, model: str) -> str:
-        """`model` as a library name: a name as it is, a path as the name it is listed
+        """`model` as a library name: a name or alias, or a path as the name it is listed
         under (the caller adds a path outside the library to extra_paths first)."""
-        if model in self._models:
-            return model
+        if model in self._models or model in self._aliases:
+            return self.resolve(model)
         path = Path(model).expanduser()
         if path.exists():
             for name, info in self._models.items():

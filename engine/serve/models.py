@@ -80,7 +80,7 @@ class HostedModels:
         name the library does not list, 503 when it cannot fit the memory budget."""
         keep = _keep_alive(keep_alive, self.host.keep_alive_s)
         try:
-            await asyncio.to_thread(self.library.info, name)
+            name = await asyncio.to_thread(self.library.resolve, name)
         except UnknownModel as exc:
             raise APIError(404, str(exc), "model_not_found", "model") from exc
         leasing = asyncio.ensure_future(asyncio.to_thread(self.host.lease, name, keep))
@@ -99,7 +99,9 @@ class HostedModels:
     def cards(self) -> list[dict]:
         hosted = {m.name: m for m in self.host.models()}
         created = int(time.time())
+        config = self.host.config
         return [{"id": name, "object": "model", "created": created, "owned_by": "folio",
+                 "max_model_len": self.library.max_model_len(name, config),
                  "status": hosted[name].state if name in hosted else "unloaded"}
                 for name in self.library.names()]
 

@@ -160,3 +160,10 @@ def test_a_model_over_the_budget_is_a_503_saying_why(models_dir):
         assert served.states()["tiny-llama"] == "unloaded"
     finally:
         served.stop()
+
+
+def test_a_model_answers_to_its_engines_name_too(hosted, models_dir):
+    (card,) = [c for c in hosted.get("/v1/models").json()["data"] if c["id"] == "tiny-qwen"]
+    assert card["max_model_len"] == 512  # CONFIG's, below the model's 1,024
+    assert hosted.library.resolve("tiny-qwen") == "tiny-qwen"
+    assert hosted.library.name_of(str(models_dir / "tiny-qwen")) == "tiny-qwen"
