@@ -258,6 +258,12 @@ class ModelHost:
                                 else None, e.keep_alive_s, e.last_used)
                     for e in sorted(self._entries.values(), key=lambda e: e.name)]
 
+    def workers(self) -> dict[str, Any]:
+        """The loaded models' workers by name, for their stats (not to hold: a worker
+        whose model is unloaded stops; lease a model to run a request on it)."""
+        with self._lock:
+            return {e.name: e.worker for e in self._entries.values() if e.state == "loaded"}
+
     def used_bytes(self) -> int:
         with self._lock:
             return sum(e.total_bytes for e in self._entries.values())

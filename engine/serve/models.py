@@ -21,6 +21,7 @@ from engine.hosting.library import ModelLibrary, UnknownModel
 from engine.loaders.base import FolioLoadError
 from engine.serve import responses
 from engine.serve.errors import APIError
+from engine.serve.host_metrics import hosted_families
 from engine.serve.metrics import pool_families
 from engine.worker import EngineWorker
 
@@ -114,31 +115,7 @@ class HostedModels:
                             "keep_alive_s": m.keep_alive_s} for m in self.host.models()]}
 
     def metric_families(self) -> Iterator[GaugeMetricFamily]:
-        hosted = self.host.models()
-        loaded = GaugeMetricFamily("folio_model_loaded", "1 for a model loaded, 0.5 while it "
-                                   "loads, 0 for one in the library not loaded",
-                                   labels=["model"])
-        state = {m.name: m.state for m in hosted}
-        for name in self.library.names():
-            loaded.add_metric([name], {"loaded": 1.0, "loading": 0.5}.get(state.get(name), 0.0))
-        yield loaded
-        memory = GaugeMetricFamily("folio_model_memory_bytes", "A hosted model's memory "
-                                   "(the estimate while it loads)", labels=["model", "part"])
-        idle = GaugeMetricFamily("folio_model_idle_seconds", "Since a loaded model's last "
-                                 "request ended (absent while one runs)", labels=["model"])
-        running = GaugeMetricFamily("folio_model_requests_running", "Requests holding a "
-                                    "model", labels=["model"])
-        for m in hosted:
-            for part, size in (("weights", m.weights_bytes), ("kv", m.kv_bytes),
-                               ("total", m.total_bytes)):
-                memory.add_metric([m.name, part], size)
-            running.add_metric([m.name], m.running)
-            if m.idle_s is not None:
-                idle.add_metric([m.name], m.idle_s)
-        yield from (memory, idle, running)
-        yield GaugeMetricFamily("folio_memory_budget_bytes", "The hosted models' memory "
-                                "budget (weights and KV pools; 0: none)",
-                                value=self.host.budget_bytes or 0)
+        return hosted_families(self.host, self.library.names())
 
 
 def _keep_alive(value, default: float | None) -> float | None:

@@ -95,6 +95,10 @@ def test_models_are_listed_and_loaded_on_their_first_request(hosted):
     assert 'folio_model_loaded{model="tiny-qwen"} 1.0' in metrics
     assert 'folio_model_loaded{model="tiny-llama"} 0.0' in metrics
     assert 'folio_model_idle_seconds{model="tiny-qwen"} 0.0' in metrics
+    # The one-model server's KV figures, over the loaded models (the app reads them).
+    assert 'folio_kv_blocks{state="free"} 64.0' in metrics
+    assert "folio_kv_blocks_total 64.0" in metrics
+    assert 'folio_model_kv_blocks{model="tiny-qwen",state="free"} 64.0' in metrics
 
 
 def test_an_unknown_model_is_openais_404(hosted):
