@@ -157,14 +157,9 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
 def cmd_serve(args) -> int:
     """Every model of the library (`folio models` with the same --models-dir) answers by
     name, loaded on demand within the memory budget; --model is loaded at start."""
-    from pathlib import Path
-
-    from engine.hosting import ModelHost, parse_keep_alive
-    from engine.hosting.budget import GIB, default_budget_bytes
-    from engine.hosting.library import ModelLibrary, UnknownModel
-    from engine.hosting.reaper import Reaper
+    from engine.hosting.library import UnknownModel
     from engine.serve.app import ServeSettings
-    from engine.serve.models import HostedModels
+    from engine.serve.hosted import HostedServe
     from engine.serve.server import check_host, check_port_free, serve_forever
 
     try:  # before minutes of loading, not after
@@ -174,34 +169,22 @@ def cmd_serve(args) -> int:
                                  allowed_origins=args.allowed_origins,
                                  **({} if args.limit_concurrency is None else
                                     {"limit_concurrency": args.limit_concurrency}))
-        keep_alive = parse_keep_alive(args.keep_alive, "--keep-alive")
-        if args.memory_gib is not None and not args.memory_gib > 0:
-            raise ValueError(f"--memory-gib must be > 0, got {args.memory_gib}")
-        # A --model path outside the library joins it.
-        extra = [args.model] if Path(args.model).expanduser().exists() else []
-        library = ModelLibrary(extra, args.models_dir)
-        name = library.name_of(args.model)
+        hosted = HostedServe(args.model, args.models_dir, args.keep_alive, args.memory_gib,
+                             engine_config(args))
     except (ValueError, OSError, UnknownModel) as exc:
         print(f"folio serve: error: {exc}", file=sys.stderr)
         return 2
-    config = engine_config(args)
-    budget = (int(args.memory_gib * GIB) if args.memory_gib is not None
-              else default_budget_bytes(config))
-    host = ModelHost(config, budget, keep_alive_s=keep_alive, load=library.loader(config),
-                     estimate=library.estimator(config))
-    for problem in library.problems:
+    for problem in hosted.library.problems:
         print(f"folio serve: skipped {problem.path}: {problem.error}", file=sys.stderr)
-    print(f"Loading {name} ...", file=sys.stderr)
-    host.lease(name).release()
-    reaper = Reaper(host).start()
-    print(f"Serving {len(library.names())} models ({name} loaded; memory budget "
-          f"{budget / GIB:.1f} GiB) at http://{args.host}:{args.port}/v1 "
+    print(f"Loading {hosted.name} ...", file=sys.stderr)
+    models = hosted.start()
+    print(f"Serving {len(hosted.library.names())} models ({hosted.name} loaded; memory "
+          f"budget {hosted.budget_gib:.1f} GiB) at http://{args.host}:{args.port}/v1 "
           f"(OpenAI API; Ctrl+C stops)", file=sys.stderr)
     try:
-        serve_forever(HostedModels(host, library, name), args.host, args.port, settings)
+        serve_forever(models, args.host, args.port, settings)
     finally:
-        reaper.stop()
-        host.shutdown()
+        hosted.stop()
     return 0
 
 

@@ -25,6 +25,7 @@ from engine.config import EngineConfig
 from engine.hosting.budget import ModelWontFit, Resident, plan_room
 from engine.hosting.defaults import default_estimate, default_load
 from engine.hosting.events import HostEvent, ModelLoaded, ModelUnloaded
+from engine.hosting.keep_alive import checked_keep_alive_s
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class ModelHost:
                              f"got {budget_bytes!r}")
         self.config = config
         self.budget_bytes = budget_bytes
-        self.keep_alive_s = _checked_keep_alive(keep_alive_s, "keep_alive_s")
+        self.keep_alive_s = checked_keep_alive_s(keep_alive_s, "keep_alive_s")
         self._clock = clock
         self._load = load or default_load(config)
         self._estimate = estimate or default_estimate(config)
@@ -129,7 +130,7 @@ class ModelHost:
         ModelWontFit, before anything is loaded or unloaded, when the budget cannot make
         room; the loader's error when the model cannot be found or loaded."""
         keep = self.keep_alive_s if keep_alive_s is _HOST_DEFAULT else \
-            _checked_keep_alive(keep_alive_s, "keep_alive_s")
+            checked_keep_alive_s(keep_alive_s, "keep_alive_s")
         while True:
             with self._lock:
                 held = self._join(name, keep)
@@ -293,11 +294,3 @@ class ModelHost:
                 listener(event)
             except Exception:
                 log.exception("model host listener failed")
-
-
-def _checked_keep_alive(value: float | None, field: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"{field} must be seconds >= 0 or None, got {value!r}")
-    return float(value)

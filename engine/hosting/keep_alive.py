@@ -40,3 +40,12 @@ def _seconds(text: str, field: str) -> float:
         raise ValueError(f"{field} must be seconds or a duration such as '30s', '5m' or "
                          f"'1h30m', got {text!r}")
     return sign * sum(float(number) * _UNITS[unit] for number, unit in parts)
+
+
+def checked_keep_alive_s(value: float | None, field: str) -> float | None:
+    """A keep-alive already in seconds (ModelHost's own arguments): >= 0, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{field} must be seconds >= 0 or None, got {value!r}")
+    return float(value)
