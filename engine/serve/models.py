@@ -38,7 +38,7 @@ class _Held:
 
 async def release(lease) -> None:
     """End a request's lease off the event loop (keep_alive 0 unloads the model there)."""
-    await asyncio.to_thread(lease.release)
+    await asyncio.shield(asyncio.to_thread(lease.release))  # a cancelled handler too
 
 
 class OneModel:

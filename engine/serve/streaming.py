@@ -49,8 +49,8 @@ class RequestStream:
     async def __aexit__(self, *exc_info) -> None:
         self.cancel()
         on_close, self._on_close = self._on_close, None
-        if on_close is not None:
-            await asyncio.to_thread(on_close)
+        if on_close is not None:  # shielded: a cancelled handler still ends it
+            await asyncio.shield(asyncio.to_thread(on_close))
 
     def cancel(self) -> None:
         """End the request in the engine; a FinishedEvent with what it had follows."""
