@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TextIO
 
 from engine.text.reasoning.options import REASONING_EFFORTS
@@ -154,10 +155,12 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
 
 
 def cmd_serve(args) -> int:
-    from engine.llm import LLM
+    """Every model of the library (`folio models` with the same --models-dir) answers by
+    name, loaded on demand within the memory budget; --model is loaded at start."""
+    from engine.hosting.library import UnknownModel
     from engine.serve.app import ServeSettings
+    from engine.serve.hosted import HostedServe
     from engine.serve.server import check_host, check_port_free, serve_forever
-    from engine.worker import EngineWorker
 
     try:  # before minutes of loading, not after
         check_host(args.host, args.api_key)
@@ -166,24 +169,37 @@ def cmd_serve(args) -> int:
                                  allowed_origins=args.allowed_origins,
                                  **({} if args.limit_concurrency is None else
                                     {"limit_concurrency": args.limit_concurrency}))
-    except (ValueError, OSError) as exc:
+        hosted = HostedServe(args.model, args.models_dir, args.keep_alive, args.memory_gib,
+                             engine_config(args))
+    except (ValueError, OSError, UnknownModel) as exc:
         print(f"folio serve: error: {exc}", file=sys.stderr)
         return 2
-    llm = LLM(args.model, engine_config(args), progress=_progress)
-    worker = EngineWorker(llm).start()
-    print(f"Serving {llm.model_name} at http://{args.host}:{args.port}/v1 "
+    for problem in hosted.library.problems:
+        print(f"folio serve: skipped {problem.path}: {problem.error}", file=sys.stderr)
+    print(f"Loading {hosted.name} ...", file=sys.stderr)
+    models = hosted.start()
+    print(f"Serving {len(hosted.library.names())} models ({hosted.name} loaded; memory "
+          f"budget {hosted.budget_gib:.1f} GiB) at http://{args.host}:{args.port}/v1 "
           f"(OpenAI API; Ctrl+C stops)", file=sys.stderr)
     try:
-        serve_forever(worker, args.host, args.port, settings)
+        serve_forever(models, args.host, args.port, settings)
     finally:
-        worker.shutdown()
+        hosted.stop()
     return 0
 
 
 def cmd_models(args) -> int:
+    from engine.hosting.library import models_in
     from engine.loaders.catalog import list_local_models
 
-    for info in list_local_models(args.path):
+    paths = list(args.path)
+    for folder in args.models_dir:
+        if not Path(folder).expanduser().is_dir():
+            print(f"folio models: error: --models-dir {folder} is not a folder",
+                  file=sys.stderr)
+            return 2
+        paths += models_in(Path(folder).expanduser())
+    for info in list_local_models(paths):
         params = f"{info.num_parameters / 1e6:.0f}M" if info.num_parameters else "?"
         if info.active_parameters is not None:  # a mixture of experts
             params += f" ({info.active_parameters / 1e6:.0f}M active)"
@@ -248,7 +264,21 @@ def _run_command(argv: list[str]) -> int:
                            "(gpt-oss); default: the template's own")
     _engine_options(chat)
     serve = sub.add_parser("serve", help="an OpenAI-compatible API on this machine")
-    serve.add_argument("--model", default="starter", help="'starter', a folder or a .gguf file")
+    serve.add_argument("--model", default="starter",
+                       help="the model loaded at start: a name `folio models` lists, a "
+                       "folder or a .gguf file (every listed model answers by name)")
+    serve.add_argument("--models-dir", action="append", default=[], metavar="DIR",
+                       help="serve the .gguf files and model folders in DIR too, beside the "
+                       "starter and the Hugging Face cache (repeatable; folders added in the "
+                       "app are passed this way)")
+    serve.add_argument("--keep-alive", default="5m", metavar="DURATION",
+                       help="how long a model stays loaded after its last request, as "
+                       "Ollama's keep_alive: seconds or 30s/5m/1h, 0 unloads at once, "
+                       "negative keeps it (default 5m; a request's keep_alive overrides it)")
+    serve.add_argument("--memory-gib", type=float, default=None, metavar="GIB",
+                       help="the memory the loaded models may take, weights and KV pools "
+                       "together; the least recently used idle model is unloaded to make "
+                       "room (default: 75%% of the machine's memory, the card's on CUDA)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
@@ -269,6 +299,9 @@ def _run_command(argv: list[str]) -> int:
     _engine_options(serve)
     models = sub.add_parser("models", help="list local models")
     models.add_argument("path", nargs="*", help="extra folders or .gguf files")
+    models.add_argument("--models-dir", action="append", default=[], metavar="DIR",
+                        help="the .gguf files and model folders in DIR too (repeatable), "
+                        "as folio serve --models-dir lists them")
     sub.add_parser("bench", help="benchmarks: folio bench WORKLOAD --help")
     args = parser.parse_args(argv)
     if args.command == "chat":

@@ -29,6 +29,9 @@ threads, in one run:
 - ``structured``: decode tok/s with a JSON-schema mask against without, a 20-field
   schema's mask compile time (first use, cached), and an agent's tool round trip through
   the API (its second request's cached tokens).
+- ``models``: the model and the synthetic 1B shape in one ModelHost: a follow-up's TTFT
+  after a turn on the other model over without the switch, and a first request to a model
+  not loaded over its load time plus its TTFT.
 - ``all``: every one of the above, then the issue's targets in one table (``targets.py``);
   ``kernels``: the attention and quantized kernels (CUDA).
 
@@ -51,6 +54,7 @@ from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
 from engine.bench.eight_b import bench_8b
 from engine.bench.memory import bench_memory
+from engine.bench.models import bench_models
 from engine.bench.moe import bench_moe
 from engine.bench.reopen import bench_reopen
 from engine.bench.scheduler import bench_scheduler
@@ -76,6 +80,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "sizes": bench_sizes,
     "structured": bench_structured,
     "moe": bench_moe,
+    "models": bench_models,
 }
 
 EPILOG = """workloads:
@@ -97,6 +102,9 @@ EPILOG = """workloads:
               use, cached), a tool round trip's cached tokens through the API
   moe         synthetic OLMoE-1B-7B Q4_K_M (64 experts, 8 per token), as sizes, the best
               of two fresh-process runs per side
+  models      several models in one process (the model and the 1B shape): a follow-up
+              on A after a turn on B / without the switch (TTFT); a first request to a
+              model not loaded / its load time + its TTFT
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
 llama.cpp joins chat, decode, memory, 8b, sizes and moe when llama-cpp-python is installed

@@ -90,6 +90,8 @@ class BenchSettings:
     structured_rounds: int = 3  # structured: rounds of each measurement
     structured_tokens: int = 128  # structured: the constrained reply's cap (the rate needs no end)
     moe_runs: int = 2  # moe: fresh-process runs per side (the sizes_* turns); best of them
+    models_second: str = "1b"  # models: the second model, a synthetic size ("" = the model again)
+    models_repeats: int = 3  # models: runs of each hosting measurement; the median
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -100,7 +102,8 @@ class BenchSettings:
                      "memory_context", "memory_turns", "reopen_tokens", "reopen_repeats",
                      "eightb_prompt_tokens", "eightb_tokens", "eightb_rounds",
                      "sizes_prompt_tokens", "sizes_tokens", "sizes_followup_tokens",
-                     "sizes_runs", "structured_rounds", "structured_tokens", "moe_runs"):
+                     "sizes_runs", "structured_rounds", "structured_tokens", "moe_runs",
+                     "models_repeats"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -112,6 +115,8 @@ class BenchSettings:
         check_sizes(self.sizes)
         if self.reopen_sizes:
             check_sizes(self.reopen_sizes)
+        if self.models_second:
+            check_sizes((self.models_second,))
         if self.weights not in ("stored", "float32"):
             raise ValueError(f"weights must be 'stored' or 'float32', got {self.weights!r}")
         if self.cpu_activation_bits not in (8, 16):

@@ -1,9 +1,11 @@
-"""The OpenAI-compatible HTTP API over one EngineWorker (``create_app``).
+"""The OpenAI-compatible HTTP API over one EngineWorker, or over every model of a library
+loaded on demand by a ModelHost (``create_app``; models.py).
 
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
-(streamed as server-sent events or not), ``GET /health``, ``GET /metrics`` and the API's
-description (``api_key.py``: all but ``/health`` behind the key, when there is one). Requests
-join the worker's continuous batch like the app's chats do, so they share its prefix
+(streamed as server-sent events or not), ``GET /health``, ``GET /metrics``, ``GET
+/v1/status`` (the models loaded, their memory and idle time) and the API's description
+(``api_key.py``: all but ``/health`` behind the key, when there is one). Requests join
+their model worker's continuous batch like the app's chats do, so they share its prefix
 cache: a client that sends a conversation again finds its earlier turns cached, and
 ``usage.prompt_tokens_details.cached_tokens`` says how many. Chat requests with tools, or
 with tool calls and results in their history, are built by the engine's prompt builder
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
@@ -30,6 +33,7 @@ from engine.serve.host_guard import AccessPolicy, HostGuard
 from engine.serve.limits import BodySizeLimit
 from engine.serve.logprobs import TokenTexts
 from engine.serve.metrics import CONTENT_TYPE, ServerMetrics
+from engine.serve.models import HostedModels, OneModel, release
 from engine.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -81,13 +85,20 @@ class ServeSettings:
         return AccessPolicy(bind, self.allowed_hosts, self.allowed_origins)
 
 
-def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
-               host: str = "127.0.0.1") -> FastAPI:
-    """``host``: the address the app is served on, which clients may send as Host."""
+def create_app(worker: EngineWorker | OneModel | HostedModels,
+               settings: ServeSettings | None = None, host: str = "127.0.0.1") -> FastAPI:
+    """``worker``: the one model served, or the models (HostedModels); ``host``: the
+    address the app is served on, which clients may send as Host."""
     settings = settings or ServeSettings()
-    llm = worker.llm
-    metrics = ServerMetrics(worker)
-    texts = TokenTexts(llm.tokenizer)  # read on the first request with logprobs
+    models = OneModel(worker) if isinstance(worker, EngineWorker) else worker
+    metrics = ServerMetrics(models.metric_families)
+    # Each model's token texts, read on its first request with logprobs.
+    token_texts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def texts_of(lease) -> TokenTexts:
+        if lease.worker not in token_texts:
+            token_texts[lease.worker] = TokenTexts(lease.worker.llm.tokenizer)
+        return token_texts[lease.worker]
     app = FastAPI(title="Folio", version="1", summary="OpenAI-compatible API of a Folio engine",
                   **NO_BUILTIN_DOCS)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
@@ -101,19 +112,23 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
 
     @app.get("/health")  # open with a key too: liveness probes send none (api_key.py)
     async def health() -> dict:
-        return {"status": "ok", "model": llm.model_name}
+        return {"status": "ok", "model": models.default_name}
 
     @app.get("/metrics", dependencies=[Depends(check_key)])
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=[Depends(check_key)])
-    async def models() -> dict:
-        return {"object": "list", "data": [responses.model_card(llm)]}
+    async def list_models() -> dict:
+        return {"object": "list", "data": await asyncio.to_thread(models.cards)}
+
+    @app.get("/v1/status", dependencies=[Depends(check_key)])
+    async def status() -> dict:
+        return models.status()
 
     @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        params = _params(body, llm, None)  # no limit: up to the context, as OpenAI's
+        params = _params(body, None)  # no limit: up to the context, as OpenAI's
         try:
             chat = body.chat_request()
         except InvalidField as exc:
@@ -122,20 +137,26 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             raise APIError(400, "response_format: a reply constrained to JSON cannot also "
                            "call tools; set tool_choice 'none' or drop response_format",
                            "invalid_value", "response_format")
+        lease = await models.lease(body.model, body.keep_alive)  # loads it if needed
         try:
-            # The engine's one prompt builder, off the event loop: a long history takes a
-            # while to render and tokenize. The engine runs these ids as they are.
-            prompt = await asyncio.to_thread(llm.engine.prompts.build, chat)
-        except InvalidField as exc:
-            raise _invalid(exc) from exc
-        except ValueError as exc:
-            raise APIError(400, str(exc), "invalid_value", "messages") from exc
-        params = prompt.sampling(params)
-        grammar = await _check_format(params.response_format,
-                                      "tools" if prompt.call_format else "response_format")
-        return await _complete(body, prompt, params, "chat", request, grammar)
+            llm = lease.worker.llm
+            try:
+                # The engine's one prompt builder, off the event loop: a long history takes
+                # a while to render and tokenize. The engine runs these ids as they are.
+                prompt = await asyncio.to_thread(llm.engine.prompts.build, chat)
+            except InvalidField as exc:
+                raise _invalid(exc) from exc
+            except ValueError as exc:
+                raise APIError(400, str(exc), "invalid_value", "messages") from exc
+            params = prompt.sampling(params)
+            grammar = await _check_format(llm, params.response_format,
+                                          "tools" if prompt.call_format else "response_format")
+        except BaseException:
+            await release(lease)
+            raise
+        return await _complete(body, prompt, params, "chat", request, lease, grammar)
 
-    async def _check_format(fmt, field: str):
+    async def _check_format(llm, fmt, field: str):
         """The compiled grammar, compiled before anything is queued: a schema the engine
         cannot enforce (or too large, or too slow to compile) is a 400 naming what, and the
         engine's thread gets the grammar ready. The checks run off the event loop; the
@@ -153,17 +174,20 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        params = _params(body, llm, COMPLETIONS_DEFAULT_MAX_TOKENS)
-        return await _complete(body, body.prompt, params, "text", request)
+        params = _params(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        lease = await models.lease(body.model, body.keep_alive)  # loads it if needed
+        return await _complete(body, body.prompt, params, "text", request, lease)
 
-    async def _complete(body, prompt, params, kind: str, request: Request,
+    async def _complete(body, prompt, params, kind: str, request: Request, lease,
                         grammar=None) -> Response:
+        """Runs the request on `lease`'s model, and ends the lease when it is done."""
         if metrics.waiting >= settings.max_waiting:
+            await release(lease)
             metrics.requests.labels(kind, "rejected_busy").inc()
             raise APIError(429, f"the server has {metrics.waiting} requests waiting; retry "
                            "shortly", "server_busy",
                            headers={"Retry-After": str(settings.retry_after_s)})
-        stream = RequestStream(worker, prompt, params, grammar)
+        stream = RequestStream(lease.worker, prompt, params, grammar, on_close=lease.release)
         await stream.__aenter__()
         watch = DisconnectWatch(request, stream.request_id)
         metrics.waiting += 1
@@ -177,15 +201,16 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             metrics.waiting -= 1
         if isinstance(first, ErrorEvent):
             watch.close()
+            await stream.__aexit__(None, None, None)
             metrics.requests.labels(kind, "rejected" if first.rejected else "failed").inc()
             raise APIError(400 if first.rejected else 500, first.message)
-        shape = responses.Shape(kind, stream.request_id, llm.model_name, int(time.time()))
+        shape = responses.Shape(kind, stream.request_id, lease.name, int(time.time()))
         if body.stream:
             # The streaming response watches the connection itself.
             watch.close()
             return responses.EventStream(stream, first, shape, body.include_usage,
                                          lambda out: metrics.finished(kind, out), metrics,
-                                         texts)
+                                         texts_of(lease))
         metrics.running += 1
         try:
             output = await _collect(stream, first, watch)
@@ -194,15 +219,12 @@ def create_app(worker: EngineWorker, settings: ServeSettings | None = None,
             watch.close()
             await stream.__aexit__(None, None, None)
         metrics.finished(kind, output)
-        return JSONResponse(responses.completion_body(shape, output, texts))
+        return JSONResponse(responses.completion_body(shape, output, texts_of(lease)))
 
     return app
 
 
-def _params(body: SamplingFields, llm, max_tokens_default: int | None):
-    if body.model != llm.model_name:
-        raise APIError(404, f"model {body.model!r} is not served here; this server serves "
-                       f"{llm.model_name!r} (GET /v1/models)", "model_not_found", "model")
+def _params(body: SamplingFields, max_tokens_default: int | None):
     try:
         return body.sampling_params(max_tokens_default)
     except UnsupportedField as exc:

@@ -31,9 +31,14 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
+# As OpenAI types them, where that differs from the status's type.
+_CODE_TYPES = {"model_not_found": "invalid_request_error"}
+
+
 def error_body(status: int, message: str, code: str | None = None,
                param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
+    kind = _CODE_TYPES.get(code) or _TYPES.get(status, "server_error")
+    return {"error": {"message": message, "type": kind,
                       "param": param, "code": code}}
 
 

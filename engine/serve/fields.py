@@ -44,8 +44,9 @@ HONOURED_CHAT = ("model", "messages", "n", "temperature", "top_p", "max_tokens",
                  "response_format", "chat_template_kwargs", "reasoning_effort")
 HONOURED_TEXT = ("model", "prompt", "n", "temperature", "top_p", "max_tokens", "stop",
                  "seed", "stream", "stream_options", "logprobs")
-# vLLM's names for what SamplingParams has beyond OpenAI's fields.
-EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos")
+# vLLM's names for what SamplingParams has beyond OpenAI's fields, and Ollama's keep_alive
+# (how long the model stays loaded after the request: engine/hosting).
+EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "keep_alive")
 
 # Accepted and ignored: labels for the caller's own bookkeeping and cache routing hints
 # (Folio's prefix cache finds shared prefixes by their tokens), none of which can change

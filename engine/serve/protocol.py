@@ -116,6 +116,8 @@ class SamplingFields(BaseModel):
     min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
     repetition_penalty: Annotated[float, Field(gt=0, le=2)] = 1.0
     ignore_eos: bool = False
+    # Ollama's: how long the model stays loaded after this request (engine/hosting).
+    keep_alive: str | float | None = None
 
     DEFAULT_ONLY: ClassVar[dict] = fields.DEFAULT_ONLY_CHAT
 

@@ -3,14 +3,15 @@
 The EngineWorker calls back on its own thread; ``RequestStream`` hands each event to the
 asyncio loop with ``call_soon_threadsafe`` and the handler awaits them in order. Leaving
 the ``async with`` before the request finished (the client went away, the handler
-failed) cancels it in the engine, so its blocks are freed at once.
+failed) cancels it in the engine, so its blocks are freed at once; leaving it also ends
+the request's hold on its model (``on_close``, run off the event loop: it may unload it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from engine.outputs import ErrorEvent, Event, FinishedEvent, PromptProgress, TokenEvent
 from engine.sampling_params import SamplingParams
@@ -19,8 +20,9 @@ from engine.worker import EngineWorker
 
 class RequestStream:
     def __init__(self, worker: EngineWorker, prompt, params: SamplingParams,
-                 grammar=None) -> None:
+                 grammar=None, on_close: Callable[[], None] | None = None) -> None:
         self._worker = worker
+        self._on_close = on_close
         self._prompt = prompt
         self._params = params
         self._grammar = grammar  # params.response_format compiled, or None
@@ -46,6 +48,9 @@ class RequestStream:
 
     async def __aexit__(self, *exc_info) -> None:
         self.cancel()
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:  # shielded: a cancelled handler still ends it
+            await asyncio.shield(asyncio.to_thread(on_close))
 
     def cancel(self) -> None:
         """End the request in the engine; a FinishedEvent with what it had follows."""

@@ -17,7 +17,7 @@ from tests.engine.serve.conftest import Served
 pytestmark = pytest.mark.slow
 
 OPERATIONS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
-              "GET /health", "GET /metrics"]
+              "GET /health", "GET /metrics", "GET /v1/status"]
 
 
 @pytest.fixture(scope="module")

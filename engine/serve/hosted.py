@@ -1,0 +1,46 @@
+"""``folio serve``'s models: the library (the catalog and ``--models-dir``), a ModelHost
+over it within the memory budget, ``--model`` loaded at start, and the reaper that
+unloads idle models. Every setting is checked when built, before anything loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.hosting import ModelHost, parse_keep_alive
+from engine.hosting.budget import GIB, default_budget_bytes
+from engine.hosting.library import ModelLibrary
+from engine.hosting.reaper import Reaper
+from engine.serve.models import HostedModels
+
+
+class HostedServe:
+    def __init__(self, model: str, models_dirs: list[str], keep_alive: str,
+                 memory_gib: float | None, config: EngineConfig) -> None:
+        """ValueError names a bad setting (`--keep-alive`, `--memory-gib`, `models_dirs`);
+        UnknownModel says `model` is neither listed nor a path."""
+        keep_alive_s = parse_keep_alive(keep_alive, "--keep-alive")
+        if memory_gib is not None and not memory_gib > 0:
+            raise ValueError(f"--memory-gib must be > 0, got {memory_gib}")
+        # A --model path outside the library joins it.
+        extra = [model] if Path(model).expanduser().exists() else []
+        self.library = ModelLibrary(extra, models_dirs)
+        self.name = self.library.name_of(model)
+        budget = int(memory_gib * GIB) if memory_gib is not None else \
+            default_budget_bytes(config)
+        self.budget_gib = budget / GIB
+        self.host = ModelHost(config, budget, keep_alive_s=keep_alive_s,
+                              load=self.library.loader(config),
+                              estimate=self.library.estimator(config))
+        self._reaper: Reaper | None = None
+
+    def start(self) -> HostedModels:
+        """Load the first model (blocking), start the reaper; the models to serve."""
+        self.host.lease(self.name).release()
+        self._reaper = Reaper(self.host).start()
+        return HostedModels(self.host, self.library, self.name)
+
+    def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.stop()
+        self.host.shutdown()
