@@ -354,12 +354,16 @@ class EngineBridge(QObject):
             raise RuntimeError("No model is loaded. Load one from the model picker first.")
         generation = self._generation
 
+        # Each worker numbers its own requests: a compared model's ids are the bridge's
+        # with its source before them, so two models' ids never meet.
+        tag = "" if source is None or source == self._source else f"{source}#"
+
         def on_event(event) -> None:
-            self._posted.emit(-1, (generation, event))
+            self._posted.emit(-1, (generation, event, tag))
 
         was_busy = self.busy
         lease = None
-        if source is not None and source != self._source:
+        if tag:
             if not self.shelf().is_loaded(source):
                 raise RuntimeError(f"{source} is not loaded: it cannot answer yet.")
             lease = self.shelf().lease(source)  # loaded: no wait on the GUI thread
@@ -370,13 +374,14 @@ class EngineBridge(QObject):
             if lease is not None:
                 lease.release()
             raise
+        request_id = tag + handle.request_id
         if lease is not None:
-            self._leases[handle.request_id] = lease
-        self._handles[handle.request_id] = handle
+            self._leases[request_id] = lease
+        self._handles[request_id] = handle
         if not was_busy:
             self.busyChanged.emit(True)
         self._update_active()
-        return handle.request_id
+        return request_id
 
     def cancel(self, request_id: str) -> None:
         """Abort a request; its KV blocks are freed at once and requestFinished follows."""
@@ -405,9 +410,9 @@ class EngineBridge(QObject):
     @Slot(int, object)
     def _on_posted(self, token: int, payload) -> None:
         if token == -1:
-            generation, event = payload
+            generation, event, tag = payload
             if generation == self._generation:
-                self._dispatch(event)
+                self._dispatch(event, tag)
             return
         if token == 0:  # the shelf's news: a model (un)loaded, or a compared one's load
             self.hostedChanged.emit()
@@ -442,33 +447,35 @@ class EngineBridge(QObject):
                 self._stale_shelf = None
             generation = self._generation
             worker.set_activity_listener(lambda event: self._posted.emit(-1, (generation,
-                                                                              event)))
+                                                                              event, "")))
             if lease is None:
                 worker.start()  # a remote worker; the shelf starts the local ones
             self._worker, self._source, self._lease = worker, payload[2], lease
             self.modelLoaded.emit(worker.model_name)
             self.hostedChanged.emit()
 
-    def _dispatch(self, event) -> None:
+    def _dispatch(self, event, tag: str) -> None:
         if isinstance(event, ActivityEvent):
             self._engine_busy = event.busy
             self._update_active()
-        elif isinstance(event, TokenEvent):
-            if event.request_id in self._handles:
-                self.tokenArrived.emit(event.request_id, event.index, event.parts)
+            return
+        rid = tag + event.request_id
+        if isinstance(event, TokenEvent):
+            if rid in self._handles:
+                self.tokenArrived.emit(rid, event.index, event.parts)
         elif isinstance(event, PromptProgress):
-            if event.request_id in self._handles:
-                self.promptProgress.emit(event.request_id, event)
+            if rid in self._handles:
+                self.promptProgress.emit(rid, event)
         elif isinstance(event, FinishedEvent | ErrorEvent):
-            if self._handles.pop(event.request_id, None) is None:
+            if self._handles.pop(rid, None) is None:
                 return
-            lease = self._leases.pop(event.request_id, None)
+            lease = self._leases.pop(rid, None)
             if lease is not None:
                 lease.release()
             if isinstance(event, FinishedEvent):
-                self.requestFinished.emit(event.request_id, event.output)
+                self.requestFinished.emit(rid, event.output)
             else:
-                self.requestFailed.emit(event.request_id, event.message)
+                self.requestFailed.emit(rid, event.message)
             if not self._handles:
                 self.busyChanged.emit(False)
                 self._update_active()
