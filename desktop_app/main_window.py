@@ -134,6 +134,7 @@ class MainWindow(QMainWindow):
         self.controller.chatOpened.connect(self._on_chat_opened)
         self.controller.errorRaised.connect(lambda t, m: error_dialog.show_error(self, t, m))
         bridge.activityChanged.connect(self.vram_panel.set_busy)
+        bridge.hostedChanged.connect(self.vram_panel.refresh)  # a model (un)loaded
         bridge.modelLoaded.connect(self._on_model_loaded)
         bridge.modelLoadFailed.connect(self._on_model_load_failed)
         bridge.modelUnloaded.connect(self._on_model_unloaded)

@@ -46,6 +46,7 @@ from collections.abc import Callable
 import torch
 
 from engine.bench.candidates import bench_candidates
+from engine.bench.compare import bench_compare
 from engine.bench.chat import bench_chat
 from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
@@ -76,6 +77,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "sizes": bench_sizes,
     "structured": bench_structured,
     "moe": bench_moe,
+    "compare": bench_compare,
 }
 
 EPILOG = """workloads:
@@ -97,6 +99,8 @@ EPILOG = """workloads:
               use, cached), a tool round trip's cached tokens through the API
   moe         synthetic OLMoE-1B-7B Q4_K_M (64 experts, 8 per token), as sizes, the best
               of two fresh-process runs per side
+  compare     a chat compared across two models in one ModelHost: computed prompt
+              tokens per model on turns 2-8 over the turn's new tokens
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
 llama.cpp joins chat, decode, memory, 8b, sizes and moe when llama-cpp-python is installed

@@ -123,3 +123,31 @@ def test_switching_models_keeps_the_first_ones_cache(qtbot, make_window, store,
     # between comes as text, computed with the new question).
     assert last.metrics["num_cached_tokens"] >= first_reply.metrics["num_prompt_tokens"] - 16
     bridge.shutdown()
+
+
+def test_the_memory_dock_lists_both_models_and_its_block_map_switches(
+        qtbot, make_window, store, tiny_model_path, second_model):
+    bridge = loaded(qtbot, tiny_model_path)
+    window = make_window(bridge, settings(max_tokens=8))
+    panel = window.vram_panel
+    assert panel.models.isHidden()  # one model: nothing to choose
+    window.new_chat()
+    send_all(qtbot, window, "Some blocks for the first model.")
+    main_blocks = panel.last_kv.num_blocks
+    load(qtbot, bridge, second_model)
+    qtbot.waitUntil(lambda: len(panel.models.lines) == 2, timeout=5_000)
+    assert not panel.models.isHidden()
+    assert set(panel.models.lines) == {str(tiny_model_path), str(second_model)}
+    assert all("weights" in line and "KV pool" in line for line in panel.models.lines.values())
+    assert "idle" in panel.models.lines[str(tiny_model_path)]
+    assert panel.models.lines[str(second_model)].endswith("the chats' model")
+    # The dock shows the picker's model (now the second); switching shows the first's
+    # pool, its cached blocks from the turn above included.
+    assert panel.models.picker.currentData() == str(second_model)
+    assert panel.last_kv.num_cached == 0
+    first = panel.models.picker.findData(str(tiny_model_path))
+    panel.models.picker.setCurrentIndex(first)
+    panel.models.picker.activated.emit(first)
+    assert panel.last_kv.num_cached > 0
+    assert len(panel.block_map.blocks) == main_blocks
+    bridge.shutdown()
