@@ -46,8 +46,8 @@ from collections.abc import Callable
 import torch
 
 from engine.bench.candidates import bench_candidates
-from engine.bench.compare import bench_compare
 from engine.bench.chat import bench_chat
+from engine.bench.compare import bench_compare
 from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
 from engine.bench.eight_b import bench_8b

@@ -43,6 +43,21 @@ def _answer(worker, prompt, params) -> object:
     return event.output
 
 
+def _answer_all(workers: dict, prompts: dict, params) -> dict:
+    """Every model answers its prompt at once, as a compare turn's columns do."""
+    outputs: dict[str, object] = {}
+
+    def run(name: str) -> None:
+        outputs[name] = _answer(workers[name], prompts[name], params)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outputs
+
+
 def _messages_for(history: list[dict], name: str) -> list[dict]:
     """The conversation as ``name``'s prompt: its own replies as its ids, others' as text."""
     return [{k: v for k, v in m.items() if k not in ("token_ids", "model")}
@@ -75,13 +90,7 @@ def bench_compare(ctx: BenchContext) -> dict:
             history.append({"role": "user", "content": text})
             prompts = {name: worker.llm.prompts.build(ChatRequest(_messages_for(history, name)))
                        for name, worker in workers.items()}
-            outputs: dict[str, object] = {}
-            threads = [threading.Thread(target=lambda n=name: outputs.__setitem__(
-                n, _answer(workers[n], prompts[n], params))) for name in names]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            outputs = _answer_all(workers, prompts, params)
             for i, name in enumerate(names):
                 metrics = outputs[name].metrics
                 new = len(prompts[name].ids) - last_len[name]
