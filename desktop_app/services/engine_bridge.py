@@ -95,7 +95,7 @@ class EngineBridge(QObject):
     def __init__(self, llm_factory: LlmFactory | None = None,
                  worker_factory: WorkerFactory | None = None, engine_config=None,
                  parent: QObject | None = None, remote_factory=None, *,
-                 budget_bytes: int | None = None, estimate=None) -> None:
+                 budget_bytes=None, estimate=None) -> None:
         super().__init__(parent)
         self._llm_factory = llm_factory or _default_llm_factory
         self._worker_factory = worker_factory or _default_worker_factory
@@ -117,7 +117,8 @@ class EngineBridge(QObject):
         # change builds another, the old one shut down once its model is replaced).
         self._shelf: ModelShelf | None = None
         self._stale_shelf: ModelShelf | None = None
-        # The one memory budget of the local models (weights and pools; None: no limit),
+        # The one memory budget of the local models (weights and pools; None: no limit;
+        # a function: read when the first local model loads),
         # and their estimate before loading: the engine's from the file, unless the
         # models come from a factory of the caller's (tests' fakes: no file to read,
         # measured once loaded).
@@ -267,12 +268,15 @@ class EngineBridge(QObject):
         if self._shelf is None:
             from desktop_app.services.model_shelf import ModelShelf
 
+            budget = self._budget
+
             def worker_for(source, config, progress):
                 return self._worker_factory(self._llm_factory(source, config=config,
                                                               progress=progress))
 
             self._shelf = ModelShelf(self.engine_config or engine_config_for(EngineSettings()),
-                                     worker_for, self._budget, estimate=self._estimate,
+                                     worker_for, budget() if callable(budget) else budget,
+                                     estimate=self._estimate,
                                      on_change=lambda: self._posted.emit(0, ("hosted",)))
         return self._shelf
 
