@@ -258,7 +258,10 @@ class EngineBridge(QObject):
         source, shelf = self._source, self._shelf
         self._retire_worker(wait=False)
         if shelf is not None and source is not None:
-            shelf.unload(source)  # the user's Unload frees its memory, not just its hold
+            # The user's Unload frees its memory, not just its hold; joining the worker's
+            # step loop can take a step's time, so not on the GUI thread.
+            threading.Thread(target=shelf.unload, args=(source,), name="folio-worker-stop",
+                             daemon=True).start()
         self.modelUnloaded.emit()
         self.hostedChanged.emit()
 
