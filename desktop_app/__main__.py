@@ -109,8 +109,10 @@ def build_window(store=None, settings=None, bridge=None):
     settings = settings if settings is not None else load_settings()
     if bridge is None:
         from desktop_app.services.devices import engine_config_for
+        from desktop_app.services.machine_memory import models_budget
 
-        bridge = EngineBridge(engine_config=engine_config_for(settings.engine))
+        bridge = EngineBridge(engine_config=engine_config_for(settings.engine),
+                              budget_bytes=models_budget)
     return MainWindow(store, bridge, settings)
 
 

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.controllers.chat_controller import ChatController
+from desktop_app.controllers.compare_choice import CompareChoice
 from desktop_app.controllers.dock_lookups import DockLookups
 from desktop_app.controllers.json_mode import JsonModeController
 from desktop_app.controllers.load_display import LoadDisplay
@@ -42,6 +43,7 @@ from desktop_app.services.tools_bridge import ToolsBridge
 from desktop_app.widgets import theme
 from desktop_app.widgets.chat_list import ChatList
 from desktop_app.widgets.chat_tools import ChatToolsButton
+from desktop_app.widgets.compare_button import CompareButton
 from desktop_app.widgets.conversation_view import ConversationView
 from desktop_app.widgets.vram_panel import VramPanel
 from desktop_app.window_menus import WindowMenus
@@ -110,6 +112,8 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.vram_dock)
 
         self._build_toolbar()
+        self.compare = CompareChoice(store, self.controller, bridge, settings, persist,
+                                     self.compare_button, self)
         self.menus = WindowMenus(self)  # File, Help, Ctrl+N / Ctrl+R / Esc
         # The load's plain steps and the empty chat's welcome (controllers.load_display).
         self.load_display = LoadDisplay(bridge, self.load_progress,
@@ -130,6 +134,7 @@ class MainWindow(QMainWindow):
         self.controller.chatOpened.connect(self._on_chat_opened)
         self.controller.errorRaised.connect(lambda t, m: error_dialog.show_error(self, t, m))
         bridge.activityChanged.connect(self.vram_panel.set_busy)
+        bridge.hostedChanged.connect(self.vram_panel.refresh)  # a model (un)loaded
         bridge.modelLoaded.connect(self._on_model_loaded)
         bridge.modelLoadFailed.connect(self._on_model_load_failed)
         bridge.modelUnloaded.connect(self._on_model_unloaded)
@@ -178,6 +183,8 @@ class MainWindow(QMainWindow):
         self.candidates_spin.setToolTip("Replies generated side by side for each message")
         self.candidates_spin.valueChanged.connect(self._on_candidates_changed)
         bar.addWidget(self.candidates_spin)
+        self.compare_button = CompareButton()  # its choice: controllers.compare_choice
+        bar.addWidget(self.compare_button)
         bar.addWidget(self.tools_button)
         spacer = QWidget()
         spacer.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)

@@ -64,6 +64,8 @@ class ChatController(QObject):
             signal.connect(lambda *_: self.update_gauge())
             signal.connect(lambda *_: self._update_regenerate())
         bridge.modelLoaded.connect(lambda *_: self._load_ahead())
+        bridge.companionReady.connect(self._on_companion_ready)
+        bridge.companionFailed.connect(self._on_companion_failed)
 
     # -- sessions ----------------------------------------------------------------------
     @property
@@ -301,6 +303,15 @@ class ChatController(QObject):
         session = self._owner(request_id)
         if session is not None:
             session.on_failed(request_id, message)
+
+    def _on_companion_ready(self, source: str) -> None:
+        for session in list(self.sessions.values()):
+            session.compare.ready(source)
+
+    def _on_companion_failed(self, source: str, message: str) -> None:
+        for session in list(self.sessions.values()):
+            session.compare.failed(source, message)
+            self._release(session.chat_id)
 
     # -- what sessions say, to the view while their chat is open ------------------------
     def _on_delta(self, chat_id: int, message_id: int, thought: str, text: str) -> None:

@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import QObject, Signal
 
+from desktop_app.controllers.compare_turns import CompareTurns
 from desktop_app.controllers.context_window import ContextTracker, branch_tokens
 from desktop_app.controllers.json_mode import reply_metrics
 from desktop_app.controllers.stream import Stream
@@ -62,10 +63,11 @@ class ChatSession(QObject):
         # Where the overflow policy last cut, so the next prompts start the same way and
         # the prefix cache hits again.
         self.context = ContextTracker()
+        self.compare = CompareTurns(self)  # the columns of its "Compare with" models
 
     @property
     def generating(self) -> bool:
-        return bool(self.streams)
+        return bool(self.streams) or self.compare.waiting
 
     @property
     def idle(self) -> bool:
@@ -119,7 +121,8 @@ class ChatSession(QObject):
             # The whole branch, not the context plan: planning counts every token here
             # on the GUI thread, and the engine loads only what its pool has room for.
             chat = self.store.get_chat(self.chat_id)
-            self.bridge.preload(self.request(chat, self.store.messages_for_engine(leaf)))
+            self.bridge.preload(self.request(
+                chat, self.store.messages_for_engine(leaf, self.bridge.model_name)))
 
     # -- turns -------------------------------------------------------------------------
     def send(self, text: str) -> None:
@@ -218,6 +221,7 @@ class ChatSession(QObject):
 
     def stop(self) -> None:
         """Stop its replies; each ends as stopped (requestFinished follows)."""
+        self.compare.cancel()
         for request_id in list(self.streams):
             self.bridge.cancel(request_id)
 
@@ -248,6 +252,9 @@ class ChatSession(QObject):
 
     def _generate(self, parent_id: int, plan: ContextPlan | None = None) -> None:
         chat = self.store.get_chat(self.chat_id)
+        # A new turn (send, edit, regenerate) is compared; a tool call's continuation is
+        # the same turn of the model that called.
+        compare = plan is not None
         try:
             params = chat.settings.to_sampling_params()
             if plan is None:
@@ -264,11 +271,14 @@ class ChatSession(QObject):
         recomputed = plan.prompt.recomputed if plan.prompt is not None else 0
         replies = self.store.add_candidates(self.chat_id, parent_id, params.n,
                                             model=self.bridge.model_name)
-        if params.n > 1:
+        compared = self.compare.sources(chat) if compare else []
+        if params.n > 1 or compared:
             self.pending_group = replies[0].candidate_group
         self.streams[request_id] = Stream.started(
             request_id, self.chat_id, parent_id, [m.id for m in replies], plan.prompt_tokens,
             {**reply_metrics(params), **({DROPPED_METRIC: recomputed} if recomputed else {})})
+        if compared:
+            self.compare.start(chat, parent_id, replies[0].candidate_group)
         self.streamsChanged.emit(self.chat_id)
         self.changed.emit(self.chat_id)
 

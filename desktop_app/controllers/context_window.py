@@ -87,10 +87,11 @@ class ContextTracker:
         under the chat's policy; ``plan.refused`` says why when nothing may be sent.
         ``request_for(messages)``: the chat's request for those messages (its tools and
         template options), measured and built by the model's prompt builder; ValueError
-        where that builder refuses them."""
+        where that builder refuses them. ``bridge``: what the prompt is for (the bridge,
+        or a compared model's worker): its ``model_name``, ``max_model_len``, ``prompts``."""
         chat = store.get_chat(chat_id)
         if leaf_id is not None:
-            messages = store.messages_for_engine(leaf_id)
+            messages = store.messages_for_engine(leaf_id, getattr(bridge, "model_name", None))
             ids: list[int | None] = [m.id for m in store.path_to(leaf_id)]
         else:
             prompt = chat.settings.system_prompt

@@ -265,17 +265,19 @@ class ChatStore:
         with self._tx() as c:
             self._activate(c, chat_id, message_id, self._stamp())
 
-    def messages_for_engine(self, leaf_id: int) -> list[dict[str, Any]]:
+    def messages_for_engine(self, leaf_id: int, model: str | None = None
+                            ) -> list[dict[str, Any]]:
         """The chat's system prompt, then the branch root..leaf, as engine chat messages
         (engine.chat.request): "token_ids" where the message's exact tokens are known,
         "reasoning_content" where a reply has thinking (the prompt builder shows it as the
-        model's template wants)."""
+        model's template wants). ``model``: the model the prompt is for; a reply another
+        model wrote goes as text, its ids being that model's vocabulary."""
         path = self.path_to(leaf_id)
         prompt = self.get_chat(path[0].chat_id).settings.system_prompt
         out: list[dict[str, Any]] = [{"role": "system", "content": prompt}] if prompt else []
         for msg in path:
             item: dict[str, Any] = {"role": msg.role, "content": msg.content}
-            if msg.token_ids is not None:
+            if msg.token_ids is not None and (model is None or msg.model in (None, model)):
                 item["token_ids"] = msg.token_ids
             if msg.thinking:
                 item["reasoning_content"] = msg.thinking

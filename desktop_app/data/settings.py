@@ -85,6 +85,9 @@ class ChatSettings:
     # "Reasoning effort": low, medium or high for a model whose template reads
     # ``reasoning_effort`` (gpt-oss); None leaves the template's default. Others ignore it.
     reasoning_effort: str | None = None
+    # "Compare with": the local models (sources, as the model picker names them) that answer
+    # each turn beside the picker's model, a column each (controllers.compare_turns).
+    compare_models: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check = _checker("ChatSettings")
@@ -118,6 +121,10 @@ class ChatSettings:
         check(self.reasoning_effort is None or self.reasoning_effort in REASONING_EFFORTS,
               "reasoning_effort", self.reasoning_effort,
               f"null or one of {', '.join(REASONING_EFFORTS)}")
+        check(isinstance(self.compare_models, list) and all(
+            isinstance(m, str) and m.strip() for m in self.compare_models)
+            and len(set(self.compare_models)) == len(self.compare_models),
+            "compare_models", self.compare_models, "a list of distinct model sources")
         if self.json_mode:
             json_mode.parse_schema(self.json_schema)
 

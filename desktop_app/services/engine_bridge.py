@@ -4,7 +4,10 @@ It owns the loaded model's worker (services.worker_protocol.ModelWorker: a Local
 the engine's worker whose step loop runs on its own thread, or for a ``remote:`` source, a
 server the user added (desktop_app.data.servers), a RemoteWorker: same surface, same
 events, the model on another machine), loads models on a background thread, and turns
-worker callbacks into Qt signals. Worker callbacks run on the worker thread, so they only
+worker callbacks into Qt signals. Local models live on a ModelShelf (services.model_shelf,
+the engine's ModelHost): the picker's model is held; one switched away from stays loaded
+while memory allows (going back is warm), and compared models (``prepare``, ``submit``
+with a source) are leased per request. Worker callbacks run on the worker thread, so they only
 post the event object to the GUI thread through a queued connection; every public signal
 is therefore emitted on the GUI thread and views may connect to it directly.
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
@@ -25,6 +28,9 @@ from desktop_app.data.engine_settings import EngineSettings
 from desktop_app.data.servers import is_remote_source, parse_server_source
 from desktop_app.services.devices import describe_memory_error, engine_config_for
 from desktop_app.services.worker_protocol import ModelWorker
+
+if TYPE_CHECKING:
+    from desktop_app.services.model_shelf import ModelShelf
 from engine.outputs import ActivityEvent, ErrorEvent, FinishedEvent, PromptProgress, TokenEvent
 
 LlmFactory = Callable[..., Any]  # (name_or_path, config=..., progress=...) -> LLM
@@ -76,6 +82,9 @@ class EngineBridge(QObject):
     modelLoaded = Signal(str)  # model name
     modelLoadFailed = Signal(str, str)  # model name or path, message
     modelUnloaded = Signal()
+    companionReady = Signal(str)  # a compared model (its source) is loaded: submit to it
+    companionFailed = Signal(str, str)  # its source, why it could not load
+    hostedChanged = Signal()  # the local models loaded changed (the Memory dock's list)
     workerRetired = Signal()  # the worker stops (unload, switch, exit): let go of it
     busyChanged = Signal(bool)  # whether any request is in flight
     activityChanged = Signal(bool)  # whether the engine runs any request (the API's too)
@@ -85,7 +94,8 @@ class EngineBridge(QObject):
 
     def __init__(self, llm_factory: LlmFactory | None = None,
                  worker_factory: WorkerFactory | None = None, engine_config=None,
-                 parent: QObject | None = None, remote_factory=None) -> None:
+                 parent: QObject | None = None, remote_factory=None, *,
+                 budget_bytes=None, estimate=None) -> None:
         super().__init__(parent)
         self._llm_factory = llm_factory or _default_llm_factory
         self._worker_factory = worker_factory or _default_worker_factory
@@ -103,6 +113,20 @@ class EngineBridge(QObject):
         self._handles: dict[str, Any] = {}
         self._engine_busy = False  # the worker's last ActivityEvent
         self._active = False  # what activityChanged last said
+        # The local models (built with the engine config of its first load; a config
+        # change builds another, the old one shut down once its model is replaced).
+        self._shelf: ModelShelf | None = None
+        self._stale_shelf: ModelShelf | None = None
+        # The one memory budget of the local models (weights and pools; None: no limit;
+        # a function: read when the first local model loads),
+        # and their estimate before loading: the engine's from the file, unless the
+        # models come from a factory of the caller's (tests' fakes: no file to read,
+        # measured once loaded).
+        self._budget = budget_bytes
+        self._estimate = estimate if estimate is not None or llm_factory is None else \
+            (lambda _source: 0)
+        self._lease = None  # the picker's model's lease (a local model)
+        self._leases: dict[str, Any] = {}  # request id -> a compared model's lease
         self._posted.connect(self._on_posted, Qt.ConnectionType.QueuedConnection)
 
     # -- state -----------------------------------------------------------------------
@@ -187,6 +211,8 @@ class EngineBridge(QObject):
         # app's automatic settings.
         changed = config != (self.engine_config or engine_config_for(EngineSettings()))
         self.engine_config = config
+        if changed and self._shelf is not None:
+            self._stale_shelf, self._shelf = self._shelf, None
         if not changed or self._source is None or self.is_remote:
             return False
         self.load_model(self._source)
@@ -213,21 +239,80 @@ class EngineBridge(QObject):
                 if is_remote_source(name_or_path):
                     worker = self._remote_factory(
                         name_or_path, self._server_keys.get(name_or_path, ""), progress)
+                    lease = None
                 else:
-                    llm = self._llm_factory(name_or_path, config=cfg, progress=progress)
-                    worker = self._worker_factory(llm)
+                    lease = shelf.lease(name_or_path, cfg, progress)
+                    worker = lease.worker
             except BaseException as exc:  # noqa: BLE001 - any failure goes to the dialog
                 self._posted.emit(token, ("failed", name_or_path, describe_error(exc)))
                 return
-            self._posted.emit(token, ("loaded", worker, name_or_path))
+            self._posted.emit(token, ("loaded", worker, name_or_path, lease))
+
+        shelf = None if is_remote_source(name_or_path) else self.shelf()
 
         threading.Thread(target=run, name="folio-model-load", daemon=True).start()
 
     def unload_model(self) -> None:
         if self._worker is None:
             return
+        source, shelf = self._source, self._shelf
         self._retire_worker(wait=False)
+        if shelf is not None and source is not None:
+            # The user's Unload frees its memory, not just its hold; joining the worker's
+            # step loop can take a step's time, so not on the GUI thread.
+            threading.Thread(target=shelf.unload, args=(source,), name="folio-worker-stop",
+                             daemon=True).start()
         self.modelUnloaded.emit()
+        self.hostedChanged.emit()
+
+    # -- the local models ----------------------------------------------------------------
+    def shelf(self) -> ModelShelf:
+        """The local models (built on first use, with the engine config of the time)."""
+        if self._shelf is None:
+            from desktop_app.services.model_shelf import ModelShelf
+
+            budget = self._budget
+
+            def worker_for(source, config, progress):
+                return self._worker_factory(self._llm_factory(source, config=config,
+                                                              progress=progress))
+
+            self._shelf = ModelShelf(self.engine_config or engine_config_for(EngineSettings()),
+                                     worker_for, budget() if callable(budget) else budget,
+                                     estimate=self._estimate,
+                                     on_change=lambda: self._posted.emit(0, ("hosted",)))
+        return self._shelf
+
+    def hosted(self) -> list:
+        """The local models loaded (engine.hosting's HostedModel), most recent first."""
+        if self._shelf is None:
+            return []
+        return sorted(self._shelf.models(), key=lambda m: -m.last_used)
+
+    def hosted_worker(self, source: str) -> ModelWorker | None:
+        """A loaded local model's worker (its facts and figures), None when not loaded."""
+        return None if self._shelf is None else self._shelf.worker(source)
+
+    def prepare(self, source: str) -> None:
+        """Load a compared model in the background; companionReady or companionFailed
+        follows (at once when it is loaded)."""
+        if is_remote_source(source):
+            self.companionFailed.emit(source, "Only local models can be compared.")
+            return
+        shelf = self.shelf()
+        if shelf.is_loaded(source):
+            self.companionReady.emit(source)
+            return
+
+        def run() -> None:
+            try:
+                shelf.lease(source).release()
+            except BaseException as exc:  # noqa: BLE001 - any failure goes to the chat
+                self._posted.emit(0, ("companion", source, describe_error(exc)))
+                return
+            self._posted.emit(0, ("companion", source, None))
+
+        threading.Thread(target=run, name="folio-compare-load", daemon=True).start()
 
     def shutdown(self) -> None:
         """Stop the worker and wait for it (app exit)."""
@@ -235,43 +320,75 @@ class EngineBridge(QObject):
         self._loading = None
         if self._worker is not None:
             self._retire_worker(wait=True)
+        for shelf in (self._shelf, self._stale_shelf):
+            if shelf is not None:
+                shelf.shutdown()
+        self._shelf = self._stale_shelf = None
 
     def _retire_worker(self, wait: bool) -> None:
         old = self._worker
         for rid in list(self._handles):
             self.requestFailed.emit(rid, "The model was unloaded before the reply finished.")
         self._handles.clear()
+        for lease in self._leases.values():
+            lease.release()
+        self._leases.clear()
         self._generation += 1
         self._worker = None
         self._source = None
+        lease, self._lease = self._lease, None
         self._engine_busy = False
         self.busyChanged.emit(False)
         self._update_active()
         self.workerRetired.emit()
-        if wait:
+        if lease is not None:
+            # Released, not shut down: it stays loaded while memory allows (going back to
+            # it is warm); the shelf unloads it when the room is needed.
+            old.set_activity_listener(None)
+            lease.release()
+        elif wait:
             old.shutdown()
         else:
             # Joining the step loop can take a step's time; keep the GUI thread free.
             threading.Thread(target=old.shutdown, name="folio-worker-stop", daemon=True).start()
 
     # -- requests --------------------------------------------------------------------
-    def submit(self, prompt, params) -> str:
+    def submit(self, prompt, params, source: str | None = None) -> str:
         """Queue a chat turn (a built ``ChatPrompt``, or the messages for a model without
-        a prompt builder); returns the request id the signals will carry."""
+        a prompt builder); returns the request id the signals will carry. ``source``: a
+        compared local model, loaded (``prepare``), that answers instead of the picker's."""
         if self._worker is None:
             raise RuntimeError("No model is loaded. Load one from the model picker first.")
         generation = self._generation
 
+        # Each worker numbers its own requests: a compared model's ids are the bridge's
+        # with its source before them, so two models' ids never meet.
+        tag = "" if source is None or source == self._source else f"{source}#"
+
         def on_event(event) -> None:
-            self._posted.emit(-1, (generation, event))
+            self._posted.emit(-1, (generation, event, tag))
 
         was_busy = self.busy
-        handle = self._worker.submit(prompt, params, on_event)
-        self._handles[handle.request_id] = handle
+        lease = None
+        if tag:
+            if not self.shelf().is_loaded(source):
+                raise RuntimeError(f"{source} is not loaded: it cannot answer yet.")
+            lease = self.shelf().lease(source)  # loaded: no wait on the GUI thread
+        try:
+            handle = (lease.worker if lease is not None else self._worker).submit(
+                prompt, params, on_event)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        request_id = tag + handle.request_id
+        if lease is not None:
+            self._leases[request_id] = lease
+        self._handles[request_id] = handle
         if not was_busy:
             self.busyChanged.emit(True)
         self._update_active()
-        return handle.request_id
+        return request_id
 
     def cancel(self, request_id: str) -> None:
         """Abort a request; its KV blocks are freed at once and requestFinished follows."""
@@ -300,13 +417,26 @@ class EngineBridge(QObject):
     @Slot(int, object)
     def _on_posted(self, token: int, payload) -> None:
         if token == -1:
-            generation, event = payload
+            generation, event, tag = payload
             if generation == self._generation:
-                self._dispatch(event)
+                self._dispatch(event, tag)
+            return
+        if token == 0:  # the shelf's news: a model (un)loaded, or a compared one's load
+            self.hostedChanged.emit()
+            if payload[0] == "hosted":
+                return
+            _, source, message = payload
+            if message is None:
+                self.companionReady.emit(source)
+            else:
+                self.companionFailed.emit(source, message)
             return
         if token != self._load_token:
-            if payload[0] == "loaded":  # a superseded load: free it
-                threading.Thread(target=payload[1].shutdown, daemon=True).start()
+            if payload[0] == "loaded":  # a superseded load: let go of it
+                if payload[3] is not None:
+                    payload[3].release()
+                else:
+                    threading.Thread(target=payload[1].shutdown, daemon=True).start()
             return
         kind = payload[0]
         if kind == "progress":
@@ -316,33 +446,43 @@ class EngineBridge(QObject):
             self.modelLoadFailed.emit(payload[1], payload[2])
         elif kind == "loaded":
             self._loading = None
-            worker = payload[1]
+            worker, lease = payload[1], payload[3]
             if self._worker is not None:
                 self._retire_worker(wait=False)
+            if self._stale_shelf is not None:  # the engine settings changed: the old goes
+                threading.Thread(target=self._stale_shelf.shutdown, daemon=True).start()
+                self._stale_shelf = None
             generation = self._generation
             worker.set_activity_listener(lambda event: self._posted.emit(-1, (generation,
-                                                                              event)))
-            worker.start()
-            self._worker, self._source = worker, payload[2]
+                                                                              event, "")))
+            if lease is None:
+                worker.start()  # a remote worker; the shelf starts the local ones
+            self._worker, self._source, self._lease = worker, payload[2], lease
             self.modelLoaded.emit(worker.model_name)
+            self.hostedChanged.emit()
 
-    def _dispatch(self, event) -> None:
+    def _dispatch(self, event, tag: str) -> None:
         if isinstance(event, ActivityEvent):
             self._engine_busy = event.busy
             self._update_active()
-        elif isinstance(event, TokenEvent):
-            if event.request_id in self._handles:
-                self.tokenArrived.emit(event.request_id, event.index, event.parts)
+            return
+        rid = tag + event.request_id
+        if isinstance(event, TokenEvent):
+            if rid in self._handles:
+                self.tokenArrived.emit(rid, event.index, event.parts)
         elif isinstance(event, PromptProgress):
-            if event.request_id in self._handles:
-                self.promptProgress.emit(event.request_id, event)
+            if rid in self._handles:
+                self.promptProgress.emit(rid, event)
         elif isinstance(event, FinishedEvent | ErrorEvent):
-            if self._handles.pop(event.request_id, None) is None:
+            if self._handles.pop(rid, None) is None:
                 return
+            lease = self._leases.pop(rid, None)
+            if lease is not None:
+                lease.release()
             if isinstance(event, FinishedEvent):
-                self.requestFinished.emit(event.request_id, event.output)
+                self.requestFinished.emit(rid, event.output)
             else:
-                self.requestFailed.emit(event.request_id, event.message)
+                self.requestFailed.emit(rid, event.message)
             if not self._handles:
                 self.busyChanged.emit(False)
                 self._update_active()

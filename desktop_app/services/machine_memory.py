@@ -77,6 +77,13 @@ def _verdict(needed: int, total: int, free: int | None, whose: str) -> Fit:
     return Fit(TIGHT, "Tight: close other programs first")
 
 
+def models_budget() -> int:
+    """The app's one memory budget for its local models, weights and KV pools together
+    (services.model_shelf): FITS_SHARE of the memory of the device the engine picks."""
+    memory = read_machine_memory()
+    return int(FITS_SHARE * (memory.gpu_total or memory.ram_total))
+
+
 def read_machine_memory() -> MachineMemory:
     """This machine's RAM (and the first CUDA GPU's memory when there is one)."""
     total, available = _ram()

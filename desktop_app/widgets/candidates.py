@@ -92,20 +92,25 @@ class CandidateColumn(QFrame):
     keepClicked = Signal(int)  # message id
 
     def __init__(self, message_id: int, index: int, text: str = "",
-                 parent: QWidget | None = None, thinking: str = "") -> None:
+                 parent: QWidget | None = None, thinking: str = "", model: str = "") -> None:
         super().__init__(parent)
         self.setObjectName("candidateColumn")
-        self.setAccessibleName(f"Candidate {index + 1}")
+        # A compare turn's column is titled with its model (``model``), and its metrics
+        # line counts the tokens it wrote: the models are compared by that line.
+        name = model or f"Candidate {index + 1}"
+        self.setAccessibleName(name)
         self.message_id = message_id
         self.index = index
+        self.model = model
         self.finished = False
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(6)
         header = QHBoxLayout()
         header.setSpacing(4)
-        title = QLabel(f"Candidate {index + 1}")
+        title = QLabel(name)
         title.setObjectName("roleLabel")
+        self.title = title
         header.addWidget(title)
         header.addStretch(1)
         self.copy_button = QToolButton()
@@ -185,9 +190,25 @@ class CandidateColumn(QFrame):
         self.body.set_markdown(text)
         self.thinking.finish(thinking, metrics)
         line = footer_line(metrics, status)
+        generated = count(metrics, "num_generated_tokens") if self.model else None
+        if generated is not None and line:
+            line = f"{generated} tokens · {line}"
         self.metrics_label.setText(line)
         self.metrics_label.setVisible(bool(line))
         self.keep_button.setEnabled(True)
+
+
+def column_models(messages: Sequence) -> list[str]:
+    """Each column's model title in a compare turn (replies of more than one model): the
+    model, numbered where it wrote several; empty titles (numbered candidates) otherwise."""
+    models = [m.model or "" for m in messages]
+    if len(set(models)) < 2:
+        return [""] * len(models)
+    titles, seen = [], {}
+    for model in models:
+        seen[model] = seen.get(model, 0) + 1
+        titles.append(f"{model} · {seen[model]}" if models.count(model) > 1 else model)
+    return titles
 
 
 class CandidateGroup(QWidget):
@@ -202,8 +223,9 @@ class CandidateGroup(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(10)
         self.columns: list[CandidateColumn] = []
-        for i, msg in enumerate(messages):
-            column = CandidateColumn(msg.id, i, msg.content, thinking=msg.thinking)
+        for i, (msg, model) in enumerate(zip(messages, column_models(messages), strict=True)):
+            column = CandidateColumn(msg.id, i, msg.content, thinking=msg.thinking,
+                                     model=model)
             column.keepClicked.connect(self.keepRequested)
             if msg.status != "streaming":
                 column.finish(msg.content, msg.metrics, msg.status, msg.thinking)

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.widgets.block_map import BlockMap, Legend
+from desktop_app.widgets.hosted_models import HostedModels
 from desktop_app.widgets.kv_rows import (
     blocks_per_chat,
     disk_row,
@@ -104,6 +105,11 @@ class VramPanel(QScrollArea):
         layout = QVBoxLayout(self.local_view)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(4)
+        # Several local models loaded: each listed, and the one whose figures show below.
+        self.models = HostedModels()
+        self.models.chosen.connect(lambda _source: self.refresh())
+        layout.addWidget(self.models)
+        self._owner_tag = ""
         self._memory_form = self._section(layout, "Device memory", [
             ("device", "Device"), ("total", "Total"), ("used", "Used"), ("free", "Free"),
             ("rss", "Process RSS"), ("weights", "Weights"), ("experts", "of which experts"),
@@ -226,7 +232,7 @@ class VramPanel(QScrollArea):
 
     def _owner_name(self, owner: str) -> str | None:
         """A chat's title, "API request" for the app's API, None for anything else."""
-        chat = self._chat_of_owner(owner)
+        chat = self._chat_of_owner(self._owner_tag + owner)
         if chat is None and owner.startswith(API_PREFIX):
             return "API request"
         return chat
@@ -235,7 +241,8 @@ class VramPanel(QScrollArea):
         """Blocks the open chat's requests hold in the first KV group (every token)."""
         in_open = self._in_open_chat
         return sum(1 for block in kv.blocks
-                   if block.group == 0 and any(in_open(owner) for owner in block.owners))
+                   if block.group == 0 and any(in_open(self._owner_tag + owner)
+                                               for owner in block.owners))
 
     def refresh(self) -> None:
         status = self.source.remote_status()
@@ -246,8 +253,10 @@ class VramPanel(QScrollArea):
             self.last_kv = self.last_memory = None
             self.remote_view.show_status(status)
             return
-        kv = self.source.kv_stats()
-        mem = self.source.memory_stats()
+        figures = self.models.show_models(self.source)
+        self._owner_tag = self.models.owner_tag(self.source)
+        kv = figures.kv_stats()
+        mem = figures.memory_stats()
         self.last_kv, self.last_memory = kv, mem
         if kv is None or mem is None:
             for label in self._values.values():
@@ -264,7 +273,7 @@ class VramPanel(QScrollArea):
         self._memory_form.setRowVisible(self._values["state_pool"], "state_pool" in texts)
         held = max(self._chat_tokens(), self._open_chat_blocks(kv) * kv.block_size)
         texts["headroom"] = headroom_text(
-            held, headroom_tokens(kv, self.source.max_model_len, held))
+            held, headroom_tokens(kv, figures.max_model_len, held))
         texts["disk"] = disk_row(kv)
         self.clear_disk.setEnabled(kv.disk is not None)
         per_chat = blocks_per_chat(kv, self._owner_name)

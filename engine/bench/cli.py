@@ -50,6 +50,7 @@ import torch
 
 from engine.bench.candidates import bench_candidates
 from engine.bench.chat import bench_chat
+from engine.bench.compare import bench_compare
 from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
 from engine.bench.eight_b import bench_8b
@@ -81,6 +82,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "structured": bench_structured,
     "moe": bench_moe,
     "models": bench_models,
+    "compare": bench_compare,
 }
 
 EPILOG = """workloads:
@@ -105,6 +107,8 @@ EPILOG = """workloads:
   models      several models in one process (the model and the 1B shape): a follow-up
               on A after a turn on B / without the switch (TTFT); a first request to a
               model not loaded / its load time + its TTFT
+  compare     a chat compared across two models in one ModelHost: computed prompt
+              tokens per model on turns 2-8 over the turn's new tokens
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
 llama.cpp joins chat, decode, memory, 8b, sizes and moe when llama-cpp-python is installed

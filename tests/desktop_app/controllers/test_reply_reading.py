@@ -126,7 +126,10 @@ class ReplayWorker(ModelFacts):
         return None
 
     def memory_stats(self):
-        return None
+        # A local model's figures (the app's ModelShelf counts them against its budget).
+        from engine.runner.memory import MemoryStats
+
+        return MemoryStats("cpu", 0, 0, None, None, None, 0)
 
     def remote_status(self):
         return None
