@@ -2,8 +2,9 @@
 it: per turn, each model answers from its own prefix cache; computed prompt tokens per
 model on turns 2-8 over the turn's new tokens.
 
-Two models in one ModelHost (engine.hosting): the bench's model under two names (its path
-and its resolved file), so each is its own EngineWorker with its own KV pool. Each turn both
+Two models in one ModelHost (engine.hosting), each its own EngineWorker with its own KV
+pool: the bench's model and the second model of ``folio bench models`` (the synthetic
+1B-shaped Q4_K_M, ``models_second``; the bench's model again when that is empty). Each turn both
 answer at once (greedy, ``reply_tokens`` each); the reply kept alternates between them, as a
 user's Keep would. Each model's prompt is what the app builds for it: the conversation with
 the kept replies, the ones it wrote as its own ids and the other model's as text
@@ -17,6 +18,7 @@ from __future__ import annotations
 import threading
 
 from engine.bench.common import bench_result
+from engine.bench.models import second_model_path
 from engine.bench.setup import BenchContext, Target, folio_config, user_messages
 from engine.chat import ChatRequest
 from engine.outputs import ErrorEvent, FinishedEvent
@@ -72,8 +74,8 @@ def bench_compare(ctx: BenchContext) -> dict:
 
     s = ctx.settings
     config = folio_config(ctx.threads, s.weights, num_gpu_blocks=s.kv_blocks)
-    names = (str(ctx.model_path), str(ctx.model_path.resolve()) + "#compare")
-    files = dict(zip(names, (str(ctx.model_path), str(ctx.model_path)), strict=True))
+    names = ("A", "B")
+    files = {"A": str(ctx.model_path), "B": second_model_path(ctx)}
     host = ModelHost(config, None, keep_alive_s=None,
                      load=lambda name: EngineWorker(LLM(files[name], config)).start(),
                      estimate=lambda name: 0)
@@ -124,7 +126,8 @@ def bench_compare(ctx: BenchContext) -> dict:
                "whole_history_over_new_turns_2_8": whole}
     targets = [Target("compare turn, 2 models: computed prompt tokens per model on turns 2-8 "
                       "/ new tokens of the turn (the worse model)", worst, COMPARE_TARGET, "<=")]
-    notes = ["The bench's model under two names in one ModelHost (two workers, two KV pools);"
-             " the kept reply alternates A, B, A, ...; a model's prompt holds its own kept "
-             "replies as its ids and the other's as text."]
+    notes = [f"A: {files['A']}", f"B: {files['B']}",
+             "one ModelHost (two workers, two KV pools); the kept reply alternates A, B, "
+             "A, ...; a model's prompt holds its own kept replies as its ids and the "
+             "other's as text."]
     return bench_result("compare", ctx, rows, summary, targets, notes)

@@ -34,7 +34,7 @@ FOLLOWUP = "And what would you do next, in one sentence?"
 
 def bench_models(ctx: BenchContext) -> dict:
     s = ctx.settings
-    paths = {"A": str(ctx.model_path), "B": _second_path(ctx)}
+    paths = {"A": str(ctx.model_path), "B": second_model_path(ctx)}
     loads: dict[str, list[float]] = {"A": [], "B": []}
 
     def load(name: str):
@@ -74,7 +74,8 @@ def bench_models(ctx: BenchContext) -> dict:
     return bench_result("models", ctx, rows, summary, targets, notes)
 
 
-def _second_path(ctx: BenchContext) -> str:
+def second_model_path(ctx: BenchContext) -> str:
+    """Model B of this bench and of ``folio bench compare``."""
     size = ctx.settings.models_second
     if not size:
         return str(ctx.model_path)
