@@ -50,6 +50,7 @@ from engine.bench.chat import bench_chat
 from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
 from engine.bench.eight_b import bench_8b
+from engine.bench.load import bench_load
 from engine.bench.memory import bench_memory
 from engine.bench.moe import bench_moe
 from engine.bench.reopen import bench_reopen
@@ -76,6 +77,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "sizes": bench_sizes,
     "structured": bench_structured,
     "moe": bench_moe,
+    "load": bench_load,
 }
 
 EPILOG = """workloads:
@@ -97,6 +99,9 @@ EPILOG = """workloads:
               use, cached), a tool round trip's cached tokens through the API
   moe         synthetic OLMoE-1B-7B Q4_K_M (64 experts, 8 per token), as sizes, the best
               of two fresh-process runs per side
+  load        synthetic 1B / 3B Q4_K_M, a fresh process per load, import included:
+              Folio's first load (cache written) and later loads against llama.cpp's
+              (its interpreter: FOLIO_BENCH_LLAMA_PYTHON)
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
 llama.cpp joins chat, decode, memory, 8b, sizes and moe when llama-cpp-python is installed

@@ -2,12 +2,14 @@
 
 The first load reads the file's header with engine.loaders.gguf.header and has transformers
 convert the tokenizer (slow: it parses the whole file with gguf.GGUFReader).
-The config and tokenizer, with the tensor directory (names, shapes, quant types, byte offsets),
-are cached under the user cache dir, keyed by the file's path, size and mtime, so a later load
-reads one JSON file and a saved tokenizer and then reads each tensor straight from a memory
-map: quantized matrices as views of the map (`keep_quantized`, what weights="stored" asks
-for; llama.cpp's Q/K row order is undone by an index, `QuantizedTensor.row_order`, so the
-bytes are never copied), everything else dequantized. Every tensor's extent is checked
+The config (the transformers config built from the file's keys, kept whole) and tokenizer,
+with the tensor directory (names, shapes, quant types, byte offsets), are cached under the
+user cache dir (cache.py), keyed by the file's path, size and mtime, so a later load reads
+one JSON file and a saved tokenizer, importing no transformers model code (file_config.py),
+and then reads each tensor straight from a memory map: quantized matrices as views of the
+map (`keep_quantized`, what weights="stored" asks for; llama.cpp's Q/K row order is undone
+by an index, `QuantizedTensor.row_order`, so the bytes are never copied), everything else
+dequantized. Every tensor's extent is checked
 against the file's size before any is read. Dequantized weights are never cached: they are
 four to eight times the size of the file.
 """
