@@ -50,5 +50,8 @@ def config_record(config) -> dict[str, object] | None:
 
 
 def config_from_record(record: Mapping[str, object]) -> FileConfig:
-    """KeyError or TypeError when the record is not one config_record wrote."""
-    return FileConfig(record["values"], record["attribute_map"])
+    """KeyError, TypeError or ValueError when the record is not one config_record wrote."""
+    values = dict(record["values"])
+    if isinstance(values.get("id2label"), dict):  # JSON made its keys strings, as
+        values["id2label"] = {int(k): v for k, v in values["id2label"].items()}  # config.json
+    return FileConfig(values, record["attribute_map"])

@@ -70,18 +70,13 @@ def _cold_and_warm(path: Path):
 @pytest.mark.parametrize("name", ["llama", "gemma2", "gemma3", "phi3", "phi4"])
 def test_the_cached_config_reads_as_transformers_built_it(tmp_path, name):
     cold, warm = _cold_and_warm(_files(tmp_path, name))
-    assert warm.config.to_dict() == json.loads(cold.config.to_json_string(use_diff=False))
-    # Values as JSON holds them (id2label's keys as strings): no model reads such a key.
+    assert warm.config.to_dict() == cold.config.to_dict()
     for key in cold.config.to_dict().keys() - {"transformers_version"}:  # JSON's stamp
-        assert getattr(warm.config, key) == _as_json(getattr(cold.config, key)), key
+        assert getattr(warm.config, key) == getattr(cold.config, key), key
     for alias, real in cold.config.attribute_map.items():
         assert getattr(warm.config, alias) == getattr(cold.config, real), alias
     assert build_model(warm.config, torch.float32, "meta").spec == build_model(
         cold.config, torch.float32, "meta").spec
-
-
-def _as_json(value):
-    return json.loads(json.dumps(value, default=str))
 
 
 def test_the_cached_tokenizer_gives_the_converted_ids(tmp_path):
@@ -118,7 +113,7 @@ def test_a_config_record_that_is_not_one_rebuilds_the_entry(tmp_path, cache_dir)
     (entry / "meta.json").write_text(json.dumps(meta))
     again = load_model_files(path)  # rebuilt from the file, not an error
     assert again.config.num_key_value_heads == 2
-    with pytest.raises((KeyError, TypeError)):
+    with pytest.raises((KeyError, TypeError, ValueError)):
         config_from_record({"values": 3})
     assert json.loads((entry / "meta.json").read_text())["hf_config"]["values"]["vocab_size"] \
         == len(llama_files.TOKENS)
@@ -175,4 +170,4 @@ def test_the_starter_from_its_cache_tokenizes_as_converted():
     cold, warm = _cold_and_warm(starter_path())
     assert type(warm.tokenizer) is type(cold.tokenizer)
     _same_tokenizer(cold.tokenizer, warm.tokenizer)
-    assert warm.config.to_dict() == json.loads(cold.config.to_json_string(use_diff=False))
+    assert warm.config.to_dict() == cold.config.to_dict()
