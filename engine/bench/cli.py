@@ -54,6 +54,7 @@ from engine.bench.compare import bench_compare
 from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
 from engine.bench.eight_b import bench_8b
+from engine.bench.load import bench_load
 from engine.bench.memory import bench_memory
 from engine.bench.models import bench_models
 from engine.bench.moe import bench_moe
@@ -83,6 +84,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "moe": bench_moe,
     "models": bench_models,
     "compare": bench_compare,
+    "load": bench_load,
 }
 
 EPILOG = """workloads:
@@ -109,6 +111,9 @@ EPILOG = """workloads:
               model not loaded / its load time + its TTFT
   compare     a chat compared across two models in one ModelHost: computed prompt
               tokens per model on turns 2-8 over the turn's new tokens
+  load        synthetic 1B / 3B Q4_K_M, a fresh process per load, import included:
+              Folio's first load (cache written) and later loads against llama.cpp's
+              (its interpreter: FOLIO_BENCH_LLAMA_PYTHON)
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
 llama.cpp joins chat, decode, memory, 8b, sizes and moe when llama-cpp-python is installed

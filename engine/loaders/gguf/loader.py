@@ -2,25 +2,22 @@
 
 The first load reads the file's header with engine.loaders.gguf.header and has transformers
 convert the tokenizer (slow: it parses the whole file with gguf.GGUFReader).
-The config and tokenizer, with the tensor directory (names, shapes, quant types, byte offsets),
-are cached under the user cache dir, keyed by the file's path, size and mtime, so a later load
-reads one JSON file and a saved tokenizer and then reads each tensor straight from a memory
-map: quantized matrices as views of the map (`keep_quantized`, what weights="stored" asks
-for; llama.cpp's Q/K row order is undone by an index, `QuantizedTensor.row_order`, so the
-bytes are never copied), everything else dequantized. Every tensor's extent is checked
+The config (the transformers config built from the file's keys, kept whole) and tokenizer,
+with the tensor directory (names, shapes, quant types, byte offsets), are cached under the
+user cache dir (cache.py), keyed by the file's path, size and mtime, so a later load reads
+one JSON file and a saved tokenizer, importing no transformers model code (file_config.py),
+and then reads each tensor straight from a memory map: quantized matrices as views of the
+map (`keep_quantized`, what weights="stored" asks for; llama.cpp's Q/K row order is undone
+by an index, `QuantizedTensor.row_order`, so the bytes are never copied), everything else
+dequantized. Every tensor's extent is checked
 against the file's size before any is read. Dequantized weights are never cached: they are
 four to eight times the size of the file.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -35,7 +32,16 @@ from engine.loaders.base import (
     check_weight_shapes,
     display_name,
 )
+from engine.loaders.gguf.cache import (  # noqa: F401 - CACHE_VERSION, cache_root: re-exported
+    CACHE_VERSION,
+    cache_entry,
+    cache_root,
+    read_meta,
+    read_tokenizer,
+    write_cache,
+)
 from engine.loaders.gguf.config import gguf_config_dict
+from engine.loaders.gguf.file_config import config_from_record, config_record
 from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
 from engine.loaders.gguf.mapping import map_weights
 from engine.loaders.gguf.rope import config_tensor_names
@@ -45,8 +51,6 @@ from kernels.quant.formats import QuantizedTensor, quant_format
 
 log = logging.getLogger(__name__)
 
-# 2: each tensor entry gained the norm offset to subtract. 3: and a value transform.
-CACHE_VERSION = 3
 # Values llama.cpp's converter changed, undone on load (by the entry's transform name):
 # Qwen3.5's ssm_a holds -exp(A_log).
 _TRANSFORMS = {"log_neg": lambda w: np.log(-w)}
@@ -60,12 +64,6 @@ _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"
                  "per_layer_proj_norm": "model.per_layer_projection_norm"}
 # Block parameters Hugging Face names without a .weight (llama.cpp's converter added one).
 _BARE_PARAMETERS = ("layer_scalar",)
-
-
-def cache_root() -> Path:
-    import platformdirs
-
-    return Path(os.environ.get("FOLIO_CACHE_DIR") or platformdirs.user_cache_dir("folio"))
 
 
 def hf_tensor_name(gguf_name: str, family: ModelFamily | None = None) -> str | None:
@@ -102,32 +100,29 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
               keep_quantized: bool = False) -> LoadedModel:
     """keep_quantized: matrices of the block types in kernels.quant.formats come out as
     QuantizedTensor (their bytes, rows in Hugging Face order), the rest as `dtype`."""
-    from transformers import AutoConfig, AutoTokenizer
-
     report = progress or (lambda stage, fraction: None)
     _check_magic(path)
     report("open", 0.0)
-    entry = _cache_entry(path)
-    meta = _read_meta(entry)
+    entry = cache_entry(path)
+    meta = read_meta(entry)
     tokenizer = None
     if meta is not None:
         try:
-            tokenizer = AutoTokenizer.from_pretrained(entry / "tokenizer", local_files_only=True)
+            record = meta["hf_config"]
+            config = (_transformers_config(meta["config"], path) if record is None
+                      else config_from_record(record))
+            tokenizer = read_tokenizer(entry / "tokenizer")
         except Exception as exc:  # a damaged cache entry is rebuilt, not fatal
             log.warning("rebuilding the GGUF cache entry %s: %s", entry, exc)
         else:
             report("open", 1.0)
     if tokenizer is None:
         meta, tokenizer = _convert(path, report)
+        config = _transformers_config(meta["config"], path)
+        meta["hf_config"] = config_record(config)
         report("cache", 0.0)
-        _write_cache(entry, meta, tokenizer)
+        write_cache(entry, meta, tokenizer)
         report("cache", 1.0)
-    config_dict = dict(meta["config"])
-    try:
-        config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
-    except (ValueError, TypeError) as exc:  # transformers' own validation of the values
-        raise FolioLoadError(f"{path}: its metadata gives a config transformers rejects "
-                             f"({exc}); the file is damaged or not supported") from exc
     tensors = meta["tensors"]
     shapes = {t[0]: tuple(t[1]) for t in tensors}
     check_weight_shapes(config, shapes, lambda name: str(path), str(path))
@@ -161,6 +156,19 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
     return LoadedModel(config=config, tokenizer=tokenizer,
                        weights=WeightStream(shapes, opener, progress), source=path,
                        format="gguf", name=display_name(path))
+
+
+def _transformers_config(config_dict: dict, path: Path):
+    """The file's config as transformers' class for its model type builds it (its defaults
+    filled in); the cache keeps it whole, so only a file's first load imports that class."""
+    from transformers import AutoConfig
+
+    config_dict = dict(config_dict)
+    try:
+        return AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+    except (ValueError, TypeError) as exc:  # transformers' own validation of the values
+        raise FolioLoadError(f"{path}: its metadata gives a config transformers rejects "
+                             f"({exc}); the file is damaged or not supported") from exc
 
 
 def _check_magic(path: Path) -> None:
@@ -322,53 +330,3 @@ def _check_dequantizable(qtype_id: int, gguf_name: str, path: Path) -> None:
         raise FolioLoadError(f"{path}: tensor {gguf_name} is stored as {qtype.name}, which "
                              "Folio cannot dequantize; use another quantization of the "
                              "model") from exc
-
-
-def _cache_entry(path: Path) -> Path:
-    import transformers
-
-    stat = path.stat()
-    # The transformers version is in the key: a tokenizer saved by one may not load in another.
-    key = f"{CACHE_VERSION}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|" \
-          f"{transformers.__version__}"
-    return cache_root() / "gguf" / hashlib.sha256(key.encode()).hexdigest()[:24]
-
-
-def _read_meta(entry: Path) -> dict | None:
-    try:
-        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("version") == CACHE_VERSION else None
-
-
-def _write_cache(entry: Path, meta: dict, tokenizer) -> None:
-    """Write the entry atomically (a temp folder renamed into place); failures only warn,
-    since the cache saves time but loading works without it."""
-    tmp = None
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
-        tokenizer.save_pretrained(tmp / "tokenizer")
-        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-        _drop_stale_entries(entry.parent, meta["source"])
-        shutil.rmtree(entry, ignore_errors=True)
-        tmp.rename(entry)
-    except OSError as exc:
-        log.warning("cannot write the GGUF cache entry %s: %s", entry, exc)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _drop_stale_entries(root: Path, source: str) -> None:
-    # Entries of an older version of the same file (other size or mtime) are dead weight.
-    for meta_file in root.glob("*/meta.json"):
-        if meta_file.parent.name.startswith("."):  # entries being written, ours included
-            continue
-        try:
-            stale = json.loads(meta_file.read_text(encoding="utf-8")).get("source") == source
-        except (OSError, ValueError, AttributeError):
-            continue
-        if stale:
-            shutil.rmtree(meta_file.parent, ignore_errors=True)
