@@ -1,0 +1,203 @@
+"""How a KV pool's rows hold their values: one `KVFormat` per `kv_cache_dtype`.
+
+A pool is always indexed [num_layers, 2, num_blocks, block_size, nkv, row] (see
+`kernels.interface.allocate_kv_cache`); `row` is one token's one KV head. A plain pool
+(float32, bfloat16, float16) keeps ``head_size`` values there. A quantized pool keeps
+bytes: the head's quantized values, then its float16 scales, little-endian:
+
+- **int8** (storage torch.int8): hd int8 values, then one float16 scale (2 bytes),
+  absmax / 127 per token and head.
+- **fp8** (storage torch.float8_e4m3fn): hd e4m3 values, then one float16 scale,
+  absmax / 448 per token and head.
+- **int4** (storage torch.uint8): hd / 2 bytes (element 2i in the low nibble, 2i + 1 in
+  the high one, each stored as q + 8, q in [-7, 7]), then one float16 scale per group of
+  `int4_group(hd)` elements, absmax / 7 per group.
+
+A value decodes as ``q * scale`` with the scale read back as float16 (encoding divides
+by that rounded scale, so the two agree). int4 rows are rotated before they are
+quantized: a fixed, normalized Walsh-Hadamard transform over each run of
+`rotation_block(hd)` elements spreads an outlier over the whole run, which is what keeps
+4 bits usable (QuaRot; llama.cpp #21038). The transform is symmetric and orthogonal, so
+it is its own inverse and ``rotate(q) . rotate(k) == q . k``: a backend reading an int4
+pool rotates the query, attends in the rotated space and rotates its output back
+(values are rotated too). `decode` returns the stored, rotated values.
+
+The storage dtype is the format's tag: `format_of(pool)` reads it, so the pool tensors
+the engine hands the backends carry their format with them, and the block moves (copy,
+swap, the disk tier) move rows as they are. This module is the one place that says what
+a row holds; every kernel is tested against `encode` / `decode`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "KV_FORMAT_NAMES",
+    "KVFormat",
+    "format_named",
+    "format_of",
+    "int4_group",
+    "rotation_block",
+]
+
+SCALE_BYTES = 2  # one float16
+
+
+@dataclass(frozen=True, slots=True)
+class KVFormat:
+    name: str  # as kv_cache_dtype names it
+    storage: torch.dtype  # the pool tensor's dtype; the format's tag
+    bits: int  # per value, for people and for sizing
+    max_code: float  # the largest magnitude a quantized value takes (0: not quantized)
+    rotated: bool = False
+
+    @property
+    def quantized(self) -> bool:
+        return self.max_code > 0
+
+    def row_len(self, head_size: int) -> int:
+        """Elements (bytes, for a quantized format) of one token's one KV head."""
+        if not self.quantized:
+            return head_size
+        if self.bits == 4:
+            _check_int4(head_size)
+            return head_size // 2 + SCALE_BYTES * (head_size // int4_group(head_size))
+        return head_size + SCALE_BYTES
+
+    def row_bytes(self, head_size: int) -> int:
+        return self.row_len(head_size) * self.storage.itemsize
+
+    def head_size(self, row_len: int) -> int:
+        """The head size whose rows are ``row_len`` long (the inverse of `row_len`)."""
+        if not self.quantized:
+            return row_len
+        if self.bits == 8:
+            return row_len - SCALE_BYTES
+        for hd in range(2, 2 * row_len + 1, 2):  # int4: row_len grows with hd
+            if self.row_len(hd) == row_len:
+                return hd
+        raise ValueError(f"no head size has {self.name} rows of {row_len} bytes")
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., hd] rotated over its last dim (a rotated format), else x itself."""
+        if not self.rotated:
+            return x
+        return rotate(x)
+
+    def encode(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [..., hd] (any float dtype) -> [..., row_len(hd)] in the storage dtype.
+        A rotated format rotates the rows first."""
+        if not self.quantized:
+            return rows.to(self.storage)
+        x = self.rotate(rows.float())
+        if self.bits == 4:
+            return _encode_int4(x)
+        absmax = x.abs().amax(dim=-1, keepdim=True)
+        scale = (absmax / self.max_code).to(torch.float16)
+        inv = torch.where(scale > 0, 1.0 / scale.float(), torch.zeros_like(absmax))
+        if self.storage == torch.int8:
+            codes = torch.round(x * inv).clamp_(-127, 127).to(torch.int8).view(torch.uint8)
+        else:
+            codes = (x * inv).clamp_(-448.0, 448.0).to(self.storage).view(torch.uint8)
+        return torch.cat([codes, scale.view(torch.uint8)], dim=-1).view(self.storage)
+
+    def decode(self, stored: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """stored [..., row_len] -> [..., hd] values (rotated, for a rotated format)."""
+        if not self.quantized:
+            return stored.to(dtype)
+        raw = stored.contiguous().view(torch.uint8)
+        if self.bits == 4:
+            return _decode_int4(raw).to(dtype)
+        hd = raw.shape[-1] - SCALE_BYTES
+        scale = raw[..., hd:].contiguous().view(torch.float16).float()
+        codes = raw[..., :hd].contiguous().view(self.storage).float()
+        return (codes * scale).to(dtype)
+
+
+def int4_group(head_size: int) -> int:
+    """Elements per int4 scale: 64, or the whole head where 64 does not divide it."""
+    return 64 if head_size % 64 == 0 else head_size
+
+
+def rotation_block(head_size: int) -> int:
+    """The Hadamard transform's size: the largest power of two dividing ``head_size``
+    (head sizes are even; 64, 128 and 256 rotate as one block)."""
+    return head_size & -head_size
+
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """x [..., hd] times the block-diagonal normalized Hadamard matrix (its own inverse)."""
+    hd = x.shape[-1]
+    h = _hadamard(rotation_block(hd), x.dtype, str(x.device))
+    blocks = x.reshape(*x.shape[:-1], hd // h.shape[0], h.shape[0])
+    return (blocks @ h).reshape(x.shape)
+
+
+@functools.cache
+def _hadamard(n: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """The n x n Sylvester Hadamard matrix over sqrt(n) (n a power of two)."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / n ** 0.5).to(dtype=dtype, device=device)
+
+
+def _check_int4(head_size: int) -> None:
+    if head_size % 2:
+        raise ValueError(f"int4 KV needs an even head size, got {head_size}")
+
+
+def _encode_int4(x: torch.Tensor) -> torch.Tensor:
+    hd = x.shape[-1]
+    group = int4_group(hd)
+    groups = x.reshape(*x.shape[:-1], hd // group, group)
+    scale = (groups.abs().amax(dim=-1, keepdim=True) / 7.0).to(torch.float16)
+    inv = torch.where(scale > 0, 1.0 / scale.float(), torch.zeros_like(scale, dtype=x.dtype))
+    codes = (torch.round(groups * inv).clamp_(-7, 7) + 8).to(torch.uint8).reshape(x.shape)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    scales = scale.squeeze(-1).contiguous().view(torch.uint8)
+    return torch.cat([packed, scales], dim=-1)
+
+
+def _decode_int4(raw: torch.Tensor) -> torch.Tensor:
+    hd = INT4.head_size(raw.shape[-1])
+    group = int4_group(hd)
+    packed = raw[..., : hd // 2]
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*raw.shape[:-1], hd)
+    scale = raw[..., hd // 2:].contiguous().view(torch.float16).float()  # [..., groups]
+    values = (codes.float() - 8.0).reshape(*raw.shape[:-1], hd // group, group)
+    return (values * scale.unsqueeze(-1)).reshape(*raw.shape[:-1], hd)
+
+
+FLOAT32 = KVFormat("float32", torch.float32, 32, 0.0)
+BFLOAT16 = KVFormat("bfloat16", torch.bfloat16, 16, 0.0)
+FLOAT16 = KVFormat("float16", torch.float16, 16, 0.0)
+INT8 = KVFormat("int8", torch.int8, 8, 127.0)
+FP8 = KVFormat("fp8", torch.float8_e4m3fn, 8, 448.0)
+INT4 = KVFormat("int4", torch.uint8, 4, 7.0, rotated=True)
+
+_FORMATS = (FLOAT32, BFLOAT16, FLOAT16, INT8, FP8, INT4)
+KV_FORMAT_NAMES = tuple(f.name for f in _FORMATS)
+_BY_NAME = {f.name: f for f in _FORMATS}
+_BY_STORAGE = {f.storage: f for f in _FORMATS}
+
+
+def format_named(name: str) -> KVFormat:
+    """The format a kv_cache_dtype names (ValueError naming the field otherwise)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"kv_cache_dtype must be one of {KV_FORMAT_NAMES}, "
+                         f"got {name!r}") from None
+
+
+def format_of(pool: torch.Tensor) -> KVFormat:
+    """The format of a pool (or a view of it), told by its storage dtype."""
+    try:
+        return _BY_STORAGE[pool.dtype]
+    except KeyError:
+        raise ValueError(f"no KV format keeps its rows as {pool.dtype}") from None

@@ -1,0 +1,84 @@
+"""kernels/kv_format.py: the rows each KV format keeps, byte for byte."""
+
+import pytest
+import torch
+
+from kernels.kv_format import (
+    FLOAT16,
+    FP8,
+    INT4,
+    INT8,
+    KV_FORMAT_NAMES,
+    format_named,
+    format_of,
+    int4_group,
+    rotate,
+    rotation_block,
+)
+
+
+def test_names_and_tags_round_trip():
+    for name in KV_FORMAT_NAMES:
+        fmt = format_named(name)
+        pool = torch.zeros(2, 3, fmt.row_len(64), dtype=fmt.storage)
+        assert format_of(pool) is fmt
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        format_named("q8_0")
+
+
+@pytest.mark.parametrize("hd", [64, 80, 96, 128, 256])
+def test_row_lengths(hd):
+    assert FLOAT16.row_len(hd) == hd
+    assert INT8.row_len(hd) == FP8.row_len(hd) == hd + 2
+    assert INT4.row_len(hd) == hd // 2 + 2 * (hd // int4_group(hd))
+    for fmt in (INT8, FP8, INT4):
+        assert fmt.head_size(fmt.row_len(hd)) == hd
+
+
+def test_bytes_per_token_against_float16():
+    for hd in (64, 128, 256):
+        assert INT8.row_bytes(hd) / FLOAT16.row_bytes(hd) <= 0.53
+        assert INT4.row_bytes(hd) / FLOAT16.row_bytes(hd) <= 0.28
+
+
+def test_int8_row_layout_by_hand():
+    row = torch.tensor([[1.0, -2.0, 0.5, 0.0]])
+    stored = INT8.encode(row)
+    assert stored.dtype == torch.int8 and stored.shape == (1, 6)
+    scale = torch.tensor(2.0 / 127).to(torch.float16)
+    assert stored[0, 4:].view(torch.float16).item() == scale.item()
+    assert stored[0, :4].tolist() == torch.round(row[0] / scale.float()).to(torch.int8).tolist()
+    assert stored[0, 1].item() == -127
+
+
+def test_int4_row_layout_by_hand():
+    row = torch.zeros(1, 64)
+    row[0, 0] = 7.0
+    stored = INT4.encode(INT4.rotate(row))  # rotated twice: the row itself is stored
+    codes = torch.stack([stored[0, :32] & 15, stored[0, :32] >> 4], -1).reshape(64)
+    assert codes[0].item() == 15 and (codes[1:] == 8).all()
+    assert stored[0, 32:].view(torch.float16).item() == 1.0
+
+
+@pytest.mark.parametrize("fmt,tol", [(INT8, 0.01), (FP8, 0.07), (INT4, 0.2)])
+@pytest.mark.parametrize("hd", [64, 128, 96])
+def test_decode_inverts_encode_within_the_step(fmt, tol, hd):
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, hd) * 4
+    back = fmt.rotate(fmt.decode(fmt.encode(x)))
+    err = (back - x).norm(dim=-1) / x.norm(dim=-1)
+    assert err.max().item() < tol
+
+
+def test_zero_rows_stay_zero():
+    for fmt in (INT8, FP8, INT4):
+        assert (fmt.decode(fmt.encode(torch.zeros(2, 64))) == 0).all()
+
+
+@pytest.mark.parametrize("hd", [64, 96, 128, 256])
+def test_rotation_is_orthogonal_and_its_own_inverse(hd):
+    torch.manual_seed(1)
+    q, k = torch.randn(4, hd, dtype=torch.float64), torch.randn(4, hd, dtype=torch.float64)
+    assert torch.allclose(rotate(rotate(q)), q, atol=1e-12)
+    assert torch.allclose((rotate(q) * rotate(k)).sum(-1), (q * k).sum(-1), atol=1e-12)
+    assert rotation_block(hd) == {64: 64, 96: 32, 128: 128, 256: 256}[hd]
