@@ -4,7 +4,8 @@ The engine describes each step's varlen batch with `AttentionMetadata`, allocate
 pool with `allocate_kv_cache` and calls the four `AttentionBackend` methods (documented in
 `docs/INTERNALS.md`); the backends (`kernels.reference`, the C++ `kernels.cpu`,
 `kernels.triton`) implement them.
-This module imports nothing else from `kernels`, so every backend can import it while
+This module imports nothing else from `kernels` but `kv_format` (which imports nothing
+of `kernels`), so every backend can import it while
 `kernels.get_backend` imports the backends.
 """
 
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from kernels.kv_format import format_stored_as
 
 __all__ = [
     "AttentionBackend",
@@ -136,7 +139,9 @@ def allocate_kv_cache(
     head_major: bool,
     pin_memory: bool = False,
 ) -> torch.Tensor:
-    """A zeroed KV pool, always indexed [num_layers, 2, num_blocks, block_size, nkv, hd].
+    """A zeroed KV pool, always indexed [num_layers, 2, num_blocks, block_size, nkv, row]:
+    row is ``head_size`` values, or a quantized format's row of bytes when ``dtype`` is
+    its storage dtype (kernels/kv_format.py).
 
     Memory order is the backend's choice. Block-contiguous (head_major=False) keeps each
     block in one piece, which the Triton block-copy kernel needs. Head-major stores each KV
@@ -147,10 +152,11 @@ def allocate_kv_cache(
     On the CPU the pool is an anonymous memory map: zeroed pages the OS backs on first
     write, so a pool costs resident memory only for the blocks that hold tokens, where
     torch.zeros writes every page up front."""
+    row = format_stored_as(dtype).row_len(head_size)
     if head_major:
-        shape = (num_layers, 2, num_kv_heads, num_blocks, block_size, head_size)
+        shape = (num_layers, 2, num_kv_heads, num_blocks, block_size, row)
     else:
-        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_size)
+        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, row)
     if torch.device(device).type == "cpu" and not pin_memory:
         storage = _lazy_zeros(shape, dtype)
     else:

@@ -40,6 +40,7 @@ __all__ = [
     "KVFormat",
     "format_named",
     "format_of",
+    "format_stored_as",
     "int4_group",
     "rotation_block",
 ]
@@ -197,7 +198,11 @@ def format_named(name: str) -> KVFormat:
 
 def format_of(pool: torch.Tensor) -> KVFormat:
     """The format of a pool (or a view of it), told by its storage dtype."""
+    return format_stored_as(pool.dtype)
+
+
+def format_stored_as(dtype: torch.dtype) -> KVFormat:
     try:
-        return _BY_STORAGE[pool.dtype]
+        return _BY_STORAGE[dtype]
     except KeyError:
-        raise ValueError(f"no KV format keeps its rows as {pool.dtype}") from None
+        raise ValueError(f"no KV format keeps its rows as {dtype}") from None
