@@ -71,8 +71,10 @@ class ChatSession(QObject):
 
     @property
     def idle(self) -> bool:
-        """Nothing to keep once it is out of view: no reply, candidates or cut."""
-        return not self.streams and self.pending_group is None and not self.context_note
+        """Nothing to keep once it is out of view: no reply, candidates or cut (the
+        picker's model's, or a compared model's)."""
+        return (not self.generating and self.pending_group is None and not self.context_note
+                and not self.compare.cut)
 
     def owns(self, request_id: str) -> bool:
         return request_id in self.streams

@@ -37,6 +37,14 @@ class CompareTurns:
     def waiting(self) -> bool:
         return bool(self._waiting)
 
+    @property
+    def cut(self) -> bool:
+        """Whether a compared model's overflow policy cut this chat's prompt: its session
+        is kept while so, as for the picker's model's cut (ChatSession.idle), so that
+        model's next prompts start the same way again."""
+        chat_id = self.session.chat_id
+        return any(context.note(chat_id) for context in self._contexts.values())
+
     def sources(self, chat) -> list[str]:
         """The chat's compared models, less the picker's own (it answers anyway)."""
         main = self.session.bridge.source
