@@ -57,9 +57,10 @@ def _check_magic_bytes(magic: bytes) -> None:
         raise ValueError(f"it starts with {magic!r}, not {GGUF_MAGIC!r}")
 
 
-def parse_gguf_header(path: Path) -> GGUFHeader:
-    """The header of the GGUF at `path`. Raises OSError, or ValueError saying what is wrong
-    with the file; callers phrase the user's message."""
+def parse_gguf_header(path: Path, arrays: frozenset[str] = frozenset()) -> GGUFHeader:
+    """The header of the GGUF at `path`; the arrays of the keys in ``arrays`` are read
+    whole, as lists (the tokenizer's vocabulary, say). Raises OSError, or ValueError saying
+    what is wrong with the file; callers phrase the user's message."""
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0,
                                                access=mmap.ACCESS_READ) as buf:
         _check_magic_bytes(bytes(buf[:4]))
@@ -73,8 +74,9 @@ def parse_gguf_header(path: Path) -> GGUFHeader:
             key = cursor.string()
             if key in metadata:
                 raise ValueError(f"the key {key} appears twice")
-            metadata[key] = cursor.value(cursor.take("<I"),
-                                         per_layer=not key.startswith("tokenizer."))
+            kind = cursor.take("<I")
+            metadata[key] = (cursor.array() if key in arrays and kind == _ARRAY else
+                             cursor.value(kind, per_layer=not key.startswith("tokenizer.")))
         directory = []
         for _ in range(tensor_count):
             name = cursor.string()
@@ -131,6 +133,31 @@ class _Cursor:
 
     def string(self) -> str:
         return self.raw_string().decode("utf-8")
+
+    def array(self) -> list:
+        """An array of strings or scalars, whole (its type and count read here)."""
+        item, count = self.take("<I"), self.take("<Q")
+        if item == _STRING:
+            buf, pos, end, items = self.buf, self.pos, len(self.buf), []
+            for _ in range(count):
+                if pos + 8 > end:
+                    raise ValueError(_TRUNCATED)
+                length = int.from_bytes(buf[pos:pos + 8], "little")
+                pos += 8 + length
+                if pos > end:
+                    raise ValueError(_TRUNCATED)
+                # As llama.cpp reads them: bytes that are not UTF-8 are replaced.
+                items.append(buf[pos - length:pos].decode("utf-8", errors="replace"))
+            self.pos = pos
+            return items
+        if item not in _SCALARS or item == _BOOL:
+            raise ValueError(f"an array of value type {item} cannot be read whole")
+        fmt = f"<{count}{_SCALARS[item][1]}"
+        if self.pos + struct.calcsize(fmt) > len(self.buf):
+            raise ValueError(_TRUNCATED)
+        items = list(struct.unpack_from(fmt, self.buf, self.pos))
+        self.pos += struct.calcsize(fmt)
+        return items
 
     def value(self, kind: int, per_layer: bool = False) -> object:
         """``per_layer``: a short array of integers is kept as a tuple (per-layer head

@@ -1,7 +1,9 @@
 """GGUF files (llama.cpp's format) to a transformers config, tokenizer and HF-named weights.
 
-The first load reads the file's header with engine.loaders.gguf.header and has transformers
-convert the tokenizer (slow: it parses the whole file with gguf.GGUFReader).
+The first load reads the file's header with engine.loaders.gguf.header, its tokenizer's
+arrays whole, and builds the tokenizer from them (tokenizer.py); the kinds built there
+only by transformers' conversion (Gemma's sentencepiece files, say) are converted by it
+(slow: it parses the whole file with gguf.GGUFReader).
 The config (the transformers config built from the file's keys, kept whole) and tokenizer,
 with the tensor directory (names, shapes, quant types, byte offsets), are cached under the
 user cache dir (cache.py), keyed by the file's path, size and mtime, so a later load reads
@@ -45,6 +47,11 @@ from engine.loaders.gguf.file_config import config_from_record, config_record
 from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
 from engine.loaders.gguf.mapping import map_weights
 from engine.loaders.gguf.rope import config_tensor_names
+from engine.loaders.gguf.tokenizer import (
+    TOKENIZER_ARRAYS,
+    build_tokenizer,
+    convert_with_transformers,
+)
 from engine.models import ModelFamily, gguf_file_family
 from engine.models.registry import GGUF_LLAMA_BLOCK_NAMES
 from kernels.quant.formats import QuantizedTensor, quant_format
@@ -183,8 +190,13 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     """Read the header (metadata and tensor directory) and convert the tokenizer."""
 
     try:
-        header = parse_gguf_header(path)
-        metadata, directory = header.metadata, []
+        header = parse_gguf_header(path, TOKENIZER_ARRAYS)
+        # The tokenizer's arrays, read whole for it; the config sees their lengths.
+        metadata = dict(header.metadata)
+        vocabulary = {key: metadata[key] for key in TOKENIZER_ARRAYS
+                      if isinstance(metadata.get(key), list)}
+        metadata.update({key: len(value) for key, value in vocabulary.items()})
+        directory = []
         size = path.stat().st_size
         for tensor in header.tensors:
             n_bytes = _tensor_bytes(tensor.name, tensor.shape, tensor.qtype, path)
@@ -235,7 +247,9 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     report("open", 1.0)
     report("tokenizer", 0.0)
     try:
-        tokenizer = _convert_tokenizer(path)
+        tokenizer = build_tokenizer({**metadata, **vocabulary})
+        if tokenizer is None:  # a kind built by transformers' conversion only
+            tokenizer = convert_with_transformers(path)
     except Exception as exc:
         raise FolioLoadError(f"{path}: its tokenizer cannot be converted ({exc})") from exc
     if tokenizer.chat_template is None and metadata.get("tokenizer.chat_template"):
@@ -245,32 +259,6 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     meta = {"version": CACHE_VERSION, "source": str(path.resolve()), "size": stat.st_size,
             "mtime_ns": stat.st_mtime_ns, "config": config, "tensors": tensors}
     return meta, tokenizer
-
-
-def _convert_tokenizer(path: Path):
-    """The file's tokenizer as transformers converts it. transformers' GGUF support lists
-    the architectures it builds models of, and AutoTokenizer reads the file's config
-    through that list; for an architecture outside it (OLMoE) the tokenizer, which is
-    the same GGUF vocabulary whatever the model, converts through the fast class itself,
-    as for a config transformers' reader rejects (Gemma 4's per-layer head counts)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
-                                             local_files_only=True)
-    except TypeError:
-        # transformers 5.24's gpt-oss reader turns its rope.scaling.* keys into numbers
-        # from the wrong part of the field and fails; the vocabulary does not need them.
-        pass
-    except Exception as exc:  # huggingface_hub's validation error is no ValueError
-        if not any(text in str(exc) for text in _CONFIG_REJECTIONS):
-            raise
-    return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                   local_files_only=True)
-
-
-# What transformers says when it cannot build a GGUF file's config for AutoTokenizer.
-_CONFIG_REJECTIONS = ("is not supported yet", "Validation error for field")
 
 
 def _split_experts(entry: list, path: Path) -> list[list]:
