@@ -1,5 +1,7 @@
 """Hugging Face model folders: config.json, a tokenizer and safetensors shards.
 
+The config is built by transformers on a folder's first load and read back from the
+cache after (folder_cache.py), as a GGUF's is.
 The shards' headers are read first (shapes checked against the config, truncated files
 caught) and the tensors only when the weight stream is iterated. A folder whose experts
 are stored in MXFP4 (gpt-oss as released) reads them through `hf_mxfp4`.
@@ -22,6 +24,7 @@ from engine.loaders.base import (
     check_weight_shapes,
     display_name,
 )
+from engine.loaders.folder_cache import load_tokenizer, read_config, write_config
 from engine.loaders.hf_mxfp4 import fused_shapes, joined, quant_method
 from engine.models.registry import text_part, text_weight_name
 
@@ -32,28 +35,18 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
                    keep_quantized: bool = False) -> LoadedModel:
     """keep_quantized: MXFP4 experts come out as `Mxfp4Experts` (else dequantized to
     `dtype`)."""
-    from transformers import AutoConfig, AutoTokenizer
-
     report = progress or (lambda stage, fraction: None)
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise FolioLoadError(f"{config_path}: missing; a Hugging Face model folder needs "
                              "config.json (for a GGUF model pass the .gguf file itself)")
     report("config", 0.0)
-    try:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    except Exception as exc:  # transformers raises many types for a bad config
-        raise FolioLoadError(f"{config_path}: cannot be read as a model config ({exc})") from exc
-    prefix = text_part(getattr(config, "architectures", None))
-    if prefix is not None:
-        log.info("%s: a multimodal checkpoint (%s): loading its text part only", folder,
-                 ", ".join(config.architectures))
-        config = config.text_config
+    config, prefix = read_config(folder) or _transformers_config(folder, config_path)
     quantized = quant_method(config, config_path) is not None
     report("config", 1.0)
     report("tokenizer", 0.0)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+        tokenizer = load_tokenizer(folder)
     except Exception as exc:
         raise FolioLoadError(f"{folder}: no usable tokenizer (tokenizer.json or "
                              f"tokenizer.model with tokenizer_config.json): {exc}") from exc
@@ -97,6 +90,24 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
     return LoadedModel(config=config, tokenizer=tokenizer,
                        weights=WeightStream(shapes, opener, progress), source=folder,
                        format="hf", name=display_name(folder))
+
+
+def _transformers_config(folder: Path, config_path: Path):
+    """The folder's config as transformers builds it (its text part's, for a multimodal
+    checkpoint) and that part's weight prefix, kept for later loads (folder_cache.py)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a bad config
+        raise FolioLoadError(f"{config_path}: cannot be read as a model config ({exc})") from exc
+    prefix = text_part(getattr(config, "architectures", None))
+    if prefix is not None:
+        log.info("%s: a multimodal checkpoint (%s): loading its text part only", folder,
+                 ", ".join(config.architectures))
+        config = config.text_config
+    write_config(folder, config, prefix)
+    return config, prefix
 
 
 def safetensors_shards(folder: Path) -> list[Path]:

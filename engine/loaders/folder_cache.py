@@ -1,0 +1,82 @@
+"""A Hugging Face folder's config and tokenizer class, kept between loads.
+
+The first load of a folder builds its config with transformers' class for its model type
+(importing that family's configuration module, which pulls in much of transformers'
+model code); the config is kept whole as the GGUF cache keeps a file's
+(gguf/file_config.py's ``config_record``), keyed by the folder's path, its config.json's
+size and mtime and the transformers version. A later load reads it back as the same
+``FileConfig`` a cached GGUF gives, importing no transformers model code.
+
+The tokenizer needs no entry: a folder whose tokenizer_config.json names transformers'
+tokenizers-backed class itself loads through that class directly (AutoTokenizer would
+first import the family's config module to find the class out); any other class still
+goes through AutoTokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+from engine.loaders.gguf.cache import cache_root
+from engine.loaders.gguf.file_config import FileConfig, config_from_record, config_record
+
+log = logging.getLogger(__name__)
+
+FOLDER_CACHE_VERSION = 1
+# The tokenizer classes that are transformers' tokenizers-backed class itself.
+_BACKEND_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _entry(folder: Path) -> Path:
+    stat = (folder / "config.json").stat()
+    key = (f"{FOLDER_CACHE_VERSION}|{folder.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|"
+           f"{version('transformers')}")
+    return cache_root() / "hf" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def read_config(folder: Path) -> tuple[FileConfig, str | None] | None:
+    """The folder's config (its text part's, for a multimodal checkpoint) and that part's
+    weight prefix, as a first load kept them; None when there is no usable entry."""
+    try:
+        kept = json.loads(_entry(folder).read_text(encoding="utf-8"))
+        return config_from_record(kept["config"]), kept["prefix"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_config(folder: Path, config, prefix: str | None) -> None:
+    """Keep ``config`` (a transformers config) for later loads; a config whose layers
+    differ (no record) is not kept, and failures only warn."""
+    record = config_record(config)
+    if record is None:
+        return
+    entry = _entry(folder)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp", delete=False,
+                                         encoding="utf-8") as handle:
+            json.dump({"config": record, "prefix": prefix}, handle)
+        Path(handle.name).replace(entry)  # atomic: a reader never sees half an entry
+    except (OSError, TypeError, ValueError) as exc:
+        log.warning("cannot keep the config of %s: %s", folder, exc)
+
+
+def load_tokenizer(folder: Path):
+    """The folder's tokenizer, as AutoTokenizer loads it."""
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    if (isinstance(config, dict) and config.get("tokenizer_class") in _BACKEND_CLASSES
+            and (folder / "tokenizer.json").is_file()):
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(folder, local_files_only=True)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)

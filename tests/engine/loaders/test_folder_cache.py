@@ -1,0 +1,98 @@
+"""A Hugging Face folder's later loads (engine/loaders/folder_cache.py): the config read
+back as the FileConfig a cached GGUF gives, the tokenizer through the tokenizers-backed
+class directly. Checked against the first load (transformers' config class and
+AutoTokenizer): the same config values and model spec, the same token ids, the same
+greedy replies; a changed config.json is read again; a fresh process that loads a folder
+from the cache imports no ``transformers.models`` module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.llm import LLM
+from engine.loaders import load_model_files
+from engine.loaders.gguf.file_config import FileConfig
+from engine.models import build_model
+from engine.sampling_params import SamplingParams
+from tests.engine.loaders.gguf.test_gguf_fast_load import _same_tokenizer
+from tests.engine.tiny_models import save_tiny_model, tiny_gemma_config, tiny_llama_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("FOLIO_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(params=["llama", "gemma2"])
+def folder(request, tmp_path) -> Path:
+    config = tiny_llama_config() if request.param == "llama" else tiny_gemma_config(2)
+    return save_tiny_model(tmp_path / request.param, config, seed=3)
+
+
+def test_a_later_load_reads_the_kept_config_and_the_same_tokenizer(folder):
+    cold = load_model_files(folder)
+    warm = load_model_files(folder)
+    assert not isinstance(cold.config, FileConfig)
+    assert isinstance(warm.config, FileConfig)
+    assert warm.config.to_dict() == cold.config.to_dict()
+    assert build_model(warm.config, torch.float32, "meta").spec == build_model(
+        cold.config, torch.float32, "meta").spec
+    assert type(warm.tokenizer).__name__ == "TokenizersBackend"
+    _same_tokenizer(cold.tokenizer, warm.tokenizer)
+
+
+def _greedy(folder: Path) -> list[list[int]]:
+    with LLM(folder, max_model_len=64, num_gpu_blocks=16, block_size=16) as llm:
+        params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        outs = llm.generate(["hello hello", [3, 4, 5, 6, 7]], params)
+        reply = llm.chat([{"role": "user", "content": "hi there"}], params)
+        return [list(out.outputs[0].token_ids) for out in [*outs, reply]]
+
+
+def test_greedy_replies_are_the_same_from_the_kept_config(folder):
+    first = _greedy(folder)  # transformers' config, kept
+    assert isinstance(load_model_files(folder).config, FileConfig)
+    assert _greedy(folder) == first
+
+
+def test_a_changed_config_json_is_read_again(tmp_path):
+    folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), seed=3)
+    assert load_model_files(folder).config.rms_norm_eps == 1e-5
+    config_json = folder / "config.json"
+    values = json.loads(config_json.read_text())
+    config_json.write_text(json.dumps({**values, "rms_norm_eps": 1e-6}))
+    os.utime(config_json, ns=(1, 1))
+    again = load_model_files(folder)
+    assert not isinstance(again.config, FileConfig) and again.config.rms_norm_eps == 1e-6
+    assert isinstance(load_model_files(folder).config, FileConfig)  # kept again
+
+
+_CHILD = textwrap.dedent("""
+    import sys
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
+    with LLM(sys.argv[1], max_model_len=64, num_gpu_blocks=16, block_size=16) as llm:
+        llm.chat([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=2))
+    print(sorted(m for m in sys.modules if m.startswith("transformers.models")))
+""")
+
+
+def test_a_load_from_the_kept_config_imports_no_transformers_model_code(tmp_path, cache_dir):
+    folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), seed=3)
+    load_model_files(folder)  # the first load: the config kept
+    env = {"FOLIO_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(folder)], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
