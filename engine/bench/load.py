@@ -7,9 +7,10 @@ Per size, each run starts a fresh interpreter per side, the file freshly in the 
 the engine, or llama_cpp), ``load_s`` (``LLM(path)``, or ``Llama(model_path=...)``, to
 ready) and their sum ``total_s``. Folio runs twice per run on a conversion cache of its
 own: ``first`` (an empty cache: the file's tokenizer built from its keys, transformers'
-config built and the entry written) and ``later`` (read from that entry). Each figure is the side's best of ``sizes_runs`` runs
-(a shared machine). The targets are Folio / llama.cpp on ``total_s`` (the issue's "load in a
-fresh process, import included"), first and later loads, at most 1.5.
+config built and the entry written) and ``later`` (read from that entry). Each figure is
+the side's best of ``sizes_runs`` runs (a shared machine). The targets are Folio /
+llama.cpp on ``total_s`` (the issue's "load in a fresh process, import included"), first
+and later loads, at most 1.5.
 
 llama.cpp runs under the interpreter ``FOLIO_BENCH_LLAMA_PYTHON`` names (one with
 llama-cpp-python installed), else this one; it is skipped, with a note, when that one
