@@ -36,17 +36,26 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", QUANTIZED)
 @pytest.mark.parametrize("seq_lens,nkv,group,head_size,block_size,num_splits", DECODE_CASES,
                          ids=[f"case{i}" for i in range(len(DECODE_CASES))])
 def test_decode_reads_quantized_pools(name, seq_lens, nkv, group, head_size, block_size,
-                                      num_splits, dtype):
+                                      num_splits):
     case, oracle = quantized_case(name, seq_lens, [1] * len(seq_lens), num_kv_heads=nkv,
-                                  group=group, head_size=head_size, block_size=block_size,
-                                  dtype=dtype)
+                                  group=group, head_size=head_size, block_size=block_size)
     out = paged_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
                        num_splits=num_splits)
+    assert_matches(out, reference_attention(oracle))
+
+
+# One case per dtype (bfloat16 runs compiled only): each case compiles its own kernels.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_decode_in_each_query_dtype(name, dtype):
+    case, oracle = quantized_case(name, [16, 200], [1, 1], num_kv_heads=2, group=4,
+                                  head_size=128, block_size=16, dtype=dtype, seed=8)
+    out = paged_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
+                       num_splits=2)
     assert_matches(out, reference_attention(oracle))
 
 
@@ -160,3 +169,19 @@ def test_quantized_pool_of_the_wrong_head_size_is_refused():
     with pytest.raises(ValueError, match="v_cache dtype"):
         paged_decode(case.query, case.k_cache, case.v_cache.view(torch.uint8), case.meta,
                      case.scale)
+
+
+def test_kernel_bench_cells_over_quantized_pools():
+    """`folio bench kernels --kv int8,fp8` (the rows of `make gpu-check`): the cell's
+    runner decodes over the encoded pools."""
+    from kernels.bench import Shape, _quantized_runner, parse_args
+
+    assert parse_args(["--kv", "int8,fp8"]).kv_formats == ("int8", "fp8")
+    assert parse_args([]).kv_formats == ()
+    with pytest.raises(SystemExit):
+        parse_args(["--kv", "float16"])
+    base = make_case([40, 17], [1, 1], num_kv_heads=2, group=4, head_size=64, block_size=16)
+    _, oracle = quantize_case(base, format_named("fp8"))
+    run = _quantized_runner("fp8", base.scale)(base.query, base.k_cache, base.v_cache,
+                                               base.meta, Shape("test", 8, 2, 64), 40)
+    assert_matches(run(), reference_attention(oracle))
