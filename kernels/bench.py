@@ -6,7 +6,10 @@ read per second and as a share of the device's peak bandwidth. The L2 cache is f
 Baselines: torch SDPA over contiguous K/V, and FlashInfer's or flash-attn's paged decode
 when they import. With --window W (default Gemma 2's 4096; 0: off) a context longer than
 the window also gets a "triton-wW" cell: the sliding-window decode, scored by the
-window's K/V bytes, which is all it reads.
+window's K/V bytes, which is all it reads. With --kv FORMATS (e.g. int8,fp8: quantized
+pools, kernels/kv_format.py) each format gets a "triton-<format>" cell: the same decode
+over that format's pool of the same K/V, scored by the quantized bytes it reads (codes
+and scales).
 
 A second table (--quant, default Q4_K,Q6_K; "" skips it) times quant_matmul, the matmul
 reading GGUF-quantized weights, at Llama-3-8B's projection shapes and batch 1: decode
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.interface import AttentionMetadata
+from kernels.kv_format import KV_FORMAT_NAMES, format_named
 from kernels.quant.formats import BY_NAME
 
 # Peak HBM/GDDR bandwidth in GB/s by a substring of torch.cuda.get_device_name(),
@@ -178,6 +182,8 @@ def _bench_config(shape: Shape, batch: int, context: int, args, flush, peak: flo
     if 0 < window < context:
         builders.insert(1, (f"triton-w{window}", lambda *_: lambda: paged_decode(
             query, k_cache, v_cache, meta, scale, sliding_window=window)))
+    for position, name in enumerate(args.kv_formats, start=1):
+        builders.insert(position, (f"triton-{name}", _quantized_runner(name, scale)))
     cells = []
     # One runner at a time: each baseline's own copy of K/V is freed before the next.
     for name, build in builders:
@@ -195,9 +201,26 @@ def _bench_config(shape: Shape, batch: int, context: int, args, flush, peak: flo
             del fn
             torch.cuda.empty_cache()
         read = kv_bytes * window // context if name.startswith("triton-w") else kv_bytes
+        if name.removeprefix("triton-") in args.kv_formats:
+            fmt = format_named(name.removeprefix("triton-"))
+            read = kv_bytes // (shape.head_size * elem) * fmt.row_bytes(shape.head_size)
         gbps = read / seconds / 1e9
         cells.append(f"{name}: {seconds * 1e6:8.1f} us {gbps:7.0f} GB/s {100 * gbps / peak:5.1f}%")
     print(f"{shape.name:24} {batch:>5} {context:>7} {splits:>6}  " + " | ".join(cells), flush=True)
+
+
+def _quantized_runner(name: str, scale: float):
+    """A builder of the decode over the K/V pools encoded in the format named `name`
+    (the runner holds them, so they are freed with it). An int4 pool is timed without
+    the backend's query and output rotations: the kernel is what reads the pool."""
+    from kernels.triton.decode import paged_decode
+
+    def build(query, k_cache, v_cache, meta, shape: Shape, context: int):
+        fmt = format_named(name)
+        k_pool, v_pool = fmt.encode(k_cache), fmt.encode(v_cache)
+        return lambda: paged_decode(query, k_pool, v_pool, meta, scale)
+
+    return build
 
 
 # Llama-3-8B's matmuls as (name, N, K).
@@ -258,6 +281,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--window", type=int, default=4096,
                         help="sliding window of the extra triton-wW cell (0: none)")
+    parser.add_argument("--kv", default="",
+                        help="quantized KV formats of extra triton-<format> cells "
+                             "(comma-separated, from int8, fp8, int4; \"\": none)")
     parser.add_argument("--quant", default="Q4_K,Q6_K",
                         help="GGUF types of the quant_matmul table (\"\": no table)")
     args = parser.parse_args(argv)
@@ -268,6 +294,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--reps and --block-size must be >= 1")
     if args.window < 0:
         parser.error("--window must be >= 0")
+    args.kv_formats = tuple(f for f in args.kv.split(",") if f)
+    quantized = [n for n in KV_FORMAT_NAMES if format_named(n).quantized]
+    if any(f not in quantized for f in args.kv_formats):
+        parser.error(f"unknown --kv formats; choose from {', '.join(quantized)}")
     args.quant_types = tuple(t for t in args.quant.split(",") if t)
     if any(t not in BY_NAME for t in args.quant_types):
         parser.error(f"unknown --quant types; choose from {', '.join(BY_NAME)}")

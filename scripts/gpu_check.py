@@ -7,7 +7,8 @@ CUDA GPU, in one run of at most 9.5 minutes.
    unset; tests/conftest.py turns the interpreter on only where there is no GPU), and
    CUDA-graph replay against eager decode (tests/engine/runner/test_cuda_graphs_cuda.py);
 2. kernel bench: `folio bench kernels` at Llama-8B shapes (attention decode, 4,096-token
-   contexts, and the Q4_K / Q6_K GEMVs), as shares of the card's peak bandwidth;
+   contexts, over a bfloat16 pool and over int8 and fp8 pools scored by their quantized
+   bytes (issue 47), and the Q4_K / Q6_K GEMVs), as shares of the card's peak bandwidth;
 3. Gated DeltaNet (engine/bench/gpu_deltanet.py): a Qwen3.5-0.8B-shaped linear layer's
    token mixing, Triton against the PyTorch path (prefill of 4 x 2,048 tokens, a decode
    step at batch 32), and fla-core's kernels against ours where the bundle brings it;
@@ -63,8 +64,9 @@ GPU_IMPORTS = ("torch", "triton", "transformers", "gguf", "platformdirs", "numpy
                "engine.runner.cuda_graphs", "engine.bench.gpu_deltanet",
                "engine.bench.gpu_moe", "kernels.triton.fused_moe",
                "engine.loaders.gguf.loader")
+KV_BENCH_FORMATS = ("int8", "fp8")  # the quantized pools' cells (issue 47)
 BENCH_ARGS = ("--shapes", "llama8b", "--batches", "1,8,32", "--contexts", "4096",
-              "--reps", "10")
+              "--reps", "10", "--kv", ",".join(KV_BENCH_FORMATS))
 TOKENIZER_ENV = "FOLIO_TOKENIZER_GGUF"  # the vocabulary GGUF (scripts/gpu_check.sh sets it)
 
 
@@ -163,14 +165,18 @@ def figures_of(name: str, output: str) -> list[tuple[str, str, str]]:
 
 
 def bench_figures(lines: list[str]) -> list[tuple[str, str, str]]:
-    """Attention decode per batch (its triton cell) and each GEMV type's range over the
-    8B matmuls, as shares of the peak."""
-    attention = []
-    for line in lines:
-        cell = re.search(r"triton:\s+[\d.]+ us\s+\d+ GB/s\s+([\d.]+)%", line)
-        if line.startswith("llama-8B") and cell:
-            attention.append(f"b{line.split()[1]} {cell.group(1)}%")
-    figures = [("attention decode 8B, ctx 4096", ", ".join(attention) or "none", ">= 70%")]
+    """Attention decode per batch (its triton cell, then the cell of each quantized pool)
+    and each GEMV type's range over the 8B matmuls, as shares of the peak."""
+    figures = []
+    for pool in ("", *KV_BENCH_FORMATS):
+        name = "triton" + (f"-{pool}" if pool else "")
+        attention = []
+        for line in lines:
+            cell = re.search(name + r":\s+[\d.]+ us\s+\d+ GB/s\s+([\d.]+)%", line)
+            if line.startswith("llama-8B") and cell:
+                attention.append(f"b{line.split()[1]} {cell.group(1)}%")
+        label = f"{pool} attention decode" if pool else "attention decode"
+        figures.append((f"{label} 8B, ctx 4096", ", ".join(attention) or "none", ">= 70%"))
     for kind, target in (("Q4_K", ">= 60%"), ("Q6_K", "")):
         shares = [float(ln.split()[-1].rstrip("%")) for ln in lines
                   if ln.startswith(kind + " ") and ln.endswith("%")]

@@ -7,6 +7,7 @@ import os
 import torch
 
 from kernels.interface import AttentionMetadata, check_attention_options, effective_window
+from kernels.kv_format import format_of
 from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
 from kernels.triton.decode import paged_decode
 from kernels.triton.prefill import paged_prefill
@@ -29,6 +30,12 @@ class TritonBackend:
     kernel reads the shared blocks whole, and those may lie before a member's window (and
     be freed); a window covering every context is dropped, so it keeps the cascade.
     So do attention sinks, which only the plain kernels' merge takes.
+
+    A quantized pool (int8, fp8, int4: its dtype tells; kernels/kv_format.py) goes to the
+    same kernels, which read it in place. An int4 pool holds Hadamard-rotated rows: the
+    query is rotated before the kernel and the output rotated back after it (the
+    transform is orthogonal and its own inverse, so scores and the weighted sum of
+    values come out as with unrotated rows), each one small torch matmul.
 
     shared_prefix: None reads $FOLIO_SHARED_PREFIX ("1" turns it on).
     min_shared_blocks: the fewest shared blocks worth a group of their own.
@@ -59,6 +66,18 @@ class TritonBackend:
                   meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
                   logit_softcap: float | None = None, sinks: torch.Tensor | None = None
                   ) -> torch.Tensor:
+        fmt = format_of(k_cache)
+        if fmt.rotated:
+            rotated = fmt.rotate(query.float()).to(query.dtype)
+            out = self._attention(rotated, k_cache, v_cache, meta, scale, sliding_window,
+                                  logit_softcap, sinks)
+            return fmt.rotate(out.float()).to(out.dtype)
+        return self._attention(query, k_cache, v_cache, meta, scale, sliding_window,
+                               logit_softcap, sinks)
+
+    def _attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   meta: AttentionMetadata, scale: float, sliding_window: int | None,
+                   logit_softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
         query = _heads_contiguous(query)
         check_attention_options(sliding_window, logit_softcap)
         window = effective_window(sliding_window, meta.max_seq_len)

@@ -1,11 +1,17 @@
 """KV-cache writes and block moves (Triton): write at a slot mapping, copy-on-write
-block copies, and swapping blocks between the device pool and the host pool."""
+block copies, and swapping blocks between the device pool and the host pool.
+
+A quantized pool (kernels/kv_format.py) is written by kernels/triton/kv_quant.py's
+quantizing kernel and moved as bytes: a block's rows go where they go as they are."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.kv_format import format_of
+from kernels.triton.kv_quant import as_bytes, write_kv_quantized
 
 COPY_CHUNK = 2048  # elements one copy program moves
 
@@ -73,15 +79,19 @@ def _copy_blocks_kernel(
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """k_cache/v_cache at slot_mapping[t] = key/value[t]; slots of -1 are skipped."""
+    """k_cache/v_cache at slot_mapping[t] = key/value[t]; slots of -1 are skipped. A
+    quantized pool [num_blocks, block_size, nkv, row] gets each row's encoding
+    (`KVFormat.encode`: int4 rows rotated, then quantized)."""
     if key.dim() != 3 or key.shape != value.shape:
         raise ValueError(f"key and value must both be [num_tokens, nkv, hd], got "
                          f"{tuple(key.shape)} and {tuple(value.shape)}")
     if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
         raise ValueError("v_cache must have k_cache's shape and strides")
-    if tuple(key.shape[1:]) != tuple(k_cache.shape[2:]):
+    fmt = format_of(k_cache)
+    if (key.shape[1] != k_cache.shape[2]
+            or fmt.row_len(key.shape[2]) != k_cache.shape[3]):
         raise ValueError(f"key heads {tuple(key.shape[1:])} do not match the cache's "
-                         f"{tuple(k_cache.shape[2:])}")
+                         f"{tuple(k_cache.shape[2:])} ({fmt.name} rows)")
     if slot_mapping.shape != (key.shape[0],):
         raise ValueError(f"slot_mapping must have one entry per token ({key.shape[0]}), "
                          f"got shape {tuple(slot_mapping.shape)}")
@@ -89,6 +99,9 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         raise ValueError("key, value and the caches must be contiguous in the head dimension")
     num_tokens, nkv, head_size = key.shape
     if num_tokens == 0:
+        return
+    if fmt.quantized:
+        write_kv_quantized(key, value, k_cache, v_cache, slot_mapping)
         return
     _write_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping,
@@ -116,6 +129,7 @@ def _check_ids(src: torch.Tensor, dst: torch.Tensor) -> None:
 
 def _launch_copy(src_cache: torch.Tensor, dst_cache: torch.Tensor, src_ids: torch.Tensor,
                  dst_ids: torch.Tensor) -> None:
+    src_cache, dst_cache = as_bytes(src_cache), as_bytes(dst_cache)
     numel = src_cache[0, 0, 0].numel()
     grid = (src_ids.shape[0], src_cache.shape[0] * 2, triton.cdiv(numel, COPY_CHUNK))
     _copy_blocks_kernel[grid](
@@ -163,6 +177,8 @@ def swap_blocks(src_cache: torch.Tensor, dst_cache: torch.Tensor, src_ids: torch
     # Gather on the source side so the host link carries one contiguous transfer. The
     # copies are blocking: a non-blocking device-to-host copy would let index_copy_ read
     # the host buffer before the DMA finished.
-    gathered = src_cache.index_select(2, src_ids.to(src_cache.device, torch.int64))
+    # (Quantized pools as bytes: torch has no index_copy_ for float8.)
+    src_bytes, dst_bytes = as_bytes(src_cache), as_bytes(dst_cache)
+    gathered = src_bytes.index_select(2, src_ids.to(src_cache.device, torch.int64))
     moved = gathered.to(dst_cache.device)
-    dst_cache.index_copy_(2, dst_ids.to(dst_cache.device, torch.int64), moved)
+    dst_bytes.index_copy_(2, dst_ids.to(dst_cache.device, torch.int64), moved)

@@ -21,6 +21,11 @@ launch without them compiles to the plain kernel:
 
 Attention sinks (kernels.interface.check_sinks) join the merge kernel's denominator, so a
 launch with sinks always writes partials and merges them, even with one split.
+
+A quantized pool (int8, fp8, int4: kernels/kv_format.py) is read in place, each tile
+dequantized in registers (kernels/triton/kv_quant.py, KV_FORMAT). An int4 pool holds
+rotated rows: the kernels attend in the rotated space, so the caller passes a rotated
+query and rotates the output back (TritonBackend does).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from kernels.interface import (
     check_sinks,
     effective_window,
 )
+from kernels.kv_format import format_of, int4_group
+from kernels.triton.kv_quant import as_bytes, format_code, key_scores, weighted_values
 
 LOG2E = 1.4426950408889634
 _NEG_TWO_LOG2E = tl.constexpr(-2.0 * LOG2E)
@@ -78,8 +85,8 @@ def attend_range(
     bt_row_ptr,  # int32 [max_blocks]: block table the K/V tokens are read through
     lo,  # first token position (inclusive)
     hi,  # last token position (exclusive)
-    k_ptr,  # [num_blocks, block_size, nkv, hd] K cache, offset to this KV head
-    v_ptr,  # [num_blocks, block_size, nkv, hd] V cache, offset to this KV head
+    k_ptr,  # [num_blocks, block_size, nkv, row] K cache, offset to this KV head
+    v_ptr,  # [num_blocks, block_size, nkv, row] V cache, offset to this KV head
     stride_block,
     stride_slot,
     offs_d,  # int32 [HEAD_PAD]
@@ -90,6 +97,9 @@ def attend_range(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    KV_FORMAT: tl.constexpr,  # kernels/triton/kv_quant.py: PLAIN, INT8, FP8, INT4
+    HEAD_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,  # INT4: elements per scale
 ):
     """Online softmax over tokens [lo, hi), every row seeing every token."""
     for n0 in range(lo, hi, BLOCK_N):
@@ -97,9 +107,8 @@ def attend_range(
         n_mask = offs_n < hi
         tok = paged_token_offsets(bt_row_ptr, offs_n, n_mask, stride_block, stride_slot,
                                   BLOCK_SIZE)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + tok[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = key_scores(q, k_ptr, tok, offs_d, n_mask, d_mask, qk_scale, KV_FORMAT, HEAD_SIZE,
+                       GROUP, DOT_PRECISION)
         if SOFTCAP:  # c * tanh(score / c), in base 2
             s = tanh(s) * softcap_log2
         s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -108,8 +117,9 @@ def attend_range(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + tok[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + weighted_values(p, v_ptr, tok, offs_d, n_mask, d_mask,
+                                                     q.dtype, KV_FORMAT, HEAD_SIZE, GROUP,
+                                                     DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -117,8 +127,8 @@ def attend_range(
 @triton.jit
 def _decode_kernel(
     q_ptr,  # [num_seqs, nq, hd] one query token per sequence
-    k_ptr,  # [num_blocks, block_size, nkv, hd]
-    v_ptr,  # [num_blocks, block_size, nkv, hd] (same strides as k)
+    k_ptr,  # [num_blocks, block_size, nkv, row]: hd values, or a quantized row's bytes
+    v_ptr,  # [num_blocks, block_size, nkv, row] (same strides as k)
     bt_ptr,  # int32 [num_seqs, max_blocks]
     seq_lens_ptr,  # int32 [num_seqs]
     start_ptr,  # int32 [num_seqs]: first token to attend (HAS_START), else 0
@@ -147,6 +157,8 @@ def _decode_kernel(
     DOT_PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    KV_FORMAT: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -178,6 +190,7 @@ def _decode_kernel(
         q, acc, m_i, l_i, bt_ptr + seq * stride_bts, lo, hi,
         k_ptr + kvh * stride_kh, v_ptr + kvh * stride_kh, stride_kb, stride_kt,
         offs_d, d_mask, qk_scale, softcap_log2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, SOFTCAP,
+        KV_FORMAT, HEAD_SIZE, GROUP,
     )
     # An empty split (lo >= hi) leaves l_i == 0: it stores lse = -inf and a zero output,
     # which the merge weighs by zero.
@@ -288,16 +301,22 @@ def score_scales(scale: float, softcap: float | None) -> tuple[float, float]:
 
 
 def check_inputs(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    """Shapes and dtypes a user of the kernels can get wrong."""
+    """Shapes and dtypes a user of the kernels can get wrong. A quantized pool (its dtype
+    tells its format) takes a query of any supported dtype; its rows are the format's."""
     if query.dim() != 3 or k_cache.dim() != 4:
         raise ValueError("query must be [tokens, nq, hd] and k_cache [blocks, bs, nkv, hd], "
                          f"got {tuple(query.shape)} and {tuple(k_cache.shape)}")
     if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
         raise ValueError("v_cache must have k_cache's shape and strides")
-    if query.dtype not in SUPPORTED_DTYPES or query.dtype != k_cache.dtype:
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"v_cache dtype {v_cache.dtype} must be k_cache's {k_cache.dtype}")
+    fmt = format_of(k_cache)
+    if query.dtype not in SUPPORTED_DTYPES or (query.dtype != k_cache.dtype
+                                               and not fmt.quantized):
         raise ValueError(f"query dtype {query.dtype} must match k_cache dtype {k_cache.dtype} "
                          "and be float16, bfloat16 or float32")
-    if query.shape[2] != k_cache.shape[3] or query.shape[1] % k_cache.shape[2] != 0:
+    if (fmt.row_len(query.shape[2]) != k_cache.shape[3]
+            or query.shape[1] % k_cache.shape[2] != 0):
         raise ValueError(f"query heads {tuple(query.shape[1:])} do not fit KV heads "
                          f"{tuple(k_cache.shape[2:])}: nq must be a multiple of nkv")
     if query.stride(2) != 1 or k_cache.stride(3) != 1:
@@ -324,7 +343,7 @@ def launch_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     part_out, part_lse = (query, query[:, :, 0]) if final else partials
     qk_scale, softcap_log2 = score_scales(scale, softcap)
     _decode_kernel[(num_seqs, nkv, num_splits)](
-        query, k_cache, v_cache, block_tables, seq_lens,
+        query, as_bytes(k_cache), as_bytes(v_cache), block_tables, seq_lens,
         start if start is not None else seq_lens, o, part_out, part_lse,
         slot_offset, tokens_per_split, qk_scale, softcap_log2, window or 0,
         query.stride(0), query.stride(1),
@@ -335,7 +354,8 @@ def launch_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         G_PAD=max(16, triton.next_power_of_2(nq // nkv)), HEAD_PAD=head_pad, BLOCK_N=block_n,
         HAS_START=start is not None, WRITE_FINAL=final,
         DOT_PRECISION=dot_precision(query.dtype), SLIDING=window is not None,
-        SOFTCAP=softcap is not None, num_warps=4, num_stages=2,
+        SOFTCAP=softcap is not None, KV_FORMAT=format_code(k_cache),
+        GROUP=int4_group(head_size), num_warps=4, num_stages=2,
     )
 
 

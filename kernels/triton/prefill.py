@@ -15,6 +15,8 @@ token at position p see keys p - W + 1 .. p only (transformers' sliding_window_o
 each tile's key loop starts at its first query's window start, so blocks wholly before
 every query of the tile are never read. SOFTCAP (c): c * tanh(score / c) before the mask.
 HAS_SINKS: a per-head logit joins each row's denominator (kernels.interface.check_sinks).
+A quantized pool is read in place as in the decode kernel (KV_FORMAT; an int4 pool wants
+a rotated query and gives a rotated output).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from kernels.interface import (
     check_sinks,
     effective_window,
 )
+from kernels.kv_format import int4_group
 from kernels.triton.decode import (
     check_inputs,
     dot_precision,
@@ -37,6 +40,7 @@ from kernels.triton.decode import (
     sinks_operand,
     tanh,
 )
+from kernels.triton.kv_quant import as_bytes, format_code, key_scores, weighted_values
 
 TILE_ROWS = 64
 
@@ -44,8 +48,8 @@ TILE_ROWS = 64
 @triton.jit
 def _prefill_kernel(
     q_ptr,  # [num_tokens, nq, hd] new tokens of every sequence, back to back
-    k_ptr,  # [num_blocks, block_size, nkv, hd]
-    v_ptr,  # [num_blocks, block_size, nkv, hd] (same strides as k)
+    k_ptr,  # [num_blocks, block_size, nkv, row]: hd values, or a quantized row's bytes
+    v_ptr,  # [num_blocks, block_size, nkv, row] (same strides as k)
     bt_ptr,  # int32 [num_seqs, max_blocks]
     seq_lens_ptr,  # int32 [num_seqs]: context length after this step
     qsl_ptr,  # int32 [num_seqs + 1]: query_start_loc
@@ -69,6 +73,8 @@ def _prefill_kernel(
     SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     sinks_ptr,  # HAS_SINKS: fp32 [nq] base-2 logits in each row's denominator
+    KV_FORMAT: tl.constexpr,  # kernels/triton/kv_quant.py: PLAIN, INT8, FP8, INT4
+    GROUP: tl.constexpr,  # INT4: elements per scale
 ):
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -111,9 +117,8 @@ def _prefill_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
         kv_off = paged_token_offsets(bt_row, offs_n, n_mask, stride_kb, stride_kt, BLOCK_SIZE)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_head + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = key_scores(q, k_head, kv_off, offs_d, n_mask, d_mask, qk_scale, KV_FORMAT,
+                       HEAD_SIZE, GROUP, DOT_PRECISION)
         if SOFTCAP:  # c * tanh(score / c), in base 2
             s = tanh(s) * softcap_log2
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
@@ -127,8 +132,9 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_head + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + weighted_values(p, v_head, kv_off, offs_d, n_mask, d_mask,
+                                                     q.dtype, KV_FORMAT, HEAD_SIZE, GROUP,
+                                                     DOT_PRECISION)
         m_i = m_new
 
     if HAS_SINKS:
@@ -184,7 +190,8 @@ def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     window = effective_window(sliding_window, meta.max_seq_len)
     qk_scale, softcap_log2 = score_scales(scale, logit_softcap)
     _prefill_kernel[grid](
-        query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
+        query, as_bytes(k_cache), as_bytes(v_cache), meta.block_tables, meta.seq_lens,
+        meta.query_start_loc, out,
         qk_scale, softcap_log2, window or 0,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -194,7 +201,8 @@ def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         BLOCK_Q=block_q, HEAD_PAD=triton.next_power_of_2(head_size), BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(query.dtype), SLIDING=window is not None,
         SOFTCAP=logit_softcap is not None, HAS_SINKS=sinks is not None,
-        sinks_ptr=sinks_operand(sinks, query), num_stages=2,
+        sinks_ptr=sinks_operand(sinks, query), KV_FORMAT=format_code(k_cache),
+        GROUP=int4_group(head_size), num_stages=2,
         # 64 rows x 128+ head dims: 4 warps would need ~200 registers a thread.
         num_warps=8 if head_size > 64 else 4,
     )

@@ -8,7 +8,8 @@ base-2 log-sum-exp per member. The plain decode kernel then covers each sequence
 private tail (from its group's shared length on) into further partial slots, and the
 split-K merge combines all slots.
 
-A logit soft-cap applies to both parts (SOFTCAP, as in kernels/triton/decode.py). A
+A logit soft-cap applies to both parts (SOFTCAP, as in kernels/triton/decode.py), and a
+quantized pool is read in place by both (KV_FORMAT, as there). A
 sliding window has no place here: members of a group have different windows, and a
 window that starts past the shared blocks makes them irrelevant, so TritonBackend sends
 windowed decode batches to the plain decode kernel (whose loop starts at each window).
@@ -24,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels.interface import AttentionMetadata, check_attention_options
+from kernels.kv_format import int4_group
 from kernels.triton.decode import (
     attend_range,
     check_inputs,
@@ -34,6 +36,7 @@ from kernels.triton.decode import (
     score_scales,
     tile_tokens,
 )
+from kernels.triton.kv_quant import as_bytes, format_code
 
 MAX_TILE_ROWS = 128  # members x padded group heads in one program
 
@@ -50,8 +53,8 @@ class SharedPrefixGroup:
 @triton.jit
 def _shared_prefix_kernel(
     q_ptr,  # [num_seqs, nq, hd]
-    k_ptr,  # [num_blocks, block_size, nkv, hd]
-    v_ptr,  # [num_blocks, block_size, nkv, hd] (same strides as k)
+    k_ptr,  # [num_blocks, block_size, nkv, row]: hd values, or a quantized row's bytes
+    v_ptr,  # [num_blocks, block_size, nkv, row] (same strides as k)
     bt_ptr,  # int32 [num_seqs, max_blocks]
     members_ptr,  # int32 [num_groups, MEMBERS_PAD]: sequence indices, -1 = padding
     shared_len_ptr,  # int32 [num_groups]: shared tokens of each group
@@ -74,6 +77,8 @@ def _shared_prefix_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    KV_FORMAT: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     group = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -102,6 +107,7 @@ def _shared_prefix_kernel(
         q, acc, m_i, l_i, bt_ptr + leader * stride_bts, lo, hi,
         k_ptr + kvh * stride_kh, v_ptr + kvh * stride_kh, stride_kb, stride_kt,
         offs_d, d_mask, qk_scale, softcap_log2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, SOFTCAP,
+        KV_FORMAT, HEAD_SIZE, GROUP,
     )
     has_tokens = l_i > 0
     l_safe = tl.where(has_tokens, l_i, 1.0)
@@ -219,7 +225,7 @@ def shared_prefix_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         tokens_per_split = triton.cdiv(triton.cdiv(max(max_shared, 1), shared_splits),
                                        block_n) * block_n
         _shared_prefix_kernel[(len(members), nkv, shared_splits)](
-            query, k_cache, v_cache, meta.block_tables, table.to(device),
+            query, as_bytes(k_cache), as_bytes(v_cache), meta.block_tables, table.to(device),
             torch.tensor(shared_len, dtype=torch.int32, device=device), part_out, part_lse,
             tokens_per_split, *score_scales(scale, logit_softcap),
             query.stride(0), query.stride(1),
@@ -229,6 +235,7 @@ def shared_prefix_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: to
             G=group_size, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, G_PAD=g_pad,
             MEMBERS_PAD=members_pad, HEAD_PAD=head_pad, BLOCK_N=block_n,
             DOT_PRECISION=dot_precision(query.dtype), SOFTCAP=logit_softcap is not None,
+            KV_FORMAT=format_code(k_cache), GROUP=int4_group(head_size),
             num_warps=4, num_stages=2,
         )
     launch_decode(query, k_cache, v_cache, meta.seq_lens, meta.block_tables, scale,

@@ -259,7 +259,7 @@ def compile_every_kernel_for_hopper() -> list[str]:
     built = []
     for group, head in ((4, 128), (3, 64)):
         shape = dict(G=group, HEAD_SIZE=head, BLOCK_SIZE=16, HEAD_PAD=head,
-                     DOT_PRECISION="tf32", SOFTCAP=False)
+                     DOT_PRECISION="tf32", SOFTCAP=False, KV_FORMAT=0, GROUP=head)
         for final in (True, False):
             compile_for_hopper(
                 triton_decode._decode_kernel, dict(attn, seq_lens_ptr="i32", start_ptr="i32"),
@@ -303,7 +303,7 @@ def compile_option_kernels_for_hopper() -> list[str]:
     attn = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, bt_ptr="i32", out_ptr=bf16,
                 part_out_ptr="fp32", part_lse_ptr="fp32", sinks_ptr="fp32")
     shape = dict(G=2, HEAD_SIZE=256, BLOCK_SIZE=16, HEAD_PAD=256, DOT_PRECISION="tf32",
-                 SOFTCAP=True)
+                 SOFTCAP=True, KV_FORMAT=0, GROUP=64)
     for final in (True, False):
         compile_for_hopper(
             triton_decode._decode_kernel, dict(attn, seq_lens_ptr="i32", start_ptr="i32"),

@@ -56,8 +56,12 @@ def test_script_without_cuda_runs_the_preflight_then_stops():
 
 BENCH_OUTPUT = """peak bandwidth: NVIDIA H200: 4800 GB/s (spec sheet)
 shape                    batch context splits  kernels
-llama-8B                     1    4096     16  triton:     12.0 us    1398 GB/s  29.1% | sdpa: n/a
-llama-8B                     8    4096      4  triton:     40.0 us    3356 GB/s  69.9% | sdpa: n/a
+llama-8B                     1    4096     16  triton:     12.0 us    1398 GB/s  29.1% | \
+triton-int8:      8.0 us    1090 GB/s  22.7% | triton-fp8:      7.0 us    1245 GB/s  25.9% | \
+sdpa: n/a
+llama-8B                     8    4096      4  triton:     40.0 us    3356 GB/s  69.9% | \
+triton-int8:     25.0 us    2727 GB/s  56.8% | triton-fp8:     24.0 us    2840 GB/s  59.2% | \
+sdpa: n/a
 
 type  matmul         N      K      MB       us   GB/s   peak
 Q4_K  q/o proj    4096   4096     9.4      4.1   2290  47.7%
@@ -77,6 +81,8 @@ def test_summary_table_and_figures(gpu_check):
     assert tests == [("compiled kernel tests", "41 passed, 2 skipped in 63.2s", "all pass")]
     bench = gpu_check.figures_of("folio bench kernels", BENCH_OUTPUT)
     assert bench == [("attention decode 8B, ctx 4096", "b1 29.1%, b8 69.9%", ">= 70%"),
+                     ("int8 attention decode 8B, ctx 4096", "b1 22.7%, b8 56.8%", ">= 70%"),
+                     ("fp8 attention decode 8B, ctx 4096", "b1 25.9%, b8 59.2%", ">= 70%"),
                      ("Q4_K GEMV 8B shapes, batch 1", "48-69% of peak", ">= 60%"),
                      ("Q6_K GEMV 8B shapes, batch 1", "72-72% of peak", "")]
     e2e = gpu_check.figures_of("e2e 1b", "loading\n" + gpu_check.E2E_MARK + json.dumps(E2E))

@@ -1,0 +1,282 @@
+"""Quantized KV pools in Triton: the write kernel that quantizes a step's keys and values
+into an int8, fp8 or int4 pool, and the tile helpers through which the attention kernels
+(decode, prefill, shared-prefix) read any pool, dequantizing in registers.
+
+What a row holds is kernels/kv_format.py's to say (its `encode` / `decode` are the oracle
+of every test here). The kernels see a quantized pool as bytes (`as_bytes`) and its
+format as the constexpr KV_FORMAT (`format_code`): codes at row offsets 0.., float16
+scales as two little-endian bytes after them, read back as uint16 and bitcast.
+
+Reading: an 8-bit row's one scale factors out of a dot product, so a K tile's codes go
+into the dot as they are and the scale multiplies the [rows, tokens] scores; a V tile's
+scale multiplies the softmax weights before their dot. An int4 row has a scale per group
+of elements, so its tile is dequantized whole before the dot. Codes convert exactly to
+float16 / bfloat16 (|int8| <= 127, e4m3 has 3 mantissa bits), so the dots run in the
+query's dtype with fp32 accumulation, as on a float pool.
+
+Writing rounds as torch does (half to even). fp8 is rounded here to a representable e4m3
+value before the conversion: Triton's interpreter converts fp32 to e4m3 without carrying
+a rounding overflow into the exponent (31.6 becomes 16), and a conversion of a value
+already representable is exact on every path.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.kv_format import format_of, int4_group
+
+PLAIN, INT8, FP8, INT4 = 0, 1, 2, 3  # KV_FORMAT
+_INT8 = tl.constexpr(INT8)
+_FP8 = tl.constexpr(FP8)
+_INT4 = tl.constexpr(INT4)
+_CODES = {"int8": INT8, "fp8": FP8, "int4": INT4}
+
+
+def format_code(pool: torch.Tensor) -> int:
+    """The KV_FORMAT constexpr of a pool: PLAIN for a float one."""
+    fmt = format_of(pool)
+    return _CODES[fmt.name] if fmt.quantized else PLAIN
+
+
+def as_bytes(pool: torch.Tensor) -> torch.Tensor:
+    """The pool as the kernels address it: a quantized pool's bytes (the same strides, its
+    element being one byte), a float pool as it is."""
+    return pool.view(torch.uint8) if format_of(pool).quantized else pool
+
+
+@triton.jit
+def load_scale(ptrs, mask):
+    """fp32 values of the float16 scales stored as two little-endian bytes at ptrs."""
+    lo = tl.load(ptrs, mask=mask, other=0).to(tl.uint16)
+    hi = tl.load(ptrs + 1, mask=mask, other=0).to(tl.uint16)
+    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _codes_8bit(raw, KV_FORMAT: tl.constexpr):
+    """uint8 tile -> fp32 values of its int8 or e4m3 codes."""
+    if KV_FORMAT == _FP8:
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return raw.to(tl.int8, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _int4_values(rows, offs_d, mask, HEAD_SIZE: tl.constexpr, GROUP: tl.constexpr):
+    """fp32 [BLOCK_N, HEAD_PAD] values of int4 rows: element d is byte d // 2's low
+    (d even) or high nibble, minus 8, times its group's scale."""
+    packed = tl.load(rows + offs_d[None, :] // 2, mask=mask, other=0)
+    codes = ((packed >> ((offs_d[None, :] % 2) * 4).to(tl.uint8)) & 0xF).to(tl.float32) - 8.0
+    scale = load_scale(rows + HEAD_SIZE // 2 + 2 * (offs_d[None, :] // GROUP), mask)
+    return codes * scale
+
+
+@triton.jit
+def key_scores(
+    q,  # [ROWS, HEAD_PAD] query tile (rotated, for an int4 pool)
+    k_head,  # this KV head's K pool: elements (PLAIN) or bytes
+    tok,  # int64 [BLOCK_N]: each token's row offset from k_head
+    offs_d,  # int32 [HEAD_PAD]
+    n_mask,  # bool [BLOCK_N]: tokens that exist
+    d_mask,  # bool [HEAD_PAD]: real head dims
+    qk_scale,
+    KV_FORMAT: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """fp32 [ROWS, BLOCK_N] scores q . k times qk_scale (a missing token scores 0)."""
+    rows = k_head + tok[:, None]
+    mask = n_mask[:, None] & d_mask[None, :]
+    if KV_FORMAT == _INT4:
+        k = _int4_values(rows, offs_d, mask, HEAD_SIZE, GROUP).to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    elif KV_FORMAT == 0:
+        k = tl.load(rows + offs_d[None, :], mask=mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    else:
+        codes = _codes_8bit(tl.load(rows + offs_d[None, :], mask=mask, other=0),
+                            KV_FORMAT).to(q.dtype)
+        k_scale = load_scale(k_head + tok + HEAD_SIZE, n_mask) * qk_scale  # [BLOCK_N]
+        s = tl.dot(q, tl.trans(codes), input_precision=DOT_PRECISION) * k_scale[None, :]
+    return s
+
+
+@triton.jit
+def weighted_values(
+    p,  # fp32 [ROWS, BLOCK_N] softmax weights (0 for a missing token)
+    v_head,  # this KV head's V pool: elements (PLAIN) or bytes
+    tok,  # int64 [BLOCK_N]
+    offs_d,  # int32 [HEAD_PAD]
+    n_mask,  # bool [BLOCK_N]
+    d_mask,  # bool [HEAD_PAD]
+    dot_dtype: tl.constexpr,  # the query's dtype
+    KV_FORMAT: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """fp32 [ROWS, HEAD_PAD]: p times the tile's values (rotated, for an int4 pool)."""
+    rows = v_head + tok[:, None]
+    mask = n_mask[:, None] & d_mask[None, :]
+    if KV_FORMAT == _INT4:
+        v = _int4_values(rows, offs_d, mask, HEAD_SIZE, GROUP).to(dot_dtype)
+        out = tl.dot(p.to(dot_dtype), v, input_precision=DOT_PRECISION)
+    elif KV_FORMAT == 0:
+        v = tl.load(rows + offs_d[None, :], mask=mask, other=0.0)
+        out = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    else:
+        codes = _codes_8bit(tl.load(rows + offs_d[None, :], mask=mask, other=0),
+                            KV_FORMAT).to(dot_dtype)
+        v_scale = load_scale(v_head + tok + HEAD_SIZE, n_mask)  # [BLOCK_N]
+        out = tl.dot((p * v_scale[None, :]).to(dot_dtype), codes,
+                     input_precision=DOT_PRECISION)
+    return out
+
+
+@triton.jit
+def _round_half_even(y):
+    """torch.round for |y| < 2**22: floor(y + 0.5), a tie that went to an odd number
+    taken back down to the even one."""
+    r = tl.floor(y + 0.5)
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where(((r - y) == 0.5) & odd, r - 1.0, r)
+
+
+@triton.jit
+def _e4m3_round(y):
+    """y (|y| <= 448) rounded half to even to the nearest e4m3 value, in fp32: the
+    quantum is 2**(e - 3) for y's exponent e, at least 2**-9 (the subnormals')."""
+    e = ((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.maximum(e, -6)
+    quantum = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    inverse = ((3 - e + 127) << 23).to(tl.float32, bitcast=True)
+    return _round_half_even(y * inverse) * quantum
+
+
+@triton.jit
+def _store_scales(ptrs, scale, mask):
+    """float16 scales [N] stored as two little-endian bytes each at ptrs [N]."""
+    bits = scale.to(tl.uint16, bitcast=True)
+    tl.store(ptrs, (bits & 0xFF).to(tl.uint8), mask=mask)
+    tl.store(ptrs + 1, (bits >> 8).to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _quantize_row_8bit(x, row, offs_d, keep, KV_FORMAT: tl.constexpr,
+                       HEAD_SIZE: tl.constexpr):
+    """x fp32 [HEAD_PAD] (0 past HEAD_SIZE) into the byte row at `row`, unless not keep.
+    (Masks come from limits: the interpreter turns bool & scalar bool into int32.)"""
+    if KV_FORMAT == _FP8:
+        scale = (tl.max(tl.abs(x), 0) / 448.0).to(tl.float16)
+    else:
+        scale = (tl.max(tl.abs(x), 0) / 127.0).to(tl.float16)
+    scale_f = scale.to(tl.float32)
+    y = x * tl.where(scale_f > 0, 1.0 / tl.where(scale_f > 0, scale_f, 1.0), 0.0)
+    if KV_FORMAT == _FP8:
+        codes = _e4m3_round(tl.minimum(tl.maximum(y, -448.0), 448.0))
+        raw = codes.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        codes = tl.minimum(tl.maximum(_round_half_even(y), -127.0), 127.0)
+        raw = codes.to(tl.int8).to(tl.uint8, bitcast=True)
+    tl.store(row + offs_d, raw, mask=offs_d < tl.where(keep, HEAD_SIZE, 0))
+    bits = scale.to(tl.uint16, bitcast=True)
+    two = tl.arange(0, 2)  # the scale's bytes, low first
+    byte = tl.where(two == 0, bits & 0xFF, bits >> 8).to(tl.uint8)
+    tl.store(row + HEAD_SIZE + two, byte, mask=two < tl.where(keep, 2, 0))
+
+
+@triton.jit
+def _quantize_row_int4(src, row, keep, HEAD_SIZE: tl.constexpr, GROUP: tl.constexpr,
+                       HALF_PAD: tl.constexpr, GROUPS_PAD: tl.constexpr):
+    """The row at src (HEAD_SIZE values, already rotated) into the int4 byte row at `row`:
+    even and odd elements are loaded apart, so each byte's two nibbles meet without a
+    reshape."""
+    offs_i = tl.arange(0, HALF_PAD)  # byte i holds elements 2i (low) and 2i + 1 (high)
+    i_mask = offs_i < HEAD_SIZE // 2
+    even = tl.load(src + 2 * offs_i, mask=i_mask, other=0.0).to(tl.float32)
+    odd = tl.load(src + 2 * offs_i + 1, mask=i_mask, other=0.0).to(tl.float32)
+    offs_g = tl.arange(0, GROUPS_PAD)
+    # [GROUPS_PAD, HALF_PAD]: byte i belongs to group 2i // GROUP (GROUP is even).
+    member = (offs_g[:, None] == (2 * offs_i[None, :]) // GROUP) & i_mask[None, :]
+    absmax = tl.max(tl.where(member, tl.maximum(tl.abs(even), tl.abs(odd))[None, :], 0.0), 1)
+    scale = (absmax / 7.0).to(tl.float16)  # [GROUPS_PAD]
+    scale_f = scale.to(tl.float32)
+    inverse = tl.where(scale_f > 0, 1.0 / tl.where(scale_f > 0, scale_f, 1.0), 0.0)
+    inv_i = tl.sum(tl.where(member, inverse[:, None], 0.0), 0)  # [HALF_PAD]
+    lo = tl.minimum(tl.maximum(_round_half_even(even * inv_i), -7.0), 7.0) + 8.0
+    hi = tl.minimum(tl.maximum(_round_half_even(odd * inv_i), -7.0), 7.0) + 8.0
+    packed = lo.to(tl.uint8) | (hi.to(tl.uint8) << 4)
+    tl.store(row + offs_i, packed, mask=offs_i < tl.where(keep, HEAD_SIZE // 2, 0))
+    _store_scales(row + HEAD_SIZE // 2 + 2 * offs_g, scale,
+                  offs_g < tl.where(keep, HEAD_SIZE // GROUP, 0))
+
+
+@triton.jit
+def _write_kv_quant_kernel(
+    key_ptr,  # [num_tokens, nkv, hd] float (rotated, for int4)
+    value_ptr,  # [num_tokens, nkv, hd] float (rotated, for int4)
+    k_cache_ptr,  # uint8 [num_blocks, block_size, nkv, row bytes]
+    v_cache_ptr,  # uint8, k_cache's strides
+    slot_ptr,  # int64 [num_tokens]: block_id * block_size + offset, -1 = skip
+    stride_kt, stride_kh,
+    stride_vt, stride_vh,
+    stride_cb, stride_cs, stride_ch,
+    KV_FORMAT: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    GROUP: tl.constexpr,  # int4: elements per scale
+    HALF_PAD: tl.constexpr,  # int4: next_power_of_2(HEAD_SIZE // 2)
+    GROUPS_PAD: tl.constexpr,  # int4: next_power_of_2(HEAD_SIZE // GROUP)
+):
+    """One program per (token, KV head) quantizes its K row and its V row."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    keep = slot >= 0
+    slot = tl.where(keep, slot, 0)  # a skipped token's address stays inside the pool
+    dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + head * stride_ch
+    k_src = key_ptr + token * stride_kt + head * stride_kh
+    v_src = value_ptr + token * stride_vt + head * stride_vh
+    if KV_FORMAT == _INT4:
+        _quantize_row_int4(k_src, k_cache_ptr + dst, keep, HEAD_SIZE, GROUP, HALF_PAD,
+                           GROUPS_PAD)
+        _quantize_row_int4(v_src, v_cache_ptr + dst, keep, HEAD_SIZE, GROUP, HALF_PAD,
+                           GROUPS_PAD)
+    else:
+        offs_d = tl.arange(0, HEAD_PAD)
+        d_mask = offs_d < HEAD_SIZE
+        k = tl.load(k_src + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        _quantize_row_8bit(k, k_cache_ptr + dst, offs_d, keep, KV_FORMAT, HEAD_SIZE)
+        v = tl.load(v_src + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        _quantize_row_8bit(v, v_cache_ptr + dst, offs_d, keep, KV_FORMAT, HEAD_SIZE)
+
+
+def write_kv_quantized(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """k_cache / v_cache (a quantized pool's [num_blocks, block_size, nkv, row] views) at
+    slot_mapping[t] = the format's encoding of key / value[t], as `KVFormat.encode`: int4
+    rows are rotated first, in torch (kv_format.rotate: the oracle's own transform; the
+    write is a sliver of a step's time, so one more small matmul costs nothing worth a
+    Hadamard product inside the kernel). Shapes are the caller's (cache.write_kv) to check."""
+    fmt = format_of(k_cache)
+    num_tokens, nkv, head_size = key.shape
+    if fmt.rotated:
+        key, value = fmt.rotate(key.float()), fmt.rotate(value.float())
+    group = int4_group(head_size)
+    k_bytes, v_bytes = as_bytes(k_cache), as_bytes(v_cache)
+    _write_kv_quant_kernel[(num_tokens, nkv)](
+        key, value, k_bytes, v_bytes, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_bytes.stride(0), k_bytes.stride(1), k_bytes.stride(2),
+        KV_FORMAT=format_code(k_cache), HEAD_SIZE=head_size, BLOCK_SIZE=k_cache.shape[1],
+        HEAD_PAD=triton.next_power_of_2(head_size), GROUP=group,
+        HALF_PAD=triton.next_power_of_2(max(head_size // 2, 1)),
+        GROUPS_PAD=triton.next_power_of_2(max(head_size // group, 1)),
+        num_warps=1 if head_size <= 128 else 2,
+        # No fused multiply-add: x * inverse is rounded before its + 0.5, as in torch.
+        enable_fp_fusion=False,
+    )
