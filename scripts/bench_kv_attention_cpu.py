@@ -2,8 +2,10 @@
 step's attention ops (every layer's own pool, so K/V stream from memory as in a step) at
 4,000 and 16,000 tokens of context, and a 4,000-token prefill chunked 512 at a time (one
 layer: each chunk's KV write and attention), for a Llama-3.2-1B shape (16 layers, 32 query
-heads, 8 KV heads, head size 64). Pools of the given dtypes alternate in rounds; each
-figure is the best of its rounds. Random K/V: timings only.
+heads, 8 KV heads, head size 64). Pools of the given dtypes alternate step by step (chunk
+by chunk); each figure is the best of its rounds (a prefill the sum of its chunks' best).
+Random K/V: timings only. On a shared, busy machine `--threads 1 --clock cpu` counts the
+thread's own CPU time (time.thread_time), which other processes' load does not inflate.
 
     python scripts/bench_kv_attention_cpu.py --threads 2
 """
@@ -24,6 +26,7 @@ from kernels.cpu.attention import CpuBackend  # noqa: E402
 from kernels.kv_format import format_named  # noqa: E402
 
 LAYERS, NQ, NKV, HD, BLOCK = 16, 32, 8, 64, 16
+clock = time.perf_counter  # --clock cpu: time.thread_time
 
 
 def filled_pool(fmt, layers: int, tokens: int, gen: torch.Generator) -> torch.Tensor:
@@ -48,25 +51,33 @@ def meta_for(context: int, q_len: int) -> AttentionMetadata:
 
 
 def decode_step(backend, pool, meta, query) -> float:
-    start = time.perf_counter()
+    start = clock()
     for layer in range(pool.shape[0]):
         backend.attention(query, pool[layer, 0], pool[layer, 1], meta, HD**-0.5)
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def prefill(backend, pool, tokens: int, chunk: int, gen: torch.Generator) -> float:
-    """One layer's KV writes and attention over the chunks of a `tokens` prompt."""
-    total = 0.0
+def prefill(backend, pools, tokens: int, chunk: int, rounds: int,
+            gen: torch.Generator) -> dict[str, float]:
+    """One layer's KV writes and attention over the chunks of a `tokens` prompt, per pool:
+    each chunk timed `rounds` times, the pools alternating chunk by chunk (a busy machine
+    slows a stretch of time, not a dtype), the best of each chunk summed."""
+    totals = dict.fromkeys(pools, 0.0)
     for begin in range(0, tokens, chunk):
         n = min(chunk, tokens - begin)
         meta = meta_for(begin + n, n)
         query = torch.randn(n, NQ, HD, generator=gen)
         key, value = torch.randn(2, n, NKV, HD, generator=gen)
-        start = time.perf_counter()
-        backend.write_kv(key, value, pool[0, 0], pool[0, 1], meta.slot_mapping)
-        backend.attention(query, pool[0, 0], pool[0, 1], meta, HD**-0.5)
-        total += time.perf_counter() - start
-    return total
+        best = dict.fromkeys(pools, float("inf"))
+        for _ in range(rounds):
+            for name, pool in pools.items():
+                start = clock()
+                backend.write_kv(key, value, pool[0, 0], pool[0, 1], meta.slot_mapping)
+                backend.attention(query, pool[0, 0], pool[0, 1], meta, HD**-0.5)
+                best[name] = min(best[name], clock() - start)
+        for name in pools:
+            totals[name] += best[name]
+    return totals
 
 
 def main() -> int:
@@ -75,7 +86,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dtypes", default="float16,int8,int4")
     parser.add_argument("--contexts", default="4000,16000")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args()
+    if args.clock == "cpu":
+        if args.threads != 1:
+            parser.error("--clock cpu counts the calling thread only: use --threads 1")
+        global clock
+        clock = time.thread_time
     torch.set_num_threads(args.threads)
     backend = CpuBackend()
     gen = torch.Generator().manual_seed(0)
@@ -85,21 +102,19 @@ def main() -> int:
     for context in (int(c) for c in args.contexts.split(",")):
         pools = {fmt.name: filled_pool(fmt, LAYERS, context, gen) for fmt in fmts}
         meta = meta_for(context, 1)
-        for _ in range(args.rounds):
+        for _ in range(3 * args.rounds):  # step by step, the pools alternating
             for fmt in fmts:
-                for _ in range(3):
-                    t = decode_step(backend, pools[fmt.name], meta, query)
-                    key = (f"decode {context}", fmt.name)
-                    results[key] = min(results.get(key, float("inf")), t)
+                t = decode_step(backend, pools[fmt.name], meta, query)
+                key = (f"decode {context}", fmt.name)
+                results[key] = min(results.get(key, float("inf")), t)
         del pools
     prefill_tokens = 4000
     pools = {fmt.name: filled_pool(fmt, 1, prefill_tokens, gen) for fmt in fmts}
-    for _ in range(max(2, args.rounds // 2)):
-        for fmt in fmts:
-            t = prefill(backend, pools[fmt.name], prefill_tokens, 512, gen)
-            key = ("prefill 4000 / 512", fmt.name)
-            results[key] = min(results.get(key, float("inf")), t)
-    print(f"{torch.get_num_threads()} threads, ISA {torch.ops.folio_cpu.isa()}; best of rounds, "
+    totals = prefill(backend, pools, prefill_tokens, 512, max(2, args.rounds // 2), gen)
+    for name, t in totals.items():
+        results[("prefill 4000 / 512", name)] = t
+    print(f"{torch.get_num_threads()} threads, ISA {torch.ops.folio_cpu.isa()}, {args.clock} "
+          "clock; best of rounds, "
           "ms (decode: 16 layers' attention ops; prefill: one layer's writes + attention)")
     for case in dict.fromkeys(k[0] for k in results):
         base = results.get((case, "float16"))
