@@ -20,7 +20,8 @@ inline __m256 load8(const uint16_t* p) {
 }
 // An int8 pool's codes, unscaled (attend_kernel.inc folds the row's scale in).
 inline __m256 load8(const Int8Kv* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
 }
 
 // R rows' scores against J keys (R * J <= 8 accumulators), hd a multiple of 8: each key

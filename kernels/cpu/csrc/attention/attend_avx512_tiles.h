@@ -20,7 +20,8 @@ inline __m512 load16(const uint16_t* p) {
 }
 // An int8 pool's codes, unscaled (attend_kernel.inc folds the row's scale in).
 inline __m512 load16(const Int8Kv* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
 }
 
 // R rows' scores against J keys (R * J <= 16 accumulators), hd a multiple of 16: each
