@@ -24,8 +24,9 @@ def fused_cpu(*tensors: torch.Tensor) -> bool:
 
 
 def native_pool(k_cache: torch.Tensor) -> bool:
-    """A KV pool the native attention ops read and write from float32 rows: float32, or
-    float16 (the native backend's default), on the CPU."""
+    """A KV pool the native attention ops read and write from float32 rows, on the CPU:
+    float32, float16 (the native backend's default), or a quantized format's storage
+    (int8, fp8, int4: kernels/kv_format.py), written quantized and read in place."""
     return k_cache.is_cpu and k_cache.dtype in POOL_DTYPES
 
 

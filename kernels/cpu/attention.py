@@ -6,12 +6,15 @@ in place from the paged pool through the block tables (causal, GQA, sliding wind
 logit soft-cap and attention sinks with the reference's exact semantics), split over
 sequences, KV heads and,
 when that leaves threads idle, block ranges of the keys. `write_kv` is one scatter op.
-Float32 queries over float32 or float16 pools run natively, prefill chunks of any length
-included (their tasks score a block through its keys transposed: faster than the
-reference's SDPA at 512 x 512 causal); a float16 pool, the engine's default on this backend
-(engine/runner/device.py), halves what a decode step reads, each block converted to
-float32 as it is read. Any other dtype, and copy_blocks / swap_blocks (whole-block moves,
-not per step), run the PyTorch reference.
+Float32 queries over float32, float16 and quantized (int8, fp8, int4: kernels/kv_format.py)
+pools run natively, prefill chunks of any length included (their tasks score a block
+through its keys transposed: faster than the reference's SDPA at 512 x 512 causal); a
+float16 pool, the engine's default on this backend (engine/runner/device.py), halves what a
+decode step reads, each block converted to float32 as it is read; an int8 pool halves it
+again, its rows dequantized inside the block loop, and an int4 pool (rotated rows) has the
+op rotate the query before and the output after. The KV write quantizes float32 rows into
+a quantized pool in the same op. Any other dtype runs the PyTorch reference; copy_blocks /
+swap_blocks (whole-block moves, not per step) move rows as bytes.
 
 `rotary_write_kv` is an extra the attention layer uses when the backend offers it: the
 rotary step on q and k in place and the KV write in one op.
@@ -30,8 +33,9 @@ from kernels.interface import (
 )
 from kernels.reference.backend import TorchBackend, copy_blocks_ref, swap_blocks_ref
 
-# The pool dtypes the kernels read and write; float32 rows go into either.
-POOL_DTYPES = (torch.float32, torch.float16)
+# The pool dtypes the kernels read and write (kernels/kv_format.py: float32, float16, and
+# the int8, fp8 and int4 formats' storage); float32 rows go into any of them.
+POOL_DTYPES = (torch.float32, torch.float16, torch.int8, torch.float8_e4m3fn, torch.uint8)
 
 
 class CpuBackend:
@@ -50,8 +54,8 @@ class CpuBackend:
 
     @staticmethod
     def _native(rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-        """Float32 rows (query, or the K/V written) over a float32 or float16 pool on
-        the CPU: what the kernels take. Plain comparisons: it runs for every layer of
+        """Float32 rows (query, or the K/V written) over a POOL_DTYPES pool on the CPU:
+        what the kernels take. Plain comparisons: it runs for every layer of
         every step."""
         return (rows.dtype == torch.float32 and rows.is_cpu and k_cache.is_cpu
                 and k_cache.dtype in POOL_DTYPES and v_cache.dtype == k_cache.dtype)
@@ -68,8 +72,8 @@ class CpuBackend:
                         v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Rotate query [T, nq, hd] and key [T, nkv, hd] in place (rotate-half over the
         first cos.shape[-1] dims, cos/sin as RotaryEmbedding.lookup gives them), then
-        write key and value to their slots. Float32 rows on the CPU, into a float32 or
-        float16 pool."""
+        write key and value to their slots (quantized into a quantized pool). Float32
+        rows on the CPU, into a POOL_DTYPES pool."""
         ops().rotary_write_kv(query, key, value, cos, sin, k_cache, v_cache,
                               _int64(slot_mapping))
 
@@ -105,11 +109,21 @@ class CpuBackend:
             float(logit_softcap or 0.0), sinks)
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-        copy_blocks_ref(kv_cache, src, dst)
+        copy_blocks_ref(_bytes(kv_cache), src, dst)
 
     def swap_blocks(self, src_cache: torch.Tensor, dst_cache: torch.Tensor,
                     src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+        if src_cache.dtype == dst_cache.dtype:
+            src_cache, dst_cache = _bytes(src_cache), _bytes(dst_cache)
         swap_blocks_ref(src_cache, dst_cache, src_ids, dst_ids)
+
+
+def _bytes(pool: torch.Tensor) -> torch.Tensor:
+    """A quantized pool as uint8 (its rows are bytes; index_copy_ has no float8 kernel on
+    the CPU). A view: the last dim is a row of one-byte elements already."""
+    if pool.dtype in (torch.int8, torch.float8_e4m3fn):
+        return pool.view(torch.uint8)
+    return pool
 
 
 def kernel_sinks(sinks: torch.Tensor | None, num_q_heads: int) -> torch.Tensor | None:

@@ -117,13 +117,18 @@ def test_a_soft_cap_and_sinks_reach_the_native_step(build_attention_metadata):
     assert not torch.equal(with_options[0], plain[0])
 
 
-def test_a_float32_pool_takes_the_native_layers_too(build_attention_metadata):
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.int8, torch.uint8])
+def test_float32_and_quantized_pools_take_the_native_layers_too(build_attention_metadata,
+                                                                pool_dtype):
+    """float32, int8 and int4 (uint8) pools: K/V quantized by the fused write, read in
+    place by the attention, the same in the native step as in the modules."""
     model = quantized_model(LlamaConfig(**SHAPE))
-    modules, modules_cache = run_steps(model, build_attention_metadata, False, torch.float32)
-    native, native_cache = run_steps(model, build_attention_metadata, True, torch.float32)
+    modules, modules_cache = run_steps(model, build_attention_metadata, False, pool_dtype)
+    native, native_cache = run_steps(model, build_attention_metadata, True, pool_dtype)
     assert all(step is not None for step in model.native_layers.steps)
     assert all(torch.equal(a, b) for a, b in zip(native, modules, strict=True))
-    assert torch.equal(native_cache, modules_cache)
+    assert torch.equal(native_cache.view(torch.uint8), modules_cache.view(torch.uint8))
+    assert native_cache.view(torch.uint8).count_nonzero() > native_cache.numel() // 4
 
 
 def test_layers_it_cannot_take_keep_their_modules(build_attention_metadata):

@@ -1,5 +1,6 @@
 // The attention kernel's entry points per instruction set (attend_kernel.inc, compiled by
-// attend_portable.cpp, attend_avx2.cpp and attend_avx512.cpp).
+// attend_portable.cpp, attend_avx2.cpp and attend_avx512.cpp, and their _quant.cpp units
+// for the quantized pools).
 #pragma once
 
 #include <cstdint>
@@ -33,15 +34,18 @@ IsaKernels kernels_for_active_isa();
 
 namespace portable {
 void run_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+void run_quantized_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
 void halves_from_floats(const float*, uint16_t*, int64_t);
 }
 #if defined(__x86_64__)
 namespace avx2 {
 void run_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+void run_quantized_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
 void halves_from_floats(const float*, uint16_t*, int64_t);
 }
 namespace avx512 {
 void run_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
+void run_quantized_task(const AttentionArgs&, const AttentionTask&, const Partials&, float*);
 void halves_from_floats(const float*, uint16_t*, int64_t);
 }
 #endif

@@ -19,4 +19,5 @@ void halves_from_floats(const float* src, uint16_t* dst, int64_t n) {
 }  // namespace folio_cpu::attention::portable
 
 #define FOLIO_ISA_NS portable
+#define FOLIO_KV_FLOAT_KINDS 1
 #include "attention/attend_kernel.inc"

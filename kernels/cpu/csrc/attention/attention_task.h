@@ -7,15 +7,22 @@
 
 namespace folio_cpu::attention {
 
+// What a pool row holds (kernels/kv_format.py, the one definition): hd float32 or float16
+// values, or bytes: int8 / fp8 (e4m3) codes then one float16 scale, or int4 (Hadamard-
+// rotated values as packed nibbles q + 8, element 2i low) then a float16 scale per group.
+enum class KvKind : int { kF32 = 0, kF16 = 1, kI8 = 2, kFp8 = 3, kI4 = 4 };
+
 // One step's batch as the kernels read it; all strides in elements.
 struct AttentionArgs {
   const float* query;  // [num_tokens, nq, hd], dim stride 1
   int64_t q_token_stride, q_head_stride;
-  // [num_blocks, block_size, nkv, hd], dim stride 1: float32, or IEEE float16 bits where
-  // half_kv (the native backend's default pool: half the bytes each decode step reads).
+  // [num_blocks, block_size, nkv, row], row dim stride 1: kv_kind says what a row holds
+  // (float16: the native backend's default pool, half the bytes each decode step reads;
+  // the quantized kinds a half or a quarter of that again). Strides in pool elements
+  // (bytes for the quantized kinds).
   const void* k_cache;
   const void* v_cache;  // same strides and dtype as k_cache
-  bool half_kv;
+  KvKind kv_kind;
   int64_t kv_block_stride, kv_slot_stride, kv_head_stride;
   float* out;  // [num_tokens, nq, hd] contiguous
   const int32_t* query_start_loc;  // [num_seqs + 1]
@@ -23,6 +30,7 @@ struct AttentionArgs {
   const int32_t* block_tables;     // [num_seqs, max_blocks]
   int64_t block_table_stride;
   int64_t block_size, head_size, num_q_heads, num_kv_heads;
+  int64_t row_len;  // pool elements per row: head_size, or a quantized row's bytes
   float scale;
   float softcap;   // 0: none
   int64_t window;  // 0: none; else the query at p sees keys p - window + 1 .. p
@@ -30,6 +38,12 @@ struct AttentionArgs {
   // (attention sinks), folded in where a row's output is normalized.
   const float* sinks = nullptr;
 };
+
+// The element types of the quantized pools (one byte each, so that element strides are
+// byte strides): distinct types, so that the kernels pick a row's decoding by overload.
+struct Int8Kv { int8_t code; };
+struct Fp8Kv { uint8_t bits; };   // e4m3fn
+struct Int4Kv { uint8_t pair; };  // two nibbles
 
 // One unit of work: some query tokens of one sequence, the query heads of one KV head,
 // against the keys [key_begin, key_end) of that sequence (one split of its context).

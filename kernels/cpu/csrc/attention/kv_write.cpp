@@ -1,19 +1,89 @@
 // write_kv (scatter each new token's K/V to its slot; slot -1 skipped) and
 // rotary_write_kv (the rotary step on q and k in place, then the same scatter), so that
 // a layer's rope and KV write are one op instead of about ten. A float16 pool takes
-// float32 K/V rounded as torch's .to(torch.float16) rounds them.
+// float32 K/V rounded as torch's .to(torch.float16) rounds them; an int8, fp8 or int4
+// pool takes them quantized as kernels/kv_format.py's encode does (int4: rotated first),
+// in the same op.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "attention/attend_isa.h"
+#include "attention/kv_rows.h"
 #include "ops.h"
 
 namespace folio_cpu::attention {
 
 namespace {
+
+// The largest head size an int4 row is rotated for on the stack.
+constexpr int64_t kMaxInt4Head = 1024;
+
+// absmax / max_code as a float16 scale (the row's stored bits) and the reciprocal the
+// codes are taken with: 1 / the rounded scale, so that decoding agrees (0 for a zero row).
+struct Scale {
+  uint16_t bits;
+  float inv;
+};
+
+Scale scale_for(const float* x, int64_t n, float max_code) {
+  float absmax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
+  const uint16_t bits = c10::detail::fp16_ieee_from_fp32_value(absmax / max_code);
+  const float scale = c10::detail::fp16_ieee_to_fp32_value(bits);
+  return {bits, scale > 0.0f ? 1.0f / scale : 0.0f};
+}
+
+// x clamped to [-limit, limit] (an integer) and rounded half to even as torch.round: adding
+// and taking away 1.5 * 2^23 leaves no fraction bits (round to nearest even, the default
+// mode). Plain arithmetic that vectorizes, where nearbyint is a libm call on the baseline
+// target.
+inline float round_clamped(float x, float limit) {
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  const float c = std::clamp(x, -limit, limit);
+  return (c + kShift) - kShift;
+}
+
+// hd float32 values -> int8 codes (round half to even, +-127) and the scale after them.
+void encode_int8(const float* x, int64_t hd, uint8_t* row) {
+  const Scale s = scale_for(x, hd, 127.0f);
+  for (int64_t d = 0; d < hd; ++d)
+    row[d] = static_cast<uint8_t>(static_cast<int8_t>(round_clamped(x[d] * s.inv, 127.0f)));
+  std::memcpy(row + hd, &s.bits, 2);
+}
+
+// hd float32 values -> e4m3 codes (x / scale clamped to +-448, rounded as torch's
+// float8_e4m3fn conversion) and the scale after them.
+void encode_fp8(const float* x, int64_t hd, uint8_t* row) {
+  const Scale s = scale_for(x, hd, 448.0f);
+  for (int64_t d = 0; d < hd; ++d)
+    row[d] = c10::Float8_e4m3fn(std::clamp(x[d] * s.inv, -448.0f, 448.0f)).x;
+  std::memcpy(row + hd, &s.bits, 2);
+}
+
+// hd float32 values -> rotated, then per group of int4_group(hd) codes q + 8 (q in
+// [-7, 7]) packed two a byte (element 2i low), then the groups' scales.
+void encode_int4(const float* x, int64_t hd, uint8_t* row) {
+  float r[kMaxInt4Head];
+  std::memcpy(r, x, hd * sizeof(float));
+  hadamard_rotate(r, hd);
+  const int64_t group = int4_group(hd);
+  for (int64_t g0 = 0; g0 < hd; g0 += group) {
+    const Scale s = scale_for(r + g0, group, 7.0f);
+    for (int64_t i = g0; i < g0 + group; i += 2) {
+      const float lo = round_clamped(r[i] * s.inv, 7.0f) + 8.0f;
+      const float hi = round_clamped(r[i + 1] * s.inv, 7.0f) + 8.0f;
+      row[i / 2] = static_cast<uint8_t>(static_cast<int>(lo) | (static_cast<int>(hi) << 4));
+    }
+    std::memcpy(row + hd / 2 + 2 * (g0 / group), &s.bits, 2);
+  }
+}
 
 // The slots a token's K/V go to, and the pool's geometry, in elements.
 struct Scatter {
@@ -21,12 +91,21 @@ struct Scatter {
   int64_t block_size, block_stride, slot_stride, head_stride, num_kv_heads, head_size;
   int64_t src_bytes, dst_bytes;  // an element of key / value, of the pool
   HalvesFromFloats to_halves;    // float32 rows into a float16 pool; nullptr: copied as is
+  KvKind kind;                   // a quantized kind: float32 rows encoded into it
   char* k_base;
   char* v_base;
 
   void put(const char* src, char* dst) const {
+    const float* x = reinterpret_cast<const float*>(src);
+    uint8_t* row = reinterpret_cast<uint8_t*>(dst);
+    switch (kind) {
+      case KvKind::kI8: encode_int8(x, head_size, row); return;
+      case KvKind::kFp8: encode_fp8(x, head_size, row); return;
+      case KvKind::kI4: encode_int4(x, head_size, row); return;
+      default: break;
+    }
     if (to_halves != nullptr)
-      to_halves(reinterpret_cast<const float*>(src), reinterpret_cast<uint16_t*>(dst), head_size);
+      to_halves(x, reinterpret_cast<uint16_t*>(dst), head_size);
     else
       std::memcpy(dst, src, head_size * dst_bytes);
   }
@@ -50,23 +129,31 @@ Scatter scatter_for(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
   TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes() && key.stride(2) == 1 &&
                   value.stride(2) == 1,
               "key and value must be [num_tokens, nkv, hd] with contiguous heads");
+  const KvKind kind = kv_kind_of(k_cache.scalar_type());
+  const int64_t hd = key.size(2);
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.strides() == v_cache.strides() &&
                   k_cache.sizes() == v_cache.sizes() && k_cache.stride(3) == 1 &&
-                  k_cache.size(2) == key.size(1) && k_cache.size(3) == key.size(2),
-              "k_cache and v_cache must be [num_blocks, block_size, nkv, hd] like key");
+                  k_cache.size(2) == key.size(1) && k_cache.size(3) == row_len(kind, hd),
+              "k_cache and v_cache must be [num_blocks, block_size, nkv, row] like key, a "
+              "row ", row_len(kind, hd), " elements for head size ", hd, " in a ",
+              k_cache.scalar_type(), " pool");
+  const bool encode = quantized(kind);
   const bool to_half = key.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kHalf;
-  TORCH_CHECK((to_half || key.scalar_type() == k_cache.scalar_type()) &&
+  TORCH_CHECK((encode ? key.scalar_type() == at::kFloat
+                      : to_half || key.scalar_type() == k_cache.scalar_type()) &&
                   key.scalar_type() == value.scalar_type() &&
                   k_cache.scalar_type() == v_cache.scalar_type(),
-              "key and value must share a dtype, and the caches theirs or float16 for "
-              "float32 K/V");
+              "key and value must share a dtype, and the caches theirs, or float16 or a "
+              "quantized pool for float32 K/V");
+  TORCH_CHECK(kind != KvKind::kI4 || (hd % 2 == 0 && hd <= kMaxInt4Head),
+              "an int4 pool needs an even head size up to ", kMaxInt4Head, ", not ", hd);
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
                   slot_mapping.numel() == key.size(0),
               "slot_mapping must be contiguous int64 [num_tokens]");
   return {slot_mapping.data_ptr<int64_t>(), k_cache.size(1), k_cache.stride(0),
-          k_cache.stride(1), k_cache.stride(2), k_cache.size(2), k_cache.size(3),
+          k_cache.stride(1), k_cache.stride(2), k_cache.size(2), hd,
           static_cast<int64_t>(key.element_size()), static_cast<int64_t>(k_cache.element_size()),
-          to_half ? kernels_for_active_isa().halves_from_floats : nullptr,
+          to_half ? kernels_for_active_isa().halves_from_floats : nullptr, kind,
           static_cast<char*>(k_cache.data_ptr()), static_cast<char*>(v_cache.data_ptr())};
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attention/attend_isa.h"
+#include "attention/kv_rows.h"
 #include "isa.h"
 #include "ops.h"
 
@@ -195,6 +196,22 @@ void merge_splits(const AttentionArgs& a, const Plan& plan, const Partials& p) {
   }
 }
 
+// x [T, heads, hd] contiguous: each head's row rotated in place (hadamard_rotate).
+void rotate_rows(at::Tensor& x) {
+  const int64_t hd = x.size(2), rows = x.size(0) * x.size(1);
+  float* data = x.data_ptr<float>();
+  at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) hadamard_rotate(data + r * hd, hd);
+  });
+}
+
+at::Tensor rotated_query(const at::Tensor& query) {
+  at::Tensor q = query.contiguous();
+  if (q.data_ptr() == query.data_ptr()) q = q.clone();
+  rotate_rows(q);
+  return q;
+}
+
 void check_int32(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kInt && t.is_contiguous(), name,
               " must be a contiguous int32 CPU tensor");
@@ -209,20 +226,22 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                            const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1,
               "query must be float32 [num_tokens, nq, hd] with contiguous heads");
-  const bool half_kv = k_cache.scalar_type() == at::kHalf;
-  TORCH_CHECK(k_cache.dim() == 4 && (half_kv || k_cache.scalar_type() == at::kFloat) &&
-                  k_cache.stride(3) == 1 && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.strides() == v_cache.strides() &&
+  const KvKind kind = kv_kind_of(k_cache.scalar_type());
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.stride(3) == 1 &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides() &&
                   v_cache.scalar_type() == k_cache.scalar_type(),
-              "k_cache and v_cache must be float32 or float16 [num_blocks, block_size, nkv, "
-              "hd] with the same dtype and strides");
+              "k_cache and v_cache must be [num_blocks, block_size, nkv, row] with the same "
+              "dtype and strides");
   check_int32(query_start_loc, "query_start_loc");
   check_int32(seq_lens, "seq_lens");
   check_int32(block_tables, "block_tables");
   const int64_t num_tokens = query.size(0), nq = query.size(1), hd = query.size(2);
   const int64_t nkv = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == hd && nq % nkv == 0, "query heads (", nq,
-              ") must be a multiple of KV heads (", nkv, ") with the same head size");
+  TORCH_CHECK(nq % nkv == 0, "query heads (", nq, ") must be a multiple of KV heads (", nkv,
+              ")");
+  TORCH_CHECK(k_cache.size(3) == row_len(kind, hd), "a ", k_cache.scalar_type(),
+              " pool's rows for head size ", hd, " are ", row_len(kind, hd),
+              " elements, not ", k_cache.size(3));
   const int64_t num_seqs = seq_lens.size(0);
   TORCH_CHECK(query_start_loc.size(0) == num_seqs + 1 && block_tables.size(0) == num_seqs,
               "query_start_loc, seq_lens and block_tables disagree on the number of sequences");
@@ -233,13 +252,16 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
   }
   auto out = at::empty({num_tokens, nq, hd}, query.options());
   if (num_tokens == 0 || num_seqs == 0) return out;
+  // An int4 pool's rows are rotated: so is the query (a copy; the caller's stays), and the
+  // output, attended in the rotated space, rotates back below.
+  const at::Tensor q = kind == KvKind::kI4 ? rotated_query(query) : query;
 
-  AttentionArgs args{query.data_ptr<float>(), query.stride(0), query.stride(1),
-                     k_cache.data_ptr(), v_cache.data_ptr(), half_kv,
+  AttentionArgs args{q.data_ptr<float>(), q.stride(0), q.stride(1),
+                     k_cache.data_ptr(), v_cache.data_ptr(), kind,
                      k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                      out.data_ptr<float>(), query_start_loc.data_ptr<int32_t>(),
                      seq_lens.data_ptr<int32_t>(), block_tables.data_ptr<int32_t>(),
-                     block_tables.stride(0), k_cache.size(1), hd, nq, nkv,
+                     block_tables.stride(0), k_cache.size(1), hd, nq, nkv, k_cache.size(3),
                      static_cast<float>(scale), static_cast<float>(softcap), window,
                      sinks.has_value() ? sinks->data_ptr<float>() : nullptr};
   const int64_t threads = at::get_num_threads();
@@ -271,6 +293,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
     });
   }
   merge_splits(args, plan, partials);
+  if (kind == KvKind::kI4) rotate_rows(out);
   return out;
 }
 

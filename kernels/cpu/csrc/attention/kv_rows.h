@@ -1,0 +1,79 @@
+// What a KV pool's row holds, for the ops that check pools and write rows
+// (paged_attention.cpp, kv_write.cpp): the pool's kind from its dtype, a row's length, and
+// the normalized Walsh-Hadamard transform an int4 pool's rows are rotated by. The one
+// definition is kernels/kv_format.py; these follow it. Baseline-target code only (the ISA
+// kernels decode rows themselves, attend_kernel.inc).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "attention/attention_task.h"
+
+namespace folio_cpu::attention {
+
+// The pool's kind from its storage dtype (kv_format.format_stored_as).
+inline KvKind kv_kind_of(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Float: return KvKind::kF32;
+    case c10::ScalarType::Half: return KvKind::kF16;
+    case c10::ScalarType::Char: return KvKind::kI8;
+    case c10::ScalarType::Float8_e4m3fn: return KvKind::kFp8;
+    case c10::ScalarType::Byte: return KvKind::kI4;
+    default: break;
+  }
+  TORCH_CHECK(false, "a KV pool must be float32, float16, int8, float8_e4m3fn or uint8 "
+              "(int4), not ", dtype);
+}
+
+inline bool quantized(KvKind kind) { return kind != KvKind::kF32 && kind != KvKind::kF16; }
+
+// Elements of an int4 row's group per float16 scale (kv_format.int4_group).
+inline int64_t int4_group(int64_t hd) { return hd % 64 == 0 ? 64 : hd; }
+
+// Pool elements per row of a head of hd values (kv_format.KVFormat.row_len).
+inline int64_t row_len(KvKind kind, int64_t hd) {
+  switch (kind) {
+    case KvKind::kI8:
+    case KvKind::kFp8: return hd + 2;
+    case KvKind::kI4: return hd / 2 + 2 * (hd / int4_group(hd));
+    default: return hd;
+  }
+}
+
+// The head size whose rows are `len` elements long, or 0 where none is.
+inline int64_t head_size_of(KvKind kind, int64_t len) {
+  switch (kind) {
+    case KvKind::kI8:
+    case KvKind::kFp8: return len > 2 ? len - 2 : 0;
+    case KvKind::kI4:
+      for (int64_t hd = 2; hd <= 2 * len; hd += 2)
+        if (row_len(kind, hd) == len) return hd;
+      return 0;
+    default: return len;
+  }
+}
+
+// x [hd] times the block-diagonal normalized Hadamard matrix, in place: a fast
+// Walsh-Hadamard transform over each run of hd & -hd elements (kv_format.rotate). Its own
+// inverse, so it rotates an int4 pool's queries into the rows' space and the output back.
+inline void hadamard_rotate(float* x, int64_t hd) {
+  const int64_t n = hd & -hd;
+  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int64_t b = 0; b < hd; b += n) {
+    float* v = x + b;
+    for (int64_t h = 1; h < n; h *= 2)
+      for (int64_t i = 0; i < n; i += 2 * h)
+        for (int64_t j = i; j < i + h; ++j) {
+          const float a = v[j], c = v[j + h];
+          v[j] = a + c;
+          v[j + h] = a - c;
+        }
+    for (int64_t i = 0; i < n; ++i) v[i] *= norm;
+  }
+}
+
+}  // namespace folio_cpu::attention

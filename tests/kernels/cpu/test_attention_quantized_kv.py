@@ -1,0 +1,226 @@
+"""The C++ paged attention and KV write over quantized pools (int8, fp8, int4:
+kernels/kv_format.py) against the PyTorch reference run over the same pools decoded to
+float32 (int4: the query rotated before and the output rotated back after, as the op does
+inside): GQA ratios, head sizes, block-boundary lengths, windows, soft-caps, sinks, shared
+prefixes, mixed prefill and decode, on every ISA path; the write against `encode`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine.layers.native import native_pool
+from kernels import allocate_kv_cache
+from kernels.cpu.attention import CpuBackend
+from kernels.kv_format import FP8, INT4, INT8, rotate
+from kernels.reference.backend import TorchBackend
+from tests.kernels.paged_cases import make_case
+from tests.kernels.reference.test_reference_sinks import sinks_for
+
+FORMATS = {"int8": INT8, "fp8": FP8, "int4": INT4}
+# The kernel reads the same decoded values as the reference; int4 adds the query's and the
+# output's rotations (a transform per head in another summation order).
+TOLERANCE = {"int8": 1e-5, "fp8": 1e-5, "int4": 3e-5}
+
+
+@pytest.fixture(params=list(FORMATS))
+def fmt(request):
+    return FORMATS[request.param]
+
+
+def quantized(case, fmt):
+    """The case with its pools encoded into fmt's storage, in the same memory order (a
+    head-major case stays head-major), and the case over those pools decoded (the
+    reference's input)."""
+    num_blocks, block_size, nkv, hd = case.k_cache.shape
+    head_major = case.k_cache.stride(2) > case.k_cache.stride(0)
+    pools = allocate_kv_cache(1, num_blocks, block_size, nkv, hd, fmt.storage, "cpu",
+                              head_major)[0]
+    pools[0].copy_(fmt.encode(case.k_cache))
+    pools[1].copy_(fmt.encode(case.v_cache))
+    stored = dataclasses.replace(case, k_cache=pools[0], v_cache=pools[1])
+    decoded = dataclasses.replace(case, k_cache=fmt.decode(pools[0]),
+                                  v_cache=fmt.decode(pools[1]))
+    return stored, decoded
+
+
+def check(case, fmt, window=None, softcap=None, sinks=None):
+    stored, decoded = quantized(case, fmt)
+    query = case.query.clone()
+    out = CpuBackend().attention(stored.query, stored.k_cache, stored.v_cache, stored.meta,
+                                 stored.scale, sliding_window=window, logit_softcap=softcap,
+                                 sinks=sinks)
+    assert torch.equal(case.query, query)  # int4's rotation works on a copy
+    ref = TorchBackend().attention(fmt.rotate(decoded.query), decoded.k_cache,
+                                   decoded.v_cache, decoded.meta, decoded.scale,
+                                   sliding_window=window, logit_softcap=softcap, sinks=sinks)
+    tol = TOLERANCE[fmt.name]
+    torch.testing.assert_close(out, fmt.rotate(ref), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_mixed_prefill_and_decode_at_block_boundaries(isa_path, fmt, head_size, group):
+    case = make_case([15, 16, 17, 33, 70], [1, 16, 5, 1, 40], num_kv_heads=2, group=group,
+                     head_size=head_size, block_size=16, seed=group, head_major=group != 4)
+    check(case, fmt)
+
+
+@pytest.mark.parametrize("lengths", [[15], [16], [17], [33], [15, 16, 17, 32, 33, 300]])
+def test_decode_at_block_boundaries(isa_path, fmt, lengths):
+    case = make_case(lengths, [1] * len(lengths), num_kv_heads=2, group=4, head_size=64,
+                     block_size=16, head_major=True)
+    check(case, fmt)
+
+
+@pytest.mark.parametrize("head_size", [80, 96])
+def test_other_head_sizes(isa_path, fmt, head_size):
+    """A head size that is no multiple of 64: int4 keeps one scale for the whole head and
+    rotates blocks of 16 (80) or 32 (96) elements."""
+    case = make_case([40, 57, 20], [1, 23, 1], num_kv_heads=2, group=4, head_size=head_size,
+                     block_size=16, seed=head_size)
+    check(case, fmt)
+
+
+@pytest.mark.parametrize("window", [1, 17, 40])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_sliding_window_softcap_and_sinks(isa_path, fmt, window, softcap):
+    case = make_case([33, 100, 17, 64], [1, 30, 17, 1], num_kv_heads=2, group=4, head_size=64,
+                     block_size=16, seed=window, head_major=True)
+    check(case, fmt, window, softcap)
+    check(case, fmt, window, softcap, sinks=sinks_for(8))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_shared_prefixes_and_split_keys(isa_path, fmt, threads):
+    """Candidates sharing a prompt's blocks (read once for all of them), and one long
+    sequence whose keys split over the threads, merged by log-sum-exp."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        lengths = [512 + 16 * (i % 3) + i for i in range(4)]
+        shared = make_case(lengths, [1] * 4, num_kv_heads=2, group=8, head_size=64,
+                           block_size=16, shared={i: (0, 32) for i in range(1, 4)}, seed=3)
+        check(shared, fmt)
+        check(shared, fmt, softcap=4.0, sinks=sinks_for(16))
+        long = make_case([1500], [1], num_kv_heads=2, group=4, head_size=128, block_size=16,
+                         head_major=True)
+        check(long, fmt)
+        check(long, fmt, window=700)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def codes_and_scales(stored: torch.Tensor, fmt, hd: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes as int or e4m3 steps, scales as float) of rows [..., row_len]."""
+    raw = stored.contiguous().view(torch.uint8)
+    if fmt is INT4:
+        packed = raw[..., : hd // 2]
+        codes = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).int()
+        return codes, raw[..., hd // 2:].contiguous().view(torch.float16).float()
+    if fmt is FP8:
+        # e4m3 codes of one sign are ordered as their magnitudes: a step is 1 apart.
+        bits = raw[..., :hd].int()
+        codes = torch.where(bits >= 128, -(bits - 128), bits)
+    else:
+        codes = raw[..., :hd].view(torch.int8).int()
+    return codes, raw[..., hd:].contiguous().view(torch.float16).float()
+
+
+def assert_encoded(got: torch.Tensor, rows: torch.Tensor, fmt) -> None:
+    """got [..., row_len] as fmt.encode(rows) writes it, but for rare codes a step apart
+    (rounding ties after another summation order) and scales a float16 step apart."""
+    hd = rows.shape[-1]
+    got_codes, got_scales = codes_and_scales(got, fmt, hd)
+    want_codes, want_scales = codes_and_scales(fmt.encode(rows), fmt, hd)
+    diff = (got_codes - want_codes).abs()
+    assert diff.max().item() <= 1
+    assert diff.count_nonzero().item() <= max(2, diff.numel() // 1000)
+    torch.testing.assert_close(got_scales, want_scales, rtol=2**-10, atol=0)
+    if fmt is not INT4:  # no rotation: the same float operations as encode's
+        assert torch.equal(got.contiguous().view(torch.uint8),
+                           fmt.encode(rows).view(torch.uint8))
+
+
+@pytest.mark.parametrize("head_size", [64, 128, 256, 80])
+@pytest.mark.parametrize("head_major", [False, True])
+def test_write_kv_quantizes_as_encode(isa_path, fmt, head_size, head_major):
+    gen = torch.Generator().manual_seed(head_size)
+    pools = allocate_kv_cache(1, 24, 16, 2, head_size, fmt.storage, "cpu", head_major)[0]
+    key, value = torch.randn(2, 300, 2, head_size, generator=gen) * 3
+    key[0, 0] = 0.0  # a zero row: scale 0, codes 0
+    value[1, 1, :3] = torch.tensor([1e4, -2e4, 1e-6])  # outliers
+    slots = torch.randperm(24 * 16, generator=gen)[:300]
+    slots[5] = -1
+    keep = slots >= 0
+    CpuBackend().write_kv(key, value, pools[0], pools[1], slots)
+    for rows, pool in ((key, pools[0]), (value, pools[1])):
+        assert_encoded(pool.flatten(0, 1)[slots[keep]], rows[keep], fmt)
+    untouched = torch.ones(24 * 16, dtype=torch.bool)
+    untouched[slots[keep]] = False
+    assert (pools.flatten(1, 2)[:, untouched].view(torch.uint8) == 0).all()
+
+
+def test_rotary_write_kv_rotates_then_quantizes(isa_path, fmt):
+    from engine.layers.rotary import apply_rotary
+
+    gen = torch.Generator().manual_seed(7)
+    angles = torch.randn(4, 32, generator=gen)
+    cos = torch.cat((angles.cos(), angles.cos()), -1)[:, None]
+    sin = torch.cat((-angles.sin(), angles.sin()), -1)[:, None]
+    qkv = torch.randn(4, 4 + 2, 64, generator=gen)
+    want_q, want_k = apply_rotary(qkv[:, :4], cos, sin), apply_rotary(qkv[:, 4:5], cos, sin)
+    pools = allocate_kv_cache(1, 2, 16, 1, 64, fmt.storage, "cpu", True)[0]
+    slots = torch.tensor([0, 5, -1, 31])
+    CpuBackend().rotary_write_kv(qkv[:, :4], qkv[:, 4:5], qkv[:, 5:], cos, sin, pools[0],
+                                 pools[1], slots)
+    torch.testing.assert_close(qkv[:, :4], want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(qkv[:, 4:5], want_k, rtol=1e-5, atol=1e-5)
+    assert_encoded(pools[0].flatten(0, 1)[[0, 5, 31]], qkv[[0, 1, 3], 4:5], fmt)
+    assert_encoded(pools[1].flatten(0, 1)[[0, 5, 31]], qkv[[0, 1, 3], 5:], fmt)
+
+
+@pytest.mark.parametrize("head_size", [64, 96, 128, 256])
+def test_the_rotation_is_its_own_inverse(head_size):
+    """kv_format's rotation (which the op's rotation is checked against through every int4
+    attention test above) is orthogonal and symmetric: twice is the identity, and an int4
+    row written by the kernel decodes, rotated back, to within its quantization step."""
+    gen = torch.Generator().manual_seed(head_size)
+    x = torch.randn(50, head_size, generator=gen)
+    torch.testing.assert_close(rotate(rotate(x)), x, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close((rotate(x) * rotate(x)).sum(-1), (x * x).sum(-1))
+    pools = allocate_kv_cache(1, 4, 16, 1, head_size, torch.uint8, "cpu", True)[0]
+    CpuBackend().write_kv(x[:, None], x[:, None], pools[0], pools[1], torch.arange(50))
+    back = rotate(INT4.decode(pools[0].flatten(0, 1)[:50, 0]))
+    step = INT4.decode(pools[0].flatten(0, 1)[:50, 0]).abs().amax(-1, keepdim=True) / 7
+    assert ((back - x).abs() <= step * head_size**0.5).all()
+    assert (back - x).norm() / x.norm() < 0.2
+
+
+def test_block_moves_carry_rows_as_bytes(fmt):
+    """copy_blocks and swap_blocks on quantized pools (index_copy_ has no float8 kernel on
+    the CPU): the moved rows' bytes are the source's."""
+    backend = CpuBackend()
+    pool = allocate_kv_cache(2, 6, 16, 2, 64, fmt.storage, "cpu", True)
+    gen = torch.Generator().manual_seed(0)
+    pool.view(torch.uint8).copy_(torch.randint(0, 256, pool.shape, generator=gen,
+                                               dtype=torch.uint8))
+    before = pool.clone()
+    backend.copy_blocks(pool, torch.tensor([0, 3]), torch.tensor([1, 4]))
+    raw, old = pool.view(torch.uint8), before.view(torch.uint8)
+    assert torch.equal(raw[:, :, [1, 4]], old[:, :, [0, 3]])
+    assert torch.equal(raw[:, :, [0, 2, 3, 5]], old[:, :, [0, 2, 3, 5]])
+    host = allocate_kv_cache(2, 3, 16, 2, 64, fmt.storage, "cpu", True)
+    backend.swap_blocks(pool, host, torch.tensor([5, 2]), torch.tensor([0, 2]))
+    assert torch.equal(host.view(torch.uint8)[:, :, [0, 2]], raw[:, :, [5, 2]])
+
+
+def test_the_native_paths_take_quantized_pools(fmt):
+    pool = allocate_kv_cache(1, 2, 16, 2, 64, fmt.storage, "cpu", True)[0]
+    assert native_pool(pool[0])
+    assert CpuBackend._native(torch.zeros(1, 4, 64), pool[0], pool[1])
+    with pytest.raises(RuntimeError, match="rows for head size 128"):
+        case = make_case([20], [1], num_kv_heads=2, group=2, head_size=128, block_size=16)
+        CpuBackend().attention(case.query, pool[0], pool[1], case.meta, 1.0)
