@@ -18,3 +18,11 @@ class LocalWorker(ModelFacts, EngineWorker):
 
     def remote_status(self) -> None:
         return None
+
+    def kv_format(self) -> str:
+        """The KV pool's format (a kv_cache_dtype name: "float16", "int8", ...), as the
+        engine resolved it at load: the pool's storage dtype is its tag
+        (kernels.kv_format); the stats snapshots do not carry it."""
+        from kernels.kv_format import format_stored_as
+
+        return format_stored_as(self.llm.engine.resolved_device.kv_dtype).name
