@@ -16,7 +16,10 @@ at most four full contexts; automatic, four full contexts but at most 2 GiB, nev
 than one context. So with a budget a smaller format holds more tokens, and automatic it
 holds the same contexts in less memory: `fit` reports both.
 
-fp8 (e4m3 with a scale) is a GPU format: offered only for a CUDA device.
+fp8 (e4m3 with a scale) is a GPU format: offered only for a CUDA device. There the
+device default is already 16-bit (the compute dtype, which the Triton kernels need a
+16-bit cache to be), so 16-bit is not offered apart: float16 beside bfloat16 compute would
+be refused.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from dataclasses import dataclass
 AUTO = "auto"  # the device's default (engine.runner.device)
 # (stored value, label) in the order the picker lists them; fp8 only on CUDA.
 PRECISIONS = (AUTO, "float16", "int8", "int4", "fp8")
-LABELS = {AUTO: "Device default", "float16": "16-bit", "int8": "8-bit", "int4": "4-bit",
+LABELS = {AUTO: "Default", "float16": "16-bit", "int8": "8-bit", "int4": "4-bit",
           "fp8": "8-bit float (fp8)"}
 CUDA_ONLY = ("fp8",)
+NOT_ON_CUDA = ("float16",)  # the device default is the 16-bit compute dtype there
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +65,8 @@ def precision_choices(device: str, cuda: bool) -> tuple[str, ...]:
     """The stored values offered for a device choice ("auto", "cpu", "cuda:N", "mps");
     ``cuda``: whether "auto" means a CUDA device on this machine."""
     on_cuda = device.startswith("cuda") or (device == AUTO and cuda)
-    return tuple(p for p in PRECISIONS if on_cuda or p not in CUDA_ONLY)
+    return tuple(p for p in PRECISIONS
+                 if (p not in NOT_ON_CUDA if on_cuda else p not in CUDA_ONLY))
 
 
 def bytes_per_token(shape: ModelShape, name: str) -> int:

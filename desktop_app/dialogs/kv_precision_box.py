@@ -28,6 +28,8 @@ class KVPrecisionBox(QComboBox):
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("kvPrecisionSetting")
+        # Wide enough for every choice's tokens: they are the point of the picker.
+        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.setAccessibleName("KV cache precision")
         self.setToolTip("How precisely the KV cache keeps what the model remembers of your "
                         "chats. 8-bit holds about twice the context of 16-bit in the same "
@@ -69,7 +71,7 @@ class KVPrecisionBox(QComboBox):
         if name == AUTO:
             config = EngineSettings(device=self._device).to_engine_config()
             fmt = default_format_name(config)
-            words = f"{LABELS[AUTO]} ({describe_format(fmt)})"
+            words = f"{LABELS[AUTO]}: {describe_format(fmt)}"
         else:
             words = describe_format(name)
         if self._shape is None:

@@ -93,12 +93,12 @@ def test_bad_arguments_name_themselves():
         fit(STARTER, "int8", -1)
 
 
-def test_fp8_is_offered_for_cuda_only():
+def test_fp8_is_offered_for_cuda_only_and_16_bit_is_the_default_there():
     assert precision_choices("cpu", cuda=True) == ("auto", "float16", "int8", "int4")
     assert precision_choices("mps", cuda=False) == ("auto", "float16", "int8", "int4")
     assert precision_choices("auto", cuda=False) == ("auto", "float16", "int8", "int4")
-    assert precision_choices("auto", cuda=True)[-1] == "fp8"
-    assert precision_choices("cuda:1", cuda=True)[-1] == "fp8"
+    assert precision_choices("auto", cuda=True) == ("auto", "int8", "int4", "fp8")
+    assert precision_choices("cuda:1", cuda=True) == ("auto", "int8", "int4", "fp8")
 
 
 def test_words():

@@ -24,7 +24,7 @@ def test_each_choice_shows_what_it_holds_in_the_memory_for_chats(qtbot):
     assert box.accessibleName() == "KV cache precision"
     assert [box.itemData(i) for i in range(box.count())] == ["auto", "float16", "int8", "int4"]
     default = dialog.engine_form.kv_precision.texts()[0]
-    assert default.startswith("Device default (")
+    assert default.startswith("Default: ")
     texts = box.texts()[1:]
     assert texts == [
         f"16-bit (float16): {fit_text(fit(STARTER, 'float16', 256 << 20))}",
@@ -49,7 +49,9 @@ def test_fp8_only_for_a_cuda_device(qtbot):
     dialog = make(qtbot, EngineSettings(device="cuda:0", kv_cache_dtype="fp8"),
                   cards=["NVIDIA H200"])
     form = dialog.engine_form
-    assert form.kv_precision.itemData(form.kv_precision.count() - 1) == "fp8"
+    assert [form.kv_precision.itemData(i) for i in range(form.kv_precision.count())] == [
+        "auto", "int8", "int4", "fp8"]
+    assert form.kv_precision.texts()[0].startswith("Default: 16-bit")
     assert form.kv_precision.value() == "fp8"
     form.device.setCurrentIndex(form.device.findData("cpu"))
     assert "fp8" not in [form.kv_precision.itemData(i) for i in range(form.kv_precision.count())]
