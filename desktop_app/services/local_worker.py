@@ -19,10 +19,11 @@ class LocalWorker(ModelFacts, EngineWorker):
     def remote_status(self) -> None:
         return None
 
-    def kv_format(self) -> str:
-        """The KV pool's format (a kv_cache_dtype name: "float16", "int8", ...), as the
-        engine resolved it at load: the pool's storage dtype is its tag
-        (kernels.kv_format); the stats snapshots do not carry it."""
-        from kernels.kv_format import format_stored_as
+    def kv_format(self) -> str | None:
+        """The KV pool's format (a kv_cache_dtype name: "float16", "int8", ...), read off
+        the pool itself, whose storage dtype is its tag (kernels.kv_format): the engine's
+        stats snapshots do not carry it. None for a model without a KV pool."""
+        from kernels.kv_format import format_of
 
-        return format_stored_as(self.llm.engine.resolved_device.kv_dtype).name
+        pools = self.llm.engine.runner.kv_caches
+        return format_of(pools[0]).name if pools else None
