@@ -83,6 +83,7 @@ def bench_kv(ctx, plan: KVPlan | None = None) -> dict:
     run = _Run(plan or KVPlan(), ctx.threads)
     fig, sizes = run.figures, ctx.settings.sizes
     fig.model_name, fig.model_bytes = _model_bytes(ctx.model_path)
+    fig.speed_shape = shape_bytes_of(run.plan.speed_size)
     _quality(run, str(ctx.model_path), ctx.settings.weights)
     python, why = llama_python()
     if why:
@@ -166,8 +167,9 @@ def _quality(run: _Run, model_path: str, weights: str) -> None:
 
 
 def _synthetic(size: str, context: int):
-    """The synthetic ``size`` file, with a context of at least ``context`` tokens (a longer
-    one is written apart from the default file, which keeps its own)."""
+    """The synthetic ``size`` file, with a context of at least ``context`` tokens (rounded
+    up to a power of two; written under ``bench/context-N`` of the cache, apart from the
+    default file, whose label does not name its context)."""
     from engine.bench import synthetic
     from engine.loaders.catalog import starter_path
     from engine.loaders.gguf.loader import cache_root
@@ -193,7 +195,6 @@ def _speed(run: _Run, python: str | None) -> None:
 
     p, fig = run.plan, run.figures
     path = _synthetic(p.speed_size, p.contexts[1] + p.decode_tokens + 16)
-    fig.speed_shape = shape_bytes_of(p.speed_size)
     base = {"model_path": str(path), "threads": run.threads, "tokens": p.decode_tokens,
             "vocab": _vocab(path), "seed": 47}
     sides = [("folio", name, list(p.contexts), None) for name in ("float16", "int8", "int4")]
