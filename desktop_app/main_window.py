@@ -34,6 +34,7 @@ from desktop_app.controllers.load_display import LoadDisplay
 from desktop_app.controllers.serve_switch import ServeSwitch
 from desktop_app.controllers.thinking import ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
+from desktop_app.data import kv_precision
 from desktop_app.data.model_templates import template_config
 from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, config_dir, save_settings
 from desktop_app.dialogs import error_dialog
@@ -304,7 +305,8 @@ class MainWindow(QMainWindow):
                                 parent=self, serve=(self.settings.serve_enabled,
                                                     self.settings.serve_port),
                                 theme=self.settings.theme, engine=self.settings.engine,
-                                tools=self.tools)
+                                tools=self.tools,
+                                model=kv_precision.shape_of_source(self.bridge.source))
         dialog.accepted.connect(lambda: self.apply_settings(dialog))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()

@@ -6,7 +6,8 @@ CUDA device still exists is checked when the engine config is built
 In settings.json, under ``"engine"``::
 
     {"device": "auto", "weights": "stored", "chat_memory_mib": null,
-     "cpu_activation_bits": 16, "keep_warm_on_disk": true, "warm_disk_gib": 4}
+     "cpu_activation_bits": 16, "keep_warm_on_disk": true, "warm_disk_gib": 4,
+     "kv_cache_dtype": "auto"}
 
 - ``device``: ``"auto"`` (the GPU when there is one, else the CPU), ``"cpu"``,
   ``"cuda:N"`` or ``"mps"``.
@@ -24,6 +25,11 @@ In settings.json, under ``"engine"``::
   when the model unloads, are kept on disk, so it reopens warm after a restart; at most
   this many GiB, the least recently used dropped first. A settings file without them reads
   on, 4 GiB.
+- ``kv_cache_dtype`` ("KV cache precision"): ``"auto"`` (the device's default,
+  engine.runner.device), ``"float16"`` (16-bit), ``"int8"`` (8-bit), ``"int4"`` (4-bit) or
+  ``"fp8"`` (8-bit float, offered for CUDA only): EngineConfig.kv_cache_dtype. A smaller
+  cache holds more tokens in the same memory for chats (data.kv_precision says how many).
+  A settings file without it reads ``"auto"``, the cache every earlier version kept.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from desktop_app.data.kv_precision import AUTO as KV_AUTO
+from desktop_app.data.kv_precision import PRECISIONS
 from engine.config import WEIGHTS
 from engine.validation import FieldChecker
 
@@ -58,6 +66,7 @@ class EngineSettings:
     cpu_activation_bits: int = 16  # 16 exact or 8 fast (see the module doc)
     keep_warm_on_disk: bool = True  # the KV cache's disk tier (see the module doc)
     warm_disk_gib: int = 4
+    kv_cache_dtype: str = KV_AUTO  # "KV cache precision" (see the module doc)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.device, str) and _DEVICE_FORM.fullmatch(self.device) is not None,
@@ -79,6 +88,8 @@ class EngineSettings:
         _check(isinstance(gib, int) and not isinstance(gib, bool)
                and 1 <= gib <= MAX_WARM_DISK_GIB, "warm_disk_gib", gib,
                f"an integer in [1, {MAX_WARM_DISK_GIB}]")
+        _check(self.kv_cache_dtype in PRECISIONS, "kv_cache_dtype", self.kv_cache_dtype,
+               f"one of {', '.join(PRECISIONS)}")
 
     @property
     def kv_cache_memory_bytes(self) -> int | None:
@@ -92,7 +103,9 @@ class EngineSettings:
                             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                             cpu_activation_bits=self.cpu_activation_bits,
                             kv_disk_bytes=(self.warm_disk_gib << 30 if self.keep_warm_on_disk
-                                           else 0))
+                                           else 0),
+                            kv_cache_dtype=(None if self.kv_cache_dtype == KV_AUTO
+                                            else self.kv_cache_dtype))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,6 +1,7 @@
 """The settings dialog: this chat's sampling settings, the defaults for new chats, the
 switch that serves the loaded model to other programs on this machine, the engine's
-device, weights and memory for chats, and the MCP servers (dialogs.tools_settings)."""
+device, weights, memory for chats and KV cache precision (dialogs.kv_precision_box), and
+the MCP servers (dialogs.tools_settings)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ from desktop_app.data.engine_settings import (
     WEIGHT_LABELS,
     EngineSettings,
 )
+from desktop_app.data.kv_precision import ModelShape
 from desktop_app.data.settings import MAX_CANDIDATES, THEMES, ChatSettings
+from desktop_app.dialogs.kv_precision_box import KVPrecisionBox
 from desktop_app.dialogs.tools_settings import ToolsSettingsPage
-from desktop_app.services.devices import device_choices
+from desktop_app.services.devices import cuda_device_names, device_choices
 from desktop_app.widgets.dialog_parts import error_label, ok_cancel
 from engine.runner.kv_cache import CONCURRENT_CONTEXTS, DEFAULT_KV_BUDGET_BYTES
 
@@ -181,13 +184,15 @@ class ServeForm(QWidget):
 
 
 class EngineForm(QWidget):
-    """Device, weights, CPU precision and memory for chats; `settings()` raises ValueError
-    naming a bad field. Applying a change reloads the model
+    """Device, weights, CPU precision, memory for chats and KV cache precision (each choice
+    with the tokens it holds for `model`, the loaded model's shape); `settings()` raises
+    ValueError naming a bad field. Applying a change reloads the model
     (EngineBridge.apply_engine_settings)."""
 
     def __init__(self, settings: EngineSettings, cuda_names: list[str] | None = None,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, model: ModelShape | None = None) -> None:
         super().__init__(parent)
+        cuda_names = cuda_device_names() if cuda_names is None else cuda_names
         self.device = _choice("deviceSetting", "Device",
                               "Auto uses the first GPU when there is one, else the CPU",
                               device_choices(cuda_names))
@@ -221,11 +226,17 @@ class EngineForm(QWidget):
         self.warm_disk.setAccessibleName("Disk for warm chats")
         self.warm_disk.setSuffix(" GiB")
         self.keep_warm.toggled.connect(self.warm_disk.setEnabled)
+        self.kv_precision = KVPrecisionBox(settings.kv_cache_dtype, model, bool(cuda_names))
+        self.device.currentIndexChanged.connect(
+            lambda _i: self.kv_precision.set_device(self.device.currentData()))
+        self.chat_memory.valueChanged.connect(self.kv_precision.set_budget)
+        held = ("Each precision shows the tokens of context it holds for the loaded model "
+                "in the memory for chats. " if model is not None else "")
         note = QLabel(f"Memory for chats is the KV cache: what the model remembers of every "
                       f"open conversation. Automatic: {CONCURRENT_CONTEXTS} full contexts of "
                       f"the loaded model, at most {DEFAULT_KV_BUDGET_BYTES >> 30} GiB but "
                       f"never less than one context. Less than one full context cannot load "
-                      f"the model. Changing any of these reloads the model.")
+                      f"the model. {held}Changing any of these reloads the model.")
         note.setObjectName("mutedLabel")
         note.setWordWrap(True)
         form = QFormLayout(self)
@@ -233,6 +244,7 @@ class EngineForm(QWidget):
         form.addRow("Weights", self.weights)
         form.addRow("CPU precision", self.cpu_precision)
         form.addRow("Memory for chats", self.chat_memory)
+        form.addRow("KV cache precision", self.kv_precision)
         form.addRow(self.keep_warm)
         form.addRow("Disk for warm chats", self.warm_disk)
         form.addRow(note)
@@ -244,6 +256,8 @@ class EngineForm(QWidget):
         self.keep_warm.setChecked(settings.keep_warm_on_disk)
         self.warm_disk.setValue(settings.warm_disk_gib)
         self.warm_disk.setEnabled(settings.keep_warm_on_disk)
+        self.kv_precision.set_device(settings.device)
+        self.kv_precision.set_budget(settings.chat_memory_mib or 0)
 
     def settings(self) -> EngineSettings:
         mib = self.chat_memory.value()
@@ -252,7 +266,8 @@ class EngineForm(QWidget):
                               chat_memory_mib=mib or None,
                               cpu_activation_bits=self.cpu_precision.currentData(),
                               keep_warm_on_disk=self.keep_warm.isChecked(),
-                              warm_disk_gib=self.warm_disk.value())
+                              warm_disk_gib=self.warm_disk.value(),
+                              kv_cache_dtype=self.kv_precision.value())
 
 
 THEME_LABELS = {"system": "System", "light": "Light", "dark": "Dark"}
@@ -260,13 +275,15 @@ THEME_LABELS = {"system": "System", "light": "Light", "dark": "Dark"}
 
 class SettingsDialog(QDialog):
     """Tabs: the open chat (absent when none is open), the new-chat defaults, serving, the
-    engine (when `engine` is given); under them the app's theme (System / Light / Dark)."""
+    engine (when `engine` is given; `model`: the loaded local model's shape, for what each
+    KV cache precision holds); under them the app's theme (System / Light / Dark)."""
 
     def __init__(self, chat_settings: ChatSettings | None, defaults: ChatSettings,
                  max_tokens_limit: int = 32768, parent: QWidget | None = None,
                  serve: tuple[bool, int] = (False, 8000), theme: str = "system",
                  engine: EngineSettings | None = None,
-                 cuda_names: list[str] | None = None, tools=None) -> None:
+                 cuda_names: list[str] | None = None, tools=None,
+                 model: ModelShape | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("settingsDialog")
         self.setWindowTitle("Settings")
@@ -282,7 +299,7 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(self.serve_form, "Serving")
         self.engine_form = None
         if engine is not None:
-            self.engine_form = EngineForm(engine, cuda_names)
+            self.engine_form = EngineForm(engine, cuda_names, model=model)
             self.tabs.addTab(self.engine_form, "Engine")
         self.tools_page = None
         if tools is not None:  # a ToolsBridge: Settings ▸ Tools, the MCP servers

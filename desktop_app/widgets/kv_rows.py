@@ -1,11 +1,12 @@
 """The memory panel's "KV cache pool" figures as text, from a KVStats snapshot: the pool's
-rows, the disk tier's line, a line per KV group, the blocks each chat holds and the open
-chat's headroom."""
+rows (its precision and bytes per token first), the disk tier's line, a line per KV group,
+the blocks each chat holds and the open chat's headroom."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from desktop_app.data.kv_precision import describe_format
 from desktop_app.widgets.memory_rows import format_bytes, format_percent
 
 
@@ -22,6 +23,20 @@ def kv_rows(kv) -> dict[str, str]:
         "hit_rate": (f"{format_percent(kv.hit_rate)} "
                      f"({kv.prefix_hit_tokens} / {kv.prefix_query_tokens} tokens)"),
     }
+
+
+def bytes_per_token(kv) -> int:
+    """KV bytes one token costs, every KV group's layers together (a token is kept in each
+    group: a sliding window's too, until it slides out)."""
+    per_block = sum(g.bytes_per_block for g in kv.groups) if kv.groups else kv.bytes_per_block
+    return per_block // kv.block_size
+
+
+def precision_rows(kv, format_name: str | None) -> dict[str, str]:
+    """The pool's format ("8-bit (int8)"; the worker's ``kv_format()``, None where it does
+    not say: "n/a") and what a token costs in it ("11.6 KiB"), keyed by row name."""
+    return {"kv_precision": "n/a" if format_name is None else describe_format(format_name),
+            "kv_per_token": format_bytes(bytes_per_token(kv))}
 
 
 def disk_row(kv) -> str:

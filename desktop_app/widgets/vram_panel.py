@@ -32,6 +32,7 @@ from desktop_app.widgets.kv_rows import (
     headroom_text,
     headroom_tokens,
     kv_rows,
+    precision_rows,
 )
 from desktop_app.widgets.memory_rows import TOOLTIPS, format_bytes, memory_rows
 from desktop_app.widgets.refresh_schedule import RefreshSchedule
@@ -62,6 +63,8 @@ class MemorySource(Protocol):
     def remote_status(self): ...
 
     def clear_disk(self) -> None: ...
+
+    def kv_format(self) -> str | None: ...
 
 
 class VramPanel(QScrollArea):
@@ -122,6 +125,7 @@ class VramPanel(QScrollArea):
         for key in ("total", "used", "free", "experts", "state_pool"):
             self._memory_form.setRowVisible(self._values[key], False)
         self._section(layout, "KV cache pool", [
+            ("kv_precision", "Precision"), ("kv_per_token", "Per token"),
             ("blocks_used", "Blocks used"), ("blocks_shared", "Shared"),
             ("blocks_cached", "Cached"), ("blocks_free", "Free"), ("block_size", "Block"),
             ("saved_by_sharing", "Saved by sharing"), ("waste", "Internal waste"),
@@ -275,6 +279,9 @@ class VramPanel(QScrollArea):
         texts["headroom"] = headroom_text(
             held, headroom_tokens(kv, figures.max_model_len, held))
         texts["disk"] = disk_row(kv)
+        # A source without kv_format (a test's fake) shows the bytes per token alone.
+        kv_format = getattr(figures, "kv_format", None)
+        texts.update(precision_rows(kv, kv_format() if kv_format else None))
         self.clear_disk.setEnabled(kv.disk is not None)
         per_chat = blocks_per_chat(kv, self._owner_name)
         texts["per_chat"] = "\n".join(

@@ -191,11 +191,13 @@ class LlamaCppChat:
 
     label = "llama.cpp (GGUF)"
 
-    def __init__(self, model_path: Path, threads: int, n_ctx: int) -> None:
+    def __init__(self, model_path: Path, threads: int, n_ctx: int, **options) -> None:
+        """``options``: more of ``Llama``'s arguments (``bench kv``: the cache's
+        ``type_k`` / ``type_v`` and ``flash_attn``)."""
         from llama_cpp import Llama
 
         self.llm = Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=512,
-                         n_threads=threads, n_threads_batch=threads, verbose=False)
+                         n_threads=threads, n_threads_batch=threads, verbose=False, **options)
 
     def reply(self, prompt_ids: list[int], max_tokens: int) -> Reply:
         held = list(self.llm.input_ids[: self.llm.n_tokens])

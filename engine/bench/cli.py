@@ -32,6 +32,11 @@ threads, in one run:
 - ``models``: the model and the synthetic 1B shape in one ModelHost: a follow-up's TTFT
   after a turn on the other model over without the switch, and a first request to a model
   not loaded over its load time plus its TTFT.
+- ``kv``: the 8- and 4-bit KV caches against the float16 cache and llama.cpp's q8_0 / q4_0
+  caches (flash attention on), one run, the CPU named: bytes per token (the model and the
+  1B shape), teacher-forced mean KL and greedy replies equal to float16's (the model),
+  decode at 4,000 and 16,000 tokens of context and a 4,000-token prefill (the 1B shape),
+  peak RSS at a 32,768-token context (the 3B shape); every target met / not met / n/a.
 - ``all``: every one of the above, then the issue's targets in one table (``targets.py``);
   ``kernels``: the attention and quantized kernels (CUDA).
 
@@ -54,6 +59,7 @@ from engine.bench.compare import bench_compare
 from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
 from engine.bench.eight_b import bench_8b
+from engine.bench.kv import bench_kv
 from engine.bench.load import bench_load
 from engine.bench.memory import bench_memory
 from engine.bench.models import bench_models
@@ -85,6 +91,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "models": bench_models,
     "compare": bench_compare,
     "load": bench_load,
+    "kv": bench_kv,
 }
 
 EPILOG = """workloads:
@@ -114,6 +121,9 @@ EPILOG = """workloads:
   load        synthetic 1B / 3B Q4_K_M, a fresh process per load, import included:
               Folio's first load (cache written) and later loads against llama.cpp's
               (its interpreter: FOLIO_BENCH_LLAMA_PYTHON)
+  kv          8- and 4-bit KV caches against float16 and llama.cpp q8_0 / q4_0 (flash
+              attention): bytes/token, KL and greedy agreement (the model), decode at
+              4,000 / 16,000 tokens and prefill (1B shape), peak RSS at 32,768 (3B shape)
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
 llama.cpp joins chat, decode, memory, 8b, sizes and moe when llama-cpp-python is installed

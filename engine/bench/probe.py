@@ -59,12 +59,17 @@ def parse_reports(stdout: str | bytes | None) -> dict:
     return merged
 
 
-def run_probe(target: str, kwargs: dict, timeout_s: float) -> dict:
-    """Run ``module:function(**kwargs)`` in a fresh interpreter; its reports, plus ``error``
+def run_probe(target: str, kwargs: dict, timeout_s: float, python: str | None = None) -> dict:
+    """Run ``module:function(**kwargs)`` in a fresh interpreter (``python``, this one by
+    default; another finds this checkout through PYTHONPATH); its reports, plus ``error``
     when it failed, was killed or ran past ``timeout_s``."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if python is not None:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, target, json.dumps(kwargs)],
+        proc = subprocess.run([python or sys.executable, "-c", _CHILD, target,
+                               json.dumps(kwargs)],
                               capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired as exc:
         result = parse_reports(exc.stdout)

@@ -1,5 +1,6 @@
 """The Memory dock on the real window and the starter model: the KV pool's reserved and
-resident bytes apart, and no timer firing in the panel while the engine is idle."""
+resident bytes apart, its precision and bytes per token, and no timer firing in the panel
+while the engine is idle."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ def test_the_dock_shows_the_pool_reserved_and_resident(qtbot, make_starter_bridg
     # 385 blocks of 16 tokens x 30 layers x K, V x 3 heads x 64 (float16 on the native kernels)
     assert panel.value("kv_pool") == ("135.4 MiB" if CPU_KV_ITEM_BYTES == 2 else "270.7 MiB")
     assert panel.value("kv_resident") == resident_text(mem)
+    # The pool's precision, as the engine resolved it, and what a token costs in it.
+    assert bridge.kv_format() == ("float16" if CPU_KV_ITEM_BYTES == 2 else "float32")
+    assert (panel.value("kv_precision"), panel.value("kv_per_token")) == (
+        ("16-bit (float16)", "22.5 KiB") if CPU_KV_ITEM_BYTES == 2
+        else ("32-bit (float32)", "45.0 KiB"))
     other = mem.process_rss_bytes - mem.weights_bytes - resident
     assert mem.other_bytes == other > 0
     assert panel.value("other") == format_bytes(other)  # MiB or GiB, with the RSS

@@ -20,7 +20,8 @@ def test_defaults_are_automatic():
                                                  "chat_memory_mib": None,
                                                  "cpu_activation_bits": 16,
                                                  "keep_warm_on_disk": True,
-                                                 "warm_disk_gib": 4}
+                                                 "warm_disk_gib": 4,
+                                                 "kv_cache_dtype": "auto"}
 
 
 def test_the_disk_tier_setting():
@@ -44,7 +45,8 @@ def test_round_trip_through_the_file():
     save_settings(settings)
     assert json.loads(settings_path().read_text())["engine"] == {
         "device": "cpu", "weights": "bfloat16", "chat_memory_mib": 3072,
-        "cpu_activation_bits": 8, "keep_warm_on_disk": False, "warm_disk_gib": 2}
+        "cpu_activation_bits": 8, "keep_warm_on_disk": False, "warm_disk_gib": 2,
+        "kv_cache_dtype": "auto"}
     assert load_settings().engine == EngineSettings("cpu", "bfloat16", 3072, 8, False, 2)
 
 
@@ -61,10 +63,36 @@ def test_cpu_precision_reaches_the_engine_and_old_files_read_exact():
     ("weights", None), ("chat_memory_mib", 0), ("chat_memory_mib", 8),
     ("chat_memory_mib", 2.5), ("chat_memory_mib", True), ("chat_memory_mib", "2 GiB"),
     ("cpu_activation_bits", 4), ("cpu_activation_bits", "16"), ("cpu_activation_bits", None),
+    ("kv_cache_dtype", "q8_0"), ("kv_cache_dtype", None), ("kv_cache_dtype", 8),
 ])
 def test_bad_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"^EngineSettings\.{field} must be"):
         EngineSettings(**{field: value})
+
+
+def test_kv_cache_precision_reaches_the_engine_and_old_files_read_automatic():
+    assert EngineSettings().to_engine_config().kv_cache_dtype is None  # the device's own
+    # (Only the config's field: part A's EngineConfig validates the quantized names.)
+    assert EngineSettings(kv_cache_dtype="float16").to_engine_config().kv_cache_dtype == \
+        "float16"
+    assert EngineSettings(kv_cache_dtype="int8").kv_cache_dtype == "int8"
+    old = EngineSettings.from_dict({"device": "cpu", "weights": "stored",
+                                    "chat_memory_mib": 512, "cpu_activation_bits": 8,
+                                    "keep_warm_on_disk": True, "warm_disk_gib": 4})
+    assert old.kv_cache_dtype == "auto"
+
+
+def test_quantized_kv_precisions_reach_the_engine():
+    # Needs issue 47 part A (EngineConfig accepting the quantized formats).
+    for name in ("int8", "int4", "fp8"):
+        assert EngineSettings(kv_cache_dtype=name).to_engine_config().kv_cache_dtype == name
+
+
+def test_a_bad_stored_kv_precision_reads_automatic_and_keeps_the_rest():
+    path = settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"engine": {"device": "cpu", "kv_cache_dtype": "int3"}}))
+    assert load_settings().engine == EngineSettings(device="cpu")
 
 
 def test_weights_choices_are_the_engines():
