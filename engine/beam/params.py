@@ -30,6 +30,8 @@ class BeamSearchParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # How many of the finished beams come back, best first (None: all beam_width).
+    num_returned: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -48,16 +50,15 @@ class BeamSearchParams:
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                "stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "True or False")
+        _check(self.num_returned is None or (isinstance(self.num_returned, int)
+                                             and 1 <= self.num_returned <= self.beam_width),
+               "num_returned", self.num_returned, "None or an integer in [1, beam_width]")
 
-    @classmethod
-    def from_sampling(cls, params: SamplingParams, beam_width: int, length_penalty: float = 1.0,
-                      early_stopping: bool | str = False) -> BeamSearchParams:
-        """A server request's sampling fields (its stops, its max_tokens) as a beam search."""
-        if params.max_tokens is None:
-            raise ValueError("BeamSearchParams.max_tokens must be an integer >= 1, got None")
-        return cls(beam_width, params.max_tokens, length_penalty, early_stopping,
-                   list(params.stop), list(params.stop_token_ids), params.ignore_eos,
-                   params.skip_special_tokens)
+    @property
+    def response_format(self) -> None:
+        """A beam search's reply is free text (the worker asks whether to compile a
+        grammar first)."""
+        return None
 
     def scheduling(self) -> SamplingParams:
         """What the scheduler keeps of it: one sequence to start, that never forks by

@@ -175,8 +175,8 @@ class BeamSearcher:
         request = beam.request
         del self.requests[request.request_id]
         self.scheduler.abort(request.request_id)  # frees every running beam's blocks
-        outputs = [self._output(beam, i, hyp)
-                   for i, hyp in enumerate(beam.selector.finished)]
+        kept = beam.selector.finished[:beam.params.num_returned]
+        outputs = [self._output(beam, i, hyp) for i, hyp in enumerate(kept)]
         now = time.perf_counter()
         metrics = RequestMetrics(
             num_prompt_tokens=request.num_prompt_tokens,
