@@ -226,8 +226,8 @@ class LLMEngine:
             self.scheduler.mark_computed(out)
             if logits is not None:
                 events += self._sample(logits, sampled)
-            if self._beams.requests:
-                events += self._beams.reap()
+        if self._beams.requests:
+            events += self._beams.reap()  # searches the scheduler ended (out of room)
         for request in self.scheduler.remove_finished():
             state = self._requests.pop(request.request_id, None)
             if state is not None:

@@ -35,7 +35,7 @@ from engine.core.sequence import Request, Sequence
 from engine.outputs import CompletionOutput, Event, FinishedEvent, RequestMetrics, RequestOutput
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class BeamRequest:
     request: Request
     built: ChatPrompt
@@ -106,7 +106,7 @@ class BeamSearcher:
                 for seq, cum in zip(beam.running, beam.cumulative, strict=True):
                     out = seq.output_token_ids
                     score = cum / max(1, len(out)) ** beam.params.length_penalty
-                    beam.selector._add(Hypothesis(list(out), cum, score, "context"))
+                    beam.selector.add(Hypothesis(list(out), cum, score, "context"))
                 events.append(self._finish(beam))
         return events
 

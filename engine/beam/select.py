@@ -92,13 +92,13 @@ class BeamSelector:
                 # transformers divides in float32 too: the scores compare alike.
                 normed = float(torch.tensor(score, dtype=torch.float32)
                                / torch.tensor(penalty, dtype=torch.float32))
-                self._add(Hypothesis([*outputs[parent], token], score, normed, reason))
+                self.add(Hypothesis([*outputs[parent], token], score, normed, reason))
         done = ended_all or not running or self._cannot_improve(running[0].cumulative_logprob)
         if self.params.early_stopping is True and len(self.finished) == width:
             done = True
         return BeamChoice(running, done)
 
-    def _add(self, hyp: Hypothesis) -> None:
+    def add(self, hyp: Hypothesis) -> None:
         self.finished.append(hyp)
         # Stable: among equal scores the earlier finished stays ahead, as transformers'
         # merge keeps its finished slots before the step's candidates.

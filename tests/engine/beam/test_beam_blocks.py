@@ -88,3 +88,22 @@ def test_abort_frees_every_beam(engine):
     pool = engine.kv_cache.pools[0]
     assert all(b.ref_count == 0 for b in pool.blocks)
     assert len(pool.free_queue) == pool.num_blocks
+
+
+@pytest.mark.parametrize("config", [{"num_gpu_blocks": 6}, {"max_model_len": 40}])
+def test_a_search_past_the_pool_or_context_ends_with_context(tiny_dir, config):
+    """Out of blocks (the scheduler ends the lone request) or at the context's end, a
+    search ends with the beams it has, every block freed."""
+    from engine import LLM
+
+    fields = {"num_gpu_blocks": 64, "kv_cache_dtype": "float32", "block_size": BLOCK, **config}
+    llm = LLM(str(tiny_dir), **fields)
+    [out] = llm.beam_search([[1, 2, 3, 4, 5]], BeamSearchParams(4, 200))
+    assert len(out.outputs) == 4
+    assert {o.finish_reason for o in out.outputs} == {"context"}
+    if "max_model_len" in config:
+        assert all(5 + len(o.token_ids) == 40 for o in out.outputs)
+    assert [o.score for o in out.outputs] == sorted((o.score for o in out.outputs),
+                                                    reverse=True)
+    assert llm.kv_stats().num_used == 0
+    assert not llm.engine.has_unfinished_requests()

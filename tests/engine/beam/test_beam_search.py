@@ -108,3 +108,21 @@ def test_params_name_the_bad_field(field, value):
     fields = {"beam_width": 2, "max_tokens": 4, field: value}
     with pytest.raises(ValueError, match=f"BeamSearchParams.{field}"):
         BeamSearchParams(**fields)
+
+
+@pytest.mark.parametrize("config", [
+    {"num_gpu_blocks": 14},  # preempted by recompute, beams parked and brought back
+    {"num_gpu_blocks": 14, "num_host_blocks": 64},  # preempted by swap
+    {"num_gpu_blocks": 256, "max_num_seqs": 5},  # a request's beams over two steps
+])
+def test_same_beams_when_preempted_or_split(llm, tiny_dir, config):
+    from engine import LLM
+
+    params = BeamSearchParams(WIDTH, MAX_TOKENS)
+    expected = [[o.token_ids for o in out.outputs] for out in llm.beam_search(PROMPTS, params)]
+    tight = LLM(str(tiny_dir), kv_cache_dtype="float32", **config)
+    got = [[o.token_ids for o in out.outputs] for out in tight.beam_search(PROMPTS, params)]
+    assert got == expected
+    if config["num_gpu_blocks"] < 256:
+        assert tight.engine.scheduler.num_preemptions > 0
+    assert tight.kv_stats().num_used == 0
