@@ -5,7 +5,9 @@ Its parts are assembled by engine/build.py. Per request it keeps a `RequestState
 and the output built from them). A step runs the scheduled forward, samples
 (engine/sampling_driver.py: rows, grammar masks, the fork into candidates), appends the
 tokens and checks when candidates end (engine/stops.py); the disk tier (engine/disk)
-copies blocks in and out between steps.
+copies blocks in and out between steps. A beam search (``BeamSearchParams``) is a
+request whose rows go to engine/beam instead of the sampler; its beams fork and free in
+the same batch.
 
 Not thread-safe: ``engine.worker.EngineWorker`` drives it from one thread. A context
 manager: ``with LLMEngine(...) as engine:`` closes it (its cached blocks to disk) on exit.
@@ -180,8 +182,6 @@ class LLMEngine:
             # A beam forked mid-reply would need its own copy of the recurrent state.
             raise ValueError("BeamSearchParams: beam search does not run on models with "
                              "linear-attention layers yet")
-        if request_id in self._requests or request_id in self._beams.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
         request = self.scheduler.add_request(request_id, built.ids, params.scheduling())
         self._beams.add(request, built, params)
         return request_id
