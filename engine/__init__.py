@@ -17,6 +17,7 @@ _EXPORTS = {
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.sampling_params",
     "ResponseFormat": "engine.sampling_params",
+    "BeamSearchParams": "engine.beam.params",
     "KVStats": "engine.core.kv_stats",
     "RequestOutput": "engine.outputs",
     "CompletionOutput": "engine.outputs",
@@ -24,6 +25,7 @@ _EXPORTS = {
 
 __all__ = [
     "LLM",
+    "BeamSearchParams",
     "CompletionOutput",
     "EngineConfig",
     "EngineWorker",
@@ -35,6 +37,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from engine.beam.params import BeamSearchParams
     from engine.config import EngineConfig
     from engine.core.kv_stats import KVStats
     from engine.llm import LLM

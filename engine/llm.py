@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.beam.params import BeamSearchParams
 from engine.chat import ChatPrompt, ChatRequest
 from engine.config import EngineConfig
 from engine.core.kv_stats import KVStats
@@ -72,6 +73,19 @@ class LLM:
         model produced, so the earlier turns hit the prefix cache. Each candidate's
         ``reply`` holds its answer, thinking and tool calls."""
         return self.loop.run([messages], params)[0]
+
+    def beam_search(
+        self, prompts: Prompt | list[str] | list[list[int]], params: BeamSearchParams,
+    ) -> list[RequestOutput]:
+        """Beam search for each prompt, all of them in one batch (engine/beam); per
+        prompt a RequestOutput whose outputs are the finished beams, best first, each
+        with its ``cumulative_logprob`` and length-penalized ``score``."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError("beam_search takes BeamSearchParams")
+        if isinstance(prompts, str | ChatRequest | ChatPrompt) or (
+                prompts and isinstance(prompts[0], int | dict)):
+            prompts = [prompts]
+        return self.loop.run(list(prompts), params)
 
     def close(self) -> None:
         """Keep the cached blocks on disk (with the disk tier on); see LLMEngine.close."""

@@ -5,7 +5,9 @@ Its parts are assembled by engine/build.py. Per request it keeps a `RequestState
 and the output built from them). A step runs the scheduled forward, samples
 (engine/sampling_driver.py: rows, grammar masks, the fork into candidates), appends the
 tokens and checks when candidates end (engine/stops.py); the disk tier (engine/disk)
-copies blocks in and out between steps.
+copies blocks in and out between steps. A beam search (``BeamSearchParams``) is a
+request whose rows go to engine/beam instead of the sampler; its beams fork and free in
+the same batch.
 
 Not thread-safe: ``engine.worker.EngineWorker`` drives it from one thread. A context
 manager: ``with LLMEngine(...) as engine:`` closes it (its cached blocks to disk) on exit.
@@ -19,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from engine.beam.params import BeamSearchParams
+from engine.beam.searcher import BeamSearcher
 from engine.build import assemble
 from engine.chat import ChatPrompt
 from engine.config import EngineConfig
@@ -65,6 +69,8 @@ class LLMEngine:
         self.disk = parts.disk
         self.sampler = Sampler()
         self._stops = Stops(self.tokenizer, self.max_model_len, self.scheduler)
+        # Beam search requests (engine/beam), beside the request table.
+        self._beams = BeamSearcher(self.scheduler, self.tokenizer, self.max_model_len)
         # The request table: every request not yet finished, by id. It labels the blocks'
         # owners in kv_stats and holds each candidate's text state.
         self._requests: dict[str, RequestState] = {}
@@ -129,8 +135,8 @@ class LLMEngine:
         return self.build(prompt).ids
 
     def add_request(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None,
-        grammar=None,
+        self, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
+        request_id: str | None = None, grammar=None,
     ) -> str:
         """Queue a request. Admission is a transaction: everything that can fail (the
         prompt's ids, the grammar, state slots, each candidate's generator and text
@@ -139,8 +145,13 @@ class LLMEngine:
 
         ``grammar``: ``params.response_format`` compiled by ``self.grammars.compile`` on
         the caller's thread (the worker's callers do): without it the format is compiled
-        here, which is for a caller that steps the engine itself."""
+        here, which is for a caller that steps the engine itself.
+
+        ``BeamSearchParams`` queue a beam search (engine/beam): its FinishedEvent carries
+        the finished beams, best first, and no token events come before it."""
         built = self.build(prompt)
+        if isinstance(params, BeamSearchParams):
+            return self._add_beam_search(built, params, request_id)
         params = built.sampling(params or SamplingParams())
         request_id = request_id or f"req-{next(self._ids)}"
         ids = built.ids
@@ -161,13 +172,29 @@ class LLMEngine:
                                                   matchers, built.request is not None)
         return request_id
 
+    def _add_beam_search(self, built: ChatPrompt, params: BeamSearchParams,
+                         request_id: str | None) -> str:
+        request_id = request_id or f"req-{next(self._ids)}"
+        vocab = self.hf_config.vocab_size
+        if any(t < 0 or t >= vocab for t in built.ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if self.kv_cache.state_slots:
+            # A beam forked mid-reply would need its own copy of the recurrent state.
+            raise ValueError("BeamSearchParams: beam search does not run on models with "
+                             "linear-attention layers yet")
+        request = self.scheduler.add_request(request_id, built.ids, params.scheduling())
+        self._beams.add(request, built, params)
+        return request_id
+
     def request_ids(self) -> list[str]:
         """The requests not yet finished."""
-        return list(self._requests)
+        return [*self._requests, *self._beams.requests]
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """End a request now and free its blocks; None for an id the engine does not hold.
         The scheduler lets go of the request even where freeing its blocks fails."""
+        if request_id in self._beams.requests:
+            return self._beams.abort(request_id)
         state = self._requests.pop(request_id, None)
         request = self.scheduler.abort(request_id)
         if request is None or state is None:
@@ -175,7 +202,7 @@ class LLMEngine:
         return request_output(state)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
+        return bool(self._requests or self._beams.requests)
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[Event]:
@@ -199,6 +226,8 @@ class LLMEngine:
             self.scheduler.mark_computed(out)
             if logits is not None:
                 events += self._sample(logits, sampled)
+        if self._beams.requests:
+            events += self._beams.reap()  # searches the scheduler ended (out of room)
         for request in self.scheduler.remove_finished():
             state = self._requests.pop(request.request_id, None)
             if state is not None:
@@ -228,12 +257,19 @@ class LLMEngine:
         return events
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Event]:
+        beam_events: list[Event] = []
+        if self._beams.requests:
+            logits, seqs, beam_events = self._beams.take(logits, seqs, self.last_step_tokens)
+            if not seqs:
+                return beam_events
         sampled = sample(logits, seqs, self._requests, self.scheduler, self.sampler)
-        return self._stops.append(sampled, self.last_step_tokens)
+        return beam_events + self._stops.append(sampled, self.last_step_tokens)
 
     # ------------------------------------------------------------------- stats
     def kv_stats(self, with_blocks: bool = True) -> KVStats:
-        holders = (seq for state in self._requests.values() for seq in state.request.seqs)
+        holders = itertools.chain(
+            (seq for state in self._requests.values() for seq in state.request.seqs),
+            self._beams.holders())
         stats = self.kv_cache.stats(holders, with_blocks)
         if self.disk is not None:
             stats.disk = self.disk.stats()

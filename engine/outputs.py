@@ -100,6 +100,10 @@ class CompletionOutput:
     logprobs: list[TokenLogprobs] | None = None
     # The reply read: its answer, thinking and calls (the plain text for a completion).
     reply: ReplyMessage | None = None
+    # A beam search's beam (engine/beam): its summed log-probability and its
+    # length-penalized score, by which the beams are ordered; None otherwise.
+    cumulative_logprob: float | None = None
+    score: float | None = None
 
 
 @dataclass(slots=True)

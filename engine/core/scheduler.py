@@ -100,6 +100,18 @@ class Scheduler:
             request.seqs.append(child)
         return request.seqs
 
+    def fork_seq(self, request: Request, parent: Sequence, index: int) -> Sequence:
+        """A copy of ``parent`` (a beam search's beam, engine/beam) that shares all its
+        blocks (no new block: the partial tail is copied on the next write) and its
+        progress; candidate ``index`` of ``request``, running from the next step."""
+        child = Sequence(next(self._seq_ids), request.request_id, index,
+                         list(parent.token_ids), parent.num_prompt_tokens,
+                         status=parent.status)
+        self.kv.fork(parent, child)
+        child.num_computed_tokens = parent.num_computed_tokens
+        request.seqs.append(child)
+        return child
+
     def finish_seq(self, seq: Sequence, reason: str) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

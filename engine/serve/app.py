@@ -27,6 +27,7 @@ from engine.grammar import GrammarBusy, GrammarError
 from engine.outputs import ErrorEvent, FinishedEvent
 from engine.serve import responses
 from engine.serve.api_key import NO_BUILTIN_DOCS, add_docs, key_check
+from engine.serve.beam import beam_search_params
 from engine.serve.disconnect import DisconnectWatch
 from engine.serve.errors import APIError, install_error_handlers
 from engine.serve.host_guard import AccessPolicy, HostGuard
@@ -149,12 +150,13 @@ def create_app(worker: EngineWorker | OneModel | HostedModels,
             except ValueError as exc:
                 raise APIError(400, str(exc), "invalid_value", "messages") from exc
             params = prompt.sampling(params)
+            beam = _beam(body, params, chat.tools.active, llm.max_model_len - len(prompt.ids))
             grammar = await _check_format(llm, params.response_format,
                                           "tools" if prompt.call_format else "response_format")
         except BaseException:
             await release(lease)
             raise
-        return await _complete(body, prompt, params, "chat", request, lease, grammar)
+        return await _complete(body, prompt, beam or params, "chat", request, lease, grammar)
 
     async def _check_format(llm, fmt, field: str):
         """The compiled grammar, compiled before anything is queued: a schema the engine
@@ -175,6 +177,7 @@ def create_app(worker: EngineWorker | OneModel | HostedModels,
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         params = _params(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        params = _beam(body, params) or params
         lease = await models.lease(body.model, body.keep_alive)  # loads it if needed
         return await _complete(body, body.prompt, params, "text", request, lease)
 
@@ -233,6 +236,16 @@ def _params(body: SamplingFields, max_tokens_default: int | None):
         raise _invalid(exc) from exc
     except ValueError as exc:
         raise APIError(422, str(exc), "invalid_value") from exc
+
+
+def _beam(body: SamplingFields, params, tools: bool = False, room: int | None = None):
+    """``body``'s beam search (BeamSearchParams), None where it asks for none."""
+    try:
+        return beam_search_params(body, params, tools, room)
+    except UnsupportedField as exc:
+        raise APIError(400, str(exc), "unsupported_parameter", exc.field) from exc
+    except InvalidField as exc:
+        raise _invalid(exc) from exc
 
 
 def _invalid(exc: InvalidField) -> APIError:

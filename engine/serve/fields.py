@@ -46,7 +46,10 @@ HONOURED_TEXT = ("model", "prompt", "n", "temperature", "top_p", "max_tokens", "
                  "seed", "stream", "stream_options", "logprobs")
 # vLLM's names for what SamplingParams has beyond OpenAI's fields, and Ollama's keep_alive
 # (how long the model stays loaded after the request: engine/hosting).
-EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "keep_alive")
+# vLLM's beam search (engine/serve/beam.py): use_beam_search, its length_penalty and
+# early_stopping.
+EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "keep_alive",
+              "use_beam_search", "length_penalty", "early_stopping")
 
 # Accepted and ignored: labels for the caller's own bookkeeping and cache routing hints
 # (Folio's prefix cache finds shared prefixes by their tokens), none of which can change

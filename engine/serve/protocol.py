@@ -118,6 +118,10 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     # Ollama's: how long the model stays loaded after this request (engine/hosting).
     keep_alive: str | float | None = None
+    # vLLM's beam search (engine/serve/beam.py): n (or best_of) beams, deterministic.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
 
     DEFAULT_ONLY: ClassVar[dict] = fields.DEFAULT_ONLY_CHAT
 
@@ -290,4 +294,6 @@ class CompletionRequest(SamplingFields):
 
     def _checked_values(self):
         for name, value in super()._checked_values():
-            yield name, None if name == "best_of" and value == self.n else value
+            # With use_beam_search, best_of is the beam width (engine/serve/beam.py).
+            same = value == self.n or self.use_beam_search
+            yield name, None if name == "best_of" and same else value
