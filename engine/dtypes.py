@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from kernels.kv_format import KVFormat
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-KV_DTYPE_NAMES = (*DTYPE_NAMES, "int8", "int4", "fp8")
+KV_DTYPE_NAMES = (*DTYPE_NAMES, "int8", "fp8", "int4")
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
