@@ -136,6 +136,24 @@ PARAGRAPHS = (
     "railway offered cheaper transport to the cities. By spring she had enough material "
     "for a small exhibition, and she wrote to the regional university to ask whether "
     "anyone there studied the history of the fisheries.",
+
+    "The reply came from a young researcher who was writing a thesis on coastal "
+    "communities and the changing sea. She visited in April, stayed for three days in "
+    "the guest house above the chandlery and read every logbook twice. At the end of her "
+    "visit she explained that the records were valuable for a reason Marta had not "
+    "expected: the daily notes on water temperature, taken with the same thermometer "
+    "for almost forty years, were among the longest continuous measurements anyone had "
+    "found for that stretch of coast. Scientists who model the warming of the ocean "
+    "depend on such series, and most of the old ones were lost when fishing families "
+    "moved away and their papers were burned or thrown out.",
+
+    "The exhibition opened in June with the logbooks in a glass case, a chart of the "
+    "temperatures drawn by a student from the secondary school, and a recording of the "
+    "old fisherman describing a winter storm in 1947 that kept the fleet in harbour for "
+    "eleven days. More people came on the first weekend than had visited in the whole "
+    "previous year. Marta stood by the door and answered questions, and when the last "
+    "visitor had gone she sat for a while in the empty room, listening to the gulls and "
+    "the water against the steps, before she locked up and walked home along the quay.",
 )
 
 TEXT = "\n\n".join(PARAGRAPHS)
