@@ -136,9 +136,12 @@ def _cut_pools(net, config: EngineConfig, shape: KVShape, device: torch.device,
 def _group_disks(store: DiskStore, path, resolved: ResolvedDevice, config: EngineConfig,
                  shape: KVShape, runner: ModelRunner) -> list[GroupDisk]:
     """Each KV group's view of ``store``. The fingerprint names what a block's K/V
-    depends on (model file, compute and KV dtype, weights mode, kernels' layout, block
-    and head shapes) and, per group, its layers and window."""
-    model = (model_identity(path), str(resolved.dtype), str(shape.dtype), config.weights,
+    depends on (model file, compute dtype and KV format, weights mode, kernels' layout,
+    block and head shapes) and, per group, its layers and window."""
+    # The KV format by name where it is quantized (a float pool keeps its dtype's string,
+    # so the files a float16 cache wrote before the formats existed stay readable).
+    kv = shape.format.name if shape.format.quantized else str(shape.dtype)
+    model = (model_identity(path), str(resolved.dtype), kv, config.weights,
              config.cpu_activation_bits, resolved.device.type, type(runner.backend).__name__,
              runner.backend.head_major_kv, shape.block_size, shape.num_kv_heads,
              shape.head_size, shape.layer_heads)

@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
     from engine.config import WEIGHTS
-    from engine.dtypes import DTYPE_NAMES
+    from engine.dtypes import KV_DTYPE_NAMES
 
     parser.add_argument("--device", default=None,
                         help="cpu, cuda, cuda:N or mps (default: CUDA when available)")
@@ -238,9 +238,10 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-activation-bits", type=int, default=16, choices=(8, 16),
                         help="quantized products on the CPU at decode sizes: 16 keeps the "
                         "float32 path's tokens; 8 (as llama.cpp) decodes 10-20%% faster")
-    parser.add_argument("--kv-cache-dtype", default=None, choices=DTYPE_NAMES,
-                        help="the KV cache's dtype (default: float16 on the native CPU "
-                        "kernels, else the compute dtype)")
+    parser.add_argument("--kv-cache-dtype", default=None, choices=KV_DTYPE_NAMES,
+                        help="the KV cache's dtype: int8 and fp8 (8-bit) take about half "
+                        "float16's memory per token, int4 about a quarter (default: "
+                        "float16 on the native CPU kernels, else the compute dtype)")
     parser.add_argument("--kv-disk-gib", type=float, default=0.0, metavar="GIB",
                         help="keep KV cache blocks leaving memory on disk, up to this many "
                         "GiB, so prompts seen before (a restart too) are not recomputed "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.dtypes import DTYPE_NAMES
+from engine.dtypes import DTYPE_NAMES, KV_DTYPE_NAMES
 from engine.validation import FieldChecker
 
 BLOCK_SIZES = (8, 16, 32, 64)
@@ -46,8 +46,10 @@ class EngineConfig:
     # first reply saved.
     warm_up: bool = False
     dtype: str | None = None  # compute dtype; None = the device's (runner/device.py)
-    # The KV cache's dtype; None = the backend's (runner/device.py: float16 on the native
-    # CPU kernels, as llama.cpp keeps its cache, else the compute dtype).
+    # The KV cache's dtype: a float dtype, or a quantized format ("int8", "int4", "fp8";
+    # kernels/kv_format.py says what their rows hold). None = the backend's
+    # (runner/device.py: float16 on the native CPU kernels, as llama.cpp keeps its cache,
+    # else the compute dtype).
     kv_cache_dtype: str | None = None
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
     weights: str = "stored"  # one of WEIGHTS
@@ -91,8 +93,8 @@ class EngineConfig:
                self.max_model_len, ">= 1 or None")
         _check(self.dtype is None or self.dtype in DTYPE_NAMES, "dtype", self.dtype,
                f"one of {DTYPE_NAMES} or None")
-        _check(self.kv_cache_dtype is None or self.kv_cache_dtype in DTYPE_NAMES,
-               "kv_cache_dtype", self.kv_cache_dtype, f"one of {DTYPE_NAMES} or None")
+        _check(self.kv_cache_dtype is None or self.kv_cache_dtype in KV_DTYPE_NAMES,
+               "kv_cache_dtype", self.kv_cache_dtype, f"one of {KV_DTYPE_NAMES} or None")
         _check(self.device is None or (isinstance(self.device, str)
                                        and _DEVICE_FORM.fullmatch(self.device) is not None),
                "device", self.device, "'cpu', 'cuda', 'cuda:N', 'mps' or None")

@@ -276,6 +276,8 @@ class LLMEngine:
         return stats
 
     def memory_stats(self) -> MemoryStats:
+        shape = self.runner.shape
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_caches,
                             self.resolved_device.status_line, self.expert_bytes,
-                            self.runner.state_pool_bytes)
+                            self.runner.state_pool_bytes, shape.format.name,
+                            shape.bytes_per_token)

@@ -73,11 +73,13 @@ class ModelInfo:
         return ", ".join(parts + ["text only"] * self.text_only)
 
     def kv_bytes(self, tokens: int, dtype: torch.dtype | str = torch.float32) -> int:
-        """KV cache bytes for `tokens` tokens: K and V for every layer and KV head."""
+        """KV cache bytes for `tokens` tokens: K and V for every layer and KV head, in a
+        KV dtype (a float dtype, or a quantized format's name or storage dtype:
+        "int8", "int4", "fp8")."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         per_token = kv_bytes_per_token(self.kv_layers, self.num_kv_heads, self.head_dim,
-                                       dtype_itemsize(dtype))
+                                       dtype)
         return per_token * tokens
 
     def memory_bytes(self, dtype: torch.dtype | str = torch.float32,

@@ -9,9 +9,13 @@ type `type`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from engine.dtypes import kv_format_of
 from engine.layers.rotary import rope_type_of
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)
@@ -108,9 +112,12 @@ def head_dim_of(head_dim: int | None, hidden_size: int, num_heads: int) -> int:
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
-                       itemsize: int) -> int:
-    """KV cache bytes one token takes: a key and a value per layer and KV head."""
-    return 2 * num_layers * num_kv_heads * head_dim * itemsize
+                       kv_dtype: torch.dtype | str) -> int:
+    """KV cache bytes one token takes: a key and a value per layer and KV head, each a row
+    of the KV format that ``kv_dtype`` (a pool's storage dtype or a kv_cache_dtype name)
+    tags: ``head_dim`` values of a float dtype, or the quantized values and their scales
+    (kernels/kv_format.py)."""
+    return 2 * num_layers * num_kv_heads * kv_format_of(kv_dtype).row_bytes(head_dim)
 
 
 def _field(hf_config: Any, name: str) -> Any:

@@ -16,9 +16,12 @@ Rules:
   float16 on older cards, float32 on the CPU and on MPS.
 - **KV dtype**: ``config.kv_cache_dtype`` when set; else float16 where the native CPU
   kernels compute in float32 (they read a float16 pool as they write it: half the memory
-  of a float32 pool, as llama.cpp keeps its cache), the compute dtype elsewhere. The
-  Triton kernels read only a pool in the compute dtype (ValueError naming
-  ``kv_cache_dtype`` otherwise); the PyTorch reference reads any.
+  of a float32 pool, as llama.cpp keeps its cache), the compute dtype elsewhere. A
+  quantized name ("int8", "int4", "fp8") resolves to its format's storage dtype
+  (kernels/kv_format.py), which is the pool's dtype and tags its format
+  (`ResolvedDevice.kv_format`). The Triton kernels read a pool in the compute dtype or a
+  quantized one (ValueError naming ``kv_cache_dtype`` otherwise); the native CPU backend
+  hands the pools its kernels do not read to the PyTorch reference, which reads any.
 - **attention backend**: ``config.attention_backend``, else $FOLIO_ATTENTION_BACKEND, else
   ``triton`` on CUDA, ``cpu`` (the native C++ kernels) on the CPU when they are built and
   ``torch`` elsewhere (``kernels.default_backend_name``, which kernels.get_backend uses).
@@ -32,8 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.dtypes import resolve_dtype
+from engine.dtypes import kv_format_of, resolve_dtype
 from kernels import BACKEND_ENV, BACKEND_NAMES, default_backend_name
+from kernels.kv_format import KVFormat
 
 
 @dataclass(slots=True, frozen=True)
@@ -42,7 +46,12 @@ class ResolvedDevice:
     dtype: torch.dtype  # compute dtype; dense weights use it too
     backend: str  # attention backend name: "torch", "triton" or "cpu"
     label: str  # for people: "CUDA 0: NVIDIA H200", "CPU", "Apple GPU (MPS)"
-    kv_dtype: torch.dtype  # the KV cache's
+    kv_dtype: torch.dtype  # the KV pool's storage dtype, which tags its format
+
+    @property
+    def kv_format(self) -> KVFormat:
+        """What the pool's rows hold (kernels/kv_format.py), told by ``kv_dtype``."""
+        return kv_format_of(self.kv_dtype)
 
     @property
     def status_line(self) -> str:
@@ -132,12 +141,13 @@ def _dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
 def _kv_dtype(config: EngineConfig, device: torch.device, backend: str, dtype: torch.dtype,
               check: bool = True) -> torch.dtype:
     if config.kv_cache_dtype is not None:
-        kv_dtype = resolve_dtype(config.kv_cache_dtype)
-        if check and backend == "triton" and kv_dtype != dtype:
+        fmt = kv_format_of(config.kv_cache_dtype)
+        if check and backend == "triton" and fmt.storage != dtype and not fmt.quantized:
             raise ValueError(f"EngineConfig.kv_cache_dtype must be the compute dtype "
-                             f"({str(dtype).removeprefix('torch.')}) on the Triton backend, "
+                             f"({str(dtype).removeprefix('torch.')}) or a quantized format "
+                             f"(int8, int4, fp8) on the Triton backend, "
                              f"got {config.kv_cache_dtype!r}")
-        return kv_dtype
+        return fmt.storage
     if device.type == "cpu" and backend == "cpu" and dtype == torch.float32:
         from kernels import cpu
 

@@ -37,10 +37,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.dtypes import resolve_dtype
+from engine.dtypes import kv_format_of, resolve_dtype
 from engine.models.spec import kv_bytes_per_token
 from engine.runner.device import estimate_dtype, estimate_kv_dtype
 from engine.runner.state_pool import state_slots
+from kernels.kv_format import KVFormat
 
 # Full contexts the pool holds by default: a chat and its candidates (they share the
 # prompt's blocks) beside a few other chats streaming at once. When more is asked, the
@@ -78,6 +79,8 @@ class KVShape:
     num_kv_heads: int
     head_size: int
     block_size: int
+    # The pool's storage dtype: a float dtype, or a quantized format's (int8, uint8 for
+    # int4, float8_e4m3fn), which tags the format (`format`) and so its row bytes.
     dtype: torch.dtype
     # (num_kv_heads, head_size) per KV layer where layers differ (Gemma 4's global layers
     # have wider heads than its sliding ones); empty: every layer has the two fields above.
@@ -107,9 +110,16 @@ class KVShape:
         return self.layer_heads[layer] if self.layer_heads else (self.num_kv_heads,
                                                                  self.head_size)
 
+    @property
+    def format(self) -> KVFormat:
+        """What a row holds (kernels/kv_format.py): its values, and a quantized format's
+        scales."""
+        return kv_format_of(self.dtype)
+
     def block_bytes(self, layers) -> int:
-        """Bytes of one block across ``layers`` (KV layer indices)."""
-        return sum(kv_bytes_per_token(1, *self.heads(i), self.dtype.itemsize)
+        """Bytes of one block across ``layers`` (KV layer indices), each layer's rows as
+        `format` lays out its head size."""
+        return sum(kv_bytes_per_token(1, *self.heads(i), self.dtype)
                    for i in layers) * self.block_size
 
     @property

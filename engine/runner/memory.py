@@ -29,6 +29,11 @@ class MemoryStats:
     # A hybrid model's linear-attention state pool (runner/state_pool.py), reserved beside
     # the KV pool; 0 without linear layers.
     state_pool_bytes: int = 0
+    # The KV pool's format by name (kv_cache_dtype: "float16", "int8", ...) and the bytes
+    # one token of context takes in it across every KV layer (a quantized format's scales
+    # included); "" and 0 where no pool is given.
+    kv_dtype: str = ""
+    kv_bytes_per_token: int = 0
 
     @property
     def other_bytes(self) -> int | None:
@@ -54,9 +59,11 @@ def process_rss_bytes() -> int:
 
 def memory_stats(device: torch.device, weights_bytes: int, kv_pools: Sequence[torch.Tensor],
                  label: str | None = None, expert_bytes: int | None = None,
-                 state_pool_bytes: int = 0) -> MemoryStats:
+                 state_pool_bytes: int = 0, kv_dtype: str = "",
+                 kv_bytes_per_token: int = 0) -> MemoryStats:
     """`kv_pools`: the KV pool tensors (one per KV group); `label` names the device for
-    the memory panel, without it torch's name."""
+    the memory panel, without it torch's name; `kv_dtype` and `kv_bytes_per_token` as
+    the engine's KVShape gives them."""
     total = used = free = None
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
@@ -64,4 +71,4 @@ def memory_stats(device: torch.device, weights_bytes: int, kv_pools: Sequence[to
     reserved = sum(pool.numel() * pool.element_size() for pool in kv_pools)
     return MemoryStats(label or str(device), weights_bytes, reserved, total, used, free,
                        process_rss_bytes(), resident_bytes(kv_pools), expert_bytes,
-                       state_pool_bytes)
+                       state_pool_bytes, kv_dtype, kv_bytes_per_token)

@@ -17,6 +17,13 @@ query's window are never read, not even through their block-table entry), and a 
 soft-cap, which SDPA lacks, switches to an explicit fp32 softmax (`_explicit_attention`).
 So do attention sinks (`check_sinks`: a per-head logit in the softmax's denominator),
 which that softmax takes as one more column of scores that weighs no value.
+
+A quantized pool (int8, int4, fp8: kernels/kv_format.py, told by the pool's dtype) is
+written through its format's `encode` and read by decoding only the blocks a step
+gathers (`heads_of_blocks`); over a rotated format (int4) the query is rotated before
+attention and the output rotated back, so the result is what a float pool holding the
+decoded values, unrotated, would give. Block copies and swaps move rows as they are
+(a 1-byte pool as bytes: torch has no CPU index_copy_ for float8).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.interface import AttentionMetadata, check_attention_options, check_sinks
+from kernels.kv_format import format_of
 from kernels.reference.block_reads import heads_of_blocks
 from kernels.reference.shared_prefix import shared_prefix_decode
 from kernels.reference.step_plan import DecodePlan, StepPlan
@@ -52,12 +60,21 @@ def _write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     slots, keep = valid
     if keep is not None:
         key, value = key[keep], value[keep]
-    num_blocks, block_size, num_kv_heads, head_size = k_cache.shape
-    flat_shape = (num_blocks * block_size, num_kv_heads, head_size)
-    if key.dtype != k_cache.dtype:
+    num_blocks, block_size, num_kv_heads, row = k_cache.shape
+    flat_shape = (num_blocks * block_size, num_kv_heads, row)
+    fmt = format_of(k_cache)
+    if fmt.quantized:  # [T, nkv, hd] -> [T, nkv, row] bytes (rotated first for int4)
+        key, value = fmt.encode(key), fmt.encode(value)
+    elif key.dtype != k_cache.dtype:
         key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
-    k_cache.view(flat_shape).index_copy_(0, slots, key)
-    v_cache.view(flat_shape).index_copy_(0, slots, value)
+    as_bytes(k_cache).view(flat_shape).index_copy_(0, slots, as_bytes(key))
+    as_bytes(v_cache).view(flat_shape).index_copy_(0, slots, as_bytes(value))
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A 1-byte tensor (a quantized pool or its rows) as uint8, the same memory: CPU
+    index_copy_ is not implemented for float8. Other tensors as they are."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t
 
 
 def paged_attention_ref(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -93,6 +110,19 @@ def _check_heads(query: torch.Tensor, k_cache: torch.Tensor) -> None:
 def _attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                plan: StepPlan, scale: float, softcap: float | None = None,
                sinks: torch.Tensor | None = None) -> torch.Tensor:
+    fmt = format_of(k_cache)
+    if fmt.rotated:
+        # rotate(q) . rotate(k) == q . k, and the output, a mix of rotated values, rotates
+        # back (the transform is its own inverse).
+        rotated = fmt.rotate(query.float()).to(query.dtype)
+        out = _unrotated_attention(rotated, k_cache, v_cache, plan, scale, softcap, sinks)
+        return fmt.rotate(out.float()).to(query.dtype)
+    return _unrotated_attention(query, k_cache, v_cache, plan, scale, softcap, sinks)
+
+
+def _unrotated_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         plan: StepPlan, scale: float, softcap: float | None = None,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
     if plan.decode is not None and plan.decode_rows is None:
         return _decode_attention(query, k_cache, v_cache, plan.decode, scale, softcap, sinks)
     out = torch.empty_like(query)
@@ -184,7 +214,8 @@ def copy_blocks_ref(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor
     dst = dst.to(device=kv_cache.device, dtype=torch.int64)
     # index_select copies the sources first, so a block that is both a source and a
     # destination in one call is read before it is overwritten.
-    kv_cache.index_copy_(2, dst, kv_cache.index_select(2, src))
+    pool = as_bytes(kv_cache)
+    pool.index_copy_(2, dst, pool.index_select(2, src))
 
 
 def swap_blocks_ref(src_cache: torch.Tensor, dst_cache: torch.Tensor, src_ids: torch.Tensor,
@@ -203,8 +234,11 @@ def swap_blocks_ref(src_cache: torch.Tensor, dst_cache: torch.Tensor, src_ids: t
         return
     src_ids = src_ids.to(device=src_cache.device, dtype=torch.int64)
     dst_ids = dst_ids.to(device=dst_cache.device, dtype=torch.int64)
-    blocks = src_cache.index_select(2, src_ids).to(dst_cache.device)
-    dst_cache.index_copy_(2, dst_ids, blocks)
+    if src_cache.dtype != dst_cache.dtype:
+        raise ValueError(f"src_cache and dst_cache must hold the same KV format, got "
+                         f"{src_cache.dtype} and {dst_cache.dtype}")
+    blocks = as_bytes(src_cache).index_select(2, src_ids).to(dst_cache.device)
+    as_bytes(dst_cache).index_copy_(2, dst_ids, blocks)
 
 
 class TorchBackend:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.kv_format import SCALE_BYTES, KVFormat, format_of
+
 
 def block_ids(block_table: torch.Tensor, num_blocks: int,
               device: torch.device) -> torch.Tensor | slice:
@@ -26,7 +28,9 @@ def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
     [nkv, num_tokens, hd], in `dtype` where given (a query's, over a pool that stores
     another: a float16 pool under float32 compute). A view for a slice in the pool's own
     dtype; for a head-major pool each head's rows are then one contiguous run
-    (kernels.interface.allocate_kv_cache)."""
+    (kernels.interface.allocate_kv_cache). A quantized pool's rows are decoded
+    (kernels/kv_format.py; still rotated, for a rotated format) to `dtype`, float32 when
+    None: only the blocks read."""
     if isinstance(ids, slice):
         start = ids.start * cache.shape[1] + skip
         stop = ids.stop * cache.shape[1] if num_tokens is None else start + num_tokens
@@ -38,4 +42,19 @@ def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
             rows = rows[:, skip:] if skip else rows
         else:
             rows = rows[:, skip:skip + num_tokens]
+    fmt = format_of(cache)
+    if fmt.quantized:
+        return _decoded(rows, fmt, dtype or torch.float32)
     return rows if dtype is None else rows.to(dtype)
+
+
+def _decoded(rows: torch.Tensor, fmt: KVFormat, dtype: torch.dtype) -> torch.Tensor:
+    """rows [..., row] of a quantized pool -> [..., hd] values, as ``fmt.decode``. An
+    8-bit row is read in place (its values converted, its scale the only copy): decode
+    copies every row to bytes first, which made a long context's decode step several
+    times slower than the float16 pool's."""
+    if fmt.bits != 8:
+        return fmt.decode(rows, dtype)
+    hd = rows.shape[-1] - SCALE_BYTES
+    scale = rows[..., hd:].contiguous().view(torch.float16).float()  # [..., 1]
+    return (rows[..., :hd].float() * scale).to(dtype)

@@ -40,3 +40,18 @@ def test_weights_are_one_of_the_choices(capsys):
     with pytest.raises(SystemExit):
         main(["chat", "--weights", "q4"])
     assert "invalid choice: 'q4'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["chat"], ["serve", "--port", "0"]])
+@pytest.mark.parametrize("name", ["int8", "int4", "fp8", "float16"])
+def test_a_kv_cache_dtype_reaches_the_config(configs, command, name, monkeypatch):
+    monkeypatch.setattr("engine.serve.server.check_port_free", lambda *a: None)
+    assert main([*command, "--kv-cache-dtype", name]) == 2
+    assert configs[-1].kv_cache_dtype == name
+
+
+def test_kv_cache_dtypes_are_the_kv_formats(capsys):
+    with pytest.raises(SystemExit):
+        main(["chat", "--kv-cache-dtype", "q8_0"])
+    err = capsys.readouterr().err.replace("'", "")  # quoted from Python 3.12.8 on
+    assert "choose from float32, bfloat16, float16, int8, fp8, int4" in err

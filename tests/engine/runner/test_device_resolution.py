@@ -123,16 +123,45 @@ def test_the_kv_cache_is_float16_on_the_native_cpu_kernels_and_the_compute_dtype
     assert estimate_kv_dtype(EngineConfig()) == r.kv_dtype
 
 
-def test_the_triton_backend_takes_only_a_pool_in_the_compute_dtype(monkeypatch):
+def test_the_triton_backend_takes_the_compute_dtype_or_a_quantized_pool(monkeypatch):
     fake_cuda(monkeypatch)
     assert resolve_device(EngineConfig(kv_cache_dtype="bfloat16")).kv_dtype == torch.bfloat16
     with pytest.raises(ValueError, match=r"^EngineConfig\.kv_cache_dtype must be the compute "
-                                         r"dtype \(bfloat16\)"):
+                                         r"dtype \(bfloat16\) or a quantized format"):
         resolve_device(EngineConfig(kv_cache_dtype="float16"))
+    for name, storage in [("int8", torch.int8), ("int4", torch.uint8),
+                          ("fp8", torch.float8_e4m3fn)]:
+        resolved = resolve_device(EngineConfig(kv_cache_dtype=name))
+        assert resolved.kv_dtype == storage and resolved.kv_format.name == name
     # The model list's estimate does not raise: it shows what the choice would take.
     assert estimate_kv_dtype(EngineConfig(kv_cache_dtype="float16")) == torch.float16
 
 
-def test_a_kv_cache_dtype_that_is_no_dtype_names_the_field():
-    with pytest.raises(ValueError, match="kv_cache_dtype"):
-        EngineConfig(kv_cache_dtype="int8")
+@pytest.mark.parametrize("backend", ["torch", CPU_BACKEND])
+def test_a_quantized_kv_cache_dtype_resolves_to_its_storage_dtype_on_the_cpu(monkeypatch,
+                                                                             backend):
+    fake_cuda(monkeypatch, ())
+    for name, storage in [("int8", torch.int8), ("int4", torch.uint8),
+                          ("fp8", torch.float8_e4m3fn)]:
+        config = EngineConfig(kv_cache_dtype=name, attention_backend=backend)
+        resolved = resolve_device(config)
+        assert (resolved.dtype, resolved.kv_dtype) == (torch.float32, storage)
+        assert resolved.kv_format.name == name
+        assert estimate_kv_dtype(config) == storage
+
+
+def test_a_kv_cache_dtype_that_is_no_kv_format_names_the_field():
+    for bad in ("q8_0", "int16", "float64"):
+        with pytest.raises(ValueError, match=r"^EngineConfig\.kv_cache_dtype must be one of "
+                                             r"\('float32', 'bfloat16', 'float16', 'int8', "
+                                             r"'fp8', 'int4'\) or None"):
+            EngineConfig(kv_cache_dtype=bad)
+
+
+def test_the_kv_dtype_names_are_the_kv_formats():
+    """engine.dtypes keeps the names (so that validating a setting imports no torch);
+    kernels/kv_format.py defines them."""
+    from engine.dtypes import KV_DTYPE_NAMES
+    from kernels.kv_format import KV_FORMAT_NAMES
+
+    assert KV_DTYPE_NAMES == KV_FORMAT_NAMES

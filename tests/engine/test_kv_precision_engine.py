@@ -1,0 +1,112 @@
+"""The quantized KV caches through the engine on the starter: teacher-forced next-token
+distributions over a fixed 2,048-token text against the float16 cache (mean KL, the
+issue's targets), greedy replies after ~1,100 words of context, and the pool's dtype and
+bytes as the engine reports them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, EngineConfig, SamplingParams
+from kernels import AttentionMetadata
+from tests.engine.runner.kv_text import PARAGRAPHS, QUESTIONS, TEXT
+
+pytestmark = pytest.mark.slow
+
+TOKENS, CHUNK, BLOCK = 2048, 512, 16
+# The issue's targets: mean KL of the next-token distributions against the float16 cache.
+KL_TARGET = {"int8": 0.002, "int4": 0.02}
+
+
+def starter(kv_cache_dtype: str, **fields) -> LLM:
+    return LLM("starter", EngineConfig(kv_cache_dtype=kv_cache_dtype, device="cpu",
+                                       max_model_len=4096, **fields))
+
+
+def teacher_forced_logprobs(llm: LLM, ids: list[int]) -> torch.Tensor:
+    """log-softmax of the logits after every token of ``ids`` [len(ids), vocab], the
+    text read in 512-token chunks into the engine's own pool (one sequence on blocks
+    0, 1, 2, ...), as prefill reads a prompt."""
+    runner = llm.engine.runner
+    (cache,) = runner.kv_caches  # the starter has one KV group
+    table = torch.arange(-(-len(ids) // BLOCK), dtype=torch.int32)[None]
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), CHUNK):
+            end = min(len(ids), start + CHUNK)
+            meta = AttentionMetadata(torch.tensor([0, end - start], dtype=torch.int32),
+                                     torch.tensor([end], dtype=torch.int32), table,
+                                     torch.arange(start, end), end - start, end)
+            layers = [(cache[i, 0], cache[i, 1], meta) for i in range(cache.shape[0])]
+            hidden = runner.model(torch.tensor(ids[start:end]), torch.arange(start, end),
+                                  layers, meta, runner.backend)
+            out.append(runner.model.compute_logits(hidden).float().log_softmax(-1))
+    return torch.cat(out)
+
+
+@pytest.fixture(scope="module")
+def kl_by_dtype():
+    logprobs = {}
+    for name in ("float16", "int8", "int4"):
+        with starter(name, num_gpu_blocks=TOKENS // BLOCK + 1) as llm:
+            assert llm.engine.runner.shape.format.name == name
+            ids = llm.tokenizer.encode(TEXT)[:TOKENS]
+            assert len(ids) == TOKENS
+            logprobs[name] = teacher_forced_logprobs(llm, ids)
+    ref = logprobs.pop("float16")
+    return {name: float((ref.exp() * (ref - lp)).sum(-1).mean())
+            for name, lp in logprobs.items()}
+
+
+def test_int8_teacher_forced_kl_against_float16_is_under_target(kl_by_dtype):
+    assert 0 < kl_by_dtype["int8"] <= KL_TARGET["int8"]
+
+
+def test_int4_teacher_forced_kl_stays_near_its_measured_level(kl_by_dtype):
+    """Measured 0.053 nats on the starter (head size 64; per-64 scales and a 64-wide
+    rotation): a regression guard, not the issue's 0.02 (see the next test)."""
+    assert 0 < kl_by_dtype["int4"] <= 0.07
+
+
+@pytest.mark.xfail(strict=True, reason="the int4 format (kernels/kv_format.py) measures "
+                   "about 0.053 nats on the starter; no 4-bit layout tried reached 0.02")
+def test_int4_teacher_forced_kl_against_float16_is_under_target(kl_by_dtype):
+    assert kl_by_dtype["int4"] <= KL_TARGET["int4"]
+
+
+def context_words(words: int = 1100) -> str:
+    """The text's first paragraphs up to at least ``words`` words."""
+    out: list[str] = []
+    for paragraph in PARAGRAPHS:
+        out.append(paragraph)
+        if len(" ".join(out).split()) >= words:
+            break
+    return "\n\n".join(out)
+
+
+def greedy_replies(name: str) -> list[list[int]]:
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    context = context_words()
+    with starter(name) as llm:
+        return [list(llm.chat([{"role": "user", "content": f"{context}\n\n{question}"}],
+                              params).outputs[0].token_ids) for question in QUESTIONS]
+
+
+def test_int8_greedy_replies_after_a_long_context_match_float16():
+    assert len(context_words().split()) >= 1100
+    float16, int8 = greedy_replies("float16"), greedy_replies("int8")
+    same = sum(a == b for a, b in zip(float16, int8, strict=True))
+    assert same >= 4, f"{same} of 5 int8 replies match float16's"
+
+
+@pytest.mark.parametrize("name,per_token", [("float16", 23_040), ("int8", 11_880),
+                                            ("fp8", 11_880), ("int4", 6_120)])
+def test_the_engine_reports_the_pools_format_and_bytes(name, per_token):
+    with starter(name, num_gpu_blocks=8) as llm:
+        stats = llm.memory_stats()
+        assert (stats.kv_dtype, stats.kv_bytes_per_token) == (name, per_token)
+        # The pool holds 9 blocks (with the null one) of the format's rows.
+        assert stats.kv_pool_bytes == 9 * BLOCK * per_token
+        kv = llm.kv_stats(with_blocks=False)
+        assert kv.bytes_per_block == BLOCK * per_token
