@@ -78,6 +78,20 @@ class _TokenClock:
         pass
 
 
+def transformers_config(config):
+    """``config`` as transformers' own class: a later load's cached config comes back as
+    a ``FileConfig`` (engine/loaders/gguf/file_config.py), which holds the same values
+    but is not a class transformers' auto classes know."""
+    from engine.loaders.gguf.file_config import FileConfig
+
+    if not isinstance(config, FileConfig):
+        return config
+    from transformers import AutoConfig
+
+    values = config.to_dict()
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
 def build_transformers_model(loaded) -> torch.nn.Module:
     """A transformers causal LM holding exactly the weights Folio loaded, in float32.
 
@@ -87,7 +101,8 @@ def build_transformers_model(loaded) -> torch.nn.Module:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(loaded.config).to(torch.float32)
+    model = AutoModelForCausalLM.from_config(transformers_config(loaded.config))
+    model = model.to(torch.float32)
     weights = {name: tensor.to(torch.float32) for name, tensor in loaded.weights}
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = getattr(loaded.config, "tie_word_embeddings", False)
