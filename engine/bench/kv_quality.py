@@ -1,20 +1,19 @@
 """``folio bench kv``'s quality half: what a quantized KV cache changes in the output of a
 model (the starter), against the float16 cache in the same run.
 
-- **Teacher-forced mean KL**: one fixed text (``text_tokens`` ids) is fed through the decode
-  path one token at a time, whatever the model would have picked (a sampler that records
-  the step's logits and returns the text's next id), so every position's distribution is
-  computed reading the cache in the format under test. The mean over positions of
-  KL(float16 || format), in nats. The text is the starter's own continuation of a fixed
-  user message, sampled once per run from the float16 engine (temperature 0.8, seed 0):
-  ordinary prose at the model's own entropy, no repeated passage the model could copy.
-- **Greedy agreement**: ``prompts`` chat prompts of ~``context_words`` words of context (the
-  bench's fixed user texts) and a question each; greedy ``reply_tokens``-token replies
-  (end of sequence ignored, so each is that long); how many are token for token the float16
+- **Teacher-forced mean KL**: the first ``text_tokens`` ids of a fixed text (kv_text.TEXT)
+  are read in 512-token chunks into the engine's own pool, as prefill reads a prompt (each
+  chunk's attention reads its own K/V back from the pool, in the format under test), and
+  every position's next-token distribution is kept; the mean over positions of
+  KL(float16 || format), in nats.
+- **Greedy agreement**: ``prompts`` chat prompts, ~``context_words`` words of the same text
+  and a question each (kv_text.QUESTIONS); greedy ``reply_tokens``-token replies (end of
+  sequence ignored, so each is that long); how many are token for token the float16
   cache's.
 
 Each format gets one engine (``weights`` as the bench's, compute float32 on the CPU, as
-every bench side); one that cannot load reports why instead of figures.
+every bench side); one that cannot load reports why instead of figures. The engine tests
+(tests/engine/test_kv_precision_engine.py) assert the issue's bars with these functions.
 """
 
 from __future__ import annotations
@@ -22,19 +21,12 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass, field
 
-from engine.bench.setup import USER_TEXTS, folio_config
+from engine.bench.kv_text import QUESTIONS, TEXT, leading_paragraphs
+from engine.bench.setup import folio_config
 from engine.sampling_params import SamplingParams
 
 REFERENCE = "float16"
-QUESTIONS = (
-    "Summarize the trip plan above in three sentences.",
-    "Which day should we spend in Sintra, and how do we get there?",
-    "List every dish and restaurant idea mentioned above.",
-    "What should my friend who uses a wheelchair know from the text above?",
-    "Write a short message to my friends about the fado evening.",
-    "What can we do on the last morning before the flight?",
-)
-TEXT_SEED_MESSAGE = USER_TEXTS[0]
+CHUNK = 512  # prompt tokens read per forward, as the engine's prefill chunks them
 
 
 @dataclass(slots=True)
@@ -47,32 +39,6 @@ class FormatQuality:
     error: str | None = None  # why it could not run
 
 
-class _Forced:
-    """A sampler that returns the text's next id at every step and hands the step's
-    logits [1, vocab] to ``seen(step, row)`` first."""
-
-    def __init__(self, tokens: list[int], seen) -> None:
-        self.tokens, self.seen, self.step = tokens, seen, 0
-
-    def __call__(self, logits, rows) -> list[int]:
-        if len(rows) != 1:
-            raise ValueError(f"teacher forcing runs one sequence, got {len(rows)}")
-        self.seen(self.step, logits[0])
-        token = self.tokens[self.step]
-        self.step += 1
-        return [token]
-
-
-def context_text(words: int) -> str:
-    """~``words`` words of the bench's fixed user texts, in order, cycled."""
-    pool: list[str] = []
-    turn = 0
-    while len(pool) < words:
-        pool += USER_TEXTS[turn % len(USER_TEXTS)].split()
-        turn += 1
-    return " ".join(pool[:words])
-
-
 def quality(model_path: str, threads: int, weights: str, formats: tuple[str, ...],
             text_tokens: int, context_words: int, prompts: int, reply_tokens: int
             ) -> tuple[list[int], FormatQuality, dict[str, FormatQuality]]:
@@ -80,15 +46,19 @@ def quality(model_path: str, threads: int, weights: str, formats: tuple[str, ...
     of ``formats``' against it. Raises RuntimeError when the reference cannot load."""
     if prompts > len(QUESTIONS):
         raise ValueError(f"prompts must be at most {len(QUESTIONS)}, got {prompts}")
-    messages = [[{"role": "user", "content": f"{context_text(context_words)}\n\n{q}"}]
+    context = leading_paragraphs(context_words)
+    messages = [[{"role": "user", "content": f"{context}\n\n{q}"}]
                 for q in QUESTIONS[:prompts]]
     greedy = SamplingParams(max_tokens=reply_tokens, temperature=0, ignore_eos=True)
     ref = FormatQuality(REFERENCE)
     llm = _load(model_path, threads, weights, ref)
     if llm is None:
         raise RuntimeError(ref.error)
-    text = _sample_text(llm, text_tokens)
-    reference = _log_probs(llm, text)
+    text = llm.tokenizer.encode(TEXT)[:text_tokens]
+    if len(text) < text_tokens:
+        raise ValueError(f"text_tokens must be at most {len(text)} (the fixed text's "
+                         f"length in this model's tokens), got {text_tokens}")
+    reference = teacher_forced_logprobs(llm, text)
     ref.replies = [list(llm.chat(m, greedy).outputs[0].token_ids) for m in messages]
     del llm
     results: dict[str, FormatQuality] = {}
@@ -97,7 +67,7 @@ def quality(model_path: str, threads: int, weights: str, formats: tuple[str, ...
         llm = _load(model_path, threads, weights, got)
         if llm is None:
             continue
-        got.mean_kl = _mean_kl(llm, text, reference)
+        got.mean_kl = mean_kl(reference, teacher_forced_logprobs(llm, text))
         got.replies = [list(llm.chat(m, greedy).outputs[0].token_ids) for m in messages]
         got.greedy_equal = sum(a == b for a, b in zip(got.replies, ref.replies, strict=True))
         del llm
@@ -120,53 +90,36 @@ def _load(model_path: str, threads: int, weights: str, got: FormatQuality):
     return llm
 
 
-def _sample_text(llm, tokens: int) -> list[int]:
-    prompt = llm.tokenizer.encode(TEXT_SEED_MESSAGE, add_special_tokens=False)
-    params = SamplingParams(max_tokens=max(1, tokens - len(prompt)), temperature=0.8,
-                            seed=0, ignore_eos=True)
-    out = llm.generate([prompt], params)[0]
-    return (prompt + list(out.outputs[0].token_ids))[:tokens]
-
-
-def _log_probs(llm, text: list[int]):
-    """[len(text) - 1, vocab] float32: each position's log-distribution, teacher-forced
-    (filled in place: at 2,048 tokens of a 49,152-token vocabulary it is 400 MB)."""
+def teacher_forced_logprobs(llm, ids: list[int]):
+    """[len(ids), vocab] float32: log-softmax of the logits after every id of ``ids``, the
+    text read in CHUNK-token chunks into the engine's pool (one sequence on blocks 0, 1,
+    2, ...: the pool must hold them, and the model must have one KV group, as the starter
+    has)."""
     import torch
 
-    out: list = []
+    from kernels import AttentionMetadata
 
-    def keep(i: int, row) -> None:
-        if not out:
-            out.append(torch.empty(len(text) - 1, row.shape[-1], dtype=torch.float32))
-        torch.log_softmax(row.float(), dim=-1, out=out[0][i])
-
-    _force(llm, text, keep)
-    return out[0]
-
-
-def _mean_kl(llm, text: list[int], reference) -> float:
-    """Mean over positions of KL(reference || ``llm``'s distribution), in nats."""
-    import torch
-
-    total = torch.zeros((), dtype=torch.float64)
-
-    def add(i: int, row) -> None:
-        logq = torch.log_softmax(row.float(), dim=-1)
-        total.add_((reference[i].exp() * (reference[i] - logq)).sum())
-
-    _force(llm, text, add)
-    return float(total) / reference.shape[0]
+    runner = llm.engine.runner
+    if len(runner.kv_caches) != 1:
+        raise ValueError("teacher forcing reads a model with one KV group")
+    (cache,) = runner.kv_caches
+    block = runner.shape.block_size
+    table = torch.arange(-(-len(ids) // block), dtype=torch.int32)[None]
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), CHUNK):
+            end = min(len(ids), start + CHUNK)
+            meta = AttentionMetadata(torch.tensor([0, end - start], dtype=torch.int32),
+                                     torch.tensor([end], dtype=torch.int32), table,
+                                     torch.arange(start, end), end - start, end)
+            layers = [(cache[i, 0], cache[i, 1], meta) for i in range(cache.shape[0])]
+            hidden = runner.model(torch.tensor(ids[start:end]), torch.arange(start, end),
+                                  layers, meta, runner.backend)
+            out.append(runner.model.compute_logits(hidden).float().log_softmax(-1))
+    return torch.cat(out)
 
 
-def _force(llm, text: list[int], seen) -> None:
-    """Feed ``text`` through the decode path: its first id as the prompt, then every next
-    id whatever the logits say; ``seen(i, logits)`` hears the logits predicting
-    ``text[i + 1]``."""
-    engine = llm.engine
-    kept = engine.sampler
-    engine.sampler = _Forced(text[1:], seen)
-    try:
-        llm.generate([text[:1]], SamplingParams(max_tokens=len(text) - 1, temperature=0,
-                                                ignore_eos=True))
-    finally:
-        engine.sampler = kept
+def mean_kl(reference, logprobs) -> float:
+    """Mean over positions of KL(reference || logprobs), in nats ([positions, vocab]
+    log-distributions each)."""
+    return float((reference.exp() * (reference - logprobs)).sum(-1).mean())

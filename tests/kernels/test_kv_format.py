@@ -43,7 +43,7 @@ def test_bytes_per_token_against_float16():
 
 def test_int8_row_layout_by_hand():
     row = torch.tensor([[1.0, -2.0, 0.5, 0.0]])
-    stored = INT8.encode(row)
+    stored = INT8.encode(INT8.rotate(row))  # rotated twice: the row itself is stored
     assert stored.dtype == torch.int8 and stored.shape == (1, 6)
     scale = torch.tensor(2.0 / 127).to(torch.float16)
     assert stored[0, 4:].view(torch.float16).item() == scale.item()

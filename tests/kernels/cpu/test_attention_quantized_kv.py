@@ -139,9 +139,6 @@ def assert_encoded(got: torch.Tensor, rows: torch.Tensor, fmt) -> None:
     assert diff.max().item() <= 1
     assert diff.count_nonzero().item() <= max(2, diff.numel() // 1000)
     torch.testing.assert_close(got_scales, want_scales, rtol=2**-10, atol=0)
-    if fmt is not INT4:  # no rotation: the same float operations as encode's
-        assert torch.equal(got.contiguous().view(torch.uint8),
-                           fmt.encode(rows).view(torch.uint8))
 
 
 @pytest.mark.parametrize("head_size", [64, 128, 256, 80])

@@ -34,6 +34,11 @@ inline bool quantized(KvKind kind) { return kind != KvKind::kF32 && kind != KvKi
 // Elements of an int4 row's group per float16 scale (kv_format.int4_group).
 inline int64_t int4_group(int64_t hd) { return hd % 64 == 0 ? 64 : hd; }
 
+// Every quantized kind keeps its rows Hadamard-rotated (kv_format.KVFormat.rotated).
+inline bool rotated(KvKind kind) {
+  return kind == KvKind::kI8 || kind == KvKind::kFp8 || kind == KvKind::kI4;
+}
+
 // Pool elements per row of a head of hd values (kv_format.KVFormat.row_len).
 inline int64_t row_len(KvKind kind, int64_t hd) {
   switch (kind) {
@@ -59,7 +64,8 @@ inline int64_t head_size_of(KvKind kind, int64_t len) {
 
 // x [hd] times the block-diagonal normalized Hadamard matrix, in place: a fast
 // Walsh-Hadamard transform over each run of hd & -hd elements (kv_format.rotate). Its own
-// inverse, so it rotates an int4 pool's queries into the rows' space and the output back.
+// inverse, so it rotates a quantized pool's queries into the rows' space and the output
+// back.
 inline void hadamard_rotate(float* x, int64_t hd) {
   const int64_t n = hd & -hd;
   const float norm = 1.0f / std::sqrt(static_cast<float>(n));

@@ -2,7 +2,7 @@
 // rotary_write_kv (the rotary step on q and k in place, then the same scatter), so that
 // a layer's rope and KV write are one op instead of about ten. A float16 pool takes
 // float32 K/V rounded as torch's .to(torch.float16) rounds them; an int8, fp8 or int4
-// pool takes them quantized as kernels/kv_format.py's encode does (int4: rotated first),
+// pool takes them quantized as kernels/kv_format.py's encode does (rotated first),
 // in the same op.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -22,8 +22,8 @@ namespace folio_cpu::attention {
 
 namespace {
 
-// The largest head size an int4 row is rotated for on the stack.
-constexpr int64_t kMaxInt4Head = 1024;
+// The largest head size a quantized row is rotated for on the stack.
+constexpr int64_t kMaxRotatedHead = 1024;
 
 // absmax / max_code as a float16 scale (the row's stored bits) and the reciprocal the
 // codes are taken with: 1 / the rounded scale, so that decoding agrees (0 for a zero row).
@@ -50,17 +50,24 @@ inline float round_clamped(float x, float limit) {
   return (c + kShift) - kShift;
 }
 
-// hd float32 values -> int8 codes (round half to even, +-127) and the scale after them.
-void encode_int8(const float* x, int64_t hd, uint8_t* row) {
+// hd float32 values -> rotated, then int8 codes (round half to even, +-127) and the
+// scale after them.
+void encode_int8(const float* in, int64_t hd, uint8_t* row) {
+  float x[kMaxRotatedHead];
+  std::memcpy(x, in, hd * sizeof(float));
+  hadamard_rotate(x, hd);
   const Scale s = scale_for(x, hd, 127.0f);
   for (int64_t d = 0; d < hd; ++d)
     row[d] = static_cast<uint8_t>(static_cast<int8_t>(round_clamped(x[d] * s.inv, 127.0f)));
   std::memcpy(row + hd, &s.bits, 2);
 }
 
-// hd float32 values -> e4m3 codes (x / scale clamped to +-448, rounded as torch's
-// float8_e4m3fn conversion) and the scale after them.
-void encode_fp8(const float* x, int64_t hd, uint8_t* row) {
+// hd float32 values -> rotated, then e4m3 codes (x / scale clamped to +-448, rounded as
+// torch's float8_e4m3fn conversion) and the scale after them.
+void encode_fp8(const float* in, int64_t hd, uint8_t* row) {
+  float x[kMaxRotatedHead];
+  std::memcpy(x, in, hd * sizeof(float));
+  hadamard_rotate(x, hd);
   const Scale s = scale_for(x, hd, 448.0f);
   for (int64_t d = 0; d < hd; ++d)
     row[d] = c10::Float8_e4m3fn(std::clamp(x[d] * s.inv, -448.0f, 448.0f)).x;
@@ -70,7 +77,7 @@ void encode_fp8(const float* x, int64_t hd, uint8_t* row) {
 // hd float32 values -> rotated, then per group of int4_group(hd) codes q + 8 (q in
 // [-7, 7]) packed two a byte (element 2i low), then the groups' scales.
 void encode_int4(const float* x, int64_t hd, uint8_t* row) {
-  float r[kMaxInt4Head];
+  float r[kMaxRotatedHead];
   std::memcpy(r, x, hd * sizeof(float));
   hadamard_rotate(r, hd);
   const int64_t group = int4_group(hd);
@@ -145,8 +152,8 @@ Scatter scatter_for(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
                   k_cache.scalar_type() == v_cache.scalar_type(),
               "key and value must share a dtype, and the caches theirs, or float16 or a "
               "quantized pool for float32 K/V");
-  TORCH_CHECK(kind != KvKind::kI4 || (hd % 2 == 0 && hd <= kMaxInt4Head),
-              "an int4 pool needs an even head size up to ", kMaxInt4Head, ", not ", hd);
+  TORCH_CHECK(!encode || (hd % 2 == 0 && hd <= kMaxRotatedHead),
+              "a quantized pool needs an even head size up to ", kMaxRotatedHead, ", not ", hd);
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
                   slot_mapping.numel() == key.size(0),
               "slot_mapping must be contiguous int64 [num_tokens]");

@@ -252,9 +252,9 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
   }
   auto out = at::empty({num_tokens, nq, hd}, query.options());
   if (num_tokens == 0 || num_seqs == 0) return out;
-  // An int4 pool's rows are rotated: so is the query (a copy; the caller's stays), and the
+  // A quantized pool's rows are rotated: so is the query (a copy; the caller's stays), and the
   // output, attended in the rotated space, rotates back below.
-  const at::Tensor q = kind == KvKind::kI4 ? rotated_query(query) : query;
+  const at::Tensor q = rotated(kind) ? rotated_query(query) : query;
 
   AttentionArgs args{q.data_ptr<float>(), q.stride(0), q.stride(1),
                      k_cache.data_ptr(), v_cache.data_ptr(), kind,
@@ -293,7 +293,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
     });
   }
   merge_splits(args, plan, partials);
-  if (kind == KvKind::kI4) rotate_rows(out);
+  if (rotated(kind)) rotate_rows(out);
   return out;
 }
 

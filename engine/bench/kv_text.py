@@ -1,6 +1,6 @@
-"""A fixed English text for the KV-precision tests (teacher-forced KL, greedy replies
-after a long context): plain prose on several subjects, written for Folio's tests, about
-2,100 tokens of the starter's tokenizer."""
+"""A fixed English text for the KV-precision measurements (`folio bench kv` and its tests:
+teacher-forced KL, greedy replies after a long context): plain prose on several subjects,
+written for Folio, about 2,100 tokens of the starter's tokenizer."""
 
 from __future__ import annotations
 
@@ -166,3 +166,13 @@ QUESTIONS = (
     "How do modern planners try to handle heavy rain?",
     "What did the old fisherman's logbooks record?",
 )
+
+
+def leading_paragraphs(words: int) -> str:
+    """The text's first paragraphs, up to at least ``words`` words."""
+    out: list[str] = []
+    for paragraph in PARAGRAPHS:
+        out.append(paragraph)
+        if len(" ".join(out).split()) >= words:
+            break
+    return "\n\n".join(out)
