@@ -50,36 +50,27 @@ inline float round_clamped(float x, float limit) {
   return (c + kShift) - kShift;
 }
 
-// hd float32 values -> rotated, then int8 codes (round half to even, +-127) and the
-// scale after them.
-void encode_int8(const float* in, int64_t hd, uint8_t* row) {
-  float x[kMaxRotatedHead];
-  std::memcpy(x, in, hd * sizeof(float));
-  hadamard_rotate(x, hd);
+// hd float32 values (rotated) -> int8 codes (round half to even, +-127) and the scale
+// after them.
+void encode_int8(const float* x, int64_t hd, uint8_t* row) {
   const Scale s = scale_for(x, hd, 127.0f);
   for (int64_t d = 0; d < hd; ++d)
     row[d] = static_cast<uint8_t>(static_cast<int8_t>(round_clamped(x[d] * s.inv, 127.0f)));
   std::memcpy(row + hd, &s.bits, 2);
 }
 
-// hd float32 values -> rotated, then e4m3 codes (x / scale clamped to +-448, rounded as
+// hd float32 values (rotated) -> e4m3 codes (x / scale clamped to +-448, rounded as
 // torch's float8_e4m3fn conversion) and the scale after them.
-void encode_fp8(const float* in, int64_t hd, uint8_t* row) {
-  float x[kMaxRotatedHead];
-  std::memcpy(x, in, hd * sizeof(float));
-  hadamard_rotate(x, hd);
+void encode_fp8(const float* x, int64_t hd, uint8_t* row) {
   const Scale s = scale_for(x, hd, 448.0f);
   for (int64_t d = 0; d < hd; ++d)
     row[d] = c10::Float8_e4m3fn(std::clamp(x[d] * s.inv, -448.0f, 448.0f)).x;
   std::memcpy(row + hd, &s.bits, 2);
 }
 
-// hd float32 values -> rotated, then per group of int4_group(hd) codes q + 8 (q in
-// [-7, 7]) packed two a byte (element 2i low), then the groups' scales.
-void encode_int4(const float* x, int64_t hd, uint8_t* row) {
-  float r[kMaxRotatedHead];
-  std::memcpy(r, x, hd * sizeof(float));
-  hadamard_rotate(r, hd);
+// hd float32 values (rotated) -> per group of int4_group(hd) codes q + 8 (q in [-7, 7])
+// packed two a byte (element 2i low), then the groups' scales.
+void encode_int4(const float* r, int64_t hd, uint8_t* row) {
   const int64_t group = int4_group(hd);
   for (int64_t g0 = 0; g0 < hd; g0 += group) {
     const Scale s = scale_for(r + g0, group, 7.0f);
@@ -104,12 +95,16 @@ struct Scatter {
 
   void put(const char* src, char* dst) const {
     const float* x = reinterpret_cast<const float*>(src);
-    uint8_t* row = reinterpret_cast<uint8_t*>(dst);
-    switch (kind) {
-      case KvKind::kI8: encode_int8(x, head_size, row); return;
-      case KvKind::kFp8: encode_fp8(x, head_size, row); return;
-      case KvKind::kI4: encode_int4(x, head_size, row); return;
-      default: break;
+    if (rotated(kind)) {  // every quantized row: rotated, then encoded
+      float r[kMaxRotatedHead];
+      std::memcpy(r, x, head_size * sizeof(float));
+      hadamard_rotate(r, head_size);
+      uint8_t* row = reinterpret_cast<uint8_t*>(dst);
+      switch (kind) {
+        case KvKind::kI8: encode_int8(r, head_size, row); return;
+        case KvKind::kFp8: encode_fp8(r, head_size, row); return;
+        default: encode_int4(r, head_size, row); return;
+      }
     }
     if (to_halves != nullptr)
       to_halves(x, reinterpret_cast<uint16_t*>(dst), head_size);
