@@ -16,7 +16,9 @@ Rules:
   float16 on older cards, float32 on the CPU and on MPS.
 - **KV dtype**: ``config.kv_cache_dtype`` when set; else float16 where the native CPU
   kernels compute in float32 (they read a float16 pool as they write it: half the memory
-  of a float32 pool, as llama.cpp keeps its cache), the compute dtype elsewhere. A
+  of a float32 pool, as llama.cpp keeps its cache), the compute dtype elsewhere. int8
+  would decode faster there and hold twice the context, but it changes some greedy
+  replies (docs/BENCHMARKS.md, `folio bench kv`), so it stays a choice, not the default. A
   quantized name ("int8", "int4", "fp8") resolves to its format's storage dtype
   (kernels/kv_format.py), which is the pool's dtype and tags its format
   (`ResolvedDevice.kv_format`). The Triton kernels read a pool in the compute dtype or a
