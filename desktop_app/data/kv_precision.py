@@ -71,30 +71,36 @@ def precision_choices(device: str, cuda: bool) -> tuple[str, ...]:
 
 def bytes_per_token(shape: ModelShape, name: str) -> int:
     """KV bytes one token costs in format ``name`` (a kv_cache_dtype name)."""
-    from kernels.kv_format import format_named
+    from engine.models.spec import kv_bytes_per_token
 
-    return shape.kv_layers * 2 * shape.num_kv_heads * format_named(name).row_bytes(
-        shape.head_dim)
+    return kv_bytes_per_token(shape.kv_layers, shape.num_kv_heads, shape.head_dim, name)
 
 
 def fit(shape: ModelShape, name: str, budget_bytes: int | None, block_size: int = 16) -> Fit:
     """The pool the engine plans for ``shape`` in format ``name`` with the budget
-    ``budget_bytes`` (None: automatic), as the module doc says."""
-    from engine.runner.kv_cache import CONCURRENT_CONTEXTS, DEFAULT_KV_BUDGET_BYTES
+    ``budget_bytes`` (None: automatic): engine.runner.kv_cache.planned_blocks itself, and
+    where a budget holds less than one full context (the engine refuses to load), the
+    whole blocks it would buy."""
+    from engine.config import EngineConfig
+    from engine.runner.kv_cache import KVBudgetError, KVShape, planned_blocks
+    from kernels.kv_format import format_named
 
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     if budget_bytes is not None and budget_bytes < 0:
         raise ValueError(f"budget_bytes must be >= 0 or None, got {budget_bytes}")
-    per_token = bytes_per_token(shape, name)
-    per_block = per_token * block_size
-    one = -(-shape.context_length // block_size)
-    want = CONCURRENT_CONTEXTS * one
-    if budget_bytes is None:
-        blocks = max(one, min(want, DEFAULT_KV_BUDGET_BYTES // per_block))
+    kv = KVShape(shape.kv_layers, shape.num_kv_heads, shape.head_dim, block_size,
+                 format_named(name).storage)
+    enough = True
+    if budget_bytes == 0:  # no EngineConfig takes a zero budget; it buys no block
+        blocks, enough = 0, False
     else:
-        blocks = min(want, budget_bytes // per_block)
-    return Fit(blocks * block_size, blocks * per_block, per_token, blocks >= one)
+        config = EngineConfig(block_size=block_size, kv_cache_memory_bytes=budget_bytes)
+        try:
+            blocks = planned_blocks(config, kv, shape.context_length)
+        except KVBudgetError:
+            blocks, enough = budget_bytes // kv.bytes_per_block, False
+    return Fit(blocks * block_size, blocks * kv.bytes_per_block, kv.bytes_per_token, enough)
 
 
 def default_format_name(engine_config) -> str:

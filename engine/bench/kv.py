@@ -133,9 +133,9 @@ def llama_python() -> tuple[str | None, str | None]:
 
 def shape_bytes(layers: int, kv_heads: int, head_dim: int) -> dict[str, int]:
     """KV bytes per token of each format for a model shape (kernels.kv_format's rows)."""
-    from kernels.kv_format import format_named
+    from engine.models.spec import kv_bytes_per_token
 
-    return {name: layers * 2 * kv_heads * format_named(name).row_bytes(head_dim)
+    return {name: kv_bytes_per_token(layers, kv_heads, head_dim, name)
             for name in ("float16", "int8", "int4")}
 
 
