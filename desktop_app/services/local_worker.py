@@ -19,11 +19,3 @@ class LocalWorker(ModelFacts, EngineWorker):
     def remote_status(self) -> None:
         return None
 
-    def kv_format(self) -> str | None:
-        """The KV pool's format (a kv_cache_dtype name: "float16", "int8", ...), read off
-        the pool itself, whose storage dtype is its tag (kernels.kv_format): the engine's
-        stats snapshots do not carry it. None for a model without a KV pool."""
-        from kernels.kv_format import format_of
-
-        pools = self.llm.engine.runner.kv_caches
-        return format_of(pools[0]).name if pools else None

@@ -145,9 +145,6 @@ class RemoteWorker(ModelFacts):
     def memory_stats(self):
         return None
 
-    def kv_format(self) -> None:
-        return None  # the server's own cache
-
     def preload(self, prompt) -> None:
         """The server keeps its own cache: nothing to load ahead from here."""
 

@@ -53,9 +53,6 @@ class WorkerFacts:
     def memory_stats(self):
         return None if self._worker is None else self._worker.memory_stats()
 
-    def kv_format(self) -> str | None:
-        return None if self._worker is None else self._worker.kv_format()
-
     def preload(self, prompt) -> None:
         """A chat was opened: its history's blocks on disk are loaded ahead of its next
         turn, when the engine has nothing else to do (a remote worker does nothing)."""

@@ -93,9 +93,6 @@ class ModelWorker(Protocol):
 
     def memory_stats(self) -> MemoryStats | None: ...
 
-    def kv_format(self) -> str | None:
-        """The KV pool's format ("float16", "int8", ...); None for a remote model."""
-
     def remote_status(self) -> RemoteStatus | None: ...
 
     def clear_disk(self) -> None: ...

@@ -33,8 +33,8 @@ def bytes_per_token(kv) -> int:
 
 
 def precision_rows(kv, format_name: str | None) -> dict[str, str]:
-    """The pool's format ("8-bit (int8)"; the worker's ``kv_format()``, None where it does
-    not say: "n/a") and what a token costs in it ("11.6 KiB"), keyed by row name."""
+    """The pool's format ("8-bit (int8)"; MemoryStats.kv_dtype, None where it does not
+    say: "n/a") and what a token costs in it ("11.6 KiB"), keyed by row name."""
     return {"kv_precision": "n/a" if format_name is None else describe_format(format_name),
             "kv_per_token": format_bytes(bytes_per_token(kv))}
 

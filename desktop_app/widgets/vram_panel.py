@@ -64,8 +64,6 @@ class MemorySource(Protocol):
 
     def clear_disk(self) -> None: ...
 
-    def kv_format(self) -> str | None: ...
-
 
 class VramPanel(QScrollArea):
     """The dock's content. ``chat_of_owner(owner)``: the title of the chat whose request
@@ -279,9 +277,8 @@ class VramPanel(QScrollArea):
         texts["headroom"] = headroom_text(
             held, headroom_tokens(kv, figures.max_model_len, held))
         texts["disk"] = disk_row(kv)
-        # A source without kv_format (a test's fake) shows the bytes per token alone.
-        kv_format = getattr(figures, "kv_format", None)
-        texts.update(precision_rows(kv, kv_format() if kv_format else None))
+        # The engine's format name ("" where the figures do not say: the bytes alone).
+        texts.update(precision_rows(kv, mem.kv_dtype or None))
         self.clear_disk.setEnabled(kv.disk is not None)
         per_chat = blocks_per_chat(kv, self._owner_name)
         texts["per_chat"] = "\n".join(

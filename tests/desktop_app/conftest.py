@@ -148,9 +148,6 @@ class FakeWorker(ModelFacts):
     def remote_status(self) -> None:
         return None
 
-    def kv_format(self) -> str:
-        return "float16"
-
     def _output(self, rid: str, req: dict, reason: str) -> RequestOutput:
         n = req["params"].n
         outs = [CompletionOutput(i, req["texts"][i], list(req["ids"][i]), reason,

@@ -53,7 +53,7 @@ def test_the_dock_shows_the_pool_reserved_and_resident(qtbot, make_starter_bridg
     assert panel.value("kv_pool") == ("135.4 MiB" if CPU_KV_ITEM_BYTES == 2 else "270.7 MiB")
     assert panel.value("kv_resident") == resident_text(mem)
     # The pool's precision, as the engine resolved it, and what a token costs in it.
-    assert bridge.kv_format() == ("float16" if CPU_KV_ITEM_BYTES == 2 else "float32")
+    assert mem.kv_dtype == ("float16" if CPU_KV_ITEM_BYTES == 2 else "float32")
     assert (panel.value("kv_precision"), panel.value("kv_per_token")) == (
         ("16-bit (float16)", "22.5 KiB") if CPU_KV_ITEM_BYTES == 2
         else ("32-bit (float32)", "45.0 KiB"))

@@ -134,9 +134,6 @@ class ReplayWorker(ModelFacts):
     def remote_status(self):
         return None
 
-    def kv_format(self):
-        return None  # no pool (kv_stats is None)
-
     def cancel(self, request_id: str) -> None:
         pass  # a replay runs to its end
 

@@ -17,7 +17,7 @@ MEMBERS = sorted(name for name in vars(ModelWorker) if not name.startswith("_"))
 def test_the_protocol_is_what_the_bridge_calls():
     assert MEMBERS == sorted([
         "model_name", "max_model_len", "tokenizer", "prompts", "is_remote", "submit",
-        "cancel", "preload", "kv_stats", "memory_stats", "kv_format", "remote_status",
+        "cancel", "preload", "kv_stats", "memory_stats", "remote_status",
         "clear_disk",
         "set_activity_listener", "start", "shutdown"])
 
@@ -34,7 +34,6 @@ def test_the_remote_worker_answers_for_what_it_lacks():
                                                                            True)
     assert worker.prompts is None and worker.tokenizer is None
     assert worker.kv_stats() is None and worker.memory_stats() is None
-    assert worker.kv_format() is None
     worker.preload([{"role": "user", "content": "hi"}])  # nothing to load ahead
     worker.clear_disk()
     worker.set_activity_listener(lambda event: None)

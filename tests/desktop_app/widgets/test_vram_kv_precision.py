@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from desktop_app.widgets.kv_rows import bytes_per_token, precision_rows
 from desktop_app.widgets.vram_panel import VramPanel
 from engine.core.kv_stats import KVGroupStats, KVStats
@@ -22,14 +24,13 @@ def _kv(bytes_per_block: int, groups=()) -> KVStats:
 class Source:
     def __init__(self, kv, kv_format=None):
         self.kv, self.max_model_len = kv, 8192
-        if kv_format is not None:
-            self.kv_format = lambda: kv_format
+        self.mem = CPU if kv_format is None else replace(CPU, kv_dtype=kv_format)
 
     def kv_stats(self):
         return self.kv
 
     def memory_stats(self):
-        return CPU
+        return self.mem
 
     def remote_status(self):
         return None
