@@ -110,7 +110,7 @@ def assemble(model: str | Path, config: EngineConfig,
     scheduler = Scheduler(kv_cache, config.max_num_seqs, config.max_num_batched_tokens,
                           max_model_len)
     return EngineParts(config, resolved, loaded.name, loaded.config, tokenizer,
-                       PromptBuilder(tokenizer, family.model_type), grammars,
+                       PromptBuilder(tokenizer, family.model_type, max_model_len), grammars,
                        net.weight_bytes(), expert_bytes(net), max_model_len, pools.groups,
                        runner, kv_cache, scheduler, disk)
 

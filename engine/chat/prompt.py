@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from engine.chat.attachments import AttachedDocument, Attachments
 from engine.chat.continued import replay_text, reply_ids
 from engine.chat.history import drops_thinking, with_thinking
 from engine.chat.reply import ReplyPlan
@@ -41,6 +42,7 @@ class ChatPrompt:
     call_format: ResponseFormat | None = None  # a forced call, for a family without a format
     recomputed: int = 0
     request: ChatRequest | None = None  # what it was built from; None for a text prompt
+    documents: tuple[AttachedDocument, ...] = ()  # attached files, each whole or retrieved
 
     def sampling(self, params: SamplingParams) -> SamplingParams:
         """``params`` as reading the reply needs them: a constrained call's schema, the
@@ -68,7 +70,8 @@ class PromptBuilder:
     """``build(request)``: the prompt; ValueError (``InvalidField``, naming the field
     where it can) for what the model or its template cannot take. Thread-safe."""
 
-    def __init__(self, tokenizer: ChatTokenizer, model_type: str) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, model_type: str,
+                 max_model_len: int | None = None) -> None:
         self.tokenizer = tokenizer
         source = template_source(tokenizer.hf)
         self.tools = ModelTools.of(model_type, source)
@@ -81,11 +84,16 @@ class PromptBuilder:
         # Recent replies' exact ids by their text: spliced back where a history comes
         # back as text (a client's, or calls shown as text) so it stays cached.
         self.replies = ReplyTokens()
+        # Attached files (engine/chat/attachments.py): whole after the system prompt when
+        # they fit in max_model_len with room for the conversation, else retrieved.
+        self.attachments = Attachments(self._count_text, max_model_len)
 
     def build(self, request: ChatRequest) -> ChatPrompt:
         if request.continue_reply:
             return self._continued(request)
-        messages = [_engine_message(m, i) for i, m in enumerate(request.messages)]
+        messages, documents = self.attachments.lift(list(request.messages))
+        messages = [_engine_message(m, i) for i, m in enumerate(messages)]
+        messages, attached = self.attachments.place(messages, documents)
         history = with_thinking(messages, self.reasoning, self._drops_thinking,
                                 self._count_text)
         # Tools given (even with tool_choice none: a template may still show them) or an
@@ -97,10 +105,10 @@ class PromptBuilder:
                              made.call_format is not None, self.reasoning,
                              self._tail(made.ids))
             return ChatPrompt(made.ids, plan, made.stop_ids, made.call_format,
-                              history.recomputed, request)
+                              history.recomputed, request, attached)
         ids = self.tokenizer.encode_chat(history.messages, **request.options.variables())
         return ChatPrompt(ids, ReplyPlan(reasoning=self.reasoning, prompt_tail=self._tail(ids)),
-                          recomputed=history.recomputed, request=request)
+                          recomputed=history.recomputed, request=request, documents=attached)
 
 
     def _continued(self, request: ChatRequest) -> ChatPrompt:
