@@ -36,8 +36,10 @@ def format_kv_stats(stats) -> str:
 
 class TerminalChat:
     def __init__(self, llm, params, out: TextIO = sys.stdout,
-                 reasoning_effort: str | None = None) -> None:
+                 reasoning_effort: str | None = None, files: list[dict] | None = None) -> None:
         self.llm = llm
+        # `--file` parts, attached to each chat's first question (engine/documents).
+        self.files = files or []
         # For the chat template (gpt-oss's harmony reads it; others ignore it).
         self.reasoning_effort = reasoning_effort
         self.params = params
@@ -105,7 +107,10 @@ class TerminalChat:
         elif line.startswith("/"):
             self.out.write(f"unknown command; {HELP}\n")
         else:
-            self.messages.append({"role": "user", "content": line})
+            first = not any(m["role"] == "user" for m in self.messages)
+            content = [*self.files, {"type": "text", "text": line}] \
+                if self.files and first else line
+            self.messages.append({"role": "user", "content": content})
             self._keep(self.reply(1))
         return True
 
@@ -136,7 +141,13 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
     llm = LLM(args.model, engine_config(args), progress=_progress)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             seed=args.seed)
-    chat = TerminalChat(llm, params, reasoning_effort=args.reasoning_effort)
+    try:
+        files = attach_files(llm, args.file)
+    except (OSError, ValueError) as exc:
+        llm.close()
+        print(f"folio chat: error: {exc}", file=sys.stderr)
+        return 2
+    chat = TerminalChat(llm, params, reasoning_effort=args.reasoning_effort, files=files)
     print(f"Chatting with {llm.model_name}. {HELP}")
     try:
         while True:
@@ -152,6 +163,29 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
                 print(f"error: {exc}")
     finally:
         llm.close()  # with --kv-disk-gib, the chat's blocks stay on disk
+
+
+def attach_files(llm, paths: list[str]) -> list[dict]:
+    """`--file` paths as file content parts, each read (and its text stored) now, so a bad
+    file ends the command before the chat starts; prints how each is read."""
+    import mimetypes
+
+    from engine.chat import ChatRequest
+    from engine.documents import file_data_url
+
+    parts = []
+    for path in map(Path, paths):
+        media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        parts.append({"type": "file", "file": {
+            "file_data": file_data_url(path.expanduser().read_bytes(), media_type),
+            "filename": path.name}})
+    if parts:
+        probe = ChatRequest([{"role": "user", "content": parts}])
+        for doc in llm.engine.prompts.build(probe).documents:
+            how = "read whole, kept warm" if doc.mode == "whole" else \
+                "too long for the context: its passages are searched for each question"
+            print(f"Attached {doc.name} ({doc.kind}, {doc.tokens:,} tokens): {how}")
+    return parts
 
 
 def cmd_serve(args) -> int:
@@ -263,6 +297,9 @@ def _run_command(argv: list[str]) -> int:
     chat.add_argument("--reasoning-effort", default=None, choices=REASONING_EFFORTS,
                       help="how hard a reasoning model thinks, for templates that read it "
                            "(gpt-oss); default: the template's own")
+    chat.add_argument("--file", action="append", default=[], metavar="PATH",
+                      help="attach a PDF, DOCX, Markdown, HTML, text or code file to the "
+                      "chat's first question (repeatable); a file that fits is kept warm")
     _engine_options(chat)
     serve = sub.add_parser("serve", help="an OpenAI-compatible API on this machine")
     serve.add_argument("--model", default="starter",

@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.chat.request import ChatRequest
+from engine.documents import FILE_PART
 from engine.sampling_params import MAX_LOGPROBS, SEED_MAX, SEED_MIN, SamplingParams
 from engine.serve import fields, unicode_text
 from engine.serve.fields import UnsupportedField
@@ -76,6 +77,9 @@ class ChatMessage(BaseModel):
         check_message_tools(i, self.role, self.tool_calls, self.tool_call_id)
         for j, part in enumerate(self.content if isinstance(self.content, list) else []):
             at = f"{where}content.{j}."
+            if part.type == FILE_PART:  # read by the prompt builder (engine/documents)
+                _check_file_part(part, at)
+                continue
             if part.type != "text":
                 raise UnsupportedField(at + "type", f"{at}type={part.type!r} is not "
                                        "supported by Folio: its models read text only")
@@ -90,7 +94,22 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return [{"type": part.type, "text": part.text} for part in self.content]
+        return [{"type": FILE_PART, FILE_PART: part.model_extra[FILE_PART]}
+                if part.type == FILE_PART else {"type": part.type, "text": part.text}
+                for part in self.content]
+
+
+def _check_file_part(part: ContentPart, at: str) -> None:
+    """A ``file`` part holds its ``file`` and nothing else (its contents are checked where
+    they are read, each bad one a 400 naming the part or the file and why)."""
+    for extra in part.model_extra or {}:
+        if extra != FILE_PART:
+            raise UnsupportedField(at + extra, f"{at}{extra} is not supported by Folio")
+    if part.text is not None:
+        raise UnsupportedField(at + "text", f"{at}text: a file part holds no text")
+    if not isinstance((part.model_extra or {}).get(FILE_PART), dict):
+        raise InvalidField(at + "file", f"{at}file: a file part needs its file "
+                           "({file_data, filename})")
 
 
 class SamplingFields(BaseModel):

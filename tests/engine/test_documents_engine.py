@@ -26,11 +26,6 @@ PAGES = [["Folio keeps KV blocks.", "The pump code is 4471."],
          ["Page two lists the valves.", "Valve nine is red."]]
 
 
-@pytest.fixture(autouse=True)
-def documents_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("FOLIO_DOCUMENTS_DIR", str(tmp_path / "documents"))
-
-
 def file_part(data: bytes, name: str = "plant.pdf") -> dict:
     return {"type": "file", "file": {"file_data": file_data_url(data, "application/pdf"),
                                      "filename": name}}
