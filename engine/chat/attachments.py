@@ -33,6 +33,7 @@ WHOLE = "whole"
 RETRIEVAL = "retrieval"
 MAX_ROOM = 4096  # tokens kept free for the conversation beside the whole documents
 _KEPT = 16  # documents whose token counts and indexes are kept
+ANCHOR_TOKENS = 8  # a passage's "[page N]" line and the blank line before it
 
 
 @dataclass(slots=True, frozen=True)
@@ -117,7 +118,7 @@ class Attachments:
                                          WHOLE if fits else RETRIEVAL, tokens))
         messages = list(messages)
         if retrieved:
-            messages = self._with_passages(messages, retrieved)
+            messages = self._with_passages(messages, retrieved, used)
         if whole:
             block = render_documents(whole)
             if messages and messages[0].get("role") == "system":
@@ -128,18 +129,31 @@ class Attachments:
                 messages.insert(0, {"role": "system", "content": block})
         return messages, tuple(uses)
 
-    def _with_passages(self, messages: list[dict], documents: list[Document]) -> list[dict]:
+    def _with_passages(self, messages: list[dict], documents: list[Document],
+                       used: int) -> list[dict]:
+        """The best passages of each document for the last user turn's question, as many
+        as fit half of what the whole documents leave of the context (shared equally)."""
         last = next((i for i in range(len(messages) - 1, -1, -1)
                      if messages[i].get("role") == "user"), None)
         if last is None:
             raise ValueError("messages: a document too long to read whole is searched "
                              "for a user's question, and there is none")
         question = messages[last].get("content") or ""
-        passages = [render_passages(doc.name, self._index(doc).search(question))
+        budget = (self.max_model_len - used) // 2 // len(documents)
+        passages = [render_passages(doc.name, self._fitting(doc, question, budget))
                     for doc in documents]
         messages[last] = {**messages[last],
                           "content": "\n\n".join([*passages, question])}
         return messages
+
+    def _fitting(self, document: Document, question: str, budget: int) -> list:
+        kept, total = [], 0
+        for passage in self._index(document).search(question):
+            total += self._count(passage.text) + ANCHOR_TOKENS
+            if total > budget:
+                break
+            kept.append(passage)
+        return kept
 
     def _render(self, document: Document) -> tuple[str, int]:
         key = (document.sha256, document.name)

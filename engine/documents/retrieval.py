@@ -46,4 +46,4 @@ def render_passages(name: str, passages: list[Chunk]) -> str:
     body = "\n\n".join(f"[{c.anchor}]\n{c.text}" if c.anchor else c.text for c in passages)
     return (f'Passages of "{name}" that may bear on the question (the document is too long '
             f"to read whole):\n\n{body}" if passages else
-            f'No passage of "{name}" matches the question\'s words.')
+            f'No passage of "{name}" that matches the question fits the context.')

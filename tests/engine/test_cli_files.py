@@ -8,8 +8,8 @@ import io
 import re
 
 from engine import LLM, SamplingParams
+from engine.bench.pdf_writer import write_pdf
 from engine.cli import TerminalChat, attach_files, main
-from tests.engine.documents.pdf_writer import write_pdf
 from tests.engine.tiny_models import save_tiny_model
 
 

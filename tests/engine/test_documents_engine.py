@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from engine import SamplingParams
+from engine.bench.pdf_writer import write_pdf
 from engine.chat import ChatRequest
 from engine.chat.attachments import RETRIEVAL, WHOLE
 from engine.documents import extract, file_data_url, render_document, render_documents
 from tests.engine import test_disk_tier_engine as disk_tests
-from tests.engine.documents.pdf_writer import write_pdf
 from tests.engine.test_disk_tier_engine import new_llm
 
 cache, tiny = disk_tests.cache, disk_tests.tiny  # a KV cache folder per test, the model
@@ -97,9 +97,9 @@ def test_later_questions_and_new_chats_compute_only_their_own_tokens(tiny, cache
 
 
 def test_a_document_too_long_for_the_context_is_searched(tiny, cache):
-    # The tiny model reads 1024 tokens (bytes); 60 lines of 40 are past it.
-    pages = [[f"Filler line {p}-{i} about nothing much at all." for i in range(12)]
-             for p in range(5)]
+    # The tiny model reads 1024 tokens (bytes); 48 lines of 45 are past it.
+    pages = [[f"Filler line {p}-{i} about nothing much at all." for i in range(6)]
+             for p in range(8)]
     pages[3][5] = "The secret harbour password is marmalade."
     pdf = write_pdf(pages)
     llm = new_llm(tiny, kv_disk_bytes=0)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from engine.bench.pdf_writer import write_pdf
 from engine.documents import DocumentError, Section, extract, kind_of
 from engine.documents import extract_docx as docx_module
 from engine.documents.limits import MAX_FILE_BYTES, MiB
 from tests.engine.documents.docx_writer import write_docx
-from tests.engine.documents.pdf_writer import write_pdf
 
 
 def test_a_pdf_reads_page_by_page_with_page_anchors():

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import random
 
+from engine.bench.pdf_writer import write_pdf
 from engine.documents import Document, DocumentIndex, Section, chunk_document, extract
 from engine.documents.chunks import TARGET_CHARS
-from tests.engine.documents.pdf_writer import write_pdf
 
 # Words of an operations manual, none of them a fact's own.
 FILLER = """system process team review report quarter budget plan schedule project update

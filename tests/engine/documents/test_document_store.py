@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
+from engine.bench.pdf_writer import write_pdf
 from engine.documents import DocumentStore, documents_root, sha256_of
 from engine.documents import store as store_module
-from tests.engine.documents.pdf_writer import write_pdf
 
 
 def test_a_file_is_extracted_once_and_found_by_its_bytes(tmp_path):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import openai
 import pytest
 
+from engine.bench.pdf_writer import write_pdf
 from engine.documents import file_data_url
 from tests.engine.documents.docx_writer import write_docx
-from tests.engine.documents.pdf_writer import write_pdf
 
 GREEDY = {"temperature": 0, "max_tokens": 4}
 PDF = write_pdf([["The pump code is 4471."], ["Valve nine is red."]])
