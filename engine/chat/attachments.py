@@ -122,9 +122,8 @@ class Attachments:
         if whole:
             block = render_documents(whole)
             if messages and messages[0].get("role") == "system":
-                system = messages[0].get("content") or ""
-                messages[0] = {**messages[0], "content": f"{system}\n\n{block}" if system
-                               else block}
+                messages[0] = {**messages[0],
+                               "content": _appended(messages[0].get("content"), block)}
             else:
                 messages.insert(0, {"role": "system", "content": block})
         return messages, tuple(uses)
@@ -138,12 +137,13 @@ class Attachments:
         if last is None:
             raise ValueError("messages: a document too long to read whole is searched "
                              "for a user's question, and there is none")
-        question = messages[last].get("content") or ""
+        content = messages[last].get("content")
+        question = _text_of(content)
         budget = (self.max_model_len - used) // 2 // len(documents)
         passages = [render_passages(doc.name, self._fitting(doc, question, budget))
                     for doc in documents]
         messages[last] = {**messages[last],
-                          "content": "\n\n".join([*passages, question])}
+                          "content": _prepended("\n\n".join(passages), content)}
         return messages
 
     def _fitting(self, document: Document, question: str, budget: int) -> list:
@@ -176,6 +176,27 @@ class Attachments:
                 self._indexes[document.sha256] = index
                 _trim(self._indexes)
         return index
+
+
+# A message's content here is text, or a list of parts where another kind (an image)
+# stays a part for the template: text goes in as text either way.
+def _text_of(content) -> str:
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content
+                        if isinstance(p, dict) and p.get("type") == "text")
+    return content or ""
+
+
+def _appended(content, text: str):
+    if isinstance(content, list):
+        return [*content, {"type": "text", "text": "\n\n" + text}]
+    return f"{content}\n\n{text}" if content else text
+
+
+def _prepended(text: str, content):
+    if isinstance(content, list):
+        return [{"type": "text", "text": text + "\n\n"}, *content]
+    return f"{text}\n\n{content}" if content else text
 
 
 def _trim(kept: OrderedDict) -> None:
