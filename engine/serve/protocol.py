@@ -47,6 +47,7 @@ class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
+    image_url: Any = None  # {"url": "data:image/png;base64,..."} (engine/vision/sources.py)
 
 
 class ChatMessage(BaseModel):
@@ -76,9 +77,12 @@ class ChatMessage(BaseModel):
         check_message_tools(i, self.role, self.tool_calls, self.tool_call_id)
         for j, part in enumerate(self.content if isinstance(self.content, list) else []):
             at = f"{where}content.{j}."
+            if part.type == "image_url":
+                _check_image_url(part, at)
+                continue
             if part.type != "text":
                 raise UnsupportedField(at + "type", f"{at}type={part.type!r} is not "
-                                       "supported by Folio: its models read text only")
+                                       "supported by Folio: text and image_url parts are")
             for extra in part.model_extra or {}:
                 raise UnsupportedField(at + extra, f"{at}{extra} is not supported by Folio")
             if part.text is None:
@@ -90,7 +94,23 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return [{"type": part.type, "text": part.text} for part in self.content]
+        return [{"type": "image_url", "image_url": {"url": part.image_url["url"]}}
+                if part.type == "image_url" else {"type": part.type, "text": part.text}
+                for part in self.content]
+
+
+def _check_image_url(part: ContentPart, at: str) -> None:
+    """OpenAI's image part: ``image_url`` an object with its ``url`` (and ``detail``,
+    which Folio's models have no use for: each reads an image at its own size)."""
+    for extra in part.model_extra or {}:
+        raise UnsupportedField(at + extra, f"{at}{extra} is not supported by Folio")
+    value = part.image_url
+    if not isinstance(value, dict) or not isinstance(value.get("url"), str):
+        raise ValueError(f"{at}image_url: must be an object with the image's url")
+    for key in value:
+        if key not in ("url", "detail"):
+            raise UnsupportedField(f"{at}image_url.{key}",
+                                   f"{at}image_url.{key} is not supported by Folio")
 
 
 class SamplingFields(BaseModel):
