@@ -2,8 +2,8 @@
 whole, in the order their dependencies need, so that nothing is set on a part after it
 is made:
 
-    model files -> tokenizer, prompt builder, grammars -> the model (and its vision
-    tower, engine/vision) -> KV groups and
+    model files -> the vision tower (engine/vision), tokenizer, prompt builder,
+    grammars -> the model -> KV groups and
     their block counts -> runner -> the disk tier's group views -> KV cache manager
     (built over them) -> disk tier (over the manager and the runner) -> scheduler
 """
@@ -85,14 +85,15 @@ def assemble(model: str | Path, config: EngineConfig,
     loaded = load_model_files(path, dtype=dtype, progress=progress,
                               keep_quantized=config.weights == "stored")
     family = family_of(loaded.config)
-    tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template)
+    vision = load_vision(path, dtype, device)  # None: the model reads text only
+    tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template,
+                                   vision.image_token if vision is not None else None)
     grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
                         sorted(tokenizer.eos_token_ids))
     if progress:
         progress("building the model", 0.0)
     net = build_model(loaded.config, dtype, device)
     net.load_weights(loaded.weights)
-    vision = load_vision(path, dtype, device)  # None: the model reads text only
     set_activation_bits(net, config.cpu_activation_bits)
     context = net.max_context_len
     max_model_len = min(config.max_model_len or context, context)

@@ -126,3 +126,40 @@ def test_bad_images_are_refused_by_name(llm):
         llm.chat([{"role": "user", "content": [url]}], GREEDY)
     with pytest.raises(ValueError, match=r"content\[0\].text: holds '<image>'"):
         llm.chat([{"role": "user", "content": [text("a <image> b")]}], GREEDY)
+
+
+# A template that reads content only as parts, as SmolVLM's does: "User:" right before
+# an image that opens a message, "User: " before text.
+PARTS_TEMPLATE = (
+    "<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}"
+    "{{ ':' if m['content'][0]['type'] == 'image' else ': ' }}"
+    "{% for p in m['content'] %}{% if p['type'] == 'text' %}{{ p['text'] }}"
+    "{% elif p['type'] == 'image' %}<image>{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+def test_a_parts_only_template_gives_the_processors_ids(folder, tmp_path):
+    from transformers.models.idefics3.processing_idefics3 import Idefics3Processor
+
+    from tests.engine.vision.tiny_idefics3 import idefics3_tokenizer
+
+    parts = tmp_path / "parts"
+    save_tiny_idefics3(parts)
+    tokenizer = idefics3_tokenizer()
+    tokenizer.chat_template = PARTS_TEMPLATE
+    tokenizer.save_pretrained(parts)
+    (parts / "chat_template.jinja").write_text(PARTS_TEMPLATE)
+    chat = [{"role": "user", "content": [image(WIDE), text("and "), image(RED)]},
+            {"role": "assistant", "content": [text("two pictures")]},
+            {"role": "user", "content": [text("which is wider?")]}]
+    processor = Idefics3Processor(Idefics3ImageProcessorPil.from_pretrained(parts),
+                                  tokenizer, image_seq_len=4, chat_template=PARTS_TEMPLATE)
+    hf_chat = [{**m, "content": [{"type": "image"} if p["type"] == "image" else p
+                                 for p in m["content"]]} for m in chat]
+    prompt = processor.apply_chat_template(hf_chat, add_generation_prompt=True)
+    pictures = [Image.open(io.BytesIO(d)).convert("RGB") for d in (WIDE, RED)]
+    theirs = processor(text=[prompt], images=[pictures])["input_ids"][0]
+    with LLM(str(parts), num_gpu_blocks=64, block_size=8) as llm:
+        assert llm.tokenizer.parts_only
+        assert llm.prompts.build(ChatRequest(chat)).ids == list(theirs)
