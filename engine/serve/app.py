@@ -52,7 +52,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 @dataclass(slots=True)
 class ServeSettings:
     api_key: str | None = None  # None: no key asked (loopback only, see server.py)
-    max_body_bytes: int = 4 << 20
+    max_body_bytes: int = 20 << 20  # an image sent as a data: URL is about 4/3 of its file
     # Requests submitted but not yet streaming; past it new ones get 429, so a flood
     # queues in the clients, not in this process's memory.
     max_waiting: int = 64

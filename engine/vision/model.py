@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from engine.models.registry import VISION_ARCHITECTURES
 from engine.vision.decode import DecodedImage
 from engine.vision.idefics3 import (
     IMAGE_TOKEN,
@@ -27,8 +28,6 @@ from engine.vision.idefics3 import (
 )
 from engine.vision.siglip import Idefics3Encoder
 
-# The architectures whose images Folio reads.
-VISION_ARCHITECTURES = ("Idefics3ForConditionalGeneration",)
 _TOWER_PREFIXES = ("model.vision_model.", "model.connector.")
 
 

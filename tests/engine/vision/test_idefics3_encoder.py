@@ -79,3 +79,11 @@ def test_an_images_prompt_text_is_the_processors(folder, size):
     ours = idefics3_tokenizer()(f"a{prepared.text}b", add_special_tokens=False)["input_ids"]
     assert list(text["input_ids"][0]) == ours
     assert ours.count(vision.image_token_id) == prepared.num_tokens
+
+
+def test_the_models_list_does_not_call_it_text_only(folder):
+    from engine.loaders.catalog import model_info
+
+    info = model_info(folder)
+    assert not info.text_only and "text only" not in info.layer_summary
+    assert info.num_layers == 2  # the text model's

@@ -163,3 +163,20 @@ def test_a_parts_only_template_gives_the_processors_ids(folder, tmp_path):
     with LLM(str(parts), num_gpu_blocks=64, block_size=8) as llm:
         assert llm.tokenizer.parts_only
         assert llm.prompts.build(ChatRequest(chat)).ids == list(theirs)
+
+
+def test_image_blocks_come_back_from_disk_after_a_restart(folder, tmp_path, monkeypatch):
+    from engine import EngineConfig
+
+    monkeypatch.setenv("FOLIO_KV_CACHE_DIR", str(tmp_path / "kv"))
+    config = EngineConfig(num_gpu_blocks=128, block_size=8, kv_disk_bytes=64 << 20)
+    chat = CHATS["one image"]
+    with LLM(str(folder), config) as llm:
+        first = llm.chat(chat, GREEDY)
+        span = llm.prompts.build(ChatRequest(chat)).images[0]
+    with LLM(str(folder), config) as llm:  # a new process's memory: only the disk
+        again = llm.chat(chat, GREEDY)
+        assert again.metrics.num_disk_tokens >= span.end - 8
+        assert again.outputs[0].token_ids == first.outputs[0].token_ids
+        other = [{"role": "user", "content": [text("what is "), image(BLUE), text("?")]}]
+        assert llm.chat(other, GREEDY).metrics.num_cached_tokens <= span.start // 8 * 8
