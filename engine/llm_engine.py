@@ -282,4 +282,5 @@ class LLMEngine:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_caches,
                             self.resolved_device.status_line, self.expert_bytes,
                             self.runner.state_pool_bytes, shape.format.name,
-                            shape.bytes_per_token)
+                            shape.bytes_per_token,
+                            self.runner.images.cache.nbytes if self.runner.images else 0)

@@ -47,3 +47,15 @@ def test_a_chunk_takes_its_slice_of_one_encoding():
     second = inputs.rows([ScheduledSeq(seq, 5, [[0]])])
     assert second[0].tolist() == [1, 2, 3] and second[1][:, 0].tolist() == [2, 3, 4]
     assert vision.runs == 1
+
+
+def test_the_memory_figures_carry_the_encoded_images(tmp_path):
+    from engine import LLM, SamplingParams
+    from tests.engine.vision.tiny_idefics3 import png, save_tiny_idefics3
+
+    with LLM(str(save_tiny_idefics3(tmp_path / "smolvlm")), num_gpu_blocks=64) as llm:
+        assert llm.engine.memory_stats().encoder_cache_bytes == 0
+        llm.chat([{"role": "user", "content": [{"type": "image", "image": png(1, (48, 40))}]}],
+                 SamplingParams(max_tokens=1))
+        # 5 frames (2 x 2 tiles and the global image) of 4 tokens, 64 float32 wide.
+        assert llm.engine.memory_stats().encoder_cache_bytes == 5 * 4 * 64 * 4
