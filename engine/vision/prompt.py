@@ -12,6 +12,7 @@ tokens (hundreds) never pass through the template. A text that holds the marker 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 
 from engine.core.sequence import ImageSpan
@@ -24,22 +25,25 @@ _RECENT = 32  # prepared images kept by their bytes: a chat's history is decoded
 
 
 class ImageReader:
-    """Image parts to prepared images for one vision model; thread-safe enough for the
-    prompt builder (a lost race decodes an image twice)."""
+    """Image parts to prepared images for one vision model; thread-safe (the prompt
+    builder runs on its callers' threads; two threads may decode one image twice)."""
 
     def __init__(self, vision: VisionModel) -> None:
         self.vision = vision
         self._recent: OrderedDict[bytes, PreparedImage] = OrderedDict()
+        self._lock = threading.Lock()
 
     def read(self, part: dict, where: str) -> PreparedImage:
         data = image_bytes(part, where)
         digest = hashlib.blake2b(data, digest_size=16).digest()
-        prepared = self._recent.get(digest)
+        with self._lock:
+            prepared = self._recent.get(digest)
         if prepared is None:
             prepared = self.vision.prepare(decode_image(data, where))
-            self._recent[digest] = prepared
-            while len(self._recent) > _RECENT:
-                self._recent.popitem(last=False)
+            with self._lock:
+                self._recent[digest] = prepared
+                while len(self._recent) > _RECENT:
+                    self._recent.popitem(last=False)
         return prepared
 
     def message(self, message: dict, i: int) -> tuple[dict, list[PreparedImage]]:

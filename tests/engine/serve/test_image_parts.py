@@ -138,3 +138,19 @@ def test_http_urls_are_fetched_when_allowed(vision_llm):
     finally:
         server.stop()
         images.shutdown()
+
+
+def test_more_images_than_the_context_holds_is_a_400(tmp_path):
+    short = LLM(str(save_tiny_idefics3(tmp_path / "short")), num_gpu_blocks=64,
+                max_model_len=64)
+    server = Served(short)
+    try:
+        wide = data_url(png(22, (100, 31)))  # 2 x 2 tiles and the global image
+        three = [{"type": "image_url", "image_url": {"url": wide}}] * 3  # 27 tokens each
+        response = post(server, [{"role": "user", "content": three}])
+        assert response.status_code == 400, response.text
+        assert "the model's context holds 64" in response.json()["error"]["message"]
+        one = [{"role": "user", "content": three[:1]}]
+        assert post(server, one).status_code == 200, post(server, one).text
+    finally:
+        server.stop()
