@@ -57,6 +57,8 @@ class ModelInfo:
     # A multimodal checkpoint (registry.TEXT_PARTS) of which Folio runs the text part only
     # (not one whose images it reads too: registry.VISION_ARCHITECTURES).
     text_only: bool = False
+    # A checkpoint whose images Folio reads (engine/vision).
+    sees_images: bool = False
     # A folder's tensors stored in MXFP4 (gpt-oss as released), kept so by weights="stored".
     mxfp4: StoredMxfp4 = StoredMxfp4()
 
@@ -68,10 +70,12 @@ class ModelInfo:
     @property
     def layer_summary(self) -> str:
         """"hybrid: 24 linear + 8 full layers" for a hybrid model, "text only" for a
-        multimodal checkpoint (both, comma-separated, for a multimodal hybrid), else ""."""
+        multimodal checkpoint whose text part alone runs, "sees images" for one whose
+        images Folio reads (comma-separated where several apply), else ""."""
         parts = [f"hybrid: {self.hybrid.num_linear} linear + {self.hybrid.num_full} full "
                  "layers"] if self.hybrid is not None else []
-        return ", ".join(parts + ["text only"] * self.text_only)
+        return ", ".join(parts + ["text only"] * self.text_only
+                         + ["sees images"] * self.sees_images)
 
     def kv_bytes(self, tokens: int, dtype: torch.dtype | str = torch.float32) -> int:
         """KV cache bytes for `tokens` tokens: K and V for every layer and KV head, in a
@@ -198,6 +202,7 @@ def model_info(path: Path) -> ModelInfo:
                      has_chat_template=folder_has_chat_template(path),
                      hybrid=_hybrid(config, config_path),
                      text_only=prefix is not None and not sees_images,
+                     sees_images=sees_images,
                      mxfp4=stored)
 
 

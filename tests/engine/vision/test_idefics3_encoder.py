@@ -81,9 +81,9 @@ def test_an_images_prompt_text_is_the_processors(folder, size):
     assert ours.count(vision.image_token_id) == prepared.num_tokens
 
 
-def test_the_models_list_does_not_call_it_text_only(folder):
+def test_the_models_list_says_it_sees_images(folder):
     from engine.loaders.catalog import model_info
 
     info = model_info(folder)
-    assert not info.text_only and "text only" not in info.layer_summary
+    assert not info.text_only and info.sees_images and info.layer_summary == "sees images"
     assert info.num_layers == 2  # the text model's
