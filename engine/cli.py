@@ -11,7 +11,7 @@ from typing import TextIO
 from engine.text.reasoning.options import REASONING_EFFORTS
 
 HELP = "/regen N  N new candidates for the last reply   /new  new chat   " \
-       "/stats  KV cache   /quit"
+       "/image PATH  attach an image   /stats  KV cache   /quit"
 
 
 def _progress(stage: str, fraction: float) -> None:
@@ -45,6 +45,7 @@ class TerminalChat:
         self.params = params
         self.out = out
         self.messages: list[dict] = []
+        self.images: list[bytes] = []  # attached to the next message (--image, /image)
 
     def reply(self, n: int = 1):
         """Stream ``n`` candidates for the current messages, one after another."""
@@ -104,15 +105,36 @@ class TerminalChat:
                 return True
             self.messages.pop()
             self._keep(self.reply(n))
+        elif line.startswith("/image"):
+            self.attach(line.removeprefix("/image").strip())
+            self.out.write(f"({len(self.images)} image(s) attached to your next message)\n")
         elif line.startswith("/"):
             self.out.write(f"unknown command; {HELP}\n")
         else:
             first = not any(m["role"] == "user" for m in self.messages)
-            content = [*self.files, {"type": "text", "text": line}] \
-                if self.files and first else line
+            files = list(self.files) if first else []
+            parts = [{"type": "image", "image": data} for data in self.images]
+            content = [*files, *parts, {"type": "text", "text": line}] \
+                if files or parts else line
             self.messages.append({"role": "user", "content": content})
-            self._keep(self.reply(1))
+            try:
+                result = self.reply(1)
+            except ValueError:
+                self.messages.pop()  # a refused image: the chat goes on without it
+                self.images = []
+                raise
+            self.images = []
+            self._keep(result)
         return True
+
+    def attach(self, path: str) -> None:
+        """An image file for the next message; ValueError naming it if unreadable."""
+        from pathlib import Path
+
+        try:
+            self.images.append(Path(path).expanduser().read_bytes())
+        except OSError as exc:
+            raise ValueError(f"--image {path}: cannot be read ({exc.strerror})") from None
 
     def _keep(self, result) -> None:
         first = result.outputs[0]
@@ -143,11 +165,13 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
                             seed=args.seed)
     try:
         files = attach_files(llm, args.file)
+        chat = TerminalChat(llm, params, reasoning_effort=args.reasoning_effort, files=files)
+        for path in args.image:
+            chat.attach(path)
     except (OSError, ValueError) as exc:
         llm.close()
         print(f"folio chat: error: {exc}", file=sys.stderr)
         return 2
-    chat = TerminalChat(llm, params, reasoning_effort=args.reasoning_effort, files=files)
     print(f"Chatting with {llm.model_name}. {HELP}")
     try:
         while True:
@@ -201,6 +225,7 @@ def cmd_serve(args) -> int:
         check_port_free(args.port, args.host)
         settings = ServeSettings(api_key=args.api_key, allowed_hosts=args.allowed_hosts,
                                  allowed_origins=args.allowed_origins,
+                                 allow_image_urls=args.allow_image_urls,
                                  **({} if args.limit_concurrency is None else
                                     {"limit_concurrency": args.limit_concurrency}))
         hosted = HostedServe(args.model, args.models_dir, args.keep_alive, args.memory_gib,
@@ -294,6 +319,9 @@ def _run_command(argv: list[str]) -> int:
     chat.add_argument("--temperature", type=float, default=0.7)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--seed", type=int, default=None)
+    chat.add_argument("--image", action="append", default=[], metavar="PATH",
+                      help="attach an image to the first message (repeatable; a model "
+                           "that sees images: engine/vision); /image PATH attaches later")
     chat.add_argument("--reasoning-effort", default=None, choices=REASONING_EFFORTS,
                       help="how hard a reasoning model thinks, for templates that read it "
                            "(gpt-oss); default: the template's own")
@@ -331,6 +359,10 @@ def _run_command(argv: list[str]) -> int:
                        help="comma-separated browser origins allowed to call the API, with "
                        "CORS headers (default: none), e.g. http://localhost:3000 or "
                        "http://localhost:*")
+    serve.add_argument("--allow-image-urls", action="store_true",
+                       help="fetch http(s) image URLs in requests (off: data: URLs only; "
+                            "a server that fetches any URL it is handed can be made to "
+                            "reach your own network)")
     serve.add_argument("--limit-concurrency", type=int, default=None, metavar="N",
                        help="open connections (idle ones too) past which a request gets "
                        "503 (default: 256)")

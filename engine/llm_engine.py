@@ -168,6 +168,7 @@ class LLMEngine:
         # The last step that can refuse; from here on nothing raises.
         request = self.scheduler.add_request(request_id, ids, params)
         request.seqs[0].generator = generators[0]
+        request.seqs[0].images = built.images
         self._requests[request_id] = RequestState(request, texts, generators, readers,
                                                   matchers, built.request is not None)
         return request_id
@@ -183,6 +184,7 @@ class LLMEngine:
             raise ValueError("BeamSearchParams: beam search does not run on models with "
                              "linear-attention layers yet")
         request = self.scheduler.add_request(request_id, built.ids, params.scheduling())
+        request.seqs[0].images = built.images
         self._beams.add(request, built, params)
         return request_id
 
@@ -280,4 +282,5 @@ class LLMEngine:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_caches,
                             self.resolved_device.status_line, self.expert_bytes,
                             self.runner.state_pool_bytes, shape.format.name,
-                            shape.bytes_per_token)
+                            shape.bytes_per_token,
+                            self.runner.images.cache.nbytes if self.runner.images else 0)

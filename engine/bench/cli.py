@@ -41,6 +41,7 @@ threads, in one run:
   1B shape), teacher-forced mean KL and greedy replies equal to float16's (the model),
   decode at 4,000 and 16,000 tokens of context and a 4,000-token prefill (the 1B shape),
   peak RSS at a 32,768-token context (the 3B shape); every target met / not met / n/a.
+- ``vision``: images in a chat on a SmolVLM-256M-shaped model (``vision.py``).
 - ``all``: every one of the above, then the issue's targets in one table (``targets.py``);
   ``kernels``: the attention and quantized kernels (CUDA).
 
@@ -76,6 +77,7 @@ from engine.bench.setup import BenchContext, BenchSettings, check_sizes
 from engine.bench.sizes import bench_sizes
 from engine.bench.structured import bench_structured
 from engine.bench.targets import format_targets, llama_cpp_installed, targets_table
+from engine.bench.vision import bench_vision
 from engine.bench.waste import bench_waste
 
 # Workload name -> function, in the order ``all`` runs them.
@@ -98,6 +100,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "compare": bench_compare,
     "load": bench_load,
     "kv": bench_kv,
+    "vision": bench_vision,
 }
 
 EPILOG = """workloads:
@@ -133,6 +136,9 @@ EPILOG = """workloads:
   kv          8- and 4-bit KV caches against float16 and llama.cpp q8_0 / q4_0 (flash
               attention): bytes/token, KL and greedy agreement (the model), decode at
               4,000 / 16,000 tokens and prefill (1B shape), peak RSS at 32,768 (3B shape)
+  vision      a SmolVLM-256M-shaped model (random weights): tower encode time against
+              transformers, a follow-up's TTFT with an image in the chat / without,
+              the same image in a new chat (tokens cached, encoder runs)
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
 llama.cpp joins chat, decode, memory, 8b, sizes and moe when llama-cpp-python is installed

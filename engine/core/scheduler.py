@@ -92,7 +92,7 @@ class Scheduler:
         for index in range(1, request.params.n):
             child = Sequence(next(self._seq_ids), request.request_id, index,
                              list(parent.token_ids), parent.num_prompt_tokens,
-                             status=SequenceStatus.RUNNING)
+                             status=SequenceStatus.RUNNING, images=parent.images)
             self.kv.fork(parent, child)
             # That step computed the whole prompt for every candidate, even if
             # mark_computed has not advanced the parent yet (it never sees the children).
@@ -106,7 +106,7 @@ class Scheduler:
         progress; candidate ``index`` of ``request``, running from the next step."""
         child = Sequence(next(self._seq_ids), request.request_id, index,
                          list(parent.token_ids), parent.num_prompt_tokens,
-                         status=parent.status)
+                         status=parent.status, images=parent.images)
         self.kv.fork(parent, child)
         child.num_computed_tokens = parent.num_computed_tokens
         request.seqs.append(child)
