@@ -268,6 +268,11 @@ class KVCacheManager:
         for m in self.managers:
             m.commit_computed(seq)
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past ``seq``'s computed tokens (rejected drafts')."""
+        for m in self.managers:
+            m.trim(seq)
+
     def free(self, seq: Sequence) -> None:
         """Give back ``seq``'s blocks, cancelling the reads it waits for; blocks of a
         load cut short that were read are cached, as if loaded ahead. A sequence that

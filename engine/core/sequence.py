@@ -53,6 +53,10 @@ class Sequence:
     # The candidates it forks into (its request's n): a linear-attention state slot is
     # taken for each at admission (engine/core/linear_state_manager.py).
     fork_width: int = 1
+    # Tokens a proposer guessed to follow (engine/spec): the next step computes them after
+    # the sequence's own uncomputed token and keeps those the model agrees with. They are
+    # never part of ``token_ids`` (nor hashed into the prefix cache) until accepted.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -73,6 +77,11 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def num_tokens_with_drafts(self) -> int:
+        """The tokens the next step needs room for: its own and its drafts."""
+        return len(self.token_ids) + len(self.draft_token_ids)
 
     @property
     def is_finished(self) -> bool:
@@ -101,6 +110,9 @@ class Request:
     num_disk_tokens: int = 0  # of those, the tokens loaded from disk
     admitted_once: bool = False
     aborted: bool = False
+    # Speculative decoding (engine/spec): drafts its candidates verified, and kept.
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
     @property
     def live_seqs(self) -> list[Sequence]:
