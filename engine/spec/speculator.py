@@ -78,8 +78,9 @@ class Speculator:
         for spec in self._requests.values():
             request = spec.request
             for seq in request.seqs:
-                if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
-                    continue
+                if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1 \
+                        or seq.draft_token_ids:
+                    continue  # not decoding, or its drafts still wait for a step
                 cand = spec.candidates.get(seq.index)
                 if cand is None:
                     cand = spec.candidates[seq.index] = _Candidate(
