@@ -79,9 +79,11 @@ class TerminalChat:
         for cand in result.outputs[1:]:
             self.out.write(f"\n--- candidate {cand.index + 1} ---\n{cand.reply.content}")
         m = result.metrics
+        drafts = "" if m.draft_acceptance is None else \
+            f"; drafts {m.draft_acceptance:.0%} accepted"
         self.out.write(
             f"\n[{m.num_prompt_tokens} prompt tokens, {m.num_cached_tokens} cached; "
-            f"first token {m.ttft_s * 1e3:.0f} ms; {m.decode_tok_s:.1f} tok/s]\n"
+            f"first token {m.ttft_s * 1e3:.0f} ms; {m.decode_tok_s:.1f} tok/s{drafts}]\n"
         )
         return result
 
@@ -147,13 +149,16 @@ class TerminalChat:
 
 def engine_config(args):
     """The EngineConfig of `--device` / `--weights` / `--cpu-activation-bits` /
-    `--kv-cache-dtype` (the rest stays at its defaults)."""
+    `--kv-cache-dtype` / `--kv-disk-gib` / `--speculative` / `--num-speculative-tokens`
+    (the rest stays at its defaults)."""
     from engine.config import EngineConfig
 
     return EngineConfig(device=args.device, weights=args.weights,
                         cpu_activation_bits=args.cpu_activation_bits,
                         kv_cache_dtype=args.kv_cache_dtype,
-                        kv_disk_bytes=int(args.kv_disk_gib * (1 << 30)))
+                        kv_disk_bytes=int(args.kv_disk_gib * (1 << 30)),
+                        speculative=args.speculative,
+                        num_speculative_tokens=args.num_speculative_tokens)
 
 
 def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
@@ -286,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
-    from engine.config import WEIGHTS
+    from engine.config import DEFAULT_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS, WEIGHTS
     from engine.dtypes import KV_DTYPE_NAMES
+    from engine.sampling_params import SPECULATIVE_METHODS
 
     parser.add_argument("--device", default=None,
                         help="cpu, cuda, cuda:N or mps (default: CUDA when available)")
@@ -305,6 +311,17 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
                         help="keep KV cache blocks leaving memory on disk, up to this many "
                         "GiB, so prompts seen before (a restart too) are not recomputed "
                         "(default 0: off)")
+    parser.add_argument("--speculative", default=None, choices=SPECULATIVE_METHODS,
+                        help="speculative decoding for every reply: ngram drafts what the "
+                        "reply is about to copy from the chat (code to edit, quoted text) "
+                        "and checks the drafts in one step; the reply is the same, faster "
+                        "where it repeats (default: off; a request's prediction still "
+                        "drafts)")
+    parser.add_argument("--num-speculative-tokens", type=int,
+                        default=DEFAULT_SPECULATIVE_TOKENS, metavar="K",
+                        help=f"the most drafts checked in one step, 1 to "
+                        f"{MAX_SPECULATIVE_TOKENS} (default {DEFAULT_SPECULATIVE_TOKENS}); "
+                        "fewer while drafts are rejected")
 
 
 def _run_command(argv: list[str]) -> int:

@@ -6,9 +6,12 @@ import re
 from dataclasses import dataclass
 
 from engine.dtypes import DTYPE_NAMES, KV_DTYPE_NAMES
+from engine.sampling_params import SPECULATIVE_METHODS
 from engine.validation import FieldChecker
 
 BLOCK_SIZES = (8, 16, 32, 64)
+DEFAULT_SPECULATIVE_TOKENS = 8
+MAX_SPECULATIVE_TOKENS = 64
 # "stored": quantized GGUF tensors stay quantized (dense ones run in the compute dtype);
 # a dtype name: every weight dense in that dtype, the exact path.
 WEIGHTS = ("stored", "bfloat16", "float32")
@@ -68,13 +71,19 @@ class EngineConfig:
     # family's turn format, engine/text/turn_formats.py); checked by rendering a two-turn
     # chat when the engine loads.
     chat_template: str | None = None
+    # Speculative decoding for every request (engine/spec; SPECULATIVE_METHODS): None
+    # decodes plainly unless a request asks (SamplingParams.speculative or .prediction).
+    speculative: str | None = None
+    # The most drafts a candidate checks in one step (each follows what the model keeps).
+    num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
 
     def __post_init__(self) -> None:
         _check.types(
             self,
             integers=("block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "num_host_blocks",
                       "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_threads",
-                      "seed", "cpu_activation_bits", "kv_disk_bytes"),
+                      "seed", "cpu_activation_bits", "kv_disk_bytes",
+                      "num_speculative_tokens"),
             numbers=("gpu_memory_utilization",),
         )
         _check(self.block_size in BLOCK_SIZES, "block_size", self.block_size,
@@ -115,6 +124,13 @@ class EngineConfig:
                ">= 0 (bytes; 0: off)")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",
                self.num_threads, ">= 1 or None")
+        _check(self.speculative is None or self.speculative in SPECULATIVE_METHODS,
+               "speculative", self.speculative,
+               f"one of {SPECULATIVE_METHODS} or None (draft models and MTP heads are not "
+               "supported yet)")
+        _check(1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+               "num_speculative_tokens", self.num_speculative_tokens,
+               f"an integer in [1, {MAX_SPECULATIVE_TOKENS}]")
         _check(self.chat_template is None or (isinstance(self.chat_template, str)
                                               and self.chat_template.strip() != ""),
                "chat_template", self.chat_template, "a Jinja template or None")

@@ -27,7 +27,7 @@ from engine.build import assemble
 from engine.chat import ChatPrompt
 from engine.config import EngineConfig
 from engine.core.kv_stats import KVStats
-from engine.core.scheduler_output import SchedulerOutput
+from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.disk.tier import READ_WAIT_S
 from engine.outputs import Event, FinishedEvent, PromptProgress, RequestOutput
@@ -40,8 +40,9 @@ from engine.requests import (
 )
 from engine.runner.memory import MemoryStats, memory_stats
 from engine.runner.sampler import Sampler
-from engine.sampling_driver import sample
+from engine.sampling_driver import Sampled, sample
 from engine.sampling_params import SamplingParams
+from engine.spec.speculator import Speculator
 from engine.stops import Stops
 
 
@@ -71,6 +72,11 @@ class LLMEngine:
         self._stops = Stops(self.tokenizer, self.max_model_len, self.scheduler)
         # Beam search requests (engine/beam), beside the request table.
         self._beams = BeamSearcher(self.scheduler, self.tokenizer, self.max_model_len)
+        # Speculative decoding (engine/spec): drafts for decoding candidates after each
+        # step. A recurrent state cannot be rolled back past a rejected draft.
+        self._speculator = Speculator(self.config.speculative,
+                                      self.config.num_speculative_tokens, self.max_model_len,
+                                      available=not self.kv_cache.state_slots)
         # The request table: every request not yet finished, by id. It labels the blocks'
         # owners in kv_stats and holds each candidate's text state.
         self._requests: dict[str, RequestState] = {}
@@ -165,8 +171,11 @@ class LLMEngine:
                              f"slots, but this model's state pool has {slots}")
         texts, generators, readers, matchers = candidate_parts(
             built, params, self.tokenizer, self.grammars, grammar)
+        prediction_ids = [] if not params.prediction else \
+            self.tokenizer.encode(params.prediction, add_special_tokens=False)
         # The last step that can refuse; from here on nothing raises.
         request = self.scheduler.add_request(request_id, ids, params)
+        self._speculator.add(request, prediction_ids)
         request.seqs[0].generator = generators[0]
         request.seqs[0].images = built.images
         self._requests[request_id] = RequestState(request, texts, generators, readers,
@@ -198,6 +207,7 @@ class LLMEngine:
         if request_id in self._beams.requests:
             return self._beams.abort(request_id)
         state = self._requests.pop(request_id, None)
+        self._speculator.drop(request_id)
         request = self.scheduler.abort(request_id)
         if request is None or state is None:
             return None
@@ -223,7 +233,7 @@ class LLMEngine:
             disk.copy_reads(wait_s=READ_WAIT_S)
         elif not out.is_empty:
             logits = self.runner.execute(out)
-            sampled = [item.seq for item in out.scheduled if item.samples]
+            sampled = [item for item in out.scheduled if item.samples]
             events += self._prompt_progress(out)
             self.scheduler.mark_computed(out)
             if logits is not None:
@@ -232,11 +242,13 @@ class LLMEngine:
             events += self._beams.reap()  # searches the scheduler ended (out of room)
         for request in self.scheduler.remove_finished():
             state = self._requests.pop(request.request_id, None)
+            self._speculator.drop(request.request_id)
             if state is not None:
                 output = request_output(state)
                 if state.chat:
                     self.prompts.remember(output)
                 events.append(FinishedEvent(request.request_id, output))
+        self._speculator.propose()
         return events
 
     def _prompt_progress(self, out: SchedulerOutput) -> list[PromptProgress]:
@@ -258,14 +270,32 @@ class LLMEngine:
                                          request.num_cached_tokens))
         return events
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Event]:
+    def _sample(self, logits: torch.Tensor, items: list[ScheduledSeq]) -> list[Event]:
+        """``logits``: the rows of ``items`` (ModelRunner.execute's order). Candidates that
+        verified drafts keep what engine/spec accepts; the others sample one token."""
+        verifying = [item for item in items if item.num_drafts]
+        verified = None
+        if verifying:
+            plain_rows, draft_rows, row = [], [], 0
+            for item in items:
+                rows = range(row, row + item.num_sampled_rows)
+                (draft_rows if item.num_drafts else plain_rows).extend(rows)
+                row += item.num_sampled_rows
+            verified = self._speculator.verify(logits[draft_rows], verifying, self._requests,
+                                               self.sampler)
+            logits = logits[plain_rows]
+        seqs = [item.seq for item in items if not item.num_drafts]
         beam_events: list[Event] = []
-        if self._beams.requests:
+        if self._beams.requests and seqs:
             logits, seqs, beam_events = self._beams.take(logits, seqs, self.last_step_tokens)
-            if not seqs:
-                return beam_events
-        sampled = sample(logits, seqs, self._requests, self.scheduler, self.sampler)
-        return beam_events + self._stops.append(sampled, self.last_step_tokens)
+        sampled = sample(logits, seqs, self._requests, self.scheduler, self.sampler) \
+            if seqs else Sampled([], [], [], [], [], [])
+        if verified is not None:
+            sampled.extend(verified)
+        events = beam_events + self._stops.append(sampled, self.last_step_tokens)
+        if verified is not None:
+            self._speculator.settle(verifying, self.scheduler)
+        return events
 
     # ------------------------------------------------------------------- stats
     def kv_stats(self, with_blocks: bool = True) -> KVStats:

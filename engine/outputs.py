@@ -15,10 +15,20 @@ class RequestMetrics:
     ttft_s: float = 0.0  # arrival to first token
     decode_tok_s: float = 0.0  # tokens per second after the first, per candidate
     total_s: float = 0.0
+    # Speculative decoding: draft tokens the model checked, and those it kept.
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
     @property
     def num_computed_prompt_tokens(self) -> int:
         return self.num_prompt_tokens - self.num_cached_tokens
+
+    @property
+    def draft_acceptance(self) -> float | None:
+        """The share of drafts kept; None where nothing was drafted."""
+        if not self.num_draft_tokens:
+            return None
+        return self.num_accepted_draft_tokens / self.num_draft_tokens
 
 
 @dataclass(slots=True, frozen=True)

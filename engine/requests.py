@@ -107,6 +107,8 @@ def _metrics(state: RequestState) -> RequestMetrics:
         num_disk_tokens=request.num_disk_tokens,
         num_generated_tokens=generated,
         total_s=now - request.arrival_time,
+        num_draft_tokens=request.num_draft_tokens,
+        num_accepted_draft_tokens=request.num_accepted_draft_tokens,
     )
     if request.first_token_time is not None:
         m.ttft_s = request.first_token_time - request.arrival_time

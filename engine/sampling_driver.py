@@ -14,7 +14,7 @@ wrapped in a list of its own (only a fork builds one).
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +38,21 @@ class Sampled:
     matchers: list[Matcher | None]
     tokens: Seq[int]
     logprobs: list[TokenLogprobs | None]
+    # Per entry: it follows a draft the model kept (engine/spec), whose K/V then counts
+    # as computed; empty when no entry does.
+    after_draft: list[bool] = field(default_factory=list)
+
+    def extend(self, more: Sampled) -> None:
+        """``more``'s entries after these (a verify step's tokens, engine/spec)."""
+        if self.after_draft or more.after_draft:
+            self.after_draft = [*(self.after_draft or [False] * len(self.seqs)),
+                                *(more.after_draft or [False] * len(more.seqs))]
+        self.seqs += more.seqs
+        self.states += more.states
+        self.params += more.params
+        self.matchers += more.matchers
+        self.tokens = [*self.tokens, *more.tokens]
+        self.logprobs += more.logprobs
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], requests: dict[str, RequestState],

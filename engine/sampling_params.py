@@ -11,6 +11,11 @@ MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 # A seed is a signed 64-bit integer, the range OpenAI's and vLLM's APIs accept.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 RESPONSE_TYPES = ("json_object", "json_schema")
+# Speculative decoding (engine/spec). "ngram": prompt lookup, drafts copied from the
+# request's own tokens and from its ``prediction``. Draft models and MTP heads are not
+# built yet. A request may also say "off" (decode plainly, whatever the engine does).
+SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_OFF = "off"
 
 
 @dataclass(slots=True, frozen=True)
@@ -58,6 +63,13 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # Constrains the reply to JSON (engine/grammar); None: free text.
     response_format: ResponseFormat | None = None
+    # The text the reply is expected to be (OpenAI's Predicted Outputs, e.g. a file to be
+    # returned with a few edits): its tokens are drafted and verified, so what matches
+    # costs a fraction of a decode step. It never changes the reply, only its speed.
+    prediction: str | None = None
+    # This request's speculative method (SPECULATIVE_METHODS, or "off"); None: the
+    # engine's (EngineConfig.speculative), or "ngram" when a prediction is given.
+    speculative: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -88,6 +100,11 @@ class SamplingParams:
                "response_format", self.response_format, "a ResponseFormat or None")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
                self.logprobs, f"an integer in [0, {MAX_LOGPROBS}] or None")
+        _check(self.prediction is None or isinstance(self.prediction, str), "prediction",
+               self.prediction, "a string or None")
+        _check(self.speculative is None
+               or self.speculative in (*SPECULATIVE_METHODS, SPECULATIVE_OFF), "speculative",
+               self.speculative, f"one of {(*SPECULATIVE_METHODS, SPECULATIVE_OFF)} or None")
 
     @property
     def greedy(self) -> bool:

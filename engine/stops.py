@@ -40,9 +40,14 @@ class Stops:
         this step); returns the step's token events."""
         now = time.perf_counter()
         events: list[Event] = []
-        for seq, state, params, token, logprobs, matcher in zip(
+        after_draft = sampled.after_draft
+        for i, (seq, state, params, token, logprobs, matcher) in enumerate(zip(
                 sampled.seqs, sampled.states, sampled.params, sampled.tokens,
-                sampled.logprobs, sampled.matchers, strict=True):
+                sampled.logprobs, sampled.matchers, strict=True)):
+            if seq.is_finished:
+                continue  # it ended on an earlier token of a verified run (engine/spec)
+            if after_draft and after_draft[i]:
+                self.scheduler.accept_draft(seq)
             token = int(token)
             seq.append_token(token)
             counts[seq.request_id] = counts.get(seq.request_id, 0) + 1

@@ -25,6 +25,7 @@ from desktop_app.data.engine_settings import (
     CPU_PRECISION_LABELS,
     MAX_CHAT_MEMORY_MIB,
     MAX_WARM_DISK_GIB,
+    SPEED_LABELS,
     WEIGHT_LABELS,
     EngineSettings,
 )
@@ -227,6 +228,12 @@ class EngineForm(QWidget):
         self.warm_disk.setSuffix(" GiB")
         self.keep_warm.toggled.connect(self.warm_disk.setEnabled)
         self.kv_precision = KVPrecisionBox(settings.kv_cache_dtype, model, bool(cuda_names))
+        self.speed = _choice(
+            "speedSetting", "Speed",
+            "Prompt lookup: where a reply repeats the chat (code you asked to edit, quoted "
+            "text), the words it is about to copy are checked in one step instead of one "
+            "by one. The reply is the model's own either way; drafting stops by itself "
+            "where nothing repeats.", [(label, value) for value, label in SPEED_LABELS.items()])
         self.device.currentIndexChanged.connect(
             lambda _i: self.kv_precision.set_device(self.device.currentData()))
         self.chat_memory.valueChanged.connect(self.kv_precision.set_budget)
@@ -245,6 +252,7 @@ class EngineForm(QWidget):
         form.addRow("CPU precision", self.cpu_precision)
         form.addRow("Memory for chats", self.chat_memory)
         form.addRow("KV cache precision", self.kv_precision)
+        form.addRow("Speed", self.speed)
         form.addRow(self.keep_warm)
         form.addRow("Disk for warm chats", self.warm_disk)
         form.addRow(note)
@@ -256,6 +264,7 @@ class EngineForm(QWidget):
         self.keep_warm.setChecked(settings.keep_warm_on_disk)
         self.warm_disk.setValue(settings.warm_disk_gib)
         self.warm_disk.setEnabled(settings.keep_warm_on_disk)
+        self.speed.setCurrentIndex(max(0, self.speed.findData(settings.speculative)))
         self.kv_precision.set_device(settings.device)
         self.kv_precision.set_budget(settings.chat_memory_mib or 0)
 
@@ -267,7 +276,8 @@ class EngineForm(QWidget):
                               cpu_activation_bits=self.cpu_precision.currentData(),
                               keep_warm_on_disk=self.keep_warm.isChecked(),
                               warm_disk_gib=self.warm_disk.value(),
-                              kv_cache_dtype=self.kv_precision.value())
+                              kv_cache_dtype=self.kv_precision.value(),
+                              speculative=self.speed.currentData())
 
 
 THEME_LABELS = {"system": "System", "light": "Light", "dark": "Dark"}

@@ -127,7 +127,12 @@ class VramPanel(QScrollArea):
             ("blocks_used", "Blocks used"), ("blocks_shared", "Shared"),
             ("blocks_cached", "Cached"), ("blocks_free", "Free"), ("block_size", "Block"),
             ("saved_by_sharing", "Saved by sharing"), ("waste", "Internal waste"),
-            ("hit_rate", "Prefix-cache hits"), ("headroom", "")])
+            ("hit_rate", "Prefix-cache hits"), ("rolled_back", "Drafts rolled back"),
+            ("headroom", "")])
+        self._values["rolled_back"].setToolTip(
+            "Speculative decoding (Settings ▸ Engine ▸ Speed) checks drafted tokens in one "
+            "step; the blocks it took for drafts the model rejected go straight back to the "
+            "pool.")
         # A line per KV group, shown only for a model with several (Gemma's global and
         # sliding layers); labels are made as the group count asks.
         self._groups_heading = self._heading("KV groups")

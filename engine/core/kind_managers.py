@@ -171,9 +171,10 @@ class SingleKindManager(HostSwap):
     def _append_target(self, seq: Sequence) -> int:
         """Tokens to have room for: all, or the next chunk's (the scheduler computes at
         most ``lookahead`` tokens of a sequence per step)."""
+        end = seq.num_tokens_with_drafts
         if self.lookahead is None:
-            return seq.num_tokens
-        return min(seq.num_tokens, seq.num_computed_tokens + self.lookahead)
+            return end
+        return min(end, seq.num_computed_tokens + self.lookahead)
 
     def plan_append(self, seq: Sequence) -> tuple[int, list[int]]:
         """What append_slots takes: how many new blocks, and the indices of the shared
@@ -251,6 +252,20 @@ class SingleKindManager(HostSwap):
             # evicted last.
             pool.release(table[start:end])
             table[start:end] = [pool.null_id] * (end - start)
+
+    def trim(self, seq: Sequence) -> int:
+        """Give back the blocks past ``seq``'s computed tokens: those a verify step took
+        for drafts the model rejected (engine/spec). Never hashed (their tokens were not
+        accepted), so they go back as plain free blocks, the last first: the free queue's
+        head is then what it was before they were taken. Returns how many went back."""
+        table = self.tables.get(seq.seq_id)
+        keep = self.blocks_needed(seq.num_computed_tokens)
+        if not table or len(table) <= keep:
+            return 0
+        extra = table[keep:]
+        self.pool.release(reversed(extra))
+        del table[keep:]
+        return len(extra)
 
     def free(self, seq: Sequence) -> None:
         table = self.tables.pop(seq.seq_id, [])

@@ -89,6 +89,9 @@ class KVStats:
     # Filled by the KV cache manager; a snapshot built by hand without it reads as one group.
     groups: list[KVGroupStats] = field(default_factory=list)
     disk: DiskTierStats | None = None  # None: the disk tier is off
+    # Blocks a verify step took for drafts the model then rejected, given back (every
+    # group's), since start (engine/spec).
+    rolled_back_blocks: int = 0
 
     @property
     def used_bytes(self) -> int:

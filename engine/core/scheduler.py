@@ -170,7 +170,8 @@ class Scheduler:
         for seq in decodes + prefills:
             if budget == 0 or num_seqs == self.max_num_seqs:
                 break
-            take = min(seq.num_uncomputed_tokens, budget)
+            take = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
+            del seq.draft_token_ids[max(0, take - 1):]  # drafts past the budget wait
             out.scheduled.append(ScheduledSeq(seq, take, self.kv.block_tables(seq)))
             budget -= take
             num_seqs += 1
@@ -212,6 +213,11 @@ class Scheduler:
         one) as needed. Returns whether ``request`` still runs this step."""
         seqs = active(request)
         while not self._append(seqs):
+            if any(seq.draft_token_ids for seq in seqs):
+                # Drafts are a guess: out of room, they go before anything is preempted.
+                for seq in seqs:
+                    seq.draft_token_ids.clear()
+                continue
             if self.loading:  # its reads are the cheapest to give up
                 self._preempt_loading(self.loading[-1], out)
                 continue
@@ -247,6 +253,8 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(request.request_id)
         seqs = active(request)  # parked candidates hold no blocks and stay parked
+        for seq in seqs:
+            seq.draft_token_ids.clear()
         if self.kv.num_host_blocks and self.kv.can_swap_out(seqs):
             add_moves(out.swap_out, self.kv.swap_out(seqs))
             for seq in seqs:
@@ -328,12 +336,29 @@ class Scheduler:
         next admission's prefix hit."""
         self.kv.free(seq)  # before the reset: a partial last block is cached by it
         seq.num_computed_tokens = 0
+        seq.draft_token_ids.clear()
         seq.status = SequenceStatus.WAITING
 
     # ------------------------------------------------------------ after a step
     def mark_computed(self, out: SchedulerOutput) -> None:
         """The step ran: advance each sequence and register its newly full blocks."""
         for item in out.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
+            # Drafts' K/V is written but counts only once accepted (``settle_drafts``).
+            item.seq.num_computed_tokens += item.num_new_tokens - item.num_drafts
             self.kv.commit_computed(item.seq)
 
+    def accept_draft(self, seq: Sequence) -> None:
+        """The last token appended to ``seq`` was one of its drafts, which the model
+        kept: its K/V, written by the verify step, counts as computed (a block it fills
+        joins the prefix cache, as a plain decode step would make it join)."""
+        if seq.num_computed_tokens >= seq.num_tokens:
+            raise ValueError(f"{seq.label}: no kept draft left to count")
+        seq.num_computed_tokens += 1
+        self.kv.commit_computed(seq)
+
+    def settle_drafts(self, seq: Sequence) -> None:
+        """After a verify step: the blocks taken for the drafts the model rejected go back
+        to the pool (the next step computes the model's own token)."""
+        seq.draft_token_ids.clear()
+        if not seq.is_finished:
+            self.kv.trim(seq)

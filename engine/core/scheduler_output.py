@@ -19,9 +19,19 @@ class ScheduledSeq:
     block_tables: list[list[int]]
     # The chunk reaches the sequence's last token, so its logits are sampled.
     samples: bool = field(init=False)
+    # Of ``num_new_tokens``, the sequence's drafts (engine/spec) after its last token:
+    # each of their positions is sampled too, to verify them.
+    num_drafts: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.samples = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        end = self.seq.num_computed_tokens + self.num_new_tokens
+        self.samples = end >= self.seq.num_tokens
+        self.num_drafts = max(0, end - self.seq.num_tokens)
+
+    @property
+    def num_sampled_rows(self) -> int:
+        """The logits rows this sequence gets: its last token's and one per draft."""
+        return self.num_drafts + 1 if self.samples else 0
 
 
 @dataclass(slots=True)

@@ -68,6 +68,10 @@ class Sequence:
     fork_width: int = 1
     # The images in its prompt, in order (ImageSpan); a fork shares them.
     images: tuple[ImageSpan, ...] = ()
+    # Tokens a proposer guessed to follow (engine/spec): the next step computes them after
+    # the sequence's own uncomputed token and keeps those the model agrees with. They are
+    # never part of ``token_ids`` (nor hashed into the prefix cache) until accepted.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -88,6 +92,11 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def num_tokens_with_drafts(self) -> int:
+        """The tokens the next step needs room for: its own and its drafts."""
+        return len(self.token_ids) + len(self.draft_token_ids)
 
     @property
     def is_finished(self) -> bool:
@@ -116,6 +125,9 @@ class Request:
     num_disk_tokens: int = 0  # of those, the tokens loaded from disk
     admitted_once: bool = False
     aborted: bool = False
+    # Speculative decoding (engine/spec): drafts its candidates verified, and kept.
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
     @property
     def live_seqs(self) -> list[Sequence]:

@@ -178,7 +178,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor | None:
         """Run the step; returns float32 logits for each scheduled sequence whose chunk
-        ends at its last token (in ``out.scheduled`` order), or None if there is none."""
+        ends at its last token (in ``out.scheduled`` order; a sequence with drafts has a
+        row for its last token then one per draft), or None if there is none."""
         self.apply_block_moves(out)
         if not out.scheduled:
             return None
@@ -214,11 +215,13 @@ class ModelRunner:
             seq = item.seq
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + item.num_new_tokens
             ids += seq.token_ids[start:end]
+            if item.num_drafts:
+                ids += seq.draft_token_ids[:item.num_drafts]
             positions += range(start, end)
             starts.append(starts[-1] + item.num_new_tokens)
             seq_lens.append(end)
-            if item.samples:
-                sample_rows.append(starts[-1] - 1)
+            # The last token's row, and each draft's (engine/spec verifies them).
+            sample_rows += range(starts[-1] - item.num_sampled_rows, starts[-1])
         dev = self.device
         query_start_loc = torch.tensor(starts, dtype=torch.int32, device=dev)
         lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)

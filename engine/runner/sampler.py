@@ -88,6 +88,17 @@ class Sampler:
             out[sampled] = probs / probs.sum(dim=-1, keepdim=True)
         return out
 
+    @staticmethod
+    def draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[int]:
+        """One token per row of ``probs`` [N, vocab] (not necessarily normalised), with
+        one uniform number from each row's generator, as the sampled rows draw."""
+        return _inverse_cdf(probs, generators)
+
+    @staticmethod
+    def uniform(generator: torch.Generator | None) -> float:
+        """One uniform number in [0, 1) from ``generator`` (a speculative draft's test)."""
+        return _uniform(generator)
+
 
 def _process(
     logits: torch.Tensor, rows: Sequence[SamplingRow]

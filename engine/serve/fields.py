@@ -41,7 +41,8 @@ def _one_of(*allowed: Any) -> Callable[[Any], bool]:
 HONOURED_CHAT = ("model", "messages", "n", "temperature", "top_p", "max_tokens",
                  "max_completion_tokens", "stop", "seed", "stream", "stream_options",
                  "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                 "response_format", "chat_template_kwargs", "reasoning_effort")
+                 "response_format", "chat_template_kwargs", "reasoning_effort",
+                 "prediction")
 HONOURED_TEXT = ("model", "prompt", "n", "temperature", "top_p", "max_tokens", "stop",
                  "seed", "stream", "stream_options", "logprobs")
 # vLLM's names for what SamplingParams has beyond OpenAI's fields, and Ollama's keep_alive
@@ -69,7 +70,6 @@ DEFAULT_ONLY_CHAT: dict[str, tuple[Callable[[Any], bool], str]] = _SHARED | {
                       "use tool_choice"),
     "audio": (_unset, "replies are text only"),
     "modalities": (_one_of(["text"]), "replies are text only"),
-    "prediction": (_unset, "predicted outputs are not implemented"),
     "verbosity": (_unset, "the chat template gets no verbosity setting"),
     "web_search_options": (_unset, "Folio searches nothing"),
     "moderation": (_unset, "Folio runs no moderation"),

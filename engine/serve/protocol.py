@@ -222,6 +222,7 @@ class ChatCompletionRequest(SamplingFields):
     function_call: Any = None
     audio: Any = None
     modalities: Any = None
+    # OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts}.
     prediction: Any = None
     verbosity: Any = None
     web_search_options: Any = None
@@ -253,6 +254,7 @@ class ChatCompletionRequest(SamplingFields):
         check_results_answer_calls(self.messages)
         params = super().sampling_params(max_tokens_default)
         params.response_format = response_format(self.response_format)
+        params.prediction = predicted_text(self.prediction)
         return params
 
     def template_options(self) -> TemplateOptions:
@@ -336,3 +338,25 @@ class CompletionRequest(SamplingFields):
             # With use_beam_search, best_of is the beam width (engine/serve/beam.py).
             same = value == self.n or self.use_beam_search
             yield name, None if name == "best_of" and same else value
+
+
+def predicted_text(prediction: Any) -> str | None:
+    """The text of OpenAI's ``prediction`` field (its content as a string or as text
+    parts); InvalidField names what is wrong."""
+    if prediction is None:
+        return None
+    if not isinstance(prediction, dict) or prediction.get("type") != "content":
+        raise InvalidField("prediction", 'prediction must be {"type": "content", "content": '
+                           '...}')
+    unknown = set(prediction) - {"type", "content"}
+    if unknown:
+        raise InvalidField("prediction", f"prediction has unknown fields {sorted(unknown)}")
+    content = prediction.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content):
+        return "".join(p["text"] for p in content)
+    raise InvalidField("prediction.content", "prediction.content must be a string or a "
+                       "list of text parts")

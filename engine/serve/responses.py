@@ -107,7 +107,8 @@ def message(reply: ReplyMessage) -> dict:
 
 def usage(output: RequestOutput) -> dict:
     """``completion_tokens`` counts every generated token, the thinking's too; a reply read
-    for thinking says how many of them it was (``completion_tokens_details``)."""
+    for thinking says how many of them it was, and a speculative one how many drafts were
+    kept and rejected (``completion_tokens_details``)."""
     m = output.metrics
     completion = sum(len(c.token_ids) for c in output.outputs)
     body = {"prompt_tokens": m.num_prompt_tokens, "completion_tokens": completion,
@@ -115,8 +116,16 @@ def usage(output: RequestOutput) -> dict:
             "prompt_tokens_details": {"cached_tokens": m.num_cached_tokens}}
     thought = [c.reply.thinking_tokens for c in output.outputs
                if c.reply is not None and c.reply.thinking_tokens is not None]
+    details = {}
     if thought:
-        body["completion_tokens_details"] = {"reasoning_tokens": sum(thought)}
+        details["reasoning_tokens"] = sum(thought)
+    if m.num_draft_tokens:
+        # Predicted Outputs' counts: drafts the model kept and those it rejected (from the
+        # request's prediction and from prompt lookup alike, engine/spec).
+        details["accepted_prediction_tokens"] = m.num_accepted_draft_tokens
+        details["rejected_prediction_tokens"] = m.num_draft_tokens - m.num_accepted_draft_tokens
+    if details:
+        body["completion_tokens_details"] = details
     return body
 
 

@@ -55,3 +55,17 @@ def test_kv_cache_dtypes_are_the_kv_formats(capsys):
         main(["chat", "--kv-cache-dtype", "q8_0"])
     err = capsys.readouterr().err.replace("'", "")  # quoted from Python 3.12.8 on
     assert "choose from float32, bfloat16, float16, int8, fp8, int4" in err
+
+
+@pytest.mark.parametrize("command", [["chat"], ["serve", "--port", "0"]])
+def test_speculative_options_reach_the_config(configs, command, monkeypatch):
+    monkeypatch.setattr("engine.serve.server.check_port_free", lambda *a: None)
+    assert main([*command, "--speculative", "ngram", "--num-speculative-tokens", "5"]) == 2
+    assert (configs[-1].speculative, configs[-1].num_speculative_tokens) == ("ngram", 5)
+    assert main(command) == 2
+    assert (configs[-1].speculative, configs[-1].num_speculative_tokens) == (None, 8)
+
+
+def test_a_bad_draft_count_is_a_message(configs, capsys):
+    assert main(["chat", "--speculative", "ngram", "--num-speculative-tokens", "0"]) == 2
+    assert "num_speculative_tokens must be" in capsys.readouterr().err

@@ -59,6 +59,11 @@ def test_engine_config_swap_mode_follows_host_blocks() -> None:
         ("cuda_graphs", 1),
         ("cuda_graphs", None),
         ("warm_up", "yes"),
+        ("speculative", "draft:small.gguf"),
+        ("speculative", "mtp"),
+        ("num_speculative_tokens", 0),
+        ("num_speculative_tokens", 65),
+        ("num_speculative_tokens", 2.5),
     ],
 )
 def test_engine_config_rejects_bad_field(field: str, value: object) -> None:

@@ -53,7 +53,7 @@ CHAT = {
     "function_call": ("auto", REFUSED, None),
     "audio": ({"voice": "alloy", "format": "wav"}, REFUSED, None),
     "modalities": (["text", "audio"], REFUSED, None),
-    "prediction": ({"type": "content", "content": "hello"}, REFUSED, None),
+    "prediction": ({"type": "content", "content": "hello"}, HONOURED, None),
     # Passed to the chat template (test_reasoning_api); templates without it ignore it.
     "reasoning_effort": ("low", HONOURED, None),
     "verbosity": ("low", REFUSED, None),

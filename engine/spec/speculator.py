@@ -1,0 +1,151 @@
+"""The engine's speculation: drafts for each decoding candidate after a step, and the
+verify step's rows turned into the tokens each candidate keeps.
+
+A request speculates with ``SamplingParams.speculative`` (or the engine's method when it
+names none, ``"off"`` for none); a ``prediction`` makes it speculate with prompt lookup
+even where the engine does not. Models with a recurrent state (linear-attention layers)
+and beam searches decode plainly: a rejected draft would need the state from before it.
+
+Per candidate it keeps the draft length controller and the lookup indexes; per request,
+the drafted and accepted counts (``Request.num_draft_tokens``, ``num_accepted_draft_tokens``)
+that its metrics report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.core.scheduler import Scheduler
+from engine.core.scheduler_output import ScheduledSeq
+from engine.core.sequence import Request, Sequence, SequenceStatus
+from engine.outputs import TokenLogprobs
+from engine.requests import RequestState
+from engine.runner.logprobs import token_logprobs
+from engine.runner.sampler import Sampler
+from engine.sampling_driver import Sampled
+from engine.sampling_params import SPECULATIVE_OFF, SamplingParams
+from engine.spec.draft_length import DraftLength
+from engine.spec.ngram import OwnTokens, Prediction
+from engine.spec.verify import verify
+
+
+@dataclass(slots=True)
+class _Candidate:
+    length: DraftLength
+    own: OwnTokens = field(default_factory=OwnTokens)
+    prediction: Prediction | None = None
+
+
+@dataclass(slots=True)
+class _Speculating:
+    request: Request
+    prediction_ids: list[int]
+    candidates: dict[int, _Candidate] = field(default_factory=dict)
+
+
+class Speculator:
+    def __init__(self, method: str | None, num_tokens: int, max_model_len: int,
+                 available: bool) -> None:
+        """``available``: the model can roll back a rejected draft (no recurrent state)."""
+        self.method = method
+        self.num_tokens = num_tokens
+        self.max_model_len = max_model_len
+        self.available = available
+        self._requests: dict[str, _Speculating] = {}
+
+    # ----------------------------------------------------------------- requests
+    def method_for(self, params: SamplingParams) -> str | None:
+        """The method ``params`` speculates with here (None: plain decode)."""
+        if not self.available or params.speculative == SPECULATIVE_OFF:
+            return None
+        if params.speculative is not None:
+            return params.speculative
+        return self.method if self.method is not None or params.prediction is None else "ngram"
+
+    def add(self, request: Request, prediction_ids: list[int]) -> None:
+        if self.method_for(request.params) is not None:
+            self._requests[request.request_id] = _Speculating(request, prediction_ids)
+
+    def drop(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    # ------------------------------------------------------------------- drafts
+    def propose(self) -> None:
+        """Drafts for each candidate whose next step decodes one token."""
+        for spec in self._requests.values():
+            request = spec.request
+            for seq in request.seqs:
+                if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1 \
+                        or seq.draft_token_ids:
+                    continue  # not decoding, or its drafts still wait for a step
+                cand = spec.candidates.get(seq.index)
+                if cand is None:
+                    cand = spec.candidates[seq.index] = _Candidate(
+                        DraftLength(self.num_tokens),
+                        prediction=Prediction(spec.prediction_ids) if spec.prediction_ids
+                        else None)
+                k = min(cand.length.next(), self._room(seq, request.params))
+                seq.draft_token_ids = self._drafts(cand, seq, k)
+
+    def _room(self, seq: Sequence, params: SamplingParams) -> int:
+        """Drafts that can still become reply tokens: within the context and max_tokens
+        (the model's own token after them counts too)."""
+        room = self.max_model_len - seq.num_tokens - 1
+        if params.max_tokens is not None:
+            room = min(room, params.max_tokens - seq.num_output_tokens - 1)
+        return max(room, 0)
+
+    @staticmethod
+    def _drafts(cand: _Candidate, seq: Sequence, k: int) -> list[int]:
+        if cand.prediction is not None:
+            drafts = cand.prediction.propose(seq.output_token_ids, k)
+            if drafts:
+                cand.own.propose(seq.token_ids, 0)  # keep its index current
+                return drafts
+        return cand.own.propose(seq.token_ids, k)
+
+    # ------------------------------------------------------------------- verify
+    def verify(self, logits: torch.Tensor, items: list[ScheduledSeq],
+               requests: dict[str, RequestState], sampler: Sampler) -> Sampled:
+        """``logits``: each item's rows (its last token's, then one per draft), in order.
+        One entry per token to append, a candidate's in reply order."""
+        out = Sampled([], [], [], [], [], [])
+        row = 0
+        for item in items:
+            seq, k = item.seq, item.num_drafts
+            rows = logits[row:row + k + 1]
+            row += k + 1
+            state = requests[seq.request_id]
+            params = state.request.params
+            matcher = state.matcher(seq.index)
+            tokens, kept = verify(rows, seq, list(seq.draft_token_ids), params, matcher,
+                                  sampler)
+            logprobs: list[TokenLogprobs | None] = token_logprobs(
+                rows[:len(tokens)], tokens, [params.logprobs] * len(tokens))
+            n = len(tokens)
+            out.seqs += [seq] * n
+            out.states += [state] * n
+            out.params += [params] * n
+            out.matchers += [matcher] * n
+            out.tokens = [*out.tokens, *tokens]
+            out.logprobs += logprobs
+            out.after_draft += [i > 0 for i in range(n)]
+            self._record(state.request, seq, k, kept)
+        return out
+
+    def _record(self, request: Request, seq: Sequence, drafted: int, kept: int) -> None:
+        request.num_draft_tokens += drafted
+        request.num_accepted_draft_tokens += kept
+        spec = self._requests.get(request.request_id)
+        if spec is not None and seq.index in spec.candidates:
+            spec.candidates[seq.index].length.update(drafted, kept)
+
+    @staticmethod
+    def settle(items: Iterable[ScheduledSeq], scheduler: Scheduler) -> None:
+        """After the verified tokens went to their candidates (each kept draft counted as
+        computed as the token after it went in): the rejected drafts' blocks go back."""
+        for item in items:
+            scheduler.settle_drafts(item.seq)
