@@ -95,9 +95,8 @@ class Speculator:
         for spec in self._requests.values():
             request = spec.request
             for seq in request.seqs:
-                if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1 \
-                        or seq.draft_token_ids:
-                    continue  # not decoding, or its drafts still wait for a step
+                if not _decoding(seq) or seq.draft_token_ids:
+                    continue  # its drafts, if any, still wait for a step
                 cand = spec.candidates.get(seq.index)
                 if cand is None:
                     cand = spec.candidates[seq.index] = _Candidate(
@@ -174,3 +173,10 @@ class Speculator:
         computed as the token after it went in): the rejected drafts' blocks go back."""
         for item in items:
             scheduler.settle_drafts(item.seq)
+
+
+def _decoding(seq: Sequence) -> bool:
+    """Its next step computes one reply token: past its prompt (a prompt's last token,
+    left by a chunked prefill, is sampled plainly: that is where candidates fork)."""
+    return (seq.status is SequenceStatus.RUNNING and seq.num_uncomputed_tokens == 1
+            and seq.num_computed_tokens >= seq.num_prompt_tokens)

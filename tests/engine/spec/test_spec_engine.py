@@ -249,3 +249,24 @@ def test_draft_models_that_cannot_draft_are_refused(tmp_path):
     with pytest.raises(ValueError, match="draft model"):
         engine.add_request(PROMPT, SamplingParams(speculative="draft"))
     assert not engine.has_unfinished_requests()
+
+
+def test_a_prompt_whose_last_token_is_left_alone_still_forks(tmp_path):
+    """A chunked prefill that leaves one prompt token: it is sampled plainly (where the
+    candidates fork), never verified as a draft step."""
+    folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), init=peaked_weights)
+    plain = make_engine(folder, max_num_batched_tokens=len(PROMPT) - 1)
+    spec = make_engine(folder, max_num_batched_tokens=len(PROMPT) - 1, speculative="ngram")
+    params = SamplingParams(temperature=0, max_tokens=20, n=2, ignore_eos=True)
+    expected = run(plain, params)
+
+    def forked_with_the_prompt(engine):
+        check_pool(engine)
+        for request in engine.scheduler.requests.values():
+            [seq, *others] = request.seqs
+            if seq.num_computed_tokens >= seq.num_prompt_tokens:
+                assert len(others) == 1  # forked in the step that ended the prompt
+                assert seq.output_token_ids[0] == others[0].output_token_ids[0]
+
+    got = run(spec, params, check=forked_with_the_prompt)
+    assert [o.token_ids for o in got.outputs] == [o.token_ids for o in expected.outputs]
