@@ -293,7 +293,6 @@ def main(argv: list[str] | None = None) -> int:
 def _engine_options(parser: argparse.ArgumentParser) -> None:
     from engine.config import DEFAULT_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS, WEIGHTS
     from engine.dtypes import KV_DTYPE_NAMES
-    from engine.sampling_params import SPECULATIVE_METHODS
 
     parser.add_argument("--device", default=None,
                         help="cpu, cuda, cuda:N or mps (default: CUDA when available)")
@@ -311,12 +310,13 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
                         help="keep KV cache blocks leaving memory on disk, up to this many "
                         "GiB, so prompts seen before (a restart too) are not recomputed "
                         "(default 0: off)")
-    parser.add_argument("--speculative", default=None, choices=SPECULATIVE_METHODS,
-                        help="speculative decoding for every reply: ngram drafts what the "
-                        "reply is about to copy from the chat (code to edit, quoted text) "
-                        "and checks the drafts in one step; the reply is the same, faster "
-                        "where it repeats (default: off; a request's prediction still "
-                        "drafts)")
+    parser.add_argument("--speculative", default=None, metavar="ngram|draft:PATH",
+                        help="speculative decoding for every reply, checked in one step "
+                        "and the reply the same: ngram drafts what the reply is about to "
+                        "copy from the chat (code to edit, quoted text); draft:PATH lets a "
+                        "small model with the same vocabulary (a folder, a .gguf file or "
+                        "starter) draft every token (default: off; a request's prediction "
+                        "still drafts)")
     parser.add_argument("--num-speculative-tokens", type=int,
                         default=DEFAULT_SPECULATIVE_TOKENS, metavar="K",
                         help=f"the most drafts checked in one step, 1 to "

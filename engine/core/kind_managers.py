@@ -253,6 +253,17 @@ class SingleKindManager(HostSwap):
             pool.release(table[start:end])
             table[start:end] = [pool.null_id] * (end - start)
 
+    def rewind_point(self, seq: Sequence, computed: int) -> int:
+        """Where a sequence cut back to ``computed`` computed tokens can go on writing:
+        ``computed``, unless the block it would write into is in the prefix cache (full
+        and hashed before the cut), which must not change: then that block's start."""
+        table = self.tables.get(seq.seq_id, [])
+        i = computed // self.block_size
+        if computed % self.block_size and i < len(table) and table[i] != self.pool.null_id \
+                and self.pool.blocks[table[i]].block_hash is not None:
+            return i * self.block_size
+        return computed
+
     def trim(self, seq: Sequence) -> int:
         """Give back the blocks past ``seq``'s computed tokens: those a verify step took
         for drafts the model rejected (engine/spec). Never hashed (their tokens were not

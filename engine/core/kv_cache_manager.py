@@ -269,6 +269,13 @@ class KVCacheManager:
         for m in self.managers:
             m.commit_computed(seq)
 
+    def rewind_point(self, seq: Sequence, computed: int) -> int:
+        """The computed tokens ``seq`` keeps when cut back to ``computed`` (a draft model's
+        sequence after its rejected drafts): no group writes into a cached block."""
+        for m in self.managers:
+            computed = min(computed, m.rewind_point(seq, computed))
+        return computed
+
     def trim(self, seq: Sequence) -> None:
         """Give back the blocks past ``seq``'s computed tokens (rejected drafts')."""
         for m in self.managers:

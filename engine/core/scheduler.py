@@ -356,6 +356,21 @@ class Scheduler:
         seq.num_computed_tokens += 1
         self.kv.commit_computed(seq)
 
+    def rewind(self, seq: Sequence, num_tokens: int) -> None:
+        """Cut ``seq`` back to its first ``num_tokens`` tokens (a draft model's sequence
+        whose drafts the target rejected, engine/spec/draft_model.py): the K/V it keeps
+        stops there (or at the start of a cached block it would otherwise write into) and
+        the blocks past it go back. Only for models without sliding windows or recurrent
+        state, whose earlier blocks are all still held."""
+        if not 0 < num_tokens <= seq.num_tokens:
+            raise ValueError(f"{seq.label}: cannot keep {num_tokens} of {seq.num_tokens} tokens")
+        computed = self.kv.rewind_point(seq, min(seq.num_computed_tokens, num_tokens))
+        del seq.token_ids[num_tokens:]
+        del seq.block_hashes[num_tokens // self.kv.block_size:]
+        seq.draft_token_ids.clear()
+        seq.num_computed_tokens = computed
+        self.kv.trim(seq)
+
     def settle_drafts(self, seq: Sequence) -> None:
         """After a verify step: the blocks taken for the drafts the model rejected go back
         to the pool (the next step computes the model's own token)."""

@@ -84,6 +84,7 @@ class SpecMachine(RuleBasedStateMachine):
         for request in self.scheduler.requests.values():
             for s in request.live_seqs:
                 if s.status is SequenceStatus.RUNNING and s.num_uncomputed_tokens == 1 \
+                        and s.num_computed_tokens >= s.num_prompt_tokens \
                         and not s.draft_token_ids:  # drafts not yet scheduled stay
                     count = data.draw(st.integers(0, 3))
                     s.draft_token_ids = [s.token_ids[i % s.num_tokens] for i in range(count)]
@@ -139,7 +140,7 @@ class SlidingSpecMachine(SpecMachine):
 
 
 TestSpecMachine = SpecMachine.TestCase
-TestSpecMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
+TestSpecMachine.settings = settings(max_examples=300, stateful_step_count=30, deadline=None,
                                     suppress_health_check=[HealthCheck.too_slow])
 TestSlidingSpecMachine = SlidingSpecMachine.TestCase
 TestSlidingSpecMachine.settings = TestSpecMachine.settings
