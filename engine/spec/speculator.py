@@ -95,6 +95,8 @@ class Speculator:
         for spec in self._requests.values():
             request = spec.request
             for seq in request.seqs:
+                if seq.is_finished and spec.drafted and self.draft is not None:
+                    self.draft.drop(seq)  # a candidate that ended before the others
                 if not _decoding(seq) or seq.draft_token_ids:
                     continue  # its drafts, if any, still wait for a step
                 cand = spec.candidates.get(seq.index)
