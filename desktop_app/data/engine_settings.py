@@ -31,11 +31,12 @@ In settings.json, under ``"engine"``::
   cache holds more tokens in the same memory for chats (data.kv_precision says how many).
   A settings file without it reads ``"auto"``, the cache every earlier version kept.
 - ``speculative`` ("Speed"): ``"ngram"`` (prompt lookup: drafts copied from the chat are
-  checked in one step; EngineConfig.speculative) or ``"off"``. On by default: the reply is
-  the model's own either way, drafts are made only where the reply repeats the chat, and a
-  request whose drafts keep failing stops drafting (engine/spec/draft_length.py), so a
-  chat that repeats nothing decodes at the plain rate (docs/BENCHMARKS.md). A settings
-  file without it reads ``"ngram"``.
+  checked in one step; EngineConfig.speculative), ``"draft:PATH"`` (a draft model: a small
+  model with the loaded model's tokenizer drafts every token) or ``"off"``. Prompt lookup
+  is the default: the reply is the model's own either way, drafts are made only where the
+  reply repeats the chat, and a request whose drafts keep failing stops drafting
+  (engine/spec/draft_length.py), so a chat that repeats nothing decodes at the plain rate
+  (docs/BENCHMARKS.md). A settings file without it reads ``"ngram"``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ WEIGHT_LABELS = {"stored": "As stored in the file", "bfloat16": "bfloat16",
                  "float32": "float32"}
 CPU_PRECISION_LABELS = {16: "Exact (16-bit activations)", 8: "Fast (8-bit, as llama.cpp)"}
 SPEED_LABELS = {"ngram": "Prompt lookup (drafts from the chat)", "off": "Off"}
+DRAFT_PREFIX = "draft:"  # "draft:PATH": a draft model (EngineConfig.speculative's form)
 MIN_CHAT_MEMORY_MIB = 16
 MAX_CHAT_MEMORY_MIB = 1 << 20  # 1 TiB: a typo guard, not a limit anyone meets
 MAX_WARM_DISK_GIB = 1024
@@ -98,8 +100,10 @@ class EngineSettings:
                f"an integer in [1, {MAX_WARM_DISK_GIB}]")
         _check(self.kv_cache_dtype in PRECISIONS, "kv_cache_dtype", self.kv_cache_dtype,
                f"one of {', '.join(PRECISIONS)}")
-        _check(self.speculative in SPEED_LABELS, "speculative", self.speculative,
-               f"one of {', '.join(SPEED_LABELS)}")
+        draft = isinstance(self.speculative, str) and self.speculative.startswith(
+            DRAFT_PREFIX) and self.speculative[len(DRAFT_PREFIX):].strip() != ""
+        _check(self.speculative in SPEED_LABELS or draft, "speculative", self.speculative,
+               f"one of {', '.join(SPEED_LABELS)} or draft:PATH (a draft model)")
 
     @property
     def kv_cache_memory_bytes(self) -> int | None:

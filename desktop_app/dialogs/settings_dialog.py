@@ -25,13 +25,13 @@ from desktop_app.data.engine_settings import (
     CPU_PRECISION_LABELS,
     MAX_CHAT_MEMORY_MIB,
     MAX_WARM_DISK_GIB,
-    SPEED_LABELS,
     WEIGHT_LABELS,
     EngineSettings,
 )
 from desktop_app.data.kv_precision import ModelShape
 from desktop_app.data.settings import MAX_CANDIDATES, THEMES, ChatSettings
 from desktop_app.dialogs.kv_precision_box import KVPrecisionBox
+from desktop_app.dialogs.speed_box import SpeedBox
 from desktop_app.dialogs.tools_settings import ToolsSettingsPage
 from desktop_app.services.devices import cuda_device_names, device_choices
 from desktop_app.widgets.dialog_parts import error_label, ok_cancel
@@ -228,12 +228,7 @@ class EngineForm(QWidget):
         self.warm_disk.setSuffix(" GiB")
         self.keep_warm.toggled.connect(self.warm_disk.setEnabled)
         self.kv_precision = KVPrecisionBox(settings.kv_cache_dtype, model, bool(cuda_names))
-        self.speed = _choice(
-            "speedSetting", "Speed",
-            "Prompt lookup: where a reply repeats the chat (code you asked to edit, quoted "
-            "text), the words it is about to copy are checked in one step instead of one "
-            "by one. The reply is the model's own either way; drafting stops by itself "
-            "where nothing repeats.", [(label, value) for value, label in SPEED_LABELS.items()])
+        self.speed = SpeedBox(settings.speculative)
         self.device.currentIndexChanged.connect(
             lambda _i: self.kv_precision.set_device(self.device.currentData()))
         self.chat_memory.valueChanged.connect(self.kv_precision.set_budget)
@@ -264,7 +259,6 @@ class EngineForm(QWidget):
         self.keep_warm.setChecked(settings.keep_warm_on_disk)
         self.warm_disk.setValue(settings.warm_disk_gib)
         self.warm_disk.setEnabled(settings.keep_warm_on_disk)
-        self.speed.setCurrentIndex(max(0, self.speed.findData(settings.speculative)))
         self.kv_precision.set_device(settings.device)
         self.kv_precision.set_budget(settings.chat_memory_mib or 0)
 
@@ -277,7 +271,7 @@ class EngineForm(QWidget):
                               keep_warm_on_disk=self.keep_warm.isChecked(),
                               warm_disk_gib=self.warm_disk.value(),
                               kv_cache_dtype=self.kv_precision.value(),
-                              speculative=self.speed.currentData())
+                              speculative=self.speed.value())
 
 
 THEME_LABELS = {"system": "System", "light": "Light", "dark": "Dark"}

@@ -4,6 +4,8 @@ A draft the model rejects costs its share of the verify forward and gives nothin
 so a candidate whose drafts keep failing drafts fewer, then none for a while (plain
 decode), then tries one again: a chat where nothing repeats decodes at the plain rate.
 
+- the first step asks for at most ``FIRST`` (a guess that fails costs its share of the
+  verify forward, so a long one is earned);
 - every draft accepted: twice as many next time, up to the limit;
 - some accepted: one more than were accepted;
 - none accepted: half as many; at zero, a pause of 2, 4, 8... steps (at most
@@ -13,6 +15,7 @@ decode), then tries one again: a chat where nothing repeats decodes at the plain
 from __future__ import annotations
 
 _LONGEST_PAUSE = 64
+FIRST = 8
 
 
 class DraftLength:
@@ -22,7 +25,7 @@ class DraftLength:
         if limit < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {limit}")
         self.limit = limit
-        self.k = limit
+        self.k = min(limit, FIRST)
         self._misses = 0  # verify steps in a row that accepted nothing
         self._pause = 0  # steps left without drafting
 

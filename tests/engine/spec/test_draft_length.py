@@ -8,6 +8,17 @@ import pytest
 from engine.spec.draft_length import DraftLength
 
 
+def test_starts_at_eight_and_grows_to_the_limit():
+    d = DraftLength(32)
+    assert d.next() == 8
+    d.update(8, 8)
+    assert d.next() == 16
+    d.update(16, 16)
+    assert d.next() == 32
+    d.update(32, 32)
+    assert d.next() == 32
+
+
 def test_grows_when_all_kept_and_settles_after_partial():
     d = DraftLength(8)
     assert d.next() == 8
