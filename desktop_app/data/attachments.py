@@ -74,11 +74,19 @@ def is_image_name(name: str) -> bool:
     return PurePath(name).suffix.lower() in IMAGE_TYPES
 
 
-def dialog_filter() -> str:
-    """The file dialog's filter: images and documents first, then every file."""
+def image_filter() -> str:
     images = " ".join(f"*{s}" for s in IMAGE_TYPES)
+    return f"Images ({images});;All files (*)"
+
+
+def dialog_filter(images: bool = True) -> str:
+    """The file dialog's filter: documents (and images where the model sees them)
+    first, then every file."""
+    image_globs = " ".join(f"*{s}" for s in IMAGE_TYPES)
     documents = " ".join(f"*{s}" for s in sorted({*DOCUMENT_SUFFIXES, *TEXT_SUFFIXES}))
-    return (f"Images and documents ({images} {documents});;Images ({images});;"
+    if not images:
+        return f"Documents ({documents});;All files (*)"
+    return (f"Images and documents ({image_globs} {documents});;Images ({image_globs});;"
             f"Documents ({documents});;All files (*)")
 
 
@@ -168,6 +176,35 @@ def openai_part(part: dict[str, Any]) -> dict[str, Any]:
         data = part["image"]
         return {"type": "image_url", "image_url": {"url": data_url(image_type(data), data)}}
     return part
+
+
+def message_content(text: str, attachments, data_of) -> Any:
+    """A user message's content for the engine: its text alone, or each attachment's
+    part in order and then the text. ``data_of(sha256)``: the bytes of one stored
+    without them."""
+    if not attachments:
+        return text
+    parts: list[dict[str, Any]] = [
+        engine_part(a, a.data if a.data is not None else data_of(a.sha256))
+        for a in attachments]
+    if text:
+        parts.append({"type": "text", "text": text})
+    return parts
+
+
+def with_prompt_modes(attachments, prompt) -> list[Attachment]:
+    """The attachments with each document's tokens and mode as the engine's prompt
+    (``ChatPrompt.documents``: whole, or searched) read it, in its chip's detail."""
+    documents = {d.sha256: d for d in getattr(prompt, "documents", ()) or ()}
+    out = []
+    for a in attachments:
+        doc = documents.get(a.sha256) if a.kind == FILE else None
+        if doc is not None:
+            mode = "whole" if doc.mode == "whole" else "searched"
+            base = a.detail.split(" · ")[0]
+            a = replace(a, detail=f"{base} · {doc.tokens:,} tokens · {mode}")
+        out.append(a)
+    return out
 
 
 def openai_content(content: Any) -> Any:

@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from desktop_app.data.attachments import KINDS, Attachment, engine_part, sha256_of
+from desktop_app.data.attachments import KINDS, Attachment, message_content, sha256_of
 from desktop_app.data.chat_schema import Message, attachment_from_row
 
 _SELECT = ("SELECT ma.message_id, ma.kind, ma.name, ma.media_type, ma.sha256, ma.detail,"
@@ -74,10 +74,4 @@ def drop_unused(c: sqlite3.Connection) -> int:
 def content(conn: sqlite3.Connection, msg: Message) -> Any:
     """The message's content for the engine: its text alone, or (with attachments) the
     engine's parts: each attachment in order, then the text."""
-    if not msg.attachments:
-        return msg.content
-    parts: list[dict[str, Any]] = [engine_part(a, data(conn, a.sha256))
-                                   for a in msg.attachments]
-    if msg.content:
-        parts.append({"type": "text", "text": msg.content})
-    return parts
+    return message_content(msg.content, msg.attachments, lambda sha: data(conn, sha))
