@@ -12,7 +12,7 @@ import json
 
 import pytest
 from PIL import Image
-from PySide6.QtCore import QMimeData, Qt, QUrl
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QImage
 
 from desktop_app.controllers import attach
