@@ -156,7 +156,8 @@ class ConversationView(QWidget):
         attach_row.setSpacing(6)
         attach_row.addWidget(self.attach_button)
         attach_row.addWidget(self.image_button)
-        attach_row.addWidget(self.attachment_chips, 1)
+        attach_row.addWidget(self.attachment_chips)
+        attach_row.addStretch(1)  # the buttons stay left while no chip is shown
         composer_column.addLayout(attach_row)
         composer_column.addWidget(self.composer)
         composer_column.addWidget(self.context_gauge)
