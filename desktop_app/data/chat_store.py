@@ -19,6 +19,8 @@ then ``set_active_leaf(chat_id, leaf_of(sibling_id))`` shows that branch's later
 
 Every write is its own short transaction (WAL, synchronous=NORMAL): a crash loses at most
 the last partial update, and the next open turns 'streaming' messages into 'interrupted'.
+A message's attachments (images, documents) are stored by content hash, once however many
+messages hold them, and dropped with the last message that does (chat_attachments).
 Tables, migrations and row records live in chat_schema; Markdown/JSON exports in chat_export,
 the JSON import in chat_import.
 """

@@ -20,6 +20,7 @@ from desktop_app.dialogs import chat_files
 from desktop_app.services.engine_bridge import EngineBridge
 from desktop_app.widgets.attachment_view import ImageDialog
 from engine.bench.pdf_writer import write_pdf
+from engine.documents.limits import MAX_FILE_BYTES
 from tests.desktop_app.conftest import FakeLLM, FakeWorker
 from tests.desktop_app.test_drops import drop, url_mime
 
@@ -161,12 +162,16 @@ def test_a_bad_file_is_a_message_and_the_draft_stays(qtbot, make_window, vision_
     locked.write_bytes(write_pdf([["secret"]], user_password="pw"))
     odd = tmp_path / "program.exe"
     odd.write_bytes(b"MZ\x00\x01")
-    choose(monkeypatch, broken, locked, odd)
+    huge = tmp_path / "huge.txt"
+    with huge.open("wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    choose(monkeypatch, broken, locked, odd, huge)
     qtbot.mouseClick(view.attach_button, Qt.MouseButton.LeftButton)
     note = view.composer_note.text()
     assert view.composer_note.isVisible()
     assert "broken.png:" in note and "locked.pdf: the PDF is encrypted" in note
     assert "program.exe: unknown type (.exe)" in note
+    assert "huge.txt: 32.0 MiB is over the limit" in note
     assert view.composer.toPlainText() == "my words" and chip_names(view) == ["photo.png"]
 
 
@@ -230,3 +235,22 @@ def test_reopen_export_and_import_keep_the_attachments(qtbot, make_window, visio
     copy = view.rows()[0].attachments
     assert [c.attachment.name for c in copy.chips] == ["photo.png", "report.pdf"]
     assert store.attachment_data(copy.chips[0].attachment.sha256) == photo.read_bytes()
+
+
+def test_an_edited_message_keeps_its_attachments(qtbot, make_window, vision_bridge, files,
+                                                 monkeypatch, store):
+    window = make_window(vision_bridge)
+    view = window.conversation
+    photo, _, _ = files
+    choose(monkeypatch, photo)
+    qtbot.mouseClick(view.attach_button, Qt.MouseButton.LeftButton)
+    send(qtbot, window, "first words")
+    first = view.rows()[0]
+    with qtbot.waitSignal(window.controller.turnFinished, timeout=5000):
+        first.editSubmitted.emit(first.message_id, "better words")
+    messages, _ = vision_bridge.fake_workers[0].submitted[-1]
+    assert messages[-1]["content"] == [{"type": "image", "image": photo.read_bytes()},
+                                       {"type": "text", "text": "better words"}]
+    edited = view.rows()[0]
+    assert edited.branch_label.text() == "2/2"
+    assert [c.attachment.name for c in edited.attachments.chips] == ["photo.png"]
