@@ -159,6 +159,32 @@ class AttachmentChips(QWidget):
             chip.remove_button.setEnabled(not locked)
 
 
+class AttachBar(QWidget):
+    """The row above the composer: Attach (images and documents), Image (pictures only;
+    greyed out, saying why, for a model that does not see images), then the chips."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("attachBar")
+        self.attach_button = QToolButton()
+        self.attach_button.setObjectName("attachButton")
+        self.attach_button.setIcon(theme.icon("file"))
+        self.attach_button.setText("Attach")
+        self.attach_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.attach_button.setAccessibleName("Attach files")
+        self.image_button = QToolButton()
+        self.image_button.setObjectName("imageButton")
+        self.image_button.setText("Image")
+        self.image_button.setAccessibleName("Attach images")
+        self.chips = AttachmentChips()
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(6)
+        for widget in (self.attach_button, self.image_button, self.chips):
+            layout.addWidget(widget)
+        layout.addStretch(1)  # the buttons stay left while no chip is shown
+
+
 class SentAttachments(QWidget):
     """A sent message's attachments: thumbnails (click: full size) and document chips."""
 

@@ -16,14 +16,13 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSizePolicy,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from desktop_app.data.pasted_text import join_draft
 from desktop_app.widgets import drops, theme
-from desktop_app.widgets.attachment_view import AttachmentChips
+from desktop_app.widgets.attachment_view import AttachBar
 from desktop_app.widgets.candidates import CandidateGroup
 from desktop_app.widgets.composer import (
     HINT_MS,
@@ -107,20 +106,13 @@ class ConversationView(QWidget):
         self.composer.dropped.connect(self._on_dropped)
         self.composer.textChanged.connect(self.draftChanged)
         self.paste_chips.changed.connect(self.draftChanged)
-        self.attachment_chips = AttachmentChips()  # images and documents of the draft
+        # The draft's images and documents, and the buttons that attach them
+        # (controllers/attach.py drives them).
+        self.attach_bar = AttachBar()
+        self.attachment_chips = self.attach_bar.chips
+        self.attach_button, self.image_button = (self.attach_bar.attach_button,
+                                                 self.attach_bar.image_button)
         self.attachment_chips.changed.connect(self.draftChanged)
-        # The attach buttons: controllers/attach.py opens their dialogs and greys out
-        # the image button (saying why) for a model that does not see images.
-        self.attach_button = QToolButton()
-        self.attach_button.setObjectName("attachButton")
-        self.attach_button.setIcon(theme.icon("file"))
-        self.attach_button.setText("Attach")
-        self.attach_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        self.attach_button.setAccessibleName("Attach files")
-        self.image_button = QToolButton()
-        self.image_button.setObjectName("imageButton")
-        self.image_button.setText("Image")
-        self.image_button.setAccessibleName("Attach images")
         self.pending_note = PendingNote()  # a message waiting for the model to load
         self.composer.textChanged.connect(self.composer_note.on_typing)
         self.send_button = QPushButton(theme.icon("send", theme.current().accent_text), "Send")
@@ -152,13 +144,7 @@ class ConversationView(QWidget):
         composer_column.addWidget(self.pending_note)
         composer_column.addWidget(self.composer_note)
         composer_column.addWidget(self.paste_chips)
-        attach_row = QHBoxLayout()
-        attach_row.setSpacing(6)
-        attach_row.addWidget(self.attach_button)
-        attach_row.addWidget(self.image_button)
-        attach_row.addWidget(self.attachment_chips)
-        attach_row.addStretch(1)  # the buttons stay left while no chip is shown
-        composer_column.addLayout(attach_row)
+        composer_column.addWidget(self.attach_bar)
         composer_column.addWidget(self.composer)
         composer_column.addWidget(self.context_gauge)
         bottom.addLayout(composer_column, 1)
