@@ -9,6 +9,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from desktop_app.controllers import attach
+from desktop_app.data.settings import load_settings
 from desktop_app.services.engine_bridge import EngineBridge
 from engine import LLM
 from tests.engine.vision.tiny_idefics3 import png, save_tiny_idefics3
@@ -29,22 +30,31 @@ def vlm_bridge(qtbot, vlm_folder):
     bridge.shutdown()
 
 
+def short_greedy_settings():
+    """Replies of 8 greedy tokens: the random model's words are the same every run."""
+    settings = load_settings()
+    settings.chat_defaults.max_tokens = 8
+    settings.chat_defaults.temperature = 0.0
+    return settings
+
+
 def attach_files(qtbot, monkeypatch, view, *paths) -> None:
     monkeypatch.setattr(attach, "open_file_names", lambda *a: [str(p) for p in paths])
     qtbot.mouseClick(view.attach_button, Qt.MouseButton.LeftButton)
 
 
-def send(qtbot, window, text: str):
+def send(qtbot, window, text: str, errors: list | None = None):
     window.conversation.composer.setPlainText(text)
     with qtbot.waitSignal(window.controller.turnFinished, timeout=60000):
         qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)
+        assert not errors, errors  # refused at once: say why rather than time out
     store = window.store
     return store.get_message(store.active_leaf(window.controller.chat_id))
 
 
 def test_a_vision_model_reads_the_attached_picture(qtbot, make_window, vlm_bridge,
-                                                   monkeypatch, tmp_path):
-    window = make_window(vlm_bridge)
+                                                   monkeypatch, tmp_path, captured_errors):
+    window = make_window(vlm_bridge, short_greedy_settings())
     view = window.conversation
     assert vlm_bridge.sees_images and view.image_button.isEnabled()
     plain = send(qtbot, window, "what is this?")
@@ -57,7 +67,7 @@ def test_a_vision_model_reads_the_attached_picture(qtbot, make_window, vlm_bridg
     image_tokens = (with_image.metrics["num_prompt_tokens"]
                     - plain.metrics["num_prompt_tokens"])
     assert image_tokens > 16  # the picture's tokens went in
-    follow_up = send(qtbot, window, "and now?")
+    follow_up = send(qtbot, window, "and now?", captured_errors)
     assert follow_up.metrics["num_cached_tokens"] >= with_image.metrics["num_prompt_tokens"] \
         - 8  # all but the last partial block of the first prompt came from the cache
 
@@ -65,7 +75,7 @@ def test_a_vision_model_reads_the_attached_picture(qtbot, make_window, vlm_bridg
 def test_a_text_model_greys_out_images_and_reads_a_document_whole(
         qtbot, make_window, make_starter_bridge, monkeypatch, tmp_path, store):
     bridge = make_starter_bridge()
-    window = make_window(bridge)
+    window = make_window(bridge, short_greedy_settings())
     view = window.conversation
     assert bridge.sees_images is False and not view.image_button.isEnabled()
     assert "does not see images" in view.image_button.toolTip()
