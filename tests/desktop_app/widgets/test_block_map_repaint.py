@@ -75,3 +75,18 @@ def test_a_pool_of_another_size_repaints_the_whole_map(qtbot, qapp):
     block_map.set_blocks(_blocks(set())[:100])
     qtbot.waitUntil(lambda: bool(recorder.regions), timeout=2000)
     assert recorder.regions[-1].boundingRect() == block_map.rect()
+
+
+def test_an_image_mark_repaints_its_cell_and_shows_in_the_tooltip(qtbot, qapp):
+    block_map, recorder = _shown_map(qtbot, qapp)
+    blocks = _blocks({0, 1, 2})
+    blocks[1] = BlockInfo(1, "used", 1, ("r:1",), image=True)
+    block_map.set_blocks(blocks)
+    qtbot.waitUntil(lambda: bool(recorder.regions), timeout=2000)
+    qapp.processEvents()
+    painted = QRegion()
+    for region in recorder.regions:
+        painted = painted.united(region)
+    assert painted == QRegion(block_map.cell_rect(1))
+    assert "Holds an image's tokens" in block_map.tooltip_for(blocks[1])
+    assert "image" not in block_map.tooltip_for(blocks[0])
