@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 import torch
 from PIL import Image
-from transformers import Idefics3ForConditionalGeneration
 from transformers.models.idefics3.image_processing_pil_idefics3 import (
     Idefics3ImageProcessorPil,
 )
@@ -21,22 +20,12 @@ from engine.vision.decode import decode_image
 from engine.vision.idefics3 import Idefics3Processing, preprocess
 from engine.vision.model import load_vision
 from engine.vision.siglip import patch_positions
-from tests.engine.vision.tiny_idefics3 import idefics3_tokenizer, png, save_tiny_idefics3
+from tests.engine.vision.tiny_idefics3 import idefics3_tokenizer, png
 
 # float32 on both sides; the tower's attention and GELU differ in summation order only.
 ATOL = 1e-4
 
 SIZES = [(48, 40), (40, 72), (20, 20), (100, 31)]
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return save_tiny_idefics3(tmp_path_factory.mktemp("idefics3") / "smolvlm")
-
-
-@pytest.fixture(scope="module")
-def hf_model(folder):
-    return Idefics3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
 
 
 @pytest.mark.parametrize("split", [True, False])

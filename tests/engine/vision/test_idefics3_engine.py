@@ -10,7 +10,6 @@ import io
 import pytest
 import torch
 from PIL import Image
-from transformers import Idefics3ForConditionalGeneration
 from transformers.models.idefics3.image_processing_pil_idefics3 import (
     Idefics3ImageProcessorPil,
 )
@@ -32,16 +31,6 @@ def image(data: bytes) -> dict:
 
 def text(value: str) -> dict:
     return {"type": "text", "text": value}
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return save_tiny_idefics3(tmp_path_factory.mktemp("idefics3") / "smolvlm")
-
-
-@pytest.fixture(scope="module")
-def hf_model(folder):
-    return Idefics3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
