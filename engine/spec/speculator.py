@@ -35,8 +35,10 @@ from engine.spec.ngram import OwnTokens, Prediction
 from engine.spec.verify import verify
 
 # The most drafts a candidate with a prediction checks in one step (the measured gain
-# grows up to here on the starter with the exact reply predicted: docs/BENCHMARKS.md).
+# grows up to here on the starter with the exact reply predicted: docs/BENCHMARKS.md),
+# and its first step's.
 PREDICTION_DRAFTS = 32
+PREDICTION_FIRST = 8
 
 
 @dataclass(slots=True)
@@ -107,10 +109,11 @@ class Speculator:
                 if cand is None:
                     # A client's prediction is the text it expects: drafts follow it as
                     # far as the model agrees, past the engine's usual limit.
-                    limit = max(self.num_tokens, PREDICTION_DRAFTS) if spec.prediction_ids \
-                        else self.num_tokens
+                    length = DraftLength(max(self.num_tokens, PREDICTION_DRAFTS),
+                                         PREDICTION_FIRST) if spec.prediction_ids \
+                        else DraftLength(self.num_tokens)
                     cand = spec.candidates[seq.index] = _Candidate(
-                        DraftLength(limit),
+                        length,
                         prediction=Prediction(spec.prediction_ids) if spec.prediction_ids
                         else None)
                 k = min(cand.length.next(), self._room(seq, request.params))

@@ -84,10 +84,12 @@ def test_rejected_drafts_roll_back(tmp_path):
     folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), init=peaked_weights)
     plain, spec = make_engine(folder), make_engine(folder, speculative="ngram")
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    expected = run(plain, params).outputs[0]
-    got = run(spec, params, check=check_pool)
+    prompt = random_prompt(5, 12) * 3  # one whose drafts are kept and rejected
+    expected = run(plain, params, prompt).outputs[0]
+    got = run(spec, params, prompt, check=check_pool)
     assert got.outputs[0].token_ids == expected.token_ids
     assert got.metrics.num_draft_tokens > got.metrics.num_accepted_draft_tokens > 0
+    assert spec.kv_stats().rolled_back_blocks > 0
 
 
 def test_prediction_of_the_reply_is_accepted_and_changes_nothing(engines):
