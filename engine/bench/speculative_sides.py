@@ -52,6 +52,9 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
 
+    for _, variant in tasks:
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     torch.set_num_threads(threads)
     n_ctx = max(len(ids) for ids in chats.values()) + max_tokens + 16
     engines: dict[int, LLM] = {}
@@ -68,9 +71,6 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
     engine(num_speculative_tokens)
     emit({"loaded": True})
     warm = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-    for _, variant in tasks:
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     for k in {4 if v == "exact_k4" else num_speculative_tokens for _, v in tasks}:
         engine(k).generate([next(iter(chats.values()))[:8]], warm)
     for _ in range(runs):
@@ -85,15 +85,32 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
             llm = engine(4 if variant == "exact_k4" else num_speculative_tokens)
             out = llm.generate([chats[chat]], params)[0]
             m = out.metrics
-            if variant == "plain" and chat not in plain_text:
-                plain_text[chat] = out.outputs[0].text
             key = f"{chat}/{variant}"
             if key not in got:
                 got[key] = {"tok_s": [], "ids": list(out.outputs[0].token_ids),
                             "drafted": m.num_draft_tokens,
                             "accepted": m.num_accepted_draft_tokens}
+            if variant == "plain" and chat not in plain_text:
+                plain_text[chat] = out.outputs[0].text
+                # The prediction is text: where it tokenizes to other ids than the reply's
+                # (random tokens often do), its drafts there cannot be kept.
+                again = llm.tokenizer.encode(plain_text[chat], add_special_tokens=False)
+                ids = got[key]["ids"]
+                while ids and ids[-1] in llm.tokenizer.eos_token_ids:
+                    ids = ids[:-1]
+                got[key]["text_ids"] = [_agree(again, ids), len(ids)]
             got[key]["tok_s"].append(m.decode_tok_s)
             emit({key: got[key]})
+
+
+def _agree(a: list[int], b: list[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def llama_cpp(model_path: str, threads: int, chats: dict[str, list[int]], lookup: bool,

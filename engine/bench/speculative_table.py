@@ -106,6 +106,12 @@ def _drafts(fig: SpecFigures, side: str, key: str) -> str:
     text = "; no drafts" if not drafted else (
         f"; drafts {kept / drafted:.0%} kept ({kept:,} of {drafted:,}), "
         f"{kept / max(n, 1):.0%} of the reply's {n:,} tokens")
+    plain = fig.runs.get(side, {}).get(key.split("/")[0] + "/plain", {})
+    if key.endswith(("/exact", "/exact_k4")) and "text_ids" in plain:
+        agree, total = plain["text_ids"]
+        text += ("; the prediction's text tokenizes to the reply's ids" if agree >= total
+                 else f"; the prediction's text tokenizes to other ids than the reply's "
+                      f"from token {agree:,} of {total:,} on")
     return text + _same(fig, (side, key), (side, key.split("/")[0] + "/plain"))
 
 
