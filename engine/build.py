@@ -2,7 +2,8 @@
 whole, in the order their dependencies need, so that nothing is set on a part after it
 is made:
 
-    model files -> tokenizer, prompt builder, grammars -> the model -> KV groups and
+    model files -> the vision tower (engine/vision), tokenizer, prompt builder,
+    grammars -> the model -> KV groups and
     their block counts -> runner -> the disk tier's group views -> KV cache manager
     (built over them) -> disk tier (over the manager and the runner) -> scheduler
 """
@@ -31,6 +32,8 @@ from engine.runner.kv_cache import KVShape, group_blocks, num_blocks_for
 from engine.runner.model_runner import ModelRunner
 from engine.runner.state_pool import state_slots
 from engine.text.chat_template import ChatTokenizer, chat_tokenizer_for
+from engine.vision.inputs import ImageInputs
+from engine.vision.model import load_vision
 
 Progress = Callable[[str, float], None]
 
@@ -82,7 +85,9 @@ def assemble(model: str | Path, config: EngineConfig,
     loaded = load_model_files(path, dtype=dtype, progress=progress,
                               keep_quantized=config.weights == "stored")
     family = family_of(loaded.config)
-    tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template)
+    vision = load_vision(path, dtype, device)  # None: the model reads text only
+    tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template,
+                                   vision.image_token if vision is not None else None)
     grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
                         sorted(tokenizer.eos_token_ids))
     if progress:
@@ -96,7 +101,7 @@ def assemble(model: str | Path, config: EngineConfig,
     pools = _cut_pools(net, config, shape, device, dtype, max_model_len)
     runner = ModelRunner(net, shape, pools.groups, pools.counts, config.num_host_blocks,
                          get_backend(device, resolved.backend), device, config.cuda_graphs,
-                         max_model_len)
+                         max_model_len, ImageInputs(vision) if vision is not None else None)
     store = DiskStore(kv_cache_root(), config.kv_disk_bytes) if config.kv_disk_bytes else None
     views = _group_disks(store, path, resolved, config, shape, runner) if store else None
     kv_cache = KVCacheManager.build(
@@ -110,8 +115,9 @@ def assemble(model: str | Path, config: EngineConfig,
     scheduler = Scheduler(kv_cache, config.max_num_seqs, config.max_num_batched_tokens,
                           max_model_len)
     return EngineParts(config, resolved, loaded.name, loaded.config, tokenizer,
-                       PromptBuilder(tokenizer, family.model_type), grammars,
-                       net.weight_bytes(), expert_bytes(net), max_model_len, pools.groups,
+                       PromptBuilder(tokenizer, family.model_type, max_model_len, vision),
+                       grammars, net.weight_bytes() + (vision.weight_bytes if vision else 0),
+                       expert_bytes(net), max_model_len, pools.groups,
                        runner, kv_cache, scheduler, disk)
 
 

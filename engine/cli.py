@@ -11,7 +11,7 @@ from typing import TextIO
 from engine.text.reasoning.options import REASONING_EFFORTS
 
 HELP = "/regen N  N new candidates for the last reply   /new  new chat   " \
-       "/stats  KV cache   /quit"
+       "/image PATH  attach an image   /stats  KV cache   /quit"
 
 
 def _progress(stage: str, fraction: float) -> None:
@@ -36,13 +36,16 @@ def format_kv_stats(stats) -> str:
 
 class TerminalChat:
     def __init__(self, llm, params, out: TextIO = sys.stdout,
-                 reasoning_effort: str | None = None) -> None:
+                 reasoning_effort: str | None = None, files: list[dict] | None = None) -> None:
         self.llm = llm
+        # `--file` parts, attached to each chat's first question (engine/documents).
+        self.files = files or []
         # For the chat template (gpt-oss's harmony reads it; others ignore it).
         self.reasoning_effort = reasoning_effort
         self.params = params
         self.out = out
         self.messages: list[dict] = []
+        self.images: list[bytes] = []  # attached to the next message (--image, /image)
 
     def reply(self, n: int = 1):
         """Stream ``n`` candidates for the current messages, one after another."""
@@ -104,12 +107,36 @@ class TerminalChat:
                 return True
             self.messages.pop()
             self._keep(self.reply(n))
+        elif line.startswith("/image"):
+            self.attach(line.removeprefix("/image").strip())
+            self.out.write(f"({len(self.images)} image(s) attached to your next message)\n")
         elif line.startswith("/"):
             self.out.write(f"unknown command; {HELP}\n")
         else:
-            self.messages.append({"role": "user", "content": line})
-            self._keep(self.reply(1))
+            first = not any(m["role"] == "user" for m in self.messages)
+            files = list(self.files) if first else []
+            parts = [{"type": "image", "image": data} for data in self.images]
+            content = [*files, *parts, {"type": "text", "text": line}] \
+                if files or parts else line
+            self.messages.append({"role": "user", "content": content})
+            try:
+                result = self.reply(1)
+            except ValueError:
+                self.messages.pop()  # a refused image: the chat goes on without it
+                self.images = []
+                raise
+            self.images = []
+            self._keep(result)
         return True
+
+    def attach(self, path: str) -> None:
+        """An image file for the next message; ValueError naming it if unreadable."""
+        from pathlib import Path
+
+        try:
+            self.images.append(Path(path).expanduser().read_bytes())
+        except OSError as exc:
+            raise ValueError(f"--image {path}: cannot be read ({exc.strerror})") from None
 
     def _keep(self, result) -> None:
         first = result.outputs[0]
@@ -141,7 +168,15 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
     llm = LLM(args.model, engine_config(args), progress=_progress)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             seed=args.seed)
-    chat = TerminalChat(llm, params, reasoning_effort=args.reasoning_effort)
+    try:
+        files = attach_files(llm, args.file)
+        chat = TerminalChat(llm, params, reasoning_effort=args.reasoning_effort, files=files)
+        for path in args.image:
+            chat.attach(path)
+    except (OSError, ValueError) as exc:
+        llm.close()
+        print(f"folio chat: error: {exc}", file=sys.stderr)
+        return 2
     print(f"Chatting with {llm.model_name}. {HELP}")
     try:
         while True:
@@ -159,6 +194,29 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
         llm.close()  # with --kv-disk-gib, the chat's blocks stay on disk
 
 
+def attach_files(llm, paths: list[str]) -> list[dict]:
+    """`--file` paths as file content parts, each read (and its text stored) now, so a bad
+    file ends the command before the chat starts; prints how each is read."""
+    import mimetypes
+
+    from engine.chat import ChatRequest
+    from engine.documents import file_data_url
+
+    parts = []
+    for path in map(Path, paths):
+        media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        parts.append({"type": "file", "file": {
+            "file_data": file_data_url(path.expanduser().read_bytes(), media_type),
+            "filename": path.name}})
+    if parts:
+        probe = ChatRequest([{"role": "user", "content": parts}])
+        for doc in llm.engine.prompts.build(probe).documents:
+            how = "read whole, kept warm" if doc.mode == "whole" else \
+                "too long for the context: its passages are searched for each question"
+            print(f"Attached {doc.name} ({doc.kind}, {doc.tokens:,} tokens): {how}")
+    return parts
+
+
 def cmd_serve(args) -> int:
     """Every model of the library (`folio models` with the same --models-dir) answers by
     name, loaded on demand within the memory budget; --model is loaded at start."""
@@ -172,6 +230,7 @@ def cmd_serve(args) -> int:
         check_port_free(args.port, args.host)
         settings = ServeSettings(api_key=args.api_key, allowed_hosts=args.allowed_hosts,
                                  allowed_origins=args.allowed_origins,
+                                 allow_image_urls=args.allow_image_urls,
                                  **({} if args.limit_concurrency is None else
                                     {"limit_concurrency": args.limit_concurrency}))
         hosted = HostedServe(args.model, args.models_dir, args.keep_alive, args.memory_gib,
@@ -234,7 +293,6 @@ def main(argv: list[str] | None = None) -> int:
 def _engine_options(parser: argparse.ArgumentParser) -> None:
     from engine.config import DEFAULT_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS, WEIGHTS
     from engine.dtypes import KV_DTYPE_NAMES
-    from engine.sampling_params import SPECULATIVE_METHODS
 
     parser.add_argument("--device", default=None,
                         help="cpu, cuda, cuda:N or mps (default: CUDA when available)")
@@ -252,12 +310,13 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
                         help="keep KV cache blocks leaving memory on disk, up to this many "
                         "GiB, so prompts seen before (a restart too) are not recomputed "
                         "(default 0: off)")
-    parser.add_argument("--speculative", default=None, choices=SPECULATIVE_METHODS,
-                        help="speculative decoding for every reply: ngram drafts what the "
-                        "reply is about to copy from the chat (code to edit, quoted text) "
-                        "and checks the drafts in one step; the reply is the same, faster "
-                        "where it repeats (default: off; a request's prediction still "
-                        "drafts)")
+    parser.add_argument("--speculative", default=None, metavar="ngram|draft:PATH",
+                        help="speculative decoding for every reply, checked in one step "
+                        "and the reply the same: ngram drafts what the reply is about to "
+                        "copy from the chat (code to edit, quoted text); draft:PATH lets a "
+                        "small model with the same vocabulary (a folder, a .gguf file or "
+                        "starter) draft every token (default: off; a request's prediction "
+                        "still drafts)")
     parser.add_argument("--num-speculative-tokens", type=int,
                         default=DEFAULT_SPECULATIVE_TOKENS, metavar="K",
                         help=f"the most drafts checked in one step, 1 to "
@@ -277,9 +336,15 @@ def _run_command(argv: list[str]) -> int:
     chat.add_argument("--temperature", type=float, default=0.7)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--seed", type=int, default=None)
+    chat.add_argument("--image", action="append", default=[], metavar="PATH",
+                      help="attach an image to the first message (repeatable; a model "
+                           "that sees images: engine/vision); /image PATH attaches later")
     chat.add_argument("--reasoning-effort", default=None, choices=REASONING_EFFORTS,
                       help="how hard a reasoning model thinks, for templates that read it "
                            "(gpt-oss); default: the template's own")
+    chat.add_argument("--file", action="append", default=[], metavar="PATH",
+                      help="attach a PDF, DOCX, Markdown, HTML, text or code file to the "
+                      "chat's first question (repeatable); a file that fits is kept warm")
     _engine_options(chat)
     serve = sub.add_parser("serve", help="an OpenAI-compatible API on this machine")
     serve.add_argument("--model", default="starter",
@@ -311,6 +376,10 @@ def _run_command(argv: list[str]) -> int:
                        help="comma-separated browser origins allowed to call the API, with "
                        "CORS headers (default: none), e.g. http://localhost:3000 or "
                        "http://localhost:*")
+    serve.add_argument("--allow-image-urls", action="store_true",
+                       help="fetch http(s) image URLs in requests (off: data: URLs only; "
+                            "a server that fetches any URL it is handed can be made to "
+                            "reach your own network)")
     serve.add_argument("--limit-concurrency", type=int, default=None, metavar="N",
                        help="open connections (idle ones too) past which a request gets "
                        "503 (default: 256)")

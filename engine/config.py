@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from engine.dtypes import DTYPE_NAMES, KV_DTYPE_NAMES
-from engine.sampling_params import SPECULATIVE_METHODS
+from engine.sampling_params import DRAFT_PREFIX
 from engine.validation import FieldChecker
 
 BLOCK_SIZES = (8, 16, 32, 64)
@@ -71,8 +71,10 @@ class EngineConfig:
     # family's turn format, engine/text/turn_formats.py); checked by rendering a two-turn
     # chat when the engine loads.
     chat_template: str | None = None
-    # Speculative decoding for every request (engine/spec; SPECULATIVE_METHODS): None
-    # decodes plainly unless a request asks (SamplingParams.speculative or .prediction).
+    # Speculative decoding for every request (engine/spec): "ngram" (prompt lookup) or
+    # "draft:PATH" (a small model with the same vocabulary drafts: a folder, a .gguf file
+    # or "starter"); None decodes plainly unless a request asks (SamplingParams.speculative
+    # or .prediction).
     speculative: str | None = None
     # The most drafts a candidate checks in one step (each follows what the model keeps).
     num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
@@ -124,16 +126,24 @@ class EngineConfig:
                ">= 0 (bytes; 0: off)")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",
                self.num_threads, ">= 1 or None")
-        _check(self.speculative is None or self.speculative in SPECULATIVE_METHODS,
-               "speculative", self.speculative,
-               f"one of {SPECULATIVE_METHODS} or None (draft models and MTP heads are not "
-               "supported yet)")
+        _check(self.speculative is None or self.speculative == "ngram" or (
+            isinstance(self.speculative, str) and self.speculative.startswith(DRAFT_PREFIX)
+            and self.speculative[len(DRAFT_PREFIX):].strip() != ""), "speculative",
+               self.speculative, "'ngram', 'draft:PATH' (a draft model) or None (MTP heads "
+               "are not supported yet)")
         _check(1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
                "num_speculative_tokens", self.num_speculative_tokens,
                f"an integer in [1, {MAX_SPECULATIVE_TOKENS}]")
         _check(self.chat_template is None or (isinstance(self.chat_template, str)
                                               and self.chat_template.strip() != ""),
                "chat_template", self.chat_template, "a Jinja template or None")
+
+    @property
+    def draft_model(self) -> str | None:
+        """The draft model's path of ``speculative="draft:PATH"``, else None."""
+        if self.speculative is None or not self.speculative.startswith(DRAFT_PREFIX):
+            return None
+        return self.speculative[len(DRAFT_PREFIX):].strip()
 
     @property
     def preemption_mode(self) -> str:

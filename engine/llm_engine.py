@@ -42,6 +42,7 @@ from engine.runner.memory import MemoryStats, memory_stats
 from engine.runner.sampler import Sampler
 from engine.sampling_driver import Sampled, sample
 from engine.sampling_params import SamplingParams
+from engine.spec.draft_model import DraftModel, draft_config
 from engine.spec.speculator import Speculator
 from engine.stops import Stops
 
@@ -74,9 +75,11 @@ class LLMEngine:
         self._beams = BeamSearcher(self.scheduler, self.tokenizer, self.max_model_len)
         # Speculative decoding (engine/spec): drafts for decoding candidates after each
         # step. A recurrent state cannot be rolled back past a rejected draft.
-        self._speculator = Speculator(self.config.speculative,
-                                      self.config.num_speculative_tokens, self.max_model_len,
-                                      available=not self.kv_cache.state_slots)
+        draft = self._load_draft(progress)
+        method = "draft" if draft is not None else self.config.speculative
+        self._speculator = Speculator(method, self.config.num_speculative_tokens,
+                                      self.max_model_len,
+                                      available=not self.kv_cache.state_slots, draft=draft)
         # The request table: every request not yet finished, by id. It labels the blocks'
         # owners in kv_stats and holds each candidate's text state.
         self._requests: dict[str, RequestState] = {}
@@ -89,6 +92,19 @@ class LLMEngine:
             self._warm_up()
         if progress:
             progress("ready", 1.0)
+
+    def _load_draft(self, progress) -> DraftModel | None:
+        """The draft model of ``speculative="draft:PATH"``, on the target's device with a
+        pool of its own; its weights count in ``weights_bytes``."""
+        path = self.config.draft_model
+        if path is None:
+            return None
+        if progress:
+            progress("loading the draft model", 0.0)
+        parts = assemble(path, draft_config(self.config, self.max_model_len))
+        draft = DraftModel(parts, self.tokenizer, self.model_name)
+        self.weights_bytes += draft.weights_bytes
+        return draft
 
     def _warm_up(self) -> None:
         """A prompt shorter than a block and one decode token: the first forward's
@@ -173,10 +189,12 @@ class LLMEngine:
             built, params, self.tokenizer, self.grammars, grammar)
         prediction_ids = [] if not params.prediction else \
             self.tokenizer.encode(params.prediction, add_special_tokens=False)
+        self._speculator.method_for(params)  # refuses a method this engine cannot run
         # The last step that can refuse; from here on nothing raises.
         request = self.scheduler.add_request(request_id, ids, params)
         self._speculator.add(request, prediction_ids)
         request.seqs[0].generator = generators[0]
+        request.seqs[0].images = built.images
         self._requests[request_id] = RequestState(request, texts, generators, readers,
                                                   matchers, built.request is not None)
         return request_id
@@ -192,6 +210,7 @@ class LLMEngine:
             raise ValueError("BeamSearchParams: beam search does not run on models with "
                              "linear-attention layers yet")
         request = self.scheduler.add_request(request_id, built.ids, params.scheduling())
+        request.seqs[0].images = built.images
         self._beams.add(request, built, params)
         return request_id
 
@@ -310,4 +329,5 @@ class LLMEngine:
         return memory_stats(self.runner.device, self.weights_bytes, self.runner.kv_caches,
                             self.resolved_device.status_line, self.expert_bytes,
                             self.runner.state_pool_bytes, shape.format.name,
-                            shape.bytes_per_token)
+                            shape.bytes_per_token,
+                            self.runner.images.cache.nbytes if self.runner.images else 0)

@@ -12,9 +12,11 @@ MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 RESPONSE_TYPES = ("json_object", "json_schema")
 # Speculative decoding (engine/spec). "ngram": prompt lookup, drafts copied from the
-# request's own tokens and from its ``prediction``. Draft models and MTP heads are not
-# built yet. A request may also say "off" (decode plainly, whatever the engine does).
-SPECULATIVE_METHODS = ("ngram",)
+# request's own tokens and from its ``prediction``; "draft": the engine's draft model
+# (EngineConfig.speculative="draft:PATH"). MTP heads are not built yet. A request may also
+# say "off" (decode plainly, whatever the engine does).
+SPECULATIVE_METHODS = ("ngram", "draft")
+DRAFT_PREFIX = "draft:"
 SPECULATIVE_OFF = "off"
 
 

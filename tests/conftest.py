@@ -171,6 +171,8 @@ def _kv_disk_tier_folder(tmp_path_factory, monkeypatch):
     """Each test's own folder for the KV cache's disk tier (on by the app's default
     settings): no test finds another's, or a real user's, blocks."""
     monkeypatch.setenv("FOLIO_KV_CACHE_DIR", str(tmp_path_factory.mktemp("kv-disk")))
+    # Extracted documents too (engine/documents/store.py).
+    monkeypatch.setenv("FOLIO_DOCUMENTS_DIR", str(tmp_path_factory.mktemp("documents")))
 
 
 @pytest.fixture

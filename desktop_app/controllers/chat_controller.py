@@ -18,6 +18,7 @@ import sqlite3
 
 from PySide6.QtCore import QObject, Signal
 
+from desktop_app.controllers.attach import AttachControls
 from desktop_app.controllers.chat_session import ChatSession
 from desktop_app.controllers.context_gauge import ContextGauge
 from desktop_app.controllers.pending_send import PendingSend
@@ -49,6 +50,7 @@ class ChatController(QObject):
         self.sessions: dict[int, ChatSession] = {}  # chat id -> its session
         self.pending = PendingSend(bridge, view, self._send_to, self)
         self.gauge = ContextGauge(bridge, view, self)
+        self.attach = AttachControls(bridge, view, self)
         view.sendRequested.connect(self.send)
         view.stopRequested.connect(self.stop)
         view.regenerateRequested.connect(self.regenerate)
@@ -215,7 +217,9 @@ class ChatController(QObject):
     # -- the view's requests -----------------------------------------------------------
     def send(self, text: str) -> None:
         text = text.strip()
-        if not text or self.is_generating(self.chat_id) or self.pending.waiting:
+        if not text and not self.view.attachments():
+            return
+        if self.is_generating(self.chat_id) or self.pending.waiting:
             return
         if not self.bridge.is_loaded:
             if self.bridge.is_loading:
@@ -233,7 +237,7 @@ class ChatController(QObject):
         except KeyError:
             chat = None
         session = self._session(chat.id if chat is not None else self.new_chat())
-        session.send(text)
+        session.send(text, self.view.attachments())  # the draft's, held while it waited
         self._release(session.chat_id)  # refused in a chat out of view: nothing to keep
 
     def edit(self, message_id: int, text: str) -> None:

@@ -29,6 +29,8 @@ from desktop_app.controllers.json_mode import reply_metrics
 from desktop_app.controllers.stream import Stream
 from desktop_app.controllers.thinking import DROPPED_METRIC, ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
+from desktop_app.data.attachments import Attachment, with_prompt_modes
+from desktop_app.data.attachments import message_content as attached_content
 from desktop_app.data.chat_titles import DEFAULT_TITLE, title_from
 from desktop_app.data.context_policy import ContextPlan
 from desktop_app.widgets.conversation_view import GroupItem
@@ -112,7 +114,8 @@ class ChatSession(QObject):
                 items.append(GroupItem(group))
             else:
                 position, count = self.store.sibling_position(msg.id)
-                items.append(TurnItem(msg, position, count, last=msg.id == leaf))
+                items.append(TurnItem(msg, position, count, last=msg.id == leaf,
+                                      attachment_data=self.store.attachment_data))
         return items
 
     def preload(self) -> None:
@@ -127,16 +130,20 @@ class ChatSession(QObject):
                 chat, self.store.messages_for_engine(leaf, self.bridge.model_name)))
 
     # -- turns -------------------------------------------------------------------------
-    def send(self, text: str) -> None:
+    def send(self, text: str, attachments: list[Attachment] | tuple = ()) -> None:
+        """attachments: the composer's images and documents, with their bytes."""
         chat = self.store.get_chat(self.chat_id)
         leaf = self.store.active_leaf(self.chat_id)
-        plan = self.plan(leaf, text)
+        plan = self.plan(leaf, text, attachments)
         if plan is None:
             return  # refused: nothing stored, the draft stays in the composer
         self.pending_group = None  # continuing keeps the candidate on screen
-        user = self.store.add_message(self.chat_id, leaf, "user", text)
+        # Each document's tokens and mode (whole or searched) as the engine built them.
+        attachments = with_prompt_modes(attachments, plan.prompt)
+        user = self.store.add_message(self.chat_id, leaf, "user", text,
+                                      attachments=attachments)
         if chat.title == DEFAULT_TITLE and leaf is None:
-            self.store.rename_chat(self.chat_id, title_from(text))
+            self.store.rename_chat(self.chat_id, title_from(text or attachments[0].name))
         self.messageSent.emit()
         self._generate(user.id, plan)
         self.chatsChanged.emit()
@@ -144,11 +151,12 @@ class ChatSession(QObject):
     def edit(self, message_id: int, text: str) -> None:
         """A new user message beside the edited one: a new branch from that point."""
         old = self.store.get_message(message_id)
-        plan = self.plan(old.parent_id, text)
+        plan = self.plan(old.parent_id, text, old.attachments)
         if plan is None:
             return
         self.pending_group = None
-        new = self.store.add_message(self.chat_id, old.parent_id, "user", text)
+        new = self.store.add_message(self.chat_id, old.parent_id, "user", text,
+                                     attachments=old.attachments)  # the same files
         self._generate(new.id, plan)
 
     def regenerate(self, message_id: int = 0) -> None:
@@ -237,14 +245,18 @@ class ChatSession(QObject):
         tools and the template options of its Think switch and effort."""
         return ChatRequest(messages, self.tools.tool_request(chat), self.thinking.options(chat))
 
-    def plan(self, leaf_id: int | None, new_text: str | None = None) -> ContextPlan | None:
-        """What to send for a reply after `leaf_id` (plus a new user message `new_text`),
-        under the chat's overflow policy; None when it is refused (the user is told)."""
+    def plan(self, leaf_id: int | None, new_text: str | None = None,
+             attachments: list[Attachment] | tuple = ()) -> ContextPlan | None:
+        """What to send for a reply after `leaf_id` (plus a new user message `new_text`
+        with its attachments), under the chat's overflow policy; None when it is refused
+        (the user is told)."""
         chat = self.store.get_chat(self.chat_id)
+        content = None if new_text is None else attached_content(
+            new_text, attachments, self.store.attachment_data)
         try:
-            plan = self.context.plan(self.store, self.bridge, self.chat_id, leaf_id, new_text,
+            plan = self.context.plan(self.store, self.bridge, self.chat_id, leaf_id, content,
                                      lambda messages: self.request(chat, messages))
-        except ValueError as exc:  # the model's template or its tools refuse the chat
+        except ValueError as exc:  # the template, its tools or an attachment refuse it
             self.errorRaised.emit("Could not start the reply", str(exc))
             return None
         if plan.refused:

@@ -81,10 +81,11 @@ class ContextTracker:
         return self._notes.get(chat_id, "") if chat_id is not None else ""
 
     def plan(self, store, bridge, chat_id: int, leaf_id: int | None,
-             new_text: str | None = None,
+             new_text: str | list | None = None,
              request_for: RequestFor = ChatRequest) -> ContextPlan:
-        """What to send for a reply after `leaf_id` (plus a new user message `new_text`)
-        under the chat's policy; ``plan.refused`` says why when nothing may be sent.
+        """What to send for a reply after `leaf_id` (plus a new user message `new_text`: its
+        text, or the engine's content parts when it has attachments) under the chat's
+        policy; ``plan.refused`` says why when nothing may be sent.
         ``request_for(messages)``: the chat's request for those messages (its tools and
         template options), measured and built by the model's prompt builder; ValueError
         where that builder refuses them. ``bridge``: what the prompt is for (the bridge,

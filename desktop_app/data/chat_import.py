@@ -17,14 +17,18 @@ id and remaps parent_id, candidate_group and the active leaf.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 import sqlite3
 from dataclasses import dataclass, fields
 from typing import Any
 
+from desktop_app.data import chat_attachments, tool_records
 from desktop_app.data import chat_schema as schema
 from desktop_app.data import import_checks as check
-from desktop_app.data import tool_records
+from desktop_app.data.attachments import KINDS, Attachment, sha256_of
 from desktop_app.data.chat_export import JSON_FORMAT, JSON_VERSION
 from desktop_app.data.chat_schema import ROLES, STATUSES, Message
 from desktop_app.data.import_checks import ChatImportError
@@ -35,6 +39,10 @@ _CHAT_FIELDS = {"id", "title", "created_at", "updated_at", "settings", "active_l
 _MESSAGE_FIELDS = {f.name for f in fields(Message)}
 _TOOL_FIELDS = {"tool_calls", "tool_call"}  # since version 2
 _THINKING_DEFAULTS = {"thinking": ""}  # since version 3
+_ATTACHMENT_FIELDS = {"kind", "name", "media_type", "sha256", "size", "detail"}  # version 4
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# An embedded file's base64 text: a file may be 32 MiB (engine.documents.limits).
+MAX_EMBEDDED_CHARS = 48 * 2**20
 
 
 @dataclass(slots=True)
@@ -45,7 +53,7 @@ class ParsedChat:
     created_at: float
     settings: ChatSettings
     active_leaf_id: int | None
-    messages: list[Message]  # parents before children
+    messages: list[Message]  # parents before children; attachments with their bytes
 
 
 def parse_chat_json(text: str) -> ParsedChat:
@@ -59,6 +67,7 @@ def parse_chat_json(text: str) -> ParsedChat:
     created_at = check.timestamp(chat["created_at"], "chat.created_at")
     check.timestamp(chat["updated_at"], "chat.updated_at")
     settings = _settings(chat["settings"])
+    files = _files(data.get("attachments", {}))
 
     messages: list[Message] = []
     seen: dict[int, Message] = {}
@@ -67,7 +76,9 @@ def parse_chat_json(text: str) -> ParsedChat:
             raw = {**dict.fromkeys(_TOOL_FIELDS), **raw}
         if version <= 2 and isinstance(raw, dict):
             raw = {**_THINKING_DEFAULTS, **raw}
-        msg = _message(raw, f"messages[{i}]", chat_id, seen)
+        if version <= 3 and isinstance(raw, dict):
+            raw = {"attachments": [], **raw}
+        msg = _message(raw, f"messages[{i}]", chat_id, seen, files)
         seen[msg.id] = msg
         messages.append(msg)
 
@@ -98,6 +109,7 @@ def insert_chat(conn: sqlite3.Connection, parsed: ParsedChat, now: float) -> int
              schema.json_or_null(msg.tool_calls), schema.json_or_null(msg.tool_call),
              msg.thinking))
         new_id[msg.id] = cur.lastrowid
+        chat_attachments.insert(conn, cur.lastrowid, msg.attachments)
     for msg in parsed.messages:
         if msg.candidate_group is not None:
             conn.execute("UPDATE messages SET candidate_group = ? WHERE id = ?",
@@ -151,7 +163,8 @@ def _version(data: Any) -> int:
     if version < 1:
         raise ChatImportError(f"The export's format version {version} is not supported "
                               f"(this Folio reads version {JSON_VERSION}).")
-    check.fields_exactly(data, {"format", "version", "chat", "messages"}, "The export")
+    check.fields_exactly(data, {"format", "version", "chat", "messages"}
+                         | ({"attachments"} if version >= 4 else set()), "The export")
     if not isinstance(data["chat"], dict):
         check.fail("chat", "an object", data["chat"])
     if not isinstance(data["messages"], list):
@@ -180,7 +193,56 @@ def _settings(raw: Any) -> ChatSettings:
     return settings
 
 
-def _message(raw: Any, where: str, chat_id: int, seen: dict[int, Message]) -> Message:
+def _files(raw: Any) -> dict[str, bytes]:
+    """The embedded files: sha256 -> bytes, each checked against its hash."""
+    if not isinstance(raw, dict):
+        check.fail("attachments", "an object of sha256 -> base64", raw)
+    files: dict[str, bytes] = {}
+    for sha, encoded in raw.items():
+        where = check.member("attachments", sha)
+        if not _SHA256.fullmatch(sha):
+            raise ChatImportError(f"{where}: the key must be a sha256 (64 hex digits)")
+        if not isinstance(encoded, str) or len(encoded) > MAX_EMBEDDED_CHARS:
+            check.fail(where, "base64 text of at most 32 MiB", encoded)
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise ChatImportError(f"{where}: not valid base64") from None
+        if sha256_of(data) != sha:
+            raise ChatImportError(f"{where}: the file's bytes do not match its sha256")
+        files[sha] = data
+    return files
+
+
+def _attachments(raw: Any, where: str, files: dict[str, bytes]) -> list[Attachment]:
+    if not isinstance(raw, list):
+        check.fail(where, "a list", raw)
+    out = []
+    for n, item in enumerate(raw):
+        at = f"{where}[{n}]"
+        if not isinstance(item, dict):
+            check.fail(at, "an object", item)
+        check.fields_exactly(item, _ATTACHMENT_FIELDS, at)
+        kind = check.one_of(item["kind"], f"{at}.kind", KINDS)
+        name = check.text(item["name"], f"{at}.name")
+        if not name.strip():
+            check.fail(f"{at}.name", "a file name", name)
+        media_type = check.text(item["media_type"], f"{at}.media_type")
+        detail = check.text(item["detail"], f"{at}.detail")
+        sha = item["sha256"]
+        if not isinstance(sha, str) or sha not in files:
+            raise ChatImportError(f"{at}.sha256: {check.show(sha)} is not one of the files "
+                                  "embedded in \"attachments\"")
+        size = check.integer(item["size"], f"{at}.size")
+        if size != len(files[sha]):
+            raise ChatImportError(f"{at}.size: {size} is not the embedded file's "
+                                  f"{len(files[sha])} bytes")
+        out.append(Attachment(kind, name, media_type, sha, size, detail, files[sha]))
+    return out
+
+
+def _message(raw: Any, where: str, chat_id: int, seen: dict[int, Message],
+             files: dict[str, bytes]) -> Message:
     if not isinstance(raw, dict):
         check.fail(where, "an object", raw)
     check.fields_exactly(raw, _MESSAGE_FIELDS, where)
@@ -224,13 +286,14 @@ def _message(raw: Any, where: str, chat_id: int, seen: dict[int, Message]) -> Me
         raise ChatImportError(str(err)) from None
     for name in _TOOL_FIELDS:
         check.json_value(raw[name], f"{where}.{name}")
+    attachments = _attachments(raw["attachments"], f"{where}.attachments", files)
     return Message(id=mid, chat_id=0, parent_id=parent, role=role, content=content,
                    token_ids=None if ids is None else list(ids), metrics=metrics,
                    # A reply that was still streaming when exported ends there.
                    status="interrupted" if status == "streaming" else status,
                    created_at=created_at, model=model, candidate_group=group,
                    candidate_index=index, tool_calls=raw["tool_calls"],
-                   tool_call=raw["tool_call"], thinking=thinking)
+                   tool_call=raw["tool_call"], thinking=thinking, attachments=attachments)
 
 
 def _kind(value: Any) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 import platformdirs
 
+from desktop_app.data.attachments import Attachment
 from desktop_app.data.settings import ChatSettings, without_old_default
 
 DB_FILE = "chats.sqlite3"
@@ -62,6 +63,8 @@ class Message:
     tool_call: dict[str, Any] | None = None
     # A reply's thinking (reasoning models), kept apart from its answer (``content``).
     thinking: str = ""
+    # Its attached images and documents, in order, without their bytes (v5).
+    attachments: list[Attachment] = field(default_factory=list)
 
 
 def _message_columns(table: str, roles: tuple[str, ...]) -> str:
@@ -151,9 +154,42 @@ def _migrate_v4(conn: sqlite3.Connection) -> None:
     conn.executemany("UPDATE chats SET settings = ? WHERE id = ?", changed)
 
 
+def _migrate_v5(conn: sqlite3.Connection) -> None:
+    """Attachments: each file's bytes once, by content hash (``attachments``), and which
+    message holds which, in order, under what name (``message_attachments``). Blobs in
+    this database rather than files beside it: a message and its attachments are written
+    in one transaction, so a crash never leaves a message pointing at a missing file or a
+    file nothing points at; deleting a chat drops the bytes no other message references in
+    that same transaction (the foreign key refuses dropping bytes still referenced); and
+    the chats stay one file to back up or move. Files are at most 32 MiB, far under
+    SQLite's blob limit."""
+    for statement in ("""
+        CREATE TABLE attachments (
+            sha256 TEXT PRIMARY KEY,
+            size INTEGER NOT NULL,
+            data BLOB NOT NULL
+        )""", """
+        CREATE TABLE message_attachments (
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('image', 'file')),
+            name TEXT NOT NULL,
+            media_type TEXT NOT NULL,
+            sha256 TEXT NOT NULL REFERENCES attachments(sha256),
+            detail TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (message_id, position)
+        )""",
+        "CREATE INDEX message_attachments_by_hash ON message_attachments(sha256)",
+    ):
+        conn.execute(statement)
+
+
 Migration = Callable[[sqlite3.Connection], None]
-# Index i upgrades a database from user_version i to i + 1; v5 is one more function here.
-MIGRATIONS: list[Migration] = [_migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4]
+# Index i upgrades a database from user_version i to i + 1; v6 is one more function here.
+# A migration that rebuilds the messages table (as v2 did) must save and put back
+# message_attachments: dropping the old table cascades to its rows.
+MIGRATIONS: list[Migration] = [_migrate_v1, _migrate_v2, _migrate_v3, _migrate_v4,
+                               _migrate_v5]
 
 # The ancestors of message ? (itself at depth 0, the root deepest).
 PATH_CTE = """WITH RECURSIVE path(id, parent_id, depth) AS (
@@ -247,6 +283,11 @@ def message_from_row(row: sqlite3.Row) -> Message:
                    candidate_group=row["candidate_group"], candidate_index=row["candidate_index"],
                    tool_calls=_json_or_none(row["tool_calls"]),
                    tool_call=_json_or_none(row["tool_call"]), thinking=row["thinking"])
+
+
+def attachment_from_row(row: sqlite3.Row) -> Attachment:
+    return Attachment(kind=row["kind"], name=row["name"], media_type=row["media_type"],
+                      sha256=row["sha256"], size=row["size"], detail=row["detail"])
 
 
 def _json_or_none(text: str | None) -> Any:

@@ -19,6 +19,8 @@ then ``set_active_leaf(chat_id, leaf_of(sibling_id))`` shows that branch's later
 
 Every write is its own short transaction (WAL, synchronous=NORMAL): a crash loses at most
 the last partial update, and the next open turns 'streaming' messages into 'interrupted'.
+A message's attachments (images, documents) are stored by content hash, once however many
+messages hold them, and dropped with the last message that does (chat_attachments).
 Tables, migrations and row records live in chat_schema; Markdown/JSON exports in chat_export,
 the JSON import in chat_import.
 """
@@ -28,13 +30,15 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from desktop_app.data import chat_import, tool_records
+from desktop_app.data import chat_attachments, chat_import, tool_records
 from desktop_app.data import chat_schema as schema
-from desktop_app.data.chat_export import branch_markdown, chat_json
+from desktop_app.data.attachments import Attachment
+from desktop_app.data.chat_export import branch_markdown, chat_json, markdown_files
 from desktop_app.data.chat_schema import DB_FILE as DB_FILE  # re-exported from before the split
 from desktop_app.data.chat_schema import MIGRATIONS, ROLES, STATUSES, Chat, Message, default_db_path
 from desktop_app.data.chat_schema import _migrate_v1 as _migrate_v1  # tests build v1 databases
@@ -89,8 +93,12 @@ class ChatStore:
                          (json.dumps(settings.to_dict()), chat_id), chat_id)
 
     def delete_chat(self, chat_id: int) -> None:
-        """Deletes the chat and, by cascade, all its messages."""
-        self._update_one("DELETE FROM chats WHERE id = ?", (chat_id,), chat_id)
+        """Deletes the chat and, by cascade, all its messages; an attachment's bytes go
+        too unless another chat's message still holds the same file."""
+        with self._tx() as c:
+            if c.execute("DELETE FROM chats WHERE id = ?", (chat_id,)).rowcount != 1:
+                raise KeyError(f"no chat with id {chat_id}")
+            chat_attachments.drop_unused(c)
 
     def list_chats(self, search: str = "") -> list[Chat]:
         """Newest activity first; search matches titles and message text, ignoring case."""
@@ -111,9 +119,12 @@ class ChatStore:
                     token_ids: list[int] | None = None, status: str = "complete",
                     metrics: dict[str, Any] | None = None, *, model: str | None = None,
                     candidate_group: int | None = None, candidate_index: int | None = None,
-                    activate: bool = True, tool_call: dict[str, Any] | None = None) -> Message:
+                    activate: bool = True, tool_call: dict[str, Any] | None = None,
+                    attachments: Sequence[Attachment] = ()) -> Message:
         """Append a message under parent_id (None: a first turn). activate: make it the
-        chat's active leaf. tool_call: a "tool" message's call (data.tool_records)."""
+        chat's active leaf. tool_call: a "tool" message's call (data.tool_records).
+        attachments: its images and documents (with their bytes, or without them when
+        the same file is stored already: an edited message keeps its attachments)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         if status not in STATUSES:
@@ -134,6 +145,7 @@ class ChatStore:
                 (chat_id, parent_id, role, content, schema.pack_token_ids(token_ids),
                  json.dumps(metrics or {}), status, now, now, model, candidate_group,
                  candidate_index, schema.json_or_null(tool_call)))
+            chat_attachments.insert(c, cur.lastrowid, attachments)
             c.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
             if activate:
                 self._activate(c, chat_id, cur.lastrowid, now)
@@ -157,7 +169,11 @@ class ChatStore:
         row = self._conn.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
         if row is None:
             raise KeyError(f"no message with id {message_id}")
-        return schema.message_from_row(row)
+        return self._filled([schema.message_from_row(row)])[0]
+
+    def attachment_data(self, sha256: str) -> bytes:
+        """The bytes of a stored attachment (KeyError when none has that hash)."""
+        return chat_attachments.data(self._conn, sha256)
 
     def set_partial(self, message_id: int, content: str, thinking: str = "") -> None:
         """Replace a streaming message's text; cheap enough for several calls a second."""
@@ -199,6 +215,7 @@ class ChatStore:
         msg = self.get_message(message_id)
         with self._tx() as c:
             c.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+            chat_attachments.drop_unused(c)
             c.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (self._stamp(), msg.chat_id))
 
     def mark_interrupted_on_startup(self) -> int:
@@ -212,12 +229,12 @@ class ChatStore:
     def roots(self, chat_id: int) -> list[Message]:
         rows = self._conn.execute("SELECT * FROM messages WHERE chat_id = ? AND parent_id IS NULL"
                                   " ORDER BY id", (chat_id,))
-        return [schema.message_from_row(r) for r in rows]
+        return self._filled(schema.message_from_row(r) for r in rows)
 
     def children(self, message_id: int) -> list[Message]:
         rows = self._conn.execute("SELECT * FROM messages WHERE parent_id = ? ORDER BY id",
                                   (message_id,))
-        return [schema.message_from_row(r) for r in rows]
+        return self._filled(schema.message_from_row(r) for r in rows)
 
     def siblings(self, message_id: int) -> list[Message]:
         """The alternates of this turn, itself included, oldest first."""
@@ -233,7 +250,7 @@ class ChatStore:
     def path_to(self, leaf_id: int) -> list[Message]:
         rows = self._conn.execute(schema.PATH_CTE + " SELECT m.* FROM path JOIN messages m"
                                   " ON m.id = path.id ORDER BY path.depth DESC", (leaf_id,))
-        path = [schema.message_from_row(r) for r in rows]
+        path = self._filled(schema.message_from_row(r) for r in rows)
         if not path:
             raise KeyError(f"no message with id {leaf_id}")
         return path
@@ -271,12 +288,14 @@ class ChatStore:
         (engine.chat.request): "token_ids" where the message's exact tokens are known,
         "reasoning_content" where a reply has thinking (the prompt builder shows it as the
         model's template wants). ``model``: the model the prompt is for; a reply another
-        model wrote goes as text, its ids being that model's vocabulary."""
+        model wrote goes as text, its ids being that model's vocabulary. A message with
+        attachments has the engine's content parts (chat_attachments.content)."""
         path = self.path_to(leaf_id)
         prompt = self.get_chat(path[0].chat_id).settings.system_prompt
         out: list[dict[str, Any]] = [{"role": "system", "content": prompt}] if prompt else []
         for msg in path:
-            item: dict[str, Any] = {"role": msg.role, "content": msg.content}
+            item: dict[str, Any] = {"role": msg.role,
+                                    "content": chat_attachments.content(self._conn, msg)}
             if msg.token_ids is not None and (model is None or msg.model in (None, model)):
                 item["token_ids"] = msg.token_ids
             if msg.thinking:
@@ -286,18 +305,31 @@ class ChatStore:
 
     # ---- export ------------------------------------------------------------------------
 
-    def export_markdown(self, chat_id: int, leaf_id: int | None = None) -> str:
-        """One branch (the active one by default) as Markdown."""
+    def export_markdown(self, chat_id: int, leaf_id: int | None = None,
+                        folder: str = "") -> str:
+        """One branch (the active one by default) as Markdown; ``folder``: where its
+        attachments are written beside it (``markdown_attachments``), linked from it."""
         chat = self.get_chat(chat_id)
         leaf_id = leaf_id if leaf_id is not None else self.active_leaf(chat_id)
-        return branch_markdown(chat, self.path_to(leaf_id) if leaf_id is not None else [])
+        return branch_markdown(chat, self.path_to(leaf_id) if leaf_id is not None else [],
+                               folder)
+
+    def markdown_attachments(self, chat_id: int, leaf_id: int | None = None
+                             ) -> dict[str, bytes]:
+        """The files export_markdown links: their names in the folder -> bytes."""
+        leaf_id = leaf_id if leaf_id is not None else self.active_leaf(chat_id)
+        branch = self.path_to(leaf_id) if leaf_id is not None else []
+        return {name: self.attachment_data(att.sha256)
+                for name, att in markdown_files(branch).items()}
 
     def export_json(self, chat_id: int) -> str:
         """The whole chat with every branch, messages in creation order."""
         chat = self.get_chat(chat_id)
         rows = self._conn.execute("SELECT * FROM messages WHERE chat_id = ? ORDER BY id",
                                   (chat_id,))
-        return chat_json(chat, [schema.message_from_row(r) for r in rows])
+        messages = self._filled(schema.message_from_row(r) for r in rows)
+        hashes = {a.sha256 for m in messages for a in m.attachments}
+        return chat_json(chat, messages, {h: self.attachment_data(h) for h in sorted(hashes)})
 
     def import_json(self, text: str) -> Chat:
         """An export_json text back in as a new chat, every id new. The whole file is
@@ -309,6 +341,12 @@ class ChatStore:
             return self.get_chat(chat_import.insert_chat(c, parsed, self._stamp()))
 
     # ---- internals ---------------------------------------------------------------------
+
+    def _filled(self, messages) -> list[Message]:
+        """The messages with their attachments read."""
+        out = list(messages)
+        chat_attachments.fill(self._conn, out)
+        return out
 
     def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
         return schema.transaction(self._conn)

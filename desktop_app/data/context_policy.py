@@ -89,10 +89,30 @@ def estimate_tokens(messages: Sequence[dict[str, Any]]) -> int:
     total = 0
     for m in messages:
         ids = m.get("token_ids")
-        total += len(ids) if ids is not None else math.ceil(len(m.get("content", "")) /
-                                                            CHARS_PER_TOKEN)
+        total += len(ids) if ids is not None else _content_tokens(m.get("content", ""))
         total += TOKENS_PER_MESSAGE
     return total + TOKENS_PER_MESSAGE  # the generation prompt
+
+
+# A guess for an attachment's tokens where the app has no tokenizer (a server's model):
+# an image as a vision model's typical tile count; a document by its bytes.
+IMAGE_TOKENS = 1024
+
+
+def _content_tokens(content: Any) -> int:
+    if isinstance(content, str):
+        return math.ceil(len(content) / CHARS_PER_TOKEN)
+    total = 0
+    for part in content if isinstance(content, list) else ():
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            total += math.ceil(len(part.get("text", "")) / CHARS_PER_TOKEN)
+        elif kind in ("image", "image_url"):
+            total += IMAGE_TOKENS
+        elif kind == "file":
+            total += math.ceil(len(str(part.get("file", {}).get("file_data", ""))) * 3 / 4
+                               / CHARS_PER_TOKEN)
+    return total
 
 
 def split_turns(messages: Sequence[dict[str, Any]]) -> tuple[int, list[list[int]]]:

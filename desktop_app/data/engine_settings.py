@@ -7,7 +7,7 @@ In settings.json, under ``"engine"``::
 
     {"device": "auto", "weights": "stored", "chat_memory_mib": null,
      "cpu_activation_bits": 16, "keep_warm_on_disk": true, "warm_disk_gib": 4,
-     "kv_cache_dtype": "auto"}
+     "kv_cache_dtype": "auto", "speculative": "ngram"}
 
 - ``device``: ``"auto"`` (the GPU when there is one, else the CPU), ``"cpu"``,
   ``"cuda:N"`` or ``"mps"``.
@@ -30,6 +30,13 @@ In settings.json, under ``"engine"``::
   ``"fp8"`` (8-bit float, offered for CUDA only): EngineConfig.kv_cache_dtype. A smaller
   cache holds more tokens in the same memory for chats (data.kv_precision says how many).
   A settings file without it reads ``"auto"``, the cache every earlier version kept.
+- ``speculative`` ("Speed"): ``"ngram"`` (prompt lookup: drafts copied from the chat are
+  checked in one step; EngineConfig.speculative), ``"draft:PATH"`` (a draft model: a small
+  model with the loaded model's tokenizer drafts every token) or ``"off"``. Prompt lookup
+  is the default: the reply is the model's own either way, drafts are made only where the
+  reply repeats the chat, and a request whose drafts keep failing stops drafting
+  (engine/spec/draft_length.py), so a chat that repeats nothing decodes at the plain rate
+  (docs/BENCHMARKS.md). A settings file without it reads ``"ngram"``.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ DEVICE_AUTO = "auto"
 WEIGHT_LABELS = {"stored": "As stored in the file", "bfloat16": "bfloat16",
                  "float32": "float32"}
 CPU_PRECISION_LABELS = {16: "Exact (16-bit activations)", 8: "Fast (8-bit, as llama.cpp)"}
+SPEED_LABELS = {"ngram": "Prompt lookup (drafts from the chat)", "off": "Off"}
+DRAFT_PREFIX = "draft:"  # "draft:PATH": a draft model (EngineConfig.speculative's form)
 MIN_CHAT_MEMORY_MIB = 16
 MAX_CHAT_MEMORY_MIB = 1 << 20  # 1 TiB: a typo guard, not a limit anyone meets
 MAX_WARM_DISK_GIB = 1024
@@ -67,6 +76,7 @@ class EngineSettings:
     keep_warm_on_disk: bool = True  # the KV cache's disk tier (see the module doc)
     warm_disk_gib: int = 4
     kv_cache_dtype: str = KV_AUTO  # "KV cache precision" (see the module doc)
+    speculative: str = "ngram"  # "Speed": speculative decoding (see the module doc)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.device, str) and _DEVICE_FORM.fullmatch(self.device) is not None,
@@ -90,6 +100,10 @@ class EngineSettings:
                f"an integer in [1, {MAX_WARM_DISK_GIB}]")
         _check(self.kv_cache_dtype in PRECISIONS, "kv_cache_dtype", self.kv_cache_dtype,
                f"one of {', '.join(PRECISIONS)}")
+        draft = isinstance(self.speculative, str) and self.speculative.startswith(
+            DRAFT_PREFIX) and self.speculative[len(DRAFT_PREFIX):].strip() != ""
+        _check(self.speculative in SPEED_LABELS or draft, "speculative", self.speculative,
+               f"one of {', '.join(SPEED_LABELS)} or draft:PATH (a draft model)")
 
     @property
     def kv_cache_memory_bytes(self) -> int | None:
@@ -105,7 +119,9 @@ class EngineSettings:
                             kv_disk_bytes=(self.warm_disk_gib << 30 if self.keep_warm_on_disk
                                            else 0),
                             kv_cache_dtype=(None if self.kv_cache_dtype == KV_AUTO
-                                            else self.kv_cache_dtype))
+                                            else self.kv_cache_dtype),
+                            speculative=(None if self.speculative == "off"
+                                         else self.speculative))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -2,7 +2,9 @@
 
 The formats live in desktop_app.data (chat_export, chat_import, through ChatStore); this
 module only asks for a path and shows what went wrong. Export: the save dialog's filter
-picks Markdown (the open branch, for reading) or JSON (the whole tree, to import again).
+picks Markdown (the open branch, for reading; its attachments written as files into
+"<name> files" beside it and linked) or JSON (the whole tree, attachments embedded, to
+import again).
 Import: a JSON export becomes a new chat, or nothing is written and the error names why;
 any failure, a bad file or the store's own, is shown, never left to the console.
 
@@ -81,9 +83,13 @@ class ChatFileActions(QObject):
                                             and path.suffix.lower() == ".json")
         if not path.suffix:
             path = path.with_suffix(".json" if as_json else ".md")
+        # Markdown links its attachments, written into "<name> files" beside it.
+        folder = f"{path.stem} files"
         text = self.store.export_json(chat_id) if as_json else self.store.export_markdown(
-            chat_id)
+            chat_id, folder=folder)
         try:
+            if not as_json:
+                _write_files(path.parent / folder, self.store.markdown_attachments(chat_id))
             _write_atomically(path, text)
         except OSError as err:
             error_dialog.show_error(self._window, "Could not export the chat",
@@ -133,6 +139,14 @@ class ChatFileActions(QObject):
 def _file_stem(title: str) -> str:
     stem = re.sub(r'[\\/:*?"<>|\x00-\x1f]+', " ", title).strip(" .")
     return stem[:80] or "chat"
+
+
+def _write_files(folder: Path, files: dict[str, bytes]) -> None:
+    if not files:
+        return
+    folder.mkdir(exist_ok=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -31,6 +31,7 @@ from desktop_app.data.engine_settings import (
 from desktop_app.data.kv_precision import ModelShape
 from desktop_app.data.settings import MAX_CANDIDATES, THEMES, ChatSettings
 from desktop_app.dialogs.kv_precision_box import KVPrecisionBox
+from desktop_app.dialogs.speed_box import SpeedBox
 from desktop_app.dialogs.tools_settings import ToolsSettingsPage
 from desktop_app.services.devices import cuda_device_names, device_choices
 from desktop_app.widgets.dialog_parts import error_label, ok_cancel
@@ -227,6 +228,7 @@ class EngineForm(QWidget):
         self.warm_disk.setSuffix(" GiB")
         self.keep_warm.toggled.connect(self.warm_disk.setEnabled)
         self.kv_precision = KVPrecisionBox(settings.kv_cache_dtype, model, bool(cuda_names))
+        self.speed = SpeedBox(settings.speculative)
         self.device.currentIndexChanged.connect(
             lambda _i: self.kv_precision.set_device(self.device.currentData()))
         self.chat_memory.valueChanged.connect(self.kv_precision.set_budget)
@@ -245,6 +247,7 @@ class EngineForm(QWidget):
         form.addRow("CPU precision", self.cpu_precision)
         form.addRow("Memory for chats", self.chat_memory)
         form.addRow("KV cache precision", self.kv_precision)
+        form.addRow("Speed", self.speed)
         form.addRow(self.keep_warm)
         form.addRow("Disk for warm chats", self.warm_disk)
         form.addRow(note)
@@ -267,7 +270,8 @@ class EngineForm(QWidget):
                               cpu_activation_bits=self.cpu_precision.currentData(),
                               keep_warm_on_disk=self.keep_warm.isChecked(),
                               warm_disk_gib=self.warm_disk.value(),
-                              kv_cache_dtype=self.kv_precision.value())
+                              kv_cache_dtype=self.kv_precision.value(),
+                              speculative=self.speed.value())
 
 
 THEME_LABELS = {"system": "System", "light": "Light", "dark": "Dark"}

@@ -21,6 +21,7 @@ from dataclasses import asdict
 
 import openai
 
+from desktop_app.data.attachments import openai_content
 from desktop_app.data.json_mode import openai_response_format
 from desktop_app.services.remote_client import describe_failure
 from desktop_app.services.remote_pacing import SERIAL_SERVERS, RemoteMetrics, Replay, is_busy
@@ -85,8 +86,10 @@ class RemoteRequest:
     def __init__(self, request_id: str, llm, messages, params, on_event) -> None:
         self.request_id = request_id
         self._llm = llm
-        # Remote servers know text only: the exact token ids of earlier replies stay home.
-        self._messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        # The exact token ids of earlier replies stay home; attachments go as OpenAI's
+        # parts (an image as an image_url data URL, a document as a file part).
+        self._messages = [{"role": m["role"], "content": openai_content(m["content"])}
+                          for m in messages]
         self._params = params
         self._on_event = on_event
         n = params.n

@@ -34,6 +34,16 @@ class WorkerFacts:
         return None if self._worker is None else self._worker.prompts
 
     @property
+    def sees_images(self) -> bool | None:
+        """Whether the picker's model reads images; None for a server's model (Folio
+        cannot tell: the server answers for it), False while none is loaded."""
+        if self._worker is None:
+            return False
+        if self._worker.is_remote:
+            return None
+        return bool(getattr(self._worker, "sees_images", False))
+
+    @property
     def worker(self) -> ModelWorker | None:
         """The running worker (a LocalWorker, or a RemoteWorker), None when unloaded."""
         return self._worker

@@ -48,6 +48,15 @@ class ModelFacts:
     def prompts(self) -> PromptBuilder | None:
         return self.llm.prompts
 
+    @property
+    def sees_images(self) -> bool:
+        """Whether the model reads images: its prompt builder has a vision encoder
+        (engine/vision); a model without a builder says so itself."""
+        prompts = self.llm.prompts
+        if prompts is not None:
+            return getattr(prompts, "vision", None) is not None
+        return bool(getattr(self.llm, "sees_images", False))
+
 
 class RequestHandle(Protocol):
     request_id: str

@@ -1,4 +1,5 @@
-"""The live block map: one cell per KV block, colored by state, owners in the tooltip.
+"""The live block map: one cell per KV block, colored by state, owners in the tooltip; a
+dot marks a block holding an image's tokens.
 
 A pool has thousands of blocks and the panel refreshes a few times a second while the
 engine runs, but a step changes only a few of them: a refresh asks Qt to repaint just the
@@ -40,7 +41,8 @@ class BlockMap(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setFixedHeight(_MAX_HEIGHT)
         self._blocks: list = []
-        self._states: list[str] = []  # each cell's state as last painted or asked for
+        # Each cell's state and image mark as last painted or asked for.
+        self._states: list[tuple[str, bool]] = []
         # Maps an owner label ("request_id:index") to something a person reads.
         self.describe_owner: Callable[[str], str] = lambda owner: owner
 
@@ -49,9 +51,9 @@ class BlockMap(QWidget):
         return self._blocks
 
     def set_blocks(self, blocks: Sequence) -> None:
-        """Show `blocks`; only the cells whose state changed are repainted (all of them
-        when the pool's size changed, as every cell moves)."""
-        states = [block.state for block in blocks]
+        """Show `blocks`; only the cells whose state (or image mark) changed are
+        repainted (all of them when the pool's size changed, as every cell moves)."""
+        states = [(block.state, getattr(block, "image", False)) for block in blocks]
         old, self._blocks, self._states = self._states, list(blocks), states
         if len(states) != len(old):
             self._fit_height()
@@ -120,15 +122,24 @@ class BlockMap(QWidget):
     def paintEvent(self, event) -> None:  # noqa: N802 - Qt override
         painter = QPainter(self)
         colors = {s: state_color(s) for s in STATES}
+        mark = QColor(theme.current().text)
         area = event.rect()
         for i in self.cells_in(area):
             cell = self.cell_rect(i)
             if cell.intersects(area):
-                painter.fillRect(cell, colors.get(self._states[i], colors["free"]))
+                state, image = self._states[i]
+                painter.fillRect(cell, colors.get(state, colors["free"]))
+                if image and cell.width() >= 4:
+                    # A dot in the middle: the block holds an image's tokens.
+                    side = max(2, cell.width() // 3)
+                    painter.fillRect(QRect(cell.center().x() - side // 2,
+                                           cell.center().y() - side // 2, side, side), mark)
         painter.end()
 
     def tooltip_for(self, block) -> str:
         lines = [f"Block {block.block_id}: {block.state}, ref count {block.ref_count}"]
+        if getattr(block, "image", False):
+            lines.append("Holds an image's tokens")
         if block.owners:
             lines.append("Owners:")
             lines.extend(f"  {self.describe_owner(o)}" for o in block.owners)

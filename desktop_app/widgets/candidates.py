@@ -37,6 +37,11 @@ def format_metrics(metrics: dict | None) -> str:
         parts.append(f"{speed:.1f} tok/s")
     if ttft is not None:
         parts.append(f"first token {latency(ttft)}")
+    drafted = count(metrics, "num_draft_tokens")
+    if drafted:
+        # Speculative decoding: the share of drafted tokens the model kept.
+        kept = min(count(metrics, "num_accepted_draft_tokens") or 0, drafted)
+        parts.append(f"drafts {kept / drafted:.0%} accepted")
     prompt = count(metrics, "num_prompt_tokens")
     if prompt is not None:
         # Older rows lack the disk count; clamped, so that "computed" is never negative.

@@ -22,10 +22,10 @@ from PySide6.QtWidgets import (
 
 from desktop_app.data.pasted_text import join_draft
 from desktop_app.widgets import drops, theme
+from desktop_app.widgets.attachment_view import AttachBar
 from desktop_app.widgets.candidates import CandidateGroup
 from desktop_app.widgets.composer import (
     HINT_MS,
-    NOTICE_MS,
     Composer,
     ComposerNote,
     DropForwarder,
@@ -58,10 +58,10 @@ class ConversationView(QWidget):
     switchRequested = Signal(int, int)
     editSubmitted = Signal(int, str)
     keepRequested = Signal(int)
-    # drops.Dropped: files or images dropped or pasted, for the attachments (issues 44 and
-    # 45) to take; until then the composer note says why nothing was attached.
+    # drops.Dropped: files or images dropped or pasted, for the attach controls
+    # (controllers/attach.py) to read and attach, or to say why not on the composer note.
     attachmentsOffered = Signal(object)
-    draftChanged = Signal()  # the typed text or the folded pastes changed
+    draftChanged = Signal()  # the typed text, the folded pastes or the attachments changed
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -106,6 +106,13 @@ class ConversationView(QWidget):
         self.composer.dropped.connect(self._on_dropped)
         self.composer.textChanged.connect(self.draftChanged)
         self.paste_chips.changed.connect(self.draftChanged)
+        # The draft's images and documents, and the buttons that attach them
+        # (controllers/attach.py drives them).
+        self.attach_bar = AttachBar()
+        self.attachment_chips = self.attach_bar.chips
+        self.attach_button, self.image_button = (self.attach_bar.attach_button,
+                                                 self.attach_bar.image_button)
+        self.attachment_chips.changed.connect(self.draftChanged)
         self.pending_note = PendingNote()  # a message waiting for the model to load
         self.composer.textChanged.connect(self.composer_note.on_typing)
         self.send_button = QPushButton(theme.icon("send", theme.current().accent_text), "Send")
@@ -137,6 +144,7 @@ class ConversationView(QWidget):
         composer_column.addWidget(self.pending_note)
         composer_column.addWidget(self.composer_note)
         composer_column.addWidget(self.paste_chips)
+        composer_column.addWidget(self.attach_bar)
         composer_column.addWidget(self.composer)
         composer_column.addWidget(self.context_gauge)
         bottom.addLayout(composer_column, 1)
@@ -286,7 +294,7 @@ class ConversationView(QWidget):
         if self.generating:
             return  # Enter does not queue a second turn while one streams
         text = self.draft()
-        if text:
+        if text or self.attachments():
             self.sendRequested.emit(text)
         else:
             self.composer_note.show_note("Type a message first", HINT_MS, until_typing=True)
@@ -300,6 +308,15 @@ class ConversationView(QWidget):
         """The message Send would send: the typed text, then the folded pastes."""
         return join_draft(self.composer.toPlainText(), self.paste_chips.texts()).strip()
 
+    def attachments(self) -> list:
+        """The draft's attachments (data.attachments.Attachment, with their bytes)."""
+        return self.attachment_chips.attachments()
+
+    def set_images_allowed(self, allowed: bool, tip: str) -> None:
+        """Whether images may be attached (the model sees them); ``tip`` says why not."""
+        self.image_button.setEnabled(allowed)
+        self.image_button.setToolTip(tip)
+
     def set_token_counter(self, count_tokens: TokenCounter) -> None:
         """How pasted text is measured ("Pasted text · 5,839 tokens"): the loaded model's
         tokenizer, or None where there is none (the size is then given in characters)."""
@@ -309,6 +326,7 @@ class ConversationView(QWidget):
     def clear_composer(self) -> None:
         self.composer.clear()
         self.paste_chips.clear()
+        self.attachment_chips.clear()
         self.composer_note.dismiss()
 
     def set_pending(self, waiting: bool) -> None:
@@ -316,12 +334,14 @@ class ConversationView(QWidget):
         it, read-only, until it is sent or taken back."""
         self.composer.setReadOnly(waiting)
         self.paste_chips.set_locked(waiting)
-        self.send_button.setEnabled(not waiting)
+        self.attachment_chips.set_locked(waiting)
+        for button in (self.send_button, self.attach_button):
+            button.setEnabled(not waiting)
 
     # -- drops and pastes ------------------------------------------------------------------
     def _on_dropped(self, dropped: drops.Dropped) -> None:
-        self.attachmentsOffered.emit(dropped)
-        self.composer_note.show_note(drops.notice(dropped), NOTICE_MS)
+        if not self.composer.isReadOnly():
+            self.attachmentsOffered.emit(dropped)
 
     def scroll_to_bottom(self) -> None:
         bar = self.scroll.verticalScrollBar()

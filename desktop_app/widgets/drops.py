@@ -1,10 +1,9 @@
 """What was dropped or pasted, sorted before anything is inserted: image files, other
-files, image pixels with no file (a copied picture), or text.
+files, image pixels with no file (a copied picture, kept as PNG bytes), or text.
 
 This is the one place a drop on the chat or a paste into the composer is read; the
-image and document attachments (issues 44 and 45) attach what it sorts. Until a model
-can take them, `notice` says in plain words why nothing was attached, and a file's
-``file://`` address is never inserted as text.
+attach controls (controllers/attach.py) attach what it sorts. A file's ``file://``
+address is never inserted as text.
 """
 
 from __future__ import annotations
@@ -12,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QMimeData, QUrl
+from PySide6.QtCore import QBuffer, QIODevice, QMimeData, QUrl
+from PySide6.QtGui import QImage
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif",
                             ".tiff", ".svg", ".heic", ".avif"})
-_NAMES_SHOWN = 2
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,6 +26,7 @@ class Dropped:
     files: tuple[str, ...] = ()  # local paths of other files
     image_data: bool = False  # pixels with no file behind them
     text: str = ""
+    image_png: bytes = b""  # those pixels as PNG ("" when they could not be read)
 
     @property
     def has_attachments(self) -> bool:
@@ -52,24 +52,14 @@ def classify(mime: QMimeData) -> Dropped:
         files = tuple(p for p in paths if p not in images)
         return Dropped(images=images, files=files)
     if mime.hasImage():
-        return Dropped(image_data=True)
+        return Dropped(image_data=True, image_png=_png(mime.imageData()))
     return Dropped(text=text)
 
 
-def _names(paths: tuple[str, ...]) -> str:
-    names = [Path(p).name for p in paths[:_NAMES_SHOWN]]
-    more = len(paths) - len(names)
-    return ", ".join(names) + (f" and {more} more" if more else "")
-
-
-def notice(dropped: Dropped) -> str:
-    """Why nothing was attached, in plain words ("" for text)."""
-    lines = []
-    if dropped.images or dropped.image_data:
-        what = f" ({_names(dropped.images)})" if dropped.images else ""
-        lines.append(f"Folio can't attach images yet{what}: the models it runs read text "
-                     "only.")
-    if dropped.files:
-        lines.append(f"Folio can't attach files yet ({_names(dropped.files)}): open the "
-                     "file and paste the text you want the model to read.")
-    return " ".join(lines)
+def _png(image: object) -> bytes:
+    if not isinstance(image, QImage) or image.isNull():
+        return b""
+    buffer = QBuffer()
+    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+    image.save(buffer, "PNG")
+    return bytes(buffer.data())

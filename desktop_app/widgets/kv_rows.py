@@ -22,6 +22,7 @@ def kv_rows(kv) -> dict[str, str]:
         "waste": format_percent(kv.waste_fraction),
         "hit_rate": (f"{format_percent(kv.hit_rate)} "
                      f"({kv.prefix_hit_tokens} / {kv.prefix_query_tokens} tokens)"),
+        "rolled_back": f"{kv.rolled_back_blocks} blocks since start",
     }
 
 

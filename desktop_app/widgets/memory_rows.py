@@ -18,6 +18,9 @@ TOOLTIPS = {
     "state_pool": "Memory set aside for the linear-attention layers' states (a hybrid "
                   "model such as Qwen3.5): one slot per running chat, the rest snapshots "
                   "that let the next turn resume without recomputing the history.",
+    "encoder_cache": "Images the model has already looked at, kept encoded by their "
+                     "content so that the next turn with the same picture does not "
+                     "encode it again (least recently used out first).",
     "other": "Memory in use that is neither the weights nor the resident part of the KV "
              "pool: libraries, the tokenizer, activations.",
 }
@@ -56,6 +59,8 @@ def memory_rows(mem) -> dict[str, str]:
         rows["experts"] = format_bytes(mem.expert_bytes)
     if getattr(mem, "state_pool_bytes", 0):  # a hybrid model's linear layers
         rows["state_pool"] = format_bytes(mem.state_pool_bytes)
+    if getattr(mem, "encoder_cache_bytes", 0):  # a vision model's encoded images
+        rows["encoder_cache"] = format_bytes(mem.encoder_cache_bytes)
     if mem.device_total_bytes is not None:  # a CUDA device
         rows["total"] = format_bytes(mem.device_total_bytes)
         rows["used"] = format_bytes(mem.device_used_bytes)

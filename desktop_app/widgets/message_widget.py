@@ -5,6 +5,7 @@ when it was cut off (max tokens) or stopped."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PySide6.QtCore import Qt, Signal
@@ -23,6 +24,7 @@ from PySide6.QtWidgets import (
 from desktop_app.data.json_mode import reply_label
 from desktop_app.data.pasted_text import should_fold
 from desktop_app.widgets import theme
+from desktop_app.widgets.attachment_view import SentAttachments
 from desktop_app.widgets.candidates import footer_line
 from desktop_app.widgets.markdown import MarkdownView
 from desktop_app.widgets.paste_fold import FoldedBody, TokenCounter
@@ -38,6 +40,8 @@ class TurnItem:
     position: int = 0
     count: int = 1
     last: bool = False  # the end of the branch: a cut-off reply there can be continued
+    # An attachment's bytes by sha256 (ChatStore.attachment_data), for its thumbnail.
+    attachment_data: Callable[[str], bytes] | None = None
 
 
 # How a reply ended that "Continue" can extend: max tokens reached, or Stop.
@@ -112,6 +116,11 @@ class MessageWidget(QFrame):
             header.addWidget(self.regen_button)
         outer.addLayout(header)
 
+        attached = getattr(msg, "attachments", None) or []
+        self.attachments = SentAttachments(attached, item.attachment_data) if attached \
+            else None
+        if self.attachments is not None:
+            outer.addWidget(self.attachments)
         self.thinking = ThinkingSection(msg.thinking, msg.metrics)
         outer.addWidget(self.thinking)
         self.prompt_progress = PromptProgressLine()  # shown by the controller, till a token

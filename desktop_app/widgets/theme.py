@@ -168,7 +168,7 @@ QToolButton:checked {{ background: {c.user_bubble}; }}
 #metricsLabel, #mutedLabel, #branchLabel {{ color: {c.muted}; }}
 #conversationArea {{ background: {c.window}; border: none; }}
 #conversationArea > QWidget > QWidget {{ background: {c.window}; }}
-#pasteChip, #pastedBlock {{ background: {c.surface}; border: 1px solid {c.border};
+#pasteChip, #pastedBlock, #attachmentChip {{ background: {c.surface}; border: 1px solid {c.border};
     border-radius: 8px; }}
 #pastedText {{ padding: 4px 8px; }}
 #composerNote {{ color: {c.muted}; }}

@@ -116,18 +116,23 @@ class VramPanel(QScrollArea):
             ("rss", "Process RSS"), ("weights", "Weights"), ("experts", "of which experts"),
             ("kv_pool", "KV pool reserved"),
             ("kv_resident", "KV pool resident"), ("state_pool", "State pool (linear layers)"),
-            ("other", "Everything else")])
+            ("encoder_cache", "Encoded images"), ("other", "Everything else")])
         for key, tip in TOOLTIPS.items():
             self._values[key].setToolTip(tip)
         # Until a model says otherwise, the rows of a dense model on the CPU.
-        for key in ("total", "used", "free", "experts", "state_pool"):
+        for key in ("total", "used", "free", "experts", "state_pool", "encoder_cache"):
             self._memory_form.setRowVisible(self._values[key], False)
         self._section(layout, "KV cache pool", [
             ("kv_precision", "Precision"), ("kv_per_token", "Per token"),
             ("blocks_used", "Blocks used"), ("blocks_shared", "Shared"),
             ("blocks_cached", "Cached"), ("blocks_free", "Free"), ("block_size", "Block"),
             ("saved_by_sharing", "Saved by sharing"), ("waste", "Internal waste"),
-            ("hit_rate", "Prefix-cache hits"), ("headroom", "")])
+            ("hit_rate", "Prefix-cache hits"), ("rolled_back", "Drafts rolled back"),
+            ("headroom", "")])
+        self._values["rolled_back"].setToolTip(
+            "Speculative decoding (Settings ▸ Engine ▸ Speed) checks drafted tokens in one "
+            "step; the blocks it took for drafts the model rejected go straight back to the "
+            "pool.")
         # A line per KV group, shown only for a model with several (Gemma's global and
         # sliding layers); labels are made as the group count asks.
         self._groups_heading = self._heading("KV groups")
@@ -273,6 +278,8 @@ class VramPanel(QScrollArea):
         self._memory_form.setRowVisible(self._values["rss"], not cuda)
         self._memory_form.setRowVisible(self._values["experts"], "experts" in texts)
         self._memory_form.setRowVisible(self._values["state_pool"], "state_pool" in texts)
+        self._memory_form.setRowVisible(self._values["encoder_cache"],
+                                        "encoder_cache" in texts)
         held = max(self._chat_tokens(), self._open_chat_blocks(kv) * kv.block_size)
         texts["headroom"] = headroom_text(
             held, headroom_tokens(kv, figures.max_model_len, held))

@@ -19,6 +19,10 @@ threads, in one run:
   KV cache's disk tier (sent at once, or after the chat was opened and loaded ahead), next
   to the app kept open and to recomputing the history; decode tok/s while blocks are
   written; disk bytes per block.
+- ``documents``: a 4-page PDF read whole: the second question's, a new chat's and a new
+  chat's after a restart (disk tier) TTFT over the first question's; a 60-page PDF
+  searched: attach to first token with the extraction's and indexing's shares; the PDF
+  readers compared (``documents.py``).
 - ``memory``: peak RSS after one short chat with an 8,192-token context, each side in a
   fresh process (Folio stored, Folio float32, llama.cpp); Folio's weight bytes / GGUF bytes.
 - ``8b``: a synthetic Llama-3-8B-shaped Q4_K_M file (written once into the cache): does it
@@ -42,6 +46,7 @@ threads, in one run:
   (the plain reply or the prompt's code as the prediction), beside llama.cpp plain and with
   its prompt lookup; the exact prediction on the synthetic 1B / 3B shapes; decode tok/s
   (first token to last) and the drafts kept; every target met / not met / n/a.
+- ``vision``: images in a chat on a SmolVLM-256M-shaped model (``vision.py``).
 - ``all``: every one of the above, then the issue's targets in one table (``targets.py``);
   ``kernels``: the attention and quantized kernels (CUDA).
 
@@ -63,6 +68,7 @@ from engine.bench.chat import bench_chat
 from engine.bench.compare import bench_compare
 from engine.bench.concurrent import bench_concurrent
 from engine.bench.decode import bench_decode
+from engine.bench.documents import bench_documents
 from engine.bench.eight_b import bench_8b
 from engine.bench.kv import bench_kv
 from engine.bench.load import bench_load
@@ -77,6 +83,7 @@ from engine.bench.sizes import bench_sizes
 from engine.bench.speculative import bench_speculative
 from engine.bench.structured import bench_structured
 from engine.bench.targets import format_targets, llama_cpp_installed, targets_table
+from engine.bench.vision import bench_vision
 from engine.bench.waste import bench_waste
 
 # Workload name -> function, in the order ``all`` runs them.
@@ -89,6 +96,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "scheduler": lambda ctx: bench_scheduler(),
     "serve": bench_serve,
     "reopen": bench_reopen,
+    "documents": bench_documents,
     "memory": bench_memory,
     "8b": bench_8b,
     "sizes": bench_sizes,
@@ -99,6 +107,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "load": bench_load,
     "kv": bench_kv,
     "speculative": bench_speculative,
+    "vision": bench_vision,
 }
 
 EPILOG = """workloads:
@@ -112,6 +121,9 @@ EPILOG = """workloads:
   reopen      turn 13 of a ~4,000-token chat after a restart (the disk tier; the model
               and the 1B shape) against the app kept open and a recompute; decode
               while writing; disk bytes/block
+  documents   a 4-page PDF read whole: TTFT of the next question, a new chat, a new chat
+              after a restart over the first's; a 60-page PDF searched: attach to first
+              token, extraction and indexing shares; the PDF readers' extraction times
   memory      peak RSS after one chat, 8,192-token context, each side in a fresh process
   8b          synthetic 8B Q4_K_M (written once to the cache): loads? decode tok/s
   sizes       synthetic 1B / 3B / 8B Q4_K_M (--sizes 1b,3b,8b), a fresh process per side:
@@ -135,6 +147,9 @@ EPILOG = """workloads:
               plain / ngram drafts / Predicted Outputs (the exact reply, the prompt's
               code) against llama.cpp plain and prompt lookup (FOLIO_BENCH_LLAMA_PYTHON);
               the exact prediction on the 1B / 3B shapes (--sizes); drafts kept
+  vision      a SmolVLM-256M-shaped model (random weights): tower encode time against
+              transformers, a follow-up's TTFT with an image in the chat / without,
+              the same image in a new chat (tokens cached, encoder runs)
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
 llama.cpp joins chat, decode, memory, 8b, sizes, moe, kv and speculative when

@@ -70,6 +70,7 @@ class BenchSettings:
     reopen_tokens: int = 4000  # reopen: the chat's length before turn 13
     reopen_repeats: int = 3  # reopen: runs of each turn-13 TTFT; the median
     reopen_sizes: tuple[str, ...] = ("1b",)  # reopen: synthetic sizes after the model
+    document_tokens: int = 2500  # documents: the 4-page PDF's tokens, read whole
     serve_clients: int = 16  # concurrent API clients (serve)
     serve_turns: int = 4  # turns of the API chat (serve)
     kv_blocks: int | None = None  # None = the engine's default KV budget
@@ -100,6 +101,7 @@ class BenchSettings:
                      "decode_tokens",
                      "decode_rounds", "concurrent_chats", "serve_clients", "serve_turns",
                      "memory_context", "memory_turns", "reopen_tokens", "reopen_repeats",
+                     "document_tokens",
                      "eightb_prompt_tokens", "eightb_tokens", "eightb_rounds",
                      "sizes_prompt_tokens", "sizes_tokens", "sizes_followup_tokens",
                      "sizes_runs", "structured_rounds", "structured_tokens", "moe_runs",

@@ -15,18 +15,25 @@ drops earlier replies' thinking (history.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
+from engine.chat.attachments import AttachedDocument, Attachments
 from engine.chat.continued import replay_text, reply_ids
 from engine.chat.history import drops_thinking, with_thinking
 from engine.chat.reply import ReplyPlan
 from engine.chat.reply_tokens import ReplyTokens
 from engine.chat.request import ChatRequest, content_text
 from engine.chat.tool_prompt import ModelTools, template_source, tool_prompt
+from engine.core.sequence import ImageSpan
 from engine.outputs import RequestOutput
 from engine.sampling_params import ResponseFormat, SamplingParams
 from engine.text.chat_template import ChatTokenizer
 from engine.text.reasoning import reasoning_format
 from engine.text.reasoning.formats import TAIL_TOKENS, has_effort_setting, has_think_switch
+from engine.vision.prompt import ImageReader, expand_images
+
+if TYPE_CHECKING:
+    from engine.vision.model import PreparedImage, VisionModel
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,6 +48,8 @@ class ChatPrompt:
     call_format: ResponseFormat | None = None  # a forced call, for a family without a format
     recomputed: int = 0
     request: ChatRequest | None = None  # what it was built from; None for a text prompt
+    documents: tuple[AttachedDocument, ...] = ()  # attached files, each whole or retrieved
+    images: tuple[ImageSpan, ...] = ()  # its images' places (engine/vision/prompt.py)
 
     def sampling(self, params: SamplingParams) -> SamplingParams:
         """``params`` as reading the reply needs them: a constrained call's schema, the
@@ -68,8 +77,14 @@ class PromptBuilder:
     """``build(request)``: the prompt; ValueError (``InvalidField``, naming the field
     where it can) for what the model or its template cannot take. Thread-safe."""
 
-    def __init__(self, tokenizer: ChatTokenizer, model_type: str) -> None:
+    def __init__(self, tokenizer: ChatTokenizer, model_type: str,
+                 max_model_len: int | None = None,
+                 vision: VisionModel | None = None) -> None:
+        """``vision``: the model's image encoder (engine/vision), which lets messages
+        carry image parts; without it an image part is refused by name."""
         self.tokenizer = tokenizer
+        self.vision = vision
+        self._images = ImageReader(vision) if vision is not None else None
         source = template_source(tokenizer.hf)
         self.tools = ModelTools.of(model_type, source)
         self.reasoning = reasoning_format(source)
@@ -81,11 +96,16 @@ class PromptBuilder:
         # Recent replies' exact ids by their text: spliced back where a history comes
         # back as text (a client's, or calls shown as text) so it stays cached.
         self.replies = ReplyTokens()
+        # Attached files (engine/chat/attachments.py): whole after the system prompt when
+        # they fit in max_model_len with room for the conversation, else retrieved.
+        self.attachments = Attachments(self._count_text, max_model_len)
 
     def build(self, request: ChatRequest) -> ChatPrompt:
         if request.continue_reply:
             return self._continued(request)
-        messages = [_engine_message(m, i) for i, m in enumerate(request.messages)]
+        messages, documents = self.attachments.lift(list(request.messages))
+        messages, images = self._messages(messages)
+        messages, attached = self.attachments.place(messages, documents)
         history = with_thinking(messages, self.reasoning, self._drops_thinking,
                                 self._count_text)
         # Tools given (even with tool_choice none: a template may still show them) or an
@@ -96,11 +116,37 @@ class PromptBuilder:
             plan = ReplyPlan(made.fmt, made.prefix, made.max_calls,
                              made.call_format is not None, self.reasoning,
                              self._tail(made.ids))
-            return ChatPrompt(made.ids, plan, made.stop_ids, made.call_format,
-                              history.recomputed, request)
+            return self._with_images(ChatPrompt(made.ids, plan, made.stop_ids,
+                                                made.call_format, history.recomputed,
+                                                request, attached), images)
         ids = self.tokenizer.encode_chat(history.messages, **request.options.variables())
-        return ChatPrompt(ids, ReplyPlan(reasoning=self.reasoning, prompt_tail=self._tail(ids)),
-                          recomputed=history.recomputed, request=request)
+        return self._with_images(
+            ChatPrompt(ids, ReplyPlan(reasoning=self.reasoning, prompt_tail=self._tail(ids)),
+                       recomputed=history.recomputed, request=request, documents=attached),
+            images)
+
+    def _messages(self, messages: list) -> tuple[list[dict], list[PreparedImage]]:
+        """The messages with text content, and their images in order (each one a
+        marker in its message's text)."""
+        if self._images is None:
+            return [_engine_message(m, i) for i, m in enumerate(messages)], []
+        out, images = [], []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise ValueError(f"messages[{i}] must be a dict with role and content")
+            message, found = self._images.message(m, i)
+            out.append(_engine_message(message, i))
+            images += found
+        return out, images
+
+    def _with_images(self, prompt: ChatPrompt, images: list[PreparedImage]) -> ChatPrompt:
+        """Each image's marker token replaced by the image's tokens."""
+        if self.vision is None:
+            return prompt
+        ids, spans = expand_images(
+            prompt.ids, images, self.vision.image_token_id,
+            lambda text: self.tokenizer.encode(text, add_special_tokens=False))
+        return replace(prompt, ids=ids, images=spans) if spans else prompt
 
 
     def _continued(self, request: ChatRequest) -> ChatPrompt:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from engine.text.reasoning.options import TemplateOptions
 from engine.tools.request import ToolRequest
 
-# The content part types a prompt can hold today; images and files are later kinds.
+# Text parts are read here; a vision model's image parts by engine/vision/prompt.py.
 TEXT_PART = "text"
 
 

@@ -253,17 +253,30 @@ class SingleKindManager(HostSwap):
             pool.release(table[start:end])
             table[start:end] = [pool.null_id] * (end - start)
 
-    def trim(self, seq: Sequence) -> None:
+    def rewind_point(self, seq: Sequence, computed: int) -> int:
+        """Where a sequence cut back to ``computed`` computed tokens can go on writing:
+        ``computed``, unless the block it would write into is in the prefix cache (full
+        and hashed before the cut), which must not change: then that block's start."""
+        table = self.tables.get(seq.seq_id, [])
+        i = computed // self.block_size
+        if computed % self.block_size and i < len(table) and table[i] != self.pool.null_id \
+                and self.pool.blocks[table[i]].block_hash is not None:
+            return i * self.block_size
+        return computed
+
+    def trim(self, seq: Sequence) -> int:
         """Give back the blocks past ``seq``'s computed tokens: those a verify step took
         for drafts the model rejected (engine/spec). Never hashed (their tokens were not
-        accepted), so they go back as plain free blocks; the next step takes what it needs."""
+        accepted), so they go back as plain free blocks, the last first: the free queue's
+        head is then what it was before they were taken. Returns how many went back."""
         table = self.tables.get(seq.seq_id)
-        if not table:
-            return
         keep = self.blocks_needed(seq.num_computed_tokens)
-        if len(table) > keep:
-            self.pool.release(reversed(table[keep:]))
-            del table[keep:]
+        if not table or len(table) <= keep:
+            return 0
+        extra = table[keep:]
+        self.pool.release(reversed(extra))
+        del table[keep:]
+        return len(extra)
 
     def free(self, seq: Sequence) -> None:
         table = self.tables.pop(seq.seq_id, [])

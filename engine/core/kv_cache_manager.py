@@ -89,6 +89,7 @@ class KVCacheManager:
         self.num_blocks = first.num_blocks
         self.num_host_blocks = first.num_host_blocks
         self.prefix_hit_tokens = 0  # prompt tokens served from the prefix cache, since start
+        self.rolled_back_blocks = 0  # blocks given back after rejected drafts, since start
         self.prefix_query_tokens = 0  # prompt tokens looked up, since start
         self.disk_hit_tokens = 0  # of the hits, prompt tokens loaded from disk
         self.loads = DiskLoads(self.managers)
@@ -268,10 +269,17 @@ class KVCacheManager:
         for m in self.managers:
             m.commit_computed(seq)
 
+    def rewind_point(self, seq: Sequence, computed: int) -> int:
+        """The computed tokens ``seq`` keeps when cut back to ``computed`` (a draft model's
+        sequence after its rejected drafts): no group writes into a cached block."""
+        for m in self.managers:
+            computed = min(computed, m.rewind_point(seq, computed))
+        return computed
+
     def trim(self, seq: Sequence) -> None:
         """Give back the blocks past ``seq``'s computed tokens (rejected drafts')."""
         for m in self.managers:
-            m.trim(seq)
+            self.rolled_back_blocks += m.trim(seq)
 
     def free(self, seq: Sequence) -> None:
         """Give back ``seq``'s blocks, cancelling the reads it waits for; blocks of a
@@ -334,5 +342,7 @@ class KVCacheManager:
         for m in self.managers:
             held = [(s, m.table(s)) for s in holders]
             parts.append(pool_stats(m.pool, m.group, held, with_blocks))
-        return merge_stats(parts, self.specs, self.prefix_hit_tokens,
-                           self.prefix_query_tokens)
+        stats = merge_stats(parts, self.specs, self.prefix_hit_tokens,
+                            self.prefix_query_tokens)
+        stats.rolled_back_blocks = self.rolled_back_blocks
+        return stats

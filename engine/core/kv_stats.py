@@ -22,6 +22,9 @@ class BlockInfo:
     ref_count: int
     owners: tuple[str, ...]  # "request_id:index" of each sequence holding the block
     group: int = 0  # the KV group whose pool holds it (ids are per group)
+    # A holder's image tokens (engine/vision) are among its tokens: its K/V came from the
+    # image's embeddings (a cached block no one holds is not known to).
+    image: bool = False
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,6 +92,9 @@ class KVStats:
     # Filled by the KV cache manager; a snapshot built by hand without it reads as one group.
     groups: list[KVGroupStats] = field(default_factory=list)
     disk: DiskTierStats | None = None  # None: the disk tier is off
+    # Blocks a verify step took for drafts the model then rejected, given back (every
+    # group's), since start (engine/spec).
+    rolled_back_blocks: int = 0
 
     @property
     def used_bytes(self) -> int:
@@ -129,6 +135,7 @@ def pool_stats(pool, group: int, holders: Iterable[tuple[Sequence, list[int]]] =
     owners and measure the slots in use. Its ``groups`` is left to `merge_stats`."""
     owners: dict[int, list[str]] = {}
     fill: dict[int, int] = {}
+    images: set[int] = set()
     per_owner: dict[str, int] = {}
     bs = pool.block_size
     null = pool.null_id
@@ -139,6 +146,8 @@ def pool_stats(pool, group: int, holders: Iterable[tuple[Sequence, list[int]]] =
         per_owner[seq.label] = len(held)
         for i, block_id in held:
             owners.setdefault(block_id, []).append(seq.label)
+            if any(span.start < (i + 1) * bs and span.end > i * bs for span in seq.images):
+                images.add(block_id)
             tokens = max(0, min(bs, seq.num_tokens - i * bs))
             fill[block_id] = max(fill.get(block_id, 0), tokens)
     num_used = num_shared = num_cached = saved = 0
@@ -155,7 +164,8 @@ def pool_stats(pool, group: int, holders: Iterable[tuple[Sequence, list[int]]] =
         num_used += block.ref_count > 0
         if with_blocks:
             infos.append(BlockInfo(block.block_id, state, block.ref_count,
-                                   tuple(owners.get(block.block_id, ())), group))
+                                   tuple(owners.get(block.block_id, ())), group,
+                                   block.block_id in images))
     return KVStats(
         block_size=bs,
         num_blocks=pool.num_blocks,

@@ -153,9 +153,10 @@ class LinearStateManager(SingleKindManager):
             table[1 + i] = pool.take().block_id
 
     # ------------------------------------------------------- fork, commit, free
-    def trim(self, seq: Sequence) -> None:
+    def trim(self, seq: Sequence) -> int:
         """Nothing to give back: a state slot is never taken for drafts (the engine does
         not speculate on models with a recurrent state, engine/spec)."""
+        return 0
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child's running state: a copy of the parent's (the prompt's final state),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence as Seq
 
-from engine.core.block_hashes import extend_hashes
+from engine.core.block_hashes import extend_hashes, image_keys
 from engine.core.block_pool import BlockPool
 from engine.core.free_block_queue import Block
 from engine.core.kind_managers import SingleKindManager
@@ -34,11 +34,14 @@ from engine.core.sequence import Sequence
 Candidate = tuple[int, bytes, tuple[int, ...]]
 
 
-def partial_hash(parent: bytes | None, token_ids: Seq[int]) -> bytes:
+def partial_hash(parent: bytes | None, token_ids: Seq[int], extra: bytes = b"") -> bytes:
     """Apart from every full block's hash (another personalization), stable across
-    processes: the parent's hash (None: the first block), then the tokens."""
+    processes: the parent's hash (None: the first block), then the tokens, then the
+    keys of the images they hold part of (block_hashes.image_keys)."""
     h = hashlib.blake2b(parent or b"", digest_size=16, person=b"folio-partial")
     h.update(b",".join(str(t).encode() for t in token_ids))
+    if extra:
+        h.update(b"|images:" + extra)
     return h.digest()
 
 
@@ -53,7 +56,8 @@ def keep_partial(pool: BlockPool, seq: Sequence, table: list[int]) -> None:
     if block.ref_count != 1 or block.block_hash is not None:
         return
     tokens = tuple(seq.token_ids[k * bs:k * bs + num])
-    pool.register(block, partial_hash(seq.block_hashes[k - 1] if k else None, tokens),
+    extra = image_keys(seq, k * bs, k * bs + num)
+    pool.register(block, partial_hash(seq.block_hashes[k - 1] if k else None, tokens, extra),
                   tokens)
 
 
@@ -69,7 +73,8 @@ def candidates(seq: Sequence, hit_tokens: int, block_size: int) -> list[Candidat
     out = []
     for num in range(longest, 0, -1):
         tokens = tuple(seq.token_ids[hit_tokens:hit_tokens + num])
-        out.append((num, partial_hash(parent, tokens), tokens))
+        extra = image_keys(seq, hit_tokens, hit_tokens + num)
+        out.append((num, partial_hash(parent, tokens, extra), tokens))
     return out
 
 

@@ -92,7 +92,7 @@ class Scheduler:
         for index in range(1, request.params.n):
             child = Sequence(next(self._seq_ids), request.request_id, index,
                              list(parent.token_ids), parent.num_prompt_tokens,
-                             status=SequenceStatus.RUNNING)
+                             status=SequenceStatus.RUNNING, images=parent.images)
             self.kv.fork(parent, child)
             # That step computed the whole prompt for every candidate, even if
             # mark_computed has not advanced the parent yet (it never sees the children).
@@ -106,7 +106,7 @@ class Scheduler:
         progress; candidate ``index`` of ``request``, running from the next step."""
         child = Sequence(next(self._seq_ids), request.request_id, index,
                          list(parent.token_ids), parent.num_prompt_tokens,
-                         status=parent.status)
+                         status=parent.status, images=parent.images)
         self.kv.fork(parent, child)
         child.num_computed_tokens = parent.num_computed_tokens
         request.seqs.append(child)
@@ -355,6 +355,21 @@ class Scheduler:
             raise ValueError(f"{seq.label}: no kept draft left to count")
         seq.num_computed_tokens += 1
         self.kv.commit_computed(seq)
+
+    def rewind(self, seq: Sequence, num_tokens: int) -> None:
+        """Cut ``seq`` back to its first ``num_tokens`` tokens (a draft model's sequence
+        whose drafts the target rejected, engine/spec/draft_model.py): the K/V it keeps
+        stops there (or at the start of a cached block it would otherwise write into) and
+        the blocks past it go back. Only for models without sliding windows or recurrent
+        state, whose earlier blocks are all still held."""
+        if not 0 < num_tokens <= seq.num_tokens:
+            raise ValueError(f"{seq.label}: cannot keep {num_tokens} of {seq.num_tokens} tokens")
+        computed = self.kv.rewind_point(seq, min(seq.num_computed_tokens, num_tokens))
+        del seq.token_ids[num_tokens:]
+        del seq.block_hashes[num_tokens // self.kv.block_size:]
+        seq.draft_token_ids.clear()
+        seq.num_computed_tokens = computed
+        self.kv.trim(seq)
 
     def settle_drafts(self, seq: Sequence) -> None:
         """After a verify step: the blocks taken for the drafts the model rejected go back

@@ -11,6 +11,19 @@ from typing import Any
 from engine.sampling_params import SamplingParams
 
 
+@dataclass(slots=True, frozen=True)
+class ImageSpan:
+    """An image's place in a prompt: tokens ``[start, end)`` hold its placeholder tokens
+    (engine/vision/prompt.py), ``key`` is its content hash, which every block holding
+    any of those tokens is hashed with (block_hashes.py), and ``data`` what the runner
+    encodes it from (engine/vision: opaque here)."""
+
+    start: int
+    end: int
+    key: bytes
+    data: Any = None
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # needs (re)prefill: no blocks, or blocks not yet computed
     RUNNING = "running"
@@ -53,6 +66,8 @@ class Sequence:
     # The candidates it forks into (its request's n): a linear-attention state slot is
     # taken for each at admission (engine/core/linear_state_manager.py).
     fork_width: int = 1
+    # The images in its prompt, in order (ImageSpan); a fork shares them.
+    images: tuple[ImageSpan, ...] = ()
     # Tokens a proposer guessed to follow (engine/spec): the next step computes them after
     # the sequence's own uncomputed token and keeps those the model agrees with. They are
     # never part of ``token_ids`` (nor hashed into the prefix cache) until accepted.

@@ -26,7 +26,7 @@ from engine.loaders.safetensors import read_safetensors_header, safetensors_shar
 from engine.models import SUPPORTED_MODEL_TYPES
 from engine.models.experts import active_parameters
 from engine.models.qwen35 import HybridLayout, hybrid_layout
-from engine.models.registry import text_part, text_weight_name
+from engine.models.registry import VISION_ARCHITECTURES, text_part, text_weight_name
 from engine.models.spec import head_dim_of, kv_bytes_per_token
 
 STARTER = "starter"
@@ -54,8 +54,11 @@ class ModelInfo:
     has_chat_template: bool = True
     # A hybrid model (Qwen3.5): its layer kinds and linear layers' shape; None otherwise.
     hybrid: HybridLayout | None = None
-    # A multimodal checkpoint (registry.TEXT_PARTS) of which Folio runs the text part only.
+    # A multimodal checkpoint (registry.TEXT_PARTS) of which Folio runs the text part only
+    # (not one whose images it reads too: registry.VISION_ARCHITECTURES).
     text_only: bool = False
+    # A checkpoint whose images Folio reads (engine/vision).
+    sees_images: bool = False
     # A folder's tensors stored in MXFP4 (gpt-oss as released), kept so by weights="stored".
     mxfp4: StoredMxfp4 = StoredMxfp4()
 
@@ -67,10 +70,12 @@ class ModelInfo:
     @property
     def layer_summary(self) -> str:
         """"hybrid: 24 linear + 8 full layers" for a hybrid model, "text only" for a
-        multimodal checkpoint (both, comma-separated, for a multimodal hybrid), else ""."""
+        multimodal checkpoint whose text part alone runs, "sees images" for one whose
+        images Folio reads (comma-separated where several apply), else ""."""
         parts = [f"hybrid: {self.hybrid.num_linear} linear + {self.hybrid.num_full} full "
                  "layers"] if self.hybrid is not None else []
-        return ", ".join(parts + ["text only"] * self.text_only)
+        return ", ".join(parts + ["text only"] * self.text_only
+                         + ["sees images"] * self.sees_images)
 
     def kv_bytes(self, tokens: int, dtype: torch.dtype | str = torch.float32) -> int:
         """KV cache bytes for `tokens` tokens: K and V for every layer and KV head, in a
@@ -172,6 +177,7 @@ def model_info(path: Path) -> ModelInfo:
     config_path = path / "config.json"
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
+        sees_images = bool(set(config.get("architectures") or ()) & set(VISION_ARCHITECTURES))
         prefix = text_part(config.get("architectures"))
         if prefix is not None:  # a multimodal checkpoint: Folio runs its text part
             config = config["text_config"]
@@ -194,7 +200,9 @@ def model_info(path: Path) -> ModelInfo:
                      head_dim_of(config.get("head_dim"), hidden, heads),
                      active_parameters=active_parameters(shapes, config),
                      has_chat_template=folder_has_chat_template(path),
-                     hybrid=_hybrid(config, config_path), text_only=prefix is not None,
+                     hybrid=_hybrid(config, config_path),
+                     text_only=prefix is not None and not sees_images,
+                     sees_images=sees_images,
                      mxfp4=stored)
 
 

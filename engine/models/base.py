@@ -73,14 +73,20 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: Sequence[LayerKV], meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
+                backend: AttentionBackend,
+                image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """input_ids, positions: int64 [T]; a (k_cache, v_cache, meta) per layer; ``meta``
         has the fields every KV group shares (positions, lengths).
         Returns the final-norm hidden states [T, hidden_size].
+        ``image_embeds``: (rows int64 [R], embeddings [R, hidden_size]) that replace those
+        rows' token embeddings (an image's tokens, engine/vision/inputs.py).
 
         For a model with one rotary table (``self.rotary``) shared by its ``self.layers``;
         a family with more (Gemma's per layer kind) overrides this."""
         hidden = self.embed_tokens(input_ids)
+        if image_embeds is not None:
+            rows, embeds = image_embeds
+            hidden = hidden.index_copy(0, rows, embeds.to(hidden.dtype))
         cos, sin = self.rotary.lookup(positions, meta)
         if self.native_layers is None:  # once the weights are loaded: their storages
             self.native_layers = NativeLayers(self.layers)

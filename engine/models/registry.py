@@ -218,15 +218,21 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 gguf_block_names=GGUF_QWEN35_MOE_BLOCK_NAMES, gguf_norm_offset=1.0,
                 gguf_unshifted_norms=("linear_attn.norm.weight",)),
 )
-# Multimodal checkpoints whose text part Folio runs (no image or audio input): the class ->
+# Multimodal checkpoints whose text part Folio runs (images only where engine/vision
+# has the family's tower): the class ->
 # the prefix of its text weights, which load under the text family's "model." names.
 TEXT_PARTS: Mapping[str, str] = MappingProxyType({
+    # SmolVLM / Idefics3: a Llama text model; its vision tower and connector are
+    # engine/vision's (the one family whose images Folio reads).
+    "Idefics3ForConditionalGeneration": "model.text_model.",
     "Gemma4ForConditionalGeneration": "model.language_model.",
     # The Qwen3.5 / Qwen3.6 releases (a vision tower, and mtp.* multi-token prediction
     # weights beside the text model, which Folio does not run either).
     "Qwen3_5ForConditionalGeneration": "model.language_model.",
     "Qwen3_5MoeForConditionalGeneration": "model.language_model.",
 })
+# The multimodal classes whose images Folio reads too (engine/vision has their towers).
+VISION_ARCHITECTURES: tuple[str, ...] = ("Idefics3ForConditionalGeneration",)
 # A multimodal checkpoint's top-level tensors that belong to its text model: an untied
 # LM head (Qwen3.5's) sits beside the towers, not under the text prefix.
 _TEXT_HEADS = ("lm_head.",)

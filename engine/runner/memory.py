@@ -34,6 +34,8 @@ class MemoryStats:
     # included); "" and 0 where no pool is given.
     kv_dtype: str = ""
     kv_bytes_per_token: int = 0
+    # A vision model's encoded images kept by content (engine/vision/inputs.py); 0 else.
+    encoder_cache_bytes: int = 0
 
     @property
     def other_bytes(self) -> int | None:
@@ -46,7 +48,7 @@ class MemoryStats:
         used = (self.device_used_bytes if self.device_used_bytes is not None
                 else self.process_rss_bytes)
         return max(0, used - self.weights_bytes - self.kv_pool_resident_bytes
-                   - self.state_pool_bytes)
+                   - self.state_pool_bytes - self.encoder_cache_bytes)
 
 
 def process_rss_bytes() -> int:
@@ -60,7 +62,7 @@ def process_rss_bytes() -> int:
 def memory_stats(device: torch.device, weights_bytes: int, kv_pools: Sequence[torch.Tensor],
                  label: str | None = None, expert_bytes: int | None = None,
                  state_pool_bytes: int = 0, kv_dtype: str = "",
-                 kv_bytes_per_token: int = 0) -> MemoryStats:
+                 kv_bytes_per_token: int = 0, encoder_cache_bytes: int = 0) -> MemoryStats:
     """`kv_pools`: the KV pool tensors (one per KV group); `label` names the device for
     the memory panel, without it torch's name; `kv_dtype` and `kv_bytes_per_token` as
     the engine's KVShape gives them."""
@@ -71,4 +73,4 @@ def memory_stats(device: torch.device, weights_bytes: int, kv_pools: Sequence[to
     reserved = sum(pool.numel() * pool.element_size() for pool in kv_pools)
     return MemoryStats(label or str(device), weights_bytes, reserved, total, used, free,
                        process_rss_bytes(), resident_bytes(kv_pools), expert_bytes,
-                       state_pool_bytes, kv_dtype, kv_bytes_per_token)
+                       state_pool_bytes, kv_dtype, kv_bytes_per_token, encoder_cache_bytes)

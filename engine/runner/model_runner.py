@@ -51,15 +51,18 @@ class ModelRunner:
         device: torch.device,
         cuda_graphs: bool = False,
         max_model_len: int | None = None,
+        images=None,
     ) -> None:
         """``num_blocks[g]`` allocatable blocks for KV group g (its pool tensor has one
         more, the null block); each group has ``num_host_blocks`` host blocks.
         ``cuda_graphs``: replay decode steps as CUDA graphs where the device and backend
         allow (runner/cuda_graphs.py), their block tables as wide as ``max_model_len``
-        needs."""
+        needs. ``images``: a vision model's ``engine.vision.inputs.ImageInputs``, whose
+        rows replace the image tokens' embeddings in a prefill."""
         if len(num_blocks) != len(kv_groups):
             raise ValueError("ModelRunner takes a block count per KV group")
         self.model = model
+        self.images = images
         self.shape = shape
         self.backend = backend
         self.device = device
@@ -186,7 +189,9 @@ class ModelRunner:
             if logits is not None:
                 return logits
         layers = [(k, v, metas[g]) for g, k, v in self._layer_views]
-        hidden = self.model(input_ids, positions, layers, metas[0], self.backend)
+        embeds = self.images.rows(out.scheduled) if self.images is not None else None
+        extra = {} if embeds is None else {"image_embeds": embeds}
+        hidden = self.model(input_ids, positions, layers, metas[0], self.backend, **extra)
         if not sample_rows:
             return None
         return self.model.compute_logits(hidden[sample_rows])

@@ -31,6 +31,7 @@ from engine.serve.beam import beam_search_params
 from engine.serve.disconnect import DisconnectWatch
 from engine.serve.errors import APIError, install_error_handlers
 from engine.serve.host_guard import AccessPolicy, HostGuard
+from engine.serve.image_urls import fetch_image_urls
 from engine.serve.limits import BodySizeLimit
 from engine.serve.logprobs import TokenTexts
 from engine.serve.metrics import CONTENT_TYPE, ServerMetrics
@@ -51,7 +52,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 @dataclass(slots=True)
 class ServeSettings:
     api_key: str | None = None  # None: no key asked (loopback only, see server.py)
-    max_body_bytes: int = 4 << 20
+    max_body_bytes: int = 20 << 20  # an image sent as a data: URL is about 4/3 of its file
     # Requests submitted but not yet streaming; past it new ones get 429, so a flood
     # queues in the clients, not in this process's memory.
     max_waiting: int = 64
@@ -68,6 +69,8 @@ class ServeSettings:
     # long after it opened, or after the head's first byte, is closed (slow_clients.py).
     head_timeout_s: float = 10.0
     keep_alive_s: float = 5.0  # an idle connection between requests is closed after it
+    # http(s) image URLs fetched by the server (image_urls.py); off: data: URLs only.
+    allow_image_urls: bool = False
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
@@ -144,6 +147,8 @@ def create_app(worker: EngineWorker | OneModel | HostedModels,
             try:
                 # The engine's one prompt builder, off the event loop: a long history takes
                 # a while to render and tokenize. The engine runs these ids as they are.
+                if settings.allow_image_urls:
+                    chat = await asyncio.to_thread(fetch_image_urls, chat)
                 prompt = await asyncio.to_thread(llm.engine.prompts.build, chat)
             except InvalidField as exc:
                 raise _invalid(exc) from exc

@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.chat.request import ChatRequest
+from engine.documents import FILE_PART
 from engine.sampling_params import MAX_LOGPROBS, SEED_MAX, SEED_MIN, SamplingParams
 from engine.serve import fields, unicode_text
 from engine.serve.fields import UnsupportedField
@@ -47,6 +48,7 @@ class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
     text: str | None = None
+    image_url: Any = None  # {"url": "data:image/png;base64,..."} (engine/vision/sources.py)
 
 
 class ChatMessage(BaseModel):
@@ -76,9 +78,15 @@ class ChatMessage(BaseModel):
         check_message_tools(i, self.role, self.tool_calls, self.tool_call_id)
         for j, part in enumerate(self.content if isinstance(self.content, list) else []):
             at = f"{where}content.{j}."
+            if part.type == FILE_PART:  # read by the prompt builder (engine/documents)
+                _check_file_part(part, at)
+                continue
+            if part.type == "image_url":
+                _check_image_url(part, at)
+                continue
             if part.type != "text":
                 raise UnsupportedField(at + "type", f"{at}type={part.type!r} is not "
-                                       "supported by Folio: its models read text only")
+                                       "supported by Folio: text, image_url and file parts are")
             for extra in part.model_extra or {}:
                 raise UnsupportedField(at + extra, f"{at}{extra} is not supported by Folio")
             if part.text is None:
@@ -90,7 +98,38 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return [{"type": part.type, "text": part.text} for part in self.content]
+        return [{"type": FILE_PART, FILE_PART: part.model_extra[FILE_PART]}
+                if part.type == FILE_PART
+                else {"type": "image_url", "image_url": {"url": part.image_url["url"]}}
+                if part.type == "image_url" else {"type": part.type, "text": part.text}
+                for part in self.content]
+
+
+def _check_file_part(part: ContentPart, at: str) -> None:
+    """A ``file`` part holds its ``file`` and nothing else (its contents are checked where
+    they are read, each bad one a 400 naming the part or the file and why)."""
+    for extra in part.model_extra or {}:
+        if extra != FILE_PART:
+            raise UnsupportedField(at + extra, f"{at}{extra} is not supported by Folio")
+    if part.text is not None:
+        raise UnsupportedField(at + "text", f"{at}text: a file part holds no text")
+    if not isinstance((part.model_extra or {}).get(FILE_PART), dict):
+        raise InvalidField(at + "file", f"{at}file: a file part needs its file "
+                           "({file_data, filename})")
+
+
+def _check_image_url(part: ContentPart, at: str) -> None:
+    """OpenAI's image part: ``image_url`` an object with its ``url`` (and ``detail``,
+    which Folio's models have no use for: each reads an image at its own size)."""
+    for extra in part.model_extra or {}:
+        raise UnsupportedField(at + extra, f"{at}{extra} is not supported by Folio")
+    value = part.image_url
+    if not isinstance(value, dict) or not isinstance(value.get("url"), str):
+        raise ValueError(f"{at}image_url: must be an object with the image's url")
+    for key in value:
+        if key not in ("url", "detail"):
+            raise UnsupportedField(f"{at}image_url.{key}",
+                                   f"{at}image_url.{key} is not supported by Folio")
 
 
 class SamplingFields(BaseModel):

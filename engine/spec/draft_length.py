@@ -4,6 +4,8 @@ A draft the model rejects costs its share of the verify forward and gives nothin
 so a candidate whose drafts keep failing drafts fewer, then none for a while (plain
 decode), then tries one again: a chat where nothing repeats decodes at the plain rate.
 
+- the first step asks for at most ``first`` (a guess that fails costs its share of the
+  verify forward, so a long one is earned: 4 by default, more for a client's prediction);
 - every draft accepted: twice as many next time, up to the limit;
 - some accepted: one more than were accepted;
 - none accepted: half as many; at zero, a pause of 2, 4, 8... steps (at most
@@ -13,16 +15,17 @@ decode), then tries one again: a chat where nothing repeats decodes at the plain
 from __future__ import annotations
 
 _LONGEST_PAUSE = 64
+FIRST = 4
 
 
 class DraftLength:
     __slots__ = ("limit", "k", "_misses", "_pause")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, first: int = FIRST) -> None:
         if limit < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {limit}")
         self.limit = limit
-        self.k = limit
+        self.k = min(limit, first)
         self._misses = 0  # verify steps in a row that accepted nothing
         self._pause = 0  # steps left without drafting
 

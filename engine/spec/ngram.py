@@ -8,8 +8,9 @@ Two sources, tried in this order:
   the latest suffix of the reply found in it, preferring the first match past the last one
   used, so a reply that repeats a line keeps moving forward through the prediction;
 - the request's own tokens (prompt and reply so far): the continuation of the most recent
-  earlier occurrence of the longest suffix of 2 to 4 tokens. Code edits and quoted text copy
-  from the prompt; a single repeated token is too weak a signal to draft on.
+  earlier occurrence of the longest suffix of 3 or 4 tokens. Code edits and quoted text copy
+  from the prompt; one or two repeated tokens ("of the") are too weak a signal to draft on
+  (in prose they cost more rejected drafts than they save: docs/BENCHMARKS.md).
 
 Each index is built once and grows by the tokens appended since the last call, so a step
 costs a few dictionary lookups however long the chat is.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-_OWN_NGRAMS = (4, 3, 2)  # suffix lengths tried over the request's own tokens, longest first
+_OWN_NGRAMS = (4, 3)  # suffix lengths tried over the request's own tokens, longest first
 _PREDICTION_NGRAMS = (4, 3, 2, 1)
 
 
@@ -56,7 +57,7 @@ class OwnTokens:
 class Prediction:
     """Where a reply stands in the text the client predicted it to be."""
 
-    __slots__ = ("ids", "_ends", "_last_end")
+    __slots__ = ("ids", "_ends", "_last_end", "_last_len")
 
     def __init__(self, ids: list[int]) -> None:
         self.ids = list(ids)
@@ -65,7 +66,8 @@ class Prediction:
         for n in _PREDICTION_NGRAMS:
             for end in range(n, len(self.ids)):
                 self._ends.setdefault(tuple(self.ids[end - n:end]), []).append(end)
-        self._last_end = 0
+        self._last_end = 0  # where the last proposal started in the prediction
+        self._last_len = 0  # the reply's length then
 
     def propose(self, reply: list[int], k: int) -> list[int]:
         """Up to ``k`` tokens of the prediction that should follow ``reply`` (the tokens
@@ -73,8 +75,10 @@ class Prediction:
         if k <= 0 or not self.ids:
             return []
         if not reply:
-            self._last_end = 0
+            self._last_end = self._last_len = 0
             return self.ids[:k]
+        # Where the reply stands if it kept to the prediction since the last proposal.
+        expected = self._last_end + len(reply) - self._last_len
         for n in _PREDICTION_NGRAMS:
             if len(reply) < n:
                 continue
@@ -82,7 +86,10 @@ class Prediction:
             if not ends:
                 continue
             i = bisect_right(ends, self._last_end)
-            end = ends[i] if i < len(ends) else ends[-1]
-            self._last_end = end
+            if expected in ends[i:i + 64]:
+                end = expected  # still in step: a repeated line elsewhere cannot pull it
+            else:
+                end = ends[i] if i < len(ends) else ends[-1]
+            self._last_end, self._last_len = end, len(reply)
             return self.ids[end:end + k]
         return []

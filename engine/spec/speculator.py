@@ -3,8 +3,10 @@ verify step's rows turned into the tokens each candidate keeps.
 
 A request speculates with ``SamplingParams.speculative`` (or the engine's method when it
 names none, ``"off"`` for none); a ``prediction`` makes it speculate with prompt lookup
-even where the engine does not. Models with a recurrent state (linear-attention layers)
-and beam searches decode plainly: a rejected draft would need the state from before it.
+even where the engine does not. With a draft model (engine/spec/draft_model.py) every
+candidate that asks is drafted for in one batch of the draft's forwards. Models with a
+recurrent state (linear-attention layers) and beam searches decode plainly: a rejected
+draft would need the state from before it.
 
 Per candidate it keeps the draft length controller and the lookup indexes; per request,
 the drafted and accepted counts (``Request.num_draft_tokens``, ``num_accepted_draft_tokens``)
@@ -28,8 +30,15 @@ from engine.runner.sampler import Sampler
 from engine.sampling_driver import Sampled
 from engine.sampling_params import SPECULATIVE_OFF, SamplingParams
 from engine.spec.draft_length import DraftLength
+from engine.spec.draft_model import DraftModel
 from engine.spec.ngram import OwnTokens, Prediction
 from engine.spec.verify import verify
+
+# The most drafts a candidate with a prediction checks in one step (the measured gain
+# grows up to here on the starter with the exact reply predicted: docs/BENCHMARKS.md),
+# and its first step's.
+PREDICTION_DRAFTS = 32
+PREDICTION_FIRST = 8
 
 
 @dataclass(slots=True)
@@ -43,22 +52,30 @@ class _Candidate:
 class _Speculating:
     request: Request
     prediction_ids: list[int]
+    drafted: bool  # by the draft model (else by prompt lookup alone)
     candidates: dict[int, _Candidate] = field(default_factory=dict)
 
 
 class Speculator:
     def __init__(self, method: str | None, num_tokens: int, max_model_len: int,
-                 available: bool) -> None:
-        """``available``: the model can roll back a rejected draft (no recurrent state)."""
+                 available: bool, draft: DraftModel | None = None) -> None:
+        """``method``: the engine's ("ngram", "draft" or None); ``available``: the model
+        can roll back a rejected draft (no recurrent state); ``draft``: the draft model
+        of method "draft"."""
         self.method = method
         self.num_tokens = num_tokens
         self.max_model_len = max_model_len
         self.available = available
+        self.draft = draft
         self._requests: dict[str, _Speculating] = {}
 
     # ----------------------------------------------------------------- requests
     def method_for(self, params: SamplingParams) -> str | None:
-        """The method ``params`` speculates with here (None: plain decode)."""
+        """The method ``params`` speculates with here (None: plain decode); ValueError
+        for a draft model this engine has not loaded."""
+        if params.speculative == "draft" and self.draft is None:
+            raise ValueError("SamplingParams.speculative: 'draft' needs an engine started "
+                             "with a draft model (EngineConfig.speculative='draft:PATH')")
         if not self.available or params.speculative == SPECULATIVE_OFF:
             return None
         if params.speculative is not None:
@@ -66,28 +83,51 @@ class Speculator:
         return self.method if self.method is not None or params.prediction is None else "ngram"
 
     def add(self, request: Request, prediction_ids: list[int]) -> None:
-        if self.method_for(request.params) is not None:
-            self._requests[request.request_id] = _Speculating(request, prediction_ids)
+        method = self.method_for(request.params)
+        if method is not None:
+            self._requests[request.request_id] = _Speculating(request, prediction_ids,
+                                                              method == "draft")
 
     def drop(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+        if self._requests.pop(request_id, None) is not None and self.draft is not None:
+            self.draft.drop_request(request_id)
 
     # ------------------------------------------------------------------- drafts
     def propose(self) -> None:
-        """Drafts for each candidate whose next step decodes one token."""
+        """Drafts for each candidate whose next step decodes one token: from its
+        prediction where the reply follows it, else from the draft model (all of them in
+        one batch) or the request's own tokens."""
+        wanted: list[tuple[Sequence, int]] = []
         for spec in self._requests.values():
             request = spec.request
             for seq in request.seqs:
-                if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
-                    continue
+                if seq.is_finished and spec.drafted and self.draft is not None:
+                    self.draft.drop(seq)  # a candidate that ended before the others
+                if not _decoding(seq) or seq.draft_token_ids:
+                    continue  # its drafts, if any, still wait for a step
                 cand = spec.candidates.get(seq.index)
                 if cand is None:
+                    # A client's prediction is the text it expects: drafts follow it as
+                    # far as the model agrees, past the engine's usual limit.
+                    length = DraftLength(max(self.num_tokens, PREDICTION_DRAFTS),
+                                         PREDICTION_FIRST) if spec.prediction_ids \
+                        else DraftLength(self.num_tokens)
                     cand = spec.candidates[seq.index] = _Candidate(
-                        DraftLength(self.num_tokens),
+                        length,
                         prediction=Prediction(spec.prediction_ids) if spec.prediction_ids
                         else None)
                 k = min(cand.length.next(), self._room(seq, request.params))
-                seq.draft_token_ids = self._drafts(cand, seq, k)
+                if spec.drafted:
+                    seq.draft_token_ids = self._predicted(cand, seq, k)
+                    if not seq.draft_token_ids and k:
+                        wanted.append((seq, k))
+                else:
+                    seq.draft_token_ids = self._predicted(cand, seq, k) or \
+                        cand.own.propose(seq.token_ids, k)
+        if wanted and self.draft is not None:
+            drafts = self.draft.propose(wanted)
+            for seq, _k in wanted:
+                seq.draft_token_ids = drafts.get(seq.seq_id, [])
 
     def _room(self, seq: Sequence, params: SamplingParams) -> int:
         """Drafts that can still become reply tokens: within the context and max_tokens
@@ -98,13 +138,11 @@ class Speculator:
         return max(room, 0)
 
     @staticmethod
-    def _drafts(cand: _Candidate, seq: Sequence, k: int) -> list[int]:
-        if cand.prediction is not None:
-            drafts = cand.prediction.propose(seq.output_token_ids, k)
-            if drafts:
-                cand.own.propose(seq.token_ids, 0)  # keep its index current
-                return drafts
-        return cand.own.propose(seq.token_ids, k)
+    def _predicted(cand: _Candidate, seq: Sequence, k: int) -> list[int]:
+        """Drafts from the request's prediction, where the reply follows it."""
+        if cand.prediction is None:
+            return []
+        return cand.prediction.propose(seq.output_token_ids, k)
 
     # ------------------------------------------------------------------- verify
     def verify(self, logits: torch.Tensor, items: list[ScheduledSeq],
@@ -148,3 +186,10 @@ class Speculator:
         computed as the token after it went in): the rejected drafts' blocks go back."""
         for item in items:
             scheduler.settle_drafts(item.seq)
+
+
+def _decoding(seq: Sequence) -> bool:
+    """Its next step computes one reply token: past its prompt (a prompt's last token,
+    left by a chunked prefill, is sampled plainly: that is where candidates fork)."""
+    return (seq.status is SequenceStatus.RUNNING and seq.num_uncomputed_tokens == 1
+            and seq.num_computed_tokens >= seq.num_prompt_tokens)

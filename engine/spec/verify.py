@@ -33,8 +33,10 @@ def verify(logits: torch.Tensor, seq: Sequence, drafts: list[int], params: Sampl
     masks = token_masks(matchers, logits.shape[-1]) if matcher is not None \
         else [None] * rows_used
     history = seq.token_ids
-    rows = [SamplingRow(params, seq.generator, history + drafts[:i], masks[i])
-            for i in range(rows_used)]
+    # A row's tokens so far matter only to the repetition penalty: copied only for it.
+    penalized = params.repetition_penalty != 1.0
+    rows = [SamplingRow(params, seq.generator, history + drafts[:i] if penalized else history,
+                        masks[i]) for i in range(rows_used)]
     logits = logits[:rows_used]
     if params.greedy:
         chosen = sampler(logits, rows)

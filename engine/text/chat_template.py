@@ -57,12 +57,18 @@ class ChatTokenizer:
     """
 
     def __init__(self, hf_tokenizer: Any, extra_eos_token_ids: Iterable[int] = (),
-                 template_source: str = FROM_FILE) -> None:
+                 template_source: str = FROM_FILE, image_marker: str | None = None) -> None:
         """``template_source``: where the tokenizer's template came from (the file, the
-        family's turn format, the user: engine/text/turn_formats.py)."""
+        family's turn format, the user: engine/text/turn_formats.py). ``image_marker``:
+        a vision model's image token (engine/vision), which a template that reads
+        content parts gets as an image part."""
         self.hf = hf_tokenizer
         self.has_chat_template = bool(getattr(hf_tokenizer, "chat_template", None))
         self.template_source = template_source
+        self.image_marker = image_marker
+        # Templates that read content only as a list of parts (SmolVLM's) render a string
+        # as nothing: each message's text goes to them as parts.
+        self.parts_only = self.has_chat_template and _parts_only(hf_tokenizer)
         self._special = _special_tokens(hf_tokenizer)
         self._special_text = {token_id: text for text, token_id in self._special.items()}
         self.end_of_turn_token_id = self._find_end_of_turn()
@@ -152,6 +158,8 @@ class ChatTokenizer:
 
     def _apply_template(self, conversation: list[dict], add_generation_prompt: bool,
                         tools: list[dict] | None = None, options: dict | None = None) -> str:
+        if self.parts_only:
+            conversation = [_with_parts(m, self.image_marker) for m in conversation]
         try:
             return self.hf.apply_chat_template(
                 conversation, add_generation_prompt=add_generation_prompt, tokenize=False,
@@ -177,7 +185,8 @@ class ChatTokenizer:
 
 
 def chat_tokenizer_for(hf_tokenizer: Any, turn_format: str,
-                       choice: str | None = None) -> ChatTokenizer:
+                       choice: str | None = None,
+                       image_marker: str | None = None) -> ChatTokenizer:
     """The ChatTokenizer of a loaded model: the user's template ``choice`` (checked by
     rendering a two-turn chat: ValueError naming chat_template), else the file's, else
     its family's ``turn_format``, set on ``hf_tokenizer``; its format's stop tokens
@@ -190,7 +199,8 @@ def chat_tokenizer_for(hf_tokenizer: Any, turn_format: str,
         logger.info("chat template: %s (%s)", "the user's" if choice else turn_format, source)
     hf_tokenizer.chat_template = template
     stops = stop_tokens(template, hf_tokenizer.get_vocab())
-    return ChatTokenizer(hf_tokenizer, stops, template_source=source)
+    return ChatTokenizer(hf_tokenizer, stops, template_source=source,
+                         image_marker=image_marker)
 
 
 def _special_tokens(hf_tokenizer: Any) -> dict[str, int]:
@@ -204,6 +214,37 @@ def _special_tokens(hf_tokenizer: Any) -> dict[str, int]:
     ):
         special.setdefault(token, int(token_id))
     return special
+
+
+def _parts_only(hf_tokenizer: Any) -> bool:
+    """The template drops a message whose content is a string (it reads parts only)."""
+    probe = f"FolioProbe{secrets.token_hex(4)}"
+    try:
+        text = hf_tokenizer.apply_chat_template([{"role": "user", "content": probe}],
+                                                add_generation_prompt=False, tokenize=False)
+        if probe in text:
+            return False
+        parts = [{"role": "user", "content": [{"type": "text", "text": probe}]}]
+        return probe in hf_tokenizer.apply_chat_template(parts, add_generation_prompt=False,
+                                                         tokenize=False)
+    except Exception:  # a template may refuse a lone user message: keep strings then
+        return False
+
+
+def _with_parts(message: dict, image_marker: str | None) -> dict:
+    """``message`` with its text as content parts, each ``image_marker`` an image part
+    (where the template writes its own marker back)."""
+    content = message.get("content")
+    if not isinstance(content, str):
+        return message
+    pieces = content.split(image_marker) if image_marker else [content]
+    parts: list[dict] = []
+    for k, piece in enumerate(pieces):
+        if k:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return {**message, "content": parts}
 
 
 def _for_template(message: dict) -> dict:

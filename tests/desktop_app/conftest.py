@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from desktop_app.data.attachments import content_text
 from desktop_app.services.worker_protocol import ModelFacts
 from engine.core.kv_stats import BlockInfo, KVStats
 from engine.outputs import (
@@ -67,8 +68,10 @@ class FakeLLM:
     """Stands in for engine.LLM in widget tests: same attributes the GUI reads."""
 
     def __init__(self, name: str = "fake-model", max_model_len: int = 2048,
-                 words_per_reply: int = 6, delay_s: float = 0.002) -> None:
+                 words_per_reply: int = 6, delay_s: float = 0.002,
+                 sees_images: bool = False) -> None:
         self.model_name = name
+        self.sees_images = sees_images  # what a model without a prompt builder says
         self.max_model_len = max_model_len
         self.words_per_reply = words_per_reply
         self.delay_s = delay_s
@@ -114,11 +117,12 @@ class FakeWorker(ModelFacts):
     def submit(self, messages, params, on_event) -> _Handle:
         rid = f"fake-{next(self._ids)}"
         self.submitted.append((messages, params))
-        last = messages[-1]["content"] if messages and isinstance(messages[0], dict) else ""
+        last = content_text(messages[-1]["content"]) if messages and isinstance(
+            messages[0], dict) else ""
         if last == "FAIL":
             on_event(ErrorEvent(rid, "prompt is longer than the context (4096 > 2048)"))
             return _Handle(rid, self)
-        prompt = sum(len(m.get("content", "").split()) for m in messages)
+        prompt = sum(len(content_text(m.get("content", "")).split()) for m in messages)
         with self._lock:
             self._requests[rid] = {"params": params, "on_event": on_event, "step": 0,
                                    "prompt": prompt, "start": time.monotonic(),

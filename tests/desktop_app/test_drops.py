@@ -1,6 +1,7 @@
 """Drops and pastes through the real window: files and images never become a file://
-path in the composer, the notice says in plain words why nothing was attached, and text
-still goes in as text (folded when long)."""
+path in the composer (they are attached, or the note says in plain words why not: here a
+model that does not see images, and a file of no known type), and text still goes in as
+text (folded when long). tests/desktop_app/test_attachments_window.py attaches them."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from PySide6.QtWidgets import QApplication
 
 from desktop_app.widgets.drops import Dropped
 
-IMAGES_NOTE = "Folio can't attach images yet"
-FILES_NOTE = "Folio can't attach files yet"
+IMAGES_NOTE = "fake-model does not see images"
+FILES_NOTE = "unknown type (.bin)"
 
 
 @pytest.fixture
@@ -21,8 +22,8 @@ def files(tmp_path):
     picture = QImage(8, 8, QImage.Format.Format_RGB32)
     picture.fill(QColor("red"))
     picture.save(str(image))
-    text = tmp_path / "notes.txt"
-    text.write_text("some notes\n")
+    text = tmp_path / "blob.bin"
+    text.write_bytes(b"\x00\x01binary")
     return image, text
 
 
@@ -71,14 +72,15 @@ def test_dropped_files_are_not_inserted_and_the_notice_says_why(window, files, w
 
     drop(target, url_mime(text))
     assert view.composer.toPlainText() == ""
-    assert FILES_NOTE in view.composer_note.text() and "notes.txt" in view.composer_note.text()
+    assert FILES_NOTE in view.composer_note.text() and "blob.bin" in view.composer_note.text()
     assert got == [Dropped(images=(str(image),)), Dropped(files=(str(text),))]
+    assert view.attachments() == []
 
     pixels = QMimeData()
     pixels.setImageData(QImage(4, 4, QImage.Format.Format_RGB32))
     drop(target, pixels)
     assert view.composer.toPlainText() == "" and IMAGES_NOTE in view.composer_note.text()
-    assert got[-1] == Dropped(image_data=True)
+    assert got[-1].image_data and got[-1].image_png.startswith(b"\x89PNG")
 
 
 def test_dropped_text_on_the_chat_goes_into_the_composer(window):

@@ -69,3 +69,10 @@ def test_speculative_options_reach_the_config(configs, command, monkeypatch):
 def test_a_bad_draft_count_is_a_message(configs, capsys):
     assert main(["chat", "--speculative", "ngram", "--num-speculative-tokens", "0"]) == 2
     assert "num_speculative_tokens must be" in capsys.readouterr().err
+
+
+def test_a_draft_model_and_a_bad_method(configs, capsys):
+    assert main(["chat", "--speculative", "draft:/models/small.gguf"]) == 2
+    assert configs[-1].draft_model == "/models/small.gguf"
+    assert main(["chat", "--speculative", "lookup"]) == 2
+    assert "EngineConfig.speculative must be 'ngram', 'draft:PATH'" in capsys.readouterr().err

@@ -37,7 +37,7 @@ def test_pragmas_and_schema_version(store):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
-    assert store.schema_version == len(chat_store.MIGRATIONS) == 4
+    assert store.schema_version == len(chat_store.MIGRATIONS) == 5
 
 
 def test_default_path_honours_env(monkeypatch, tmp_path):
@@ -338,7 +338,7 @@ def test_migrates_to_a_later_version_keeping_data(tmp_path, monkeypatch):
 
     monkeypatch.setattr(chat_store, "MIGRATIONS", [*chat_store.MIGRATIONS, v5])
     with ChatStore(path) as s:
-        assert s.schema_version == 5
+        assert s.schema_version == 6
         chat = s.get_chat(1)
         assert chat.title == "old" and chat.settings == ChatSettings(temperature=0.3)
         assert s.get_message(1).content == "hello"
@@ -357,7 +357,7 @@ def test_failed_migration_rolls_back(tmp_path, monkeypatch):
     with pytest.raises(sqlite3.OperationalError):
         ChatStore(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
     assert "pinned" not in [r[1] for r in conn.execute("PRAGMA table_info(chats)")]
     conn.close()
 

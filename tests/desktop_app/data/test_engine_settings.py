@@ -15,13 +15,14 @@ from engine.config import WEIGHTS, EngineConfig
 def test_defaults_are_automatic():
     s = AppSettings().engine
     assert (s.device, s.weights, s.chat_memory_mib) == ("auto", "stored", None)
-    assert s.to_engine_config() == EngineConfig(kv_disk_bytes=4 << 30)
+    assert s.to_engine_config() == EngineConfig(kv_disk_bytes=4 << 30, speculative="ngram")
     assert AppSettings().to_dict()["engine"] == {"device": "auto", "weights": "stored",
                                                  "chat_memory_mib": None,
                                                  "cpu_activation_bits": 16,
                                                  "keep_warm_on_disk": True,
                                                  "warm_disk_gib": 4,
-                                                 "kv_cache_dtype": "auto"}
+                                                 "kv_cache_dtype": "auto",
+                                                 "speculative": "ngram"}
 
 
 def test_the_disk_tier_setting():
@@ -46,7 +47,7 @@ def test_round_trip_through_the_file():
     assert json.loads(settings_path().read_text())["engine"] == {
         "device": "cpu", "weights": "bfloat16", "chat_memory_mib": 3072,
         "cpu_activation_bits": 8, "keep_warm_on_disk": False, "warm_disk_gib": 2,
-        "kv_cache_dtype": "auto"}
+        "kv_cache_dtype": "auto", "speculative": "ngram"}
     assert load_settings().engine == EngineSettings("cpu", "bfloat16", 3072, 8, False, 2)
 
 
@@ -64,6 +65,7 @@ def test_cpu_precision_reaches_the_engine_and_old_files_read_exact():
     ("chat_memory_mib", 2.5), ("chat_memory_mib", True), ("chat_memory_mib", "2 GiB"),
     ("cpu_activation_bits", 4), ("cpu_activation_bits", "16"), ("cpu_activation_bits", None),
     ("kv_cache_dtype", "q8_0"), ("kv_cache_dtype", None), ("kv_cache_dtype", 8),
+    ("speculative", "draft"), ("speculative", None), ("speculative", True),
 ])
 def test_bad_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"^EngineSettings\.{field} must be"):
@@ -128,3 +130,10 @@ def test_strict_from_dict_rejects_unknown_keys():
         EngineSettings.from_dict({"device": "cpu", "gpu": True})
     with pytest.raises(ValueError, match="no field"):
         AppSettings(engine={"extra": 1})
+
+
+def test_speed_reaches_the_engine_and_old_files_read_prompt_lookup():
+    assert EngineSettings(speculative="off").to_engine_config().speculative is None
+    assert EngineSettings().to_engine_config().speculative == "ngram"
+    old = EngineSettings.from_dict({"device": "cpu", "kv_cache_dtype": "int8"})
+    assert old.speculative == "ngram"

@@ -35,6 +35,10 @@ def test_the_widgets_and_their_choices(qtbot):
     assert precision.currentData() == 16 and precision.accessibleName() == "CPU precision"
     memory = dialog.findChild(QSpinBox, "chatMemorySetting")
     assert memory.text() == "Automatic" and memory.accessibleName() == "Memory for chats"
+    speed = dialog.findChild(QComboBox, "speedSetting")
+    assert [speed.itemText(i) for i in range(speed.count())] == [
+        "Prompt lookup (drafts from the chat)", "Off", "Draft model: choose a file…"]
+    assert speed.currentData() == "ngram" and speed.accessibleName() == "Speed"
 
 
 def test_without_cuda_auto_means_the_cpu(qtbot):
@@ -53,8 +57,10 @@ def test_shows_and_returns_the_settings(qtbot):
     form.weights.setCurrentIndex(form.weights.findData("float32"))
     form.cpu_precision.setCurrentIndex(form.cpu_precision.findData(16))
     form.chat_memory.setValue(0)
+    form.speed.setCurrentIndex(form.speed.findData("off"))
     dialog.accept()
-    assert dialog.result_engine == EngineSettings("cpu", "float32", None, 16)
+    assert dialog.result_engine == EngineSettings("cpu", "float32", None, 16,
+                                                  speculative="off")
 
 
 def test_keep_chats_warm_on_disk(qtbot):

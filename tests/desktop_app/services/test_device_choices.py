@@ -37,7 +37,8 @@ def test_a_cuda_device_that_is_gone_falls_back_to_auto(caplog):
         assert usable(stored, cuda_count=1) == EngineSettings("auto", "float32", 1024)
     assert "cuda:1 is not on this machine" in caplog.text
     assert engine_config_for(stored, cuda_count=0) == EngineConfig(
-        weights="float32", kv_cache_memory_bytes=1024 << 20, kv_disk_bytes=4 << 30)
+        weights="float32", kv_cache_memory_bytes=1024 << 20, kv_disk_bytes=4 << 30,
+        speculative="ngram")
     assert usable(EngineSettings("cpu"), cuda_count=0).device == "cpu"
 
 
@@ -71,13 +72,14 @@ def test_changed_settings_reload_the_loaded_model(qtbot, bridge):
     assert not bridge.apply_engine_settings(EngineSettings(device="cpu"))  # nothing loaded
     with qtbot.waitSignal(bridge.modelLoaded, timeout=5000):
         bridge.load_model("starter")
-    assert bridge.configs[-1] == EngineConfig(device="cpu", kv_disk_bytes=4 << 30)
+    assert bridge.configs[-1] == EngineConfig(device="cpu", kv_disk_bytes=4 << 30,
+                                              speculative="ngram")
     assert not bridge.apply_engine_settings(EngineSettings(device="cpu"))  # unchanged
     with qtbot.waitSignal(bridge.modelLoaded, timeout=5000):
         assert bridge.apply_engine_settings(EngineSettings("cpu", "float32", 512))
     assert bridge.configs[-1] == EngineConfig(device="cpu", weights="float32",
                                               kv_cache_memory_bytes=512 << 20,
-                                              kv_disk_bytes=4 << 30)
+                                              kv_disk_bytes=4 << 30, speculative="ngram")
     assert bridge.source == "starter" and len(bridge.configs) == 2
 
 

@@ -43,15 +43,20 @@ def _shown_map(qtbot, qapp) -> tuple[BlockMap, PaintRegions]:
     return block_map, recorder
 
 
-def test_one_changed_block_repaints_only_its_cell(qtbot, qapp):
-    block_map, recorder = _shown_map(qtbot, qapp)
-    block_map.set_blocks(_blocks({0, 1, 2, 700}))
+def _painted(qtbot, qapp, recorder: PaintRegions) -> QRegion:
+    """The union of the paints the map received once it was asked to repaint."""
     qtbot.waitUntil(lambda: bool(recorder.regions), timeout=2000)
     qapp.processEvents()
     painted = QRegion()
     for region in recorder.regions:
         painted = painted.united(region)
-    assert painted == QRegion(block_map.cell_rect(700))
+    return painted
+
+
+def test_one_changed_block_repaints_only_its_cell(qtbot, qapp):
+    block_map, recorder = _shown_map(qtbot, qapp)
+    block_map.set_blocks(_blocks({0, 1, 2, 700}))
+    assert _painted(qtbot, qapp, recorder) == QRegion(block_map.cell_rect(700))
     assert block_map.blocks[700].state == "used"
 
 
@@ -75,3 +80,13 @@ def test_a_pool_of_another_size_repaints_the_whole_map(qtbot, qapp):
     block_map.set_blocks(_blocks(set())[:100])
     qtbot.waitUntil(lambda: bool(recorder.regions), timeout=2000)
     assert recorder.regions[-1].boundingRect() == block_map.rect()
+
+
+def test_an_image_mark_repaints_its_cell_and_shows_in_the_tooltip(qtbot, qapp):
+    block_map, recorder = _shown_map(qtbot, qapp)
+    blocks = _blocks({0, 1, 2})
+    blocks[1] = BlockInfo(1, "used", 1, ("r:1",), image=True)
+    block_map.set_blocks(blocks)
+    assert _painted(qtbot, qapp, recorder) == QRegion(block_map.cell_rect(1))
+    assert "Holds an image's tokens" in block_map.tooltip_for(blocks[1])
+    assert "image" not in block_map.tooltip_for(blocks[0])

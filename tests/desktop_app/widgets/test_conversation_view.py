@@ -25,6 +25,13 @@ def test_format_metrics_and_notes():
     assert format_metrics({**METRICS, "num_disk_tokens": 80}) == (
         "31.3 tok/s · first token 83 ms · 120 prompt tokens (96 cached, 80 from disk, "
         "24 computed)")
+    assert format_metrics({**METRICS, "num_draft_tokens": 140,
+                           "num_accepted_draft_tokens": 99}) == (
+        "31.3 tok/s · first token 83 ms · drafts 71% accepted · 120 prompt tokens "
+        "(96 cached, 24 computed)")
+    # A stored row with more kept than drafted (not a count this Folio writes) reads 100%.
+    assert "drafts 100% accepted" in format_metrics(
+        {**METRICS, "num_draft_tokens": 10, "num_accepted_draft_tokens": 12})
     assert format_metrics({}) == ""
     assert format_metrics({"error": "x"}) == ""
     assert status_note("interrupted", None).startswith("Interrupted")

@@ -56,7 +56,8 @@ def test_kv_rows():
     assert kv_rows(_kv()) == {
         "blocks_used": "3 / 8", "blocks_shared": "1", "blocks_cached": "2", "blocks_free": "5",
         "block_size": "16 tokens, 720.0 KiB", "saved_by_sharing": "720.0 KiB",
-        "waste": "25.0%", "hit_rate": "25.0% (30 / 120 tokens)"}
+        "waste": "25.0%", "hit_rate": "25.0% (30 / 120 tokens)",
+        "rolled_back": "0 blocks since start"}
 
 
 def test_blocks_per_chat_counts_shared_blocks_once():

@@ -209,7 +209,8 @@ def test_prompts_sharing_a_system_prompt_share_its_blocks() -> None:
 
 
 def test_forced_hash_collision_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine.core.block_hashes, "hash_block", lambda parent, tokens: b"same")
+    monkeypatch.setattr(engine.core.block_hashes, "hash_block",
+                        lambda parent, tokens, extra=b"": b"same")
     bm = one_kind(num_blocks=6, block_size=4)
     a = make_seq(0, [1, 2, 3, 4, 5])
     allocate(bm, a)

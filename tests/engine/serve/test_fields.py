@@ -223,7 +223,7 @@ def test_a_chat_without_max_tokens_runs_up_to_the_context(tiny_served):
      "messages.0.role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "hi"},
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+        {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
      "messages.0.content.1.type"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]},

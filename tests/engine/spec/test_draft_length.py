@@ -8,8 +8,20 @@ import pytest
 from engine.spec.draft_length import DraftLength
 
 
+def test_starts_small_and_grows_to_the_limit():
+    assert DraftLength(32).next() == 4
+    d = DraftLength(32, first=8)
+    assert d.next() == 8
+    d.update(8, 8)
+    assert d.next() == 16
+    d.update(16, 16)
+    assert d.next() == 32
+    d.update(32, 32)
+    assert d.next() == 32
+
+
 def test_grows_when_all_kept_and_settles_after_partial():
-    d = DraftLength(8)
+    d = DraftLength(8, first=8)
     assert d.next() == 8
     d.update(8, 8)
     assert d.next() == 8  # at the limit
@@ -20,7 +32,7 @@ def test_grows_when_all_kept_and_settles_after_partial():
 
 
 def test_failures_halve_then_pause_then_retry_one():
-    d = DraftLength(4)
+    d = DraftLength(4, first=4)
     d.update(4, 0)
     assert d.next() == 2
     d.update(2, 0)
@@ -36,7 +48,7 @@ def test_failures_halve_then_pause_then_retry_one():
 
 
 def test_nothing_drafted_changes_nothing():
-    d = DraftLength(4)
+    d = DraftLength(4, first=4)
     d.update(0, 0)
     assert d.next() == 4
 

@@ -13,13 +13,13 @@ def test_own_tokens_continue_the_latest_earlier_occurrence():
     assert own.propose(tokens, 2) == [7, 8]
 
 
-def test_own_tokens_need_two_matching_tokens_and_grow_incrementally():
+def test_own_tokens_need_three_matching_tokens_and_grow_incrementally():
     own = OwnTokens()
-    assert own.propose([4, 5, 6, 7, 5], 3) == []  # one repeated token is not enough
-    tokens = [4, 5, 6, 7, 5, 6]
-    assert own.propose(tokens, 3) == [7, 5, 6]
-    tokens += [7, 5]
-    assert own.propose(tokens, 3) == [6, 7, 5]  # "6 7 5" found again, latest first
+    assert own.propose([4, 5, 6, 7, 5, 6], 3) == []  # two repeated tokens are not enough
+    tokens = [4, 5, 6, 7, 5, 6, 7]
+    assert own.propose(tokens, 3) == [5, 6, 7]
+    tokens += [5, 6]
+    assert own.propose(tokens, 3) == [7, 5, 6]  # "6 7 5 6" found again, latest first
     assert own.propose(tokens, 0) == []
 
 
@@ -42,3 +42,11 @@ def test_prediction_moves_forward_through_repeated_lines():
 
 def test_prediction_of_nothing_drafts_nothing():
     assert Prediction([]).propose([], 4) == []
+
+
+def test_prediction_keeps_its_place_past_a_line_repeated_close_by():
+    pred = Prediction([1, 2, 3, 4, 1, 2, 3, 4, 8, 7])
+    assert pred.propose([], 2) == [1, 2]
+    # The reply wrote both lines: it stands at position 8, though its last four tokens also
+    # end at 4, the first match past the last proposal's start.
+    assert pred.propose([1, 2, 3, 4, 1, 2, 3, 4], 3) == [8, 7]

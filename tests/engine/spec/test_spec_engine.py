@@ -84,10 +84,12 @@ def test_rejected_drafts_roll_back(tmp_path):
     folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), init=peaked_weights)
     plain, spec = make_engine(folder), make_engine(folder, speculative="ngram")
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    expected = run(plain, params).outputs[0]
-    got = run(spec, params, check=check_pool)
+    prompt = random_prompt(5, 12) * 3  # one whose drafts are kept and rejected
+    expected = run(plain, params, prompt).outputs[0]
+    got = run(spec, params, prompt, check=check_pool)
     assert got.outputs[0].token_ids == expected.token_ids
     assert got.metrics.num_draft_tokens > got.metrics.num_accepted_draft_tokens > 0
+    assert spec.kv_stats().rolled_back_blocks > 0
 
 
 def test_prediction_of_the_reply_is_accepted_and_changes_nothing(engines):
@@ -188,3 +190,85 @@ def test_out_of_room_drops_drafts_before_preempting(tmp_path):
     got = run(engine, params, PROMPT[:8], check_pool)
     assert got.outputs[0].token_ids == run(plain, params, PROMPT[:8]).outputs[0].token_ids
     assert engine.scheduler.num_preemptions == 0
+
+
+# ------------------------------------------------------------------------- draft model
+def test_a_draft_model_of_the_same_weights_is_always_right(tmp_path):
+    """The target drafting for itself: every draft kept, the reply plain decode's."""
+    folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), init=peaked_weights)
+    plain = make_engine(folder)
+    spec = make_engine(folder, speculative=f"draft:{folder}", num_speculative_tokens=4)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    expected = run(plain, params).outputs[0]
+    got = run(spec, params, check=check_pool)
+    assert got.outputs[0].token_ids == expected.token_ids
+    m = got.metrics
+    assert m.num_draft_tokens == m.num_accepted_draft_tokens >= 30
+    assert spec.weights_bytes == 2 * plain.weights_bytes  # the draft's weights count
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_another_draft_model_changes_no_token(tmp_path, n):
+    """A draft of other weights (same vocabulary): drafts kept and rejected, the replies
+    plain decode's; the draft's own pool holds exactly its mirrors' tables."""
+    folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), init=peaked_weights)
+    other = save_tiny_model(tmp_path / "draft", tiny_llama_config(num_hidden_layers=1),
+                            seed=5, init=peaked_weights)
+    plain = make_engine(folder)
+    spec = make_engine(folder, speculative=f"draft:{other}")
+    params = SamplingParams(temperature=0, max_tokens=40, n=n, ignore_eos=True)
+    expected = run(plain, params)
+    draft = spec._speculator.draft
+
+    def check_both(engine):
+        check_pool(engine)
+        mirrors = [s for r in draft.scheduler.requests.values() for s in r.live_seqs]
+        for g, pool in enumerate(draft.scheduler.kv.pools):
+            refs = Counter(b for s in mirrors for b in draft.scheduler.kv.block_tables(s)[g]
+                           if b != pool.null_id)
+            assert {b.block_id: b.ref_count for b in pool.blocks if b.ref_count} == \
+                dict(refs)
+
+    got = run(spec, params, check=check_both)
+    assert [o.token_ids for o in got.outputs] == [o.token_ids for o in expected.outputs]
+    assert got.metrics.num_draft_tokens > got.metrics.num_accepted_draft_tokens
+    assert not draft.scheduler.requests  # the mirrors went with the request
+
+
+def test_draft_models_that_cannot_draft_are_refused(tmp_path):
+    from engine import LLM
+
+    folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), init=peaked_weights)
+    sliding = save_tiny_model(tmp_path / "gemma3", tiny_gemma_config(3), init=peaked_weights)
+    with pytest.raises(ValueError, match="sliding-window"):
+        LLM(str(folder), num_gpu_blocks=32, speculative=f"draft:{sliding}")
+    other = save_tiny_model(tmp_path / "other", tiny_llama_config(), init=peaked_weights)
+    tokenizer_file = other / "tokenizer.json"
+    tokenizer_file.write_text(tokenizer_file.read_text().replace('"<|im_end|>"', '"<|end|>"'))
+    with pytest.raises(ValueError, match="another vocabulary"):
+        LLM(str(folder), num_gpu_blocks=32, speculative=f"draft:{other}")
+    engine = make_engine(folder)
+    with pytest.raises(ValueError, match="draft model"):
+        engine.add_request(PROMPT, SamplingParams(speculative="draft"))
+    assert not engine.has_unfinished_requests()
+
+
+def test_a_prompt_whose_last_token_is_left_alone_still_forks(tmp_path):
+    """A chunked prefill that leaves one prompt token: it is sampled plainly (where the
+    candidates fork), never verified as a draft step."""
+    folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), init=peaked_weights)
+    plain = make_engine(folder, max_num_batched_tokens=len(PROMPT) - 1)
+    spec = make_engine(folder, max_num_batched_tokens=len(PROMPT) - 1, speculative="ngram")
+    params = SamplingParams(temperature=0, max_tokens=20, n=2, ignore_eos=True)
+    expected = run(plain, params)
+
+    def forked_with_the_prompt(engine):
+        check_pool(engine)
+        for request in engine.scheduler.requests.values():
+            [seq, *others] = request.seqs
+            if seq.num_computed_tokens >= seq.num_prompt_tokens:
+                assert len(others) == 1  # forked in the step that ended the prompt
+                assert seq.output_token_ids[0] == others[0].output_token_ids[0]
+
+    got = run(spec, params, check=forked_with_the_prompt)
+    assert [o.token_ids for o in got.outputs] == [o.token_ids for o in expected.outputs]

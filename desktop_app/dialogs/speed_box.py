@@ -1,0 +1,69 @@
+"""Settings ▸ Engine ▸ Speed: how replies are sped up by speculative decoding. Prompt
+lookup (drafts copied from the chat), a draft model (a small model with the loaded
+model's tokenizer: chosen as a GGUF file or a model folder), or off. The value is
+EngineSettings.speculative: "ngram", "draft:PATH" or "off"."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QComboBox, QFileDialog, QWidget
+
+from desktop_app.data.engine_settings import DRAFT_PREFIX, SPEED_LABELS
+
+_CHOOSE = "choose"  # the item that opens the file dialog
+TIP = ("Prompt lookup: where a reply repeats the chat (code you asked to edit, quoted text), "
+       "the words it is about to copy are checked in one step instead of one by one. A "
+       "draft model (a small model of the same family, with the same tokenizer) guesses "
+       "every next few words for the loaded model to check. The reply is the model's own "
+       "either way; drafting stops by itself where the guesses keep failing.")
+
+
+def choose_draft_file(parent: QWidget | None) -> str:
+    """A GGUF file picked by the user ("" when cancelled)."""
+    path, _ = QFileDialog.getOpenFileName(parent, "Choose a draft model", "",
+                                          "GGUF (*.gguf);;Any file (*)")
+    return path
+
+
+class SpeedBox(QComboBox):
+    def __init__(self, value: str, choose: Callable[[QWidget | None], str] = choose_draft_file,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("speedSetting")
+        self.setAccessibleName("Speed")
+        self.setToolTip(TIP)
+        self._choose = choose
+        for key, label in SPEED_LABELS.items():
+            self.addItem(label, key)
+        self.addItem("Draft model: choose a file…", _CHOOSE)
+        if value.startswith(DRAFT_PREFIX):
+            self._add_draft(value)
+        self.setCurrentIndex(max(0, self.findData(value)))
+        self._last = self.currentIndex()
+        self.activated.connect(self._picked)
+
+    def value(self) -> str:
+        return self.currentData()
+
+    def _add_draft(self, value: str) -> None:
+        name = Path(value[len(DRAFT_PREFIX):]).name or value
+        self.insertItem(self.count() - 1, f"Draft model: {name}", value)
+        self.setItemData(self.count() - 2, value[len(DRAFT_PREFIX):],
+                         Qt.ItemDataRole.ToolTipRole)  # the whole path
+
+    def _picked(self, index: int) -> None:
+        if self.itemData(index) != _CHOOSE:
+            self._last = index
+            return
+        path = self._choose(self)
+        if not path:
+            self.setCurrentIndex(self._last)  # cancelled: the earlier choice stays
+            return
+        value = DRAFT_PREFIX + path
+        if self.findData(value) < 0:
+            self._add_draft(value)
+        self.setCurrentIndex(self.findData(value))
+        self._last = self.currentIndex()

@@ -1,0 +1,152 @@
+"""SmolVLM / Idefics3 (``Idefics3ForConditionalGeneration``): a folder's image settings,
+its preprocessing, and the text an image stands for in the prompt.
+
+Preprocessing follows transformers' Idefics3 image processor (the PIL one, its oracle in
+the tests): the picture's longer side scaled to ``size["longest_edge"]`` (the shorter
+one rounded up to even), then, with ``do_image_splitting``, scaled up to whole tiles of
+``max_image_size["longest_edge"]`` and cut into rows x cols tiles plus the whole picture
+squeezed to one tile (the "global" image); without splitting, the picture squeezed to
+one tile. Resizing is Lanczos on 8-bit RGB, then x / 255, then (x - mean) / std.
+
+In the prompt an image is the processor's text: per tile ``<fake_token_around_image>
+<row_r_col_c>`` then the tile's ``<image>`` tokens, a newline after each row, then
+``<fake_token_around_image><global-img>``, the global image's tokens and
+``<fake_token_around_image>`` (only the last part for an unsplit image).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from engine.vision.siglip import TowerSpec
+
+IMAGE_TOKEN = "<image>"
+FAKE_TOKEN = "<fake_token_around_image>"
+GLOBAL_TAG = "<global-img>"
+# transformers' cap on the longer side after the first resize.
+MAX_IMAGE_SIZE = 4096
+
+
+@dataclass(slots=True, frozen=True)
+class Idefics3Processing:
+    longest_edge: int  # size["longest_edge"]: the first resize
+    tile: int  # max_image_size["longest_edge"]: one frame's side
+    split: bool  # do_image_splitting
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    rescale: float
+    resample: int  # a PIL resampling filter (Lanczos in every Idefics3 release)
+
+    @classmethod
+    def read(cls, folder: Path) -> Idefics3Processing:
+        """From the folder's preprocessor_config.json (transformers' defaults where a key
+        is missing)."""
+        path = folder / "preprocessor_config.json"
+        raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        return cls(int(raw.get("size", {}).get("longest_edge", 4 * 364)),
+                   int(raw.get("max_image_size", {}).get("longest_edge", 364)),
+                   bool(raw.get("do_image_splitting", True)),
+                   tuple(raw.get("image_mean", (0.5, 0.5, 0.5))),
+                   tuple(raw.get("image_std", (0.5, 0.5, 0.5))),
+                   float(raw.get("rescale_factor", 1 / 255)),
+                   int(raw.get("resample", Image.Resampling.LANCZOS)))
+
+
+@dataclass(slots=True, frozen=True)
+class Frames:
+    """One image preprocessed: its frames [rows * cols (+1 global), 3, tile, tile] (the
+    tiles row by row, the global image last) and its tile grid (0 x 0: not split)."""
+
+    pixels: torch.Tensor
+    rows: int
+    cols: int
+
+
+def preprocess(rgb: Image.Image, p: Idefics3Processing) -> Frames:
+    """An RGB picture to its frames (see the module docstring)."""
+    width, height = rgb.size
+    height, width = _longest_to(height, width, p.longest_edge)
+    height, width = _bounded(height, width, MAX_IMAGE_SIZE)
+    picture = rgb.resize((width, height), p.resample)
+    rows = cols = 0
+    frames: list[Image.Image] = []
+    if p.split:
+        height, width = _whole_tiles(height, width, p.tile)
+        picture = picture.resize((width, height), p.resample)
+        if height > p.tile or width > p.tile:
+            rows, cols = height // p.tile, width // p.tile
+            frames = [picture.crop((c * p.tile, r * p.tile, (c + 1) * p.tile, (r + 1) * p.tile))
+                      for r in range(rows) for c in range(cols)]
+    frames.append(picture.resize((p.tile, p.tile), p.resample))
+    scaled = np.stack([np.asarray(f, dtype=np.float32) for f in frames]) * p.rescale
+    mean, std = np.asarray(p.mean, np.float32), np.asarray(p.std, np.float32)
+    normalized = (scaled - mean) / std  # [N, tile, tile, 3]
+    return Frames(torch.from_numpy(np.ascontiguousarray(normalized.transpose(0, 3, 1, 2))),
+                  rows, cols)
+
+
+def image_text(rows: int, cols: int, tokens_per_frame: int) -> str:
+    """The prompt text one image stands for (see the module docstring)."""
+    images = IMAGE_TOKEN * tokens_per_frame
+    text = ""
+    if rows or cols:
+        for r in range(rows):
+            text += "".join(f"{FAKE_TOKEN}<row_{r + 1}_col_{c + 1}>{images}"
+                            for c in range(cols))
+            text += "\n"
+        text += "\n"
+    return f"{text}{FAKE_TOKEN}{GLOBAL_TAG}{images}{FAKE_TOKEN}"
+
+
+def tower_spec(config) -> TowerSpec:
+    """The vision tower's shape from an ``Idefics3Config`` (transformers' object)."""
+    vision = config.vision_config
+    return TowerSpec(vision.hidden_size, vision.intermediate_size, vision.num_hidden_layers,
+                     vision.num_attention_heads, _side(vision.image_size),
+                     _side(vision.patch_size), vision.layer_norm_eps, vision.hidden_act,
+                     int(config.scale_factor), config.text_config.hidden_size)
+
+
+def _side(value) -> int:
+    return int(value[0] if isinstance(value, list | tuple) else value)
+
+
+def _longest_to(height: int, width: int, longest: int) -> tuple[int, int]:
+    """The longer side set to ``longest``, the other kept in proportion and made even."""
+    ratio = width / height
+    if width >= height:
+        width, height = longest, int(longest / ratio)
+        height += height % 2
+    else:
+        height, width = longest, int(longest * ratio)
+        width += width % 2
+    return max(height, 1), max(width, 1)
+
+
+def _bounded(height: int, width: int, bound: int) -> tuple[int, int]:
+    """Scaled down so that the longer side is at most ``bound``."""
+    ratio = width / height
+    if width >= height and width > bound:
+        width, height = bound, int(bound / ratio)
+    elif height > width and height > bound:
+        height, width = bound, int(bound * ratio)
+    return max(height, 1), max(width, 1)
+
+
+def _whole_tiles(height: int, width: int, tile: int) -> tuple[int, int]:
+    """Both sides rounded up to whole tiles, the longer first and the other from it."""
+    ratio = width / height
+    if width >= height:
+        width = math.ceil(width / tile) * tile
+        height = math.ceil(int(width / ratio) / tile) * tile
+    else:
+        height = math.ceil(height / tile) * tile
+        width = math.ceil(int(height * ratio) / tile) * tile
+    return height, width
