@@ -9,10 +9,10 @@ and answered greedily from the very same ids by every side, up to ``max_tokens``
   Folio plain, ``ngram`` (prompt lookup over the request's own tokens), Predicted Outputs
   with the plain reply's text as the prediction (every draft the model's own choice: what
   verifying k tokens in one forward buys when nothing is rejected) and with the prompt's
-  code as the prediction (what an editor would send), and the exact prediction on an engine
-  checking at most 4 drafts a step: there is no draft model yet, and a draft model of the
-  starter drafting for itself would be right every time, so this is that case's ceiling
-  without the draft model's own cost;
+  code as the prediction (what an editor would send), and the model drafting for itself
+  (``draft:`` its own file, at most 4 drafts a step: every draft right, so the ratio is the
+  draft model's whole overhead) beside the exact prediction checked 4 at a time (the same
+  drafts for free);
 - **free prose**: a question whose answer repeats nothing; ``ngram`` must cost nothing.
 
 llama.cpp (its interpreter: FOLIO_BENCH_LLAMA_PYTHON, else this one) runs the model's GGUF
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from engine.bench.speculative_table import SpecFigures, spec_table
 
-CODE_VARIANTS = ("plain", "ngram", "exact", "code", "exact_k4")
+CODE_VARIANTS = ("plain", "ngram", "exact", "code", "exact_k4", "self_k4")
 SHAPE_VARIANTS = ("plain", "ngram", "exact")
 
 

@@ -20,8 +20,9 @@ from engine.bench.probe import emit
 # "plain": no drafts; "ngram": prompt lookup over the request's own tokens;
 # "exact": Predicted Outputs with the plain reply's text as the prediction;
 # "exact_k4": the same on an engine that checks at most 4 drafts per step;
-# "code": Predicted Outputs with the code of the prompt (``prediction``) as the prediction.
-VARIANTS = ("plain", "ngram", "exact", "exact_k4", "code")
+# "code": Predicted Outputs with the code of the prompt (``prediction``) as the prediction;
+# "self_k4": the model drafting for itself (``draft:`` the same file), at most 4 a step.
+VARIANTS = ("plain", "ngram", "exact", "exact_k4", "code", "self_k4")
 LLAMA_LOOKUP_TOKENS = 10  # LlamaPromptLookupDecoding(num_pred_tokens=...)
 
 
@@ -57,32 +58,37 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     torch.set_num_threads(threads)
     n_ctx = max(len(ids) for ids in chats.values()) + max_tokens + 16
-    engines: dict[int, LLM] = {}
+    engines: dict[str, LLM] = {}
 
-    def engine(k: int) -> LLM:
-        if k not in engines:
-            engines[k] = LLM(model_path, folio_config(
+    def engine(variant: str) -> LLM:
+        """The engine a variant runs on: the k = 4 ones have their own."""
+        name = variant if variant.endswith("_k4") else "default"
+        if name not in engines:
+            engines[name] = LLM(model_path, folio_config(
                 threads, "stored", max_model_len=n_ctx, block_size=16,
-                num_gpu_blocks=2 * -(-n_ctx // 16), num_speculative_tokens=k))
-        return engines[k]
+                num_gpu_blocks=2 * -(-n_ctx // 16),
+                num_speculative_tokens=4 if variant.endswith("_k4") else num_speculative_tokens,
+                speculative=f"draft:{model_path}" if variant == "self_k4" else None))
+        return engines[name]
 
     plain_text: dict[str, str] = {}
     got: dict[str, dict] = {}
-    engine(num_speculative_tokens)
+    engine("plain")
     emit({"loaded": True})
     warm = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-    for k in {4 if v == "exact_k4" else num_speculative_tokens for _, v in tasks}:
-        engine(k).generate([next(iter(chats.values()))[:8]], warm)
+    for variant in dict.fromkeys(v for _, v in tasks):
+        engine(variant).generate([next(iter(chats.values()))[:8]], warm)
     for _ in range(runs):
         for chat, variant in tasks:
-            extra: dict = {"speculative": "off" if variant == "plain" else "ngram"}
+            extra: dict = {"speculative": {"plain": "off", "self_k4": "draft"}.get(
+                variant, "ngram")}
             if variant in ("exact", "exact_k4"):
                 extra["prediction"] = plain_text[chat]
             elif variant == "code":
                 extra["prediction"] = prediction
             params = SamplingParams(max_tokens=max_tokens, temperature=0,
                                     ignore_eos=ignore_eos, **extra)
-            llm = engine(4 if variant == "exact_k4" else num_speculative_tokens)
+            llm = engine(variant)
             out = llm.generate([chats[chat]], params)[0]
             m = out.metrics
             key = f"{chat}/{variant}"
@@ -121,7 +127,9 @@ def llama_cpp(model_path: str, threads: int, chats: dict[str, list[int]], lookup
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    n_ctx = max(len(ids) for ids in chats.values()) + max_tokens + 16
+    # Room for a whole draft past the last token: llama.cpp keeps every row's logits
+    # (n_ctx rows) while it drafts, and a draft checked at the end would overflow them.
+    n_ctx = max(len(ids) for ids in chats.values()) + max_tokens + 2 * LLAMA_LOOKUP_TOKENS + 16
     options = {"draft_model": LlamaPromptLookupDecoding(
         num_pred_tokens=LLAMA_LOOKUP_TOKENS)} if lookup else {}
     llm = Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_threads=threads,

@@ -34,6 +34,7 @@ def _figures() -> SpecFigures:
             "code/exact": _run([190.0], plain, drafted=19, accepted=19),
             "code/code": _run([80.0], plain[:5] + [99] * 15, drafted=30, accepted=6),
             "code/exact_k4": _run([150.0], plain, drafted=19, accepted=19),
+            "code/self_k4": _run([40.0], plain, drafted=19, accepted=19),
             "prose/plain": _run([64.0], plain),
             "prose/ngram": _run([61.0], plain),  # 0.953: slower than the bar allows
         },
@@ -73,6 +74,9 @@ def test_every_target_has_a_row_and_its_verdict():
     code = f"{CODE}, Predicted Outputs (the prompt's code as prediction) / plain"
     assert status[code] == "reported"
     assert "tokens differ from plain from token 5 on" in measured[code]
+    own = f"{CODE}, the model drafting for itself (draft: the same file), k = 4 / plain"
+    assert status[own] == "reported"
+    assert measured[own].startswith("40.0 / 62.0 tok/s; drafts 100% kept (19 of 19)")
     by_name = {t.name: t for t in targets}
     assert len(by_name) == 5  # ngram, llama.cpp, prose, exact on the model and the 1B shape
     assert by_name[exact].value == pytest.approx(190 / 62, abs=1e-4)
@@ -133,6 +137,7 @@ def test_the_quick_plan_end_to_end_on_a_tiny_shape(tmp_path, monkeypatch):
     assert len(runs["folio 1b"]["code/exact"]["ids"]) == QUICK.max_tokens
     assert runs["folio 1b"]["code/exact"]["drafted"] > 0
     assert runs["folio"]["code/plain"]["tok_s"][0] > 0
+    assert runs["folio"]["code/self_k4"]["ids"] and "code/self_k4" not in runs["folio 1b"]
     agree, total = runs["folio 1b"]["code/plain"]["text_ids"]
     assert 0 <= agree <= total == QUICK.max_tokens
     assert "llama.cpp skipped: test" in result["notes"]
