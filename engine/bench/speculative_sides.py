@@ -127,11 +127,12 @@ def llama_cpp(model_path: str, threads: int, chats: dict[str, list[int]], lookup
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    # Room for a whole draft past the last token: llama.cpp keeps every row's logits
-    # (n_ctx rows) while it drafts, and a draft checked at the end would overflow them.
     n_ctx = max(len(ids) for ids in chats.values()) + max_tokens + 2 * LLAMA_LOOKUP_TOKENS + 16
-    options = {"draft_model": LlamaPromptLookupDecoding(
-        num_pred_tokens=LLAMA_LOOKUP_TOKENS)} if lookup else {}
+    # A draft model makes llama.cpp keep every position's logits, but it sizes that buffer
+    # by the logits_all argument (n_batch rows without it): past n_batch positions the
+    # verify step would overflow it, so the argument is given as the drafts use it.
+    options = {"draft_model": LlamaPromptLookupDecoding(num_pred_tokens=LLAMA_LOOKUP_TOKENS),
+               "logits_all": True} if lookup else {}
     llm = Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
                 n_threads_batch=threads, verbose=False, **options)
     emit({"loaded": True})
