@@ -41,6 +41,11 @@ threads, in one run:
   1B shape), teacher-forced mean KL and greedy replies equal to float16's (the model),
   decode at 4,000 and 16,000 tokens of context and a 4,000-token prefill (the 1B shape),
   peak RSS at a 32,768-token context (the 3B shape); every target met / not met / n/a.
+- ``speculative``: a code-edit chat and a free-prose chat, greedy, the same prompt ids on
+  every side: Folio plain, with prompt-lookup drafts (``ngram``) and with Predicted Outputs
+  (the plain reply or the prompt's code as the prediction), beside llama.cpp plain and with
+  its prompt lookup; the exact prediction on the synthetic 1B / 3B shapes; decode tok/s
+  (first token to last) and the drafts kept; every target met / not met / n/a.
 - ``vision``: images in a chat on a SmolVLM-256M-shaped model (``vision.py``).
 - ``all``: every one of the above, then the issue's targets in one table (``targets.py``);
   ``kernels``: the attention and quantized kernels (CUDA).
@@ -75,6 +80,7 @@ from engine.bench.scheduler import bench_scheduler
 from engine.bench.serve import bench_serve
 from engine.bench.setup import BenchContext, BenchSettings, check_sizes
 from engine.bench.sizes import bench_sizes
+from engine.bench.speculative import bench_speculative
 from engine.bench.structured import bench_structured
 from engine.bench.targets import format_targets, llama_cpp_installed, targets_table
 from engine.bench.vision import bench_vision
@@ -100,6 +106,7 @@ WORKLOADS: dict[str, Callable[[BenchContext], dict]] = {
     "compare": bench_compare,
     "load": bench_load,
     "kv": bench_kv,
+    "speculative": bench_speculative,
     "vision": bench_vision,
 }
 
@@ -136,13 +143,17 @@ EPILOG = """workloads:
   kv          8- and 4-bit KV caches against float16 and llama.cpp q8_0 / q4_0 (flash
               attention): bytes/token, KL and greedy agreement (the model), decode at
               4,000 / 16,000 tokens and prefill (1B shape), peak RSS at 32,768 (3B shape)
+  speculative a code-edit and a free-prose chat, same prompt ids on every side: Folio
+              plain / ngram drafts / Predicted Outputs (the exact reply, the prompt's
+              code) against llama.cpp plain and prompt lookup (FOLIO_BENCH_LLAMA_PYTHON);
+              the exact prediction on the 1B / 3B shapes (--sizes); drafts kept
   vision      a SmolVLM-256M-shaped model (random weights): tower encode time against
               transformers, a follow-up's TTFT with an image in the chat / without,
               the same image in a new chat (tokens cached, encoder runs)
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
-llama.cpp joins chat, decode, memory, 8b, sizes and moe when llama-cpp-python is installed
-(pip install -e '.[bench]');
+llama.cpp joins chat, decode, memory, 8b, sizes, moe, kv and speculative when
+llama-cpp-python is installed (pip install -e '.[bench]');
 --plot needs matplotlib (pip install 'folio[plot]')."""
 
 WORKLOAD_NAMES = tuple(WORKLOADS)
