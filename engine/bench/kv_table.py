@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from engine.bench.setup import Target
+from engine.bench.target_rows import target_row
 
 BYTES_BARS = {"int8": 0.53, "int4": 0.28}
 KL_BARS = {"int8": 0.002, "int4": 0.02}
@@ -47,17 +48,7 @@ def kv_table(fig: KVFigures, plan) -> tuple[list[dict], list[Target]]:
 
     def row(label: str, value: float | None, measured: str, op: str = "",
             bar: float | None = None, why: str = "not measured") -> None:
-        if value is None:
-            status = f"n/a: {why}"
-        elif bar is None:
-            status = "reported"
-        else:
-            target = Target(label, round(value, 4), bar, op)
-            targets.append(target)
-            status = "met" if target.met else "not met"
-        rows.append({"figure": label, "measured": measured,
-                     "value": "" if value is None else round(value, 4),
-                     "want": "" if bar is None else f"{op} {bar:g}", "status": status})
+        rows.append(target_row(targets, label, value, measured, op, bar, why))
 
     size = f"{plan.speed_size.upper()} shape"
     for name, bar in BYTES_BARS.items():

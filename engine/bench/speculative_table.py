@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from engine.bench.setup import Target
+from engine.bench.target_rows import target_row
 
 NGRAM_BAR = 1.0  # ngram / plain on the code edit: never slower
 LLAMA_BAR = 1.5  # Folio ngram / llama.cpp prompt lookup
@@ -47,18 +48,9 @@ def spec_table(fig: SpecFigures, shapes: tuple[str, ...]) -> tuple[list[dict], l
             op: str = ">=", detail: str = "") -> None:
         ra, rb = fig.rate(*a), fig.rate(*b)
         value = ra / rb if ra and rb else None
-        if value is None:
-            status = f"n/a: {_why(fig, a[0], b[0])}"
-        elif bar is None:
-            status = "reported"
-        else:
-            target = Target(label, round(value, 4), bar, op)
-            targets.append(target)
-            status = "met" if target.met else "not met"
         measured = "" if value is None else f"{ra:,.1f} / {rb:,.1f} tok/s" + detail
-        rows.append({"figure": label, "measured": measured,
-                     "value": "" if value is None else round(value, 3),
-                     "want": "" if bar is None else f"{op} {bar:g}", "status": status})
+        why = "" if value is not None else _why(fig, a[0], b[0])
+        rows.append(target_row(targets, label, value, measured, op, bar, why, digits=3))
 
     name = fig.model_name
     code = f"{name} code-edit chat"
