@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from engine.dtypes import DTYPE_NAMES, KV_DTYPE_NAMES
-from engine.sampling_params import DRAFT_PREFIX
+from engine.sampling_params import draft_path
 from engine.validation import FieldChecker
 
 BLOCK_SIZES = (8, 16, 32, 64)
@@ -126,11 +126,9 @@ class EngineConfig:
                ">= 0 (bytes; 0: off)")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",
                self.num_threads, ">= 1 or None")
-        _check(self.speculative is None or self.speculative == "ngram" or (
-            isinstance(self.speculative, str) and self.speculative.startswith(DRAFT_PREFIX)
-            and self.speculative[len(DRAFT_PREFIX):].strip() != ""), "speculative",
-               self.speculative, "'ngram', 'draft:PATH' (a draft model) or None (MTP heads "
-               "are not supported yet)")
+        _check(self.speculative in (None, "ngram") or draft_path(self.speculative) is not None,
+               "speculative", self.speculative,
+               "'ngram', 'draft:PATH' (a draft model) or None (MTP heads are not supported yet)")
         _check(1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
                "num_speculative_tokens", self.num_speculative_tokens,
                f"an integer in [1, {MAX_SPECULATIVE_TOKENS}]")
@@ -141,9 +139,7 @@ class EngineConfig:
     @property
     def draft_model(self) -> str | None:
         """The draft model's path of ``speculative="draft:PATH"``, else None."""
-        if self.speculative is None or not self.speculative.startswith(DRAFT_PREFIX):
-            return None
-        return self.speculative[len(DRAFT_PREFIX):].strip()
+        return draft_path(self.speculative)
 
     @property
     def preemption_mode(self) -> str:

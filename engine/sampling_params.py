@@ -17,6 +17,14 @@ RESPONSE_TYPES = ("json_object", "json_schema")
 # say "off" (decode plainly, whatever the engine does).
 SPECULATIVE_METHODS = ("ngram", "draft")
 DRAFT_PREFIX = "draft:"
+
+
+def draft_path(speculative) -> str | None:
+    """The draft model's path of ``"draft:PATH"`` (EngineConfig.speculative's form), else
+    None (another method, or no path)."""
+    if not isinstance(speculative, str) or not speculative.startswith(DRAFT_PREFIX):
+        return None
+    return speculative[len(DRAFT_PREFIX):].strip() or None
 SPECULATIVE_OFF = "off"
 
 

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from desktop_app.data.kv_precision import AUTO as KV_AUTO
 from desktop_app.data.kv_precision import PRECISIONS
 from engine.config import WEIGHTS
+from engine.sampling_params import draft_path
 from engine.validation import FieldChecker
 
 if TYPE_CHECKING:
@@ -58,7 +59,6 @@ WEIGHT_LABELS = {"stored": "As stored in the file", "bfloat16": "bfloat16",
                  "float32": "float32"}
 CPU_PRECISION_LABELS = {16: "Exact (16-bit activations)", 8: "Fast (8-bit, as llama.cpp)"}
 SPEED_LABELS = {"ngram": "Prompt lookup (drafts from the chat)", "off": "Off"}
-DRAFT_PREFIX = "draft:"  # "draft:PATH": a draft model (EngineConfig.speculative's form)
 MIN_CHAT_MEMORY_MIB = 16
 MAX_CHAT_MEMORY_MIB = 1 << 20  # 1 TiB: a typo guard, not a limit anyone meets
 MAX_WARM_DISK_GIB = 1024
@@ -100,9 +100,8 @@ class EngineSettings:
                f"an integer in [1, {MAX_WARM_DISK_GIB}]")
         _check(self.kv_cache_dtype in PRECISIONS, "kv_cache_dtype", self.kv_cache_dtype,
                f"one of {', '.join(PRECISIONS)}")
-        draft = isinstance(self.speculative, str) and self.speculative.startswith(
-            DRAFT_PREFIX) and self.speculative[len(DRAFT_PREFIX):].strip() != ""
-        _check(self.speculative in SPEED_LABELS or draft, "speculative", self.speculative,
+        _check(self.speculative in SPEED_LABELS or draft_path(self.speculative) is not None,
+               "speculative", self.speculative,
                f"one of {', '.join(SPEED_LABELS)} or draft:PATH (a draft model)")
 
     @property

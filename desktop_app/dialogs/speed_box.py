@@ -11,7 +11,8 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QFileDialog, QWidget
 
-from desktop_app.data.engine_settings import DRAFT_PREFIX, SPEED_LABELS
+from desktop_app.data.engine_settings import SPEED_LABELS
+from engine.sampling_params import DRAFT_PREFIX
 
 _CHOOSE = "choose"  # the item that opens the file dialog
 TIP = ("Prompt lookup: where a reply repeats the chat (code you asked to edit, quoted text), "
