@@ -55,6 +55,9 @@ class EngineParts:
     kv_cache: KVCacheManager
     scheduler: Scheduler
     disk: DiskTier | None  # None: the disk tier is off (``kv_disk_bytes`` 0)
+    # The checkpoint's MTP head tensors (``mtp.*``), read only for speculative="mtp";
+    # engine/spec/mtp.py builds the head from them.
+    mtp_weights: dict | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,6 +76,7 @@ def assemble(model: str | Path, config: EngineConfig,
     from engine.loaders import load_model_files
     from engine.loaders.catalog import resolve_model
     from engine.models import build_model, family_of
+    from engine.models.qwen35_mtp import split_mtp
     from kernels import get_backend
 
     if config.num_threads:
@@ -82,8 +86,9 @@ def assemble(model: str | Path, config: EngineConfig,
     if device.type == "cpu":
         keep_freed_memory()  # a prefill's activations reused, not faulted again
     path = resolve_model(str(model))
+    with_mtp = config.speculative == "mtp"
     loaded = load_model_files(path, dtype=dtype, progress=progress,
-                              keep_quantized=config.weights == "stored")
+                              keep_quantized=config.weights == "stored", with_mtp=with_mtp)
     family = family_of(loaded.config)
     vision = load_vision(path, dtype, device)  # None: the model reads text only
     tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template,
@@ -93,7 +98,9 @@ def assemble(model: str | Path, config: EngineConfig,
     if progress:
         progress("building the model", 0.0)
     net = build_model(loaded.config, dtype, device)
-    net.load_weights(loaded.weights)
+    mtp_weights: dict | None = {} if with_mtp else None
+    net.load_weights(loaded.weights if mtp_weights is None
+                     else split_mtp(loaded.weights, mtp_weights))
     set_activation_bits(net, config.cpu_activation_bits)
     context = net.max_context_len
     max_model_len = min(config.max_model_len or context, context)
@@ -118,7 +125,7 @@ def assemble(model: str | Path, config: EngineConfig,
                        PromptBuilder(tokenizer, family.model_type, max_model_len, vision),
                        grammars, net.weight_bytes() + (vision.weight_bytes if vision else 0),
                        expert_bytes(net), max_model_len, pools.groups,
-                       runner, kv_cache, scheduler, disk)
+                       runner, kv_cache, scheduler, disk, mtp_weights)
 
 
 def _cut_pools(net, config: EngineConfig, shape: KVShape, device: torch.device,

@@ -73,7 +73,8 @@ class EngineConfig:
     chat_template: str | None = None
     # Speculative decoding for every request (engine/spec): "ngram" (prompt lookup) or
     # "draft:PATH" (a small model with the same vocabulary drafts: a folder, a .gguf file
-    # or "starter"); None decodes plainly unless a request asks (SamplingParams.speculative
+    # or "starter") or "mtp" (the model's multi-token-prediction head, Qwen3.5's; the
+    # engine refuses a model without one); None decodes plainly unless a request asks (SamplingParams.speculative
     # or .prediction).
     speculative: str | None = None
     # The most drafts a candidate checks in one step (each follows what the model keeps).
@@ -126,9 +127,9 @@ class EngineConfig:
                ">= 0 (bytes; 0: off)")
         _check(self.num_threads is None or self.num_threads >= 1, "num_threads",
                self.num_threads, ">= 1 or None")
-        _check(self.speculative in (None, "ngram") or draft_path(self.speculative) is not None,
-               "speculative", self.speculative,
-               "'ngram', 'draft:PATH' (a draft model) or None (MTP heads are not supported yet)")
+        _check(self.speculative in (None, "ngram", "mtp")
+               or draft_path(self.speculative) is not None, "speculative", self.speculative,
+               "'ngram', 'draft:PATH' (a draft model), 'mtp' (the model's MTP head) or None")
         _check(1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
                "num_speculative_tokens", self.num_speculative_tokens,
                f"an integer in [1, {MAX_SPECULATIVE_TOKENS}]")

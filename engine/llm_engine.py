@@ -43,6 +43,7 @@ from engine.runner.sampler import Sampler
 from engine.sampling_driver import Sampled, sample
 from engine.sampling_params import SamplingParams
 from engine.spec.draft_model import DraftModel, draft_config
+from engine.spec.mtp import MTPProposer, build_mtp
 from engine.spec.speculator import Speculator
 from engine.stops import Stops
 
@@ -75,8 +76,8 @@ class LLMEngine:
         self._beams = BeamSearcher(self.scheduler, self.tokenizer, self.max_model_len)
         # Speculative decoding (engine/spec): drafts for decoding candidates after each
         # step. A recurrent state cannot be rolled back past a rejected draft.
-        draft = self._load_draft(progress)
-        method = "draft" if draft is not None else self.config.speculative
+        draft = self._load_draft(progress) or self._load_mtp(parts)
+        method = draft.method if draft is not None else self.config.speculative
         self._speculator = Speculator(method, self.config.num_speculative_tokens,
                                       self.max_model_len,
                                       available=not self.kv_cache.state_slots, draft=draft)
@@ -105,6 +106,16 @@ class LLMEngine:
         draft = DraftModel(parts, self.tokenizer, self.model_name)
         self.weights_bytes += draft.weights_bytes
         return draft
+
+    def _load_mtp(self, parts) -> MTPProposer | None:
+        """The model's MTP head of ``speculative="mtp"`` (ValueError naming the model
+        when it has none), with a pool of its own; its weights count in
+        ``weights_bytes``."""
+        if self.config.speculative != "mtp":
+            return None
+        mtp = build_mtp(parts)
+        self.weights_bytes += mtp.weights_bytes
+        return mtp
 
     def _warm_up(self) -> None:
         """A prompt shorter than a block and one decode token: the first forward's

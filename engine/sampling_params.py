@@ -13,9 +13,10 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 RESPONSE_TYPES = ("json_object", "json_schema")
 # Speculative decoding (engine/spec). "ngram": prompt lookup, drafts copied from the
 # request's own tokens and from its ``prediction``; "draft": the engine's draft model
-# (EngineConfig.speculative="draft:PATH"). MTP heads are not built yet. A request may also
-# say "off" (decode plainly, whatever the engine does).
-SPECULATIVE_METHODS = ("ngram", "draft")
+# (EngineConfig.speculative="draft:PATH"); "mtp": the model's own multi-token-prediction
+# head (Qwen3.5's, EngineConfig.speculative="mtp"). A request may also say "off" (decode
+# plainly, whatever the engine does).
+SPECULATIVE_METHODS = ("ngram", "draft", "mtp")
 DRAFT_PREFIX = "draft:"
 
 

@@ -26,15 +26,16 @@ from engine.loaders.base import (
 )
 from engine.loaders.folder_cache import load_tokenizer, read_config, write_config
 from engine.loaders.hf_mxfp4 import fused_shapes, joined, quant_method
+from engine.models.qwen35_mtp import MTP_PREFIX
 from engine.models.registry import text_part, text_weight_name
 
 log = logging.getLogger(__name__)
 
 
 def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None,
-                   keep_quantized: bool = False) -> LoadedModel:
+                   keep_quantized: bool = False, with_mtp: bool = False) -> LoadedModel:
     """keep_quantized: MXFP4 experts come out as `Mxfp4Experts` (else dequantized to
-    `dtype`)."""
+    `dtype`); with_mtp: the ``mtp.*`` tensors come too (else never read)."""
     report = progress or (lambda stage, fraction: None)
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -57,9 +58,9 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
     origin: dict[str, Path] = {}
     for shard in shards:
         for stored, shape in read_safetensors_header(shard).items():
-            name = stored if prefix is None else text_weight_name(stored, prefix)
+            name = _weight_name(stored, prefix, with_mtp)
             if name is None:
-                continue  # the vision and audio towers
+                continue  # the vision and audio towers, an unwanted MTP head
             shapes[name] = shape
             origin[name] = shard
     if quantized:
@@ -78,7 +79,7 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
             try:
                 with safe_open(str(shard), framework="pt") as handle:
                     for stored in handle.keys():
-                        name = stored if prefix is None else text_weight_name(stored, prefix)
+                        name = _weight_name(stored, prefix, with_mtp)
                         if name is None:
                             continue  # never read: the towers Folio does not run
                         tensor = handle.get_tensor(stored)
@@ -90,6 +91,15 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
     return LoadedModel(config=config, tokenizer=tokenizer,
                        weights=WeightStream(shapes, opener, progress), source=folder,
                        format="hf", name=display_name(folder))
+
+
+def _weight_name(stored: str, prefix: str | None, with_mtp: bool) -> str | None:
+    """A stored tensor's name as the model takes it (``prefix``: a multimodal file's
+    text part), or None for one not read: other towers, and the MTP head's ``mtp.*``
+    unless asked for (it sits at the top level beside the text model)."""
+    if stored.startswith(MTP_PREFIX):
+        return stored if with_mtp else None
+    return stored if prefix is None else text_weight_name(stored, prefix)
 
 
 def _transformers_config(folder: Path, config_path: Path):

@@ -25,7 +25,7 @@ gets (conv states, recurrent states, `StateMetadata`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -95,6 +95,10 @@ class ModelRunner:
                                     slots if num_host_blocks else 0, model.dtype, device)
             for i, layer in enumerate(group.layers):
                 self._layer_views[layer] = (g, *self.states.layer(i))
+        # Called with (out, final-norm hidden states [T, hidden]) after each eager forward:
+        # an MTP head's proposer (engine/spec/mtp.py) keeps the rows it will read. A step
+        # whose hidden states are wanted is never replayed from a CUDA graph.
+        self.hidden_sink: Callable[[SchedulerOutput, torch.Tensor], None] | None = None
         self.graphs: CudaGraphRunner | None = None
         if cuda_graphs and max_model_len and backend_is_capturable(backend, device):
             self.graphs = CudaGraphRunner(self._decode_logits, device, shape.block_size,
@@ -184,7 +188,8 @@ class ModelRunner:
         if not out.scheduled:
             return None
         input_ids, positions, metas, sample_rows = self.prepare(out)
-        if self.graphs is not None and self.graphs.fits(out, len(metas)):
+        if self.graphs is not None and self.hidden_sink is None and \
+                self.graphs.fits(out, len(metas)):
             logits = self.graphs.run(input_ids, positions, metas[0])
             if logits is not None:
                 return logits
@@ -192,6 +197,8 @@ class ModelRunner:
         embeds = self.images.rows(out.scheduled) if self.images is not None else None
         extra = {} if embeds is None else {"image_embeds": embeds}
         hidden = self.model(input_ids, positions, layers, metas[0], self.backend, **extra)
+        if self.hidden_sink is not None:
+            self.hidden_sink(out, hidden)
         if not sample_rows:
             return None
         return self.model.compute_logits(hidden[sample_rows])

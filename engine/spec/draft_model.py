@@ -26,6 +26,8 @@ _MAX_FORWARDS = 64
 
 
 class DraftModel:
+    method = "draft"
+
     def __init__(self, parts, target_tokenizer, target_name: str) -> None:
         """``parts``: the draft's EngineParts (engine/build.py)."""
         if not _same_tokens(parts.tokenizer, target_tokenizer):

@@ -31,6 +31,7 @@ from engine.sampling_driver import Sampled
 from engine.sampling_params import SPECULATIVE_OFF, SamplingParams
 from engine.spec.draft_length import DraftLength
 from engine.spec.draft_model import DraftModel
+from engine.spec.mtp import MTPProposer
 from engine.spec.ngram import OwnTokens, Prediction
 from engine.spec.verify import verify
 
@@ -58,10 +59,10 @@ class _Speculating:
 
 class Speculator:
     def __init__(self, method: str | None, num_tokens: int, max_model_len: int,
-                 available: bool, draft: DraftModel | None = None) -> None:
-        """``method``: the engine's ("ngram", "draft" or None); ``available``: the model
-        can roll back a rejected draft (no recurrent state); ``draft``: the draft model
-        of method "draft"."""
+                 available: bool, draft: DraftModel | MTPProposer | None = None) -> None:
+        """``method``: the engine's ("ngram", "draft", "mtp" or None); ``available``: the
+        model can roll back a rejected draft (no recurrent state); ``draft``: the proposer
+        of method "draft" (engine/spec/draft_model.py) or "mtp" (engine/spec/mtp.py)."""
         self.method = method
         self.num_tokens = num_tokens
         self.max_model_len = max_model_len
@@ -73,9 +74,12 @@ class Speculator:
     def method_for(self, params: SamplingParams) -> str | None:
         """The method ``params`` speculates with here (None: plain decode); ValueError
         for a draft model this engine has not loaded."""
-        if params.speculative == "draft" and self.draft is None:
+        if params.speculative == "draft" and getattr(self.draft, "method", None) != "draft":
             raise ValueError("SamplingParams.speculative: 'draft' needs an engine started "
                              "with a draft model (EngineConfig.speculative='draft:PATH')")
+        if params.speculative == "mtp" and getattr(self.draft, "method", None) != "mtp":
+            raise ValueError("SamplingParams.speculative: 'mtp' needs an engine started "
+                             "with EngineConfig.speculative='mtp' on a model with an MTP head")
         if not self.available or params.speculative == SPECULATIVE_OFF:
             return None
         if params.speculative is not None:
@@ -86,7 +90,9 @@ class Speculator:
         method = self.method_for(request.params)
         if method is not None:
             self._requests[request.request_id] = _Speculating(request, prediction_ids,
-                                                              method == "draft")
+                                                              method in ("draft", "mtp"))
+            if method == "mtp" and self.draft is not None:
+                self.draft.track(request)  # the MTP head reads its hidden states
 
     def drop(self, request_id: str) -> None:
         if self._requests.pop(request_id, None) is not None and self.draft is not None:
