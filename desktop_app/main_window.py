@@ -39,7 +39,7 @@ from desktop_app.data.model_templates import template_config
 from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, config_dir, save_settings
 from desktop_app.dialogs import error_dialog
 from desktop_app.dialogs.settings_dialog import SettingsDialog
-from desktop_app.services import sources
+from desktop_app.services import devices, sources
 from desktop_app.services.tools_bridge import ToolsBridge
 from desktop_app.widgets import theme
 from desktop_app.widgets.chat_list import ChatList
@@ -306,7 +306,8 @@ class MainWindow(QMainWindow):
                                                     self.settings.serve_port),
                                 theme=self.settings.theme, engine=self.settings.engine,
                                 tools=self.tools,
-                                model=kv_precision.shape_of_source(self.bridge.source))
+                                model=kv_precision.shape_of_source(self.bridge.source),
+                                mtp_missing=devices.mtp_missing(self.bridge.source))
         dialog.accepted.connect(lambda: self.apply_settings(dialog))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()

@@ -156,13 +156,14 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
                         help="keep KV cache blocks leaving memory on disk, up to this many "
                         "GiB, so prompts seen before (a restart too) are not recomputed "
                         "(default 0: off)")
-    parser.add_argument("--speculative", default=None, metavar="ngram|draft:PATH",
+    parser.add_argument("--speculative", default=None, metavar="ngram|draft:PATH|mtp",
                         help="speculative decoding for every reply, checked in one step "
                         "and the reply the same: ngram drafts what the reply is about to "
                         "copy from the chat (code to edit, quoted text); draft:PATH lets a "
                         "small model with the same vocabulary (a folder, a .gguf file or "
-                        "starter) draft every token (default: off; a request's prediction "
-                        "still drafts)")
+                        "starter) draft every token; mtp lets the model's own "
+                        "multi-token-prediction head draft (Qwen3.5 folders that ship one) "
+                        "(default: off; a request's prediction still drafts)")
     parser.add_argument("--num-speculative-tokens", type=int,
                         default=DEFAULT_SPECULATIVE_TOKENS, metavar="K",
                         help=f"the most drafts checked in one step, 1 to "

@@ -74,8 +74,8 @@ class EngineConfig:
     # Speculative decoding for every request (engine/spec): "ngram" (prompt lookup) or
     # "draft:PATH" (a small model with the same vocabulary drafts: a folder, a .gguf file
     # or "starter") or "mtp" (the model's multi-token-prediction head, Qwen3.5's; the
-    # engine refuses a model without one); None decodes plainly unless a request asks (SamplingParams.speculative
-    # or .prediction).
+    # engine refuses a model without one); None decodes plainly unless a request asks
+    # (SamplingParams.speculative or .prediction).
     speculative: str | None = None
     # The most drafts a candidate checks in one step (each follows what the model keeps).
     num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS

@@ -32,7 +32,9 @@ In settings.json, under ``"engine"``::
   A settings file without it reads ``"auto"``, the cache every earlier version kept.
 - ``speculative`` ("Speed"): ``"ngram"`` (prompt lookup: drafts copied from the chat are
   checked in one step; EngineConfig.speculative), ``"draft:PATH"`` (a draft model: a small
-  model with the loaded model's tokenizer drafts every token) or ``"off"``. Prompt lookup
+  model with the loaded model's tokenizer drafts every token), ``"mtp"`` (the model's own
+  multi-token-prediction head, Qwen3.5's; a model without one uses prompt lookup) or
+  ``"off"``. Prompt lookup
   is the default: the reply is the model's own either way, drafts are made only where the
   reply repeats the chat, and a request whose drafts keep failing stops drafting
   (engine/spec/draft_length.py), so a chat that repeats nothing decodes at the plain rate
@@ -58,7 +60,11 @@ DEVICE_AUTO = "auto"
 WEIGHT_LABELS = {"stored": "As stored in the file", "bfloat16": "bfloat16",
                  "float32": "float32"}
 CPU_PRECISION_LABELS = {16: "Exact (16-bit activations)", 8: "Fast (8-bit, as llama.cpp)"}
-SPEED_LABELS = {"ngram": "Prompt lookup (drafts from the chat)", "off": "Off"}
+SPEED_LABELS = {"ngram": "Prompt lookup (drafts from the chat)", "off": "Off",
+                "mtp": "MTP head (the model's own drafts)"}
+# The Speed value of the model's multi-token-prediction head: offered only for a model
+# that ships one (engine.loaders.mtp_probe); a model without one loads with prompt lookup.
+SPEED_MTP = "mtp"
 MIN_CHAT_MEMORY_MIB = 16
 MAX_CHAT_MEMORY_MIB = 1 << 20  # 1 TiB: a typo guard, not a limit anyone meets
 MAX_WARM_DISK_GIB = 1024

@@ -191,7 +191,8 @@ class EngineForm(QWidget):
     (EngineBridge.apply_engine_settings)."""
 
     def __init__(self, settings: EngineSettings, cuda_names: list[str] | None = None,
-                 parent: QWidget | None = None, model: ModelShape | None = None) -> None:
+                 parent: QWidget | None = None, model: ModelShape | None = None,
+                 mtp_missing: str | None = "no model is loaded") -> None:
         super().__init__(parent)
         cuda_names = cuda_device_names() if cuda_names is None else cuda_names
         self.device = _choice("deviceSetting", "Device",
@@ -228,7 +229,7 @@ class EngineForm(QWidget):
         self.warm_disk.setSuffix(" GiB")
         self.keep_warm.toggled.connect(self.warm_disk.setEnabled)
         self.kv_precision = KVPrecisionBox(settings.kv_cache_dtype, model, bool(cuda_names))
-        self.speed = SpeedBox(settings.speculative)
+        self.speed = SpeedBox(settings.speculative, mtp_missing=mtp_missing)
         self.device.currentIndexChanged.connect(
             lambda _i: self.kv_precision.set_device(self.device.currentData()))
         self.chat_memory.valueChanged.connect(self.kv_precision.set_budget)
@@ -280,14 +281,16 @@ THEME_LABELS = {"system": "System", "light": "Light", "dark": "Dark"}
 class SettingsDialog(QDialog):
     """Tabs: the open chat (absent when none is open), the new-chat defaults, serving, the
     engine (when `engine` is given; `model`: the loaded local model's shape, for what each
-    KV cache precision holds); under them the app's theme (System / Light / Dark)."""
+    KV cache precision holds; `mtp_missing`: why it has no MTP head to draft with, None
+    when it has one); under them the app's theme (System / Light / Dark)."""
 
     def __init__(self, chat_settings: ChatSettings | None, defaults: ChatSettings,
                  max_tokens_limit: int = 32768, parent: QWidget | None = None,
                  serve: tuple[bool, int] = (False, 8000), theme: str = "system",
                  engine: EngineSettings | None = None,
                  cuda_names: list[str] | None = None, tools=None,
-                 model: ModelShape | None = None) -> None:
+                 model: ModelShape | None = None,
+                 mtp_missing: str | None = "no model is loaded") -> None:
         super().__init__(parent)
         self.setObjectName("settingsDialog")
         self.setWindowTitle("Settings")
@@ -303,7 +306,8 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(self.serve_form, "Serving")
         self.engine_form = None
         if engine is not None:
-            self.engine_form = EngineForm(engine, cuda_names, model=model)
+            self.engine_form = EngineForm(engine, cuda_names, model=model,
+                                          mtp_missing=mtp_missing)
             self.tabs.addTab(self.engine_form, "Engine")
         self.tools_page = None
         if tools is not None:  # a ToolsBridge: Settings ▸ Tools, the MCP servers

@@ -1,7 +1,8 @@
 """Settings ▸ Engine ▸ Speed: how replies are sped up by speculative decoding. Prompt
 lookup (drafts copied from the chat), a draft model (a small model with the loaded
-model's tokenizer: chosen as a GGUF file or a model folder), or off. The value is
-EngineSettings.speculative: "ngram", "draft:PATH" or "off"."""
+model's tokenizer: chosen as a GGUF file or a model folder), the loaded model's own MTP
+head (offered only where the model ships one: greyed out with the reason otherwise), or
+off. The value is EngineSettings.speculative: "ngram", "draft:PATH", "mtp" or "off"."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QFileDialog, QWidget
 
-from desktop_app.data.engine_settings import SPEED_LABELS
+from desktop_app.data.engine_settings import SPEED_LABELS, SPEED_MTP
 from engine.sampling_params import DRAFT_PREFIX
 
 _CHOOSE = "choose"  # the item that opens the file dialog
 TIP = ("Prompt lookup: where a reply repeats the chat (code you asked to edit, quoted text), "
        "the words it is about to copy are checked in one step instead of one by one. A "
        "draft model (a small model of the same family, with the same tokenizer) guesses "
-       "every next few words for the loaded model to check. The reply is the model's own "
-       "either way; drafting stops by itself where the guesses keep failing.")
+       "every next few words for the loaded model to check; so does an MTP head, a small "
+       "part some models (Qwen3.5) ship to guess their own next words. The reply is the "
+       "model's own either way; drafting stops by itself where the guesses keep failing.")
 
 
 def choose_draft_file(parent: QWidget | None) -> str:
@@ -31,7 +33,10 @@ def choose_draft_file(parent: QWidget | None) -> str:
 
 class SpeedBox(QComboBox):
     def __init__(self, value: str, choose: Callable[[QWidget | None], str] = choose_draft_file,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None,
+                 mtp_missing: str | None = "no model is loaded") -> None:
+        """``mtp_missing``: why the loaded model cannot draft with an MTP head (the item
+        is greyed out with it), None when it can."""
         super().__init__(parent)
         self.setObjectName("speedSetting")
         self.setAccessibleName("Speed")
@@ -40,6 +45,11 @@ class SpeedBox(QComboBox):
         for key, label in SPEED_LABELS.items():
             self.addItem(label, key)
         self.addItem("Draft model: choose a file…", _CHOOSE)
+        if mtp_missing is not None:
+            item = self.model().item(self.findData(SPEED_MTP))
+            item.setEnabled(False)
+            item.setToolTip(f"Not available: {mtp_missing}. A model without an MTP head "
+                            "drafts with prompt lookup.")
         if value.startswith(DRAFT_PREFIX):
             self._add_draft(value)
         self.setCurrentIndex(max(0, self.findData(value)))

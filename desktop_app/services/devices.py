@@ -1,6 +1,7 @@
 """The app's engine settings meet this machine: which devices it offers, the EngineConfig a
-stored choice becomes (a CUDA device that is gone falls back to automatic, with a warning),
-and the words for a memory budget that cannot hold one context."""
+stored choice becomes (a CUDA device that is gone falls back to automatic, with a warning;
+the MTP head setting, prompt lookup for a model without one), and the words for a memory
+budget that cannot hold one context."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import re
 from dataclasses import replace
 
-from desktop_app.data.engine_settings import DEVICE_AUTO, EngineSettings
+from desktop_app.data.engine_settings import DEVICE_AUTO, SPEED_MTP, EngineSettings
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,27 @@ def usable(settings: EngineSettings, cuda_count: int | None = None) -> EngineSet
     logger.warning("the stored device %s is not on this machine: using %s", settings.device,
                    DEVICE_AUTO)
     return replace(settings, device=DEVICE_AUTO)
+
+
+def mtp_missing(source: str | None) -> str | None:
+    """Why ``source`` (the loaded model) cannot draft with an MTP head, or None when it
+    can: what Settings ▸ Engine ▸ Speed says beside a greyed-out "MTP head"."""
+    from desktop_app.data.servers import is_remote_source
+
+    if not source or is_remote_source(source):
+        return "no local model is loaded"
+    from engine.loaders.mtp_probe import mtp_head_missing
+
+    return mtp_head_missing(source)
+
+
+def config_for_source(config, source: str):
+    """``config`` for loading ``source``: the MTP head setting becomes prompt lookup for a
+    model without a head (the engine refuses it), so every model still loads."""
+    if getattr(config, "speculative", None) != SPEED_MTP or mtp_missing(source) is None:
+        return config
+    logger.info("%s has no MTP head: drafting with prompt lookup", source)
+    return replace(config, speculative="ngram")
 
 
 def engine_config_for(settings: EngineSettings, cuda_count: int | None = None):

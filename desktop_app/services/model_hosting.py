@@ -96,8 +96,10 @@ class ModelHosting:
         return self._shelf
 
     def _worker_for(self, source: str, config, progress) -> ModelWorker:
-        return self._worker_factory(self._llm_factory(source, config=config,
-                                                      progress=progress))
+        from desktop_app.services.devices import config_for_source
+
+        return self._worker_factory(self._llm_factory(
+            source, config=config_for_source(config, source), progress=progress))
 
     def start_load(self, source: str, config, api_key: str,
                    post: Callable[[tuple], None]) -> None:

@@ -66,6 +66,13 @@ def test_speculative_options_reach_the_config(configs, command, monkeypatch):
     assert (configs[-1].speculative, configs[-1].num_speculative_tokens) == (None, 8)
 
 
+@pytest.mark.parametrize("command", [["chat"], ["serve", "--port", "0"]])
+def test_the_mtp_method_reaches_the_config(configs, command, monkeypatch):
+    monkeypatch.setattr("engine.serve.server.check_port_free", lambda *a: None)
+    assert main([*command, "--speculative", "mtp"]) == 2
+    assert configs[-1].speculative == "mtp"
+
+
 def test_a_bad_draft_count_is_a_message(configs, capsys):
     assert main(["chat", "--speculative", "ngram", "--num-speculative-tokens", "0"]) == 2
     assert "num_speculative_tokens must be" in capsys.readouterr().err

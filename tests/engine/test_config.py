@@ -61,7 +61,7 @@ def test_engine_config_swap_mode_follows_host_blocks() -> None:
         ("warm_up", "yes"),
         ("speculative", "draft:"),
         ("speculative", "draft: "),
-        ("speculative", "mtp"),
+        ("speculative", "mtp:"),
         ("num_speculative_tokens", 0),
         ("num_speculative_tokens", 65),
         ("num_speculative_tokens", 2.5),

@@ -50,7 +50,7 @@ def test_a_malformed_prediction_is_a_400_naming_it(tiny_served, prediction, para
 
 def test_sampling_params_check_the_speculative_fields():
     with pytest.raises(ValueError, match="speculative"):
-        SamplingParams(speculative="mtp")
+        SamplingParams(speculative="eagle")
     with pytest.raises(ValueError, match="prediction"):
         SamplingParams(prediction=3)
     assert SamplingParams(speculative="off", prediction="x").prediction == "x"
