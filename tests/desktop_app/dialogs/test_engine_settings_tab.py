@@ -37,7 +37,8 @@ def test_the_widgets_and_their_choices(qtbot):
     assert memory.text() == "Automatic" and memory.accessibleName() == "Memory for chats"
     speed = dialog.findChild(QComboBox, "speedSetting")
     assert [speed.itemText(i) for i in range(speed.count())] == [
-        "Prompt lookup (drafts from the chat)", "Off", "Draft model: choose a file…"]
+        "Prompt lookup (drafts from the chat)", "Off", "MTP head (the model's own drafts)",
+        "Draft model: choose a file…"]
     assert speed.currentData() == "ngram" and speed.accessibleName() == "Speed"
 
 

@@ -10,9 +10,11 @@ import torch
 
 from desktop_app.data.engine_settings import EngineSettings
 from desktop_app.services.devices import (
+    config_for_source,
     describe_memory_error,
     device_choices,
     engine_config_for,
+    mtp_missing,
     usable,
 )
 from desktop_app.services.engine_bridge import EngineBridge, describe_error
@@ -98,3 +100,18 @@ def test_a_load_that_cannot_fit_one_context_says_so(qtbot, fake_engine):
     with qtbot.waitSignal(bridge.modelLoadFailed, timeout=5000) as failed:
         bridge.load_model("starter")
     assert failed.args[1].startswith("Memory for chats is 64 MiB, but one full context")
+
+
+def test_the_mtp_setting_falls_back_to_prompt_lookup_without_a_head(tmp_path):
+    from tests.engine.tiny_models import save_tiny_model, tiny_qwen35_config
+    from tests.engine.tiny_mtp import mtp_config, save_mtp_model
+
+    config = EngineSettings(speculative="mtp").to_engine_config()
+    with_head = str(save_mtp_model(tmp_path / "m", mtp_config()))
+    without = str(save_tiny_model(tmp_path / "q", tiny_qwen35_config()))
+    assert mtp_missing(with_head) is None
+    assert config_for_source(config, with_head).speculative == "mtp"
+    assert config_for_source(config, without).speculative == "ngram"
+    assert mtp_missing("remote:http://localhost:8000/v1#qwen") == "no local model is loaded"
+    ngram = EngineSettings().to_engine_config()
+    assert config_for_source(ngram, without) is ngram
