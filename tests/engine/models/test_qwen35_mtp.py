@@ -65,10 +65,11 @@ def test_the_heads_forward_equals_the_reference(model):
 def test_drafts_equal_the_references_from_the_targets_hidden_states(model):
     engine, hf, head = model
     mtp = engine._speculator.draft
+    # Decoded plainly ("off"): the drafts are asked for here, after each step.
     request_id = engine.add_request(random_prompt(6, 19), SamplingParams(
-        temperature=0, max_tokens=12, ignore_eos=True))
+        temperature=0, max_tokens=12, ignore_eos=True, speculative="off"))
     request = engine.scheduler.requests[request_id]
-    mtp.track(request)  # a hybrid model decodes plainly: the drafts are asked for here
+    mtp.track(request)
     seq = request.seqs[0]
     checked = 0
     while engine.has_unfinished_requests():
