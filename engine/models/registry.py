@@ -226,8 +226,9 @@ TEXT_PARTS: Mapping[str, str] = MappingProxyType({
     # engine/vision's (the one family whose images Folio reads).
     "Idefics3ForConditionalGeneration": "model.text_model.",
     "Gemma4ForConditionalGeneration": "model.language_model.",
-    # The Qwen3.5 / Qwen3.6 releases (a vision tower, and mtp.* multi-token prediction
-    # weights beside the text model, which Folio does not run either).
+    # The Qwen3.5 / Qwen3.6 releases (a vision tower, which Folio does not run, and mtp.*
+    # multi-token prediction weights beside the text model, read only for
+    # speculative="mtp": engine/loaders/safetensors.py, engine/models/qwen35_mtp.py).
     "Qwen3_5ForConditionalGeneration": "model.language_model.",
     "Qwen3_5MoeForConditionalGeneration": "model.language_model.",
 })
