@@ -18,7 +18,6 @@ from tests.engine.tiny_models import (
     save_tiny_model,
     tiny_gemma_config,
     tiny_llama_config,
-    tiny_qwen35_config,
 )
 from tests.engine.tiny_moe import save_moe_model
 
@@ -166,15 +165,6 @@ def test_grammar_replies_equal_plain_decode(tmp_path):
     got = run(spec, predicted, check=check_pool).outputs[0]
     assert got.token_ids == expected.token_ids
     assert got.finish_reason == expected.finish_reason
-
-
-def test_hybrid_models_decode_plainly(tmp_path):
-    folder = save_tiny_model(tmp_path / "qwen35", tiny_qwen35_config(), init=peaked_weights)
-    plain, spec = make_engine(folder), make_engine(folder, speculative="ngram")
-    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    got = run(spec, params)
-    assert got.outputs[0].token_ids == run(plain, params).outputs[0].token_ids
-    assert got.metrics.num_draft_tokens == 0
 
 
 def test_out_of_room_drops_drafts_before_preempting(tmp_path):
