@@ -18,6 +18,7 @@ from tests.engine.tiny_models import (
     peaked_weights,
     random_prompt,
     save_tiny_model,
+    tiny_llama_config,
     tiny_qwen35_config,
     tiny_qwen35_moe_config,
 )
@@ -134,3 +135,18 @@ def test_a_small_state_pool_cuts_drafts_and_stays_exact(folder, plain):
     assert spec.scheduler.num_preemptions == 0
     for pool in spec.kv_cache.pools:
         assert not any(b.ref_count for b in pool.blocks)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_dense_draft_model_drafts_for_a_hybrid_target(folder, plain, tmp_path, n):
+    """A small Llama of the same vocabulary drafting for the hybrid model: its random
+    drafts are rejected (the target's state goes back every step), the replies plain
+    decode's."""
+    draft = save_tiny_model(tmp_path / "draft", tiny_llama_config(num_hidden_layers=1),
+                            seed=5, init=peaked_weights)
+    spec = make_engine(folder, speculative=f"draft:{draft}", num_speculative_tokens=4)
+    params = SamplingParams(temperature=0, max_tokens=30, n=n, ignore_eos=True)
+    expected = run(plain, params)
+    got = run(spec, params, check=check_pool)
+    assert [o.token_ids for o in got.outputs] == [o.token_ids for o in expected.outputs]
+    assert got.metrics.num_draft_tokens > 0
