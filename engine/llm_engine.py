@@ -75,12 +75,11 @@ class LLMEngine:
         # Beam search requests (engine/beam), beside the request table.
         self._beams = BeamSearcher(self.scheduler, self.tokenizer, self.max_model_len)
         # Speculative decoding (engine/spec): drafts for decoding candidates after each
-        # step. A recurrent state cannot be rolled back past a rejected draft.
+        # step.
         draft = self._load_draft(progress) or self._load_mtp(parts)
         method = draft.method if draft is not None else self.config.speculative
         self._speculator = Speculator(method, self.config.num_speculative_tokens,
-                                      self.max_model_len,
-                                      available=not self.kv_cache.state_slots, draft=draft)
+                                      self.max_model_len, draft=draft)
         # The request table: every request not yet finished, by id. It labels the blocks'
         # owners in kv_stats and holds each candidate's text state.
         self._requests: dict[str, RequestState] = {}

@@ -164,6 +164,15 @@ class KVCacheManager:
         seq_id = seq.seq_id
         return [m.tables.get(seq_id, []) for m in self.managers]
 
+    def draft_state_slots(self, seq: Sequence, num_drafts: int) -> list[int]:
+        """The linear-attention state slots that keep the state after each of the first
+        ``num_drafts`` tokens of ``seq``'s verify step (engine/core/linear_state_manager.py);
+        none without a state group or drafts."""
+        last = self.managers[-1]
+        if not isinstance(last, LinearStateManager):
+            return []
+        return last.draft_slots(seq, num_drafts)
+
     # -------------------------------------------------------------- allocation
     def allocate(self, seq: Sequence) -> PrefixHit | None:
         """Every group's blocks for ``seq``, for all its tokens from its prefix hit on;

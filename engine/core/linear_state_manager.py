@@ -17,6 +17,14 @@ full-attention blocks are all cached (the KV cache manager agrees the groups' hi
 running slot starts as a copy of the snapshot (a copy pair, applied before the forward)
 and only the tokens after it are computed.
 
+A verify step (engine/spec) computes a sequence's last token and its d drafts as one
+chunk, so the state it leaves has seen every draft. Before it, the sequence takes d spare
+slots (`draft_slots`): the state after each of the chunk's first d tokens is kept there.
+Once the model kept k drafts, the slot after the last kept token becomes the running
+state and the others go back (`trim`); nothing is copied. A boundary the kept drafts
+crossed gets its snapshot from the same slots, so the prefix cache holds what a plain
+decode would have left.
+
 Snapshots are taken only from slots the live sequences cannot need (``live_slots`` of
 the pool are theirs): a snapshot never keeps a sequence from being admitted. A sequence
 about to fork into n candidates takes its n slots at admission, so the fork always has
@@ -47,6 +55,10 @@ class LinearStateManager(SingleKindManager):
         self.reserved: dict[int, list[int]] = {}  # a sequence's slots for its fork
         self.num_live = 0  # running and reserved slots held
         self.from_disk: dict[int, int] = {}  # a sequence's snapshot slot being read
+        # A sequence's verify step: its computed tokens before it, and the slots holding
+        # the state after 1, 2, ... d of the chunk's tokens.
+        self.drafting: dict[int, tuple[int, list[int]]] = {}
+        self._verify_start: dict[int, int] = {}  # while a verify step is settled
 
     # ------------------------------------------------------------------ lookup
     def lookup(self, seq: Sequence) -> list[Found]:
@@ -124,10 +136,33 @@ class LinearStateManager(SingleKindManager):
 
     # ------------------------------------------------------------------ append
     def plan_append(self, seq: Sequence) -> tuple[int, list[int]]:
-        return 0, []  # a state never grows; snapshots come from spare slots only
+        """A state never grows (snapshots come from spare slots only); a verify step
+        takes a slot per draft."""
+        held = len(self.drafting.get(seq.seq_id, (0, []))[1])
+        return max(0, len(seq.draft_token_ids) - held), []
 
     def append_slots(self, seq: Sequence, plan: tuple[int, list[int]]) -> None:
+        self._release_drafting(seq)
+        if seq.draft_token_ids:
+            slots = [self.pool.take().block_id for _ in seq.draft_token_ids]
+            self.drafting[seq.seq_id] = (seq.num_computed_tokens, slots)
         self._take_snapshots(seq, seq.num_computed_tokens)
+
+    def draft_slots(self, seq: Sequence, num_drafts: int) -> list[int]:
+        """The slots of ``seq``'s verify step with ``num_drafts`` drafts (fewer than it
+        asked for when the step's token budget cut some: those slots go back now)."""
+        start, slots = self.drafting.get(seq.seq_id, (0, []))
+        if not num_drafts:
+            self._release_drafting(seq)
+            return []
+        if len(slots) > num_drafts:
+            self.pool.release(slots[num_drafts:])
+            self.drafting[seq.seq_id] = (start, slots[:num_drafts])
+        return slots[:num_drafts]
+
+    def _release_drafting(self, seq: Sequence) -> None:
+        _, slots = self.drafting.pop(seq.seq_id, (0, []))
+        self.pool.release(slots)
 
     def _take_snapshots(self, seq: Sequence, computed: int) -> None:
         """Spare slots for the boundaries the sequence's tokens after ``computed`` cross
@@ -154,9 +189,62 @@ class LinearStateManager(SingleKindManager):
 
     # ------------------------------------------------------- fork, commit, free
     def trim(self, seq: Sequence) -> int:
-        """Nothing to give back: a state slot is never taken for drafts (the engine does
-        not speculate on models with a recurrent state, engine/spec)."""
+        """After a verify step: the state after the last kept token becomes the running
+        one (nothing is copied: a kept draft's slot takes the running slot's place) and
+        the boundaries the kept tokens crossed are cached. Slots are not token blocks:
+        none counts as rolled back."""
+        verified = self._verified(seq)
+        if verified is None:
+            return 0
+        start, kept, states = verified
+        table = self.tables[seq.seq_id]
+        stale = []
+        if kept in states:  # a draft was rejected: the running slot saw it
+            stale.append(table[0])
+            table[0] = states.pop(kept)
+        self._cache_boundaries(seq, start, kept, states, running=True)
+        self.pool.release([*stale, *states.values()])
         return 0
+
+    def _verified(self, seq: Sequence) -> tuple[int, int, dict[int, int]] | None:
+        """``seq``'s verify step: its computed tokens before it, how many of its chunk's
+        tokens are kept (its last token and the kept drafts), and its draft slots by
+        the chunk's tokens whose state each holds; None without one."""
+        start, slots = self.drafting.pop(seq.seq_id, (0, []))
+        kept = seq.num_computed_tokens - start
+        if not slots or seq.seq_id not in self.tables or kept < 1:
+            self.pool.release(slots)
+            return None
+        return start, kept, dict(enumerate(slots, start=1))
+
+    def _cache_boundaries(self, seq: Sequence, start: int, kept: int,
+                          states: dict[int, int], running: bool) -> None:
+        """Cache the state at each block boundary that the verify step's kept tokens
+        crossed after its first token (that one's `_take_snapshots` took before the
+        step). A draft slot in ``states`` is cached at once (and leaves ``states``). The
+        state after the last kept token is the running one: a boundary there gets a
+        spare slot that the next step fills before its first token (a snapshot at
+        offset 0, `chunk_snapshots`) and its ``commit_computed`` caches. ``running``
+        False: the sequence ends, and ``states`` holds that state too."""
+        pool = self.pool
+        if not pool.enable_prefix_caching:
+            return
+        bs, table = self.block_size, self.tables[seq.seq_id]
+        extend_hashes(seq, (start + kept) // bs, bs)
+        for i in range((start + 1) // bs, (start + kept) // bs):
+            offset = (i + 1) * bs - start
+            if offset < 2 or (i + 1) % self.snapshot_every:
+                continue
+            if (1 + i < len(table) and table[1 + i] != pool.null_id) \
+                    or seq.block_hashes[i] in pool.cached:
+                continue
+            if offset in states:
+                slot = states.pop(offset)
+                pool.register(pool.blocks[slot], seq.block_hashes[i], self._tokens(seq, i))
+                pool.release([slot])
+            elif running and pool.num_free_blocks > max(0, self.live_slots - self.num_live):
+                table += [pool.null_id] * (2 + i - len(table))
+                table[1 + i] = pool.take().block_id
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child's running state: a copy of the parent's (the prompt's final state),
@@ -188,6 +276,17 @@ class LinearStateManager(SingleKindManager):
             table[1 + i] = pool.null_id
 
     def free(self, seq: Sequence) -> None:
+        """A sequence that ends in a verify step (it stopped on a kept token) still
+        caches the boundaries its kept tokens crossed."""
+        verified = self._verified(seq)
+        if verified is not None:
+            start, kept, states = verified
+            table = self.tables[seq.seq_id]
+            if kept not in states:  # every draft kept: the running slot holds the state
+                states[kept] = table[0]
+                table[0] = self.pool.null_id
+            self._cache_boundaries(seq, start, kept, states, running=False)
+            self.pool.release(list(states.values()))
         self.from_disk.pop(seq.seq_id, None)  # released with the table
         table = self.tables.pop(seq.seq_id, [])
         self.num_live -= 1 if table else 0
@@ -200,6 +299,7 @@ class LinearStateManager(SingleKindManager):
         """Running states and pending snapshots go to the host; reserved slots are given
         back (a fork after the swap takes fresh ones)."""
         for seq in seqs:
+            self._release_drafting(seq)
             spare = self.reserved.pop(seq.seq_id, [])
             self.num_live -= len(spare)
             self.pool.release(spare)
@@ -214,3 +314,18 @@ class LinearStateManager(SingleKindManager):
     def _tokens(self, seq: Sequence, i: int) -> tuple[int, ...]:
         bs = self.block_size
         return tuple(seq.token_ids[i * bs:(i + 1) * bs])
+
+
+def chunk_snapshots(table: list[int], start: int, end: int, block_size: int, null: int,
+                    draft_slots: Seq[int] = ()) -> list[tuple[int, int]]:
+    """The states a step keeps of a sequence's chunk, tokens [start, end), as (tokens into
+    the chunk, slot), in order: each block boundary in (start, end] whose snapshot slot
+    ``table`` holds; one at ``start`` itself still waiting for its state (a verify step
+    left it: offset 0, the state the chunk starts from); and a verify step's
+    ``draft_slots``, the state after each of its tokens but the last."""
+    first = max(0, start // block_size - 1)
+    boundaries = [((i + 1) * block_size - start, table[1 + i])
+                  for i in range(first, min(end // block_size, len(table) - 1))
+                  if table[1 + i] != null and (i + 1) * block_size >= start]
+    drafts = list(enumerate(draft_slots, start=1))
+    return sorted(boundaries + drafts) if drafts else boundaries

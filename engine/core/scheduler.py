@@ -172,7 +172,9 @@ class Scheduler:
                 break
             take = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
             del seq.draft_token_ids[max(0, take - 1):]  # drafts past the budget wait
-            out.scheduled.append(ScheduledSeq(seq, take, self.kv.block_tables(seq)))
+            item = ScheduledSeq(seq, take, self.kv.block_tables(seq))
+            item.draft_state_slots = self.kv.draft_state_slots(seq, item.num_drafts)
+            out.scheduled.append(item)
             budget -= take
             num_seqs += 1
         if not out.preempted:
@@ -214,9 +216,11 @@ class Scheduler:
         seqs = active(request)
         while not self._append(seqs):
             if any(seq.draft_token_ids for seq in seqs):
-                # Drafts are a guess: out of room, they go before anything is preempted.
+                # Drafts are a guess: out of room, they are halved, then gone, before
+                # anything is preempted (a hybrid model's few spare state slots still
+                # take a few drafts).
                 for seq in seqs:
-                    seq.draft_token_ids.clear()
+                    del seq.draft_token_ids[len(seq.draft_token_ids) // 2:]
                 continue
             if self.loading:  # its reads are the cheapest to give up
                 self._preempt_loading(self.loading[-1], out)

@@ -17,6 +17,9 @@ class ScheduledSeq:
     # The sequence's block table per KV group (KVCache.block_tables): the KV cache's own
     # lists, so read them before ``mark_computed``, which may change them.
     block_tables: list[list[int]]
+    # Linear-attention state slots keeping the state after each of the chunk's first
+    # ``num_drafts`` tokens (a hybrid model's verify step; KVCache.draft_state_slots).
+    draft_state_slots: list[int] = field(default_factory=list)
     # The chunk reaches the sequence's last token, so its logits are sampled.
     samples: bool = field(init=False)
     # Of ``num_new_tokens``, the sequence's drafts (engine/spec) after its last token:

@@ -75,13 +75,20 @@ def _decode(shape: DeltaNetShape, x: MixerInputs, core: torch.Tensor, decodes: l
     rows, slots = derived(meta, "decode_rows", lambda: (
         torch.tensor([meta.query_start_loc[i] for i in decodes], device=device),
         torch.tensor([meta.slots[i] for i in decodes], device=device)))
+    snapshots = meta.snapshots or [[]] * len(meta.slots)
+
+    def keep(after: bool) -> None:
+        for i in decodes:
+            for offset, snap in snapshots[i]:
+                if bool(offset) == after:
+                    x.conv_states[snap] = x.conv_states[meta.slots[i]]
+                    x.rec_states[snap] = x.rec_states[meta.slots[i]]
+
+    keep(after=False)  # offset 0: the state the row starts from
     conv_out, x.conv_states[slots] = delta_rule.conv_step(x.mixed[rows], x.conv_weight,
                                                           x.conv_states[slots])
     core[rows] = step(*split_heads(shape, conv_out), x.g[rows], x.beta[rows], slots)
-    for i in decodes:
-        for _, snap in (meta.snapshots or [[]] * len(meta.slots))[i]:
-            x.conv_states[snap] = x.conv_states[meta.slots[i]]
-            x.rec_states[snap] = x.rec_states[meta.slots[i]]
+    keep(after=True)
 
 
 class TorchMixer:
@@ -111,17 +118,31 @@ class TorchMixer:
             for end, snap in [*((r0 + offset, snap) for offset, snap in snapshots[i]),
                               (r1, slot)]:
                 if end > start:
-                    conv_out, conv = delta_rule.conv_prefill(x.mixed[start:end],
-                                                             x.conv_weight, conv)
-                    q, k, v = split_heads(shape, conv_out)
-                    q, k = delta_rule.prepare_qk(q, k, shape.num_v_heads,
-                                                 shape.v_heads_tiled)
-                    core[start:end], rec = delta_rule.chunked_prefill(
-                        q, k, v, x.g[start:end], x.beta[start:end], rec)
+                    core[start:end], conv, rec = _piece(shape, x, start, end, conv, rec)
                     start = end
                 if conv is not None:
                     x.conv_states[snap], x.rec_states[snap] = conv, rec
         return core
+
+
+def _piece(shape: DeltaNetShape, x: MixerInputs, start: int, end: int,
+           conv: torch.Tensor | None, rec: torch.Tensor | None):
+    """Rows [start, end) of one sequence from its conv and recurrent states (None: a
+    fresh sequence) -> (out [T, Hv, Dv], the states after them). A single row that
+    resumes takes decode's recurrent step, as a verify step's rows (split at each of its
+    tokens) do: the same arithmetic as plain decode, without a padded chunk per token."""
+    if end - start == 1 and conv is not None:
+        conv_out, conv = delta_rule.conv_step(x.mixed[start:end], x.conv_weight, conv[None])
+        q, k, v = split_heads(shape, conv_out)
+        q, k = delta_rule.prepare_qk(q, k, shape.num_v_heads, shape.v_heads_tiled)
+        out, rec = delta_rule.recurrent_step(q, k, v, x.g[start:end], x.beta[start:end],
+                                             rec[None])
+        return out, conv[0], rec[0]
+    conv_out, conv = delta_rule.conv_prefill(x.mixed[start:end], x.conv_weight, conv)
+    q, k, v = split_heads(shape, conv_out)
+    q, k = delta_rule.prepare_qk(q, k, shape.num_v_heads, shape.v_heads_tiled)
+    out, rec = delta_rule.chunked_prefill(q, k, v, x.g[start:end], x.beta[start:end], rec)
+    return out, conv, rec
 
 
 class TritonMixer:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.core.kv_cache_manager import KVGroupSpec
+from engine.core.linear_state_manager import chunk_snapshots
 from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from engine.layers.gated_deltanet import StateMetadata
 from engine.runner.cuda_graphs import CudaGraphRunner, backend_is_capturable
@@ -254,7 +255,7 @@ class ModelRunner:
     def _state_metadata(self, scheduled: list[ScheduledSeq], starts: list[int],
                         g: int) -> StateMetadata:
         """Each sequence's running state slot, whether its chunk continues it, and the
-        snapshot slots of the block boundaries its chunk reaches."""
+        states its chunk keeps (`chunk_snapshots`)."""
         bs = self.shape.block_size
         null = self.null_ids[g]
         slots, resumes, snapshots = [], [], []
@@ -265,9 +266,8 @@ class ModelRunner:
             end = start + item.num_new_tokens
             slots.append(table[0])
             resumes.append(start > 0)
-            snapshots.append([((i + 1) * bs - start, table[1 + i])
-                              for i in range(start // bs, min(end // bs, len(table) - 1))
-                              if table[1 + i] != null])
+            snapshots.append(chunk_snapshots(table, start, end, bs, null,
+                                             item.draft_state_slots))
         return StateMetadata(starts, slots, resumes, snapshots)
 
     def _tables_and_slots(self, scheduled: list[ScheduledSeq],

@@ -4,9 +4,10 @@ verify step's rows turned into the tokens each candidate keeps.
 A request speculates with ``SamplingParams.speculative`` (or the engine's method when it
 names none, ``"off"`` for none); a ``prediction`` makes it speculate with prompt lookup
 even where the engine does not. With a draft model (engine/spec/draft_model.py) every
-candidate that asks is drafted for in one batch of the draft's forwards. Models with a
-recurrent state (linear-attention layers) and beam searches decode plainly: a rejected
-draft would need the state from before it.
+candidate that asks is drafted for in one batch of the draft's forwards. A model with a
+recurrent state (linear-attention layers) speculates too: the verify step keeps the state
+after each of its tokens, and the state after the last kept one runs on
+(engine/core/linear_state_manager.py). Beam searches decode plainly.
 
 Per candidate it keeps the draft length controller and the lookup indexes; per request,
 the drafted and accepted counts (``Request.num_draft_tokens``, ``num_accepted_draft_tokens``)
@@ -59,14 +60,13 @@ class _Speculating:
 
 class Speculator:
     def __init__(self, method: str | None, num_tokens: int, max_model_len: int,
-                 available: bool, draft: DraftModel | MTPProposer | None = None) -> None:
-        """``method``: the engine's ("ngram", "draft", "mtp" or None); ``available``: the
-        model can roll back a rejected draft (no recurrent state); ``draft``: the proposer
-        of method "draft" (engine/spec/draft_model.py) or "mtp" (engine/spec/mtp.py)."""
+                 draft: DraftModel | MTPProposer | None = None) -> None:
+        """``method``: the engine's ("ngram", "draft", "mtp" or None); ``draft``: the
+        proposer of method "draft" (engine/spec/draft_model.py) or "mtp"
+        (engine/spec/mtp.py)."""
         self.method = method
         self.num_tokens = num_tokens
         self.max_model_len = max_model_len
-        self.available = available
         self.draft = draft
         self._requests: dict[str, _Speculating] = {}
 
@@ -80,7 +80,7 @@ class Speculator:
         if params.speculative == "mtp" and getattr(self.draft, "method", None) != "mtp":
             raise ValueError("SamplingParams.speculative: 'mtp' needs an engine started "
                              "with EngineConfig.speculative='mtp' on a model with an MTP head")
-        if not self.available or params.speculative == SPECULATIVE_OFF:
+        if params.speculative == SPECULATIVE_OFF:
             return None
         if params.speculative is not None:
             return params.speculative

@@ -1,6 +1,7 @@
 """Random operation sequences on a full-attention group and a linear-state group behind
 the KV cache manager: allocation with prefix hits at snapshots, steps crossing block
-boundaries, forks, frees, recompute and swaps.
+boundaries, forks, frees, recompute and swaps, and speculative decoding's verify steps
+(drafts kept or rolled back: the running state goes back to the last kept token).
 
 The machine plays the runner: each state slot holds the token prefix its state has
 absorbed, each KV block its tokens. Copy and swap pairs are applied as the runner does
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
+from engine.core.linear_state_manager import chunk_snapshots
 from engine.core.sequence import Sequence
 from tests.engine.core.admission import admit, allocate, fork, restart
 
@@ -102,8 +104,10 @@ class HybridMachine(RuleBasedStateMachine):
         full, linear = self.kv.take_cow_pairs()
         for src, dst in full:
             self.blocks[dst] = list(self.blocks[src])
-        for src, dst in linear:
-            self.slots[dst] = self.slots[src]
+        # As the runner's batched copy: every source read before any target is written.
+        contents = [self.slots[src] for src, _ in linear]
+        for (_, dst), content in zip(linear, contents, strict=True):
+            self.slots[dst] = content
 
     def _step(self, seq: Sequence) -> bool:
         if not self.kv.append_slots(seq):
@@ -114,19 +118,76 @@ class HybridMachine(RuleBasedStateMachine):
         table = self.kv.block_tables(seq)[FULL]
         for pos in range(start, end):
             self.blocks[table[pos // BS]][pos % BS] = seq.token_ids[pos]
-        states = self.kv.block_tables(seq)[LINEAR]
-        null = self.state.pool.null_id
-        if start:
-            assert self.slots[states[0]] == tuple(seq.token_ids[:start]), seq.label
-        for i in range(start // BS, min(end // BS, len(states) - 1)):
-            if states[1 + i] != null:
-                self.slots[states[1 + i]] = tuple(seq.token_ids[:(i + 1) * BS])
-        self.slots[states[0]] = tuple(seq.token_ids[:end])
+        self._run_states(seq, seq.token_ids, start, end)
         seq.num_computed_tokens = end
         self.kv.commit_computed(seq)
+        self._note_prefixes(seq)
+        return True
+
+    def _run_states(self, seq: Sequence, tokens: list[int], start: int, end: int,
+                    draft_slots: list[int] = ()) -> None:
+        """The linear layers over ``tokens[start:end]``: the states the runner keeps on
+        the way (`chunk_snapshots`), then the running state."""
+        states = self.kv.block_tables(seq)[LINEAR]
+        if start:
+            assert self.slots[states[0]] == tuple(seq.token_ids[:start]), seq.label
+        for offset, slot in chunk_snapshots(states, start, end, BS, self.state.pool.null_id,
+                                            draft_slots):
+            self.slots[slot] = tuple(tokens[:start + offset])
+        self.slots[states[0]] = tuple(tokens[:end])
+
+    def _note_prefixes(self, seq: Sequence) -> None:
         for i, h in enumerate(seq.block_hashes):
             self.prefix_of[h] = tuple(seq.token_ids[:(i + 1) * BS])
-        return True
+
+    @precondition(lambda self: self.live)
+    @rule(pick=st.integers(0, 100), drafts=st.lists(st.integers(0, 3), min_size=1, max_size=5),
+          data=st.data())
+    def verify(self, pick, drafts, data) -> None:
+        """A verify step as LLMEngine runs it (engine/spec): the sequence's last token
+        and its drafts (some cut by the step's budget) in one chunk, the kept drafts
+        counted one by one as the token after each goes in, then the rest rolled back,
+        or the sequence ends on one of the tokens."""
+        seq = self.live[pick % len(self.live)]
+        while seq.num_uncomputed_tokens > 1:  # the rest of its prompt first
+            if not self._step(seq):
+                return
+        if seq.num_uncomputed_tokens == 0:
+            seq.append_token(data.draw(st.integers(0, 3)))
+        seq.draft_token_ids = list(drafts)
+        if not self.kv.append_slots(seq):
+            seq.draft_token_ids.clear()  # out of room: the drafts go first
+            return
+        num = data.draw(st.integers(0, len(drafts)))
+        del seq.draft_token_ids[num:]
+        draft_slots = self.kv.draft_state_slots(seq, num)
+        assert len(draft_slots) == num
+        self._apply_copies()
+        start, tokens = seq.num_computed_tokens, seq.token_ids + seq.draft_token_ids
+        table = self.kv.block_tables(seq)[FULL]
+        for pos in range(start, start + 1 + num):
+            self.blocks[table[pos // BS]][pos % BS] = tokens[pos]
+        self._run_states(seq, tokens, start, start + 1 + num, draft_slots)
+        seq.num_computed_tokens += 1
+        self.kv.commit_computed(seq)
+        kept = data.draw(st.integers(0, num))
+        new = seq.draft_token_ids[:kept] + [next(self.fresh)]
+        # Mostly it goes on (len(new)); else it ends on one of the tokens.
+        ends_at = data.draw(st.one_of(st.just(len(new)), st.integers(0, len(new))))
+        for i, token in enumerate(new):
+            if i:  # the draft before this token was kept
+                seq.num_computed_tokens += 1
+                self.kv.commit_computed(seq)
+            seq.append_token(token)
+            if i == ends_at:
+                self._note_prefixes(seq)
+                self.kv.free(seq)
+                self._note_prefixes(seq)
+                self.live.remove(seq)
+                return
+        seq.draft_token_ids.clear()
+        self.kv.trim(seq)
+        self._note_prefixes(seq)
 
     def _allocate(self, seq: Sequence, prefill: bool) -> bool:
         """Admission as the scheduler does it (admission.py)."""
@@ -265,7 +326,7 @@ class HybridMachine(RuleBasedStateMachine):
 
 
 HybridMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None,
+    max_examples=150, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_hybrid_state_machine = HybridMachine.TestCase
 
@@ -275,6 +336,6 @@ class HybridMachineOnDisk(HybridMachine):
 
 
 HybridMachineOnDisk.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None,
+    max_examples=150, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_hybrid_state_machine_on_disk = HybridMachineOnDisk.TestCase

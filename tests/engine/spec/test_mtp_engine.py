@@ -3,10 +3,9 @@ pools): greedy replies with ``speculative="mtp"`` equal plain decode token for t
 n = 1 and 3 and logprobs, dense and MoE; drafts kept and rolled back; the head's pool and
 rows empty after every run; models without a head refused by name.
 
-Speculation runs on the all-full-attention variant of the tiny model (no linear-attention
-state to roll back) and on the hybrid layout (Qwen3.5 as released) once the engine can roll
-a linear-attention state back (``Speculator.available`` gone or true); until then the
-hybrid engine decodes plainly, and its replies must still be the plain ones. Random heads
+Both layouts speculate: the hybrid one (Qwen3.5 as released: Gated DeltaNet layers, whose
+state a verify step keeps per token and rolls back to the last kept one) and a variant of
+the tiny model with every layer full attention. Random heads
 guess nearly nothing: `save_mtp_model`'s ``leak`` builds a head that knows its model, so
 that drafts are kept (all of them at leak 0, some at 0.3)."""
 
@@ -79,10 +78,7 @@ def test_greedy_replies_equal_plain_decode(engines, n):
     head_is_empty(spec)
     drafted = got.metrics.num_draft_tokens
     kept = got.metrics.num_accepted_draft_tokens
-    if not getattr(spec._speculator, "available", True):
-        # A hybrid model before its state can be rolled back decodes plainly.
-        assert MODELS[name][1] and drafted == 0
-    elif MODELS[name][2] is None:  # a random head: drafts tried, nearly all rejected
+    if MODELS[name][2] is None:  # a random head: drafts tried, nearly all rejected
         assert drafted > 0
     else:  # a head that knows its model: some kept, some rejected (leak 0.3)
         assert 0 < kept < drafted

@@ -18,7 +18,6 @@ from tests.engine.tiny_models import (
     save_tiny_model,
     tiny_gemma_config,
     tiny_llama_config,
-    tiny_qwen35_config,
 )
 from tests.engine.tiny_moe import save_moe_model
 
@@ -168,15 +167,6 @@ def test_grammar_replies_equal_plain_decode(tmp_path):
     assert got.finish_reason == expected.finish_reason
 
 
-def test_hybrid_models_decode_plainly(tmp_path):
-    folder = save_tiny_model(tmp_path / "qwen35", tiny_qwen35_config(), init=peaked_weights)
-    plain, spec = make_engine(folder), make_engine(folder, speculative="ngram")
-    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    got = run(spec, params)
-    assert got.outputs[0].token_ids == run(plain, params).outputs[0].token_ids
-    assert got.metrics.num_draft_tokens == 0
-
-
 def test_out_of_room_drops_drafts_before_preempting(tmp_path):
     """A pool with room for the reply alone: the drafts go, nothing is preempted."""
     folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), init=peaked_weights)
@@ -233,6 +223,28 @@ def test_another_draft_model_changes_no_token(tmp_path, n):
     assert [o.token_ids for o in got.outputs] == [o.token_ids for o in expected.outputs]
     assert got.metrics.num_draft_tokens > got.metrics.num_accepted_draft_tokens
     assert not draft.scheduler.requests  # the mirrors went with the request
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_draft_model_changes_no_token_of_any_family(folder, tmp_path, n):
+    """A small Llama of the same vocabulary drafting for the dense, sliding-window and
+    mixture-of-experts targets (test_spec_hybrid.py has the hybrid ones): the replies
+    plain decode's, with a grammar and logprobs too."""
+    draft = save_tiny_model(tmp_path / "draft", tiny_llama_config(num_hidden_layers=1),
+                            seed=5, init=peaked_weights)
+    plain = make_engine(folder)
+    spec = make_engine(folder, speculative=f"draft:{draft}", num_speculative_tokens=4)
+    params = SamplingParams(temperature=0, max_tokens=24, n=n, ignore_eos=True, logprobs=1)
+    expected = run(plain, params)
+    got = run(spec, params, check=check_pool)
+    assert [o.token_ids for o in got.outputs] == [o.token_ids for o in expected.outputs]
+    assert [[lp.token_id for lp in o.logprobs] for o in got.outputs] == \
+        [[lp.token_id for lp in o.logprobs] for o in expected.outputs]
+    assert got.metrics.num_draft_tokens > 0
+    fmt = SamplingParams(temperature=0, max_tokens=24, n=n,
+                         response_format=ResponseFormat("json_object"))
+    assert [o.token_ids for o in run(spec, fmt, check=check_pool).outputs] == \
+        [o.token_ids for o in run(plain, fmt).outputs]
 
 
 def test_draft_models_that_cannot_draft_are_refused(tmp_path):
