@@ -81,8 +81,8 @@ def assemble(model: str | Path, config: EngineConfig,
     device, dtype = resolved.device, resolved.dtype
     if device.type == "cpu":
         keep_freed_memory()  # a prefill's activations reused, not faulted again
-    path = resolve_model(str(model))
     embedder = _embedder(config)  # a bad path fails before minutes of loading
+    path = resolve_model(str(model))
     loaded = load_model_files(path, dtype=dtype, progress=progress,
                               keep_quantized=config.weights == "stored")
     family = family_of(loaded.config)
