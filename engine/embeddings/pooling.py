@@ -5,7 +5,10 @@ truncation (the first ``dims`` values, normalized again)."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: the names here are read without torch (probe.py)
+    import torch
 
 CLS = "cls"
 MEAN = "mean"
@@ -18,6 +21,8 @@ GGUF_POOLINGS = {1: MEAN, 2: CLS, 3: LAST}
 
 def pool(hidden: torch.Tensor, lengths: list[int], mode: str) -> torch.Tensor:
     """hidden [B, S, H] (each text's tokens first, padding after them) -> [B, H] float32."""
+    import torch
+
     if mode not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
     hidden = hidden.float()
@@ -32,6 +37,8 @@ def pool(hidden: torch.Tensor, lengths: list[int], mode: str) -> torch.Tensor:
 
 def normalize(vectors: torch.Tensor) -> torch.Tensor:
     """Each row to unit length (a zero row stays zero)."""
+    import torch
+
     return torch.nn.functional.normalize(vectors, p=2.0, dim=-1)
 
 
