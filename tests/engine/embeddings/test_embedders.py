@@ -16,6 +16,7 @@ from tests.engine.embeddings.tiny_embedders import (
     hf_bert_vectors,
     hf_qwen3_vectors,
     save_tiny_bert,
+    save_tiny_nomic,
     save_tiny_qwen3_embedder,
     write_bert_gguf,
 )
@@ -132,3 +133,20 @@ def test_what_is_not_an_embedding_model_is_refused_by_name(tmp_path):
         '{"pooling_mode_max_tokens": true}')
     with pytest.raises(ValueError, match="pooling"):
         load_embedder(bad)
+
+
+def test_a_nomic_bert_gguf_equals_its_folder(tmp_path):
+    """nomic-bert's own code (remote code, not installed) is not here to compare with:
+    the folder and the GGUF written from it agree, and the parts that differ from BERT
+    (rotary, the fused qkv, SwiGLU) change the vectors when changed."""
+    folder = save_tiny_nomic(tmp_path / "nomic")
+    path = write_bert_gguf(folder, tmp_path / "nomic.gguf", pooling_type=1)
+    hf, gguf = load_embedder(folder), load_embedder(path)
+    assert (hf.kind, hf.pooling, gguf.kind, gguf.pooling) == ("nomic-bert", "mean") * 2
+    assert hf.prompts[QUERY] == "search_query: " and hf.matryoshka
+    texts = TEXTS[:4]
+    torch.testing.assert_close(gguf.embed(texts).vectors, hf.embed(texts).vectors,
+                               atol=ATOL, rtol=0)
+    # Positions matter (rotary): a reordered text gets another vector.
+    a, b = hf.embed(["pump winter", "winter pump"]).vectors
+    assert (a - b).abs().max() > 1e-3

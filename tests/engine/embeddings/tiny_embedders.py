@@ -105,18 +105,59 @@ def hf_qwen3_vectors(folder: Path, ids: list[list[int]]) -> torch.Tensor:
     return torch.nn.functional.normalize(torch.stack(out), dim=-1)
 
 
+def save_tiny_nomic(path: Path, seed: int = 0) -> Path:
+    """A random nomic-embed-text style folder (NomicBertModel's config and names: rotary,
+    fused Wqkv, SwiGLU fc11 / fc12 / fc2, no biases but the norms'), the BERT tokenizer."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(BERT_VOCAB) + "\n")
+    BertTokenizerFast(str(path / "vocab.txt"), do_lower_case=True).save_pretrained(path)
+    h, f, layers = 32, 64, 2
+    config = {"model_type": "nomic_bert", "architectures": ["NomicBertModel"],
+              "vocab_size": len(BERT_VOCAB), "n_embd": h, "n_head": 4, "n_layer": layers,
+              "n_inner": f, "n_positions": 128, "layer_norm_epsilon": 1e-12,
+              "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0, "type_vocab_size": 2}
+    (path / "config.json").write_text(json.dumps(config))
+    g = torch.Generator().manual_seed(seed)
+    weights = {"embeddings.word_embeddings.weight": torch.randn(len(BERT_VOCAB), h, generator=g),
+               "embeddings.token_type_embeddings.weight": torch.randn(2, h, generator=g),
+               "emb_ln.weight": 1 + 0.1 * torch.randn(h, generator=g),
+               "emb_ln.bias": 0.1 * torch.randn(h, generator=g)}
+    for i in range(layers):
+        p = f"encoder.layers.{i}."
+        for name, shape in (("attn.Wqkv", (3 * h, h)), ("attn.out_proj", (h, h)),
+                            ("mlp.fc11", (f, h)), ("mlp.fc12", (f, h)), ("mlp.fc2", (h, f))):
+            weights[p + name + ".weight"] = torch.randn(shape, generator=g) * shape[1] ** -0.5
+        for norm in ("norm1", "norm2"):
+            weights[f"{p}{norm}.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+            weights[f"{p}{norm}.bias"] = 0.1 * torch.randn(h, generator=g)
+    save_file(weights, str(path / "model.safetensors"))
+    return path
+
+
 def write_bert_gguf(folder: Path, out: Path, pooling_type: int = 2,
                     f16: tuple[str, ...] = ()) -> Path:
-    """The tiny BertModel folder as llama.cpp's converter writes it: arch ``bert``, the
-    vocabulary with phantom spaces, gguf's own tensor names; ``f16``: GGUF names stored
-    as float16."""
+    """The tiny BertModel (or nomic-bert) folder as llama.cpp's converter writes it: arch
+    ``bert`` (``nomic-bert``), the vocabulary with phantom spaces, gguf's own tensor
+    names; ``f16``: GGUF names stored as float16."""
     import gguf
     from safetensors.torch import load_file
 
     config = json.loads((folder / "config.json").read_text())
+    nomic = config.get("model_type") == "nomic_bert"
+    if nomic:
+        config = {"max_position_embeddings": config["n_positions"],
+                  "hidden_size": config["n_embd"], "intermediate_size": config["n_inner"],
+                  "num_hidden_layers": config["n_layer"],
+                  "num_attention_heads": config["n_head"],
+                  "layer_norm_eps": config["layer_norm_epsilon"],
+                  "type_vocab_size": config["type_vocab_size"],
+                  "rope": config["rotary_emb_base"]}
     layers = config["num_hidden_layers"]
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, layers)
-    writer = gguf.GGUFWriter(str(out), "bert")
+    arch = gguf.MODEL_ARCH.NOMIC_BERT if nomic else gguf.MODEL_ARCH.BERT
+    names = gguf.get_tensor_name_map(arch, layers)
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
     writer.add_name("tiny-bert")
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -124,6 +165,8 @@ def write_bert_gguf(folder: Path, out: Path, pooling_type: int = 2,
     writer.add_block_count(layers)
     writer.add_head_count(config["num_attention_heads"])
     writer.add_layer_norm_eps(config["layer_norm_eps"])
+    if nomic:
+        writer.add_rope_freq_base(config["rope"])
     writer.add_causal_attention(False)
     writer.add_pooling_type(gguf.PoolingType(pooling_type))
     vocab = (folder / "vocab.txt").read_text().split("\n")[:-1]
