@@ -59,11 +59,14 @@ class GGUFEncoder:
     name: str
 
 
-def gguf_architecture(path: Path) -> str | None:
-    """The file's general.architecture, or None when it has none."""
+def gguf_kind(path: Path) -> tuple[str | None, str | None]:
+    """The file's general.architecture and the pooling its ``{arch}.pooling_type`` says
+    (None for either that it does not)."""
     from gguf import GGUFReader
 
-    return _value(GGUFReader(path, "r"), "general.architecture")
+    reader = GGUFReader(path, "r")
+    arch = _value(reader, "general.architecture")
+    return arch, GGUF_POOLINGS.get(_value(reader, f"{arch}.pooling_type"))
 
 
 def read_gguf_encoder(path: Path) -> GGUFEncoder:

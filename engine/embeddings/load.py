@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from engine.embeddings.bert import BERT, NOMIC, BertEncoder, BertSpec
-from engine.embeddings.bert_gguf import ARCHITECTURES, gguf_architecture, read_gguf_encoder
+from engine.embeddings.bert_gguf import ARCHITECTURES, gguf_kind, read_gguf_encoder
 from engine.embeddings.decoder import DecoderEncoder
 from engine.embeddings.embedder import DOCUMENT, QUERY, Embedder
 from engine.embeddings.pooling import CLS, LAST, MEAN
@@ -57,12 +57,13 @@ def _load(path: Path) -> Embedder:
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"{path}: not a model; pick its folder (with config.json) or "
                              "a .gguf file")
-        if gguf_architecture(path) in ARCHITECTURES:
+        arch, pooling = gguf_kind(path)
+        if arch in ARCHITECTURES:
             read = read_gguf_encoder(path)
             encoder = BertEncoder(read.spec, read.weights, str(path))
             return _embedder(read.name, path, read.tokenizer, encoder, read.spec.variant,
                              SentenceConfig(pooling=read.pooling))
-        return _decoder(path, SentenceConfig())
+        return _decoder(path, SentenceConfig(pooling=pooling))
     config = _config(path)
     sentence = read_sentence_config(path)
     if config.get("model_type") in ("bert", "nomic_bert") or "n_embd" in config:

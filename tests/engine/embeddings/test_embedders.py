@@ -19,6 +19,7 @@ from tests.engine.embeddings.tiny_embedders import (
     save_tiny_nomic,
     save_tiny_qwen3_embedder,
     write_bert_gguf,
+    write_qwen3_gguf,
 )
 
 TEXTS = ["the pump runs at litres per hour in winter",
@@ -150,3 +151,13 @@ def test_a_nomic_bert_gguf_equals_its_folder(tmp_path):
     # Positions matter (rotary): a reordered text gets another vector.
     a, b = hf.embed(["pump winter", "winter pump"]).vectors
     assert (a - b).abs().max() > 1e-3
+
+
+def test_a_qwen3_embedding_gguf_equals_its_folder(tmp_path):
+    folder = save_tiny_qwen3_embedder(tmp_path / "qwen3-embedding")
+    path = write_qwen3_gguf(folder, tmp_path / "qwen3-embedding.gguf")
+    gguf, hf = load_embedder(path), load_embedder(folder)
+    assert (gguf.kind, gguf.pooling) == ("decoder", "last")
+    assert gguf.tokenize(TEXTS) == hf.tokenize(TEXTS)
+    torch.testing.assert_close(gguf.embed(TEXTS).vectors, hf.embed(TEXTS).vectors,
+                               atol=ATOL, rtol=0)
