@@ -98,6 +98,8 @@ def checkpoint_name(name: str) -> str | None:
 class BertEncoder:
     """``forward(ids [B, S], lengths)`` -> the last layer's hidden states [B, S, H]."""
 
+    batch_tokens = 4096  # padded tokens per forward
+
     def __init__(self, spec: BertSpec, weights: Iterable[tuple[str, torch.Tensor]],
                  source: str) -> None:
         self.spec = spec

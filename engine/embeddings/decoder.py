@@ -21,6 +21,10 @@ class DecoderEncoder:
     """``forward(ids [B, S], lengths)`` -> final-norm hidden states [B, S, H] (rows past a
     text's length are zero)."""
 
+    # Tokens per forward: the scratch pool holds every layer's float32 K/V of the batch
+    # (Qwen3-Embedding-0.6B: 224 KiB a token, so 1,024 tokens take 224 MiB).
+    batch_tokens = 1024
+
     def __init__(self, model, source: str) -> None:
         heads = set(model.kv_heads())
         if model.linear_layers() or len(heads) != 1 or \

@@ -13,8 +13,7 @@ import torch
 
 from engine.embeddings.pooling import normalize, pool, truncate
 
-MAX_BATCH_TOKENS = 4096  # padded tokens per forward (texts sorted by length first)
-MAX_BATCH_TEXTS = 32
+MAX_BATCH_TEXTS = 32  # per forward; padded tokens per forward: the encoder's batch_tokens
 QUERY = "query"
 DOCUMENT = "document"
 
@@ -80,7 +79,7 @@ class Embedder:
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out: list[torch.Tensor | None] = [None] * len(ids)
         with self._lock:
-            for batch in _batches(order, [len(t) for t in ids]):
+            for batch in _batches(order, [len(t) for t in ids], self.encoder.batch_tokens):
                 for i, vector in zip(batch, self._run([ids[i] for i in batch]), strict=True):
                     out[i] = vector
         vectors = torch.stack(out)  # type: ignore[arg-type]
@@ -97,12 +96,13 @@ class Embedder:
         return normalize(vectors) if self.normalized else vectors
 
 
-def _batches(order: list[int], lengths: list[int]) -> list[list[int]]:
-    """Consecutive runs of ``order`` (shortest first) whose padded size fits a batch."""
+def _batches(order: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive runs of ``order`` (shortest first) whose padded size fits ``budget``
+    tokens (a longer text alone)."""
     batches: list[list[int]] = []
     current: list[int] = []
     for i in order:
-        if current and (len(current) + 1) * lengths[i] > MAX_BATCH_TOKENS or \
+        if current and (len(current) + 1) * lengths[i] > budget or \
                 len(current) == MAX_BATCH_TEXTS:
             batches.append(current)
             current = []

@@ -5,8 +5,9 @@ What a path holds decides the kind: a GGUF of architecture ``bert`` / ``nomic-be
 a folder whose config is ``BertModel``'s or ``NomicBertModel``'s, is a BERT encoder
 (bert.py); anything else is a decoder of a family Folio runs (decoder.py: last-token
 pooling, as Qwen3-Embedding is used). Pooling and normalization as the folder's
-sentence-transformers files say, else the kind's: CLS for BERT, mean for nomic-bert,
-last token for a decoder; normalized.
+sentence-transformers files say, else the kind's: CLS for BERT, mean for nomic-bert (a
+decoder must say: last token for Qwen3-Embedding; one that does not is a chat model);
+normalized.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ from engine.embeddings.bert import BERT, NOMIC, BertEncoder, BertSpec
 from engine.embeddings.bert_gguf import ARCHITECTURES, gguf_kind, read_gguf_encoder
 from engine.embeddings.decoder import DecoderEncoder
 from engine.embeddings.embedder import DOCUMENT, QUERY, Embedder
-from engine.embeddings.pooling import CLS, LAST, MEAN
+from engine.embeddings.pooling import CLS, MEAN
 from engine.embeddings.sentence_config import SentenceConfig, read_sentence_config
 
 DECODER = "decoder"
 MAX_DECODER_LENGTH = 8192  # tokens of one text: a longer one is cut (memory per batch)
-_DEFAULT_POOLING = {BERT: CLS, NOMIC: MEAN, DECODER: LAST}
+_DEFAULT_POOLING = {BERT: CLS, NOMIC: MEAN}
+# A decoder says it is an embedder by how it pools; a chat model says nothing.
+NOT_AN_EMBEDDER = ("{name}: a decoder that does not say how it pools (no sentence-"
+                   "transformers Pooling module in modules.json, no GGUF pooling_type): a "
+                   "chat model, not an embedding model")
 # Qwen3-Embedding's model card: queries carry a one-line task, documents nothing.
 QWEN3_QUERY = ("Instruct: Given a web search query, retrieve relevant passages that "
                "answer the query\nQuery:")
@@ -80,6 +85,8 @@ def _decoder(path: Path, sentence: SentenceConfig) -> Embedder:
     from engine.loaders import load_model_files
     from engine.models import build_model
 
+    if sentence.pooling is None:
+        raise ValueError(NOT_AN_EMBEDDER.format(name=path.name))
     loaded = load_model_files(path, torch.float32)
     config = loaded.config
     # A base model's class (Qwen3Model) names the causal LM whose layers it has.

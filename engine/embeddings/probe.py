@@ -9,6 +9,11 @@ from pathlib import Path
 
 from engine.embeddings.sentence_config import read_sentence_config
 
+# The same words as load.py's, which imports torch (this module must not).
+NOT_AN_EMBEDDER = ("{name}: a decoder that does not say how it pools (no sentence-"
+                   "transformers Pooling module in modules.json, no GGUF pooling_type): a "
+                   "chat model, not an embedding model")
+
 BERT_TYPES = {"bert": "BERT", "nomic_bert": "nomic-bert"}
 GGUF_BERT = {"bert": "BERT", "nomic-bert": "nomic-bert"}
 # Decoders with full attention in every layer: what decoder.py runs.
@@ -25,12 +30,14 @@ def probe(path: str | Path) -> str:
         if path.suffix.lower() != ".gguf":
             raise ValueError(f"{path.name}: not a model; pick a .gguf file or a model "
                              "folder (with config.json)")
-        arch = _gguf_architecture(path)
+        arch, pooling = _gguf_keys(path)
         kind = GGUF_BERT.get(arch) or DECODER_TYPES.get(arch)
         if kind is None:
             raise ValueError(f"{path.name}: a GGUF of architecture {arch!r}, not an "
                              "embedding model Folio runs (BERT, nomic-bert, or a Qwen3 / "
                              "Qwen2 / Llama / Mistral decoder)")
+        if arch in DECODER_TYPES and pooling is None:
+            raise ValueError(NOT_AN_EMBEDDER.format(name=path.name))
         return f"{kind}, GGUF"
     config_path = path / "config.json"
     try:
@@ -48,15 +55,21 @@ def probe(path: str | Path) -> str:
                          "Mistral decoder)")
     if not any(path.glob("*.safetensors")):
         raise ValueError(f"{path.name}: no .safetensors weights")
-    read_sentence_config(path)  # a pooling Folio does not do is refused by name
+    sentence = read_sentence_config(path)  # a pooling Folio does not do: refused by name
+    if model_type in DECODER_TYPES and sentence.pooling is None:
+        raise ValueError(NOT_AN_EMBEDDER.format(name=path.name))
     return f"{kind}, folder"
 
 
-def _gguf_architecture(path: Path) -> str | None:
+def _gguf_keys(path: Path) -> tuple[str | None, object]:
+    """general.architecture and ``{arch}.pooling_type`` (None where absent)."""
     from gguf import GGUFReader
 
     try:
-        field = GGUFReader(path, "r").get_field("general.architecture")
+        reader = GGUFReader(path, "r")
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path.name}: not a readable GGUF file ({exc})") from exc
-    return None if field is None else field.contents()
+    arch = reader.get_field("general.architecture")
+    arch = None if arch is None else arch.contents()
+    pooling = reader.get_field(f"{arch}.pooling_type")
+    return arch, None if pooling is None else pooling.contents()

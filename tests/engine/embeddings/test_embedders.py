@@ -161,3 +161,14 @@ def test_a_qwen3_embedding_gguf_equals_its_folder(tmp_path):
     assert gguf.tokenize(TEXTS) == hf.tokenize(TEXTS)
     torch.testing.assert_close(gguf.embed(TEXTS).vectors, hf.embed(TEXTS).vectors,
                                atol=ATOL, rtol=0)
+
+
+def test_a_chat_model_is_not_taken_for_an_embedder(tmp_path):
+    from engine.embeddings.probe import probe
+    from tests.engine.tiny_models import save_tiny_model, tiny_llama_config
+
+    chat = save_tiny_model(tmp_path / "chat", tiny_llama_config())
+    for check in (probe, load_embedder):
+        with pytest.raises(ValueError, match="a chat model, not an embedding model"):
+            check(chat)
+    assert probe(save_tiny_qwen3_embedder(tmp_path / "q")) == "Qwen3, folder"

@@ -32,6 +32,14 @@ def save_tiny_bert(path: Path, pooling: str = "cls", normalize: bool = True,
                         num_attention_heads=4, intermediate_size=64,
                         max_position_embeddings=64, layer_norm_eps=1e-12)
     BertModel(config).eval().save_pretrained(path, safe_serialization=True)
+    write_pooling(path, pooling, 32, normalize)
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48}))
+    return path
+
+
+def write_pooling(path: Path, pooling: str, dims: int, normalize: bool = True) -> None:
+    """sentence-transformers' modules.json and 1_Pooling/config.json saying ``pooling``
+    ("cls", "mean", "lasttoken"), then normalization or not."""
     modules = [{"idx": 0, "name": "0", "path": "",
                 "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling",
@@ -42,11 +50,9 @@ def save_tiny_bert(path: Path, pooling: str = "cls", normalize: bool = True,
     (path / "modules.json").write_text(json.dumps(modules))
     (path / "1_Pooling").mkdir(exist_ok=True)
     (path / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 32, "pooling_mode_cls_token": pooling == "cls",
+        "word_embedding_dimension": dims, "pooling_mode_cls_token": pooling == "cls",
         "pooling_mode_mean_tokens": pooling == "mean",
         "pooling_mode_lasttoken": pooling == "lasttoken"}))
-    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 48}))
-    return path
 
 
 def tiny_qwen3_config(**overrides) -> Qwen3Config:
@@ -72,6 +78,7 @@ def save_tiny_qwen3_embedder(path: Path, seed: int = 0) -> Path:
     config = json.loads((path / "config.json").read_text())
     config["architectures"] = ["Qwen3ForCausalLM"]  # as Qwen3-Embedding's says
     (path / "config.json").write_text(json.dumps(config))
+    write_pooling(path, "lasttoken", 64)
     byte_level_tokenizer().save_pretrained(path)
     return path
 
