@@ -85,3 +85,13 @@ def test_the_setting_is_saved_and_read_back(qtbot):
     assert load_settings().engine.embedding_model == "/models/bge-small-en-v1.5-q8_0.gguf"
     with pytest.raises(ValueError, match=r"^EngineSettings\.embedding_model must be"):
         EngineSettings(embedding_model="  ")
+
+
+def test_an_embedding_model_gone_from_disk_does_not_stop_the_app(tmp_path):
+    from desktop_app.services.devices import engine_config_for
+
+    folder = str(save_tiny_bert(tmp_path / "bge"))
+    assert engine_config_for(EngineSettings(embedding_model=folder), 0).embedding_model \
+        == folder
+    gone = EngineSettings(embedding_model=str(tmp_path / "deleted"))
+    assert engine_config_for(gone, 0).embedding_model is None
