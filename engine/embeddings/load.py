@@ -24,15 +24,12 @@ from engine.embeddings.bert_gguf import ARCHITECTURES, gguf_kind, read_gguf_enco
 from engine.embeddings.decoder import DecoderEncoder
 from engine.embeddings.embedder import DOCUMENT, QUERY, Embedder
 from engine.embeddings.pooling import CLS, MEAN
+from engine.embeddings.probe import NOT_AN_EMBEDDER
 from engine.embeddings.sentence_config import SentenceConfig, read_sentence_config
 
 DECODER = "decoder"
 MAX_DECODER_LENGTH = 8192  # tokens of one text: a longer one is cut (memory per batch)
 _DEFAULT_POOLING = {BERT: CLS, NOMIC: MEAN}
-# A decoder says it is an embedder by how it pools; a chat model says nothing.
-NOT_AN_EMBEDDER = ("{name}: a decoder that does not say how it pools (no sentence-"
-                   "transformers Pooling module in modules.json, no GGUF pooling_type): a "
-                   "chat model, not an embedding model")
 # Qwen3-Embedding's model card: queries carry a one-line task, documents nothing.
 QWEN3_QUERY = ("Instruct: Given a web search query, retrieve relevant passages that "
                "answer the query\nQuery:")

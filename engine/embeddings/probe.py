@@ -9,7 +9,8 @@ from pathlib import Path
 
 from engine.embeddings.sentence_config import read_sentence_config
 
-# The same words as load.py's, which imports torch (this module must not).
+# A decoder says it is an embedder by how it pools; a chat model says nothing (load.py
+# refuses one in the same words).
 NOT_AN_EMBEDDER = ("{name}: a decoder that does not say how it pools (no sentence-"
                    "transformers Pooling module in modules.json, no GGUF pooling_type): a "
                    "chat model, not an embedding model")
