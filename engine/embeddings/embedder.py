@@ -72,7 +72,7 @@ class Embedder:
 
     def embed_ids(self, ids: Sequence[Sequence[int]], dims: int | None = None) -> Embeddings:
         if not ids:
-            return Embeddings(torch.zeros((0, dims or 0)), 0)
+            return Embeddings(torch.zeros((0, dims or self.dimensions)), 0)
         ids = [list(t)[:self.max_length] for t in ids]
         if any(len(t) == 0 for t in ids):
             raise ValueError("input: an empty token list has no embedding")

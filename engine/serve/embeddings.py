@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 from fastapi import Depends, FastAPI
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from engine.embeddings import Embedder
+from engine.serve import unicode_text
 from engine.serve.errors import APIError
 
 MAX_INPUTS = 2048  # OpenAI's limit on one request's inputs
@@ -34,6 +35,14 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Any = "float"
     dimensions: Any = None
     user: Any = None  # OpenAI's end-user id: accepted, not used
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        # A lone surrogate would reach the tokenizer, which cannot take it: a 400 naming
+        # the element, as for chat requests.
+        unicode_text.check_body(data)
+        return data
 
 
 def add_embeddings(app: FastAPI, embedder: Embedder | None, check_key, path: str | None

@@ -6,6 +6,7 @@ Qwen3-Embedding is), float and base64, Matryoshka ``dimensions``, token-id input
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx2 as httpx
 import numpy as np
@@ -108,12 +109,16 @@ def test_qwen3_embeddings_with_dimensions(llm, folders):
     ({"input": "a", "dimensions": 65}, "dimensions"),
     ({"input": "a", "dimensions": "8"}, "dimensions"),
     ({"input": "a", "truncate": True}, "truncate"),
+    ({"input": ["ok", "\ud800 lone"]}, "input.1"),
 ])
 def test_bad_values_are_400s_naming_their_field(llm, folders, body, field):
     server = served(llm, folders[1])
     try:
+        # json.dumps escapes a lone surrogate as JSON allows ("\ud800"); httpx's json=
+        # would refuse to encode it.
         got = httpx.post(server.url + "/v1/embeddings",
-                         json={"model": "tiny-qwen3-embedding", **body})
+                         content=json.dumps({"model": "tiny-qwen3-embedding", **body}),
+                         headers={"Content-Type": "application/json"})
         assert got.status_code == 400, got.text
         error = got.json()["error"]
         assert error["param"] == field and error["type"] == "invalid_request_error"
