@@ -49,6 +49,11 @@ class BertSpec:
                        config.get("n_positions", 2048), config.get("type_vocab_size", 2),
                        config.get("layer_norm_epsilon", 1e-12),
                        config.get("rotary_emb_base", 10000.0))
+        for key, allowed in (("hidden_act", ("gelu",)),
+                             ("position_embedding_type", ("absolute",))):
+            if config.get(key, allowed[0]) not in allowed:
+                raise ValueError(f"config.json: {key} {config[key]!r}; Folio's BERT runs "
+                                 f"{' or '.join(allowed)}")
         return cls(BERT, config["vocab_size"], config["hidden_size"],
                    config["num_hidden_layers"], config["num_attention_heads"],
                    config["intermediate_size"], config["max_position_embeddings"],

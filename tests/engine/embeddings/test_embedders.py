@@ -172,3 +172,14 @@ def test_a_chat_model_is_not_taken_for_an_embedder(tmp_path):
         with pytest.raises(ValueError, match="a chat model, not an embedding model"):
             check(chat)
     assert probe(save_tiny_qwen3_embedder(tmp_path / "q")) == "Qwen3, folder"
+
+
+def test_a_bert_variant_folio_does_not_run_is_refused_by_its_key(tmp_path):
+    import json
+
+    folder = save_tiny_bert(tmp_path / "relative")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(
+        {**config, "position_embedding_type": "relative_key"}))
+    with pytest.raises(ValueError, match="position_embedding_type 'relative_key'"):
+        load_embedder(folder)
