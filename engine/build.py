@@ -85,6 +85,7 @@ def assemble(model: str | Path, config: EngineConfig,
     device, dtype = resolved.device, resolved.dtype
     if device.type == "cpu":
         keep_freed_memory()  # a prefill's activations reused, not faulted again
+    embedder = _embedder(config)  # a bad path fails before minutes of loading
     path = resolve_model(str(model))
     with_mtp = config.speculative == "mtp"
     loaded = load_model_files(path, dtype=dtype, progress=progress,
@@ -122,10 +123,24 @@ def assemble(model: str | Path, config: EngineConfig,
     scheduler = Scheduler(kv_cache, config.max_num_seqs, config.max_num_batched_tokens,
                           max_model_len)
     return EngineParts(config, resolved, loaded.name, loaded.config, tokenizer,
-                       PromptBuilder(tokenizer, family.model_type, max_model_len, vision),
+                       PromptBuilder(tokenizer, family.model_type, max_model_len, vision,
+                                     embedder),
                        grammars, net.weight_bytes() + (vision.weight_bytes if vision else 0),
                        expert_bytes(net), max_model_len, pools.groups,
                        runner, kv_cache, scheduler, disk, mtp_weights)
+
+
+def _embedder(config: EngineConfig):
+    """The embedding model retrieval ranks with (engine/embeddings), loaded once per
+    process; a path that is not one is a ValueError naming the setting."""
+    if config.embedding_model is None:
+        return None
+    from engine.embeddings import load_embedder
+
+    try:
+        return load_embedder(config.embedding_model)
+    except ValueError as exc:
+        raise ValueError(f"embedding_model: {exc}") from exc
 
 
 def _cut_pools(net, config: EngineConfig, shape: KVShape, device: torch.device,

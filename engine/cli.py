@@ -27,7 +27,8 @@ def engine_config(args):
                         kv_cache_dtype=args.kv_cache_dtype,
                         kv_disk_bytes=int(args.kv_disk_gib * (1 << 30)),
                         speculative=args.speculative,
-                        num_speculative_tokens=args.num_speculative_tokens)
+                        num_speculative_tokens=args.num_speculative_tokens,
+                        embedding_model=getattr(args, "embedding_model", None))
 
 
 def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
@@ -77,8 +78,10 @@ def cmd_serve(args) -> int:
         settings = ServeSettings(api_key=args.api_key, allowed_hosts=args.allowed_hosts,
                                  allowed_origins=args.allowed_origins,
                                  allow_image_urls=args.allow_image_urls,
+                                 embedding_model=args.embedding_model,
                                  **({} if args.limit_concurrency is None else
                                     {"limit_concurrency": args.limit_concurrency}))
+        settings.embedder()  # loaded (once) before the chat model: a bad path fails fast
         hosted = HostedServe(args.model, args.models_dir, args.keep_alive, args.memory_gib,
                              engine_config(args))
     except (ValueError, OSError, UnknownModel) as exc:
@@ -169,6 +172,11 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
                         help=f"the most drafts checked in one step, 1 to "
                         f"{MAX_SPECULATIVE_TOKENS} (default {DEFAULT_SPECULATIVE_TOKENS}); "
                         "fewer while drafts are rejected")
+    parser.add_argument("--embedding-model", default=None, metavar="PATH",
+                        help="an embedding model (a folder or .gguf file: bge, "
+                        "nomic-embed-text, Qwen3-Embedding) that ranks a long document's "
+                        "passages beside BM25; folio serve answers /v1/embeddings with it "
+                        "(default: none, BM25 alone)")
 
 
 def _run_command(argv: list[str]) -> int:

@@ -79,6 +79,9 @@ class EngineConfig:
     speculative: str | None = None
     # The most drafts a candidate checks in one step (each follows what the model keeps).
     num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
+    # An embedding model (a folder or a .gguf file, engine/embeddings) that a long
+    # document's retrieval ranks passages with beside BM25; None: BM25 alone.
+    embedding_model: str | None = None
 
     def __post_init__(self) -> None:
         _check.types(
@@ -133,6 +136,10 @@ class EngineConfig:
         _check(1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
                "num_speculative_tokens", self.num_speculative_tokens,
                f"an integer in [1, {MAX_SPECULATIVE_TOKENS}]")
+        _check(self.embedding_model is None or (isinstance(self.embedding_model, str)
+                                                and self.embedding_model.strip() != ""),
+               "embedding_model", self.embedding_model,
+               "the path of an embedding model's folder or .gguf file, or None")
         _check(self.chat_template is None or (isinstance(self.chat_template, str)
                                               and self.chat_template.strip() != ""),
                "chat_template", self.chat_template, "a Jinja template or None")

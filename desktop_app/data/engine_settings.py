@@ -7,7 +7,7 @@ In settings.json, under ``"engine"``::
 
     {"device": "auto", "weights": "stored", "chat_memory_mib": null,
      "cpu_activation_bits": 16, "keep_warm_on_disk": true, "warm_disk_gib": 4,
-     "kv_cache_dtype": "auto", "speculative": "ngram"}
+     "kv_cache_dtype": "auto", "speculative": "ngram", "embedding_model": null}
 
 - ``device``: ``"auto"`` (the GPU when there is one, else the CPU), ``"cpu"``,
   ``"cuda:N"`` or ``"mps"``.
@@ -39,6 +39,10 @@ In settings.json, under ``"engine"``::
   reply repeats the chat, and a request whose drafts keep failing stops drafting
   (engine/spec/draft_length.py), so a chat that repeats nothing decodes at the plain rate
   (docs/BENCHMARKS.md). A settings file without it reads ``"ngram"``.
+- ``embedding_model`` ("Embedding model for documents"): the path of an embedding model's
+  folder or .gguf file (bge, nomic-embed-text, Qwen3-Embedding) that ranks a long
+  document's passages beside word search (EngineConfig.embedding_model), or null: word
+  search (BM25) alone. A settings file without it reads null.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class EngineSettings:
     warm_disk_gib: int = 4
     kv_cache_dtype: str = KV_AUTO  # "KV cache precision" (see the module doc)
     speculative: str = "ngram"  # "Speed": speculative decoding (see the module doc)
+    embedding_model: str | None = None  # documents' retrieval (see the module doc)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.device, str) and _DEVICE_FORM.fullmatch(self.device) is not None,
@@ -109,6 +114,10 @@ class EngineSettings:
         _check(self.speculative in SPEED_LABELS or draft_path(self.speculative) is not None,
                "speculative", self.speculative,
                f"one of {', '.join(SPEED_LABELS)} or draft:PATH (a draft model)")
+        _check(self.embedding_model is None or (isinstance(self.embedding_model, str)
+                                                and self.embedding_model.strip() != ""),
+               "embedding_model", self.embedding_model,
+               "null or the path of an embedding model's folder or .gguf file")
 
     @property
     def kv_cache_memory_bytes(self) -> int | None:
@@ -126,7 +135,8 @@ class EngineSettings:
                             kv_cache_dtype=(None if self.kv_cache_dtype == KV_AUTO
                                             else self.kv_cache_dtype),
                             speculative=(None if self.speculative == "off"
-                                         else self.speculative))
+                                         else self.speculative),
+                            embedding_model=self.embedding_model)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,7 +1,8 @@
 """The settings dialog: this chat's sampling settings, the defaults for new chats, the
 switch that serves the loaded model to other programs on this machine, the engine's
-device, weights, memory for chats and KV cache precision (dialogs.kv_precision_box), and
-the MCP servers (dialogs.tools_settings)."""
+device, weights, memory for chats, KV cache precision (dialogs.kv_precision_box) and the
+embedding model for documents (dialogs.embedding_box), and the MCP servers
+(dialogs.tools_settings)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from desktop_app.data.engine_settings import (
 )
 from desktop_app.data.kv_precision import ModelShape
 from desktop_app.data.settings import MAX_CANDIDATES, THEMES, ChatSettings
+from desktop_app.dialogs.embedding_box import EmbeddingBox
 from desktop_app.dialogs.kv_precision_box import KVPrecisionBox
 from desktop_app.dialogs.speed_box import SpeedBox
 from desktop_app.dialogs.tools_settings import ToolsSettingsPage
@@ -230,6 +232,8 @@ class EngineForm(QWidget):
         self.keep_warm.toggled.connect(self.warm_disk.setEnabled)
         self.kv_precision = KVPrecisionBox(settings.kv_cache_dtype, model, bool(cuda_names))
         self.speed = SpeedBox(settings.speculative, mtp_missing=mtp_missing)
+        self.embedding_error = error_label("embeddingModelError")
+        self.embedding = EmbeddingBox(settings.embedding_model, self._embedding_message)
         self.device.currentIndexChanged.connect(
             lambda _i: self.kv_precision.set_device(self.device.currentData()))
         self.chat_memory.valueChanged.connect(self.kv_precision.set_budget)
@@ -249,6 +253,8 @@ class EngineForm(QWidget):
         form.addRow("Memory for chats", self.chat_memory)
         form.addRow("KV cache precision", self.kv_precision)
         form.addRow("Speed", self.speed)
+        form.addRow("Embedding model for documents", self.embedding)
+        form.addRow(self.embedding_error)
         form.addRow(self.keep_warm)
         form.addRow("Disk for warm chats", self.warm_disk)
         form.addRow(note)
@@ -272,7 +278,12 @@ class EngineForm(QWidget):
                               keep_warm_on_disk=self.keep_warm.isChecked(),
                               warm_disk_gib=self.warm_disk.value(),
                               kv_cache_dtype=self.kv_precision.value(),
-                              speculative=self.speed.value())
+                              speculative=self.speed.value(),
+                              embedding_model=self.embedding.value())
+
+    def _embedding_message(self, text: str) -> None:
+        self.embedding_error.setText(text)
+        self.embedding_error.setVisible(bool(text))
 
 
 THEME_LABELS = {"system": "System", "light": "Light", "dark": "Dark"}

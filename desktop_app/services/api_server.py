@@ -92,9 +92,14 @@ class ApiServer(QObject):
 
         def run() -> None:
             try:
+                from engine.serve.app import ServeSettings
                 from engine.serve.server import start_in_background
 
-                server = start_in_background(worker, host=HOST, port=port)
+                # The engine's embedding model (Settings ▸ Engine) answers /v1/embeddings.
+                settings = ServeSettings(
+                    embedding_model=worker.llm.engine.config.embedding_model)
+                server = start_in_background(worker, host=HOST, port=port,
+                                             settings=settings)
             except Exception as exc:  # noqa: BLE001 - OSError mostly; any failure is shown
                 self._posted.emit(token, ("failed", str(exc) or type(exc).__name__))
             else:

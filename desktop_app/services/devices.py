@@ -1,13 +1,14 @@
 """The app's engine settings meet this machine: which devices it offers, the EngineConfig a
-stored choice becomes (a CUDA device that is gone falls back to automatic, with a warning;
-the MTP head setting, prompt lookup for a model without one), and the words for a memory
-budget that cannot hold one context."""
+stored choice becomes (a CUDA device that is gone falls back to automatic, an embedding
+model that is gone to none, each with a warning; the MTP head setting, prompt lookup for a
+model without one), and the words for a memory budget that cannot hold one context."""
 
 from __future__ import annotations
 
 import logging
 import re
 from dataclasses import replace
+from pathlib import Path
 
 from desktop_app.data.engine_settings import DEVICE_AUTO, SPEED_MTP, EngineSettings
 
@@ -33,7 +34,14 @@ def device_choices(cuda_names: list[str] | None = None) -> list[tuple[str, str]]
 
 def usable(settings: EngineSettings, cuda_count: int | None = None) -> EngineSettings:
     """`settings`, or automatic device when the stored CUDA device is not on this machine
-    (a card removed, settings copied from another computer): the app still starts."""
+    (a card removed, settings copied from another computer), and no embedding model when
+    the stored one's path is gone (documents are then searched by their words): the app
+    still starts."""
+    embedding = settings.embedding_model
+    if embedding is not None and not Path(embedding).expanduser().exists():
+        logger.warning("the embedding model %s is not on this machine: documents are "
+                       "searched by their words alone", embedding)
+        settings = replace(settings, embedding_model=None)
     match = _CUDA.fullmatch(settings.device)
     if match is None:
         return settings

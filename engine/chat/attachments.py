@@ -17,6 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.documents import (
     FILE_PART,
@@ -28,6 +29,11 @@ from engine.documents import (
     render_documents,
     render_passages,
 )
+from engine.documents.hybrid import HybridSearch
+from engine.documents.vectors import VectorStore
+
+if TYPE_CHECKING:
+    from engine.embeddings import Embedder
 
 WHOLE = "whole"
 RETRIEVAL = "retrieval"
@@ -50,16 +56,23 @@ class AttachedDocument:
 
 class Attachments:
     """The builder's documents: the store, each document's rendered text and token count,
-    and the retrieval indexes, kept for the next question. Thread-safe."""
+    and the retrieval indexes, kept for the next question. Thread-safe.
+
+    ``embedder``: the embedding model the user picked; retrieval then ranks passages by
+    BM25 and their vectors together (engine/documents/hybrid.py), each document's
+    vectors made once and kept beside its text (``vectors``). None: BM25 alone."""
 
     def __init__(self, count: Callable[[str], int], max_model_len: int | None,
-                 store: DocumentStore | None = None) -> None:
+                 store: DocumentStore | None = None, embedder: Embedder | None = None
+                 ) -> None:
         self._count = count
         self.max_model_len = max_model_len
         self._store = store
+        self.embedder = embedder
+        self._vectors: VectorStore | None = None
         self._lock = threading.Lock()
         self._rendered: OrderedDict[tuple[str, str], tuple[str, int]] = OrderedDict()
-        self._indexes: OrderedDict[str, DocumentIndex] = OrderedDict()
+        self._indexes: OrderedDict[str, DocumentIndex | HybridSearch] = OrderedDict()
 
     @property
     def store(self) -> DocumentStore:
@@ -67,6 +80,14 @@ class Attachments:
             if self._store is None:
                 self._store = DocumentStore()
             return self._store
+
+    @property
+    def vectors(self) -> VectorStore:
+        store = self.store
+        with self._lock:
+            if self._vectors is None:
+                self._vectors = VectorStore(store.root)
+            return self._vectors
 
     @property
     def room(self) -> int:
@@ -167,15 +188,27 @@ class Attachments:
                 _trim(self._rendered)
         return found
 
-    def _index(self, document: Document) -> DocumentIndex:
+    def _index(self, document: Document) -> DocumentIndex | HybridSearch:
         with self._lock:
             index = self._indexes.get(document.sha256)
         if index is None:
             index = DocumentIndex(document)
+            if self.embedder is not None:
+                index = self._hybrid(index, self.embedder)
             with self._lock:
                 self._indexes[document.sha256] = index
                 _trim(self._indexes)
         return index
+
+
+    def _hybrid(self, index: DocumentIndex, embedder: Embedder) -> HybridSearch:
+        from engine.embeddings import DOCUMENT
+
+        passages = [c.text for c in index.chunks]
+        vectors = self.vectors.vectors(
+            embedder.identity, index.document.sha256, len(passages),
+            lambda: embedder.embed(passages, DOCUMENT).vectors.numpy())
+        return HybridSearch(index, vectors, embedder)
 
 
 # A message's content here is text, or a list of parts where another kind (an image)

@@ -33,6 +33,7 @@ from engine.text.reasoning.formats import TAIL_TOKENS, has_effort_setting, has_t
 from engine.vision.prompt import ImageReader, expand_images
 
 if TYPE_CHECKING:
+    from engine.embeddings import Embedder
     from engine.vision.model import PreparedImage, VisionModel
 
 
@@ -79,9 +80,11 @@ class PromptBuilder:
 
     def __init__(self, tokenizer: ChatTokenizer, model_type: str,
                  max_model_len: int | None = None,
-                 vision: VisionModel | None = None) -> None:
+                 vision: VisionModel | None = None, embedder: Embedder | None = None
+                 ) -> None:
         """``vision``: the model's image encoder (engine/vision), which lets messages
-        carry image parts; without it an image part is refused by name."""
+        carry image parts; without it an image part is refused by name. ``embedder``:
+        the embedding model a long document's retrieval ranks with (beside BM25)."""
         self.tokenizer = tokenizer
         self.vision = vision
         self._images = ImageReader(vision) if vision is not None else None
@@ -98,7 +101,7 @@ class PromptBuilder:
         self.replies = ReplyTokens()
         # Attached files (engine/chat/attachments.py): whole after the system prompt when
         # they fit in max_model_len with room for the conversation, else retrieved.
-        self.attachments = Attachments(self._count_text, max_model_len)
+        self.attachments = Attachments(self._count_text, max_model_len, embedder=embedder)
 
     def build(self, request: ChatRequest) -> ChatPrompt:
         if request.continue_reply:

@@ -31,6 +31,10 @@ class DocumentIndex:
     def search(self, query: str, k: int = TOP_K) -> list[Chunk]:
         """The ``k`` passages BM25 ranks best for ``query``'s words (any of them), best
         first; none when no word of the query is in the document."""
+        return [self.chunks[i] for i in self.ranked(query, k)]
+
+    def ranked(self, query: str, k: int) -> list[int]:
+        """The indexes of ``search``'s passages."""
         words = sorted(set(_WORD.findall(query.lower())))
         if not words:
             return []
@@ -38,7 +42,7 @@ class DocumentIndex:
         with self._lock:
             rows = self._db.execute("SELECT rowid FROM passages WHERE passages MATCH ? "
                                     "ORDER BY bm25(passages) LIMIT ?", (match, k)).fetchall()
-        return [self.chunks[row[0]] for row in rows]
+        return [row[0] for row in rows]
 
 
 def render_passages(name: str, passages: list[Chunk]) -> str:

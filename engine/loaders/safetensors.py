@@ -54,10 +54,13 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
     report("tokenizer", 1.0)
     report("index", 0.0)
     shards = safetensors_shards(folder)
+    headers = {shard: read_safetensors_header(shard) for shard in shards}
+    if prefix is None and _base_model(headers):
+        prefix = ""  # every name under "model.", as the causal LM's
     shapes: dict[str, tuple[int, ...]] = {}
     origin: dict[str, Path] = {}
     for shard in shards:
-        for stored, shape in read_safetensors_header(shard).items():
+        for stored, shape in headers[shard].items():
             name = _weight_name(stored, prefix, with_mtp)
             if name is None:
                 continue  # the vision and audio towers, an unwanted MTP head
@@ -100,6 +103,14 @@ def _weight_name(stored: str, prefix: str | None, with_mtp: bool) -> str | None:
     if stored.startswith(MTP_PREFIX):
         return stored if with_mtp else None
     return stored if prefix is None else text_weight_name(stored, prefix)
+
+
+def _base_model(headers: dict[Path, dict[str, tuple[int, ...]]]) -> bool:
+    """A base model's checkpoint (transformers' ``Qwen3Model``, as Qwen3-Embedding is
+    saved): its layers' names without the causal LM's ``model.`` prefix."""
+    names = [name for header in headers.values() for name in header]
+    return any(n.startswith("layers.") for n in names) and \
+        not any(n.startswith("model.") for n in names)
 
 
 def _transformers_config(folder: Path, config_path: Path):

@@ -2,9 +2,10 @@
 loaded on demand by a ModelHost (``create_app``; models.py).
 
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
-(streamed as server-sent events or not), ``GET /health``, ``GET /metrics``, ``GET
-/v1/status`` (the models loaded, their memory and idle time) and the API's description
-(``api_key.py``: all but ``/health`` behind the key, when there is one). Requests join
+(streamed as server-sent events or not), ``POST /v1/embeddings`` (embeddings.py), ``GET
+/health``, ``GET /metrics``, ``GET /v1/status`` (the models loaded, their memory and idle
+time) and the API's description (``api_key.py``: all but ``/health`` behind the key, when
+there is one). Requests join
 their model worker's continuous batch like the app's chats do, so they share its prefix
 cache: a client that sends a conversation again finds its earlier turns cached, and
 ``usage.prompt_tokens_details.cached_tokens`` says how many. Chat requests with tools, or
@@ -23,12 +24,14 @@ from dataclasses import dataclass
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from engine.embeddings import Embedder, load_embedder
 from engine.grammar import GrammarBusy, GrammarError
 from engine.outputs import ErrorEvent, FinishedEvent
 from engine.serve import responses
 from engine.serve.api_key import NO_BUILTIN_DOCS, add_docs, key_check
 from engine.serve.beam import beam_search_params
 from engine.serve.disconnect import DisconnectWatch
+from engine.serve.embeddings import add_embeddings
 from engine.serve.errors import APIError, install_error_handlers
 from engine.serve.host_guard import AccessPolicy, HostGuard
 from engine.serve.image_urls import fetch_image_urls
@@ -71,6 +74,9 @@ class ServeSettings:
     keep_alive_s: float = 5.0  # an idle connection between requests is closed after it
     # http(s) image URLs fetched by the server (image_urls.py); off: data: URLs only.
     allow_image_urls: bool = False
+    # The embedding model /v1/embeddings answers with (a folder or .gguf file,
+    # embeddings.py); None: that route is a 404.
+    embedding_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
@@ -87,6 +93,16 @@ class ServeSettings:
 
     def policy(self, bind: str) -> AccessPolicy:
         return AccessPolicy(bind, self.allowed_hosts, self.allowed_origins)
+
+    def embedder(self) -> Embedder | None:
+        """The embedding model, loaded once per process; a ValueError naming the setting
+        for a path that is not one."""
+        if self.embedding_model is None:
+            return None
+        try:
+            return load_embedder(self.embedding_model)
+        except ValueError as exc:
+            raise ValueError(f"embedding_model: {exc}") from exc
 
 
 def create_app(worker: EngineWorker | OneModel | HostedModels,
@@ -113,6 +129,7 @@ def create_app(worker: EngineWorker | OneModel | HostedModels,
 
     check_key = key_check(settings.api_key)
     add_docs(app, check_key)
+    add_embeddings(app, settings.embedder(), check_key, settings.embedding_model)
 
     @app.get("/health")  # open with a key too: liveness probes send none (api_key.py)
     async def health() -> dict:

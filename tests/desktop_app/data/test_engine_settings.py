@@ -22,7 +22,8 @@ def test_defaults_are_automatic():
                                                  "keep_warm_on_disk": True,
                                                  "warm_disk_gib": 4,
                                                  "kv_cache_dtype": "auto",
-                                                 "speculative": "ngram"}
+                                                 "speculative": "ngram",
+                                                 "embedding_model": None}
 
 
 def test_the_disk_tier_setting():
@@ -47,7 +48,7 @@ def test_round_trip_through_the_file():
     assert json.loads(settings_path().read_text())["engine"] == {
         "device": "cpu", "weights": "bfloat16", "chat_memory_mib": 3072,
         "cpu_activation_bits": 8, "keep_warm_on_disk": False, "warm_disk_gib": 2,
-        "kv_cache_dtype": "auto", "speculative": "ngram"}
+        "kv_cache_dtype": "auto", "speculative": "ngram", "embedding_model": None}
     assert load_settings().engine == EngineSettings("cpu", "bfloat16", 3072, 8, False, 2)
 
 

@@ -12,20 +12,25 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
 
 from engine.serve.app import ServeSettings
+from tests.engine.embeddings.tiny_embedders import save_tiny_bert
 from tests.engine.serve.conftest import Served
+
+EMBEDDER = "tiny-embedder"
 
 pytestmark = pytest.mark.slow
 
-OPERATIONS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
-              "GET /health", "GET /metrics", "GET /v1/status"]
+OPERATIONS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings",
+              "GET /v1/models", "GET /health", "GET /metrics", "GET /v1/status"]
 
 
 @pytest.fixture(scope="module")
-def tiny_served(tiny_llm):
+def tiny_served(tiny_llm, tmp_path_factory):
     # schemathesis calls the ASGI app with Host "testserver": a name the server must be
     # told it is served under, as a user behind a proxy would (--allowed-hosts).
+    embedder = save_tiny_bert(tmp_path_factory.mktemp("embedder") / EMBEDDER)
     served = Served(tiny_llm, ServeSettings(max_body_bytes=64 * 1024, max_waiting=8,
-                                            allowed_hosts="testserver"))
+                                            allowed_hosts="testserver",
+                                            embedding_model=str(embedder)))
     yield served
     served.stop()
 
@@ -57,7 +62,8 @@ def test_no_request_makes_a_server_error(api_schema, tiny_served, label, mode):
     if mode is GenerationMode.POSITIVE:
         # A random model name only ever meets the 404: name the served one, so that the
         # generated sampling settings, messages and prompts reach the engine.
-        strategy = strategy.map(lambda case: _serving(case, tiny_served.model))
+        served = EMBEDDER if label.endswith("embeddings") else tiny_served.model
+        strategy = strategy.map(lambda case: _serving(case, served))
 
     @given(case=strategy)
     @settings(max_examples=20, deadline=None, database=None,
