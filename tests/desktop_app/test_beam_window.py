@@ -1,0 +1,142 @@
+"""Beam search in the app, through its controller: a chat with "Beam search" on sends a
+message from the composer, the engine thread runs the search while the reply says it is
+searching and the Memory dock's block map shows the beams sharing blocks, and the reply
+ends with the finished beams as its candidates, best first, the very beams
+``LLM.beam_search`` finds for the same prompt ids; Keep keeps one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from PySide6.QtCore import Qt
+
+import engine.worker
+from desktop_app.services.engine_bridge import EngineBridge
+from desktop_app.widgets.candidates import CandidateGroup
+from desktop_app.widgets.prompt_progress import searching
+from engine import LLM, BeamSearchParams, EngineConfig
+from tests.desktop_app.test_main_window import TURN_TIMEOUT_MS, active_branch, settings
+
+CONFIG = dict(num_gpu_blocks=96, max_model_len=512, block_size=8, kv_cache_dtype="float32")
+WIDTH, MAX_TOKENS = 4, 10
+PAUSE_AFTER = 3  # beam steps before the engine thread waits for the test
+
+
+def beam_settings(**chat):
+    return settings(max_tokens=MAX_TOKENS, beam_search=True, beam_width=WIDTH, **chat)
+
+
+@pytest.fixture
+def bridge(qtbot, tiny_model_path):
+    bridge = EngineBridge(engine_config=EngineConfig(**CONFIG))
+    with qtbot.waitSignal(bridge.modelLoaded, timeout=60_000):
+        bridge.load_model(str(tiny_model_path))
+    yield bridge
+    bridge.shutdown()
+
+
+class PausedSearch:
+    """A step hook on the engine thread: after ``PAUSE_AFTER`` steps of a beam search it
+    waits until the test lets it go, so the GUI thread sees the search mid-way."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.paused, self.resume = threading.Event(), threading.Event()
+
+    def __call__(self, report) -> None:
+        if any(rid.startswith("chat-") for rid in report.new_tokens):
+            self.steps += 1
+            if self.steps == PAUSE_AFTER:
+                self.paused.set()
+                self.resume.wait(60)
+
+
+def test_a_beam_search_from_the_composer(qtbot, make_window, store, bridge, tiny_model_path,
+                                         monkeypatch):
+    # Every step refreshes the worker's KV snapshot (the dock reads that snapshot).
+    monkeypatch.setattr(engine.worker, "STATS_INTERVAL_S", 0.0)
+    worker = bridge.worker
+    submitted = []
+    submit = worker.submit
+    monkeypatch.setattr(worker, "submit", lambda prompt, params, on_event: (
+        submitted.append((prompt, params)), submit(prompt, params, on_event))[1])
+    pause = PausedSearch()
+    remove_hook = worker.llm.loop.add_hook(pause)
+    window = make_window(bridge, beam_settings())
+    window.new_chat()
+    chat_id = window.controller.chat_id
+    assert not window.candidates_spin.isEnabled()  # the width sets the replies
+
+    window.conversation.composer.setPlainText("Name three colours of the sea.")
+    qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(pause.paused.is_set, timeout=TURN_TIMEOUT_MS)
+    try:
+        # Mid-search: every beam's column waits, saying why nothing streams.
+        [group] = window.conversation.findChildren(CandidateGroup)
+        assert len(group.columns) == WIDTH
+        for column in group.columns:
+            assert column.prompt_progress.isVisible()
+            assert column.prompt_progress.text().startswith(searching(WIDTH))
+            assert column.text() == "" and not column.keep_button.isEnabled()
+        [[prompt, params]] = submitted
+        assert isinstance(params, BeamSearchParams)
+        assert (params.beam_width, params.max_tokens, params.length_penalty) == (
+            WIDTH, MAX_TOKENS, 1.0)
+        # The dock's block map: the prompt's blocks held by several beams at once.
+        window.vram_panel.refresh()
+        cells = window.vram_panel.block_map.blocks
+        shared = [c for c in cells if len(c.owners) > 1]
+        assert shared
+        assert all(c.state == "shared" for c in shared)
+        request_id = bridge.in_flight()[0]
+        owners = {o for c in cells for o in c.owners}
+        assert len(owners) == WIDTH and all(o.startswith(request_id + ":") for o in owners)
+        assert int(window.vram_panel.value("blocks_shared")) == len(shared)
+    finally:
+        with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
+            pause.resume.set()
+        remove_hook()
+    qtbot.waitUntil(lambda: not bridge.active, timeout=10_000)
+
+    # The beams, best first, are the turn's candidates: those LLM.beam_search finds.
+    [group] = window.conversation.findChildren(CandidateGroup)
+    replies = [store.get_message(c.message_id) for c in group.columns]
+    reference = LLM(str(tiny_model_path), config=EngineConfig(**CONFIG))
+    [expected] = reference.beam_search([list(prompt.ids)], params)
+    assert len(expected.outputs) == WIDTH
+    assert [r.token_ids for r in replies] == [o.token_ids for o in expected.outputs]
+    assert [r.content for r in replies] == [o.reply.content for o in expected.outputs]
+    for column in group.columns:
+        assert column.finished and not column.prompt_progress.isVisible()
+        assert f"beam search, width {WIDTH}" in column.metrics_label.text()
+        assert "tok/s" not in column.metrics_label.text()
+    # After the search every block is free again, or cached for the next turn.
+    window.vram_panel.refresh()
+    assert all(not c.owners and c.state in ("free", "cached")
+               for c in window.vram_panel.block_map.blocks)
+
+    # Keep works as for candidates: the kept beam is the chat's reply.
+    kept = group.columns[1]
+    qtbot.mouseClick(kept.keep_button, Qt.MouseButton.LeftButton)
+    assert active_branch(store, chat_id)[-1].id == kept.message_id
+
+
+def test_continue_goes_on_with_the_best_beam(qtbot, make_window, store, bridge):
+    window = make_window(bridge, beam_settings())
+    window.new_chat()
+    chat_id = window.controller.chat_id
+    window.conversation.composer.setPlainText("Count up from one.")
+    with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
+        qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)
+    [group] = window.conversation.findChildren(CandidateGroup)
+    best = store.get_message(group.columns[0].message_id)
+    assert best.metrics["finish_reason"] == "length"
+    qtbot.mouseClick(group.columns[0].keep_button, Qt.MouseButton.LeftButton)
+    with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
+        window.controller.continue_reply(best.id)
+    reply = active_branch(store, chat_id)[-1]
+    assert reply.id == best.id
+    assert len(reply.token_ids) > len(best.token_ids)
+    assert reply.token_ids[:len(best.token_ids)] == best.token_ids
+    assert reply.metrics["beam_width"] == WIDTH
