@@ -266,7 +266,18 @@ class ChatSession(QObject):
         if plan.refused:
             self.errorRaised.emit("Context full", plan.refused)
             return None
+        try:  # a beam search the model cannot run: refused before anything is stored
+            self.turn_params(chat, plan)
+        except ValueError as exc:
+            self.errorRaised.emit("Could not start the reply", str(exc))
+            return None
         return plan
+
+    def turn_params(self, chat, plan: ContextPlan):
+        """The engine params of a turn sent as ``plan``: sampling, or the chat's beam
+        search (data.beam_choice); ValueError says why a beam search cannot run."""
+        return turn_params(chat.settings, plan.prompt, plan.context - plan.prompt_tokens,
+                           None, self.bridge.beam_search_refusal)
 
     def _generate(self, parent_id: int, plan: ContextPlan | None = None) -> None:
         chat = self.store.get_chat(self.chat_id)
@@ -279,9 +290,7 @@ class ChatSession(QObject):
                 if plan is None:
                     return
             # Sampling, or the chat's beam search (its beams are the candidates).
-            params = turn_params(chat.settings, plan.prompt,
-                                 plan.context - plan.prompt_tokens, None,
-                                 self.bridge.beam_search_refusal)
+            params = self.turn_params(chat, plan)
             # The prompt the planner measured (a local model), else the messages.
             request_id = self.bridge.submit(plan.prompt if plan.prompt is not None
                                             else plan.messages, params)

@@ -140,3 +140,61 @@ def test_continue_goes_on_with_the_best_beam(qtbot, make_window, store, bridge):
     assert len(reply.token_ids) > len(best.token_ids)
     assert reply.token_ids[:len(best.token_ids)] == best.token_ids
     assert reply.metrics["beam_width"] == WIDTH
+
+
+def test_a_hybrid_model_greys_beam_search_out_with_the_engines_reason(
+        qtbot, make_window, store, captured_errors, tmp_path):
+    from tests.engine.tiny_models import save_tiny_model, tiny_qwen35_config
+
+    hybrid = save_tiny_model(tmp_path / "tiny-qwen35", tiny_qwen35_config())
+    bridge = EngineBridge(engine_config=EngineConfig(**CONFIG))
+    with qtbot.waitSignal(bridge.modelLoaded, timeout=60_000):
+        bridge.load_model(str(hybrid))
+    try:
+        reason = bridge.worker.llm.engine.beam_search_refusal()
+        assert "linear-attention" in reason and bridge.beam_search_refusal == reason
+        window = make_window(bridge, beam_settings())  # new chats have it on
+        window.new_chat()
+        dialog = window.open_settings()
+        for form in (dialog.chat_form, dialog.defaults_form):
+            switch = form.beam.enabled
+            assert not switch.isEnabled() and reason in switch.toolTip()
+            assert switch.isChecked()  # kept for a model that runs it
+        dialog.reject()
+        # Sent anyway (the chat had it on): refused before anything is stored, the
+        # draft left in the composer.
+        window.conversation.composer.setPlainText("Hello")
+        qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)
+        assert captured_errors == [("Could not start the reply", f"Beam search: {reason}")]
+        assert not window.controller.generating
+        assert store.active_leaf(window.controller.chat_id) is None
+        assert window.conversation.composer.toPlainText() == "Hello"
+    finally:
+        bridge.shutdown()
+
+
+def test_a_servers_model_greys_beam_search_out(qtbot, make_window, store, captured_errors):
+    from desktop_app.services.remote import RemoteWorker
+    from tests.desktop_app.services.openai_stub import StubServer
+    from tests.desktop_app.test_remote_window import KEY, add_and_load
+
+    stub = StubServer(api_key=KEY, words=4, delay_s=0.002)
+    bridge = EngineBridge()
+    window = make_window(bridge, beam_settings())
+    try:
+        add_and_load(qtbot, window, stub.url, KEY)
+        assert bridge.is_remote
+        reason = RemoteWorker.beam_search_refusal
+        assert bridge.beam_search_refusal == reason
+        window.new_chat()
+        dialog = window.open_settings()
+        assert not dialog.chat_form.beam.enabled.isEnabled()
+        assert reason in dialog.chat_form.beam.enabled.toolTip()
+        dialog.reject()
+        window.conversation.composer.setPlainText("Hello, server")
+        qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)
+        assert captured_errors == [("Could not start the reply", f"Beam search: {reason}")]
+        assert store.active_leaf(window.controller.chat_id) is None
+    finally:
+        bridge.shutdown()
+        stub.stop()
