@@ -106,8 +106,11 @@ class Stream:
             if self.before is not None:
                 token_ids, think_metrics = self._joined(token_ids, think_metrics)
             thinking = reply.reasoning if reply.reasoning is not None else self.thinking[i]
+            # A beam search counts every beam's tokens together: each beam keeps its own.
+            own = {"num_generated_tokens": len(done.token_ids)} \
+                if self.beam_width and done is not None else {}
             store.finish_message(mid, reply.content, token_ids,
-                                 {**base, "finish_reason": reason,
+                                 {**base, **own, "finish_reason": reason,
                                   **(self.reply_metrics or {}), **think_metrics},
                                  tool_calls=calls, thinking=thinking)
 

@@ -27,6 +27,7 @@ class BeamBox(QWidget):
         self.enabled = QCheckBox("Beam search")
         self.enabled.setObjectName("beamSearchSetting")
         self.enabled.setToolTip(SWITCH_TIP)
+        self.refusal: str | None = None
         self.beam_width = QSpinBox()
         self.beam_width.setObjectName("beamWidthSetting")
         self.beam_width.setAccessibleName("Beam width")
@@ -39,7 +40,6 @@ class BeamBox(QWidget):
         self.length_penalty.setSingleStep(0.1)
         self.length_penalty.setDecimals(2)
         self.length_penalty.setToolTip(PENALTY_TIP)
-        self.refusal: str | None = None
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self.enabled)
@@ -58,17 +58,22 @@ class BeamBox(QWidget):
 
     def set_refusal(self, reason: str | None) -> None:
         """Why the loaded model runs no beam search (None: it does): the switch greyed
-        out, its tooltip saying why (a chat that has it on keeps it, for another model)."""
+        out, its tooltip saying why. A chat that has it on (chosen for another model)
+        may still turn it off: the switch greys out once it is off."""
         self.refusal = reason
-        self.enabled.setEnabled(reason is None)
         self.enabled.setToolTip(SWITCH_TIP if reason is None else
                                 f"Not with the loaded model: {reason}")
+        self._grey_switch()
+
+    def _grey_switch(self) -> None:
+        self.enabled.setEnabled(self.refusal is None or self.enabled.isChecked())
 
     def value(self) -> tuple[bool, int, float]:
         return (self.enabled.isChecked(), self.beam_width.value(),
                 round(self.length_penalty.value(), 4))
 
     def _follow(self, on: bool) -> None:
+        self._grey_switch()
         self.beam_width.setEnabled(on)
         self.length_penalty.setEnabled(on)
         self.toggled.emit(on)

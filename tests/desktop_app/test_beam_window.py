@@ -107,6 +107,8 @@ def test_a_beam_search_from_the_composer(qtbot, make_window, store, bridge, tiny
     assert len(expected.outputs) == WIDTH
     assert [r.token_ids for r in replies] == [o.token_ids for o in expected.outputs]
     assert [r.content for r in replies] == [o.reply.content for o in expected.outputs]
+    assert [r.metrics["num_generated_tokens"] for r in replies] == [
+        len(o.token_ids) for o in expected.outputs]
     for column in group.columns:
         assert column.finished and not column.prompt_progress.isVisible()
         assert f"beam search, width {WIDTH}" in column.metrics_label.text()
@@ -158,8 +160,11 @@ def test_a_hybrid_model_greys_beam_search_out_with_the_engines_reason(
         dialog = window.open_settings()
         for form in (dialog.chat_form, dialog.defaults_form):
             switch = form.beam.enabled
-            assert not switch.isEnabled() and reason in switch.toolTip()
-            assert switch.isChecked()  # kept for a model that runs it
+            assert reason in switch.toolTip()
+            # On (chosen for a model that runs it): it may be turned off, not on again.
+            assert switch.isChecked() and switch.isEnabled()
+            switch.setChecked(False)
+            assert not switch.isEnabled()
         dialog.reject()
         # Sent anyway (the chat had it on): refused before anything is stored, the
         # draft left in the composer.
@@ -188,8 +193,10 @@ def test_a_servers_model_greys_beam_search_out(qtbot, make_window, store, captur
         assert bridge.beam_search_refusal == reason
         window.new_chat()
         dialog = window.open_settings()
-        assert not dialog.chat_form.beam.enabled.isEnabled()
-        assert reason in dialog.chat_form.beam.enabled.toolTip()
+        switch = dialog.chat_form.beam.enabled
+        assert reason in switch.toolTip()
+        switch.setChecked(False)  # on for the chat: it may be turned off, not on again
+        assert not switch.isEnabled()
         dialog.reject()
         window.conversation.composer.setPlainText("Hello, server")
         qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)

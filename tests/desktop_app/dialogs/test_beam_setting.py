@@ -58,3 +58,9 @@ def test_a_model_without_beam_search_greys_the_switch_out(qtbot):
     assert not form.beam.enabled.isEnabled()
     assert form.beam.enabled.toolTip() == f"Not with the loaded model: {reason}"
     assert not form.settings().beam_search
+    # A chat that has it on (chosen for another model) can still turn it off.
+    form = ChatSettingsForm(ChatSettings(beam_search=True), beam_refusal=reason)
+    qtbot.addWidget(form)
+    assert form.beam.enabled.isEnabled() and reason in form.beam.enabled.toolTip()
+    form.beam.enabled.setChecked(False)
+    assert not form.beam.enabled.isEnabled() and not form.settings().beam_search
