@@ -205,3 +205,30 @@ def test_a_servers_model_greys_beam_search_out(qtbot, make_window, store, captur
     finally:
         bridge.shutdown()
         stub.stop()
+
+
+def test_stop_ends_a_beam_search_and_frees_its_blocks(qtbot, make_window, store, bridge,
+                                                      monkeypatch):
+    monkeypatch.setattr(engine.worker, "STATS_INTERVAL_S", 0.0)
+    pause = PausedSearch()
+    remove_hook = bridge.worker.llm.loop.add_hook(pause)
+    window = make_window(bridge, beam_settings())
+    window.new_chat()
+    window.conversation.composer.setPlainText("Name three colours of the sea.")
+    qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(pause.paused.is_set, timeout=TURN_TIMEOUT_MS)
+    try:
+        with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
+            window.controller.stop()
+            pause.resume.set()
+    finally:
+        pause.resume.set()
+        remove_hook()
+    qtbot.waitUntil(lambda: not bridge.active, timeout=10_000)
+    [group] = window.conversation.findChildren(CandidateGroup)
+    assert len(group.columns) == WIDTH
+    for column in group.columns:  # no beam had finished: each column says it stopped
+        assert column.finished and column.keep_button.isEnabled()
+        assert "Stopped" in column.metrics_label.text()
+    window.vram_panel.refresh()
+    assert all(not c.owners for c in window.vram_panel.block_map.blocks)
