@@ -1,11 +1,11 @@
-"""The chat settings' "Beam search" row: the switch, the width (the beams, each a column of
-the reply) and the length penalty, greyed out with the reason where the loaded model runs
-no beam search (data.beam_choice)."""
+"""The chat settings' "Beam search" rows: the switch, the width (the beams, each a column
+of the reply) and the length penalty, greyed out with the reason where the loaded model
+runs no beam search (data.beam_choice)."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QHBoxLayout, QLabel, QSpinBox, QWidget
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QSpinBox, QWidget
 
 from desktop_app.data.settings import MAX_BEAM_WIDTH, MAX_LENGTH_PENALTY, MIN_BEAM_WIDTH
 
@@ -17,12 +17,13 @@ PENALTY_TIP = ("A finished beam's score is its log-probability over its length t
                "power: above 1 favours longer replies, below 1 shorter ones, 0 ignores length")
 
 
-class BeamBox(QWidget):
-    """``toggled`` says when the switch changes (the form greys the sampling settings)."""
+class BeamBox(QObject):
+    """Its three widgets go into the form as rows (``rows``); ``toggled`` says when the
+    switch changes (the form greys the sampling settings)."""
 
     toggled = Signal(bool)
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.enabled = QCheckBox("Beam search")
         self.enabled.setObjectName("beamSearchSetting")
@@ -40,15 +41,13 @@ class BeamBox(QWidget):
         self.length_penalty.setSingleStep(0.1)
         self.length_penalty.setDecimals(2)
         self.length_penalty.setToolTip(PENALTY_TIP)
-        row = QHBoxLayout(self)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(self.enabled)
-        row.addWidget(QLabel("Width"))
-        row.addWidget(self.beam_width)
-        row.addWidget(QLabel("Length penalty"))
-        row.addWidget(self.length_penalty, 1)
         self.enabled.toggled.connect(self._follow)
         self._follow(False)
+
+    def rows(self) -> list[tuple[str, QWidget]]:
+        """(label, widget) of each form row, the switch's label its own text."""
+        return [("", self.enabled), ("Beam width", self.beam_width),
+                ("Length penalty", self.length_penalty)]
 
     def set_values(self, on: bool, width: int, length_penalty: float) -> None:
         self.enabled.setChecked(on)

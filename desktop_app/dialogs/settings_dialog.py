@@ -106,7 +106,7 @@ class ChatSettingsForm(QWidget):
             self.overflow_policy.addItem(POLICY_LABELS[policy], policy)
         # Beam search (``beam_refusal``: why the loaded model runs none); the settings
         # only sampling reads are greyed out while it is on, their tooltips saying why.
-        self.beam = BeamBox()
+        self.beam = BeamBox(self)
         self.beam.set_refusal(beam_refusal)
         self._tips = {name: getattr(self, name).toolTip() for name in SAMPLING_ONLY
                       if name != "seed"}
@@ -126,7 +126,8 @@ class ChatSettingsForm(QWidget):
         form.addRow("Max tokens", self.max_tokens)
         form.addRow("Seed", seed_row)
         form.addRow("Candidates", self.num_candidates)
-        form.addRow("Beam search", self.beam)
+        for label, widget in self.beam.rows():
+            form.addRow(label, widget)
         form.addRow("When the context is full", self.overflow_policy)
         self.set_settings(settings)
 
