@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt
 
 import engine.worker
 from desktop_app.services.engine_bridge import EngineBridge
-from desktop_app.widgets.candidates import CandidateGroup
+from desktop_app.widgets.candidates import CandidateColumn
 from desktop_app.widgets.prompt_progress import searching
 from engine import LLM, BeamSearchParams, EngineConfig
 from tests.desktop_app.test_main_window import TURN_TIMEOUT_MS, active_branch, settings
@@ -25,6 +25,16 @@ PAUSE_AFTER = 3  # beam steps before the engine thread waits for the test
 
 def beam_settings(**chat):
     return settings(max_tokens=MAX_TOKENS, beam_search=True, beam_width=WIDTH, **chat)
+
+
+def columns_of(window, store, chat_id: int) -> list[CandidateColumn]:
+    """The columns of the chat's last turn, by its replies' ids (a group drawn before
+    may still wait for its deletion among the view's children)."""
+    leaf = store.get_message(store.active_leaf(chat_id))
+    parent = leaf.parent_id if leaf.role == "assistant" else leaf.id
+    replies = sorted((m for m in store.children(parent) if m.role == "assistant"),
+                     key=lambda m: m.candidate_index or 0)
+    return [window.conversation.widget_for(m.id) for m in replies]
 
 
 @pytest.fixture
@@ -73,9 +83,9 @@ def test_a_beam_search_from_the_composer(qtbot, make_window, store, bridge, tiny
     qtbot.waitUntil(pause.paused.is_set, timeout=TURN_TIMEOUT_MS)
     try:
         # Mid-search: every beam's column waits, saying why nothing streams.
-        [group] = window.conversation.findChildren(CandidateGroup)
-        assert len(group.columns) == WIDTH
-        for column in group.columns:
+        columns = columns_of(window, store, chat_id)
+        assert len(columns) == WIDTH and all(isinstance(c, CandidateColumn) for c in columns)
+        for column in columns:
             assert column.prompt_progress.isVisible()
             assert column.prompt_progress.text().startswith(searching(WIDTH))
             assert column.text() == "" and not column.keep_button.isEnabled()
@@ -97,11 +107,11 @@ def test_a_beam_search_from_the_composer(qtbot, make_window, store, bridge, tiny
         with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
             pause.resume.set()
         remove_hook()
-    qtbot.waitUntil(lambda: not bridge.active, timeout=10_000)
+    qtbot.waitUntil(lambda: not bridge.active, timeout=TURN_TIMEOUT_MS)
 
     # The beams, best first, are the turn's candidates: those LLM.beam_search finds.
-    [group] = window.conversation.findChildren(CandidateGroup)
-    replies = [store.get_message(c.message_id) for c in group.columns]
+    columns = columns_of(window, store, chat_id)
+    replies = [store.get_message(c.message_id) for c in columns]
     reference = LLM(str(tiny_model_path), config=EngineConfig(**CONFIG))
     [expected] = reference.beam_search([list(prompt.ids)], params)
     assert len(expected.outputs) == WIDTH
@@ -109,7 +119,7 @@ def test_a_beam_search_from_the_composer(qtbot, make_window, store, bridge, tiny
     assert [r.content for r in replies] == [o.reply.content for o in expected.outputs]
     assert [r.metrics["num_generated_tokens"] for r in replies] == [
         len(o.token_ids) for o in expected.outputs]
-    for column in group.columns:
+    for column in columns:
         assert column.finished and not column.prompt_progress.isVisible()
         assert f"beam search, width {WIDTH}" in column.metrics_label.text()
         assert "tok/s" not in column.metrics_label.text()
@@ -119,7 +129,7 @@ def test_a_beam_search_from_the_composer(qtbot, make_window, store, bridge, tiny
                for c in window.vram_panel.block_map.blocks)
 
     # Keep works as for candidates: the kept beam is the chat's reply.
-    kept = group.columns[1]
+    kept = columns[1]
     qtbot.mouseClick(kept.keep_button, Qt.MouseButton.LeftButton)
     assert active_branch(store, chat_id)[-1].id == kept.message_id
 
@@ -131,10 +141,10 @@ def test_continue_goes_on_with_the_best_beam(qtbot, make_window, store, bridge):
     window.conversation.composer.setPlainText("Count up from one.")
     with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
         qtbot.mouseClick(window.conversation.send_button, Qt.MouseButton.LeftButton)
-    [group] = window.conversation.findChildren(CandidateGroup)
-    best = store.get_message(group.columns[0].message_id)
+    columns = columns_of(window, store, chat_id)
+    best = store.get_message(columns[0].message_id)
     assert best.metrics["finish_reason"] == "length"
-    qtbot.mouseClick(group.columns[0].keep_button, Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(columns[0].keep_button, Qt.MouseButton.LeftButton)
     with qtbot.waitSignal(window.controller.turnFinished, timeout=TURN_TIMEOUT_MS):
         window.controller.continue_reply(best.id)
     reply = active_branch(store, chat_id)[-1]
@@ -224,10 +234,10 @@ def test_stop_ends_a_beam_search_and_frees_its_blocks(qtbot, make_window, store,
     finally:
         pause.resume.set()
         remove_hook()
-    qtbot.waitUntil(lambda: not bridge.active, timeout=10_000)
-    [group] = window.conversation.findChildren(CandidateGroup)
-    assert len(group.columns) == WIDTH
-    for column in group.columns:  # no beam had finished: each column says it stopped
+    qtbot.waitUntil(lambda: not bridge.active, timeout=TURN_TIMEOUT_MS)
+    columns = columns_of(window, store, window.controller.chat_id)
+    assert len(columns) == WIDTH
+    for column in columns:  # no beam had finished: each column says it stopped
         assert column.finished and column.keep_button.isEnabled()
         assert "Stopped" in column.metrics_label.text()
     window.vram_panel.refresh()
