@@ -13,8 +13,9 @@ SWITCH_TIP = ("Each reply is a beam search: the model keeps the most likely repl
               "writes and shows the best of them side by side, best first. Nothing streams: "
               "the replies appear when the search ends")
 WIDTH_TIP = "How many beams the search keeps, and how many replies it shows"
-PENALTY_TIP = ("A finished beam's score is its log-probability over its length to this "
-               "power: above 1 favours longer replies, below 1 shorter ones, 0 ignores length")
+PENALTY_TIP = ("A finished beam's score is its summed log-probability divided by its length "
+               "to this power: 1 ranks by the average per token; higher favours longer "
+               "replies, lower (negative too) shorter ones")
 
 
 class BeamBox(QObject):

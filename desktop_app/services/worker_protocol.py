@@ -57,7 +57,6 @@ class ModelFacts:
             return getattr(prompts, "vision", None) is not None
         return bool(getattr(self.llm, "sees_images", False))
 
-
     @property
     def beam_search_refusal(self) -> str | None:
         """Why this model runs no beam search, None where it does: the engine's own

@@ -4,7 +4,8 @@ message… 43% · 2,510 of 5,839 tokens · 1,536 cached · 12 s".
 A long prompt takes minutes to read on a CPU; without it the reply is an empty bubble for
 all that time. The percentage comes from the engine's PromptProgress events (one per
 prefill chunk); a model that sends none (another server over HTTP) shows the words and
-the time only. The time counts from when the turn was sent, ticking once a second.
+the time only. The time counts from when the turn was sent, ticking once a second. A
+beam search sends nothing until its beams are found: its line says it is searching.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ TICK_MS = 1000
 
 def searching(beam_width: int) -> str:
     """A beam search's line: it shows nothing until its beams come, whole."""
-    return (f"Searching with {beam_width} beams… no text streams: the {beam_width} best "
-            f"replies appear together when the search ends")
+    return (f"Searching with {beam_width} beams… no text streams: the best replies "
+            f"appear together when the search ends")
 
 
 def reading_line(elapsed_s: float, progress: PromptProgress | None,
