@@ -86,7 +86,9 @@ def test_a_beam_search_from_the_composer(qtbot, make_window, store, bridge, tiny
         columns = columns_of(window, store, chat_id)
         assert len(columns) == WIDTH and all(isinstance(c, CandidateColumn) for c in columns)
         for column in columns:
-            assert column.prompt_progress.isVisible()
+            # Shown in its column (the column itself may wait for the event loop to be
+            # shown: the engine can pause before the GUI thread ran it).
+            assert column.prompt_progress.isVisibleTo(column)
             assert column.prompt_progress.text().startswith(searching(WIDTH))
             assert column.text() == "" and not column.keep_button.isEnabled()
         [[prompt, params]] = submitted
@@ -120,7 +122,7 @@ def test_a_beam_search_from_the_composer(qtbot, make_window, store, bridge, tiny
     assert [r.metrics["num_generated_tokens"] for r in replies] == [
         len(o.token_ids) for o in expected.outputs]
     for column in columns:
-        assert column.finished and not column.prompt_progress.isVisible()
+        assert column.finished and not column.prompt_progress.isVisibleTo(column)
         assert f"beam search, width {WIDTH}" in column.metrics_label.text()
         assert "tok/s" not in column.metrics_label.text()
     # After the search every block is free again, or cached for the next turn.
