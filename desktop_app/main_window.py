@@ -35,6 +35,7 @@ from desktop_app.controllers.serve_switch import ServeSwitch
 from desktop_app.controllers.thinking import ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
 from desktop_app.data import kv_precision
+from desktop_app.data.beam_choice import SAMPLING_ONLY_NOTE
 from desktop_app.data.model_templates import template_config
 from desktop_app.data.settings import MAX_CANDIDATES, AppSettings, config_dir, save_settings
 from desktop_app.dialogs import error_dialog
@@ -50,6 +51,7 @@ from desktop_app.widgets.vram_panel import VramPanel
 from desktop_app.window_menus import WindowMenus
 
 STARTER = sources.STARTER
+CANDIDATES_TIP = "Replies generated side by side for each message"
 _display_name = sources.display_name
 
 
@@ -181,7 +183,7 @@ class MainWindow(QMainWindow):
         self.candidates_spin = QSpinBox()
         self.candidates_spin.setObjectName("candidatesSpin")
         self.candidates_spin.setRange(1, MAX_CANDIDATES)
-        self.candidates_spin.setToolTip("Replies generated side by side for each message")
+        self.candidates_spin.setToolTip(CANDIDATES_TIP)
         self.candidates_spin.valueChanged.connect(self._on_candidates_changed)
         bar.addWidget(self.candidates_spin)
         self.compare_button = CompareButton()  # its choice: controllers.compare_choice
@@ -236,11 +238,14 @@ class MainWindow(QMainWindow):
     def _on_chat_opened(self, chat_id: int) -> None:
         self.chat_list.select(chat_id or None)
         self.vram_panel.refresh()  # the headroom is the open chat's
-        num = self.store.get_chat(chat_id).settings.num_candidates if chat_id else \
-            self.settings.chat_defaults.num_candidates
+        chat = self.store.get_chat(chat_id).settings if chat_id else self.settings.chat_defaults
         self.candidates_spin.blockSignals(True)
-        self.candidates_spin.setValue(num)
+        self.candidates_spin.setValue(chat.num_candidates)
         self.candidates_spin.blockSignals(False)
+        # A beam search's width sets its replies (data.beam_choice).
+        self.candidates_spin.setEnabled(not chat.beam_search)
+        self.candidates_spin.setToolTip(SAMPLING_ONLY_NOTE if chat.beam_search else
+                                        CANDIDATES_TIP)
 
     def _on_candidates_changed(self, value: int) -> None:
         if self.controller.chat_id is None:
@@ -307,7 +312,8 @@ class MainWindow(QMainWindow):
                                 theme=self.settings.theme, engine=self.settings.engine,
                                 tools=self.tools,
                                 model=kv_precision.shape_of_source(self.bridge.source),
-                                mtp_missing=devices.mtp_missing(self.bridge.source))
+                                mtp_missing=devices.mtp_missing(self.bridge.source),
+                                beam_refusal=self.bridge.beam_search_refusal)
         dialog.accepted.connect(lambda: self.apply_settings(dialog))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()

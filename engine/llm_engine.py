@@ -215,14 +215,21 @@ class LLMEngine:
         vocab = self.hf_config.vocab_size
         if any(t < 0 or t >= vocab for t in built.ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if self.kv_cache.state_slots:
-            # A beam forked mid-reply would need its own copy of the recurrent state.
-            raise ValueError("BeamSearchParams: beam search does not run on models with "
-                             "linear-attention layers yet")
+        refusal = self.beam_search_refusal()
+        if refusal is not None:
+            raise ValueError(f"BeamSearchParams: {refusal}")
         request = self.scheduler.add_request(request_id, built.ids, params.scheduling())
         request.seqs[0].images = built.images
         self._beams.add(request, built, params)
         return request_id
+
+    def beam_search_refusal(self) -> str | None:
+        """Why this model runs no beam search, None where it does (a front end greys
+        the choice out with it before any request)."""
+        if self.kv_cache.state_slots:
+            # A beam forked mid-reply would need its own copy of the recurrent state.
+            return "beam search does not run on models with linear-attention layers yet"
+        return None
 
     def request_ids(self) -> list[str]:
         """The requests not yet finished."""

@@ -31,6 +31,7 @@ from desktop_app.controllers.thinking import DROPPED_METRIC, ThinkingControls
 from desktop_app.controllers.tool_turns import ToolTurns
 from desktop_app.data.attachments import Attachment, with_prompt_modes
 from desktop_app.data.attachments import message_content as attached_content
+from desktop_app.data.beam_choice import beam_width, replies_of, turn_params
 from desktop_app.data.chat_titles import DEFAULT_TITLE, title_from
 from desktop_app.data.context_policy import ContextPlan
 from desktop_app.widgets.conversation_view import GroupItem
@@ -204,14 +205,17 @@ class ChatSession(QObject):
             request = replace(self.request(chat, [*plan.messages, reply]),
                               continue_reply=True)
             prompt = self.bridge.prompts.build(request)
-            params = chat.settings.to_sampling_params(n=1)
+            # A beam search goes on with its best beam.
+            params = turn_params(chat.settings, prompt,
+                                 (self.bridge.max_model_len or 0) - len(prompt.ids), 1,
+                                 self.bridge.beam_search_refusal)
             request_id = self.bridge.submit(prompt, params)
         except (RuntimeError, ValueError) as exc:
             self.errorRaised.emit("Could not continue the reply", str(exc))
             return
         self.pending_group = None
         self.streams[request_id] = Stream.continuing(request_id, msg, len(prompt.ids),
-                                                     reply_metrics(params))
+                                                     reply_metrics(params), beam_width(params))
         self.streamsChanged.emit(self.chat_id)
         self.changed.emit(self.chat_id)
 
@@ -262,7 +266,18 @@ class ChatSession(QObject):
         if plan.refused:
             self.errorRaised.emit("Context full", plan.refused)
             return None
+        try:  # a beam search the model cannot run: refused before anything is stored
+            self.turn_params(chat, plan)
+        except ValueError as exc:
+            self.errorRaised.emit("Could not start the reply", str(exc))
+            return None
         return plan
+
+    def turn_params(self, chat, plan: ContextPlan):
+        """The engine params of a turn sent as ``plan``: sampling, or the chat's beam
+        search (data.beam_choice); ValueError says why a beam search cannot run."""
+        return turn_params(chat.settings, plan.prompt, plan.context - plan.prompt_tokens,
+                           None, self.bridge.beam_search_refusal)
 
     def _generate(self, parent_id: int, plan: ContextPlan | None = None) -> None:
         chat = self.store.get_chat(self.chat_id)
@@ -270,11 +285,12 @@ class ChatSession(QObject):
         # the same turn of the model that called.
         compare = plan is not None
         try:
-            params = chat.settings.to_sampling_params()
             if plan is None:
                 plan = self.plan(parent_id)
                 if plan is None:
                     return
+            # Sampling, or the chat's beam search (its beams are the candidates).
+            params = self.turn_params(chat, plan)
             # The prompt the planner measured (a local model), else the messages.
             request_id = self.bridge.submit(plan.prompt if plan.prompt is not None
                                             else plan.messages, params)
@@ -283,14 +299,16 @@ class ChatSession(QObject):
             self.errorRaised.emit("Could not start the reply", str(exc))
             return
         recomputed = plan.prompt.recomputed if plan.prompt is not None else 0
-        replies = self.store.add_candidates(self.chat_id, parent_id, params.n,
+        count = replies_of(params)
+        replies = self.store.add_candidates(self.chat_id, parent_id, count,
                                             model=self.bridge.model_name)
         compared = self.compare.sources(chat) if compare else []
-        if params.n > 1 or compared:
+        if count > 1 or compared:
             self.pending_group = replies[0].candidate_group
         self.streams[request_id] = Stream.started(
             request_id, self.chat_id, parent_id, [m.id for m in replies], plan.prompt_tokens,
-            {**reply_metrics(params), **({DROPPED_METRIC: recomputed} if recomputed else {})})
+            {**reply_metrics(params), **({DROPPED_METRIC: recomputed} if recomputed else {})},
+            beam_width(params))
         if compared:
             self.compare.start(chat, parent_id, replies[0].candidate_group)
         self.streamsChanged.emit(self.chat_id)

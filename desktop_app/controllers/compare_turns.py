@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from desktop_app.controllers.context_window import ContextTracker
 from desktop_app.controllers.json_mode import reply_metrics
 from desktop_app.controllers.stream import Stream
+from desktop_app.data.beam_choice import beam_width, replies_of, turn_params
 
 
 @dataclass(slots=True)
@@ -88,7 +89,9 @@ class CompareTurns:
                                 lambda messages: session.request(chat, messages))
             if plan.refused:
                 raise ValueError(plan.refused)
-            params = chat.settings.to_sampling_params()
+            params = turn_params(chat.settings, plan.prompt,
+                                 plan.context - plan.prompt_tokens, None,
+                                 worker.beam_search_refusal)
             request_id = bridge.submit(plan.prompt if plan.prompt is not None
                                        else plan.messages, params, wait.source)
         except (RuntimeError, ValueError) as exc:
@@ -99,9 +102,9 @@ class CompareTurns:
         replies = [store.add_message(session.chat_id, wait.parent_id, "assistant", "",
                                      status="streaming", model=worker.model_name,
                                      candidate_group=wait.group, candidate_index=first + i,
-                                     activate=False) for i in range(params.n)]
+                                     activate=False) for i in range(replies_of(params))]
         session.streams[request_id] = Stream.started(
             request_id, session.chat_id, wait.parent_id, [m.id for m in replies],
-            plan.prompt_tokens, reply_metrics(params))
+            plan.prompt_tokens, reply_metrics(params), beam_width(params))
         session.streamsChanged.emit(session.chat_id)
         session.changed.emit(session.chat_id)

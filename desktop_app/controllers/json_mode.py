@@ -7,6 +7,7 @@ from dataclasses import replace
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QWidget
 
+from desktop_app.data import beam_choice
 from desktop_app.data.json_mode import METRIC
 from desktop_app.widgets.json_mode import JsonModeButton, JsonModeDialog
 
@@ -60,6 +61,8 @@ class JsonModeController(QObject):
 
 
 def reply_metrics(params) -> dict:
-    """The metrics entry a reply made under ``params`` keeps: its response format."""
-    fmt = params.response_format
-    return {} if fmt is None else {METRIC: fmt.type}
+    """The metrics entries a reply made under ``params`` keeps: its response format, or
+    a beam search's width (data.beam_choice)."""
+    fmt, width = params.response_format, beam_choice.beam_width(params)
+    return {**({} if fmt is None else {METRIC: fmt.type}),
+            **({beam_choice.METRIC: width} if width else {})}

@@ -13,7 +13,7 @@ from desktop_app.controllers.stream import Stream
 
 def show_reading(view, stream: Stream | None) -> None:
     """Show ``stream``'s reading on its replies in ``view`` (a ConversationView), or take
-    the line away once the reply has started."""
+    the line away once the reply has started; a beam search's says it is searching."""
     if stream is None:
         return
     for message_id in stream.message_ids:
@@ -22,5 +22,5 @@ def show_reading(view, stream: Stream | None) -> None:
             continue
         if stream.answering:
             line.finish()
-        else:
-            line.show_reading(stream.sent_at, stream.reading)
+        else:  # a beam search's line stays until its beams come, whole
+            line.show_reading(stream.sent_at, stream.reading, stream.beam_width)

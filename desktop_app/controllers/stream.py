@@ -40,23 +40,26 @@ class Stream:
     answering: bool = False
     # A continued reply: its ids and metrics before (None: a new reply).
     before: tuple[list[int], dict] | None = None
+    # A beam search's width (0: sampling): no token comes before its replies, whole.
+    beam_width: int = 0
 
     @classmethod
     def started(cls, request_id: str, chat_id: int, parent_id: int, message_ids: list[int],
-                prompt_tokens: int, reply_metrics: dict) -> Stream:
+                prompt_tokens: int, reply_metrics: dict, beam_width: int = 0) -> Stream:
         n, now = len(message_ids), time.monotonic()
         return cls(request_id, chat_id, parent_id, message_ids, [""] * n, [""] * n,
-                   prompt_tokens, reply_metrics, now, now)
+                   prompt_tokens, reply_metrics, now, now, beam_width=beam_width)
 
     @classmethod
     def continuing(cls, request_id: str, message, prompt_tokens: int,
-                   reply_metrics: dict) -> Stream:
+                   reply_metrics: dict, beam_width: int = 0) -> Stream:
         """``message``: the stored reply (chat_store.Message) the request continues."""
         now = time.monotonic()
         return cls(request_id, message.chat_id, message.parent_id, [message.id],
                    [message.content], [message.thinking], prompt_tokens, reply_metrics,
                    last_saved=now, sent_at=now,
-                   before=(list(message.token_ids or []), dict(message.metrics)))
+                   before=(list(message.token_ids or []), dict(message.metrics)),
+                   beam_width=beam_width)
 
     def live(self) -> dict[int, tuple[str, str]]:
         """Each reply's (text, thinking) so far, by message id: fresher than the store."""
@@ -103,8 +106,11 @@ class Stream:
             if self.before is not None:
                 token_ids, think_metrics = self._joined(token_ids, think_metrics)
             thinking = reply.reasoning if reply.reasoning is not None else self.thinking[i]
+            # A beam search counts every beam's tokens together: each beam keeps its own.
+            own = {"num_generated_tokens": len(done.token_ids)} \
+                if self.beam_width and done is not None else {}
             store.finish_message(mid, reply.content, token_ids,
-                                 {**base, "finish_reason": reason,
+                                 {**base, **own, "finish_reason": reason,
                                   **(self.reply_metrics or {}), **think_metrics},
                                  tool_calls=calls, thinking=thinking)
 

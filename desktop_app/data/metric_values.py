@@ -15,7 +15,7 @@ from typing import Any
 # Token counts: integers in [0, MAX_COUNT].
 COUNTS = ("num_prompt_tokens", "num_cached_tokens", "num_disk_tokens",
           "num_generated_tokens", "thinking_tokens", "thinking_dropped_tokens",
-          "num_draft_tokens", "num_accepted_draft_tokens")
+          "num_draft_tokens", "num_accepted_draft_tokens", "beam_width")
 # Seconds, and tokens per second: numbers in [0, MAX_MEASURE].
 MEASURES = ("ttft_s", "decode_tok_s", "total_s", "thinking_s")
 # Words: text or null ("finish_reason", json_mode.METRIC).

@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 SETTINGS_FILE = "settings.json"
 THEMES = ("system", "light", "dark")
 MAX_CANDIDATES = 4
+MIN_BEAM_WIDTH, MAX_BEAM_WIDTH = 2, 8  # each beam is a column of the reply
+MAX_LENGTH_PENALTY = 5.0
 SETTINGS_VERSION = 2  # 2: max_tokens None is "up to the context"
 OLD_DEFAULT_MAX_TOKENS = 512  # the default before version 2 (see the module doc)
 
@@ -88,6 +90,11 @@ class ChatSettings:
     # "Compare with": the local models (sources, as the model picker names them) that answer
     # each turn beside the picker's model, a column each (controllers.compare_turns).
     compare_models: list[str] = field(default_factory=list)
+    # "Beam search" (data.beam_choice): each reply a deterministic beam search of this
+    # width, its finished beams shown as the candidates, best first.
+    beam_search: bool = False
+    beam_width: int = 4
+    length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         check = _checker("ChatSettings")
@@ -125,6 +132,14 @@ class ChatSettings:
             isinstance(m, str) and m.strip() for m in self.compare_models)
             and len(set(self.compare_models)) == len(self.compare_models),
             "compare_models", self.compare_models, "a list of distinct model sources")
+        check(isinstance(self.beam_search, bool), "beam_search", self.beam_search,
+              "true or false")
+        check(_is_int(self.beam_width) and MIN_BEAM_WIDTH <= self.beam_width <= MAX_BEAM_WIDTH,
+              "beam_width", self.beam_width,
+              f"an integer in [{MIN_BEAM_WIDTH}, {MAX_BEAM_WIDTH}]")
+        check(_is_number(self.length_penalty) and abs(self.length_penalty) <= MAX_LENGTH_PENALTY,
+              "length_penalty", self.length_penalty,
+              f"a number in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}]")
         if self.json_mode:
             json_mode.parse_schema(self.json_schema)
 

@@ -6,6 +6,8 @@ embedding model for documents (dialogs.embedding_box), and the MCP servers
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -21,6 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop_app.data.beam_choice import SAMPLING_ONLY, SAMPLING_ONLY_NOTE
 from desktop_app.data.context_policy import POLICIES, POLICY_LABELS
 from desktop_app.data.engine_settings import (
     CPU_PRECISION_LABELS,
@@ -31,6 +34,7 @@ from desktop_app.data.engine_settings import (
 )
 from desktop_app.data.kv_precision import ModelShape
 from desktop_app.data.settings import MAX_CANDIDATES, THEMES, ChatSettings
+from desktop_app.dialogs.beam_box import BeamBox
 from desktop_app.dialogs.embedding_box import EmbeddingBox
 from desktop_app.dialogs.kv_precision_box import KVPrecisionBox
 from desktop_app.dialogs.speed_box import SpeedBox
@@ -72,7 +76,7 @@ class ChatSettingsForm(QWidget):
     """Edits one ChatSettings; `settings()` raises ValueError naming a bad field."""
 
     def __init__(self, settings: ChatSettings, max_tokens_limit: int = 32768,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, beam_refusal: str | None = None) -> None:
         super().__init__(parent)
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setObjectName("systemPrompt")
@@ -102,6 +106,14 @@ class ChatSettingsForm(QWidget):
                                         "model's context (the saved chat stays whole)")
         for policy in POLICIES:
             self.overflow_policy.addItem(POLICY_LABELS[policy], policy)
+        # Beam search (``beam_refusal``: why the loaded model runs none); the settings
+        # only sampling reads are greyed out while it is on, their tooltips saying why.
+        self.beam = BeamBox(self)
+        self.beam.set_refusal(beam_refusal)
+        self._tips = {name: getattr(self, name).toolTip() for name in SAMPLING_ONLY
+                      if name != "seed"}
+        self._tips["fixed_seed"] = self.fixed_seed.toolTip()
+        self.beam.toggled.connect(self._grey_sampling)
 
         seed_row = QHBoxLayout()
         seed_row.addWidget(self.fixed_seed)
@@ -116,11 +128,13 @@ class ChatSettingsForm(QWidget):
         form.addRow("Max tokens", self.max_tokens)
         form.addRow("Seed", seed_row)
         form.addRow("Candidates", self.num_candidates)
+        for label, widget in self.beam.rows():
+            form.addRow(label, widget)
         form.addRow("When the context is full", self.overflow_policy)
         self.set_settings(settings)
 
     def set_settings(self, s: ChatSettings) -> None:
-        self._tools = dict(s.tools)  # chosen in the chat's Tools menu, kept as they are
+        self._base = s  # what the form does not show (tools, JSON mode...) is kept
         self.system_prompt.setPlainText(s.system_prompt)
         self.temperature.setValue(s.temperature)
         self.top_p.setValue(s.top_p)
@@ -134,9 +148,20 @@ class ChatSettingsForm(QWidget):
         self.num_candidates.setValue(s.num_candidates)
         self.overflow_policy.setCurrentIndex(max(0, self.overflow_policy.findData(
             s.overflow_policy)))
+        self.beam.set_values(s.beam_search, s.beam_width, s.length_penalty)
+
+    def _grey_sampling(self, beam: bool) -> None:
+        for name, tip in self._tips.items():
+            box = getattr(self, name)
+            box.setEnabled(not beam)
+            box.setToolTip(SAMPLING_ONLY_NOTE if beam else tip)
+        self.seed.setEnabled(not beam and self.fixed_seed.isChecked())
+        self.seed.setToolTip(SAMPLING_ONLY_NOTE if beam else "")
 
     def settings(self) -> ChatSettings:
-        return ChatSettings(
+        beam, width, penalty = self.beam.value()
+        return replace(
+            self._base,
             system_prompt=self.system_prompt.toPlainText().strip(),
             temperature=round(self.temperature.value(), 4),
             top_p=round(self.top_p.value(), 4),
@@ -147,7 +172,9 @@ class ChatSettingsForm(QWidget):
             seed=self.seed.value() if self.fixed_seed.isChecked() else None,
             num_candidates=self.num_candidates.value(),
             overflow_policy=self.overflow_policy.currentData(),
-            tools=self._tools,
+            beam_search=beam,
+            beam_width=width,
+            length_penalty=penalty,
         )
 
 
@@ -301,7 +328,8 @@ class SettingsDialog(QDialog):
                  engine: EngineSettings | None = None,
                  cuda_names: list[str] | None = None, tools=None,
                  model: ModelShape | None = None,
-                 mtp_missing: str | None = "no model is loaded") -> None:
+                 mtp_missing: str | None = "no model is loaded",
+                 beam_refusal: str | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("settingsDialog")
         self.setWindowTitle("Settings")
@@ -309,9 +337,11 @@ class SettingsDialog(QDialog):
         self.tabs = QTabWidget()
         self.chat_form = None
         if chat_settings is not None:
-            self.chat_form = ChatSettingsForm(chat_settings, max_tokens_limit)
+            self.chat_form = ChatSettingsForm(chat_settings, max_tokens_limit,
+                                              beam_refusal=beam_refusal)
             self.tabs.addTab(self.chat_form, "This chat")
-        self.defaults_form = ChatSettingsForm(defaults, max_tokens_limit)
+        self.defaults_form = ChatSettingsForm(defaults, max_tokens_limit,
+                                              beam_refusal=beam_refusal)
         self.tabs.addTab(self.defaults_form, "Defaults for new chats")
         self.serve_form = ServeForm(*serve)
         self.tabs.addTab(self.serve_form, "Serving")

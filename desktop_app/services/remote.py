@@ -100,6 +100,10 @@ class RemoteWorker(ModelFacts):
     """Requests to a remote server, each streamed on its own thread."""
 
     is_remote = True
+    # The app streams a server's replies, and vLLM's use_beam_search answers in one piece
+    # (Folio's server refuses it with stream): not sent.
+    beam_search_refusal = ("it runs on this computer's models only (a server's replies "
+                           "stream, and a beam search answers in one piece)")
 
     def __init__(self, llm: RemoteLLM, metrics_interval_s: float = METRICS_INTERVAL_S) -> None:
         self.llm = llm

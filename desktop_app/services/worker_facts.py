@@ -44,6 +44,12 @@ class WorkerFacts:
         return bool(getattr(self._worker, "sees_images", False))
 
     @property
+    def beam_search_refusal(self) -> str | None:
+        """Why the picker's model runs no beam search (the engine's reason, or a
+        server's), None where it does or while none is loaded."""
+        return None if self._worker is None else self._worker.beam_search_refusal
+
+    @property
     def worker(self) -> ModelWorker | None:
         """The running worker (a LocalWorker, or a RemoteWorker), None when unloaded."""
         return self._worker

@@ -57,6 +57,15 @@ class ModelFacts:
             return getattr(prompts, "vision", None) is not None
         return bool(getattr(self.llm, "sees_images", False))
 
+    @property
+    def beam_search_refusal(self) -> str | None:
+        """Why this model runs no beam search, None where it does: the engine's own
+        reason (a model without an engine, as the tests' fakes, runs none either)."""
+        engine = getattr(self.llm, "engine", None)
+        if engine is None:
+            return "this model has no engine to run a beam search"
+        return engine.beam_search_refusal()
+
 
 class RequestHandle(Protocol):
     request_id: str
@@ -87,6 +96,11 @@ class ModelWorker(Protocol):
 
     @property
     def is_remote(self) -> bool: ...
+
+    @property
+    def beam_search_refusal(self) -> str | None:
+        """Why the model runs no beam search (the chat's choice greyed out with it), None
+        where it does."""
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, prompt: Any, params: SamplingParams | None,

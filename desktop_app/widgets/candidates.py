@@ -32,10 +32,16 @@ def format_metrics(metrics: dict | None) -> str:
     if not isinstance(metrics, dict) or "num_prompt_tokens" not in metrics:
         return ""
     parts = []
+    width = count(metrics, "beam_width")  # data.beam_choice.METRIC
+    if width:
+        # A beam search: no token streamed, so no speed or first token; its whole time.
+        total = measure(metrics, "total_s")
+        parts.append(f"beam search, width {width}"
+                     + ("" if total is None else f" in {total:.1f} s"))
     speed, ttft = measure(metrics, "decode_tok_s"), measure(metrics, "ttft_s")
-    if speed is not None:
+    if speed is not None and not width:
         parts.append(f"{speed:.1f} tok/s")
-    if ttft is not None:
+    if ttft is not None and not width:
         parts.append(f"first token {latency(ttft)}")
     drafted = count(metrics, "num_draft_tokens")
     if drafted:

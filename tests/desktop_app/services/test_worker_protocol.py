@@ -16,7 +16,8 @@ MEMBERS = sorted(name for name in vars(ModelWorker) if not name.startswith("_"))
 
 def test_the_protocol_is_what_the_bridge_calls():
     assert MEMBERS == sorted([
-        "model_name", "max_model_len", "tokenizer", "prompts", "is_remote", "submit",
+        "model_name", "max_model_len", "tokenizer", "prompts", "is_remote",
+        "beam_search_refusal", "submit",
         "cancel", "preload", "kv_stats", "memory_stats", "remote_status",
         "clear_disk",
         "set_activity_listener", "start", "shutdown"])
@@ -33,6 +34,7 @@ def test_the_remote_worker_answers_for_what_it_lacks():
     assert (worker.model_name, worker.max_model_len, worker.is_remote) == ("served", 4096,
                                                                            True)
     assert worker.prompts is None and worker.tokenizer is None
+    assert "this computer's models only" in worker.beam_search_refusal
     assert worker.kv_stats() is None and worker.memory_stats() is None
     worker.preload([{"role": "user", "content": "hi"}])  # nothing to load ahead
     worker.clear_disk()

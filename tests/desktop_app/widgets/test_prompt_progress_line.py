@@ -53,3 +53,16 @@ def test_a_long_wait_for_the_first_token_reads_in_minutes():
     metrics = {"num_prompt_tokens": 5839, "num_cached_tokens": 0, "ttft_s": 174.45}
     assert "first token 2 min 54 s" in format_metrics(metrics)
     assert "first token 850 ms" in format_metrics({**metrics, "ttft_s": 0.85})
+
+
+def test_a_beam_search_says_it_is_searching_until_its_beams_come(qtbot):
+    line = PromptProgressLine()
+    qtbot.addWidget(line)
+    line.show_reading(time.monotonic() - 3, None, beam_width=4)
+    assert line.text().startswith("Searching with 4 beams… no text streams")
+    assert line.text().endswith(" · 3 s") and line.reading
+    # Its metrics line: the search, not a speed or a first token it never had.
+    metrics = {"num_prompt_tokens": 40, "num_cached_tokens": 0, "decode_tok_s": 0.0,
+               "ttft_s": 0.0, "total_s": 2.5, "beam_width": 4}
+    assert format_metrics(metrics) == ("beam search, width 4 in 2.5 s · 40 prompt tokens "
+                                       "(0 cached, 40 computed)")
