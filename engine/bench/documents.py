@@ -7,6 +7,8 @@ for the KV disk tier and the document store.
   question of a new chat with the same file, and a new chat's first question after a
   restart (a new engine on the same disk tier). The replies after the restart are held
   to those of the first engine.
+- The same first question's prompt ids prefilled by Folio and by llama.cpp, each in a
+  process of its own (engine/bench/first_read.py): the first read against the CPU bar.
 - A 60-page PDF, too long for the context, so searched: from attaching it to the first
   token of an answer (the prompt built: the text extracted and stored, the passages
   indexed; then the prefill), with the extraction's and the indexing's shares.
@@ -23,6 +25,7 @@ import time
 from contextlib import contextmanager
 
 from engine.bench.common import bench_result, ms
+from engine.bench.first_read import first_read_row
 from engine.bench.pdf_writer import write_pdf
 from engine.bench.setup import USER_TEXTS, BenchContext, Target, folio_config
 from engine.sampling_params import SamplingParams
@@ -44,8 +47,11 @@ def bench_documents(ctx: BenchContext) -> dict:
     with _fresh_folders():
         warm = _warm_rows(ctx, params, notes)
         long_row = _long_row(ctx, params)
+        first_read = first_read_row(str(ctx.model_path), ctx.threads, s.weights,
+                                    s.cpu_activation_bits, warm.pop("first_prompt_ids"),
+                                    notes)
     readers = _reader_rows()
-    rows = [warm, long_row, *readers]
+    rows = [warm, first_read, long_row, *readers]
     targets = [
         Target("4-page PDF: second question / first question TTFT",
                warm["same_chat_over_first"], 0.1, "<="),
@@ -54,8 +60,10 @@ def bench_documents(ctx: BenchContext) -> dict:
         Target("4-page PDF: a new chat after a restart / the first chat's first TTFT",
                warm["restart_over_first"], 0.2, "<="),
     ]
-    notes.append("the first read next to llama.cpp given the same prompt ids is not "
-                 "measured here")
+    if "folio_over_llama_cpp" in first_read:
+        targets.append(Target("4-page PDF: the first read, Folio / llama.cpp prefill of the "
+                              "same prompt ids", first_read["folio_over_llama_cpp"], 0.8,
+                              "<="))
     summary = {"document_tokens": warm["document_tokens"], "long_pages": LONG_PAGES,
                "readers": [r["reader"] for r in readers]}
     return bench_result("documents", ctx, rows, summary, targets, notes)
@@ -72,7 +80,8 @@ def _warm_rows(ctx: BenchContext, params: SamplingParams, notes: list[str]) -> d
                  {"role": "user", "content": QUESTIONS[1]}]
     same = first_llm.chat(same_chat, params)
     new = first_llm.chat(_ask(pdf, QUESTIONS[2]), params)
-    document = first_llm.engine.prompts.build(_request(_ask(pdf, QUESTIONS[0]))).documents[0]
+    built = first_llm.engine.prompts.build(_request(_ask(pdf, QUESTIONS[0])))
+    document = built.documents[0]
     first_llm.close()  # the cached blocks to disk, as the app quits
     # Asked after the close, so the restart finds the document on disk but not this
     # question: it is the first engine's reply to hold the restart's to.
@@ -92,6 +101,7 @@ def _warm_rows(ctx: BenchContext, params: SamplingParams, notes: list[str]) -> d
         row[f"{key}_computed_tokens"] = m.num_prompt_tokens - m.num_cached_tokens
         row[f"{key}_over_first"] = round(m.ttft_s / base, 4)
     row["restart_disk_tokens"] = after.metrics.num_disk_tokens
+    row["first_prompt_ids"] = list(built.ids)  # for the first read next to llama.cpp
     return row
 
 
