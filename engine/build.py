@@ -135,12 +135,9 @@ def _embedder(config: EngineConfig):
     process; a path that is not one is a ValueError naming the setting."""
     if config.embedding_model is None:
         return None
-    from engine.embeddings import load_embedder
+    from engine.embeddings import embedding_model
 
-    try:
-        return load_embedder(config.embedding_model)
-    except ValueError as exc:
-        raise ValueError(f"embedding_model: {exc}") from exc
+    return embedding_model(config.embedding_model)
 
 
 def _cut_pools(net, config: EngineConfig, shape: KVShape, device: torch.device,

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.embeddings.embedder import DOCUMENT, QUERY, Embedder, Embeddings
-    from engine.embeddings.load import load_embedder
+    from engine.embeddings.load import embedding_model, load_embedder
 
-__all__ = ["DOCUMENT", "QUERY", "Embedder", "Embeddings", "load_embedder"]
+__all__ = ["DOCUMENT", "QUERY", "Embedder", "Embeddings", "embedding_model", "load_embedder"]
 _WHERE = {"DOCUMENT": "embedder", "QUERY": "embedder", "Embedder": "embedder",
-          "Embeddings": "embedder", "load_embedder": "load"}
+          "Embeddings": "embedder", "embedding_model": "load", "load_embedder": "load"}
 
 
 def __getattr__(name: str):

@@ -51,6 +51,17 @@ def load_embedder(path: str | Path) -> Embedder:
         return found
 
 
+def embedding_model(path: str | Path | None) -> Embedder | None:
+    """The ``embedding_model`` setting's embedder (EngineConfig's, the server's), None for
+    none; a ValueError naming the setting for a path that is not one."""
+    if path is None:
+        return None
+    try:
+        return load_embedder(path)
+    except ValueError as exc:
+        raise ValueError(f"embedding_model: {exc}") from exc
+
+
 def _load(path: Path) -> Embedder:
     if not path.exists():
         raise ValueError(f"{path}: no such file or folder; pick an embedding model's "

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.embeddings import Embedder, load_embedder
+from engine.embeddings import Embedder, embedding_model
 from engine.grammar import GrammarBusy, GrammarError
 from engine.outputs import ErrorEvent, FinishedEvent
 from engine.serve import responses
@@ -97,12 +97,7 @@ class ServeSettings:
     def embedder(self) -> Embedder | None:
         """The embedding model, loaded once per process; a ValueError naming the setting
         for a path that is not one."""
-        if self.embedding_model is None:
-            return None
-        try:
-            return load_embedder(self.embedding_model)
-        except ValueError as exc:
-            raise ValueError(f"embedding_model: {exc}") from exc
+        return embedding_model(self.embedding_model)
 
 
 def create_app(worker: EngineWorker | OneModel | HostedModels,

@@ -1,6 +1,6 @@
 """The MTP head through the whole engine on tiny Qwen3.5 folders that ship one (float32
 pools): greedy replies with ``speculative="mtp"`` equal plain decode token for token, with
-n = 1 and 3 and logprobs, dense and MoE; drafts kept and rolled back; the head's pool and
+n = 1 and 3, logprobs and a grammar, dense and MoE; drafts kept and rolled back; the head's pool and
 rows empty after every run; models without a head refused by name.
 
 Both layouts speculate: the hybrid one (Qwen3.5 as released: Gated DeltaNet layers, whose
@@ -16,7 +16,7 @@ import json
 import pytest
 
 from engine.loaders import FolioLoadError, load_model_files
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import ResponseFormat, SamplingParams
 from tests.engine.engine_runs import run_to_end
 from tests.engine.tiny_models import random_prompt, save_tiny_model, tiny_qwen35_config
 from tests.engine.tiny_mtp import mtp_config, save_mtp_model
@@ -82,6 +82,19 @@ def test_greedy_replies_equal_plain_decode(engines, n):
         assert drafted > 0
     else:  # a head that knows its model: some kept, some rejected (leak 0.3)
         assert 0 < kept < drafted
+
+
+def test_grammar_replies_equal_plain_decode(engines):
+    """JSON mode: the head's drafts are cut at the first token the grammar refuses, and
+    the replies are plain decode's."""
+    _, plain, spec = engines
+    params = SamplingParams(temperature=0, max_tokens=30, response_format=ResponseFormat(
+        "json_object"))
+    expected = run(plain, params).outputs[0]
+    got = run(spec, params).outputs[0]
+    assert got.token_ids == expected.token_ids
+    assert got.finish_reason == expected.finish_reason
+    head_is_empty(spec)
 
 
 def test_a_head_that_knows_a_bigram_model_is_always_right(tmp_path):
