@@ -197,8 +197,7 @@ class LLMEngine:
                              f"slots, but this model's state pool has {slots}")
         texts, generators, readers, matchers = candidate_parts(
             built, params, self.tokenizer, self.grammars, grammar)
-        prediction_ids = [] if not params.prediction else \
-            self.tokenizer.encode(params.prediction, add_special_tokens=False)
+        prediction_ids = self._prediction_ids(params)
         self._speculator.method_for(params)  # refuses a method this engine cannot run
         # The last step that can refuse; from here on nothing raises.
         request = self.scheduler.add_request(request_id, ids, params)
@@ -208,6 +207,17 @@ class LLMEngine:
         self._requests[request_id] = RequestState(request, texts, generators, readers,
                                                   matchers, built.request is not None)
         return request_id
+
+    def _prediction_ids(self, params: SamplingParams) -> list[int]:
+        """A request's prediction as token ids: its text tokenized, or the ids given."""
+        if not params.prediction:
+            return []
+        if isinstance(params.prediction, str):
+            return self.tokenizer.encode(params.prediction, add_special_tokens=False)
+        vocab = self.hf_config.vocab_size
+        if any(t >= vocab for t in params.prediction):
+            raise ValueError(f"SamplingParams.prediction: token ids must be in [0, {vocab})")
+        return list(params.prediction)
 
     def _add_beam_search(self, built: ChatPrompt, params: BeamSearchParams,
                          request_id: str | None) -> str:

@@ -75,9 +75,10 @@ class SamplingParams:
     # Constrains the reply to JSON (engine/grammar); None: free text.
     response_format: ResponseFormat | None = None
     # The text the reply is expected to be (OpenAI's Predicted Outputs, e.g. a file to be
-    # returned with a few edits): its tokens are drafted and verified, so what matches
-    # costs a fraction of a decode step. It never changes the reply, only its speed.
-    prediction: str | None = None
+    # returned with a few edits), or its token ids: its tokens are drafted and verified,
+    # so what matches costs a fraction of a decode step. It never changes the reply, only
+    # its speed.
+    prediction: str | list[int] | None = None
     # This request's speculative method (SPECULATIVE_METHODS, or "off"); None: the
     # engine's (EngineConfig.speculative), or "ngram" when a prediction is given.
     speculative: str | None = None
@@ -111,8 +112,10 @@ class SamplingParams:
                "response_format", self.response_format, "a ResponseFormat or None")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
                self.logprobs, f"an integer in [0, {MAX_LOGPROBS}] or None")
-        _check(self.prediction is None or isinstance(self.prediction, str), "prediction",
-               self.prediction, "a string or None")
+        _check(self.prediction is None or isinstance(self.prediction, str) or (
+            isinstance(self.prediction, list)
+            and all(isinstance(t, int) and t >= 0 for t in self.prediction)),
+            "prediction", self.prediction, "a string, a list of token ids >= 0, or None")
         _check(self.speculative is None
                or self.speculative in (*SPECULATIVE_METHODS, SPECULATIVE_OFF), "speculative",
                self.speculative, f"one of {(*SPECULATIVE_METHODS, SPECULATIVE_OFF)} or None")

@@ -19,9 +19,10 @@ llama.cpp (its interpreter: FOLIO_BENCH_LLAMA_PYTHON, else this one) runs the mo
 plain and with ``LlamaPromptLookupDecoding(num_pred_tokens=10)`` as its draft model, each
 in a fresh process. The synthetic 1B and 3B shapes (synthetic.py; ``shapes`` that are among
 ``--sizes``) answer the code edit with ``ignore_eos``: their weights are random, so their
-replies copy nothing and the prediction is their own plain reply; the ratio measures the
-verify step's cost at that size (one forward over k tokens against k decode steps), not
-how often a real model of that size would be right.
+replies copy nothing and the prediction is their own plain reply, given as its token ids
+(a random reply's text tokenizes to other ids); the ratio measures the verify step's cost
+at that size (one forward over k tokens against k decode steps), not how often a real
+model of that size would be right.
 
 Each Folio side is one fresh process (``speculative_sides.folio``) running its variants in
 turn, ``runs`` rounds, the best rate of each kept. ``SpecPlan`` holds the sizes (the
@@ -112,7 +113,7 @@ def bench_speculative(ctx, plan: SpecPlan | None = None) -> dict:
             continue
         tasks = [["code", v] for v in SHAPE_VARIANTS]
         _folio(run, side, str(_shape_path(size)), {"code": chats["code"]}, tasks,
-               p.shape_runs, True, CODE)
+               p.shape_runs, True, CODE, exact_ids=True)
     rows, targets = spec_table(fig, p.shapes)
     summary = {"cpu": cpu_name(), "threads": ctx.threads, "plan": _plan_text(p, chats)}
     result = bench_result("speculative", ctx, rows, summary, targets, run.notes)
@@ -122,14 +123,15 @@ def bench_speculative(ctx, plan: SpecPlan | None = None) -> dict:
 
 
 def _folio(run: _Run, side: str, model: str, chats: dict, tasks: list, runs: int,
-           ignore_eos: bool, prediction: str) -> None:
+           ignore_eos: bool, prediction: str, exact_ids: bool = False) -> None:
     from engine.bench.probe import run_probe
 
     p = run.plan
     got = run_probe("engine.bench.speculative_sides:folio", {
         "model_path": model, "threads": run.threads, "chats": chats, "tasks": tasks,
         "max_tokens": p.max_tokens, "runs": runs, "ignore_eos": ignore_eos,
-        "num_speculative_tokens": p.num_speculative_tokens, "prediction": prediction},
+        "num_speculative_tokens": p.num_speculative_tokens, "prediction": prediction,
+        "exact_ids": exact_ids},
         p.timeout_s)
     _keep(run, side, got)
 

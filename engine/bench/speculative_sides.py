@@ -18,7 +18,7 @@ from engine.bench.probe import emit
 
 # Folio's ways to decode a chat, by name:
 # "plain": no drafts; "ngram": prompt lookup over the request's own tokens;
-# "exact": Predicted Outputs with the plain reply's text as the prediction;
+# "exact": Predicted Outputs with the plain reply's text (or its ids) as the prediction;
 # "exact_k4": the same on an engine that checks at most 4 drafts per step;
 # "code": Predicted Outputs with the code of the prompt (``prediction``) as the prediction;
 # "self_k4": the model drafting for itself (``draft:`` the same file), at most 4 a step.
@@ -42,9 +42,11 @@ def prompt_ids(model_path: str) -> None:
 
 def folio(model_path: str, threads: int, chats: dict[str, list[int]],
           tasks: list[list[str]], max_tokens: int, runs: int, ignore_eos: bool,
-          num_speculative_tokens: int, prediction: str = "") -> None:
+          num_speculative_tokens: int, prediction: str = "", exact_ids: bool = False) -> None:
     """Load Folio, then ``runs`` rounds of every (chat, variant) of ``tasks`` in turn (a
-    chat's "plain" first: "exact" predicts its reply). Emits ``{chat}/{variant}`` ->
+    chat's "plain" first: "exact" predicts its reply, as text, or with ``exact_ids`` as
+    its token ids: a random model's reply text tokenizes to other ids). Emits
+    ``{chat}/{variant}`` ->
     {"tok_s": [rate of each run], "ids": the first run's reply, "drafted", "accepted"}
     after each run, so a side cut short still reports what it finished."""
     import torch
@@ -71,7 +73,7 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
                 speculative=f"draft:{model_path}" if variant == "self_k4" else None))
         return engines[name]
 
-    plain_text: dict[str, str] = {}
+    plain_text: dict[str, str | list[int]] = {}
     got: dict[str, dict] = {}
     engine("plain")
     emit({"loaded": True})
@@ -96,7 +98,9 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
                 got[key] = {"tok_s": [], "ids": list(out.outputs[0].token_ids),
                             "drafted": m.num_draft_tokens,
                             "accepted": m.num_accepted_draft_tokens}
-            if variant == "plain" and chat not in plain_text:
+            if variant == "plain" and chat not in plain_text and exact_ids:
+                plain_text[chat] = list(out.outputs[0].token_ids)
+            elif variant == "plain" and chat not in plain_text:
                 plain_text[chat] = out.outputs[0].text
                 # The prediction is text: where it tokenizes to other ids than the reply's
                 # (random tokens often do), its drafts there cannot be kept.

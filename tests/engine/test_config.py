@@ -149,6 +149,9 @@ def test_sampling_params_copies_its_lists() -> None:
         ("stop_token_ids", [-1]),
         ("stop_token_ids", [1, "2"]),
         ("skip_special_tokens", "no"),
+        ("prediction", 3),
+        ("prediction", [1, -2]),
+        ("prediction", [1, "2"]),
     ],
 )
 def test_sampling_params_rejects_bad_field(field: str, value: object) -> None:
@@ -168,6 +171,8 @@ def test_sampling_params_rejects_bad_field(field: str, value: object) -> None:
         ("seed", 0),
         ("max_tokens", 1),
         ("stop_token_ids", [0]),
+        ("prediction", "text"),
+        ("prediction", [0, 5]),
     ],
 )
 def test_sampling_params_accepts_edge_values(field: str, value: object) -> None:

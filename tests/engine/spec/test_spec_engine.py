@@ -103,6 +103,22 @@ def test_prediction_of_the_reply_is_accepted_and_changes_nothing(engines):
     assert got.metrics.num_accepted_draft_tokens >= 10
 
 
+def test_a_prediction_of_token_ids_is_drafted_as_they_are(engines):
+    """Ids skip the text: a random reply whose text tokenizes to other ids is still
+    drafted right, every draft kept; ids past the vocabulary are refused by name."""
+    plain, _ = engines
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    expected = run(plain, params).outputs[0]
+    predicted = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                               prediction=list(expected.token_ids))
+    got = run(plain, predicted, check=check_pool)
+    assert got.outputs[0].token_ids == expected.token_ids
+    assert got.metrics.num_accepted_draft_tokens == got.metrics.num_draft_tokens > 30
+    vocab = plain.hf_config.vocab_size
+    with pytest.raises(ValueError, match=r"SamplingParams\.prediction: token ids"):
+        plain.add_request(PROMPT, SamplingParams(prediction=[vocab]))
+
+
 def test_a_wrong_prediction_changes_nothing(engines):
     plain, _ = engines
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
