@@ -2,7 +2,8 @@
 prompt ids (the 4-page PDF's first question, as Folio built it) prefilled by each side in a
 process of its own, the best of ``runs``. The first read is all prefill: Folio's time to its
 first token (prefix caching off, so every run reads the whole prompt) against llama.cpp's
-``eval`` of the ids (its logits for the last position: the first token's).
+``eval`` of the ids (its logits for the last position: the first token's), with flash
+attention off and on, the faster kept.
 
 Nothing heavy is imported at the top: the llama.cpp side runs under an interpreter with
 llama-cpp-python and without torch.
@@ -46,6 +47,7 @@ def first_read_row(model_path: str, threads: int, weights: str, cpu_activation_b
         row["folio_ms"] = round(folio["prefill_s"] * 1e3, 1)
     if "prefill_s" in llama:
         row["llama_cpp_ms"] = round(llama["prefill_s"] * 1e3, 1)
+        row["llama_cpp_flash_attn"] = llama["flash_attn"]
     if "folio_ms" in row and "llama_cpp_ms" in row:
         row["folio_over_llama_cpp"] = round(row["folio_ms"] / row["llama_cpp_ms"], 4)
     return row
@@ -72,18 +74,23 @@ def folio_prefill(model_path: str, threads: int, weights: str, cpu_activation_bi
 
 
 def llama_prefill(model_path: str, threads: int, ids: list[int], runs: int) -> None:
-    """llama.cpp's ``eval`` of ``ids`` from an empty cache, best of ``runs``, after a short
-    warm-up; emits ``prefill_s``."""
+    """llama.cpp's ``eval`` of ``ids`` from an empty cache, best of ``runs`` with flash
+    attention off and on (its faster one is the bar), after a short warm-up; emits
+    ``prefill_s`` and ``flash_attn``."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=model_path, n_ctx=len(ids) + 16, n_batch=512, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
-    llm.eval(ids[:16])
     best = None
-    for _ in range(runs):
-        llm.reset()
-        start = time.perf_counter()
-        llm.eval(ids)
-        elapsed = time.perf_counter() - start
-        best = elapsed if best is None else min(best, elapsed)
-        emit({"prefill_s": best})
+    for flash_attn in (False, True):
+        llm = Llama(model_path=model_path, n_ctx=len(ids) + 16, n_batch=512,
+                    n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
+                    verbose=False)
+        llm.eval(ids[:16])
+        for _ in range(runs):
+            llm.reset()
+            start = time.perf_counter()
+            llm.eval(ids)
+            elapsed = time.perf_counter() - start
+            if best is None or elapsed < best:
+                best = elapsed
+                emit({"prefill_s": best, "flash_attn": flash_attn})
+        del llm

@@ -20,9 +20,11 @@ plain and with ``LlamaPromptLookupDecoding(num_pred_tokens=10)`` as its draft mo
 in a fresh process. The synthetic 1B and 3B shapes (synthetic.py; ``shapes`` that are among
 ``--sizes``) answer the code edit with ``ignore_eos``: their weights are random, so their
 replies copy nothing and the prediction is their own plain reply, given as its token ids
-(a random reply's text tokenizes to other ids); the ratio measures the verify step's cost
-at that size (one forward over k tokens against k decode steps), not how often a real
-model of that size would be right.
+(a random reply's text tokenizes to other ids), on float32 KV pools (both sides): a verify
+step sums float16 keys in another order than decode does, and a random model's near ties
+then part the reply from the prediction. The ratio measures the verify step's cost at that
+size (one forward over k tokens against k decode steps), not how often a real model of
+that size would be right.
 
 Each Folio side is one fresh process (``speculative_sides.folio``) running its variants in
 turn, ``runs`` rounds, the best rate of each kept. ``SpecPlan`` holds the sizes (the

@@ -45,8 +45,9 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
           num_speculative_tokens: int, prediction: str = "", exact_ids: bool = False) -> None:
     """Load Folio, then ``runs`` rounds of every (chat, variant) of ``tasks`` in turn (a
     chat's "plain" first: "exact" predicts its reply, as text, or with ``exact_ids`` as
-    its token ids: a random model's reply text tokenizes to other ids). Emits
-    ``{chat}/{variant}`` ->
+    its token ids on float32 KV pools: a random model's reply text tokenizes to other
+    ids, and its near ties go another way where a verify step's float16 keys are summed
+    in another order than decode's). Emits ``{chat}/{variant}`` ->
     {"tok_s": [rate of each run], "ids": the first run's reply, "drafted", "accepted"}
     after each run, so a side cut short still reports what it finished."""
     import torch
@@ -68,6 +69,7 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
         if name not in engines:
             engines[name] = LLM(model_path, folio_config(
                 threads, "stored", max_model_len=n_ctx, block_size=16,
+                kv_cache_dtype="float32" if exact_ids else None,
                 num_gpu_blocks=2 * -(-n_ctx // 16),
                 num_speculative_tokens=4 if variant.endswith("_k4") else num_speculative_tokens,
                 speculative=f"draft:{model_path}" if variant == "self_k4" else None))

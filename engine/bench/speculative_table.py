@@ -73,7 +73,8 @@ def spec_table(fig: SpecFigures, shapes: tuple[str, ...]) -> tuple[list[dict], l
     for size in shapes:
         side = f"folio {size}"
         shape = f"{size.upper()} shape code-edit chat (random weights)"
-        row(f"{shape}, Predicted Outputs (its plain reply's ids as prediction) / plain",
+        row(f"{shape}, Predicted Outputs (its plain reply's ids as prediction, float32 KV "
+            "pool) / plain",
             (side, "code/exact"), (side, "code/plain"), EXACT_BARS.get(size),
             detail=_drafts(fig, side, "code/exact"))
         row(f"{shape}, decode Folio ngram / Folio plain", (side, "code/ngram"),

@@ -64,7 +64,7 @@ def test_every_target_has_a_row_and_its_verdict():
     exact = f"{CODE}, Predicted Outputs (the plain reply as prediction) / plain"
     assert status[exact] == "met"  # 190 / 62 = 3.06
     shape = "{} shape code-edit chat (random weights), Predicted Outputs (its plain reply's " \
-            "ids as prediction) / plain"
+            "ids as prediction, float32 KV pool) / plain"
     assert status[shape.format("1B")] == "met"  # 31 / 10
     assert "drafts 74% kept (14 of 19)" in measured[shape.format("1B")]
     assert status[shape.format("3B")] == "n/a: 3b not run (--sizes)"
@@ -125,7 +125,7 @@ def test_the_quick_plan_end_to_end_on_a_tiny_shape(tmp_path, monkeypatch):
     assert status[f"{name} code-edit chat, Folio ngram / llama.cpp prompt lookup"] == \
         "n/a: llama.cpp skipped: test"
     shape = ("1B shape code-edit chat (random weights), Predicted Outputs (its plain reply's "
-             "ids as prediction) / plain")
+             "ids as prediction, float32 KV pool) / plain")
     assert status[shape] in ("met", "not met")
     assert status[shape.replace("1B", "3B")] == "n/a: 3b not run (--sizes)"
     runs = result["figures"]["runs"]
