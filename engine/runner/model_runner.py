@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.core.kv_cache_manager import KVGroupSpec
-from engine.core.linear_state_manager import chunk_snapshots
 from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
+from engine.core.verify_states import chunk_snapshots
 from engine.layers.gated_deltanet import StateMetadata
 from engine.runner.cuda_graphs import CudaGraphRunner, backend_is_capturable
 from engine.runner.kv_cache import KVShape

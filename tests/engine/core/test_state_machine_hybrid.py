@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
-from engine.core.linear_state_manager import chunk_snapshots
 from engine.core.sequence import Sequence
+from engine.core.verify_states import chunk_snapshots
 from tests.engine.core.admission import admit, allocate, fork, restart
 
 BS, LOOKAHEAD = 2, 3
