@@ -66,7 +66,7 @@ class DraftModel:
                 return None  # longer than the draft's context or pool: no drafts
             mirror = self._mirrors[seq.seq_id] = request.seqs[0]
             return mirror
-        common = _common_prefix(mirror.token_ids, seq.token_ids)
+        common = common_prefix(mirror.token_ids, seq.token_ids)
         if common < mirror.num_tokens:
             self.scheduler.rewind(mirror, max(common, 1))
         mirror.token_ids += seq.token_ids[mirror.num_tokens:]
@@ -121,7 +121,7 @@ def _same_tokens(a, b) -> bool:
     return a.hf.convert_ids_to_tokens(ids) == b.hf.convert_ids_to_tokens(ids)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:

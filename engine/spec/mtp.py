@@ -40,7 +40,7 @@ from engine.models.qwen35_mtp import MTPHead, build_mtp_head
 from engine.runner.kv_cache import KVShape
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.spec.draft_model import _common_prefix
+from engine.spec.draft_model import common_prefix
 from engine.spec.mtp_rows import HiddenRows
 
 # The most head forwards one proposal may take (a long catch-up's chunks count).
@@ -141,7 +141,7 @@ class MTPProposer:
             mirror = self._mirrors[seq.seq_id] = _Mirror(request.seqs[0], seq.seq_id)
             self._by_mirror[mirror.seq.seq_id] = mirror
         else:
-            common = _common_prefix(mirror.seq.token_ids, tokens)
+            common = common_prefix(mirror.seq.token_ids, tokens)
             if common < mirror.seq.num_tokens:
                 if common == 0:
                     self.drop(seq, keep_rows=True)
