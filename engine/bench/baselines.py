@@ -215,12 +215,10 @@ class LlamaCppChat:
                          n_threads=threads, n_threads_batch=threads, verbose=False, **options)
 
     def reply(self, prompt_ids: list[int], max_tokens: int) -> Reply:
-        held = list(self.llm.input_ids[: self.llm.n_tokens])
-        common = 0
-        for a, b in zip(held, prompt_ids, strict=False):
-            if a != b:
-                break
-            common += 1
+        from engine.core.sequence import common_prefix
+
+        common = common_prefix([int(t) for t in self.llm.input_ids[: self.llm.n_tokens]],
+                               prompt_ids)
         # llama.cpp always evaluates the last prompt token again, for its logits.
         computed = len(prompt_ids) - min(common, len(prompt_ids) - 1)
         tokens: list[int] = []

@@ -77,13 +77,11 @@ def llama_prefill(model_path: str, threads: int, ids: list[int], runs: int) -> N
     """llama.cpp's ``eval`` of ``ids`` from an empty cache, best of ``runs`` with flash
     attention off and on (its faster one is the bar), after a short warm-up; emits
     ``prefill_s`` and ``flash_attn``."""
-    from llama_cpp import Llama
+    from engine.bench.baselines import LlamaCppChat
 
     best = None
     for flash_attn in (False, True):
-        llm = Llama(model_path=model_path, n_ctx=len(ids) + 16, n_batch=512,
-                    n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
-                    verbose=False)
+        llm = LlamaCppChat(model_path, threads, len(ids) + 16, flash_attn=flash_attn).llm
         llm.eval(ids[:16])
         for _ in range(runs):
             llm.reset()

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from engine.bench.common import bench_result, ms
 from engine.bench.setup import BenchContext, Target, filler_prompt, folio_config
+from engine.core.sequence import common_prefix
 from engine.sampling_params import SamplingParams
 
 TURNS = 12
@@ -139,7 +140,7 @@ def _measure(ctx, path: Path, params, user_tokens: int, root: Path) -> tuple[dic
     # The history to disk as the app quits; turn 13 kept open after that, so its own
     # blocks are not on disk for the restarts to find.
     llm.close()
-    history = _common_prefix(llm.engine.encode(messages[:-1]), llm.engine.encode(messages))
+    history = common_prefix(llm.engine.encode(messages[:-1]), llm.engine.encode(messages))
     outputs: dict[str, list] = {"open": []}
     preload_s = []
     same_reply = True
@@ -186,13 +187,6 @@ def _measure(ctx, path: Path, params, user_tokens: int, root: Path) -> tuple[dic
            "block_files": len(files),
            "disk_over_kv_bytes": round(disk_bytes / per_block, 4)}
     return row, decode
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def _median_ttft(outputs) -> float:

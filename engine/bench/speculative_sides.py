@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 from engine.bench.probe import emit
+from engine.core.sequence import common_prefix
 
 # Folio's ways to decode a chat, by name:
 # "plain": no drafts; "ngram": prompt lookup over the request's own tokens;
@@ -110,19 +111,9 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
                 ids = got[key]["ids"]
                 while ids and ids[-1] in llm.tokenizer.eos_token_ids:
                     ids = ids[:-1]
-                got[key]["text_ids"] = [_agree(again, ids), len(ids)]
+                got[key]["text_ids"] = [common_prefix(again, ids), len(ids)]
             got[key]["tok_s"].append(m.decode_tok_s)
             emit({key: got[key]})
-
-
-def _agree(a: list[int], b: list[int]) -> int:
-    """How many leading ids ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def llama_cpp(model_path: str, threads: int, chats: dict[str, list[int]], lookup: bool,
@@ -130,8 +121,9 @@ def llama_cpp(model_path: str, threads: int, chats: dict[str, list[int]], lookup
     """llama.cpp on ``model_path``, plain or (``lookup``) with ``LlamaPromptLookupDecoding``
     as its draft model; ``runs`` rounds of each chat, greedy, ending at one of
     ``stop_ids`` or ``max_tokens``. Emits ``{chat}/{"lookup" or "plain"}`` as Folio's."""
-    from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from engine.bench.baselines import LlamaCppChat
 
     n_ctx = max(len(ids) for ids in chats.values()) + max_tokens + 2 * LLAMA_LOOKUP_TOKENS + 16
     # A draft model makes llama.cpp keep every position's logits, but it sizes that buffer
@@ -139,8 +131,7 @@ def llama_cpp(model_path: str, threads: int, chats: dict[str, list[int]], lookup
     # verify step would overflow it, so the argument is given as the drafts use it.
     options = {"draft_model": LlamaPromptLookupDecoding(num_pred_tokens=LLAMA_LOOKUP_TOKENS),
                "logits_all": True} if lookup else {}
-    llm = Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                n_threads_batch=threads, verbose=False, **options)
+    llm = LlamaCppChat(model_path, threads, n_ctx, **options).llm
     emit({"loaded": True})
     _llama_reply(llm, next(iter(chats.values()))[:8], 4, set())
     got: dict[str, dict] = {}

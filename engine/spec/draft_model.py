@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.core.sequence import Sequence
+from engine.core.sequence import Sequence, common_prefix
 from engine.sampling_params import SamplingParams
 
 # The most forwards one proposal may take (a long prompt's first prefill counts), so a
@@ -119,14 +119,6 @@ def _same_tokens(a, b) -> bool:
         return False
     ids = sorted({*range(min(n, 512)), *range(0, n, max(1, n // 4096)), n - 1})
     return a.hf.convert_ids_to_tokens(ids) == b.hf.convert_ids_to_tokens(ids)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def draft_config(config, max_model_len: int):

@@ -35,12 +35,11 @@ import torch
 from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_output import SchedulerOutput
-from engine.core.sequence import Request, Sequence, SequenceStatus
+from engine.core.sequence import Request, Sequence, SequenceStatus, common_prefix
 from engine.models.qwen35_mtp import MTPHead, build_mtp_head
 from engine.runner.kv_cache import KVShape
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.spec.draft_model import common_prefix
 from engine.spec.mtp_rows import HiddenRows
 
 # The most head forwards one proposal may take (a long catch-up's chunks count).
