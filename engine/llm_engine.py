@@ -186,10 +186,7 @@ class LLMEngine:
             return self._add_beam_search(built, params, request_id)
         params = built.sampling(params or SamplingParams())
         request_id = request_id or f"req-{next(self._ids)}"
-        ids = built.ids
-        vocab = self.hf_config.vocab_size
-        if any(t < 0 or t >= vocab for t in ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        ids = self._in_vocab(built.ids, "prompt token ids")
         slots = self.kv_cache.state_slots
         if slots and params.n > slots:
             # Each candidate needs a linear-attention state slot at once.
@@ -214,17 +211,19 @@ class LLMEngine:
             return []
         if isinstance(params.prediction, str):
             return self.tokenizer.encode(params.prediction, add_special_tokens=False)
+        return list(self._in_vocab(params.prediction, "SamplingParams.prediction: token ids"))
+
+    def _in_vocab(self, ids: list[int], what: str) -> list[int]:
+        """``ids``, or a ValueError saying ``what`` must be in the model's vocabulary."""
         vocab = self.hf_config.vocab_size
-        if any(t >= vocab for t in params.prediction):
-            raise ValueError(f"SamplingParams.prediction: token ids must be in [0, {vocab})")
-        return list(params.prediction)
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"{what} must be in [0, {vocab})")
+        return ids
 
     def _add_beam_search(self, built: ChatPrompt, params: BeamSearchParams,
                          request_id: str | None) -> str:
         request_id = request_id or f"req-{next(self._ids)}"
-        vocab = self.hf_config.vocab_size
-        if any(t < 0 or t >= vocab for t in built.ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        self._in_vocab(built.ids, "prompt token ids")
         refusal = self.beam_search_refusal()
         if refusal is not None:
             raise ValueError(f"BeamSearchParams: {refusal}")
