@@ -9,7 +9,7 @@ Qwen3.5-shaped random model (12 layers: 9 Gated DeltaNet, 3 full attention; hidd
 - prompt lookup on a reply that repeats nothing (no drafts: the bookkeeping alone).
 
 Random weights make a reply whose text does not tokenize back to its ids, so the
-prediction is handed to the engine as ids (the engine's tokenizer is asked for them).
+prediction is given as ids (``SamplingParams.prediction``).
 Each figure is the best decode tok/s of --runs rounds; every run's tokens must equal the
 plain reply's. The model is written once to --folder.
 
@@ -38,18 +38,12 @@ def _model(folder: Path) -> Path:
     return folder
 
 
-def _run(engine, prompt: list[int], params, prediction_ids: list[int] | None = None):
+def _run(engine, prompt: list[int], params):
     """One request to the end: (token ids, decode tok/s, drafts, kept drafts)."""
     from tests.engine.engine_runs import run_to_end
 
-    encode = engine.tokenizer.encode
-    if prediction_ids is not None:
-        engine.tokenizer.encode = lambda *_a, **_k: list(prediction_ids)
-    try:
-        engine.add_request(prompt, params)
-        out = run_to_end(engine)
-    finally:
-        engine.tokenizer.encode = encode
+    engine.add_request(prompt, params)
+    out = run_to_end(engine)
     m = out.metrics
     return (out.outputs[0].token_ids, m.decode_tok_s, m.num_draft_tokens,
             m.num_accepted_draft_tokens)
@@ -76,20 +70,19 @@ def main() -> None:
                  speculative="ngram").engine
     prompt = random_prompt(7, 200)
 
-    def params(prediction: bool) -> SamplingParams:
-        # Any text: the engine is handed the ids (see _run).
+    def params(prediction: list[int] | None = None) -> SamplingParams:
         return SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True,
-                              prediction="x" if prediction else None)
+                              prediction=prediction)
 
-    reply = _run(plain, prompt, params(False))[0]
+    reply = _run(plain, prompt, params())[0]
     wrong = reply[:1] + [(t + 1) % 256 for t in reply[1:]]
-    cases = {"plain": (plain, False, None), "exact prediction": (plain, True, reply),
-             "wrong prediction": (plain, True, wrong),
-             "prompt lookup, nothing repeats": (lookup, False, None)}
+    cases = {"plain": (plain, None), "exact prediction": (plain, reply),
+             "wrong prediction": (plain, wrong),
+             "prompt lookup, nothing repeats": (lookup, None)}
     best: dict[str, tuple[float, int, int]] = {}
     for _ in range(args.runs):
-        for name, (engine, predicted, ids) in cases.items():
-            tokens, rate, drafted, kept = _run(engine, prompt, params(predicted), ids)
+        for name, (engine, ids) in cases.items():
+            tokens, rate, drafted, kept = _run(engine, prompt, params(ids))
             if tokens != reply:
                 raise SystemExit(f"{name}: the reply differs from plain decode's")
             if rate > best.get(name, (0.0, 0, 0))[0]:
