@@ -76,7 +76,7 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
                 speculative=f"draft:{model_path}" if variant == "self_k4" else None))
         return engines[name]
 
-    plain_text: dict[str, str | list[int]] = {}
+    plain_reply: dict[str, str | list[int]] = {}  # a chat's plain reply, text or ids
     got: dict[str, dict] = {}
     engine("plain")
     emit({"loaded": True})
@@ -88,7 +88,7 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
             extra: dict = {"speculative": {"plain": "off", "self_k4": "draft"}.get(
                 variant, "ngram")}
             if variant in ("exact", "exact_k4"):
-                extra["prediction"] = plain_text[chat]
+                extra["prediction"] = plain_reply[chat]
             elif variant == "code":
                 extra["prediction"] = prediction
             params = SamplingParams(max_tokens=max_tokens, temperature=0,
@@ -101,13 +101,13 @@ def folio(model_path: str, threads: int, chats: dict[str, list[int]],
                 got[key] = {"tok_s": [], "ids": list(out.outputs[0].token_ids),
                             "drafted": m.num_draft_tokens,
                             "accepted": m.num_accepted_draft_tokens}
-            if variant == "plain" and chat not in plain_text and exact_ids:
-                plain_text[chat] = list(out.outputs[0].token_ids)
-            elif variant == "plain" and chat not in plain_text:
-                plain_text[chat] = out.outputs[0].text
+            if variant == "plain" and chat not in plain_reply and exact_ids:
+                plain_reply[chat] = list(out.outputs[0].token_ids)
+            elif variant == "plain" and chat not in plain_reply:
+                plain_reply[chat] = out.outputs[0].text
                 # The prediction is text: where it tokenizes to other ids than the reply's
                 # (random tokens often do), its drafts there cannot be kept.
-                again = llm.tokenizer.encode(plain_text[chat], add_special_tokens=False)
+                again = llm.tokenizer.encode(plain_reply[chat], add_special_tokens=False)
                 ids = got[key]["ids"]
                 while ids and ids[-1] in llm.tokenizer.eos_token_ids:
                     ids = ids[:-1]
