@@ -170,10 +170,12 @@ class Scheduler:
         for seq in decodes + prefills:
             if budget == 0 or num_seqs == self.max_num_seqs:
                 break
+            drafted = bool(seq.draft_token_ids)
             take = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
             del seq.draft_token_ids[max(0, take - 1):]  # drafts past the budget wait
             item = ScheduledSeq(seq, take, self.kv.block_tables(seq))
-            item.draft_state_slots = self.kv.draft_state_slots(seq, item.num_drafts)
+            if drafted:  # state slots were taken for the drafts: those scheduled keep theirs
+                item.draft_state_slots = self.kv.draft_state_slots(seq, item.num_drafts)
             out.scheduled.append(item)
             budget -= take
             num_seqs += 1
