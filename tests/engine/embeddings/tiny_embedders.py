@@ -208,11 +208,10 @@ def write_qwen3_gguf(folder: Path, out: Path) -> Path:
     import gguf
     from safetensors.torch import load_file
 
-    from tests.engine.loaders.gguf.test_gguf_families import byte_level_metadata, put
+    from tests.engine.loaders.gguf.test_gguf_families import byte_level_metadata, write_tensors
 
     config = tiny_qwen3_config()
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, config.num_hidden_layers)
-    writer = gguf.GGUFWriter(str(out), "qwen3")
     keys = {"context_length": config.max_position_embeddings,
             "block_count": config.num_hidden_layers, "embedding_length": config.hidden_size,
             "feed_forward_length": config.intermediate_size,
@@ -222,15 +221,12 @@ def write_qwen3_gguf(folder: Path, out: Path) -> Path:
             "attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
             "rope.freq_base": float(config.rope_parameters["rope_theta"]),
             "pooling_type": 3}
-    for key, value in {**{f"qwen3.{k}": v for k, v in keys.items()},
-                       **byte_level_metadata()}.items():
-        put(writer, key, value)
+    tensors = {}
     for name, tensor in load_file(folder / "model.safetensors").items():
         new = names.get_name("model." + name, try_suffixes=(".weight", ".bias"))
         assert new is not None, name
-        writer.add_tensor(new, tensor.float().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        tensors[new] = tensor.float().numpy()
+    metadata = {**{f"qwen3.{k}": v for k, v in keys.items()}, **byte_level_metadata()}
+    write_tensors(out, "qwen3", metadata, tensors, gguf.GGMLQuantizationType.F32,
+                  lambda _name, _data: False)
     return out
