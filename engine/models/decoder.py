@@ -64,6 +64,14 @@ def projection_targets(prefix: str, attn: PagedSelfAttention, mlp: GatedMLP,
                                                                spec.mlp_bias)
 
 
+def norm_targets(prefix: str, layer) -> dict[str, Target]:
+    """A decoder layer's two norms by Hugging Face name (before attention, before the
+    MLP)."""
+    return {prefix + "input_layernorm.weight": layer.input_layernorm.weight.data,
+            prefix + "post_attention_layernorm.weight":
+                layer.post_attention_layernorm.weight.data}
+
+
 def attention_targets(prefix: str, attn: PagedSelfAttention,
                       spec: DecoderSpec) -> dict[str, Target]:
     """One layer's attention parameters by Hugging Face name (q/k/v in blocks of the stacked

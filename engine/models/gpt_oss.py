@@ -34,7 +34,7 @@ from engine.layers.moe.sparse import SparseMoE
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, Target, copy_checkpoint
-from engine.models.decoder import PreNormLayer, attention_targets, mlp_targets
+from engine.models.decoder import PreNormLayer, attention_targets, mlp_targets, norm_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec
 from kernels.quant.formats import QuantizedTensor
 from kernels.quant.mxfp4 import MXFP4_TYPE, dequantize_mxfp4
@@ -123,9 +123,7 @@ class GptOssForCausalLM(CausalLM):
         targets = self.shared_targets()
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
-            targets[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
-            targets[prefix + "post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm.weight.data)
+            targets |= norm_targets(prefix, layer)
             targets |= attention_targets(prefix, layer.self_attn, self.spec)
             targets[prefix + "self_attn.sinks"] = layer.self_attn.sinks.data
             targets[prefix + "mlp.router.weight"] = layer.mlp.gate.weight.data

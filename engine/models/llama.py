@@ -16,7 +16,7 @@ from engine.layers.mlp import GatedMLP
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, Target
-from engine.models.decoder import PreNormLayer, projection_targets
+from engine.models.decoder import PreNormLayer, norm_targets, projection_targets
 from engine.models.spec import DecoderSpec
 
 
@@ -53,9 +53,6 @@ class LlamaForCausalLM(CausalLM):
         targets = self.shared_targets()
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
-            targets[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
-            targets[prefix + "post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm.weight.data
-            )
+            targets |= norm_targets(prefix, layer)
             targets |= projection_targets(prefix, layer.self_attn, layer.mlp, self.spec)
         return targets

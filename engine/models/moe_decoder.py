@@ -32,7 +32,7 @@ from engine.layers.moe.sparse import SparseMoE
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import CausalLM, Target, copy_checkpoint
-from engine.models.decoder import PreNormLayer, attention_targets, mlp_targets
+from engine.models.decoder import PreNormLayer, attention_targets, mlp_targets, norm_targets
 from engine.models.experts import (
     MOE_TRAITS,
     Experts,
@@ -150,9 +150,7 @@ class MoEForCausalLM(CausalLM):
         moe = self.spec.moe
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
-            targets[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
-            targets[prefix + "post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm.weight.data)
+            targets |= norm_targets(prefix, layer)
             attn = layer.self_attn
             targets |= attention_targets(prefix, attn, self.spec)
             if isinstance(attn, FullNormAttention):

@@ -30,7 +30,7 @@ from engine.layers.mlp import GatedMLP
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding, apply_partial_rotary
 from engine.models.base import CausalLM, Target
-from engine.models.decoder import attention_targets, mlp_targets
+from engine.models.decoder import attention_targets, mlp_targets, norm_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_params
 from kernels import AttentionBackend, AttentionMetadata
 
@@ -208,9 +208,7 @@ class Qwen35ForCausalLM(CausalLM):
         targets = self.shared_targets()
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
-            targets[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
-            targets[prefix + "post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm.weight.data)
+            targets |= norm_targets(prefix, layer)
             if layer.kind == LINEAR:
                 targets |= layer.linear_attn.checkpoint_targets(prefix + "linear_attn.")
             else:

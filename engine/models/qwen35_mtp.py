@@ -37,7 +37,7 @@ from engine.layers.linear import StackedLinear
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import LayerKV, Target, copy_checkpoint
-from engine.models.decoder import attention_targets
+from engine.models.decoder import attention_targets, norm_targets
 from engine.models.experts import per_expert
 from engine.models.qwen35 import FULL, Qwen35ForCausalLM
 from kernels import AttentionBackend, AttentionMetadata
@@ -113,9 +113,7 @@ class MTPHead(nn.Module):
         }
         for i, layer in enumerate(self.layers):
             prefix = f"mtp.layers.{i}."
-            targets[prefix + "input_layernorm.weight"] = layer.input_layernorm.weight.data
-            targets[prefix + "post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm.weight.data)
+            targets |= norm_targets(prefix, layer)
             targets |= attention_targets(prefix, layer.self_attn, self.spec)
             targets |= self._feed_forward_targets(prefix + "mlp.", layer.mlp)
         return targets
