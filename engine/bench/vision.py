@@ -118,7 +118,7 @@ def _encode_times(folder: Path, hf_model, picture: bytes, threads: int) -> tuple
     torch.set_num_threads(threads)
     vision = load_vision(folder, torch.float32)
     prepared = vision.prepare(decode_image(picture))
-    pixels = prepared.frames.pixels
+    pixels = prepared.pixels.pixels
     with torch.inference_mode():
         ours = _best(lambda: vision.encode(prepared))
         theirs = _best(lambda: hf_model.model.get_image_features(pixels[None]))

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from engine.vision.siglip import TowerSpec
+from engine.vision.model import Preprocessed, VisionFamily, VisionParts, load_tower
+from engine.vision.siglip import Idefics3Encoder, TowerSpec
 
 IMAGE_TOKEN = "<image>"
 FAKE_TOKEN = "<fake_token_around_image>"
@@ -92,6 +93,19 @@ def preprocess(rgb: Image.Image, p: Idefics3Processing) -> Frames:
                   rows, cols)
 
 
+@dataclass(slots=True, frozen=True)
+class Idefics3Processor:
+    """A picture to its frames, its prompt text and its token count."""
+
+    processing: Idefics3Processing
+    tokens_per_frame: int
+
+    def preprocess(self, rgb: Image.Image) -> Preprocessed:
+        frames = preprocess(rgb, self.processing)
+        return Preprocessed(image_text(frames.rows, frames.cols, self.tokens_per_frame),
+                            frames, self.tokens_per_frame * frames.pixels.shape[0])
+
+
 def image_text(rows: int, cols: int, tokens_per_frame: int) -> str:
     """The prompt text one image stands for (see the module docstring)."""
     images = IMAGE_TOKEN * tokens_per_frame
@@ -150,3 +164,15 @@ def _whole_tiles(height: int, width: int, tile: int) -> tuple[int, int]:
         height = math.ceil(height / tile) * tile
         width = math.ceil(int(height * ratio) / tile) * tile
     return height, width
+
+
+def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
+    encoder = Idefics3Encoder(tower_spec(config))
+    load_tower(encoder, state, str(folder))
+    processing = Idefics3Processing.read(folder)
+    processor = Idefics3Processor(processing, encoder.spec.tokens_per_frame(processing.tile))
+    return VisionParts(encoder, processor, IMAGE_TOKEN, int(config.image_token_id))
+
+
+IDEFICS3 = VisionFamily("Idefics3ForConditionalGeneration",
+                        ("model.vision_model.", "model.connector."), _load)

@@ -1,54 +1,93 @@
 """A loaded model's eyes: ``VisionModel`` prepares an image for a prompt (on the
-caller's thread) and encodes it (on the engine's), for the one family that sees
-images today, SmolVLM / Idefics3.
+caller's thread) and encodes it (on the engine's), whatever the family.
 
-``load_vision(folder)`` is None for a folder without a vision tower Folio runs; for an
-``Idefics3ForConditionalGeneration`` folder it reads the image settings, builds the
-tower and the connector (engine/vision/siglip.py) and fills them from the folder's
-``model.vision_model.*`` and ``model.connector.*`` tensors, which the text loader skips.
+``load_vision(folder)`` is None for a folder without a vision tower Folio runs. For a
+multimodal folder it finds the architecture's ``VisionFamily`` in ``FAMILIES`` (one
+module per family under engine/vision) and asks it for the family's encoder, processor
+and image marker, built from the folder's tower tensors (which the text loader skips).
+
+A family gives two objects:
+- an ``ImageProcessor``: a decoded picture to the prompt text it stands for, its pixels
+  in the form its encoder takes and how many image tokens (embedding rows) that text
+  holds (transformers' image processor for the family is its oracle);
+- an encoder (a ``torch.nn.Module``): ``encode(pixels)`` -> [num_tokens, text width].
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
+from PIL import Image
 
-from engine.models.registry import VISION_ARCHITECTURES
 from engine.vision.decode import DecodedImage
-from engine.vision.idefics3 import (
-    IMAGE_TOKEN,
-    Frames,
-    Idefics3Processing,
-    image_text,
-    preprocess,
-    tower_spec,
-)
-from engine.vision.siglip import Idefics3Encoder
-
-_TOWER_PREFIXES = ("model.vision_model.", "model.connector.")
 
 
 @dataclass(slots=True, frozen=True)
 class PreparedImage:
     """An image ready for a prompt: its content key, the prompt text it stands for, its
-    frames and how many image tokens (embedding rows) that text holds."""
+    pixels as the family's encoder takes them and how many image tokens that text
+    holds."""
 
     key: bytes
     text: str
-    frames: Frames
+    pixels: object
     num_tokens: int
 
 
+@dataclass(slots=True, frozen=True)
+class Preprocessed:
+    """What a family's processor makes of one picture (``PreparedImage`` without the
+    key)."""
+
+    text: str
+    pixels: object
+    num_tokens: int
+
+
+class ImageProcessor(Protocol):
+    def preprocess(self, rgb: Image.Image) -> Preprocessed: ...
+
+
+class ImageEncoder(Protocol):
+    def encode(self, pixels: object, dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor: ...
+
+    def parameters(self): ...
+
+
+@dataclass(slots=True, frozen=True)
+class VisionParts:
+    """A family loader's answer: the pieces ``VisionModel`` holds."""
+
+    encoder: ImageEncoder
+    processor: ImageProcessor
+    image_token: str  # the marker the template sees, one per image
+    image_token_id: int  # the id of the rows the encoder's embeddings replace
+
+
+# A family's loader: (folder, its transformers config, its tower tensors by the names
+# under the architecture's prefix) -> its parts, built in float32 on the CPU.
+VisionLoader = Callable[[Path, object, dict[str, torch.Tensor]], VisionParts]
+
+
+@dataclass(slots=True, frozen=True)
+class VisionFamily:
+    architecture: str
+    tower_prefixes: tuple[str, ...]  # the checkpoint's tower and projector tensors
+    load: VisionLoader
+
+
 class VisionModel:
-    def __init__(self, encoder: Idefics3Encoder, processing: Idefics3Processing,
-                 image_token_id: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.encoder = encoder
-        self.processing = processing
-        self.image_token_id = image_token_id
-        self.image_token = IMAGE_TOKEN
+    def __init__(self, parts: VisionParts, dtype: torch.dtype, device: torch.device) -> None:
+        self.encoder = parts.encoder
+        self.processor = parts.processor
+        self.image_token = parts.image_token
+        self.image_token_id = parts.image_token_id
         self.dtype = dtype
         self.device = device
 
@@ -57,17 +96,19 @@ class VisionModel:
         return sum(p.numel() * p.element_size() for p in self.encoder.parameters())
 
     def prepare(self, image: DecodedImage) -> PreparedImage:
-        frames = preprocess(image.image, self.processing)
-        per_frame = self.encoder.spec.tokens_per_frame(self.processing.tile)
-        return PreparedImage(image.key, image_text(frames.rows, frames.cols, per_frame),
-                             frames, per_frame * frames.pixels.shape[0])
+        done = self.processor.preprocess(image.image)
+        return PreparedImage(image.key, done.text, done.pixels, done.num_tokens)
 
     @torch.inference_mode()
     def encode(self, image: PreparedImage) -> torch.Tensor:
-        """The image's token embeddings [num_tokens, text width], all its frames in one
-        run."""
-        pixels = image.frames.pixels.to(self.device, self.dtype)
-        return self.encoder(pixels)
+        """The image's token embeddings [num_tokens, text width], in one run."""
+        return self.encoder.encode(image.pixels, self.dtype, self.device)
+
+
+def _families() -> dict[str, VisionFamily]:
+    from engine.vision.idefics3 import IDEFICS3
+
+    return {f.architecture: f for f in (IDEFICS3,)}
 
 
 def load_vision(folder: Path, dtype: torch.dtype,
@@ -82,31 +123,39 @@ def load_vision(folder: Path, dtype: torch.dtype,
         raw = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not set(raw.get("architectures") or ()) & set(VISION_ARCHITECTURES):
+    families = _families()
+    family = next((families[a] for a in raw.get("architectures") or () if a in families),
+                  None)
+    if family is None:
         return None
     from transformers import AutoConfig
 
     from engine.loaders.safetensors import safetensors_shards
 
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    encoder = Idefics3Encoder(tower_spec(config))
-    state = _tower_tensors(safetensors_shards(folder))
-    missing, unexpected = encoder.load_state_dict(state, strict=False)
+    state = tower_tensors(safetensors_shards(folder), family.tower_prefixes)
+    parts = family.load(folder, config, state)
+    parts.encoder.to(device=device, dtype=dtype).eval()
+    return VisionModel(parts, dtype, torch.device(device))
+
+
+def load_tower(module: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """``module`` filled from ``state`` by name; ValueError naming what does not fit."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{folder}: the vision tower's weights do not fit its config "
+        raise ValueError(f"{where}: the vision tower's weights do not fit its config "
                          f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})")
-    encoder = encoder.to(device=device, dtype=dtype).eval()
-    return VisionModel(encoder, Idefics3Processing.read(folder), int(config.image_token_id),
-                       dtype, torch.device(device))
 
 
-def _tower_tensors(shards: list[Path]) -> dict[str, torch.Tensor]:
+def tower_tensors(shards: list[Path], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The shards' tensors under ``prefixes``, float32, named without their leading
+    ``model.``."""
     from safetensors import safe_open
 
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
         with safe_open(str(shard), framework="pt") as handle:
             for name in handle.keys():
-                if name.startswith(_TOWER_PREFIXES):
+                if name.startswith(prefixes):
                     state[name.removeprefix("model.")] = handle.get_tensor(name).float()
     return state

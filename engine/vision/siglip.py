@@ -170,3 +170,7 @@ class Idefics3Encoder(nn.Module):
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         tokens = self.connector(self.vision_model(frames))
         return tokens.reshape(-1, tokens.shape[-1])
+
+    def encode(self, frames, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """``frames``: an image's ``idefics3.Frames``, all encoded in one run."""
+        return self(frames.pixels.to(device, dtype))

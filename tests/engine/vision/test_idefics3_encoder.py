@@ -51,7 +51,7 @@ def test_embeddings_match_transformers(folder, hf_model, size):
     prepared = vision.prepare(decode_image(png(2, size)))
     ours = vision.encode(prepared)
     with torch.no_grad():
-        pixels = prepared.frames.pixels[None]
+        pixels = prepared.pixels.pixels[None]
         theirs = hf_model.model.get_image_features(pixels).pooler_output[0]
     assert ours.shape == theirs.shape == (prepared.num_tokens, 64)
     assert torch.allclose(ours, theirs, atol=ATOL), (ours - theirs).abs().max()
