@@ -160,9 +160,18 @@ class Gemma4ForCausalLM(CausalLM):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: Sequence[LayerKV], meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
+                backend: AttentionBackend,
+                image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) * self.embed_scale
-        per_layer = self._per_layer_inputs(input_ids, hidden)
+        ple_ids = input_ids
+        if image_embeds is not None:
+            # As transformers' Gemma4Model: an image row's token-identity per-layer input
+            # is the pad token's; its embedding (unscaled) replaces the scaled one, and
+            # the per-layer projection reads the merged embeddings.
+            rows, embeds = image_embeds
+            ple_ids = input_ids.index_copy(0, rows, torch.full_like(rows, self.spec.pad_token_id))
+            hidden = hidden.index_copy(0, rows, embeds.to(hidden.dtype))
+        per_layer = self._per_layer_inputs(ple_ids, hidden)
         tables = {kind: rotary.lookup(positions) for kind, rotary in self.rotary.items()}
         for i, layer in enumerate(self.layers):
             cos, sin = tables[layer.kind]

@@ -25,6 +25,8 @@ class Gemma4Spec(DecoderSpec):
     k_eq_v: bool = False  # global layers' values are their keys' projection
     ple_size: int = 0  # hidden_size_per_layer_input; 0: no per-layer embeddings
     ple_vocab: int = 0
+    # An image token's per-layer inputs are the pad token's (transformers' Gemma4Model).
+    pad_token_id: int = 0
     final_logit_softcap: float | None = None
     # Per layer kind: (theta, rotated share of the pairs, frequency divisor).
     rope: tuple[tuple[str, float, float, float], ...] = ()
@@ -58,6 +60,7 @@ def gemma4_spec(hf_config: Any, architecture: str, traits: FamilyTraits) -> Gemm
         k_eq_v=bool(getattr(hf_config, "attention_k_eq_v", False)),
         ple_size=int(getattr(hf_config, "hidden_size_per_layer_input", 0) or 0),
         ple_vocab=int(getattr(hf_config, "vocab_size_per_layer_input", 0) or 0),
+        pad_token_id=int(getattr(hf_config, "pad_token_id", 0) or 0),
         final_logit_softcap=getattr(hf_config, "final_logit_softcapping", None),
         rope=tuple(_rope(hf_config, kind) for kind in sorted(set(layer_types))))
 

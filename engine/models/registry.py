@@ -233,7 +233,8 @@ TEXT_PARTS: Mapping[str, str] = MappingProxyType({
     "Qwen3_5MoeForConditionalGeneration": "model.language_model.",
 })
 # The multimodal classes whose images Folio reads too (engine/vision has their towers).
-VISION_ARCHITECTURES: tuple[str, ...] = ("Idefics3ForConditionalGeneration",)
+VISION_ARCHITECTURES: tuple[str, ...] = ("Idefics3ForConditionalGeneration",
+                                          "Gemma4ForConditionalGeneration")
 # A multimodal checkpoint's top-level tensors that belong to its text model: an untied
 # LM head (Qwen3.5's) sits beside the towers, not under the text prefix.
 _TEXT_HEADS = ("lm_head.",)

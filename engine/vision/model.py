@@ -106,9 +106,10 @@ class VisionModel:
 
 
 def _families() -> dict[str, VisionFamily]:
+    from engine.vision.gemma4 import GEMMA4
     from engine.vision.idefics3 import IDEFICS3
 
-    return {f.architecture: f for f in (IDEFICS3,)}
+    return {f.architecture: f for f in (IDEFICS3, GEMMA4)}
 
 
 def load_vision(folder: Path, dtype: torch.dtype,
