@@ -27,6 +27,13 @@ def image_keys(seq: Sequence, start: int, end: int) -> bytes:
     return b"".join(span.key for span in seq.images if span.start < end and start < span.end)
 
 
+def block_images(seq: Sequence, start: int, end: int) -> tuple[tuple[int, int, bytes], ...]:
+    """The images with a token in ``[start, end)``: (first, end, content key) of their
+    tokens there, as offsets from ``start``."""
+    return tuple((max(span.start, start) - start, min(span.end, end) - start, span.key)
+                 for span in seq.images if span.start < end and start < span.end)
+
+
 def extend_hashes(seq: Sequence, num_full: int, block_size: int) -> None:
     """``seq.block_hashes`` for its first ``num_full`` blocks, each computed once."""
     bs = block_size

@@ -13,9 +13,11 @@ free block still holds:
 A full, computed block carries ``block_hash`` (a chain: the parent's hash and its tokens)
 and the tokens behind it; freed, it stays in ``cached`` until popped for reuse. So does a
 sequence's last, partial block once it leaves (`partial_blocks.py`), under a key of its
-own. The tier below memory (the disk) hears of each cached block popped for reuse through
-the ``tier`` given at construction (`EvictionHook`; `tier_blocks.py` keeps what it
-implies), before the block forgets its content.
+own. Both are also indexed by the hash of the block before them (``children``), so that
+a prompt sharing only the first tokens of a cached block finds it (`partial_blocks.py`).
+The tier below memory (the disk) hears of each cached block popped for reuse through the
+``tier`` given at construction (`EvictionHook`; `tier_blocks.py` keeps what it implies),
+before the block forgets its content.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class BlockPool:
         self.null_block = Block(num_blocks)
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, Block] = {}
+        # Cached blocks by the hash before them (b"": a first block), by block id.
+        self.children: dict[bytes, dict[int, Block]] = {}
         self.tier = tier
         # Cached partial blocks held for a copy into a new sequence's block, released
         # once the copy pairs are drained (engine/core/partial_blocks.py).
@@ -75,8 +79,15 @@ class BlockPool:
                 del self.cached[block.block_hash]
                 if self.tier is not None:
                     self.tier.evicting(block)
+            if block.after is not None:
+                siblings = self.children[block.after]
+                del siblings[block.block_id]
+                if not siblings:
+                    del self.children[block.after]
             block.block_hash = None
             block.token_ids = None
+            block.after = None
+            block.images = ()
         block.ref_count = 1
         return block
 
@@ -117,6 +128,14 @@ class BlockPool:
         block.token_ids = token_ids
         self.cached[block_hash] = block
         return True
+
+    def index_child(self, block: Block, parent: bytes | None,
+                    images: tuple[tuple[int, int, bytes], ...]) -> None:
+        """List a block just registered under the hash before it (None: a first block),
+        with the images its tokens hold part of (offsets within the block)."""
+        block.after = parent or b""
+        block.images = images
+        self.children.setdefault(block.after, {})[block.block_id] = block
 
     def is_partial(self, block: Block) -> bool:
         """A cached block of fewer than block_size tokens (a sequence's last)."""

@@ -21,6 +21,11 @@ class Block:
     ref_count: int = 0
     block_hash: bytes | None = None
     token_ids: tuple[int, ...] | None = None  # the tokens behind block_hash, checked on a hit
+    # In the pool's index of blocks by the hash before them (``BlockPool.children``): that
+    # hash (b"" for a first block), None when not indexed; and the images its tokens hold
+    # part of, as (first, end, content key) offsets within the block.
+    after: bytes | None = None
+    images: tuple[tuple[int, int, bytes], ...] = ()
     prev: Block | None = None
     next: Block | None = None
 

@@ -20,7 +20,7 @@ Window 4, block_size 4, after 11 computed tokens (11 - 4 + 1 = 8 skipped)::
 
 from __future__ import annotations
 
-from engine.core.block_hashes import extend_hashes
+from engine.core.block_hashes import block_images, extend_hashes
 from engine.core.block_pool import BlockPool
 from engine.core.free_block_queue import Block
 from engine.core.host_swap import HostSwap
@@ -241,8 +241,10 @@ class SingleKindManager(HostSwap):
                 block = pool.blocks[table[i]]
                 if block.block_hash is not None:
                     break  # every block before a registered one is registered too
-                pool.register(block, seq.block_hashes[i],
-                              tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+                if pool.register(block, seq.block_hashes[i],
+                                 tuple(seq.token_ids[i * bs:(i + 1) * bs])):
+                    pool.index_child(block, seq.block_hashes[i - 1] if i else None,
+                                     block_images(seq, i * bs, (i + 1) * bs))
         end = min(self.first_kept(seq.num_computed_tokens), len(table))
         if end and table[end - 1] != pool.null_id:
             start = end

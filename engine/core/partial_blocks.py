@@ -1,37 +1,43 @@
-"""Reuse of a sequence's last, partial block by the next prompt that extends it.
+"""Reuse of the first tokens of a cached block by a prompt that shares only those.
 
-A sequence that leaves (finished, or preempted by recompute) usually ends inside a block:
-its last block holds fewer than ``block_size`` computed tokens. Without this, a chat's
-next turn recomputes those tokens (up to ``block_size - 1`` of them), since the prefix
-cache keeps full blocks only. So when that block loses its last holder, it stays in the
-pool's cache map under ``partial_hash(parent, tokens)`` as an evictable entry, queued
-like a freed full block. A later prompt whose tokens after its full-block hit start with
-those tokens takes a fresh block, gets the cached block's K/V copied in (a copy pair,
-applied before the step's forward) and skips them.
+The prefix cache matches whole blocks. Two cases leave tokens behind a full-block hit
+that another block already holds:
+- a sequence that leaves (finished, or preempted by recompute) usually ends inside a
+  block, so a chat's next turn would recompute up to ``block_size - 1`` tokens;
+- a prompt that parts from a cached prompt inside a block (a new chat with the same
+  system prompt and image but another question; an edited last message) would recompute
+  the tokens of that block it shares.
+So a leaving sequence's last, partial block stays in the pool's cache map under
+``partial_hash(parent, tokens)`` as an evictable entry, queued like a freed full block,
+and every cached block, full or partial, is indexed by the hash before it
+(``BlockPool.children``). After a full-block hit, the longest run of the prompt's next
+tokens that a block cached after the same parent starts with (the same images in them:
+``Block.images``) is taken: a fresh block gets that block's K/V copied in (a copy pair,
+applied before the step's forward) and those tokens are skipped.
 
-Copy on reuse, never sharing: the cached block is only ever read, so it cannot change
-under its key, and no copy-on-write rule changes. It is held from the allocation until
-the copy pairs are drained (``BlockPool.copy_sources``): a block taken in between can
-never be it, whatever order the runner applies the step's moves in.
+Copy on reuse, never sharing: the cached block is only ever read (full cached blocks are
+never written; partial ones have no holder), so it cannot change under its key, and no
+copy-on-write rule changes. It is held from the allocation until the copy pairs are
+drained (``BlockPool.copy_sources``): a block taken in between can never be it, whatever
+order the runner applies the step's moves in.
 
 Not for linear-attention state: a hybrid model's state snapshots exist at full block
 boundaries only, so a partial block's K/V would come without a state to go with it (the
-KV cache manager turns reuse off there).
+KV cache manager turns reuse off there). Blocks read back from the tier below have no
+parent recorded, so only their whole-block hits count.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence as Seq
+from itertools import zip_longest
 
-from engine.core.block_hashes import extend_hashes, image_keys
+from engine.core.block_hashes import block_images, extend_hashes, image_keys
 from engine.core.block_pool import BlockPool
 from engine.core.free_block_queue import Block
 from engine.core.kind_managers import SingleKindManager
 from engine.core.sequence import Sequence
-
-# One candidate of a partial hit: its length in tokens, its cache key, its tokens.
-Candidate = tuple[int, bytes, tuple[int, ...]]
 
 
 def partial_hash(parent: bytes | None, token_ids: Seq[int], extra: bytes = b"") -> bytes:
@@ -56,36 +62,67 @@ def keep_partial(pool: BlockPool, seq: Sequence, table: list[int]) -> None:
     if block.ref_count != 1 or block.block_hash is not None:
         return
     tokens = tuple(seq.token_ids[k * bs:k * bs + num])
-    extra = image_keys(seq, k * bs, k * bs + num)
-    pool.register(block, partial_hash(seq.block_hashes[k - 1] if k else None, tokens, extra),
-                  tokens)
-
-
-def candidates(seq: Sequence, hit_tokens: int, block_size: int) -> list[Candidate]:
-    """The keys a partial block after a full-block hit of ``hit_tokens`` may be cached
-    under, longest first; the prompt's last token is never among them (it is computed
-    so that there are logits to sample from)."""
-    k = hit_tokens // block_size
-    if len(seq.block_hashes) < k:
-        return []
     parent = seq.block_hashes[k - 1] if k else None
-    longest = min(block_size - 1, seq.num_tokens - 1 - hit_tokens)
-    out = []
-    for num in range(longest, 0, -1):
-        tokens = tuple(seq.token_ids[hit_tokens:hit_tokens + num])
-        extra = image_keys(seq, hit_tokens, hit_tokens + num)
-        out.append((num, partial_hash(parent, tokens, extra), tokens))
-    return out
+    if pool.register(block, partial_hash(parent, tokens, image_keys(seq, k * bs, k * bs + num)),
+                     tokens):
+        pool.index_child(block, parent, block_images(seq, k * bs, k * bs + num))
 
 
-def find_partial(pools: Seq[BlockPool], found: list[Candidate]
+def shared_run(block: Block, tokens: tuple[int, ...],
+               images: tuple[tuple[int, int, bytes], ...]) -> int:
+    """How many of ``tokens`` (with ``images``, offsets as ``Block.images``) ``block``
+    starts with, its images there the same."""
+    held = block.token_ids or ()
+    run = 0
+    for mine, theirs in zip(tokens, held, strict=False):
+        if mine != theirs:
+            break
+        run += 1
+    return _agreeing(block.images, images, run)
+
+
+def _agreeing(held: tuple[tuple[int, int, bytes], ...],
+              wanted: tuple[tuple[int, int, bytes], ...], run: int) -> int:
+    """``run`` cut at the first image of the run that the two differ in (another image,
+    or an image on one side only): its tokens are not the same K/V."""
+    mine = [(first, min(end, run), key) for first, end, key in held if first < run]
+    theirs = [(first, min(end, run), key) for first, end, key in wanted if first < run]
+    for a, b in zip_longest(mine, theirs):
+        if a != b:
+            return min(x[0] for x in (a, b) if x is not None)
+    return run
+
+
+def find_partial(pools: Seq[BlockPool], seq: Sequence, hit: int
                  ) -> tuple[int, list[Block]] | None:
-    """The longest candidate cached in every pool: its length and each pool's block."""
-    for num, key, tokens in found:
-        blocks = [pool.lookup(key, tokens) for pool in pools]
-        if all(b is not None for b in blocks):
-            return num, blocks  # type: ignore[return-value]
-    return None
+    """The longest run of ``seq``'s tokens after a full-block hit of ``hit`` tokens that
+    a block cached after the same parent holds in every pool, with each pool's block
+    (the first listed of the longest); the prompt's last token is never in it (it is
+    computed so that there are logits to sample from)."""
+    bs = pools[0].block_size
+    k = hit // bs
+    if len(seq.block_hashes) < k:
+        return None
+    parent = seq.block_hashes[k - 1] if k else b""
+    longest = min(bs - 1, seq.num_tokens - 1 - hit)
+    if longest < 1:
+        return None
+    tokens = tuple(seq.token_ids[hit:hit + longest])
+    images = block_images(seq, hit, hit + longest)
+    run = longest
+    chosen: list[Block] = []
+    for pool in pools:
+        best: Block | None = None
+        best_run = 0
+        for block in pool.children.get(parent, {}).values():
+            this = min(shared_run(block, tokens, images), run)
+            if this > best_run:
+                best, best_run = block, this
+        if best is None:
+            return None
+        run = best_run
+        chosen.append(best)
+    return run, chosen
 
 
 def extra_cost(block: Block | None) -> int:
@@ -113,7 +150,7 @@ def options(pools: Seq[BlockPool], seq: Sequence, hit: int, enabled: bool
     """The tokens of the longest partial block cached after ``hit`` in every pool with
     each pool's block, then none (0 and Nones); only none where reuse is not ``enabled``."""
     none: tuple[int, list[Block | None]] = (0, [None] * len(pools))
-    found = enabled and find_partial(pools, candidates(seq, hit, pools[0].block_size))
+    found = enabled and find_partial(pools, seq, hit)
     return [found, none] if found else [none]  # type: ignore[list-item]
 
 

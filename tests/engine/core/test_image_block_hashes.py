@@ -1,10 +1,12 @@
 """Block hashes with images: a block holding any of an image's tokens is keyed by the
-image's content too; text blocks keep the keys they always had."""
+image's content too; text blocks keep the keys they always had; a cached block's first
+tokens are shared only with the same images."""
 
 from __future__ import annotations
 
 from engine.core.block_hashes import extend_hashes, hash_block
-from engine.core.partial_blocks import candidates
+from engine.core.free_block_queue import Block
+from engine.core.partial_blocks import shared_run
 from engine.core.sequence import ImageSpan, Sequence
 
 BS = 4
@@ -34,11 +36,14 @@ def test_blocks_holding_an_image_are_keyed_by_it():
     assert a.block_hashes[1] != seq(None).block_hashes[1]
 
 
-def test_partial_candidates_carry_the_image_key():
-    a, b = seq(b"A" * 16), seq(b"B" * 16)
-    # After a hit of one block the candidates start at token 4: of 3 and 2 tokens they
-    # hold image tokens, of 1 token (token 4) they do not.
-    keys_a = {num: key for num, key, _ in candidates(a, BS, BS)}
-    keys_b = {num: key for num, key, _ in candidates(b, BS, BS)}
-    assert sorted(keys_a) == [1, 2, 3]
-    assert keys_a[3] != keys_b[3] and keys_a[2] != keys_b[2] and keys_a[1] == keys_b[1]
+def test_a_cached_blocks_first_tokens_are_shared_only_with_the_same_images():
+    block = Block(0, token_ids=(5, 9, 9, 9), images=((1, 4, b"A" * 16),))
+    tokens = (5, 9, 9)
+    assert shared_run(block, tokens, ((1, 3, b"A" * 16),)) == 3
+    # Same ids, another image (or none): only the text token before it.
+    assert shared_run(block, tokens, ((1, 3, b"B" * 16),)) == 1
+    assert shared_run(block, tokens, ()) == 1
+    # An image ending inside the run on both sides, the same: kept; after it, text.
+    two = Block(1, token_ids=(9, 9, 5, 6), images=((0, 2, b"A" * 16),))
+    assert shared_run(two, (9, 9, 5), ((0, 2, b"A" * 16),)) == 3
+    assert shared_run(two, (9, 9, 5), ((0, 2, b"C" * 16),)) == 0

@@ -179,17 +179,19 @@ def test_second_turn_reuses_the_first_turns_full_blocks_and_copies_its_partial_o
     assert (stats.prefix_hit_tokens, stats.prefix_query_tokens) == (14, 14 + 19)
 
 
-def test_prompt_of_exactly_k_full_blocks_reuses_k_minus_1() -> None:
+def test_prompt_of_exactly_k_full_blocks_recomputes_only_its_last_token() -> None:
     bm = one_kind(num_blocks=10, block_size=4)
     first = make_seq(0, list(range(12)))
     allocate(bm, first)
     compute(bm, first)
     bm.free(first)
     again = make_seq(1, list(range(12)))
-    # The last token is recomputed for its logits, so the third block is not reused.
-    assert allocate(bm, again) == 8
-    assert bm.block_tables(again)[0][:2] == [0, 1]
-    assert bm.block_tables(again)[0][2] != 2
+    # The last token is recomputed for its logits, so the third block is not shared:
+    # its first three tokens are copied into a new block (engine/core/partial_blocks.py).
+    assert allocate(bm, again) == 11
+    table = bm.block_tables(again)[0]
+    assert table[:2] == [0, 1] and table[2] != 2
+    assert bm.take_cow_pairs() == [[(2, table[2])]]
 
 
 def test_prompts_sharing_a_system_prompt_share_its_blocks() -> None:

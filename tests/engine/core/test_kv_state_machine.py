@@ -155,8 +155,8 @@ class KVMachine(RuleBasedStateMachine):
                      self.live, prefill)
 
     def _attempt(self, seq: Sequence, abort_loading: bool) -> bool:
-        """One allocate, a cached partial block copied into the first new block, then
-        its reads."""
+        """One allocate, a cached block's first tokens copied into the first new block,
+        then its reads."""
         before = self._snapshot()
         cached = allocate(self.kv, seq)
         self._tier_moves()
@@ -168,11 +168,14 @@ class KVMachine(RuleBasedStateMachine):
             assert copies == [[] for _ in self.pools]
             return False
         for g, pairs in enumerate(copies):
-            # At most one copy per group: the partial block, into the first new block.
+            # At most one copy per group: a cached block, into the first new block.
             assert len(pairs) <= 1 and bool(pairs) == (cached % BLOCK_SIZE != 0)
             for src, dst in pairs:
                 assert self.kv.block_tables(seq)[g][cached // BLOCK_SIZE] == dst
-                assert self.pools[g].blocks[src].ref_count == 0, "a copy source still held"
+                # Drained, the source is held by tables only (a full block a live
+                # sequence reads may be one; a partial block has no holder).
+                holders = sum(self.kv.block_tables(s)[g].count(src) for s in self.live)
+                assert self.pools[g].blocks[src].ref_count == holders, "a copy source held"
                 self.device[g][dst] = list(self.device[g][src])
         assert cached == seq.num_computed_tokens
         assert cached < seq.num_tokens
@@ -363,6 +366,13 @@ class KVMachine(RuleBasedStateMachine):
             for block in pool.blocks:
                 if block.block_hash is not None:
                     assert pool.cached[block.block_hash] is block
+            # The index by parent lists exactly the cached blocks that name one, each
+            # under it, none empty.
+            indexed = {(after, i) for after, kids in pool.children.items() for i in kids}
+            assert indexed == {(b.after, b.block_id) for b in pool.blocks
+                               if b.after is not None}
+            assert all(pool.children.values())
+            assert all(pool.blocks[i].block_hash is not None for _, i in indexed)
             # Loaded ahead and not used yet: cached, held by nothing.
             for block_id in tier.preloaded:
                 block = pool.blocks[block_id]

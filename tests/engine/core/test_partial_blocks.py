@@ -1,6 +1,8 @@
-"""A leaving sequence's partial last block, kept cached and copied into a next prompt's
-block (engine/core/partial_blocks.py): exact block ids, ref counts and free-queue order;
-candidates, swaps, the tier below, several KV groups, and never with linear state."""
+"""The first tokens of a cached block copied into a next prompt's block
+(engine/core/partial_blocks.py): a leaving sequence's partial last block, and a full
+block a prompt parts from inside; exact block ids, ref counts and free-queue order; the
+index by parent, images, candidates, swaps, the tier below, several KV groups, and never
+with linear state."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from engine.core.block_pool import BlockPool
 from engine.core.kind_managers import FullAttentionManager, SlidingWindowManager
 from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.linear_state_manager import LinearStateManager
-from engine.core.partial_blocks import candidates, partial_hash
+from engine.core.partial_blocks import find_partial, partial_hash
 from engine.core.sequence import Sequence
 from tests.engine.core.admission import allocate, fork
 
@@ -38,11 +40,20 @@ def test_partial_keys_are_apart_from_full_block_hashes() -> None:
     assert partial_hash(None, [1, 2]) == partial_hash(None, (1, 2))
     first = hash_block(None, [1, 2, 3, 4])
     assert partial_hash(first, [5]) != partial_hash(None, [5])
-    seq = make_seq(0, [1, 2, 3, 4, 5, 6, 7])
-    seq.block_hashes = [first]
-    # Longest first, and never the prompt's last token (7).
-    assert [(n, t) for n, _, t in candidates(seq, 4, 4)] == [(2, (5, 6)), (1, (5,))]
-    assert candidates(seq, 4, 4)[0][1] == partial_hash(first, [5, 6])
+
+
+def test_the_run_found_never_holds_the_prompts_last_token() -> None:
+    kv = one_kind()
+    seq = make_seq(0, [1, 2, 3, 4, 5, 6, 7, 8])
+    allocate(kv, seq)
+    finish(kv, seq, 8)  # blocks 0 and 1 full and cached, block 1 under block 0's hash
+    pool = kv.pools[0]
+    assert pool.children == {b"": {0: pool.blocks[0]},
+                              pool.blocks[0].block_hash: {1: pool.blocks[1]}}
+    again = make_seq(1, [1, 2, 3, 4, 5, 6, 7])
+    again.block_hashes = [pool.blocks[0].block_hash]
+    # 5, 6, 7 are in block 1, but 7 is the prompt's last: 5 and 6 only.
+    assert find_partial(kv.pools, again, 4) == (2, [pool.blocks[1]])
 
 
 def test_a_next_turn_gets_the_partial_block_copied_and_skips_its_tokens() -> None:
@@ -75,17 +86,50 @@ def test_a_next_turn_gets_the_partial_block_copied_and_skips_its_tokens() -> Non
     assert pool.blocks[2].block_hash is None
 
 
-def test_a_prompt_that_leaves_the_partial_tokens_gets_no_copy() -> None:
+def test_a_prompt_that_parts_inside_a_cached_block_gets_the_shared_tokens_copied() -> None:
     kv = one_kind()
+    pool = kv.pools[0]
     seq = make_seq(0, [1, 2, 3, 4, 5, 6, 7])
     allocate(kv, seq)
-    finish(kv, seq, 7)
+    finish(kv, seq, 7)  # block 1 keeps 5, 6, 7 (partial)
     other = make_seq(1, [1, 2, 3, 4, 5, 9, 9])  # 5 matches, then it differs
-    assert allocate(kv, other) == 4
+    assert allocate(kv, other) == 5
+    assert kv.block_tables(other)[0] == [0, 2]
+    assert kv.take_cow_pairs() == [[(1, 2)]]
+    other.num_computed_tokens = 7
+    other.append_token(3)
+    kv.commit_computed(other)
+    kv.free(other)  # block 2 now keeps 5, 9, 9: two children of block 0
+    assert list(pool.children[pool.blocks[0].block_hash]) == [1, 2]
+    # A full block is found by its first tokens too: a new prompt with block 0, then 5, 9.
+    full = make_seq(2, [1, 2, 3, 4, 5, 9, 9, 9, 8, 8])
+    assert allocate(kv, full) == 7  # 5, 9, 9 copied from block 2
+    assert kv.take_cow_pairs() == [[(2, 3)]]
+    finish(kv, full, 10)  # its block 3 is full (5, 9, 9, 9) and cached after block 0
+    assert pool.blocks[3].token_ids == (5, 9, 9, 9)
+    parted = make_seq(3, [1, 2, 3, 4, 5, 9, 9, 9, 1])
+    assert allocate(kv, parted) == 8  # block 3 whole
     assert kv.take_cow_pairs() == [[]]
+    parted2 = make_seq(4, [1, 2, 3, 4, 5, 9, 9, 1, 1])
+    # 5, 9, 9 from the first listed of the longest (block 2 and block 3 both hold them).
+    assert allocate(kv, parted2) == 7
+    assert kv.take_cow_pairs() == [[(2, kv.block_tables(parted2)[0][1])]]
     # Exactly the cached tokens and nothing after: the last one is recomputed instead.
-    same = make_seq(2, [1, 2, 3, 4, 5, 6, 7])
-    assert allocate(kv, same) == 4
+    same = make_seq(5, [1, 2, 3, 4, 5, 6, 7])
+    assert allocate(kv, same) == 6
+
+
+def test_an_evicted_block_leaves_the_index() -> None:
+    kv = one_kind(num_blocks=3)
+    pool = kv.pools[0]
+    seq = make_seq(0, [1, 2, 3, 4, 5, 6])
+    allocate(kv, seq)
+    finish(kv, seq, 6)
+    assert set(pool.children) == {b"", pool.blocks[0].block_hash}
+    hog = make_seq(1, list(range(20, 31)))  # three blocks: every cached one evicted
+    allocate(kv, hog)
+    assert pool.children == {} and pool.cached == {}
+    assert all(b.after is None and b.images == () for b in pool.blocks)
 
 
 def test_a_partial_block_another_candidate_still_holds_is_not_kept() -> None:

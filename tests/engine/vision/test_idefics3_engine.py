@@ -97,7 +97,7 @@ def test_the_prefix_cache_knows_the_image_by_its_content(folder):
         assert llm.prompts.build(ChatRequest(other)).ids == \
             llm.prompts.build(ChatRequest(ask)).ids
         miss = llm.chat(other, GREEDY)
-        assert miss.metrics.num_cached_tokens <= span.start // 8 * 8
+        assert miss.metrics.num_cached_tokens == span.start  # the words before it only
         assert llm.engine.runner.images.cache.encoded == 2
 
 
