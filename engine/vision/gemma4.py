@@ -24,7 +24,13 @@ import torch
 from PIL import Image
 
 from engine.vision.gemma4_tower import Gemma4Encoder, Gemma4TowerSpec
-from engine.vision.model import Preprocessed, VisionFamily, VisionParts, load_tower
+from engine.vision.model import (
+    Preprocessed,
+    VisionFamily,
+    VisionParts,
+    VisionUnavailable,
+    load_tower,
+)
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the budgets Gemma 4 was trained with
 
@@ -112,7 +118,7 @@ class Gemma4Processor:
 
 def added_token_texts(folder: Path, ids: dict[str, int]) -> dict[str, str]:
     """The texts of the tokenizer's added tokens ``ids`` (by what they are for), from
-    the folder's tokenizer.json; ValueError naming the one it lacks."""
+    the folder's tokenizer.json; VisionUnavailable naming the one it lacks."""
     path = folder / "tokenizer.json"
     try:
         added = json.loads(path.read_text(encoding="utf-8")).get("added_tokens", [])
@@ -121,12 +127,17 @@ def added_token_texts(folder: Path, ids: dict[str, int]) -> dict[str, str]:
     by_id = {t.get("id"): t.get("content") for t in added if isinstance(t, dict)}
     missing = [what for what, i in ids.items() if not isinstance(by_id.get(i), str)]
     if missing:
-        raise ValueError(f"{path}: the tokenizer lacks the {', '.join(missing)} token(s) "
-                         f"the config names ({', '.join(f'{w} {ids[w]}' for w in missing)})")
+        named = ", ".join(f"{w} {ids[w]}" for w in missing)
+        raise VisionUnavailable(f"{path}: the tokenizer lacks the {', '.join(missing)} "
+                                f"token(s) the config names ({named})")
     return {what: by_id[i] for what, i in ids.items()}
 
 
 def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
+    if getattr(config.text_config, "use_bidirectional_attention", None) == "vision":
+        raise VisionUnavailable("its sliding layers see an image's tokens both ways "
+                                "(use_bidirectional_attention 'vision'), which Folio does "
+                                "not run yet")
     spec = Gemma4TowerSpec.of(config)
     encoder = Gemma4Encoder(spec)
     load_tower(encoder, state, str(folder))

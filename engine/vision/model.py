@@ -16,6 +16,7 @@ A family gives two objects:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,13 @@ import torch
 from PIL import Image
 
 from engine.vision.decode import DecodedImage
+
+log = logging.getLogger(__name__)
+
+
+class VisionUnavailable(ValueError):
+    """A multimodal folder whose images Folio cannot place (its tokenizer lacks the image
+    tokens, a variant not run yet): it loads as the text model it also is."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -115,7 +123,8 @@ def _families() -> dict[str, VisionFamily]:
 def load_vision(folder: Path, dtype: torch.dtype,
                 device: torch.device | str = "cpu") -> VisionModel | None:
     """The folder's vision model, or None (a text model, a GGUF file, a tower Folio does
-    not run). ValueError naming the tensor for a folder whose tower is incomplete."""
+    not run, ``VisionUnavailable``: logged). ValueError naming the tensor for a folder
+    whose tower is incomplete."""
     folder = Path(folder)
     config_path = folder / "config.json"
     if not folder.is_dir() or not config_path.is_file():
@@ -135,7 +144,11 @@ def load_vision(folder: Path, dtype: torch.dtype,
 
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     state = tower_tensors(safetensors_shards(folder), family.tower_prefixes)
-    parts = family.load(folder, config, state)
+    try:
+        parts = family.load(folder, config, state)
+    except VisionUnavailable as reason:
+        log.warning("%s: the model reads text only: %s", folder, reason)
+        return None
     parts.encoder.to(device=device, dtype=dtype).eval()
     return VisionModel(parts, dtype, torch.device(device))
 

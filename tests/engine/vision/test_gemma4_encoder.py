@@ -4,6 +4,7 @@ random-weight folder."""
 from __future__ import annotations
 
 import io
+import logging
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImagePr
 from engine.loaders.safetensors import safetensors_shards
 from engine.vision.decode import decode_image
 from engine.vision.gemma4 import GEMMA4, Gemma4Processing, fitted_size
-from engine.vision.model import VisionModel, tower_tensors
+from engine.vision.model import VisionModel, VisionUnavailable, load_vision, tower_tensors
+from tests.engine.tiny_models import byte_level_tokenizer
 from tests.engine.vision.tiny_gemma4v import (
     BEGIN,
     END,
@@ -89,11 +91,22 @@ def test_embeddings_match_transformers(folder, hf_model, vision, size):
     assert torch.allclose(ours, ref, atol=ATOL), (ours - ref).abs().max()
 
 
-def test_a_folder_whose_tokenizer_lacks_the_image_tokens_is_refused(tmp_path):
+def test_a_folder_whose_tokenizer_lacks_the_image_tokens_reads_text_only(tmp_path, caplog):
     folder = save_tiny_gemma4v(tmp_path / "g4")
     plain = gemma4v_tokenizer()
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     config.eoi_token_id = len(plain) + 5  # an id no token has
     state = tower_tensors(safetensors_shards(folder), GEMMA4.tower_prefixes)
-    with pytest.raises(ValueError, match="lacks the end-of-image token"):
+    with pytest.raises(VisionUnavailable, match="lacks the end-of-image token"):
         GEMMA4.load(folder, config, state)
+    byte_level_tokenizer().save_pretrained(folder)  # no image tokens at all
+    with caplog.at_level(logging.WARNING):
+        assert load_vision(folder, torch.float32) is None
+    assert "reads text only" in caplog.text and "begin-of-image" in caplog.text
+
+
+def test_bidirectional_image_attention_is_not_run_yet_so_text_only(tmp_path, caplog):
+    folder = save_tiny_gemma4v(tmp_path / "g4", use_bidirectional_attention="vision")
+    with caplog.at_level(logging.WARNING):
+        assert load_vision(folder, torch.float32) is None
+    assert "use_bidirectional_attention 'vision'" in caplog.text
