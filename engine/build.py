@@ -2,6 +2,7 @@
 whole, in the order their dependencies need, so that nothing is set on a part after it
 is made:
 
+    the mmproj file's header (a GGUF model's eyes, checked before anything loads) ->
     model files -> the vision tower (engine/vision), tokenizer, prompt builder,
     grammars -> the model -> KV groups and
     their block counts -> runner -> the disk tier's group views -> KV cache manager
@@ -33,7 +34,7 @@ from engine.runner.model_runner import ModelRunner
 from engine.runner.state_pool import state_slots
 from engine.text.chat_template import ChatTokenizer, chat_tokenizer_for
 from engine.vision.inputs import ImageInputs
-from engine.vision.model import load_vision
+from engine.vision.model import VisionModel, load_vision
 
 Progress = Callable[[str, float], None]
 
@@ -87,11 +88,12 @@ def assemble(model: str | Path, config: EngineConfig,
         keep_freed_memory()  # a prefill's activations reused, not faulted again
     embedder = _embedder(config)  # a bad path fails before minutes of loading
     path = resolve_model(str(model))
+    mmproj = _mmproj_header(path, config)  # a bad projector fails before the text weights
     with_mtp = config.speculative == "mtp"
     loaded = load_model_files(path, dtype=dtype, progress=progress,
                               keep_quantized=config.weights == "stored", with_mtp=with_mtp)
     family = family_of(loaded.config)
-    vision = load_vision(path, dtype, device)  # None: the model reads text only
+    vision = _vision(path, mmproj, loaded, dtype, device)  # None: it reads text only
     tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template,
                                    vision.image_token if vision is not None else None)
     grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
@@ -128,6 +130,33 @@ def assemble(model: str | Path, config: EngineConfig,
                        grammars, net.weight_bytes() + (vision.weight_bytes if vision else 0),
                        expert_bytes(net), max_model_len, pools.groups,
                        runner, kv_cache, scheduler, disk, mtp_weights)
+
+
+def _mmproj_header(path: Path, config: EngineConfig):
+    """The header of the GGUF model's mmproj file (``config.mmproj``, else the one beside
+    it), its projector type checked; None when there is none."""
+    from engine.loaders.gguf.mmproj import find_mmproj, read_mmproj_header
+    from engine.vision.mmproj import projector_of
+
+    found = find_mmproj(path, config.mmproj)
+    if found is None:
+        return None
+    header = read_mmproj_header(found)
+    projector_of(header)
+    return header
+
+
+def _vision(path: Path, mmproj, loaded, dtype: torch.dtype,
+            device: torch.device) -> VisionModel | None:
+    """A folder's vision tower, or the one the GGUF model's mmproj file holds (its width
+    checked against the text model's, its image tokens looked up in the model's
+    vocabulary)."""
+    if mmproj is None:
+        return load_vision(path, dtype, device)
+    from engine.vision.mmproj import load_mmproj
+
+    text = getattr(loaded.config, "text_config", None) or loaded.config
+    return load_mmproj(mmproj, loaded.tokenizer, int(text.hidden_size), dtype, device)
 
 
 def _embedder(config: EngineConfig):
