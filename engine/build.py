@@ -11,6 +11,7 @@ is made:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from engine.vision.inputs import ImageInputs
 from engine.vision.model import VisionModel, load_vision
 
 Progress = Callable[[str, float], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -134,14 +136,20 @@ def assemble(model: str | Path, config: EngineConfig,
 
 def _mmproj_header(path: Path, config: EngineConfig):
     """The header of the GGUF model's mmproj file (``config.mmproj``, else the one beside
-    it), its projector type checked; None when there is none."""
+    it), its projector type checked; None when there is none. A file found beside the
+    model whose projector type Folio does not run yet leaves the model text only, as it
+    loaded before (its name and type logged); named explicitly, it is refused."""
     from engine.loaders.gguf.mmproj import find_mmproj, read_mmproj_header
-    from engine.vision.mmproj import projector_of
+    from engine.vision.mmproj import projector_of, supported_projectors
 
     found = find_mmproj(path, config.mmproj)
     if found is None:
         return None
     header = read_mmproj_header(found)
+    if config.mmproj is None and header.projector not in supported_projectors():
+        log.warning("%s: projector type %r is not one Folio runs; the model reads text "
+                    "only", found, header.projector)
+        return None
     projector_of(header)
     return header
 
