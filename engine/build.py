@@ -115,7 +115,9 @@ def assemble(model: str | Path, config: EngineConfig,
                          get_backend(device, resolved.backend), device, config.cuda_graphs,
                          max_model_len, ImageInputs(vision) if vision is not None else None)
     store = DiskStore(kv_cache_root(), config.kv_disk_bytes) if config.kv_disk_bytes else None
-    views = _group_disks(store, path, resolved, config, shape, runner) if store else None
+    views = _group_disks(store, path, resolved, config, shape, runner,
+                         mmproj.path if mmproj is not None and vision is not None
+                         else None) if store else None
     kv_cache = KVCacheManager.build(
         pools.groups, pools.counts, config.block_size, num_host_blocks=config.num_host_blocks,
         enable_prefix_caching=config.enable_prefix_caching,
@@ -196,9 +198,11 @@ def _cut_pools(net, config: EngineConfig, shape: KVShape, device: torch.device,
 
 
 def _group_disks(store: DiskStore, path, resolved: ResolvedDevice, config: EngineConfig,
-                 shape: KVShape, runner: ModelRunner) -> list[GroupDisk]:
+                 shape: KVShape, runner: ModelRunner,
+                 mmproj: Path | None = None) -> list[GroupDisk]:
     """Each KV group's view of ``store``. The fingerprint names what a block's K/V
-    depends on (model file, compute dtype and KV format, weights mode, kernels' layout,
+    depends on (model file and the mmproj file its images' embeddings come from, compute
+    dtype and KV format, weights mode, kernels' layout,
     block and head shapes) and, per group, its layers and window."""
     # The KV format by name where it is quantized (a float pool keeps its dtype's string,
     # so the files a float16 cache wrote before the formats existed stay readable).
@@ -207,6 +211,8 @@ def _group_disks(store: DiskStore, path, resolved: ResolvedDevice, config: Engin
              config.cpu_activation_bits, resolved.device.type, type(runner.backend).__name__,
              runner.backend.head_major_kv, shape.block_size, shape.num_kv_heads,
              shape.head_size, shape.layer_heads)
+    if mmproj is not None:  # only then: the fingerprints of other models stay as they were
+        model += (model_identity(mmproj),)
     views = []
     for g, spec in enumerate(runner.kv_groups):
         # A linear group's "blocks" are state snapshots: their layout is the state's.

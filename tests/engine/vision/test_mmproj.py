@@ -231,3 +231,24 @@ def test_a_vocabulary_without_the_image_tokens_is_refused_by_name(folder, tmp_pa
     write_mmproj(folder, tmp_path / "mmproj-SmolVLM.gguf")
     with pytest.raises(ValueError, match="the model's vocabulary has no '<global-img>' token"):
         LLM(str(tmp_path / MODEL), num_gpu_blocks=64)
+
+
+def test_the_disk_tier_keeps_image_blocks_per_mmproj_file(converted, folder, tmp_path,
+                                                          monkeypatch):
+    monkeypatch.setenv("FOLIO_KV_CACHE_DIR", str(tmp_path / "kv"))
+    f16 = write_mmproj(folder, tmp_path / "mmproj-F16.gguf", Q.F16)
+    chat = CHATS["one image"]
+
+    def disk_tokens(mmproj=None) -> int:
+        config = EngineConfig(num_gpu_blocks=128, block_size=8, kv_disk_bytes=64 << 20,
+                              mmproj=mmproj)
+        with LLM(str(converted / MODEL), config) as llm:
+            return llm.chat(chat, GREEDY).metrics.num_disk_tokens
+
+    assert disk_tokens() == 0  # written on close
+    span = None
+    with LLM(str(converted / MODEL), num_gpu_blocks=128, block_size=8) as llm:
+        span = llm.prompts.build(ChatRequest(chat)).images[0]
+    assert disk_tokens() >= span.end - 8  # a restart: the image's blocks from disk
+    # Another projector file makes other embeddings: its blocks are not those.
+    assert disk_tokens(str(f16)) == 0
