@@ -20,7 +20,7 @@ from engine.dtypes import dtype_itemsize
 from engine.loaders.base import FolioLoadError, display_name
 from engine.loaders.gguf.config import gguf_config_dict
 from engine.loaders.gguf.header import read_gguf_header
-from engine.loaders.gguf.mmproj import find_mmproj, is_mmproj_name, read_mmproj_header
+from engine.loaders.gguf.mmproj import is_mmproj_name, mmproj_beside
 from engine.loaders.gguf.rope import CONFIG_TENSORS
 from engine.loaders.hf_mxfp4 import StoredMxfp4, fused_shapes, quant_method
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
@@ -224,20 +224,16 @@ def gguf_info(path: Path, name: str) -> ModelInfo:
                      config["num_hidden_layers"], config["num_key_value_heads"],
                      config["head_dim"], active_parameters=active_parameters(shapes, config),
                      has_chat_template=bool(metadata.get("tokenizer.chat_template")),
-                     hybrid=_hybrid(config, path), sees_images=_mmproj_beside(path))
+                     hybrid=_hybrid(config, path), sees_images=_mmproj_runs(path))
 
 
-def _mmproj_beside(path: Path) -> bool:
-    """Whether the GGUF model has an mmproj file beside it whose projector Folio runs
-    (its header read; the engine says why a bad one is refused when it loads)."""
+def _mmproj_runs(path: Path) -> bool:
+    """An mmproj file beside the GGUF model whose projector type Folio runs (the engine
+    says why a bad one is refused when it loads)."""
     from engine.vision.mmproj import supported_projectors
 
-    try:
-        found = find_mmproj(path)
-        return found is not None and \
-            read_mmproj_header(found).projector in supported_projectors()
-    except FolioLoadError:
-        return False
+    header = mmproj_beside(path)
+    return header is not None and header.projector in supported_projectors()
 
 
 def folder_has_chat_template(path: Path) -> bool:

@@ -105,3 +105,13 @@ def read_mmproj_header(path: Path) -> MmprojHeader:
         raise FolioLoadError(f"{path}: the mmproj file names no projector type "
                              f"({' or '.join(PROJECTOR_KEYS)})")
     return MmprojHeader(path, projector, meta, header.tensors)
+
+
+def mmproj_beside(model: Path) -> MmprojHeader | None:
+    """The header of the mmproj file beside a .gguf model, or None (none there, or one
+    that is not a readable mmproj: the listings' question, asked without raising)."""
+    try:
+        found = find_mmproj(model)
+        return None if found is None else read_mmproj_header(found)
+    except FolioLoadError:
+        return None
