@@ -2,6 +2,7 @@
 whole, in the order their dependencies need, so that nothing is set on a part after it
 is made:
 
+    the mmproj file's header (a GGUF model's eyes, checked before anything loads) ->
     model files -> the vision tower (engine/vision), tokenizer, prompt builder,
     grammars -> the model -> KV groups and
     their block counts -> runner -> the disk tier's group views -> KV cache manager
@@ -10,6 +11,7 @@ is made:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +35,10 @@ from engine.runner.model_runner import ModelRunner
 from engine.runner.state_pool import state_slots
 from engine.text.chat_template import ChatTokenizer, chat_tokenizer_for
 from engine.vision.inputs import ImageInputs
-from engine.vision.model import load_vision
+from engine.vision.model import VisionModel, load_vision
 
 Progress = Callable[[str, float], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -87,11 +90,12 @@ def assemble(model: str | Path, config: EngineConfig,
         keep_freed_memory()  # a prefill's activations reused, not faulted again
     embedder = _embedder(config)  # a bad path fails before minutes of loading
     path = resolve_model(str(model))
+    mmproj = _mmproj_header(path, config)  # a bad projector fails before the text weights
     with_mtp = config.speculative == "mtp"
     loaded = load_model_files(path, dtype=dtype, progress=progress,
                               keep_quantized=config.weights == "stored", with_mtp=with_mtp)
     family = family_of(loaded.config)
-    vision = load_vision(path, dtype, device)  # None: the model reads text only
+    vision = _vision(path, mmproj, loaded, dtype, device)  # None: it reads text only
     tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template,
                                    vision.image_token if vision is not None else None)
     grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
@@ -111,7 +115,9 @@ def assemble(model: str | Path, config: EngineConfig,
                          get_backend(device, resolved.backend), device, config.cuda_graphs,
                          max_model_len, ImageInputs(vision) if vision is not None else None)
     store = DiskStore(kv_cache_root(), config.kv_disk_bytes) if config.kv_disk_bytes else None
-    views = _group_disks(store, path, resolved, config, shape, runner) if store else None
+    views = _group_disks(store, path, resolved, config, shape, runner,
+                         mmproj.path if mmproj is not None and vision is not None
+                         else None) if store else None
     kv_cache = KVCacheManager.build(
         pools.groups, pools.counts, config.block_size, num_host_blocks=config.num_host_blocks,
         enable_prefix_caching=config.enable_prefix_caching,
@@ -128,6 +134,39 @@ def assemble(model: str | Path, config: EngineConfig,
                        grammars, net.weight_bytes() + (vision.weight_bytes if vision else 0),
                        expert_bytes(net), max_model_len, pools.groups,
                        runner, kv_cache, scheduler, disk, mtp_weights)
+
+
+def _mmproj_header(path: Path, config: EngineConfig):
+    """The header of the GGUF model's mmproj file (``config.mmproj``, else the one beside
+    it), its projector type checked; None when there is none. A file found beside the
+    model whose projector type Folio does not run yet leaves the model text only, as it
+    loaded before (its name and type logged); named explicitly, it is refused."""
+    from engine.loaders.gguf.mmproj import find_mmproj, read_mmproj_header
+    from engine.vision.mmproj import projector_of, supported_projectors
+
+    found = find_mmproj(path, config.mmproj)
+    if found is None:
+        return None
+    header = read_mmproj_header(found)
+    if config.mmproj is None and header.projector not in supported_projectors():
+        log.warning("%s: projector type %r is not one Folio runs; the model reads text "
+                    "only", found, header.projector)
+        return None
+    projector_of(header)
+    return header
+
+
+def _vision(path: Path, mmproj, loaded, dtype: torch.dtype,
+            device: torch.device) -> VisionModel | None:
+    """A folder's vision tower, or the one the GGUF model's mmproj file holds (its width
+    checked against the text model's, its image tokens looked up in the model's
+    vocabulary)."""
+    if mmproj is None:
+        return load_vision(path, dtype, device)
+    from engine.vision.mmproj import load_mmproj
+
+    text = getattr(loaded.config, "text_config", None) or loaded.config
+    return load_mmproj(mmproj, loaded.tokenizer, int(text.hidden_size), dtype, device)
 
 
 def _embedder(config: EngineConfig):
@@ -159,9 +198,11 @@ def _cut_pools(net, config: EngineConfig, shape: KVShape, device: torch.device,
 
 
 def _group_disks(store: DiskStore, path, resolved: ResolvedDevice, config: EngineConfig,
-                 shape: KVShape, runner: ModelRunner) -> list[GroupDisk]:
+                 shape: KVShape, runner: ModelRunner,
+                 mmproj: Path | None = None) -> list[GroupDisk]:
     """Each KV group's view of ``store``. The fingerprint names what a block's K/V
-    depends on (model file, compute dtype and KV format, weights mode, kernels' layout,
+    depends on (model file and the mmproj file its images' embeddings come from, compute
+    dtype and KV format, weights mode, kernels' layout,
     block and head shapes) and, per group, its layers and window."""
     # The KV format by name where it is quantized (a float pool keeps its dtype's string,
     # so the files a float16 cache wrote before the formats existed stay readable).
@@ -170,6 +211,8 @@ def _group_disks(store: DiskStore, path, resolved: ResolvedDevice, config: Engin
              config.cpu_activation_bits, resolved.device.type, type(runner.backend).__name__,
              runner.backend.head_major_kv, shape.block_size, shape.num_kv_heads,
              shape.head_size, shape.layer_heads)
+    if mmproj is not None:  # only then: the fingerprints of other models stay as they were
+        model += (model_identity(mmproj),)
     views = []
     for g, spec in enumerate(runner.kv_groups):
         # A linear group's "blocks" are state snapshots: their layout is the state's.

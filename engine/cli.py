@@ -18,8 +18,8 @@ def _progress(stage: str, fraction: float) -> None:
 
 def engine_config(args):
     """The EngineConfig of `--device` / `--weights` / `--cpu-activation-bits` /
-    `--kv-cache-dtype` / `--kv-disk-gib` / `--speculative` / `--num-speculative-tokens`
-    (the rest stays at its defaults)."""
+    `--kv-cache-dtype` / `--kv-disk-gib` / `--speculative` / `--num-speculative-tokens` /
+    `--embedding-model` / `--mmproj` (the rest stays at its defaults)."""
     from engine.config import EngineConfig
 
     return EngineConfig(device=args.device, weights=args.weights,
@@ -28,7 +28,8 @@ def engine_config(args):
                         kv_disk_bytes=int(args.kv_disk_gib * (1 << 30)),
                         speculative=args.speculative,
                         num_speculative_tokens=args.num_speculative_tokens,
-                        embedding_model=getattr(args, "embedding_model", None))
+                        embedding_model=getattr(args, "embedding_model", None),
+                        mmproj=getattr(args, "mmproj", None))
 
 
 def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
@@ -177,6 +178,10 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
                         "nomic-embed-text, Qwen3-Embedding) that ranks a long document's "
                         "passages beside BM25; folio serve answers /v1/embeddings with it "
                         "(default: none, BM25 alone)")
+    parser.add_argument("--mmproj", default=None, metavar="PATH",
+                        help="the vision projector (llama.cpp's mmproj .gguf) of a .gguf "
+                        "--model, so that it sees images (default: the .gguf file beside "
+                        "the model whose name holds 'mmproj', the first by name)")
 
 
 def _run_command(argv: list[str]) -> int:

@@ -82,6 +82,9 @@ class EngineConfig:
     # An embedding model (a folder or a .gguf file, engine/embeddings) that a long
     # document's retrieval ranks passages with beside BM25; None: BM25 alone.
     embedding_model: str | None = None
+    # A GGUF model's vision projector (llama.cpp's mmproj file, engine/vision/mmproj.py);
+    # None: the file in the model's folder whose name holds "mmproj", if there is one.
+    mmproj: str | None = None
 
     def __post_init__(self) -> None:
         _check.types(
@@ -140,6 +143,9 @@ class EngineConfig:
                                                 and self.embedding_model.strip() != ""),
                "embedding_model", self.embedding_model,
                "the path of an embedding model's folder or .gguf file, or None")
+        _check(self.mmproj is None or (isinstance(self.mmproj, str)
+                                       and self.mmproj.strip() != ""),
+               "mmproj", self.mmproj, "the path of an mmproj .gguf file, or None")
         _check(self.chat_template is None or (isinstance(self.chat_template, str)
                                               and self.chat_template.strip() != ""),
                "chat_template", self.chat_template, "a Jinja template or None")

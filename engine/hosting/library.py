@@ -12,13 +12,14 @@ file is reported, not served.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.loaders.base import display_name
 from engine.loaders.catalog import STARTER, ModelInfo, list_local_models
+from engine.loaders.gguf.mmproj import is_mmproj_name
 
 
 class UnknownModel(LookupError):
@@ -33,12 +34,14 @@ class UnknownModel(LookupError):
 
 
 def models_in(folder: Path) -> list[Path]:
-    """The .gguf files and model folders (with a config.json) directly in `folder`."""
+    """The .gguf files and model folders (with a config.json) directly in `folder`; a
+    model's mmproj file (its vision projector, engine/loaders/gguf/mmproj.py) is none."""
     try:
         entries = sorted(folder.iterdir())
     except OSError:
         return []  # gone since: its models are no longer listed
-    return [p for p in entries if (p.is_file() and p.suffix.lower() == ".gguf")
+    return [p for p in entries if (p.is_file() and p.suffix.lower() == ".gguf"
+                                   and not is_mmproj_name(p))
             or (p.is_dir() and (p / "config.json").is_file())]
 
 
@@ -114,14 +117,16 @@ class ModelLibrary:
         info = self.info(name)
         return STARTER if name == STARTER else str(info.path)
 
-    def loader(self, config: EngineConfig) -> Callable[[str], Any]:
-        """The ModelHost's `load`: a started EngineWorker over the model."""
+    def loader(self, config: EngineConfig,
+               own: Mapping[str, EngineConfig] | None = None) -> Callable[[str], Any]:
+        """The ModelHost's `load`: a started EngineWorker over the model, under `config`
+        or, for a name in `own`, its own (the --model's --mmproj)."""
 
         def load(name: str):
             from engine.llm import LLM
             from engine.worker import EngineWorker
 
-            return EngineWorker(LLM(self.source(name), config)).start()
+            return EngineWorker(LLM(self.source(name), (own or {}).get(name, config))).start()
 
         return load
 

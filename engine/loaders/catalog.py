@@ -20,6 +20,7 @@ from engine.dtypes import dtype_itemsize
 from engine.loaders.base import FolioLoadError, display_name
 from engine.loaders.gguf.config import gguf_config_dict
 from engine.loaders.gguf.header import read_gguf_header
+from engine.loaders.gguf.mmproj import is_mmproj_name, mmproj_beside
 from engine.loaders.gguf.rope import CONFIG_TENSORS
 from engine.loaders.hf_mxfp4 import StoredMxfp4, fused_shapes, quant_method
 from engine.loaders.safetensors import read_safetensors_header, safetensors_shards
@@ -142,7 +143,7 @@ def list_local_models(extra_paths: Iterable[str | Path] = ()) -> list[ModelInfo]
         pass  # not installed: the GUI offers the other models
     for snapshot in _hf_snapshots():
         candidates = [snapshot] if (snapshot / "config.json").is_file() else []
-        candidates += sorted(snapshot.rglob("*.gguf"))
+        candidates += [p for p in sorted(snapshot.rglob("*.gguf")) if not is_mmproj_name(p)]
         for candidate in candidates:
             try:
                 info = model_info(candidate)
@@ -152,8 +153,8 @@ def list_local_models(extra_paths: Iterable[str | Path] = ()) -> list[ModelInfo]
                 found.append(info)
     for extra in extra_paths:
         path = Path(extra).expanduser()
-        targets = sorted(path.glob("*.gguf")) if path.is_dir() and not (
-            path / "config.json").exists() else [path]
+        targets = [p for p in sorted(path.glob("*.gguf")) if not is_mmproj_name(p)] \
+            if path.is_dir() and not (path / "config.json").exists() else [path]
         for target in targets or [path]:
             try:
                 found.append(model_info(target))
@@ -223,7 +224,16 @@ def gguf_info(path: Path, name: str) -> ModelInfo:
                      config["num_hidden_layers"], config["num_key_value_heads"],
                      config["head_dim"], active_parameters=active_parameters(shapes, config),
                      has_chat_template=bool(metadata.get("tokenizer.chat_template")),
-                     hybrid=_hybrid(config, path))
+                     hybrid=_hybrid(config, path), sees_images=_mmproj_runs(path))
+
+
+def _mmproj_runs(path: Path) -> bool:
+    """An mmproj file beside the GGUF model whose projector type Folio runs (the engine
+    says why a bad one is refused when it loads)."""
+    from engine.vision.mmproj import supported_projectors
+
+    header = mmproj_beside(path)
+    return header is not None and header.projector in supported_projectors()
 
 
 def folder_has_chat_template(path: Path) -> bool:
@@ -278,7 +288,7 @@ def _model_in_snapshot(snapshot: Path, inner: str, asked: str) -> Path:
         raise FolioLoadError(f"model {asked!r}: the cached repo has no {inner!r} ({snapshot})")
     if (snapshot / "config.json").is_file():
         return snapshot
-    ggufs = sorted(snapshot.rglob("*.gguf"))
+    ggufs = [p for p in sorted(snapshot.rglob("*.gguf")) if not is_mmproj_name(p)]
     if len(ggufs) == 1:
         return ggufs[0]
     if ggufs:

@@ -4,6 +4,7 @@ unloads idle models. Every setting is checked when built, before anything loads.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from engine.config import EngineConfig
@@ -29,9 +30,13 @@ class HostedServe:
         budget = int(memory_gib * GIB) if memory_gib is not None else \
             default_budget_bytes(config)
         self.budget_gib = budget / GIB
-        self.host = ModelHost(config, budget, keep_alive_s=keep_alive_s,
-                              load=self.library.loader(config),
-                              estimate=self.library.estimator(config))
+        # --mmproj goes with --model alone; every other model finds its own beside it.
+        shared = dataclasses.replace(config, mmproj=None)
+        if config.mmproj is not None:
+            _check_mmproj(self.library.info(self.name).path, config.mmproj)
+        self.host = ModelHost(shared, budget, keep_alive_s=keep_alive_s,
+                              load=self.library.loader(shared, {self.name: config}),
+                              estimate=self.library.estimator(shared))
         self._reaper: Reaper | None = None
 
     def start(self) -> HostedModels:
@@ -44,3 +49,14 @@ class HostedServe:
         if self._reaper is not None:
             self._reaper.stop()
         self.host.shutdown()
+
+
+def _check_mmproj(model: Path, mmproj: str) -> None:
+    """--mmproj found, an mmproj file of a projector type Folio runs, and beside a .gguf
+    model; its width and image tokens are checked when the model loads."""
+    from engine.loaders.gguf.mmproj import find_mmproj, read_mmproj_header
+    from engine.vision.mmproj import projector_of
+
+    found = find_mmproj(model, mmproj, "--mmproj")  # an explicit path: found or refused
+    if found is not None:
+        projector_of(read_mmproj_header(found))

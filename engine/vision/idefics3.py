@@ -7,6 +7,9 @@ one rounded up to even), then, with ``do_image_splitting``, scaled up to whole t
 ``max_image_size["longest_edge"]`` and cut into rows x cols tiles plus the whole picture
 squeezed to one tile (the "global" image); without splitting, the picture squeezed to
 one tile. Resizing is Lanczos on 8-bit RGB, then x / 255, then (x - mean) / std.
+From a GGUF model's mmproj file (projector type "idefics3", ``build_from_mmproj``) the
+same settings come from its keys, as llama.cpp reads them: ``clip.vision.image_size`` is
+the tile, ``preproc_image_size`` the first resize, and images are always split.
 
 In the prompt an image is the processor's text: per tile ``<fake_token_around_image>
 <row_r_col_c>`` then the tile's ``<image>`` tokens, a newline after each row, then
@@ -25,6 +28,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from engine.loaders.gguf.mmproj import MmprojHeader
 from engine.vision.model import Preprocessed, VisionFamily, VisionParts, load_tower
 from engine.vision.siglip import Idefics3Encoder, TowerSpec
 
@@ -172,6 +176,44 @@ def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
     processing = Idefics3Processing.read(folder)
     processor = Idefics3Processor(processing, encoder.spec.tokens_per_frame(processing.tile))
     return VisionParts(encoder, processor, IMAGE_TOKEN, int(config.image_token_id))
+
+
+def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], tokenizer,
+                      text_hidden: int) -> VisionParts:
+    """The parts from an mmproj file's keys and tensors (engine/vision/mmproj.py), the
+    image tokens' ids from the GGUF model's own vocabulary."""
+    from engine.vision.mmproj import image_token_ids
+
+    tile = int(header.require("image_size"))
+    longest = int(header.key("preproc_image_size") or 4 * tile)  # transformers' default
+    # ggml's GELU is the tanh approximation, what Idefics3's towers were trained with.
+    spec = TowerSpec(int(header.require("embedding_length")),
+                     int(header.require("feed_forward_length")),
+                     int(header.require("block_count")),
+                     int(header.require("attention.head_count")), tile,
+                     int(header.require("patch_size")),
+                     float(header.key("attention.layer_norm_epsilon", 1e-6)),
+                     "gelu_pytorch_tanh", int(header.key("projector.scale_factor", 2)),
+                     text_hidden)
+    encoder = Idefics3Encoder(spec)
+    load_tower(encoder, state, str(header.path))
+    processing = Idefics3Processing(longest, tile, True, _triple(header, "image_mean"),
+                                    _triple(header, "image_std"), 1 / 255,
+                                    int(Image.Resampling.LANCZOS))
+    side = math.ceil(min(longest, MAX_IMAGE_SIZE) / tile)  # the most tiles a side gets
+    grid = [f"<row_{r}_col_{c}>" for r in range(1, side + 1) for c in range(1, side + 1)]
+    ids = image_token_ids(tokenizer, [IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TAG, *grid],
+                          str(header.path))
+    return VisionParts(encoder, Idefics3Processor(processing, spec.tokens_per_frame(tile)),
+                       IMAGE_TOKEN, ids[IMAGE_TOKEN])
+
+
+def _triple(header: MmprojHeader, key: str) -> tuple[float, float, float]:
+    values = header.key(key, (0.5, 0.5, 0.5))
+    if not isinstance(values, list | tuple) or len(values) != 3:
+        raise ValueError(f"{header.path}: clip.vision.{key} must be three numbers, got "
+                         f"{values!r}")
+    return tuple(float(v) for v in values)
 
 
 IDEFICS3 = VisionFamily("Idefics3ForConditionalGeneration",

@@ -1,0 +1,154 @@
+"""A GGUF model's eyes from llama.cpp's ``mmproj`` file (engine/loaders/gguf/mmproj.py
+finds and reads its header): the projector types Folio runs, each one entry of
+``PROJECTORS``, and the loader that fills the family's encoder from the file.
+
+An entry gives the names of the file's tensors as the family encoder's parameters (one
+table: llama.cpp's ``v.*`` / ``mm.*`` stems, ``{}`` a block index) and a builder that
+makes the family's parts from the file's ``clip.vision.*`` keys, the state and the text
+model's tokenizer (whose vocabulary must hold the family's image tokens). Tensors are
+dequantized by gguf's own tables (F32, F16, BF16, Q8_0 and the rest it knows).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.loaders.base import FolioLoadError
+from engine.loaders.gguf.mmproj import MmprojHeader
+from engine.vision.model import VisionModel, VisionParts
+
+# SigLIP's tower as llama.cpp names it (gguf's MODEL_TENSOR.V_ENC_* and V_POST_NORM),
+# to the parameter names of engine/vision/siglip.py (Hugging Face's, under vision_model.).
+SIGLIP_TOWER = {
+    "v.patch_embd": "vision_model.embeddings.patch_embedding",
+    "v.position_embd": "vision_model.embeddings.position_embedding",
+    "v.blk.{}.attn_q": "vision_model.encoder.layers.{}.self_attn.q_proj",
+    "v.blk.{}.attn_k": "vision_model.encoder.layers.{}.self_attn.k_proj",
+    "v.blk.{}.attn_v": "vision_model.encoder.layers.{}.self_attn.v_proj",
+    "v.blk.{}.attn_out": "vision_model.encoder.layers.{}.self_attn.out_proj",
+    "v.blk.{}.ln1": "vision_model.encoder.layers.{}.layer_norm1",
+    "v.blk.{}.ln2": "vision_model.encoder.layers.{}.layer_norm2",
+    "v.blk.{}.ffn_up": "vision_model.encoder.layers.{}.mlp.fc1",
+    "v.blk.{}.ffn_down": "vision_model.encoder.layers.{}.mlp.fc2",
+    "v.post_ln": "vision_model.post_layernorm",
+}
+
+# A builder: (the file's header, its state by parameter name, float32, the text model's
+# tokenizer, its hidden size) -> the family's parts.
+MmprojBuilder = Callable[[MmprojHeader, dict[str, torch.Tensor], object, int], VisionParts]
+
+
+@dataclass(slots=True, frozen=True)
+class Projector:
+    projector_type: str  # clip.projector_type
+    family: str  # the model family, for messages
+    names: dict[str, str]  # GGUF stem -> parameter stem ("{}": the block index)
+    build: MmprojBuilder
+
+
+def _projectors() -> dict[str, Projector]:
+    from engine.vision.idefics3 import build_from_mmproj
+
+    idefics3 = Projector("idefics3", "SmolVLM / Idefics3",
+                         {**SIGLIP_TOWER, "mm.model.fc": "connector.modality_projection.proj"},
+                         build_from_mmproj)
+    return {p.projector_type: p for p in (idefics3,)}
+
+
+def supported_projectors() -> tuple[str, ...]:
+    return tuple(_projectors())
+
+
+def projector_of(header: MmprojHeader) -> Projector:
+    """The entry for the file's projector type; FolioLoadError naming it when Folio does
+    not run that type."""
+    projectors = _projectors()
+    if header.projector not in projectors:
+        raise FolioLoadError(f"{header.path}: the mmproj file's projector type "
+                             f"{header.projector!r} is not one Folio runs (it runs "
+                             f"{', '.join(projectors)})")
+    return projectors[header.projector]
+
+
+def check_width(header: MmprojHeader, text_hidden: int) -> None:
+    """FolioLoadError unless the projector's output width is the text model's."""
+    width = header.require("projection_dim")
+    if width != text_hidden:
+        raise FolioLoadError(f"{header.path}: the mmproj file projects to {width} wide "
+                             f"embeddings (clip.vision.projection_dim), but the text model "
+                             f"is {text_hidden} wide; it belongs to another model")
+
+
+def load_mmproj(header: MmprojHeader, tokenizer, text_hidden: int, dtype: torch.dtype,
+                device: torch.device | str = "cpu") -> VisionModel:
+    """The vision model the file holds, for a text model of width ``text_hidden`` and its
+    ``tokenizer``; FolioLoadError naming the file for what does not fit."""
+    projector = projector_of(header)
+    check_width(header, text_hidden)
+    state = read_state(header, projector.names)
+    parts = projector.build(header, state, tokenizer, text_hidden)
+    parts.encoder.to(device=device, dtype=dtype).eval()
+    return VisionModel(parts, dtype, torch.device(device))
+
+
+def read_state(header: MmprojHeader, names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Every tensor of the file, dequantized to float32, by its parameter name."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize, quant_shape_to_byte_shape
+
+    patterns = [(_pattern(stem), target) for stem, target in names.items()]
+    data = np.memmap(header.path, dtype=np.uint8, mode="r")
+    state: dict[str, torch.Tensor] = {}
+    for tensor in header.tensors:
+        target = _parameter(tensor.name, patterns)
+        if target is None:
+            raise FolioLoadError(f"{header.path}: tensor {tensor.name} has no place in "
+                                 f"the {header.projector} encoder; the file is damaged or "
+                                 "from a newer converter")
+        try:
+            qtype = GGMLQuantizationType(tensor.qtype)
+            block, block_bytes = GGML_QUANT_SIZES[qtype]
+            n_bytes = int(np.prod(tensor.shape)) * block_bytes // block
+            if tensor.offset + n_bytes > data.size:
+                raise ValueError("it ends past the end of the file: the file is truncated")
+            raw = data[tensor.offset:tensor.offset + n_bytes]
+            values = dequantize(raw.reshape(quant_shape_to_byte_shape(tensor.shape, qtype)),
+                                qtype)
+        except (ValueError, KeyError, NotImplementedError) as exc:
+            raise FolioLoadError(f"{header.path}: tensor {tensor.name} cannot be read "
+                                 f"({exc})") from exc
+        state[target] = torch.from_numpy(np.array(values, dtype=np.float32)
+                                         .reshape(tensor.shape))
+    return state
+
+
+def _pattern(stem: str) -> re.Pattern:
+    return re.compile(re.escape(stem).replace(r"\{\}", r"(\d+)") + r"\.(weight|bias)")
+
+
+def _parameter(name: str, patterns: list[tuple[re.Pattern, str]]) -> str | None:
+    for pattern, target in patterns:
+        match = pattern.fullmatch(name)
+        if match:
+            *block, kind = match.groups()
+            return f"{target.replace('{}', block[0]) if block else target}.{kind}"
+    return None
+
+
+def image_token_ids(tokenizer, tokens: list[str], where: str) -> dict[str, int]:
+    """Each of ``tokens``' id in the text model's vocabulary, where it is one token in
+    text; FolioLoadError naming the first that is not (a text model without the
+    family's image tokens cannot be given images)."""
+    ids = {}
+    for token in tokens:
+        encoded = tokenizer.encode(token, add_special_tokens=False)
+        if len(encoded) != 1 or tokenizer.convert_ids_to_tokens(encoded[0]) != token:
+            raise FolioLoadError(f"{where}: the model's vocabulary has no {token!r} token, "
+                                 "which this projector's images are written with; the "
+                                 "mmproj file belongs to another model")
+        ids[token] = encoded[0]
+    return ids
