@@ -93,7 +93,7 @@ def assemble(model: str | Path, config: EngineConfig,
     family = family_of(loaded.config)
     vision = load_vision(path, dtype, device)  # None: the model reads text only
     tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template,
-                                   vision.image_token if vision is not None else None)
+                                   vision.marker_text if vision is not None else None)
     grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
                         sorted(tokenizer.eos_token_ids))
     if progress:

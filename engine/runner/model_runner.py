@@ -29,7 +29,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from engine.core import mrope
 from engine.core.kv_cache_manager import KVGroupSpec
+from engine.core.mrope import has_grid
 from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from engine.core.verify_states import chunk_snapshots
 from engine.layers.gated_deltanet import StateMetadata
@@ -189,8 +191,8 @@ class ModelRunner:
         if not out.scheduled:
             return None
         input_ids, positions, metas, sample_rows = self.prepare(out)
-        if self.graphs is not None and self.hidden_sink is None and \
-                self.graphs.fits(out, len(metas)):
+        if self.graphs is not None and self.hidden_sink is None and positions.dim() == 1 \
+                and self.graphs.fits(out, len(metas)):
             logits = self.graphs.run(input_ids, positions, metas[0])
             if logits is not None:
                 return logits
@@ -216,6 +218,7 @@ class ModelRunner:
         starts and lengths) and the rows to sample."""
         ids: list[int] = []
         positions: list[int] = []
+        spatial: list[list[int]] | None = None  # (height, width) rows beside positions
         starts = [0]
         seq_lens: list[int] = []
         sample_rows: list[int] = []
@@ -225,7 +228,23 @@ class ModelRunner:
             ids += seq.token_ids[start:end]
             if item.num_drafts:
                 ids += seq.draft_token_ids[:item.num_drafts]
-            positions += range(start, end)
+            if seq.images and has_grid(seq.images):
+                # M-RoPE (engine/core/mrope.py): shifted after an image, 3-D on one.
+                placed = mrope.positions(seq.images, start, end)
+                if isinstance(placed, tuple):
+                    spatial = spatial or [list(positions), list(positions)]
+                    spatial[0] += placed[1]
+                    spatial[1] += placed[2]
+                    placed = placed[0]
+                elif spatial is not None:
+                    spatial[0] += placed
+                    spatial[1] += placed
+                positions += placed
+            else:
+                positions += range(start, end)
+                if spatial is not None:
+                    spatial[0] += range(start, end)
+                    spatial[1] += range(start, end)
             starts.append(starts[-1] + item.num_new_tokens)
             seq_lens.append(end)
             # The last token's row, and each draft's (engine/spec verifies them).
@@ -249,7 +268,10 @@ class ModelRunner:
                 max_seq_len=max(seq_lens),
             ))
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
-        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        # positions [T], or [3, T] (time, height, width) in a step holding image tokens
+        # of an M-RoPE model.
+        pos = torch.tensor(positions if spatial is None else [positions, *spatial],
+                           dtype=torch.int64, device=dev)
         return input_ids, pos, metas, sample_rows
 
     def _state_metadata(self, scheduled: list[ScheduledSeq], starts: list[int],

@@ -37,6 +37,7 @@ class PreparedImage:
     text: str
     pixels: object
     num_tokens: int
+    grid: tuple[int, int] | None = None  # Preprocessed.grid
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,6 +48,9 @@ class Preprocessed:
     text: str
     pixels: object
     num_tokens: int
+    # The image tokens' rows x cols, for a text model that places them in 2-D (M-RoPE,
+    # engine/core/mrope.py); None where image tokens take positions like text.
+    grid: tuple[int, int] | None = None
 
 
 class ImageProcessor(Protocol):
@@ -66,8 +70,11 @@ class VisionParts:
 
     encoder: ImageEncoder
     processor: ImageProcessor
-    image_token: str  # the marker the template sees, one per image
+    image_token: str  # the token the processor expands, one per image
     image_token_id: int  # the id of the rows the encoder's embeddings replace
+    # What an image part becomes in the text the template sees (None: image_token);
+    # Qwen's wraps its pad token in vision start and end tokens.
+    marker_text: str | None = None
 
 
 # A family's loader: (folder, its transformers config, its tower tensors by the names
@@ -88,6 +95,7 @@ class VisionModel:
         self.processor = parts.processor
         self.image_token = parts.image_token
         self.image_token_id = parts.image_token_id
+        self.marker_text = parts.marker_text or parts.image_token
         self.dtype = dtype
         self.device = device
 
@@ -97,7 +105,7 @@ class VisionModel:
 
     def prepare(self, image: DecodedImage) -> PreparedImage:
         done = self.processor.preprocess(image.image)
-        return PreparedImage(image.key, done.text, done.pixels, done.num_tokens)
+        return PreparedImage(image.key, done.text, done.pixels, done.num_tokens, done.grid)
 
     @torch.inference_mode()
     def encode(self, image: PreparedImage) -> torch.Tensor:
@@ -107,8 +115,9 @@ class VisionModel:
 
 def _families() -> dict[str, VisionFamily]:
     from engine.vision.idefics3 import IDEFICS3
+    from engine.vision.qwen35 import QWEN35
 
-    return {f.architecture: f for f in (IDEFICS3,)}
+    return {f.architecture: f for f in (IDEFICS3, QWEN35)}
 
 
 def load_vision(folder: Path, dtype: torch.dtype,
