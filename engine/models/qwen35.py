@@ -28,8 +28,8 @@ from engine.layers.base import Layer
 from engine.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
 from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
-from engine.layers.norm import GemmaRMSNorm
 from engine.layers.mrope import MRopeEmbedding
+from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import apply_partial_rotary
 from engine.models.base import CausalLM, Target
 from engine.models.decoder import attention_targets, mlp_targets, norm_targets

@@ -50,16 +50,17 @@ class Qwen35Processing:
     resample: int  # a PIL resampling filter (bicubic in every release)
 
     @classmethod
-    def read(cls, folder: Path) -> Qwen35Processing:
-        """From the folder's preprocessor_config.json (transformers' defaults where a key
-        is missing)."""
+    def read(cls, folder: Path, tower: Qwen35TowerSpec) -> Qwen35Processing:
+        """From the folder's preprocessor_config.json (the tower's patch sizes, and
+        transformers' defaults for the rest, where a key is missing)."""
         path = folder / "preprocessor_config.json"
         raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         size = raw.get("size") or {}
         return cls(int(raw.get("min_pixels") or size.get("shortest_edge") or MIN_PIXELS),
                    int(raw.get("max_pixels") or size.get("longest_edge") or MAX_PIXELS),
-                   int(raw.get("patch_size", 14)), int(raw.get("temporal_patch_size", 2)),
-                   int(raw.get("merge_size", 2)),
+                   int(raw.get("patch_size", tower.patch_size)),
+                   int(raw.get("temporal_patch_size", tower.temporal_patch_size)),
+                   int(raw.get("merge_size", tower.merge_size)),
                    tuple(raw.get("image_mean", CLIP_MEAN)), tuple(raw.get("image_std", CLIP_STD)),
                    float(raw.get("rescale_factor", 1 / 255)),
                    int(raw.get("resample", Image.Resampling.BICUBIC)))
@@ -139,7 +140,7 @@ class Qwen35Processor:
 
 def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
     spec = Qwen35TowerSpec.of(config.vision_config)
-    processing = Qwen35Processing.read(folder)
+    processing = Qwen35Processing.read(folder, spec)
     if (processing.patch_size, processing.temporal_patch_size, processing.merge_size) != \
             (spec.patch_size, spec.temporal_patch_size, spec.merge_size):
         raise ValueError(f"{folder}: preprocessor_config.json's patch_size, "
