@@ -124,3 +124,15 @@ def test_a_preempted_sequence_recomputes_the_same_reply(qwen_folder, qwen_llm): 
         outs = tight.generate([tight.prompts.build(ChatRequest(c)) for c in chats], GREEDY)
         assert [o.outputs[0].token_ids for o in outs] == alone
         assert tight.engine.scheduler.num_preemptions > 0
+
+
+def test_text_and_image_chats_in_one_batch(qwen_folder, qwen_llm):  # noqa: F811
+    """One step holds a text-only sequence (plain positions) beside image ones ([3, T]),
+    every prompt computed (no prefix cache)."""
+    chats = [[{"role": "user", "content": "no picture here"}], CHATS["one image"],
+             CHATS["earlier turn"]]
+    alone = [qwen_llm.chat(c, GREEDY).outputs[0].token_ids for c in chats]
+    with LLM(str(qwen_folder), num_gpu_blocks=128, block_size=8,
+             enable_prefix_caching=False) as fresh:
+        outs = fresh.generate([fresh.prompts.build(ChatRequest(c)) for c in chats], GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == alone
