@@ -23,6 +23,7 @@ from engine.core.scheduler import Scheduler
 from engine.disk.group import GroupDisk, fingerprint, model_identity
 from engine.disk.store import DiskStore, kv_cache_root
 from engine.disk.tier import DiskTier
+from engine.dtypes import resolve_dtype
 from engine.grammar import Grammars
 from engine.layers.moe.sparse import expert_bytes
 from engine.layers.weights import set_activation_bits
@@ -91,7 +92,8 @@ def assemble(model: str | Path, config: EngineConfig,
     loaded = load_model_files(path, dtype=dtype, progress=progress,
                               keep_quantized=config.weights == "stored", with_mtp=with_mtp)
     family = family_of(loaded.config)
-    vision = load_vision(path, dtype, device)  # None: the model reads text only
+    vision = load_vision(path, dtype, device,  # None: the model reads text only
+                         resolve_dtype(config.vision_dtype) if config.vision_dtype else None)
     tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template,
                                    vision.marker_text if vision is not None else None)
     grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,

@@ -50,6 +50,7 @@ def qwen35_tower_row(ctx: BenchContext) -> tuple[dict, Target, str]:
     image = torch.rand((3, SIDE, SIDE), generator=generator) * 2 - 1
     grid = patchify(image.numpy(), processing)
     thw = torch.tensor([[1, grid.rows, grid.cols]])
+    attention = theirs.config._attn_implementation
     with torch.inference_mode():
         expected, hf_s = _once(lambda: theirs(grid.pixels, grid_thw=thw).pooler_output)
         theirs = None  # its memory back before Folio's runs
@@ -67,7 +68,7 @@ def qwen35_tower_row(ctx: BenchContext) -> tuple[dict, Target, str]:
            "ratio": round(best / hf_s, 2)}
     note = (f"Qwen3.5 tower: Folio float32 {f32_s:.2f} s (error {f32_err:.1e} of the largest "
             f"output), bfloat16 {bf16_s:.2f} s (error {bf16_err:.1e}, tolerance "
-            f"{BF16_TOLERANCE}); transformers float32 {hf_s:.2f} s, "
+            f"{BF16_TOLERANCE}); transformers float32 ({attention} attention) {hf_s:.2f} s, "
             f"{grid.rows * grid.cols:,} patches, one warm-up run each")
     return row, Target("Qwen3.5 tower encode, Folio / transformers", row["ratio"], 0.8,
                        "<="), note

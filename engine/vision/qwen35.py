@@ -151,4 +151,6 @@ def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
                        int(config.image_token_id), MARKER_TEXT)
 
 
-QWEN35 = VisionFamily("Qwen3_5ForConditionalGeneration", ("model.visual.",), _load)
+# bfloat16 on the CPU: engine/bench/vision_qwen35.py measures it and its tolerance.
+QWEN35 = VisionFamily("Qwen3_5ForConditionalGeneration", ("model.visual.",), _load,
+                      cpu_bfloat16=True)

@@ -40,7 +40,7 @@ def qwen_hf(qwen_folder):
 
 @pytest.fixture(scope="module")
 def qwen_vision(qwen_folder):
-    return load_vision(qwen_folder, torch.float32)
+    return load_vision(qwen_folder, torch.float32, encoder_dtype=torch.float32)
 
 
 def theirs(folder, data: bytes):
@@ -80,6 +80,25 @@ def test_the_tower_gives_transformers_image_features(qwen_folder, qwen_hf, qwen_
     # float32 both; the learned positions resampled by F.interpolate here, by gathered
     # taps there, and attention by different kernels: within 1e-5 of outputs near 5.
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_the_bfloat16_tower_stays_near_float32(qwen_folder, qwen_vision):
+    """The tower's bfloat16 run (the default on a CPU with bfloat16 matrix units, where
+    bench vision measured it faster) against the float32 one: within 3% of the largest
+    output (the bench's tolerance for Qwen3.5-9B's tower)."""
+    import engine.vision.model as vision_model
+
+    low = load_vision(qwen_folder, torch.float32, encoder_dtype=torch.bfloat16)
+    prepared = qwen_vision.prepare(decode_image(png(7, (100, 31))))
+    exact, rough = qwen_vision.encode(prepared), low.encode(prepared)
+    assert rough.dtype == torch.float32  # the text model's dtype
+    assert (rough - exact).abs().max() <= 0.03 * exact.abs().max()
+    family = vision_model._families()["Qwen3_5ForConditionalGeneration"]
+    cpu = torch.device("cpu")
+    units = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    assert vision_model.tower_dtype(family, torch.float32, cpu) == \
+        (torch.bfloat16 if units else torch.float32)
+    assert vision_model.tower_dtype(family, torch.bfloat16, cpu) == torch.bfloat16
 
 
 def test_sections_interleave_as_transformers_does():

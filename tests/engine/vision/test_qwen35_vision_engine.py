@@ -22,6 +22,8 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 RED, BLUE, WIDE = png(11, (48, 40)), png(12, (48, 40)), png(13, (100, 31))
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
+# The oracle computes in float32: so does the tower here, on every CPU (a CPU with
+# bfloat16 matrix units would run Qwen3.5's in bfloat16 by default).
 
 
 def image(data: bytes) -> dict:
@@ -46,7 +48,8 @@ IMAGES = {"one image": [RED], "two images": [WIDE, BLUE], "earlier turn": [RED]}
 
 @pytest.fixture(scope="module")
 def qwen_llm(qwen_folder):  # noqa: F811
-    with LLM(str(qwen_folder), num_gpu_blocks=128, block_size=8) as engine:
+    with LLM(str(qwen_folder), num_gpu_blocks=128, block_size=8,
+             vision_dtype="float32") as engine:
         yield engine
 
 
@@ -96,7 +99,8 @@ def test_chunked_prefill_and_prefix_hits_keep_the_positions(qwen_folder, qwen_hf
                                                            qwen_llm):
     chat = CHATS["two images"]
     whole = qwen_llm.chat(chat, GREEDY).outputs[0].token_ids
-    with LLM(str(qwen_folder), num_gpu_blocks=128, block_size=8, max_num_batched_tokens=8,
+    with LLM(str(qwen_folder), num_gpu_blocks=128, block_size=8, vision_dtype="float32",
+             max_num_batched_tokens=8,
              enable_prefix_caching=False) as chunked:
         spans = chunked.prompts.build(ChatRequest(chat)).images
         assert any(s.start % 8 and (s.end - s.start) > 8 for s in spans)  # cut mid-image
@@ -119,7 +123,7 @@ def test_a_preempted_sequence_recomputes_the_same_reply(qwen_folder, qwen_llm): 
     """Too few blocks for two image chats at once: one is preempted and recomputed."""
     chats = [CHATS["two images"], CHATS["one image"]]
     alone = [qwen_llm.chat(c, GREEDY).outputs[0].token_ids for c in chats]
-    with LLM(str(qwen_folder), num_gpu_blocks=23, block_size=8,
+    with LLM(str(qwen_folder), num_gpu_blocks=23, block_size=8, vision_dtype="float32",
              enable_prefix_caching=False) as tight:
         outs = tight.generate([tight.prompts.build(ChatRequest(c)) for c in chats], GREEDY)
         assert [o.outputs[0].token_ids for o in outs] == alone
@@ -132,7 +136,7 @@ def test_text_and_image_chats_in_one_batch(qwen_folder, qwen_llm):  # noqa: F811
     chats = [[{"role": "user", "content": "no picture here"}], CHATS["one image"],
              CHATS["earlier turn"]]
     alone = [qwen_llm.chat(c, GREEDY).outputs[0].token_ids for c in chats]
-    with LLM(str(qwen_folder), num_gpu_blocks=128, block_size=8,
+    with LLM(str(qwen_folder), num_gpu_blocks=128, block_size=8, vision_dtype="float32",
              enable_prefix_caching=False) as fresh:
         outs = fresh.generate([fresh.prompts.build(ChatRequest(c)) for c in chats], GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == alone
