@@ -133,9 +133,9 @@ class VisionModel:
 def _families() -> dict[str, VisionFamily]:
     from engine.vision.gemma4 import GEMMA4
     from engine.vision.idefics3 import IDEFICS3
-    from engine.vision.qwen35 import QWEN35
+    from engine.vision.qwen35 import QWEN35, QWEN35_MOE
 
-    return {f.architecture: f for f in (IDEFICS3, GEMMA4, QWEN35)}
+    return {f.architecture: f for f in (IDEFICS3, GEMMA4, QWEN35, QWEN35_MOE)}
 
 
 def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu",
