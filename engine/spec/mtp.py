@@ -137,6 +137,13 @@ class MTPProposer:
                                                      tokens, self._params)
             except ValueError:
                 return None  # longer than the head's pool: no drafts
+            # The candidate's image spans, as they are: mirror index j takes the target's
+            # position of index j (M-RoPE's shifted ones after an image, engine/core/
+            # mrope.py), and its K/V depends on an image's content from the image's first
+            # index on (the target's hidden state there), so its blocks hash with the
+            # image's key over the same indices. The head encodes nothing (its runner has
+            # no images): image tokens embed as their placeholder.
+            request.seqs[0].images = seq.images
             mirror = self._mirrors[seq.seq_id] = _Mirror(request.seqs[0], seq.seq_id)
             self._by_mirror[mirror.seq.seq_id] = mirror
         else:

@@ -141,7 +141,7 @@ def _families() -> dict[str, VisionFamily]:
 def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu",
                 encoder_dtype: torch.dtype | None = None) -> VisionModel | None:
     """The folder's vision model, or None (a text model, a GGUF file, a tower Folio does
-    not run, ``VisionUnavailable``: logged). ValueError naming the tensor for a folder
+    not run, a folder without tower tensors, ``VisionUnavailable``: logged). ValueError naming the tensor for a folder
     whose tower is incomplete. ``encoder_dtype``: the tower's compute dtype; None:
     ``dtype``, or bfloat16 where the family and the CPU take it
     (``VisionFamily.cpu_bfloat16``, ``tower_dtype``)."""
@@ -164,6 +164,9 @@ def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "
 
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     state = tower_tensors(safetensors_shards(folder), family.tower_prefixes)
+    if not state:  # a release's text part saved under its multimodal class
+        log.warning("%s: no vision tower tensors: the model reads text only", folder)
+        return None
     try:
         parts = family.load(folder, config, state)
     except VisionUnavailable as reason:
