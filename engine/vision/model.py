@@ -141,10 +141,10 @@ def _families() -> dict[str, VisionFamily]:
 def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu",
                 encoder_dtype: torch.dtype | None = None) -> VisionModel | None:
     """The folder's vision model, or None (a text model, a GGUF file, a tower Folio does
-    not run, a folder without tower tensors, ``VisionUnavailable``: logged). ValueError naming the tensor for a folder
-    whose tower is incomplete. ``encoder_dtype``: the tower's compute dtype; None:
-    ``dtype``, or bfloat16 where the family and the CPU take it
-    (``VisionFamily.cpu_bfloat16``, ``tower_dtype``)."""
+    not run, a folder without tower tensors, ``VisionUnavailable``: logged). ValueError
+    naming the tensor for a folder whose tower is incomplete. ``encoder_dtype``: the
+    tower's compute dtype; None: ``dtype``, or bfloat16 where the family and the CPU take
+    it (``VisionFamily.cpu_bfloat16``, ``tower_dtype``)."""
     folder = Path(folder)
     config_path = folder / "config.json"
     if not folder.is_dir() or not config_path.is_file():
