@@ -128,14 +128,22 @@ class MTPHead(nn.Module):
     # -------------------------------------------------------------------- forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 target_hidden: torch.Tensor, kv_caches: Sequence[LayerKV],
-                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
+                meta: AttentionMetadata, backend: AttentionBackend,
+                image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
         """input_ids (token i + 1 at position i), positions int64 [T], or [3, T] for a
         step over an image's tokens (the target's position of index i); target_hidden
         [T, hidden_size] (the target's final-norm hidden state at i, or the head's own
-        output at i - 1 for a draft past the first). Returns the head's hidden states
-        after ``mtp.norm`` [T, hidden_size]."""
+        output at i - 1 for a draft past the first). ``image_embeds``: (rows int64 [R],
+        embeddings [R, hidden_size]) replacing those rows' token embeddings, where token
+        i + 1 is an image's (what the target embedded there). Returns the head's hidden
+        states after ``mtp.norm`` [T, hidden_size]."""
         embed, _ = self._shared
-        tokens = self.pre_fc_norm_embedding(embed(input_ids))
+        embedded = embed(input_ids)
+        if image_embeds is not None:
+            rows, embeds = image_embeds
+            embedded = embedded.index_copy(0, rows, embeds.to(embedded.dtype))
+        tokens = self.pre_fc_norm_embedding(embedded)
         hidden = self.pre_fc_norm_hidden(target_hidden.to(self.dtype))
         x = self.fc(torch.cat([tokens, hidden], dim=-1))
         cos, sin = self.rotary.lookup(positions, meta)

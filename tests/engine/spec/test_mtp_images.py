@@ -1,7 +1,8 @@
 """The MTP head after an image: on a tiny Qwen3.5 vision-language folder that ships an
 MTP head, the head reads every index at the position the target model computed it at
 (M-RoPE's 3-D positions on the image's tokens, the shifted ones after it, drafts
-included), and greedy replies with ``speculative="mtp"`` equal plain decode's."""
+included), embeds an image's tokens as the image's rows, as the target did, and greedy
+replies with ``speculative="mtp"`` equal plain decode's."""
 
 from __future__ import annotations
 
@@ -104,3 +105,45 @@ def test_a_text_chat_on_the_same_engine_is_unshifted(folder):
         head = record_positions(mtp.runner, lambda s: mtp._by_mirror[s].owner)
         spec.chat(TEXT_ONLY, GREEDY)
     assert head and all(pos == (i, i, i) for (_, i), pos in head.items())
+
+
+def test_the_head_embeds_an_images_tokens_as_the_target_did(folder):
+    """Mirror index j reads token j + 1: where that is an image's token, the head's
+    embedding input is the image's row there (the target's encoder cache), elsewhere the
+    token's embedding."""
+    chat = CHATS["two images"]
+    with engine(folder, speculative="mtp") as spec:
+        mtp = spec.engine._speculator.draft
+        rows_of: list[list[tuple[int, int]]] = []  # each head forward's (owner, index)
+        prepare = mtp.runner.prepare
+
+        def spy(out):
+            rows_of.append([(mtp._by_mirror[i.seq.seq_id].owner, i.seq.num_computed_tokens + k)
+                            for i in out.scheduled for k in range(i.num_new_tokens)])
+            return prepare(out)
+
+        seen: dict[tuple[int, int], torch.Tensor] = {}
+        norm = mtp.head.pre_fc_norm_embedding
+
+        class Recorder(torch.nn.Module):  # the norm's input: the head's embeddings
+            def forward(self, embedded):
+                for key, row in zip(rows_of[-1], embedded, strict=True):
+                    seen.setdefault(key, row.clone())
+                return norm(embedded)
+
+        mtp.runner.prepare = spy
+        mtp.head.pre_fc_norm_embedding = Recorder()
+        spec.chat(chat, GREEDY)
+        built = spec.prompts.build(ChatRequest(chat))
+        (owner,) = {key[0] for key in seen}
+        embed = spec.engine.runner.model.embed_tokens
+        checked = 0
+        for span in built.images:
+            rows = spec.engine.runner.images.embeddings(span)
+            for j in range(span.start - 1, span.end - 1):
+                torch.testing.assert_close(seen[(owner, j)], rows[j + 1 - span.start])
+                checked += 1
+            after = span.end - 1  # reads the token after the image: text
+            torch.testing.assert_close(seen[(owner, after)],
+                                       embed(torch.tensor([built.ids[after + 1]]))[0])
+        assert checked == sum(s.end - s.start for s in built.images) > 0
