@@ -223,8 +223,12 @@ FAMILIES: tuple[ModelFamily, ...] = (
 # the prefix of its text weights, which load under the text family's "model." names.
 TEXT_PARTS: Mapping[str, str] = MappingProxyType({
     # SmolVLM / Idefics3: a Llama text model; its vision tower and connector are
-    # engine/vision's (the one family whose images Folio reads).
+    # engine/vision's.
     "Idefics3ForConditionalGeneration": "model.text_model.",
+    # Gemma 3 (4B and up): Gemma 3 text, saved (by transformers 5 as in the releases)
+    # under language_model.model.; its SigLIP tower and projector are engine/vision's
+    # (engine/vision/gemma3.py).
+    "Gemma3ForConditionalGeneration": "language_model.model.",
     "Gemma4ForConditionalGeneration": "model.language_model.",
     # The Qwen3.5 / Qwen3.6 releases (a vision tower, which Folio does not run, and mtp.*
     # multi-token prediction weights beside the text model, read only for
@@ -233,7 +237,8 @@ TEXT_PARTS: Mapping[str, str] = MappingProxyType({
     "Qwen3_5MoeForConditionalGeneration": "model.language_model.",
 })
 # The multimodal classes whose images Folio reads too (engine/vision has their towers).
-VISION_ARCHITECTURES: tuple[str, ...] = ("Idefics3ForConditionalGeneration",)
+VISION_ARCHITECTURES: tuple[str, ...] = ("Idefics3ForConditionalGeneration",
+                                         "Gemma3ForConditionalGeneration")
 # A multimodal checkpoint's top-level tensors that belong to its text model: an untied
 # LM head (Qwen3.5's) sits beside the towers, not under the text prefix.
 _TEXT_HEADS = ("lm_head.",)

@@ -68,6 +68,11 @@ class VisionParts:
     processor: ImageProcessor
     image_token: str  # the marker the template sees, one per image
     image_token_id: int  # the id of the rows the encoder's embeddings replace
+    # The marker's id where it is not the image token's (Gemma 3's <start_of_image>).
+    marker_token_id: int | None = None
+    # Whether one image's run of image tokens attends to itself bidirectionally in the
+    # text model (Gemma 3), not causally (ImageSpan.joint).
+    bidirectional: bool = False
 
 
 # A family's loader: (folder, its transformers config, its tower tensors by the names
@@ -88,6 +93,9 @@ class VisionModel:
         self.processor = parts.processor
         self.image_token = parts.image_token
         self.image_token_id = parts.image_token_id
+        self.marker_id = (parts.image_token_id if parts.marker_token_id is None
+                          else parts.marker_token_id)
+        self.bidirectional = parts.bidirectional
         self.dtype = dtype
         self.device = device
 
@@ -106,9 +114,10 @@ class VisionModel:
 
 
 def _families() -> dict[str, VisionFamily]:
+    from engine.vision.gemma3 import GEMMA3
     from engine.vision.idefics3 import IDEFICS3
 
-    return {f.architecture: f for f in (IDEFICS3,)}
+    return {f.architecture: f for f in (IDEFICS3, GEMMA3)}
 
 
 def load_vision(folder: Path, dtype: torch.dtype,
@@ -136,6 +145,9 @@ def load_vision(folder: Path, dtype: torch.dtype,
     state = tower_tensors(safetensors_shards(folder), family.tower_prefixes)
     parts = family.load(folder, config, state)
     parts.encoder.to(device=device, dtype=dtype).eval()
+    placed = getattr(parts.encoder, "placed", None)
+    if placed is not None:  # an encoder's own choices for where it runs (Gemma 3's)
+        placed(dtype, torch.device(device))
     return VisionModel(parts, dtype, torch.device(device))
 
 

@@ -74,10 +74,13 @@ class ImageReader:
 
 
 def expand_images(ids: list[int], images: list[PreparedImage], marker_id: int,
-                  encode) -> tuple[list[int], tuple[ImageSpan, ...]]:
+                  encode, joint_id: int | None = None
+                  ) -> tuple[list[int], tuple[ImageSpan, ...]]:
     """``ids`` with the k-th ``marker_id`` replaced by image k's tokens (``encode`` of
     its text), and each image's span. ValueError when the rendered prompt holds a
-    different number of markers than there are images (a template that drops images)."""
+    different number of markers than there are images (a template that drops images).
+    ``joint_id``: for a model whose image tokens attend to each other both ways, the
+    image token's id; each span's run of them is its ``joint`` range."""
     found = [p for p, t in enumerate(ids) if t == marker_id]
     if len(found) != len(images):
         raise ValueError(f"messages: {len(images)} image(s) sent, but the chat template "
@@ -88,8 +91,19 @@ def expand_images(ids: list[int], images: list[PreparedImage], marker_id: int,
     for place, image in zip(found, images, strict=True):
         out += ids[last:place]
         tokens = encode(image.text)
-        spans.append(ImageSpan(len(out), len(out) + len(tokens), image.key, image))
+        start = len(out)
+        joint = None if joint_id is None else _run(tokens, joint_id, start)
+        spans.append(ImageSpan(start, start + len(tokens), image.key, image, joint))
         out += tokens
         last = place + 1
     out += ids[last:]
     return out, tuple(spans)
+
+
+def _run(tokens: list[int], token_id: int, offset: int) -> tuple[int, int]:
+    """[first, last + 1) of ``token_id`` in ``tokens``, shifted by ``offset``; the
+    image's tokens must be one unbroken run."""
+    places = [p for p, t in enumerate(tokens) if t == token_id]
+    if not places or places[-1] + 1 - places[0] != len(places):
+        raise ValueError("an image's text does not tokenize to one run of image tokens")
+    return offset + places[0], offset + places[-1] + 1
