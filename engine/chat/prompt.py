@@ -147,8 +147,9 @@ class PromptBuilder:
         if self.vision is None:
             return prompt
         ids, spans = expand_images(
-            prompt.ids, images, self.vision.image_token_id,
-            lambda text: self.tokenizer.encode(text, add_special_tokens=False))
+            prompt.ids, images, self.vision.marker_id,
+            lambda text: self.tokenizer.encode(text, add_special_tokens=False),
+            self.vision.image_token_id if self.vision.bidirectional else None)
         return replace(prompt, ids=ids, images=spans) if spans else prompt
 
 

@@ -22,6 +22,10 @@ class ImageSpan:
     end: int
     key: bytes
     data: Any = None
+    # Tokens [lo, hi) that attend to each other bidirectionally (Gemma 3's image soft
+    # tokens): the scheduler computes them in one prefill chunk and the runner lets each
+    # see the run's end (AttentionMetadata.key_ends). None: causal like text.
+    joint: tuple[int, int] | None = None
 
 
 class SequenceStatus(enum.Enum):
