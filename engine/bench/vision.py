@@ -7,7 +7,9 @@ random weights, written once to a temporary folder.
   (``get_image_features``), the same weights, float32, the same threads;
 - a follow-up turn's TTFT in a chat whose first turn held an image, over the same chat
   without the image (the image must not be encoded or recomputed again);
-- the same image sent in a new chat: its tokens found in the prefix cache.
+- the same image sent in a new chat: its tokens found in the prefix cache;
+- a Gemma 3 4B-shaped SigLIP tower and projector's encode time for one 896 x 896 frame,
+  Folio over transformers (engine/bench/vision_gemma3.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from engine.bench.common import bench_result, ms
 from engine.bench.setup import BenchContext, Target, folio_config
+from engine.bench.vision_gemma3 import gemma3_tower_times
 from engine.sampling_params import SamplingParams
 
 TOWER = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
@@ -36,6 +39,7 @@ def bench_vision(ctx: BenchContext) -> dict:
         encode = _encode_times(folder, hf_model, picture, ctx.threads)
         del hf_model
         chat = _chat_times(folder, picture, ctx)
+    gemma3 = gemma3_tower_times(ctx.threads)
     rows = [{"measure": "encode one 512 x 512 frame (ms)", "folio": ms(encode[0]),
              "transformers": ms(encode[1]), "ratio": round(encode[0] / encode[1], 2)},
             {"measure": "follow-up TTFT (ms), chat with / without an image",
@@ -46,19 +50,31 @@ def bench_vision(ctx: BenchContext) -> dict:
             {"measure": "same image in a new chat: image tokens cached",
              "folio": f"{chat['cached_image']} / {chat['image_tokens']}"},
             {"measure": "same image in a new chat: encoder runs", "folio":
-             chat["encoded_again"]}]
+             chat["encoded_again"]},
+            {"measure": "Gemma 3 4B-shaped SigLIP tower (27 layers, 1,152 wide, 896 x 896), "
+                        "encode (ms)", "folio": ms(gemma3["folio"]),
+             "transformers": ms(gemma3["transformers"]),
+             "ratio": round(gemma3["folio"] / gemma3["transformers"], 2)},
+            {"measure": "Gemma 3 tower: Folio's matmuls, its largest error / the largest "
+                        "output (float32 oracle)",
+             "folio": f"{gemma3['matmul']}, {gemma3['error']:.2g}"}]
     targets = [Target("vision follow-up TTFT with / without an image", rows[1]["ratio"],
                       1.2, "<="),
                Target("same image, new chat: share of its tokens cached",
                       round(chat["cached_image"] / chat["image_tokens"], 3), 1.0, ">="),
                Target("SmolVLM tower encode, Folio / transformers", rows[0]["ratio"], 0.8,
-                      "<=")]
+                      "<="),
+               Target("Gemma 3 4B-shaped SigLIP tower (27 layers, 1,152 wide, 896 x 896), "
+                      "encode, Folio / transformers", rows[5]["ratio"], 0.8, "<=")]
     notes = ["random weights: the times, not the replies, are what is measured",
              "an image's tokens in the block it shares with the new chat's other words "
              "are computed again (the cache keeps whole blocks); the image is not encoded "
              "again",
              "the follow-up row's 'transformers' column is Folio on the chat without the "
-             "image (the baseline the target names)"]
+             "image (the baseline the target names)",
+             "Gemma 3 tower: transformers in float32 with its default attention; Folio's "
+             "tower in bfloat16 matmuls where the CPU has AMX / AVX512-BF16, float32 "
+             "elsewhere"]
     return bench_result("vision", ctx, rows, {"encoder_cache_bytes": chat["cache_bytes"]},
                         targets, notes)
 

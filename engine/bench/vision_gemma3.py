@@ -47,6 +47,7 @@ def gemma3_tower_times(threads: int, rounds: int = 1, layers: int | None = None)
                           boi_token_index=509, eoi_token_index=510, image_token_index=511)
     torch.manual_seed(0)
     hf = Gemma3ForConditionalGeneration(config).eval()
+    _random_weights(hf)
     state = {name.removeprefix("model."): p.detach()
              for name, p in hf.named_parameters()
              if name.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
@@ -66,3 +67,22 @@ def gemma3_tower_times(threads: int, rounds: int = 1, layers: int | None = None)
     matmul = ours.tower.matmul_dtype or torch.float32
     return {"folio": folio, "transformers": theirs, "error": error,
             "matmul": str(matmul).removeprefix("torch.")}
+
+
+def _random_weights(model: torch.nn.Module) -> None:
+    """Weights with a trained model's magnitudes where transformers' init leaves zeros
+    (the projector's matrix and norm): each matrix scaled by 1 / sqrt(its input size),
+    norms near their identity."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.startswith(("model.vision_tower.", "model.multi_modal_projector.")):
+                continue
+            noise = torch.randn(param.shape, generator=generator)
+            if name.endswith("mm_input_projection_weight"):
+                param.copy_(noise * param.shape[0] ** -0.5)
+            elif name.endswith("mm_soft_emb_norm.weight"):
+                param.copy_(0.1 * noise)
+            elif param.dim() >= 2:
+                param.copy_(noise * param[0].numel() ** -0.5)
+
