@@ -111,3 +111,12 @@ def test_a_wide_tower_in_bfloat16_stays_near_float32(tmp_path):
     assert ours.dtype == torch.float32
     error = (ours - theirs).abs().max() / theirs.abs().max()
     assert error < BF16_RTOL, float(error)
+
+
+def test_the_models_list_says_it_sees_images(gemma3):
+    from engine.loaders.catalog import model_info
+
+    info = model_info(gemma3)
+    assert not info.text_only and info.sees_images and info.layer_summary == "sees images"
+    assert info.num_layers == 4  # the text model's
+    assert info.model_type == "gemma3_text"
