@@ -193,7 +193,8 @@ def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
     load_tower(encoder, checkpoint_names(state), str(folder))
     processor = Gemma3ImageProcessor(Gemma3Processing.read(folder, spec.image_size), tokens)
     return VisionParts(encoder, processor, BOI, int(config.image_token_index),
-                       marker_token_id=int(config.boi_token_index), bidirectional=True)
+                       marker_token_id=int(config.boi_token_index), bidirectional=True,
+                       joins_text=True)
 
 
 def checkpoint_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -73,6 +73,9 @@ class VisionParts:
     # Whether one image's run of image tokens attends to itself bidirectionally in the
     # text model (Gemma 3), not causally (ImageSpan.joint).
     bidirectional: bool = False
+    # Whether an image's text opens or closes with plain text that the tokenizer joins
+    # with the prompt's (Gemma 3's "\n\n"): expand_images tokenizes them together.
+    joins_text: bool = False
 
 
 # A family's loader: (folder, its transformers config, its tower tensors by the names
@@ -96,6 +99,7 @@ class VisionModel:
         self.marker_id = (parts.image_token_id if parts.marker_token_id is None
                           else parts.marker_token_id)
         self.bidirectional = parts.bidirectional
+        self.joins_text = parts.joins_text
         self.dtype = dtype
         self.device = device
 

@@ -119,4 +119,3 @@ def test_the_models_list_says_it_sees_images(gemma3):
     info = model_info(gemma3)
     assert not info.text_only and info.sees_images and info.layer_summary == "sees images"
     assert info.num_layers == 4  # the text model's
-    assert info.model_type == "gemma3_text"

@@ -112,9 +112,9 @@ def test_a_follow_up_reuses_the_image_from_the_prefix_cache(gemma3, hf_gemma3):
 
 def test_a_prefix_hit_that_ends_inside_the_image(gemma3, hf_gemma3):
     with LLM(str(gemma3), num_gpu_blocks=128, block_size=8) as llm:
-        llm.chat([{"role": "user", "content": [text("what is "), image(RED), text("?")]}],
+        llm.chat([{"role": "user", "content": [text("what is it "), image(RED), text("?")]}],
                  GREEDY)
-        other = [{"role": "user", "content": [text("what is "), image(RED), text("!!")]}]
+        other = [{"role": "user", "content": [text("what is it "), image(RED), text("!!")]}]
         built = llm.prompts.build(ChatRequest(other))
         out = llm.chat(other, GREEDY)
         lo, hi = built.images[0].joint
@@ -144,3 +144,34 @@ def test_an_image_larger_than_a_step_is_refused_by_name(gemma3):
 def test_the_marker_typed_as_text_is_refused(llm):
     with pytest.raises(ValueError, match="holds '<start_of_image>'"):
         llm.chat([{"role": "user", "content": [text("a <start_of_image> b")]}], GREEDY)
+
+
+def test_the_prompt_ids_are_the_processors(gemma3):
+    """The image's newlines are tokenized with the text they join ("user\\n" + "\\n\\n"
+    and "\\n\\n" + "what?"), as Gemma3Processor tokenizes the whole expanded prompt."""
+    from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
+
+    from tests.engine.vision.tiny_gemma3 import gemma3_tokenizer
+
+    tokenizer = gemma3_tokenizer()
+    processor = Gemma3Processor(Gemma3ImageProcessorPil.from_pretrained(gemma3), tokenizer,
+                                image_seq_length=TOKENS)
+    chat = [{"role": "user", "content": [image(RED), text("what?\n"), image(BLUE)]},
+            {"role": "assistant", "content": "two\n"},
+            {"role": "user", "content": [text("and\n"), image(WIDE), text("\nnow")]}]
+    flat = [{**m, "content": m["content"] if isinstance(m["content"], str) else "".join(
+        p["text"] if p["type"] == "text" else "<start_of_image>" for p in m["content"])}
+        for m in chat]
+    prompt = tokenizer.apply_chat_template(flat, tokenize=False, add_generation_prompt=True)
+    pictures = [Image.open(io.BytesIO(d)).convert("RGB") for d in (RED, BLUE, WIDE)]
+    theirs = processor(text=[prompt], images=[pictures])
+    with LLM(str(gemma3), num_gpu_blocks=64, block_size=8) as llm:
+        built = llm.prompts.build(ChatRequest(chat))
+    assert built.ids == list(theirs["input_ids"][0])
+    # The spans' joint runs are exactly the tokens the processor marks as image tokens.
+    types = list(theirs["token_type_ids"][0])
+    marked = [p for span in built.images for p in range(*span.joint)]
+    assert marked == [p for p, t in enumerate(types) if t]
+    for span in built.images:
+        assert built.ids[span.start] == tokenizer.convert_tokens_to_ids("<start_of_image>")
+        assert built.ids[span.end - 1] == tokenizer.convert_tokens_to_ids("<end_of_image>")

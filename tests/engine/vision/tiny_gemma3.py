@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import Gemma3Config, Gemma3ForConditionalGeneration, PreTrainedTokenizerFast
 
-from tests.engine.tiny_models import byte_level_tokenizer, tiny_gemma_config
+from tests.engine.tiny_models import CHATML, SPECIALS, tiny_gemma_config
 
 BOI, EOI, SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 SIDE = 64
@@ -19,7 +20,22 @@ TOKENS = 16
 
 
 def gemma3_tokenizer():
-    tok = byte_level_tokenizer()
+    """The byte-level tokenizer with one merge, two newlines into one token (as Gemma's
+    own tokenizer has tokens for runs of newlines, which an image's text joins), and
+    Gemma 3's image tokens."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for token in SPECIALS:
+        vocab[token] = len(vocab)
+    vocab["ĊĊ"] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[("Ċ", "Ċ")]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(SPECIALS)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+        unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tok.chat_template = CHATML
     tok.add_special_tokens({"additional_special_tokens": [BOI, EOI, SOFT]})
     tok.boi_token, tok.eoi_token, tok.image_token = BOI, EOI, SOFT
     tok.image_token_id = tok.convert_tokens_to_ids(SOFT)
