@@ -12,7 +12,9 @@ marker: ``\\n\\n<start_of_image>``, ``mm_tokens_per_image`` soft tokens
 (``<image_soft_token>``, whose rows the encoder's embeddings replace) and
 ``<end_of_image>\\n\\n``. Gemma 3's text model attends bidirectionally among one
 image's soft tokens during prefill (``VisionParts.bidirectional``: the engine keeps the
-run in one prefill chunk and lets its tokens see the whole run).
+run in one prefill chunk and lets its tokens see the whole run). The newlines join the
+prompt's text around the marker when tokenized (``VisionParts.joins_text``), as the
+processor tokenizes the whole expanded prompt.
 
 The encoder: the tower's patch states [B, 64 * 64, D] (896 / 14 per side) are averaged
 over k x k squares of the patch grid to ``mm_tokens_per_image`` tokens (k = 64 / 16),
