@@ -182,10 +182,10 @@ class Scheduler:
             if budget == 0 or num_seqs == self.max_num_seqs:
                 break
             drafted = bool(seq.draft_token_ids)
-            take = whole_runs(seq, min(seq.num_uncomputed_tokens + len(seq.draft_token_ids),
-                                       budget))
-            if take == 0:  # an image run that fits a later step's budget
+            take = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
+            if take and not whole_runs(seq, take):  # an image run that fits a later step
                 continue
+            take = whole_runs(seq, take)
             del seq.draft_token_ids[max(0, take - 1):]  # drafts past the budget wait
             item = ScheduledSeq(seq, take, self.kv.block_tables(seq))
             if drafted:  # state slots were taken for the drafts: those scheduled keep theirs
@@ -315,9 +315,10 @@ class Scheduler:
     def _schedule_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int,
                         num_seqs: int) -> tuple[int, int]:
         if budget > 0 and num_seqs < self.max_num_seqs:
-            take = whole_runs(seq, min(seq.num_uncomputed_tokens, budget))
-            if take == 0:
+            take = min(seq.num_uncomputed_tokens, budget)
+            if take and not whole_runs(seq, take):  # an image run that fits a later step
                 return budget, num_seqs
+            take = whole_runs(seq, take)
             out.scheduled.append(ScheduledSeq(seq, take, self.kv.block_tables(seq)))
             budget -= take
             num_seqs += 1
