@@ -98,7 +98,7 @@ def test_greedy_replies_match_transformers(llm, gemma3, hf_gemma3, name):
 
 def test_a_follow_up_reuses_the_image_from_the_prefix_cache(gemma3, hf_gemma3):
     with LLM(str(gemma3), num_gpu_blocks=128, block_size=8) as llm:
-        first = [{"role": "user", "content": [text("see "), image(RED)]}]
+        first = [{"role": "user", "content": [text("see "), image(WIDE)]}]
         reply = llm.chat(first, GREEDY).outputs[0]
         follow = [*first, {"role": "assistant", "content": reply.text,
                            "token_ids": list(reply.token_ids)},
@@ -107,20 +107,20 @@ def test_a_follow_up_reuses_the_image_from_the_prefix_cache(gemma3, hf_gemma3):
         again = llm.chat(follow, GREEDY)
         assert again.metrics.num_cached_tokens >= built.images[0].end
         assert llm.engine.runner.images.cache.encoded == 1
-        assert again.outputs[0].token_ids == hf_reply(gemma3, hf_gemma3, built.ids, [RED])
+        assert again.outputs[0].token_ids == hf_reply(gemma3, hf_gemma3, built.ids, [WIDE])
 
 
 def test_a_prefix_hit_that_ends_inside_the_image(gemma3, hf_gemma3):
     with LLM(str(gemma3), num_gpu_blocks=128, block_size=8) as llm:
-        llm.chat([{"role": "user", "content": [text("what is it "), image(RED), text("?")]}],
+        llm.chat([{"role": "user", "content": [text("what is it "), image(WIDE), text("?")]}],
                  GREEDY)
-        other = [{"role": "user", "content": [text("what is it "), image(RED), text("!!")]}]
+        other = [{"role": "user", "content": [text("what is it "), image(WIDE), text("!!")]}]
         built = llm.prompts.build(ChatRequest(other))
         out = llm.chat(other, GREEDY)
         lo, hi = built.images[0].joint
         # The blocks up to the one that holds the run's end and the new text are found.
         assert lo < out.metrics.num_cached_tokens < hi
-        assert out.outputs[0].token_ids == hf_reply(gemma3, hf_gemma3, built.ids, [RED])
+        assert out.outputs[0].token_ids == hf_reply(gemma3, hf_gemma3, built.ids, [WIDE])
 
 
 def test_an_image_waits_for_a_chunk_that_holds_it_whole(gemma3, hf_gemma3):
