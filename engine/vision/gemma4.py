@@ -134,10 +134,6 @@ def added_token_texts(folder: Path, ids: dict[str, int]) -> dict[str, str]:
 
 
 def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
-    if getattr(config.text_config, "use_bidirectional_attention", None) == "vision":
-        raise VisionUnavailable("its sliding layers see an image's tokens both ways "
-                                "(use_bidirectional_attention 'vision'), which Folio does "
-                                "not run yet")
     spec = Gemma4TowerSpec.of(config)
     encoder = Gemma4Encoder(spec)
     load_tower(encoder, state, str(folder))
@@ -151,7 +147,11 @@ def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
                                        "end-of-image": config.eoi_token_id})
     processor = Gemma4Processor(processing, texts["begin-of-image"], texts["image"],
                                 texts["end-of-image"])
-    return VisionParts(encoder, processor, texts["image"], int(config.image_token_id))
+    # The larger releases' sliding layers read an image's tokens both ways (transformers'
+    # use_bidirectional_attention "vision"), their global layers causally.
+    both_ways = getattr(config.text_config, "use_bidirectional_attention", None) == "vision"
+    return VisionParts(encoder, processor, texts["image"], int(config.image_token_id),
+                       bidirectional=both_ways, bidirectional_in_windows=both_ways)
 
 
 GEMMA4 = VisionFamily("Gemma4ForConditionalGeneration",

@@ -88,6 +88,9 @@ class VisionParts:
     # Whether one image's run of image tokens attends to itself bidirectionally in the
     # text model (Gemma 3), not causally (ImageSpan.joint).
     bidirectional: bool = False
+    # Whether that holds in the sliding-window layers only, the global ones causal
+    # (Gemma 4's "vision" mode); the runner gives the run's key limits to those groups.
+    bidirectional_in_windows: bool = False
     # Whether an image's text opens or closes with plain text that the tokenizer joins
     # with the prompt's (Gemma 3's "\n\n"): expand_images tokenizes them together.
     joins_text: bool = False
@@ -122,6 +125,7 @@ class VisionModel:
         self.marker_id = (parts.image_token_id if parts.marker_token_id is None
                           else parts.marker_token_id)
         self.bidirectional = parts.bidirectional
+        self.bidirectional_in_windows = parts.bidirectional_in_windows
         self.joins_text = parts.joins_text
         self.dtype = dtype
         self.encoder_dtype = encoder_dtype or dtype

@@ -103,10 +103,3 @@ def test_a_folder_whose_tokenizer_lacks_the_image_tokens_reads_text_only(tmp_pat
     with caplog.at_level(logging.WARNING):
         assert load_vision(folder, torch.float32) is None
     assert "reads text only" in caplog.text and "begin-of-image" in caplog.text
-
-
-def test_bidirectional_image_attention_is_not_run_yet_so_text_only(tmp_path, caplog):
-    folder = save_tiny_gemma4v(tmp_path / "g4", use_bidirectional_attention="vision")
-    with caplog.at_level(logging.WARNING):
-        assert load_vision(folder, torch.float32) is None
-    assert "use_bidirectional_attention 'vision'" in caplog.text

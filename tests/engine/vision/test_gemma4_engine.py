@@ -1,10 +1,12 @@
-"""Gemma 4 with images through the whole engine against transformers on a tiny random
-folder: greedy replies to [image + text] for one and two images and for an image in an
-earlier turn (the follow-up reusing the prefix cache)."""
+"""Gemma 4 with images through the whole engine against transformers on tiny random
+folders, causal and with its sliding layers reading an image's tokens both ways
+(use_bidirectional_attention "vision"): greedy replies to [image + text] for one and two
+images and for an image in an earlier turn (the follow-up reusing the prefix cache)."""
 
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 import torch
@@ -43,9 +45,10 @@ CHATS = {
 IMAGES = {"one image": [SQUARE], "two images": [WIDE, SQUARE], "earlier turn": [WIDE]}
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return save_tiny_gemma4v(tmp_path_factory.mktemp("gemma4v") / "gemma4")
+@pytest.fixture(scope="module", params=[None, "vision"])
+def folder(tmp_path_factory, request):
+    return save_tiny_gemma4v(tmp_path_factory.mktemp("gemma4v") / "gemma4",
+                             use_bidirectional_attention=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -58,17 +61,28 @@ def hf_model(folder):
 @pytest.fixture(scope="module")
 def llm(folder):
     with LLM(str(folder), num_gpu_blocks=256, block_size=8) as engine:
+        both_ways = engine.engine.runner.images.vision.bidirectional_in_windows
+        assert both_ways == (folder_mode(folder) == "vision")
         yield engine
+
+
+def folder_mode(folder) -> str | None:
+    return json.loads((folder / "config.json").read_text())["text_config"].get(
+        "use_bidirectional_attention")
 
 
 def hf_reply(folder, hf_model, ids: list[int], images: list[bytes]) -> list[int]:
     processor = Gemma4ImageProcessorPil.from_pretrained(folder)
     pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
     batch = processor(images=pictures, return_tensors="pt")
+    input_ids = torch.tensor([ids])
+    # The token types that mark the image tokens: transformers' bidirectional runs.
+    types = (input_ids == hf_model.config.image_token_id).long()
     with torch.no_grad():
-        out = hf_model.generate(input_ids=torch.tensor([ids]),
-                                pixel_values=batch["pixel_values"],
+        out = hf_model.generate(input_ids=input_ids, pixel_values=batch["pixel_values"],
                                 image_position_ids=batch["image_position_ids"],
+                                mm_token_type_ids=types,
+                                attention_mask=torch.ones_like(input_ids),
                                 max_new_tokens=16, do_sample=False, min_new_tokens=16)
     return out[0, len(ids):].tolist()
 
