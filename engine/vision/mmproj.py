@@ -3,7 +3,9 @@ finds and reads its header): the projector types Folio runs, each one entry of
 ``PROJECTORS``, and the loader that fills the family's encoder from the file.
 
 An entry gives the names of the file's tensors as the family encoder's parameters (one
-table: llama.cpp's ``v.*`` / ``mm.*`` stems, ``{}`` a block index) and a builder that
+table: llama.cpp's ``v.*`` / ``mm.*`` stems, ``{}`` a block index; a stem's suffix,
+``.weight``, ``.bias`` or a clipped linear's ``.input_min`` and the like, is kept, and a
+tensor may have none) and a builder that
 makes the family's parts from the file's ``clip.vision.*`` keys, the state and the text
 model's tokenizer (whose vocabulary must hold the family's image tokens). Tensors are
 dequantized by gguf's own tables (F32, F16, BF16, Q8_0 and the rest it knows).
@@ -38,6 +40,33 @@ SIGLIP_TOWER = {
     "v.post_ln": "vision_model.post_layernorm",
 }
 
+# Gemma 4's tower as llama.cpp names it (Gemma4VisionAudioModel in convert_hf_to_gguf.py)
+# to the parameter stems of engine/vision/gemma4_tower.py; the builder moves a linear
+# map's weight under its ``.linear`` and turns the file's patch kernel and one-value
+# clamp ranges back into the checkpoint's shapes.
+GEMMA4_TOWER = {
+    "v.patch_embd": "vision_tower.patch_embedder.input_proj",
+    "v.position_embd": "vision_tower.patch_embedder.position_embedding_table",
+    "v.blk.{}.attn_q": "vision_tower.encoder.layers.{}.self_attn.q_proj",
+    "v.blk.{}.attn_k": "vision_tower.encoder.layers.{}.self_attn.k_proj",
+    "v.blk.{}.attn_v": "vision_tower.encoder.layers.{}.self_attn.v_proj",
+    "v.blk.{}.attn_out": "vision_tower.encoder.layers.{}.self_attn.o_proj",
+    "v.blk.{}.attn_q_norm": "vision_tower.encoder.layers.{}.self_attn.q_norm",
+    "v.blk.{}.attn_k_norm": "vision_tower.encoder.layers.{}.self_attn.k_norm",
+    "v.blk.{}.ln1": "vision_tower.encoder.layers.{}.input_layernorm",
+    "v.blk.{}.attn_post_norm": "vision_tower.encoder.layers.{}.post_attention_layernorm",
+    "v.blk.{}.ln2": "vision_tower.encoder.layers.{}.pre_feedforward_layernorm",
+    "v.blk.{}.ffn_post_norm": "vision_tower.encoder.layers.{}.post_feedforward_layernorm",
+    "v.blk.{}.ffn_gate": "vision_tower.encoder.layers.{}.mlp.gate_proj",
+    "v.blk.{}.ffn_up": "vision_tower.encoder.layers.{}.mlp.up_proj",
+    "v.blk.{}.ffn_down": "vision_tower.encoder.layers.{}.mlp.down_proj",
+    "v.std_bias": "vision_tower.std_bias",
+    "v.std_scale": "vision_tower.std_scale",
+    "mm.input_projection": "embed_vision.embedding_projection",
+}
+
+AUDIO_PREFIXES = ("a.", "mm.a.")  # llama.cpp's audio encoder and its projector
+
 # A builder: (the file's header, its state by parameter name, float32, the text model's
 # tokenizer, its hidden size) -> the family's parts.
 MmprojBuilder = Callable[[MmprojHeader, dict[str, torch.Tensor], object, int], VisionParts]
@@ -52,12 +81,13 @@ class Projector:
 
 
 def _projectors() -> dict[str, Projector]:
-    from engine.vision.idefics3 import build_from_mmproj
+    from engine.vision import gemma4, idefics3
 
-    idefics3 = Projector("idefics3", "SmolVLM / Idefics3",
-                         {**SIGLIP_TOWER, "mm.model.fc": "connector.modality_projection.proj"},
-                         build_from_mmproj)
-    return {p.projector_type: p for p in (idefics3,)}
+    smolvlm = Projector("idefics3", "SmolVLM / Idefics3",
+                        {**SIGLIP_TOWER, "mm.model.fc": "connector.modality_projection.proj"},
+                        idefics3.build_from_mmproj)
+    gemma = Projector("gemma4v", "Gemma 4", GEMMA4_TOWER, gemma4.build_from_mmproj)
+    return {p.projector_type: p for p in (smolvlm, gemma)}
 
 
 def supported_projectors() -> tuple[str, ...]:
@@ -97,13 +127,17 @@ def load_mmproj(header: MmprojHeader, tokenizer, text_hidden: int, dtype: torch.
 
 
 def read_state(header: MmprojHeader, names: dict[str, str]) -> dict[str, torch.Tensor]:
-    """Every tensor of the file, dequantized to float32, by its parameter name."""
+    """Every vision tensor of the file, dequantized to float32, by its parameter name (a
+    file that holds an audio encoder too, as Gemma 4 E2B's, keeps it under ``a.*`` and
+    ``mm.a.*``: left out)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize, quant_shape_to_byte_shape
 
     patterns = [(_pattern(stem), target) for stem, target in names.items()]
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
     state: dict[str, torch.Tensor] = {}
     for tensor in header.tensors:
+        if tensor.name.startswith(AUDIO_PREFIXES):
+            continue
         target = _parameter(tensor.name, patterns)
         if target is None:
             raise FolioLoadError(f"{header.path}: tensor {tensor.name} has no place in "
@@ -126,8 +160,12 @@ def read_state(header: MmprojHeader, names: dict[str, str]) -> dict[str, torch.T
     return state
 
 
+# What may follow a stem: a weight or bias, or a clipped linear's ranges (Gemma 4).
+_SUFFIXES = "weight|bias|input_min|input_max|output_min|output_max"
+
+
 def _pattern(stem: str) -> re.Pattern:
-    return re.compile(re.escape(stem).replace(r"\{\}", r"(\d+)") + r"\.(weight|bias)")
+    return re.compile(re.escape(stem).replace(r"\{\}", r"(\d+)") + rf"(?:\.({_SUFFIXES}))?")
 
 
 def _parameter(name: str, patterns: list[tuple[re.Pattern, str]]) -> str | None:
@@ -135,7 +173,8 @@ def _parameter(name: str, patterns: list[tuple[re.Pattern, str]]) -> str | None:
         match = pattern.fullmatch(name)
         if match:
             *block, kind = match.groups()
-            return f"{target.replace('{}', block[0]) if block else target}.{kind}"
+            stem = target.replace("{}", block[0]) if block else target
+            return stem if kind is None else f"{stem}.{kind}"
     return None
 
 
