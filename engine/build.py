@@ -25,6 +25,7 @@ from engine.core.scheduler import Scheduler
 from engine.disk.group import GroupDisk, fingerprint, model_identity
 from engine.disk.store import DiskStore, kv_cache_root
 from engine.disk.tier import DiskTier
+from engine.dtypes import resolve_dtype
 from engine.grammar import Grammars
 from engine.layers.moe.sparse import expert_bytes
 from engine.layers.weights import set_activation_bits
@@ -95,9 +96,10 @@ def assemble(model: str | Path, config: EngineConfig,
     loaded = load_model_files(path, dtype=dtype, progress=progress,
                               keep_quantized=config.weights == "stored", with_mtp=with_mtp)
     family = family_of(loaded.config)
-    vision = _vision(path, mmproj, loaded, dtype, device)  # None: it reads text only
+    vision = _vision(path, mmproj, loaded, dtype, device,  # None: it reads text only
+                     resolve_dtype(config.vision_dtype) if config.vision_dtype else None)
     tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template,
-                                   vision.image_token if vision is not None else None)
+                                   vision.marker_text if vision is not None else None)
     grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
                         sorted(tokenizer.eos_token_ids))
     if progress:
@@ -156,13 +158,14 @@ def _mmproj_header(path: Path, config: EngineConfig):
     return header
 
 
-def _vision(path: Path, mmproj, loaded, dtype: torch.dtype,
-            device: torch.device) -> VisionModel | None:
+def _vision(path: Path, mmproj, loaded, dtype: torch.dtype, device: torch.device,
+            encoder_dtype: torch.dtype | None) -> VisionModel | None:
     """A folder's vision tower, or the one the GGUF model's mmproj file holds (its width
     checked against the text model's, its image tokens looked up in the model's
-    vocabulary)."""
+    vocabulary). ``encoder_dtype``: ``EngineConfig.vision_dtype`` (None: the family's
+    choice, ``model.tower_dtype``)."""
     if mmproj is None:
-        return load_vision(path, dtype, device)
+        return load_vision(path, dtype, device, encoder_dtype)
     from engine.vision.mmproj import load_mmproj
 
     text = getattr(loaded.config, "text_config", None) or loaded.config

@@ -49,6 +49,10 @@ class EngineConfig:
     # first reply saved.
     warm_up: bool = False
     dtype: str | None = None  # compute dtype; None = the device's (runner/device.py)
+    # A vision tower's compute dtype; None = the model's, except bfloat16 for a family
+    # measured faster so (engine/vision/model.py ``VisionFamily.cpu_bfloat16``) on a CPU
+    # with bfloat16 matrix units when the model computes in float32.
+    vision_dtype: str | None = None
     # The KV cache's dtype: a float dtype, or a quantized format ("int8", "int4", "fp8";
     # kernels/kv_format.py says what their rows hold). None = the backend's
     # (runner/device.py: float16 on the native CPU kernels, as llama.cpp keeps its cache,
@@ -111,6 +115,8 @@ class EngineConfig:
                self.max_model_len, ">= 1 or None")
         _check(self.dtype is None or self.dtype in DTYPE_NAMES, "dtype", self.dtype,
                f"one of {DTYPE_NAMES} or None")
+        _check(self.vision_dtype is None or self.vision_dtype in DTYPE_NAMES, "vision_dtype",
+               self.vision_dtype, f"one of {DTYPE_NAMES} or None")
         _check(self.kv_cache_dtype is None or self.kv_cache_dtype in KV_DTYPE_NAMES,
                "kv_cache_dtype", self.kv_cache_dtype, f"one of {KV_DTYPE_NAMES} or None")
         _check(self.device is None or (isinstance(self.device, str)

@@ -46,7 +46,8 @@ threads, in one run:
   (the plain reply or the prompt's code as the prediction), beside llama.cpp plain and with
   its prompt lookup; the exact prediction on the synthetic 1B / 3B shapes; decode tok/s
   (first token to last) and the drafts kept; every target met / not met / n/a.
-- ``vision``: images in a chat on a SmolVLM-256M-shaped model (``vision.py``).
+- ``vision``: images in a chat on a SmolVLM-256M-shaped model (``vision.py``), and a
+  Qwen3.5-9B-shaped tower's encode at 1,024 x 1,024 (``vision_qwen35.py``).
 - ``all``: every one of the above, then the issue's targets in one table (``targets.py``);
   ``kernels``: the attention and quantized kernels (CUDA).
 
@@ -149,7 +150,8 @@ EPILOG = """workloads:
               the exact prediction on the 1B / 3B shapes (--sizes); drafts kept
   vision      a SmolVLM-256M-shaped model (random weights): tower encode time against
               transformers, a follow-up's TTFT with an image in the chat / without,
-              the same image in a new chat (tokens cached, encoder runs)
+              the same image in a new chat (tokens cached, encoder runs); a
+              Qwen3.5-shaped tower's encode at 1,024 x 1,024 against transformers
   all         all of the above, then the issue's targets table
   kernels     the attention and quantized kernels (CUDA only)
 llama.cpp joins chat, decode, memory, 8b, sizes, moe, kv and speculative when

@@ -7,7 +7,8 @@ random weights, written once to a temporary folder.
   (``get_image_features``), the same weights, float32, the same threads;
 - a follow-up turn's TTFT in a chat whose first turn held an image, over the same chat
   without the image (the image must not be encoded or recomputed again);
-- the same image sent in a new chat: its tokens found in the prefix cache.
+- the same image sent in a new chat: its tokens found in the prefix cache;
+- a Qwen3.5-shaped tower's encode of a 1,024 x 1,024 picture (vision_qwen35.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from engine.bench.common import bench_result, ms
 from engine.bench.setup import BenchContext, Target, folio_config
+from engine.bench.vision_qwen35 import qwen35_tower_row
 from engine.sampling_params import SamplingParams
 
 TOWER = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
@@ -36,6 +38,7 @@ def bench_vision(ctx: BenchContext) -> dict:
         encode = _encode_times(folder, hf_model, picture, ctx.threads)
         del hf_model
         chat = _chat_times(folder, picture, ctx)
+    qwen35_row, qwen35_target, qwen35_note = qwen35_tower_row(ctx)
     rows = [{"measure": "encode one 512 x 512 frame (ms)", "folio": ms(encode[0]),
              "transformers": ms(encode[1]), "ratio": round(encode[0] / encode[1], 2)},
             {"measure": "follow-up TTFT (ms), chat with / without an image",
@@ -46,19 +49,21 @@ def bench_vision(ctx: BenchContext) -> dict:
             {"measure": "same image in a new chat: image tokens cached",
              "folio": f"{chat['cached_image']} / {chat['image_tokens']}"},
             {"measure": "same image in a new chat: encoder runs", "folio":
-             chat["encoded_again"]}]
+             chat["encoded_again"]},
+            qwen35_row]
     targets = [Target("vision follow-up TTFT with / without an image", rows[1]["ratio"],
                       1.2, "<="),
                Target("same image, new chat: share of its tokens cached",
                       round(chat["cached_image"] / chat["image_tokens"], 3), 1.0, ">="),
                Target("SmolVLM tower encode, Folio / transformers", rows[0]["ratio"], 0.8,
-                      "<=")]
+                      "<="),
+               qwen35_target]
     notes = ["random weights: the times, not the replies, are what is measured",
              "an image's tokens in the block it shares with the new chat's other words "
              "are computed again (the cache keeps whole blocks); the image is not encoded "
              "again",
              "the follow-up row's 'transformers' column is Folio on the chat without the "
-             "image (the baseline the target names)"]
+             "image (the baseline the target names)", qwen35_note]
     return bench_result("vision", ctx, rows, {"encoder_cache_bytes": chat["cache_bytes"]},
                         targets, notes)
 

@@ -22,6 +22,9 @@ class ImageSpan:
     end: int
     key: bytes
     data: Any = None
+    # Its tokens' rows x cols when the text model places them in 2-D (M-RoPE,
+    # engine/core/mrope.py); None: they take positions like text.
+    grid: tuple[int, int] | None = None
 
 
 class SequenceStatus(enum.Enum):

@@ -7,9 +7,10 @@ Matched to transformers' ``models/qwen3_5/modeling_qwen3_5.py`` (5.x):
   the paged KV cache (their own KV group; the linear layers hold no KV);
 - the full-attention layers: q_proj yields each head's query and an output gate side by
   side ([q | gate] per head), q/k RMSNorm per head, partial rotary (the first
-  ``partial_rotary_factor * head_dim`` dims rotate; the text model's multimodal rope
-  turns every section by the same text position), and the output multiplied by
+  ``partial_rotary_factor * head_dim`` dims rotate), and the output multiplied by
   sigmoid(gate) before o_proj;
+- multimodal rotary positions (engine/layers/mrope.py): text turns every section by its
+  one position; an image's tokens (engine/vision/qwen35.py) by their 3-D ones;
 - every RMSNorm but the linear layers' gated one scales by 1 + weight (zero-centred);
 - a config without ``architectures`` is found by its model_type ``qwen3_5_text``.
 """
@@ -27,8 +28,9 @@ from engine.layers.base import Layer
 from engine.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
 from engine.layers.linear import StackedLinear
 from engine.layers.mlp import GatedMLP
+from engine.layers.mrope import MRopeEmbedding
 from engine.layers.norm import GemmaRMSNorm
-from engine.layers.rotary import RotaryEmbedding, apply_partial_rotary
+from engine.layers.rotary import apply_partial_rotary
 from engine.models.base import CausalLM, Target
 from engine.models.decoder import attention_targets, mlp_targets, norm_targets
 from engine.models.spec import DecoderSpec, FamilyTraits, base_spec, rope_from_params
@@ -45,6 +47,8 @@ class Qwen35Spec(DecoderSpec):
     layer_types: tuple[str, ...] = ()
     rotary_dim: int = 0
     deltanet: DeltaNetShape | None = None
+    # M-RoPE's (time, height, width) frequency counts: image tokens' 3-D positions.
+    mrope_section: tuple[int, ...] = (11, 11, 10)
 
     @property
     def linear_layers(self) -> tuple[int, ...]:
@@ -113,13 +117,16 @@ def hybrid_fields(hf_config: Any, architecture: str, traits: FamilyTraits,
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
     partial = float(params.pop("partial_rotary_factor", None) or
                     getattr(hf_config, "partial_rotary_factor", 0.25))
-    for key in ("mrope_section", "mrope_interleaved"):
-        params.pop(key, None)  # text positions turn every section alike
+    # Text positions turn every section alike; image tokens' (engine/layers/mrope.py)
+    # do not. Qwen3.5's sections are always interleaved.
+    sections = tuple(int(n) for n in params.pop("mrope_section", None) or (11, 11, 10))
+    params.pop("mrope_interleaved", None)
     theta, scaling = rope_from_params(params)
     shared = {f.name: getattr(base, f.name) for f in fields(DecoderSpec)}
     shared.update(rope_theta=theta, rope_scaling=scaling, qk_norm=True)
     return dict(**shared, layer_types=layout.layer_types,
-                rotary_dim=int(base.head_dim * partial), deltanet=layout.deltanet)
+                rotary_dim=int(base.head_dim * partial), deltanet=layout.deltanet,
+                mrope_section=sections)
 
 
 class GatedAttention(PagedSelfAttention):
@@ -190,8 +197,9 @@ class Qwen35ForCausalLM(CausalLM):
     def __init__(self, spec: Qwen35Spec, dtype: torch.dtype, device: torch.device | str) -> None:
         super().__init__(spec, dtype, device,
                          GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device))
-        self.rotary = RotaryEmbedding(spec.rotary_dim, spec.max_position_embeddings,
-                                      spec.rope_theta, spec.rope_scaling, dtype, device)
+        self.rotary = MRopeEmbedding(spec.rotary_dim, spec.max_position_embeddings,
+                                     spec.rope_theta, spec.rope_scaling, spec.mrope_section,
+                                     dtype, device)
         self.layers = nn.ModuleList(self.layer_class(spec, kind, dtype, device)
                                     for kind in spec.layer_types)
 

@@ -223,18 +223,20 @@ FAMILIES: tuple[ModelFamily, ...] = (
 # the prefix of its text weights, which load under the text family's "model." names.
 TEXT_PARTS: Mapping[str, str] = MappingProxyType({
     # SmolVLM / Idefics3: a Llama text model; its vision tower and connector are
-    # engine/vision's (the one family whose images Folio reads).
+    # engine/vision's.
     "Idefics3ForConditionalGeneration": "model.text_model.",
     "Gemma4ForConditionalGeneration": "model.language_model.",
-    # The Qwen3.5 / Qwen3.6 releases (a vision tower, which Folio does not run, and mtp.*
-    # multi-token prediction weights beside the text model, read only for
-    # speculative="mtp": engine/loaders/safetensors.py, engine/models/qwen35_mtp.py).
+    # The Qwen3.5 / Qwen3.6 releases (a vision tower, engine/vision/qwen35.py's for the
+    # dense ones, not yet run for the MoE ones, and mtp.* multi-token prediction weights
+    # beside the text model, read only for speculative="mtp":
+    # engine/loaders/safetensors.py, engine/models/qwen35_mtp.py).
     "Qwen3_5ForConditionalGeneration": "model.language_model.",
     "Qwen3_5MoeForConditionalGeneration": "model.language_model.",
 })
 # The multimodal classes whose images Folio reads too (engine/vision has their towers).
 VISION_ARCHITECTURES: tuple[str, ...] = ("Idefics3ForConditionalGeneration",
-                                          "Gemma4ForConditionalGeneration")
+                                          "Gemma4ForConditionalGeneration",
+                                          "Qwen3_5ForConditionalGeneration")
 # A multimodal checkpoint's top-level tensors that belong to its text model: an untied
 # LM head (Qwen3.5's) sits beside the towers, not under the text prefix.
 _TEXT_HEADS = ("lm_head.",)

@@ -29,7 +29,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from engine.core import mrope
 from engine.core.kv_cache_manager import KVGroupSpec
+from engine.core.mrope import has_grid
 from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from engine.core.verify_states import chunk_snapshots
 from engine.layers.gated_deltanet import StateMetadata
@@ -189,8 +191,8 @@ class ModelRunner:
         if not out.scheduled:
             return None
         input_ids, positions, metas, sample_rows = self.prepare(out)
-        if self.graphs is not None and self.hidden_sink is None and \
-                self.graphs.fits(out, len(metas)):
+        if self.graphs is not None and self.hidden_sink is None and positions.dim() == 1 \
+                and self.graphs.fits(out, len(metas)):
             logits = self.graphs.run(input_ids, positions, metas[0])
             if logits is not None:
                 return logits
@@ -215,7 +217,7 @@ class ModelRunner:
         """Token ids, positions, one AttentionMetadata per KV group (sharing the query
         starts and lengths) and the rows to sample."""
         ids: list[int] = []
-        positions: list[int] = []
+        positions: list = []  # per sequence: a range, a list or (time, height, width)
         starts = [0]
         seq_lens: list[int] = []
         sample_rows: list[int] = []
@@ -225,7 +227,10 @@ class ModelRunner:
             ids += seq.token_ids[start:end]
             if item.num_drafts:
                 ids += seq.draft_token_ids[:item.num_drafts]
-            positions += range(start, end)
+            # M-RoPE (engine/core/mrope.py): a sequence with gridded images takes shifted
+            # positions after an image and 3-D ones on it.
+            positions.append(mrope.positions(seq.images, start, end)
+                             if seq.images and has_grid(seq.images) else range(start, end))
             starts.append(starts[-1] + item.num_new_tokens)
             seq_lens.append(end)
             # The last token's row, and each draft's (engine/spec verifies them).
@@ -249,8 +254,7 @@ class ModelRunner:
                 max_seq_len=max(seq_lens),
             ))
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
-        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        return input_ids, pos, metas, sample_rows
+        return input_ids, _position_tensor(positions, dev), metas, sample_rows
 
     def _state_metadata(self, scheduled: list[ScheduledSeq], starts: list[int],
                         g: int) -> StateMetadata:
@@ -288,6 +292,19 @@ class ModelRunner:
             tables.append(table)
         width = max(len(t) for t in tables)
         return [t + [null] * (width - len(t)) for t in tables], slots
+
+
+def _position_tensor(positions: list, device: torch.device) -> torch.Tensor:
+    """A step's positions int64 [T], or [3, T] (time, height, width) when a sequence's
+    tokens in it include image tokens of an M-RoPE model."""
+    if not any(isinstance(p, tuple) for p in positions):
+        return torch.tensor([i for p in positions for i in p], dtype=torch.int64,
+                            device=device)
+    axes: list[list[int]] = [[], [], []]
+    for p in positions:
+        for axis, values in zip(axes, p if isinstance(p, tuple) else (p, p, p), strict=True):
+            axis += values
+    return torch.tensor(axes, dtype=torch.int64, device=device)
 
 
 def _group(moves: list[list[tuple[int, int]]], g: int) -> list[tuple[int, int]]:

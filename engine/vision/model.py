@@ -45,6 +45,7 @@ class PreparedImage:
     text: str
     pixels: object
     num_tokens: int
+    grid: tuple[int, int] | None = None  # Preprocessed.grid
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,6 +56,9 @@ class Preprocessed:
     text: str
     pixels: object
     num_tokens: int
+    # The image tokens' rows x cols, for a text model that places them in 2-D (M-RoPE,
+    # engine/core/mrope.py); None where image tokens take positions like text.
+    grid: tuple[int, int] | None = None
 
 
 class ImageProcessor(Protocol):
@@ -74,8 +78,11 @@ class VisionParts:
 
     encoder: ImageEncoder
     processor: ImageProcessor
-    image_token: str  # the marker the template sees, one per image
+    image_token: str  # the token the processor expands, one per image
     image_token_id: int  # the id of the rows the encoder's embeddings replace
+    # What an image part becomes in the text the template sees (None: image_token);
+    # Qwen's wraps its pad token in vision start and end tokens.
+    marker_text: str | None = None
 
 
 # A family's loader: (folder, its transformers config, its tower tensors by the names
@@ -88,15 +95,24 @@ class VisionFamily:
     architecture: str
     tower_prefixes: tuple[str, ...]  # the checkpoint's tower and projector tensors
     load: VisionLoader
+    # Its tower computes in bfloat16 on a CPU with bfloat16 matrix units (AMX,
+    # AVX512-BF16) when the model computes in float32: where ``folio bench vision``
+    # measured it faster, its output within a stated tolerance of float32's.
+    cpu_bfloat16: bool = False
 
 
 class VisionModel:
-    def __init__(self, parts: VisionParts, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, parts: VisionParts, dtype: torch.dtype, device: torch.device,
+                 encoder_dtype: torch.dtype | None = None) -> None:
+        """``dtype``: the text model's (the embeddings' dtype); ``encoder_dtype``: the
+        tower's compute dtype (None: the same)."""
         self.encoder = parts.encoder
         self.processor = parts.processor
         self.image_token = parts.image_token
         self.image_token_id = parts.image_token_id
+        self.marker_text = parts.marker_text or parts.image_token
         self.dtype = dtype
+        self.encoder_dtype = encoder_dtype or dtype
         self.device = device
 
     @property
@@ -105,26 +121,30 @@ class VisionModel:
 
     def prepare(self, image: DecodedImage) -> PreparedImage:
         done = self.processor.preprocess(image.image)
-        return PreparedImage(image.key, done.text, done.pixels, done.num_tokens)
+        return PreparedImage(image.key, done.text, done.pixels, done.num_tokens, done.grid)
 
     @torch.inference_mode()
     def encode(self, image: PreparedImage) -> torch.Tensor:
         """The image's token embeddings [num_tokens, text width], in one run."""
-        return self.encoder.encode(image.pixels, self.dtype, self.device)
+        rows = self.encoder.encode(image.pixels, self.encoder_dtype, self.device)
+        return rows.to(self.dtype)
 
 
 def _families() -> dict[str, VisionFamily]:
     from engine.vision.gemma4 import GEMMA4
     from engine.vision.idefics3 import IDEFICS3
+    from engine.vision.qwen35 import QWEN35
 
-    return {f.architecture: f for f in (IDEFICS3, GEMMA4)}
+    return {f.architecture: f for f in (IDEFICS3, GEMMA4, QWEN35)}
 
 
-def load_vision(folder: Path, dtype: torch.dtype,
-                device: torch.device | str = "cpu") -> VisionModel | None:
+def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu",
+                encoder_dtype: torch.dtype | None = None) -> VisionModel | None:
     """The folder's vision model, or None (a text model, a GGUF file, a tower Folio does
     not run, ``VisionUnavailable``: logged). ValueError naming the tensor for a folder
-    whose tower is incomplete."""
+    whose tower is incomplete. ``encoder_dtype``: the tower's compute dtype; None:
+    ``dtype``, or bfloat16 where the family and the CPU take it
+    (``VisionFamily.cpu_bfloat16``, ``tower_dtype``)."""
     folder = Path(folder)
     config_path = folder / "config.json"
     if not folder.is_dir() or not config_path.is_file():
@@ -149,8 +169,19 @@ def load_vision(folder: Path, dtype: torch.dtype,
     except VisionUnavailable as reason:
         log.warning("%s: the model reads text only: %s", folder, reason)
         return None
-    parts.encoder.to(device=device, dtype=dtype).eval()
-    return VisionModel(parts, dtype, torch.device(device))
+    device = torch.device(device)
+    encoder_dtype = encoder_dtype or tower_dtype(family, dtype, device)
+    parts.encoder.to(device=device, dtype=encoder_dtype).eval()
+    return VisionModel(parts, dtype, device, encoder_dtype)
+
+
+def tower_dtype(family: VisionFamily, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """bfloat16 for a ``cpu_bfloat16`` family's tower on a CPU with bfloat16 matrix units
+    when the model computes in float32; else the model's dtype."""
+    if family.cpu_bfloat16 and device.type == "cpu" and dtype == torch.float32 and \
+            (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()):
+        return torch.bfloat16
+    return dtype
 
 
 def load_tower(module: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:

@@ -64,7 +64,7 @@ class ImageReader:
                 texts.append(part["text"])
             elif kind in IMAGE_PART_TYPES:
                 images.append(self.read(part, f"{where}[{j}]"))
-                texts.append(marker)
+                texts.append(self.vision.marker_text)
             elif kind == TEXT_PART:
                 raise ValueError(f"{where}[{j}].text: a text part needs its text")
             else:
@@ -88,7 +88,7 @@ def expand_images(ids: list[int], images: list[PreparedImage], marker_id: int,
     for place, image in zip(found, images, strict=True):
         out += ids[last:place]
         tokens = encode(image.text)
-        spans.append(ImageSpan(len(out), len(out) + len(tokens), image.key, image))
+        spans.append(ImageSpan(len(out), len(out) + len(tokens), image.key, image, image.grid))
         out += tokens
         last = place + 1
     out += ids[last:]

@@ -1,9 +1,10 @@
 """The Qwen3.5 and Qwen3.5-MoE folders people download: multimodal checkpoints
 (Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration: the text model
 under model.language_model.*, its LM head beside it, a vision tower), saved here by
-transformers with a small vision config. Folio loads the text part, never reading the
-vision weights, and replies greedy-equal to transformers' text model on the same weights;
-the models list says "text only"."""
+transformers with a small vision config. Folio loads the text part, and replies
+greedy-equal to transformers' text model on the same weights to text; Qwen3.5's dense
+tower is engine/vision's (read, and the list says "sees images"), the MoE's is not run
+(never read, and the list says "text only")."""
 
 from __future__ import annotations
 
@@ -86,13 +87,25 @@ def test_the_text_part_replies_as_transformers_text_model(multimodal, monkeypatc
                                       do_sample=False)[0, len(prompt):].tolist()
     assert list(got.token_ids) == expected
     assert "lm_head.weight" in read  # the untied head beside the text model
-    assert not [name for name in read if name.startswith("model.visual.")]
+    # Qwen3.5's tower is engine/vision's (read by load_vision); Qwen3.5-MoE's is not run.
+    visual = [name for name in read if name.startswith("model.visual.")]
+    assert bool(visual) == _sees_images(folder)
 
 
-def test_the_list_says_text_only(multimodal):
+def _sees_images(folder) -> bool:
+    import json
+
+    from engine.models.registry import VISION_ARCHITECTURES
+
+    config = json.loads((folder / "config.json").read_text())
+    return bool(set(config["architectures"]) & set(VISION_ARCHITECTURES))
+
+
+def test_the_list_says_text_only_or_sees_images(multimodal):
     folder, reference = multimodal
     info = model_info(folder)
     assert info.architecture == reference.config.model_type
-    assert info.layer_summary == "hybrid: 3 linear + 1 full layers, text only"
-    # The text model's parameters only: the vision tower is not loaded.
+    kind = "sees images" if _sees_images(folder) else "text only"
+    assert info.layer_summary == f"hybrid: 3 linear + 1 full layers, {kind}"
+    # The text model's parameters only (the vision tower is counted apart, or not run).
     assert info.num_parameters == sum(p.numel() for p in reference.parameters())
