@@ -169,7 +169,8 @@ def _vision(path: Path, mmproj, loaded, dtype: torch.dtype, device: torch.device
     from engine.vision.mmproj import load_mmproj
 
     text = getattr(loaded.config, "text_config", None) or loaded.config
-    return load_mmproj(mmproj, loaded.tokenizer, int(text.hidden_size), dtype, device)
+    return load_mmproj(mmproj, loaded.tokenizer, int(text.hidden_size), dtype, device,
+                       encoder_dtype)
 
 
 def _embedder(config: EngineConfig):

@@ -22,7 +22,7 @@ import torch
 
 from engine.loaders.base import FolioLoadError
 from engine.loaders.gguf.mmproj import MmprojHeader
-from engine.vision.model import VisionModel, VisionParts
+from engine.vision.model import VisionModel, VisionParts, tower_dtype
 
 # SigLIP's tower as llama.cpp names it (gguf's MODEL_TENSOR.V_ENC_* and V_POST_NORM),
 # to the parameter names of engine/vision/siglip.py (Hugging Face's, under vision_model.).
@@ -65,6 +65,24 @@ GEMMA4_TOWER = {
     "mm.input_projection": "embed_vision.embedding_projection",
 }
 
+# Qwen3-VL's / Qwen3.5's ViT and merger as llama.cpp names them (Qwen3VLVisionModel) to
+# the parameter stems of engine/vision/qwen35_tower.py; the Conv3d patch kernel comes as
+# its two temporal slices (``v.patch_embd.weight`` and ``.weight.1``), stacked back by
+# the builder.
+QWEN35_TOWER = {
+    "v.patch_embd": "visual.patch_embed.proj",
+    "v.position_embd": "visual.pos_embed",
+    "v.blk.{}.attn_qkv": "visual.blocks.{}.attn.qkv",
+    "v.blk.{}.attn_out": "visual.blocks.{}.attn.proj",
+    "v.blk.{}.ln1": "visual.blocks.{}.norm1",
+    "v.blk.{}.ln2": "visual.blocks.{}.norm2",
+    "v.blk.{}.ffn_up": "visual.blocks.{}.mlp.linear_fc1",
+    "v.blk.{}.ffn_down": "visual.blocks.{}.mlp.linear_fc2",
+    "v.post_ln": "visual.merger.norm",
+    "mm.0": "visual.merger.linear_fc1",
+    "mm.2": "visual.merger.linear_fc2",
+}
+
 AUDIO_PREFIXES = ("a.", "mm.a.")  # llama.cpp's audio encoder and its projector
 
 # A builder: (the file's header, its state by parameter name, float32, the text model's
@@ -78,16 +96,21 @@ class Projector:
     family: str  # the model family, for messages
     names: dict[str, str]  # GGUF stem -> parameter stem ("{}": the block index)
     build: MmprojBuilder
+    # Its tower computes in bfloat16 where the family's folder tower does
+    # (VisionFamily.cpu_bfloat16, model.tower_dtype).
+    cpu_bfloat16: bool = False
 
 
 def _projectors() -> dict[str, Projector]:
-    from engine.vision import gemma4, idefics3
+    from engine.vision import gemma4, idefics3, qwen35
 
     smolvlm = Projector("idefics3", "SmolVLM / Idefics3",
                         {**SIGLIP_TOWER, "mm.model.fc": "connector.modality_projection.proj"},
                         idefics3.build_from_mmproj)
     gemma = Projector("gemma4v", "Gemma 4", GEMMA4_TOWER, gemma4.build_from_mmproj)
-    return {p.projector_type: p for p in (smolvlm, gemma)}
+    qwen = Projector("qwen3vl_merger", "Qwen3.5", QWEN35_TOWER, qwen35.build_from_mmproj,
+                     cpu_bfloat16=qwen35.QWEN35.cpu_bfloat16)
+    return {p.projector_type: p for p in (smolvlm, gemma, qwen)}
 
 
 def supported_projectors() -> tuple[str, ...]:
@@ -115,15 +138,19 @@ def check_width(header: MmprojHeader, text_hidden: int) -> None:
 
 
 def load_mmproj(header: MmprojHeader, tokenizer, text_hidden: int, dtype: torch.dtype,
-                device: torch.device | str = "cpu") -> VisionModel:
+                device: torch.device | str = "cpu",
+                encoder_dtype: torch.dtype | None = None) -> VisionModel:
     """The vision model the file holds, for a text model of width ``text_hidden`` and its
-    ``tokenizer``; FolioLoadError naming the file for what does not fit."""
+    ``tokenizer``; FolioLoadError naming the file for what does not fit.
+    ``encoder_dtype``: the tower's compute dtype (None: as load_vision chooses it)."""
     projector = projector_of(header)
     check_width(header, text_hidden)
     state = read_state(header, projector.names)
     parts = projector.build(header, state, tokenizer, text_hidden)
-    parts.encoder.to(device=device, dtype=dtype).eval()
-    return VisionModel(parts, dtype, torch.device(device))
+    device = torch.device(device)
+    encoder_dtype = encoder_dtype or tower_dtype(projector, dtype, device)
+    parts.encoder.to(device=device, dtype=encoder_dtype).eval()
+    return VisionModel(parts, dtype, device, encoder_dtype)
 
 
 def read_state(header: MmprojHeader, names: dict[str, str]) -> dict[str, torch.Tensor]:
@@ -160,8 +187,9 @@ def read_state(header: MmprojHeader, names: dict[str, str]) -> dict[str, torch.T
     return state
 
 
-# What may follow a stem: a weight or bias, or a clipped linear's ranges (Gemma 4).
-_SUFFIXES = "weight|bias|input_min|input_max|output_min|output_max"
+# What may follow a stem: a weight or bias, a clipped linear's ranges (Gemma 4), a
+# second temporal slice of a patch kernel (Qwen's ``weight.1``).
+_SUFFIXES = r"weight\.1|weight|bias|input_min|input_max|output_min|output_max"
 
 
 def _pattern(stem: str) -> re.Pattern:

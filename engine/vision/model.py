@@ -177,7 +177,8 @@ def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "
 
 def tower_dtype(family: VisionFamily, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """bfloat16 for a ``cpu_bfloat16`` family's tower on a CPU with bfloat16 matrix units
-    when the model computes in float32; else the model's dtype."""
+    when the model computes in float32; else the model's dtype. ``family``: anything with
+    ``cpu_bfloat16`` (an mmproj projector entry too)."""
     if family.cpu_bfloat16 and device.type == "cpu" and dtype == torch.float32 and \
             (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()):
         return torch.bfloat16
