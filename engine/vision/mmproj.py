@@ -96,6 +96,8 @@ class Projector:
     family: str  # the model family, for messages
     names: dict[str, str]  # GGUF stem -> parameter stem ("{}": the block index)
     build: MmprojBuilder
+    # The text models (config model_type) whose forward takes its images.
+    text_models: tuple[str, ...]
     # Its tower computes in bfloat16 where the family's folder tower does
     # (VisionFamily.cpu_bfloat16, model.tower_dtype).
     cpu_bfloat16: bool = False
@@ -106,9 +108,13 @@ def _projectors() -> dict[str, Projector]:
 
     smolvlm = Projector("idefics3", "SmolVLM / Idefics3",
                         {**SIGLIP_TOWER, "mm.model.fc": "connector.modality_projection.proj"},
-                        idefics3.build_from_mmproj)
-    gemma = Projector("gemma4v", "Gemma 4", GEMMA4_TOWER, gemma4.build_from_mmproj)
-    qwen = Projector("qwen3vl_merger", "Qwen3.5", QWEN35_TOWER, qwen35.build_from_mmproj,
+                        idefics3.build_from_mmproj, ("llama",))
+    gemma = Projector("gemma4v", "Gemma 4", GEMMA4_TOWER, gemma4.build_from_mmproj,
+                      ("gemma4_text",))
+    # Qwen3-VL and the Qwen3.5 MoE models write the same type; Folio runs images with
+    # the dense Qwen3.5 text model only.
+    qwen = Projector("qwen3vl_merger", "Qwen3.5 (dense)", QWEN35_TOWER,
+                     qwen35.build_from_mmproj, ("qwen3_5_text",),
                      cpu_bfloat16=qwen35.QWEN35.cpu_bfloat16)
     return {p.projector_type: p for p in (smolvlm, gemma, qwen)}
 
@@ -128,6 +134,11 @@ def projector_of(header: MmprojHeader) -> Projector:
     return projectors[header.projector]
 
 
+def pairs_with(header: MmprojHeader, text_model: str) -> bool:
+    """Whether the file's projector feeds images to a text model of this model_type."""
+    return text_model in projector_of(header).text_models
+
+
 def check_width(header: MmprojHeader, text_hidden: int) -> None:
     """FolioLoadError unless the projector's output width is the text model's."""
     width = header.require("projection_dim")
@@ -139,11 +150,18 @@ def check_width(header: MmprojHeader, text_hidden: int) -> None:
 
 def load_mmproj(header: MmprojHeader, tokenizer, text_hidden: int, dtype: torch.dtype,
                 device: torch.device | str = "cpu",
-                encoder_dtype: torch.dtype | None = None) -> VisionModel:
+                encoder_dtype: torch.dtype | None = None,
+                text_model: str | None = None) -> VisionModel:
     """The vision model the file holds, for a text model of width ``text_hidden`` and its
-    ``tokenizer``; FolioLoadError naming the file for what does not fit.
-    ``encoder_dtype``: the tower's compute dtype (None: as load_vision chooses it)."""
+    ``tokenizer`` (and of ``text_model``, its config model_type, when given);
+    FolioLoadError naming the file for what does not fit. ``encoder_dtype``: the tower's
+    compute dtype (None: as load_vision chooses it)."""
     projector = projector_of(header)
+    if text_model is not None and not pairs_with(header, text_model):
+        raise FolioLoadError(f"{header.path}: the mmproj file's projector type "
+                             f"{header.projector!r} gives images to a {projector.family} "
+                             f"text model ({', '.join(projector.text_models)}), and this "
+                             f"model is {text_model}")
     check_width(header, text_hidden)
     state = read_state(header, projector.names)
     parts = projector.build(header, state, tokenizer, text_hidden)

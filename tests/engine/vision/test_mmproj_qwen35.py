@@ -4,7 +4,9 @@ CPU: the same image embeddings (an F32 file within 1e-5, F16 within 2e-2 of embe
 up to ~3), the same prompt ids and greedy tokens (16) for one image and for an image in
 an earlier turn (the M-RoPE sections read from rope.dimension_sections); the pixel
 bounds from the file's keys, transformers' defaults without them; a Qwen3-VL file's
-deepstack tensors and a kernel without its second temporal slice refused by name."""
+deepstack tensors and a kernel without its second temporal slice refused by name; the
+same type beside a Qwen3.5-MoE GGUF (whose forward takes no images) leaves it text only
+and unlisted as seeing, and named for it is refused."""
 
 from __future__ import annotations
 
@@ -171,3 +173,36 @@ def test_a_file_folio_cannot_run_is_refused_by_name(converted, folder, tmp_path,
     with pytest.raises(ValueError, match=message) as caught:
         LLM(str(converted / MODEL), EngineConfig(num_gpu_blocks=64, mmproj=str(bad)))
     assert str(bad) in str(caught.value)
+
+
+@pytest.fixture(scope="module")
+def moe_gguf(tmp_path_factory):
+    """A Qwen3.5-MoE GGUF, whose forward Folio gives no images (same width as the tiny
+    folder's projector)."""
+    from tests.engine.loaders.gguf.test_gguf_qwen35 import write_qwen35_gguf
+    from tests.engine.tiny_models import save_tiny_model, tiny_qwen35_moe_config
+
+    root = tmp_path_factory.mktemp("moe")
+    folder = save_tiny_model(root / "folder", tiny_qwen35_moe_config())
+    (root / "models").mkdir()
+    return write_qwen35_gguf(root / "models" / "qwen35moe.gguf", folder)
+
+
+def test_the_merger_beside_a_moe_model_leaves_it_text_only_and_named_is_refused(
+        moe_gguf, folder, tmp_path):
+    from engine.loaders.catalog import model_info
+
+    mmproj = write_mmproj(folder, moe_gguf.parent / "mmproj-qwen.gguf", pixels=PIXELS)
+    assert not model_info(moe_gguf).sees_images
+    with LLM(str(moe_gguf), num_gpu_blocks=64, block_size=8) as llm:
+        assert llm.prompts.vision is None
+    with pytest.raises(ValueError, match=r"gives images to a Qwen3\.5 \(dense\) text model "
+                                         r"\(qwen3_5_text\), and this model is "
+                                         r"qwen3_5_moe_text"):
+        LLM(str(moe_gguf), EngineConfig(num_gpu_blocks=64, mmproj=str(mmproj)))
+
+
+def test_the_merger_beside_its_dense_model_is_listed_as_seeing(converted):
+    from engine.loaders.catalog import model_info
+
+    assert model_info(converted / MODEL).sees_images
