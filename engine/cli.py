@@ -19,7 +19,8 @@ def _progress(stage: str, fraction: float) -> None:
 def engine_config(args):
     """The EngineConfig of `--device` / `--weights` / `--cpu-activation-bits` /
     `--kv-cache-dtype` / `--kv-disk-gib` / `--speculative` / `--num-speculative-tokens` /
-    `--embedding-model` / `--mmproj` (the rest stays at its defaults)."""
+    `--embedding-model` / `--mmproj` / `--vision-dtype` (the rest stays at its
+    defaults)."""
     from engine.config import EngineConfig
 
     return EngineConfig(device=args.device, weights=args.weights,
@@ -29,7 +30,8 @@ def engine_config(args):
                         speculative=args.speculative,
                         num_speculative_tokens=args.num_speculative_tokens,
                         embedding_model=getattr(args, "embedding_model", None),
-                        mmproj=getattr(args, "mmproj", None))
+                        mmproj=getattr(args, "mmproj", None),
+                        vision_dtype=getattr(args, "vision_dtype", None))
 
 
 def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
@@ -182,6 +184,10 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
                         help="the vision projector (llama.cpp's mmproj .gguf) of a .gguf "
                         "--model, so that it sees images (default: the .gguf file beside "
                         "the model whose name holds 'mmproj', the first by name)")
+    parser.add_argument("--vision-dtype", default=None, choices=("float32", "bfloat16"),
+                        help="the vision tower's compute dtype (default: the model's, or "
+                        "bfloat16 for Qwen3.5's tower on a CPU with AMX or AVX512-BF16; "
+                        "float32 is the exact path)")
 
 
 def _run_command(argv: list[str]) -> int:

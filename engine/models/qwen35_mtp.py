@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from engine.layers.linear import StackedLinear
+from engine.layers.mrope import MRopeEmbedding
 from engine.layers.norm import GemmaRMSNorm
-from engine.layers.rotary import RotaryEmbedding
 from engine.models.base import LayerKV, Target, copy_checkpoint
 from engine.models.decoder import attention_targets, norm_targets
 from engine.models.experts import per_expert
@@ -83,8 +83,11 @@ class MTPHead(nn.Module):
         self.layers = nn.ModuleList(target.layer_class(spec, FULL, self.dtype, device)
                                     for _ in range(num_layers))
         self.norm = GemmaRMSNorm(hidden, eps, self.dtype, device)
-        self.rotary = RotaryEmbedding(spec.rotary_dim, spec.max_position_embeddings,
-                                      spec.rope_theta, spec.rope_scaling, self.dtype, device)
+        # The target's multimodal rotary table: after an image the head's positions are
+        # the target's shifted (M-RoPE) ones, 3-D on the image's own tokens.
+        self.rotary = MRopeEmbedding(spec.rotary_dim, spec.max_position_embeddings,
+                                     spec.rope_theta, spec.rope_scaling, spec.mrope_section,
+                                     self.dtype, device)
         self._feed_forward_targets = target.feed_forward_targets
 
     # ------------------------------------------------------------ what the pool reads
@@ -125,13 +128,22 @@ class MTPHead(nn.Module):
     # -------------------------------------------------------------------- forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 target_hidden: torch.Tensor, kv_caches: Sequence[LayerKV],
-                meta: AttentionMetadata, backend: AttentionBackend) -> torch.Tensor:
-        """input_ids, positions int64 [T] (token i + 1 at position i); target_hidden
+                meta: AttentionMetadata, backend: AttentionBackend,
+                image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        """input_ids (token i + 1 at position i), positions int64 [T], or [3, T] for a
+        step over an image's tokens (the target's position of index i); target_hidden
         [T, hidden_size] (the target's final-norm hidden state at i, or the head's own
-        output at i - 1 for a draft past the first). Returns the head's hidden states
-        after ``mtp.norm`` [T, hidden_size]."""
+        output at i - 1 for a draft past the first). ``image_embeds``: (rows int64 [R],
+        embeddings [R, hidden_size]) replacing those rows' token embeddings, where token
+        i + 1 is an image's (what the target embedded there). Returns the head's hidden
+        states after ``mtp.norm`` [T, hidden_size]."""
         embed, _ = self._shared
-        tokens = self.pre_fc_norm_embedding(embed(input_ids))
+        embedded = embed(input_ids)
+        if image_embeds is not None:
+            rows, embeds = image_embeds
+            embedded = embedded.index_copy(0, rows, embeds.to(embedded.dtype))
+        tokens = self.pre_fc_norm_embedding(embedded)
         hidden = self.pre_fc_norm_hidden(target_hidden.to(self.dtype))
         x = self.fc(torch.cat([tokens, hidden], dim=-1))
         cos, sin = self.rotary.lookup(positions, meta)

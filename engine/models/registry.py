@@ -226,8 +226,8 @@ TEXT_PARTS: Mapping[str, str] = MappingProxyType({
     # engine/vision's.
     "Idefics3ForConditionalGeneration": "model.text_model.",
     "Gemma4ForConditionalGeneration": "model.language_model.",
-    # The Qwen3.5 / Qwen3.6 releases (a vision tower, engine/vision/qwen35.py's for the
-    # dense ones, not yet run for the MoE ones, and mtp.* multi-token prediction weights
+    # The Qwen3.5 / Qwen3.6 releases (a vision tower, engine/vision/qwen35.py's, dense
+    # and MoE alike, and mtp.* multi-token prediction weights
     # beside the text model, read only for speculative="mtp":
     # engine/loaders/safetensors.py, engine/models/qwen35_mtp.py).
     "Qwen3_5ForConditionalGeneration": "model.language_model.",
@@ -236,7 +236,8 @@ TEXT_PARTS: Mapping[str, str] = MappingProxyType({
 # The multimodal classes whose images Folio reads too (engine/vision has their towers).
 VISION_ARCHITECTURES: tuple[str, ...] = ("Idefics3ForConditionalGeneration",
                                           "Gemma4ForConditionalGeneration",
-                                          "Qwen3_5ForConditionalGeneration")
+                                          "Qwen3_5ForConditionalGeneration",
+                                          "Qwen3_5MoeForConditionalGeneration")
 # A multimodal checkpoint's top-level tensors that belong to its text model: an untied
 # LM head (Qwen3.5's) sits beside the towers, not under the text prefix.
 _TEXT_HEADS = ("lm_head.",)

@@ -20,6 +20,10 @@ they read (all but the candidate's first, which every chat of a model shares).
   drafts' blocks go back at once and a verify step's kept drafts are read again from the
   target's rows the next time.
 
+After an image (Qwen3.5's M-RoPE), a mirror carries its candidate's image spans, so the
+head reads every index at the target's position there, and it embeds an image's tokens
+as the image's rows from the target's encoder cache (`_shifted`), as the target did.
+
 Greedy drafts make the proposal one-hot, so engine/spec/verify.py's rule keeps the
 target's distribution. Where the target did not compute a position (a prefix-cache hit
 the head's own cache does not have, up to a block at a chat's new turn), the head reads
@@ -28,13 +32,13 @@ zeros there: its drafts are then poorer, the reply the same.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from engine.core.kv_cache_manager import KVCacheManager, KVGroupSpec
 from engine.core.scheduler import Scheduler
-from engine.core.scheduler_output import SchedulerOutput
+from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from engine.core.sequence import Request, Sequence, SequenceStatus, common_prefix
 from engine.models.qwen35_mtp import MTPHead, build_mtp_head
 from engine.runner.kv_cache import KVShape
@@ -59,11 +63,37 @@ class HeadRunner(ModelRunner):
             return None, None
         input_ids, positions, metas, sample_rows = self.prepare(out)
         layers = [(k, v, metas[g]) for g, k, v in self._layer_views]
-        hidden = self.model(input_ids, positions, target_hidden, layers, metas[0], self.backend)
+        embeds = self.images.rows([_shifted(item) for item in out.scheduled]) \
+            if self.images is not None else None
+        hidden = self.model(input_ids, positions, target_hidden, layers, metas[0], self.backend,
+                            image_embeds=embeds)
         if not sample_rows:
             return None, None
         hidden = hidden[sample_rows]
         return self.model.compute_logits(hidden), hidden
+
+
+@dataclass(slots=True, frozen=True)
+class _ShiftedStep:
+    """What ``ImageInputs.rows`` reads of a scheduled mirror (``seq``, ``num_new_tokens``)."""
+
+    seq: Sequence
+    num_new_tokens: int
+
+
+def _shifted(item: ScheduledSeq) -> ScheduledSeq | _ShiftedStep:
+    """A mirror's step as the target's image rows see it: mirror index j holds token
+    j + 1, so an image at the candidate's [s, e) has its tokens at the mirror's
+    [s - 1, e - 1) (the image's rows, its content key the same). Its ``images`` stay
+    unshifted on the mirror itself: they give positions and block keys."""
+    seq = item.seq
+    spans = tuple(replace(span, start=span.start - 1, end=span.end - 1)
+                  for span in seq.images if span.start > 0)
+    if not spans:
+        return item
+    view = Sequence(seq.seq_id, seq.request_id, seq.index, seq.token_ids,
+                    seq.num_prompt_tokens, seq.num_computed_tokens, images=spans)
+    return _ShiftedStep(view, item.num_new_tokens)
 
 
 @dataclass(slots=True)
@@ -137,6 +167,13 @@ class MTPProposer:
                                                      tokens, self._params)
             except ValueError:
                 return None  # longer than the head's pool: no drafts
+            # The candidate's image spans, as they are: mirror index j takes the target's
+            # position of index j (M-RoPE's shifted ones after an image, engine/core/
+            # mrope.py), and its blocks hash with the image's key over the same indices.
+            # (Index s - 1 before an image at s reads the image's first row too
+            # (`_shifted`); a block ending there is keyed without it: a hit on another
+            # image there costs a draft's quality only, the target verifies.)
+            request.seqs[0].images = seq.images
             mirror = self._mirrors[seq.seq_id] = _Mirror(request.seqs[0], seq.seq_id)
             self._by_mirror[mirror.seq.seq_id] = mirror
         else:
@@ -240,8 +277,11 @@ def build_mtp(parts) -> MTPProposer:
     shape = KVShape.of_model(head, config.block_size, target.shape.dtype)
     groups = [KVGroupSpec(tuple(range(len(head.layers))))]
     counts = [parts.kv_cache.pools[0].num_blocks]
+    # The target's image rows (its encoder cache): the head embeds an image's tokens as
+    # the target did.
     runner = HeadRunner(head, shape, groups, counts, 0, target.backend, target.device,
-                        cuda_graphs=False, max_model_len=parts.max_model_len)
+                        cuda_graphs=False, max_model_len=parts.max_model_len,
+                        images=target.images)
     kv = KVCacheManager.build(groups, counts, config.block_size,
                               enable_prefix_caching=config.enable_prefix_caching,
                               group_block_bytes=[shape.block_bytes(groups[0].layers)],

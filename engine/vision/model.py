@@ -133,18 +133,18 @@ class VisionModel:
 def _families() -> dict[str, VisionFamily]:
     from engine.vision.gemma4 import GEMMA4
     from engine.vision.idefics3 import IDEFICS3
-    from engine.vision.qwen35 import QWEN35
+    from engine.vision.qwen35 import QWEN35, QWEN35_MOE
 
-    return {f.architecture: f for f in (IDEFICS3, GEMMA4, QWEN35)}
+    return {f.architecture: f for f in (IDEFICS3, GEMMA4, QWEN35, QWEN35_MOE)}
 
 
 def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu",
                 encoder_dtype: torch.dtype | None = None) -> VisionModel | None:
     """The folder's vision model, or None (a text model, a GGUF file, a tower Folio does
-    not run, ``VisionUnavailable``: logged). ValueError naming the tensor for a folder
-    whose tower is incomplete. ``encoder_dtype``: the tower's compute dtype; None:
-    ``dtype``, or bfloat16 where the family and the CPU take it
-    (``VisionFamily.cpu_bfloat16``, ``tower_dtype``)."""
+    not run, a folder without tower tensors, ``VisionUnavailable``: logged). ValueError
+    naming the tensor for a folder whose tower is incomplete. ``encoder_dtype``: the
+    tower's compute dtype; None: ``dtype``, or bfloat16 where the family and the CPU take
+    it (``VisionFamily.cpu_bfloat16``, ``tower_dtype``)."""
     folder = Path(folder)
     config_path = folder / "config.json"
     if not folder.is_dir() or not config_path.is_file():
@@ -164,6 +164,9 @@ def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "
 
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     state = tower_tensors(safetensors_shards(folder), family.tower_prefixes)
+    if not state:  # a release's text part saved under its multimodal class
+        log.warning("%s: no vision tower tensors: the model reads text only", folder)
+        return None
     try:
         parts = family.load(folder, config, state)
     except VisionUnavailable as reason:

@@ -1,5 +1,7 @@
-"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``): a folder's image settings, its
-preprocessing, and the text an image stands for in the prompt.
+"""Qwen3.5 (``Qwen3_5ForConditionalGeneration``) and Qwen3.5-MoE
+(``Qwen3_5MoeForConditionalGeneration``: the same vision config, tower and tensor names
+beside a sparse text model): a folder's image settings, its preprocessing, and the text
+an image stands for in the prompt.
 
 Preprocessing follows transformers' Qwen2-VL image processor (the PIL one, Qwen3.5's,
 its oracle in the tests): the picture resized to the nearest sides that are multiples of
@@ -207,3 +209,6 @@ def _triple(header: MmprojHeader, key: str,
 # bfloat16 on the CPU: engine/bench/vision_qwen35.py measures it and its tolerance.
 QWEN35 = VisionFamily("Qwen3_5ForConditionalGeneration", ("model.visual.",), _load,
                       cpu_bfloat16=True)
+# transformers 5's Qwen3.5-MoE vision model is the dense one's, line for line.
+QWEN35_MOE = VisionFamily("Qwen3_5MoeForConditionalGeneration", ("model.visual.",), _load,
+                          cpu_bfloat16=True)
