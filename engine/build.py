@@ -165,7 +165,7 @@ def _vision(path: Path, mmproj, loaded, dtype: torch.dtype, device: torch.device
     checked against the text model's, its image tokens looked up in the model's
     vocabulary). ``encoder_dtype``: ``EngineConfig.vision_dtype`` (None: the family's
     choice, ``model.tower_dtype``). A file found beside the model (not ``named``) whose
-    projector goes with another text model (Qwen3.5-MoE beside Qwen's merger) leaves it
+    projector goes with another family's text model leaves it
     text only, logged; named, it is refused."""
     if mmproj is None:
         return load_vision(path, dtype, device, encoder_dtype)

@@ -111,10 +111,10 @@ def _projectors() -> dict[str, Projector]:
                         idefics3.build_from_mmproj, ("llama",))
     gemma = Projector("gemma4v", "Gemma 4", GEMMA4_TOWER, gemma4.build_from_mmproj,
                       ("gemma4_text",))
-    # Qwen3-VL and the Qwen3.5 MoE models write the same type; Folio runs images with
-    # the dense Qwen3.5 text model only.
-    qwen = Projector("qwen3vl_merger", "Qwen3.5 (dense)", QWEN35_TOWER,
-                     qwen35.build_from_mmproj, ("qwen3_5_text",),
+    # Qwen3-VL writes the same type (with deepstack tensors, refused by name) for text
+    # models Folio does not run.
+    qwen = Projector("qwen3vl_merger", "Qwen3.5", QWEN35_TOWER, qwen35.build_from_mmproj,
+                     ("qwen3_5_text", "qwen3_5_moe_text"),
                      cpu_bfloat16=qwen35.QWEN35.cpu_bfloat16)
     return {p.projector_type: p for p in (smolvlm, gemma, qwen)}
 

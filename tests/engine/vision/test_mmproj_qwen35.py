@@ -4,9 +4,10 @@ CPU: the same image embeddings (an F32 file within 1e-5, F16 within 2e-2 of embe
 up to ~3), the same prompt ids and greedy tokens (16) for one image and for an image in
 an earlier turn (the M-RoPE sections read from rope.dimension_sections); the pixel
 bounds from the file's keys, transformers' defaults without them; a Qwen3-VL file's
-deepstack tensors and a kernel without its second temporal slice refused by name; the
-same type beside a Qwen3.5-MoE GGUF (whose forward takes no images) leaves it text only
-and unlisted as seeing, and named for it is refused."""
+deepstack tensors and a kernel without its second temporal slice refused by name; a
+Qwen3.5-MoE GGUF with the merger beside it replies as its folder; another family's
+projector beside the model leaves it text only and unlisted as seeing, named for it is
+refused."""
 
 from __future__ import annotations
 
@@ -176,30 +177,44 @@ def test_a_file_folio_cannot_run_is_refused_by_name(converted, folder, tmp_path,
 
 
 @pytest.fixture(scope="module")
-def moe_gguf(tmp_path_factory):
-    """A Qwen3.5-MoE GGUF, whose forward Folio gives no images (same width as the tiny
-    folder's projector)."""
-    from tests.engine.loaders.gguf.test_gguf_qwen35 import write_qwen35_gguf
-    from tests.engine.tiny_models import save_tiny_model, tiny_qwen35_moe_config
-
+def moe(tmp_path_factory):
+    """The MoE folder and its two files."""
     root = tmp_path_factory.mktemp("moe")
-    folder = save_tiny_model(root / "folder", tiny_qwen35_moe_config())
-    (root / "models").mkdir()
-    return write_qwen35_gguf(root / "models" / "qwen35moe.gguf", folder)
+    folder = save_tiny_qwen35_vl(root / "folder", moe=True)
+    (root / "gguf").mkdir()
+    write_text_gguf(folder, root / "gguf" / "qwen35moe.gguf")
+    write_mmproj(folder, root / "gguf" / "mmproj-qwen35moe.gguf", pixels=PIXELS)
+    return folder, root / "gguf" / "qwen35moe.gguf"
 
 
-def test_the_merger_beside_a_moe_model_leaves_it_text_only_and_named_is_refused(
-        moe_gguf, folder, tmp_path):
+def test_a_moe_gguf_with_the_merger_beside_replies_as_its_folder(moe):
+    folder, path = moe
+    chat = CHATS["earlier turn"]
+    replies = []
+    for source in (folder, path):
+        with LLM(str(source), num_gpu_blocks=128, block_size=8, vision_dtype="float32") as llm:
+            assert len(llm.prompts.build(ChatRequest(chat)).images) == 1
+            replies.append(llm.chat(chat, GREEDY).outputs[0].token_ids)
+    assert replies[0] == replies[1]
+
+
+def test_another_familys_projector_beside_leaves_it_text_only_and_named_is_refused(
+        converted, tmp_path):
     from engine.loaders.catalog import model_info
+    from tests.engine.vision.tiny_gemma4v import save_tiny_gemma4v
+    from tests.engine.vision.tiny_gemma4v_gguf import write_mmproj as write_gemma4_mmproj
 
-    mmproj = write_mmproj(folder, moe_gguf.parent / "mmproj-qwen.gguf", pixels=PIXELS)
-    assert not model_info(moe_gguf).sees_images
-    with LLM(str(moe_gguf), num_gpu_blocks=64, block_size=8) as llm:
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / MODEL).symlink_to(converted / MODEL)
+    gemma = write_gemma4_mmproj(save_tiny_gemma4v(tmp_path / "gemma4"),
+                                alone / "mmproj-gemma4.gguf")
+    assert not model_info(alone / MODEL).sees_images
+    with LLM(str(alone / MODEL), num_gpu_blocks=64, block_size=8) as llm:
         assert llm.prompts.vision is None
-    with pytest.raises(ValueError, match=r"gives images to a Qwen3\.5 \(dense\) text model "
-                                         r"\(qwen3_5_text\), and this model is "
-                                         r"qwen3_5_moe_text"):
-        LLM(str(moe_gguf), EngineConfig(num_gpu_blocks=64, mmproj=str(mmproj)))
+    with pytest.raises(ValueError, match=r"gives images to a Gemma 4 text model "
+                                         r"\(gemma4_text\), and this model is qwen3_5_text"):
+        LLM(str(alone / MODEL), EngineConfig(num_gpu_blocks=64, mmproj=str(gemma)))
 
 
 def test_the_merger_beside_its_dense_model_is_listed_as_seeing(converted):

@@ -1,5 +1,5 @@
 """The tiny Qwen3.5 vision folder (tiny_qwen35_vl.py) converted as llama.cpp converts one:
-its text model as a "qwen35" GGUF (test_gguf_qwen35.convert's tensors; the folder's
+its text model as a "qwen35" (or "qwen35moe") GGUF (test_gguf_qwen35.convert's tensors; the folder's
 M-RoPE sections as rope.dimension_sections, a fourth 0 after them; the vocabulary with
 Qwen's vision tokens as control tokens) and its ViT and merger as an mmproj GGUF as
 Qwen3VLVisionModel writes it: architecture "clip", projector type "qwen3vl_merger", the
@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from tests.engine.loaders.gguf.test_gguf_families import put
-from tests.engine.loaders.gguf.test_gguf_qwen35 import convert
+from tests.engine.loaders.gguf.test_gguf_qwen35 import ARCH, convert
 from tests.engine.tiny_models import SPECIALS
 from tests.engine.vision.tiny_qwen35_vl import VISION_SPECIALS, qwen35_vl_tokenizer
 
@@ -40,8 +40,10 @@ def vocabulary_metadata() -> dict[str, object]:
 
 
 def write_text_gguf(folder: Path, path: Path) -> Path:
-    """The folder's text model (F32) as llama.cpp's "qwen35" GGUF."""
+    """The folder's text model (F32) as llama.cpp's "qwen35" GGUF, or "qwen35moe" for a
+    mixture of experts (its expert keys as write_qwen35_gguf writes them)."""
     config = AutoConfig.from_pretrained(folder).text_config
+    arch = ARCH[config.model_type][0]
     state = {}
     for name, tensor in load_file(str(folder / "model.safetensors")).items():
         if name.startswith("model.language_model."):
@@ -52,7 +54,7 @@ def write_text_gguf(folder: Path, path: Path) -> Path:
     rotary = int(config.head_dim * rope["partial_rotary_factor"])
     keys = {
         "context_length": config.max_position_embeddings, "block_count": config.num_hidden_layers,
-        "embedding_length": config.hidden_size, "feed_forward_length": config.intermediate_size,
+        "embedding_length": config.hidden_size,
         "attention.head_count": config.num_attention_heads,
         "attention.head_count_kv": config.num_key_value_heads,
         "attention.key_length": config.head_dim, "attention.value_length": config.head_dim,
@@ -66,8 +68,15 @@ def write_text_gguf(folder: Path, path: Path) -> Path:
         "ssm.inner_size": config.linear_num_value_heads * config.linear_value_head_dim,
         "full_attention_interval": config.layer_types.index("full_attention") + 1,
     }
-    writer = gguf.GGUFWriter(str(path), "qwen35")
-    for key, value in {**{f"qwen35.{k}": v for k, v in keys.items()},
+    if arch == "qwen35":
+        keys["feed_forward_length"] = config.intermediate_size
+    else:
+        keys |= {"expert_count": config.num_experts,
+                 "expert_used_count": config.num_experts_per_tok,
+                 "expert_feed_forward_length": config.moe_intermediate_size,
+                 "expert_shared_feed_forward_length": config.shared_expert_intermediate_size}
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in {**{f"{arch}.{k}": v for k, v in keys.items()},
                        **vocabulary_metadata()}.items():
         put(writer, key, value)
     for name, (data, _) in convert(state, config).items():
