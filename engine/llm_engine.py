@@ -196,6 +196,7 @@ class LLMEngine:
             built, params, self.tokenizer, self.grammars, grammar)
         prediction_ids = self._prediction_ids(params)
         self._speculator.method_for(params)  # refuses a method this engine cannot run
+        self.scheduler.check_images(built.images)
         # The last step that can refuse; from here on nothing raises.
         request = self.scheduler.add_request(request_id, ids, params)
         self._speculator.add(request, prediction_ids)
@@ -227,6 +228,7 @@ class LLMEngine:
         refusal = self.beam_search_refusal()
         if refusal is not None:
             raise ValueError(f"BeamSearchParams: {refusal}")
+        self.scheduler.check_images(built.images)
         request = self.scheduler.add_request(request_id, built.ids, params.scheduling())
         request.seqs[0].images = built.images
         self._beams.add(request, built, params)

@@ -41,6 +41,11 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # int64 [num_tokens]
     max_query_len: int
     max_seq_len: int
+    # None: causal. Else int32 [num_tokens]: row t sees keys < key_ends[t], which lies in
+    # [its position + 1, its seq_len] (a bidirectional run, Gemma 3's image tokens,
+    # sees the run's end; those keys are the step's own tokens, written first). A
+    # sliding window still starts at the row's own position - W + 1.
+    key_ends: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

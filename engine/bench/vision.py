@@ -8,6 +8,8 @@ random weights, written once to a temporary folder.
 - a follow-up turn's TTFT in a chat whose first turn held an image, over the same chat
   without the image (the image must not be encoded or recomputed again);
 - the same image sent in a new chat: its tokens found in the prefix cache;
+- a Gemma 3 4B-shaped SigLIP tower and projector's encode time for one 896 x 896 frame,
+  Folio over transformers (engine/bench/vision_gemma3.py).
 - a Qwen3.5-shaped tower's encode of a 1,024 x 1,024 picture (vision_qwen35.py).
 """
 
@@ -22,6 +24,7 @@ import torch
 
 from engine.bench.common import bench_result, ms
 from engine.bench.setup import BenchContext, Target, folio_config
+from engine.bench.vision_gemma3 import gemma3_tower_times
 from engine.bench.vision_qwen35 import qwen35_tower_row
 from engine.sampling_params import SamplingParams
 
@@ -38,6 +41,7 @@ def bench_vision(ctx: BenchContext) -> dict:
         encode = _encode_times(folder, hf_model, picture, ctx.threads)
         del hf_model
         chat = _chat_times(folder, picture, ctx)
+    gemma3 = gemma3_tower_times(ctx.threads, rounds=2)
     qwen35_row, qwen35_target, qwen35_note = qwen35_tower_row(ctx)
     rows = [{"measure": "encode one 512 x 512 frame (ms)", "folio": ms(encode[0]),
              "transformers": ms(encode[1]), "ratio": round(encode[0] / encode[1], 2)},
@@ -50,20 +54,33 @@ def bench_vision(ctx: BenchContext) -> dict:
              "folio": f"{chat['cached_image']} / {chat['image_tokens']}"},
             {"measure": "same image in a new chat: encoder runs", "folio":
              chat["encoded_again"]},
+            {"measure": "Gemma 3 4B-shaped SigLIP tower (27 layers, 1,152 wide, 896 x 896), "
+                        "encode (ms)", "folio": ms(gemma3["folio"]),
+             "transformers": ms(gemma3["transformers"]),
+             "ratio": round(gemma3["folio"] / gemma3["transformers"], 2)},
+            {"measure": "Gemma 3 tower: Folio's matmuls, its largest error / the largest "
+                        "output (float32 oracle)",
+             "folio": f"{gemma3['matmul']}, {gemma3['error']:.2g}"},
             qwen35_row]
+    gemma3_ratio = rows[5]["ratio"]
     targets = [Target("vision follow-up TTFT with / without an image", rows[1]["ratio"],
                       1.2, "<="),
                Target("same image, new chat: share of its tokens cached",
                       round(chat["cached_image"] / chat["image_tokens"], 3), 1.0, ">="),
                Target("SmolVLM tower encode, Folio / transformers", rows[0]["ratio"], 0.8,
                       "<="),
+               Target("Gemma 3 4B-shaped SigLIP tower (27 layers, 1,152 wide, 896 x 896), "
+                      "encode, Folio / transformers", gemma3_ratio, 0.8, "<="),
                qwen35_target]
     notes = ["random weights: the times, not the replies, are what is measured",
              "an image's tokens in the block it shares with the new chat's other words "
-             "are computed again (the cache keeps whole blocks); the image is not encoded "
-             "again",
+             "are copied from the cached block (engine/core/partial_blocks.py); the image "
+             "is not encoded again",
              "the follow-up row's 'transformers' column is Folio on the chat without the "
-             "image (the baseline the target names)", qwen35_note]
+             "image (the baseline the target names)",
+             "Gemma 3 tower: transformers in float32 with its default attention; Folio's "
+             "tower in bfloat16 matmuls where the CPU has AMX / AVX512-BF16, float32 "
+             "elsewhere", qwen35_note]
     return bench_result("vision", ctx, rows, {"encoder_cache_bytes": chat["cache_bytes"]},
                         targets, notes)
 

@@ -146,9 +146,16 @@ class PromptBuilder:
         """Each image's marker token replaced by the image's tokens."""
         if self.vision is None:
             return prompt
+        # A family whose image text opens or closes with plain text (Gemma 3's newlines)
+        # has it tokenized with the text it joins, as its processor does.
+        joins = self.vision.joins_text
         ids, spans = expand_images(
-            prompt.ids, images, self.vision.image_token_id,
-            lambda text: self.tokenizer.encode(text, add_special_tokens=False))
+            prompt.ids, images, self.vision.marker_id,
+            lambda text: self.tokenizer.encode(text, add_special_tokens=False),
+            self.vision.image_token_id if self.vision.bidirectional else None,
+            (lambda ids: self.tokenizer.hf.decode(ids, skip_special_tokens=False,
+                                                  clean_up_tokenization_spaces=False))
+            if joins else None, self.tokenizer.special_ids if joins else frozenset())
         return replace(prompt, ids=ids, images=spans) if spans else prompt
 
 

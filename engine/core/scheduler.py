@@ -29,7 +29,7 @@ from engine.core.disk_loads import LoadState
 from engine.core.kv_protocol import KVCache
 from engine.core.parking import active, has_parked, unpark
 from engine.core.scheduler_output import ScheduledSeq, SchedulerOutput, add_moves
-from engine.core.sequence import Request, Sequence, SequenceStatus
+from engine.core.sequence import ImageSpan, Request, Sequence, SequenceStatus
 
 
 class RequestTooLargeError(ValueError):
@@ -81,6 +81,17 @@ class Scheduler:
         self.requests[request_id] = request
         self.waiting.append(request)
         return request
+
+    def check_images(self, images: tuple[ImageSpan, ...]) -> None:
+        """The ValueError for a prompt whose bidirectional image run (ImageSpan.joint)
+        cannot be computed in one step: a run is never split between prefill chunks."""
+        for span in images:
+            if span.joint is not None and \
+                    span.joint[1] - span.joint[0] > self.max_num_batched_tokens:
+                raise ValueError(
+                    f"an image takes {span.joint[1] - span.joint[0]} tokens that attend to "
+                    "each other and must be computed in one step, but a step holds "
+                    f"max_num_batched_tokens={self.max_num_batched_tokens}; raise it")
 
     def fork(self, request: Request) -> list[Sequence]:
         """Split a request's prefilled prompt into its n candidates (no new block).
@@ -172,6 +183,9 @@ class Scheduler:
                 break
             drafted = bool(seq.draft_token_ids)
             take = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
+            if take and not whole_runs(seq, take):  # an image run that fits a later step
+                continue
+            take = whole_runs(seq, take)
             del seq.draft_token_ids[max(0, take - 1):]  # drafts past the budget wait
             item = ScheduledSeq(seq, take, self.kv.block_tables(seq))
             if drafted:  # state slots were taken for the drafts: those scheduled keep theirs
@@ -302,6 +316,9 @@ class Scheduler:
                         num_seqs: int) -> tuple[int, int]:
         if budget > 0 and num_seqs < self.max_num_seqs:
             take = min(seq.num_uncomputed_tokens, budget)
+            if take and not whole_runs(seq, take):  # an image run that fits a later step
+                return budget, num_seqs
+            take = whole_runs(seq, take)
             out.scheduled.append(ScheduledSeq(seq, take, self.kv.block_tables(seq)))
             budget -= take
             num_seqs += 1
@@ -383,3 +400,16 @@ class Scheduler:
         seq.draft_token_ids.clear()
         if not seq.is_finished:
             self.kv.trim(seq)
+
+
+def whole_runs(seq: Sequence, take: int) -> int:
+    """``take`` cut back so that the chunk does not end inside a bidirectional image run
+    (ImageSpan.joint): to the run's start, or 0 when the chunk would start inside it
+    (a prefix hit that ends in an image) and cannot hold the rest of it."""
+    start = seq.num_computed_tokens
+    end = start + take
+    for span in seq.images:
+        if span.joint is not None and span.joint[0] < end < span.joint[1]:
+            return max(span.joint[0], start) - start
+    return take
+

@@ -25,6 +25,10 @@ class ImageSpan:
     # Its tokens' rows x cols when the text model places them in 2-D (M-RoPE,
     # engine/core/mrope.py); None: they take positions like text.
     grid: tuple[int, int] | None = None
+    # Tokens [lo, hi) that attend to each other bidirectionally (Gemma 3's image soft
+    # tokens): the scheduler computes them in one prefill chunk and the runner lets each
+    # see the run's end (AttentionMetadata.key_ends). None: causal like text.
+    joint: tuple[int, int] | None = None
 
 
 class SequenceStatus(enum.Enum):

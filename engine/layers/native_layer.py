@@ -99,7 +99,8 @@ class NativeLayers:
         """hidden after every layer, or None where this step must take the modules (no
         layer has a native step, another backend, or tensors the ops do not take)."""
         if (not isinstance(backend, CpuBackend) or not any(self.steps)
-                or not fused_cpu(hidden, cos, sin) or not native_pool(kv_caches[0][0])):
+                or not fused_cpu(hidden, cos, sin) or not native_pool(kv_caches[0][0])
+                or kv_caches[0][2].key_ends is not None):  # the fused op is causal only
             return None
         for layer, step, (k_cache, v_cache, meta) in zip(self.layers, self.steps, kv_caches,
                                                          strict=True):
@@ -108,5 +109,6 @@ class NativeLayers:
                 continue
             native, storage = step
             hidden = native.step(hidden, cos, sin, k_cache, v_cache,
-                                 *backend.kernel_args(meta), meta.max_seq_len, storage.pairs)
+                                 *backend.kernel_args(meta)[:4], meta.max_seq_len,
+                                 storage.pairs)
         return hidden

@@ -132,8 +132,14 @@ class GemmaForCausalLM(CausalLM):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: Sequence[LayerKV], meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
+                backend: AttentionBackend,
+                image_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) * self.embed_scale
+        if image_embeds is not None:
+            # After the sqrt(hidden) scale, as transformers' Gemma 3 puts an image's rows
+            # in place of the scaled token embeddings: image rows are never scaled.
+            rows, embeds = image_embeds
+            hidden = hidden.index_copy(0, rows, embeds.to(hidden.dtype))
         tables = {kind: rotary.lookup(positions) for kind, rotary in self.rotary.items()}
         for layer, (k_cache, v_cache, layer_meta) in zip(self.layers, kv_caches, strict=True):
             cos, sin = tables[layer.kind]

@@ -225,6 +225,10 @@ TEXT_PARTS: Mapping[str, str] = MappingProxyType({
     # SmolVLM / Idefics3: a Llama text model; its vision tower and connector are
     # engine/vision's.
     "Idefics3ForConditionalGeneration": "model.text_model.",
+    # Gemma 3 (4B and up): Gemma 3 text, saved (by transformers 5 as in the releases)
+    # under language_model.model.; its SigLIP tower and projector are engine/vision's
+    # (engine/vision/gemma3.py).
+    "Gemma3ForConditionalGeneration": "language_model.model.",
     "Gemma4ForConditionalGeneration": "model.language_model.",
     # The Qwen3.5 / Qwen3.6 releases (a vision tower, engine/vision/qwen35.py's, dense
     # and MoE alike, and mtp.* multi-token prediction weights
@@ -235,6 +239,7 @@ TEXT_PARTS: Mapping[str, str] = MappingProxyType({
 })
 # The multimodal classes whose images Folio reads too (engine/vision has their towers).
 VISION_ARCHITECTURES: tuple[str, ...] = ("Idefics3ForConditionalGeneration",
+                                          "Gemma3ForConditionalGeneration",
                                           "Gemma4ForConditionalGeneration",
                                           "Qwen3_5ForConditionalGeneration",
                                           "Qwen3_5MoeForConditionalGeneration")

@@ -239,6 +239,10 @@ class ModelRunner:
         query_start_loc = torch.tensor(starts, dtype=torch.int32, device=dev)
         lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
         max_query_len = max(s.num_new_tokens for s in out.scheduled)
+        # An image's tokens that attend to each other both ways (Gemma 3): their rows'
+        # key limits, shared by every group.
+        ends = self.images.key_ends(out.scheduled) if self.images is not None else None
+        key_ends = None if ends is None else torch.tensor(ends, dtype=torch.int32, device=dev)
         metas: list = []
         for g in range(len(self.kv_groups)):
             if g == self.state_group:
@@ -252,6 +256,7 @@ class ModelRunner:
                 slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
                 max_query_len=max_query_len,
                 max_seq_len=max(seq_lens),
+                key_ends=key_ends,
             ))
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         return input_ids, _position_tensor(positions, dev), metas, sample_rows

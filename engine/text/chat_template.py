@@ -87,6 +87,11 @@ class ChatTokenizer:
     def vocab_size(self) -> int:
         return len(self.hf)
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of the special (added) tokens, which split a text's tokenization."""
+        return frozenset(self._special.values())
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 

@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from torch import nn
 
 from engine.loaders.gguf.mmproj import MmprojHeader
 from engine.vision.model import Preprocessed, VisionFamily, VisionParts, load_tower
-from engine.vision.siglip import Idefics3Encoder, TowerSpec
+from engine.vision.siglip import SiglipTower, TowerSpec
 
 IMAGE_TOKEN = "<image>"
 FAKE_TOKEN = "<fake_token_around_image>"
@@ -123,19 +124,6 @@ def image_text(rows: int, cols: int, tokens_per_frame: int) -> str:
     return f"{text}{FAKE_TOKEN}{GLOBAL_TAG}{images}{FAKE_TOKEN}"
 
 
-def tower_spec(config) -> TowerSpec:
-    """The vision tower's shape from an ``Idefics3Config`` (transformers' object)."""
-    vision = config.vision_config
-    return TowerSpec(vision.hidden_size, vision.intermediate_size, vision.num_hidden_layers,
-                     vision.num_attention_heads, _side(vision.image_size),
-                     _side(vision.patch_size), vision.layer_norm_eps, vision.hidden_act,
-                     int(config.scale_factor), config.text_config.hidden_size)
-
-
-def _side(value) -> int:
-    return int(value[0] if isinstance(value, list | tuple) else value)
-
-
 def _longest_to(height: int, width: int, longest: int) -> tuple[int, int]:
     """The longer side set to ``longest``, the other kept in proportion and made even."""
     ratio = width / height
@@ -170,11 +158,65 @@ def _whole_tiles(height: int, width: int, tile: int) -> tuple[int, int]:
     return height, width
 
 
+class _Connector(nn.Module):
+    """Idefics3's pixel-shuffle connector: it folds each ``scale x scale`` square of
+    patch states into one state ``scale**2`` times as wide and projects it to the text
+    model's width, so a frame of ``(size / patch)**2`` patches becomes
+    ``(size / patch / scale)**2`` image tokens."""
+
+    def __init__(self, width: int, scale: int, text_width: int) -> None:
+        super().__init__()
+        self.scale = scale
+        self.modality_projection = nn.Module()
+        self.modality_projection.proj = nn.Linear(width * scale ** 2, text_width, bias=False)
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        """states [B, side * side, D] (side = patches per frame side) ->
+        [B, (side / s)**2, text width]: token (i, j) holds the patches of rows
+        i*s .. i*s+s-1 and columns j*s .. j*s+s-1, row by row, each patch's D channels
+        together."""
+        b, p, d = states.shape
+        s = self.scale
+        side = int(round(p ** 0.5))
+        if side * side != p or side % s:
+            raise ValueError(f"a frame of {p} patches cannot be folded by {s}")
+        folded = (states.view(b, side // s, s, side // s, s, d)
+                  .permute(0, 1, 3, 2, 4, 5)
+                  .reshape(b, (side // s) ** 2, s * s * d))
+        return self.modality_projection.proj(folded)
+
+
+class Idefics3Encoder(nn.Module):
+    """``forward(frames)``: frames [N, 3, S, S] (preprocessed, equal size) -> image
+    token embeddings [N * tokens_per_frame(S), text width], frame after frame. Names
+    as the checkpoint's under ``model.vision_model.`` and ``model.connector.``; the
+    tower reads frames of any size by fractional positions."""
+
+    def __init__(self, spec: TowerSpec, scale: int, text_width: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.vision_model = SiglipTower(spec, fractional_positions=True)
+        self.connector = _Connector(spec.hidden_size, scale, text_width)
+
+    def tokens_per_frame(self, frame_size: int) -> int:
+        side = frame_size // self.spec.patch_size
+        return (side // self.connector.scale) ** 2
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        tokens = self.connector(self.vision_model(frames))
+        return tokens.reshape(-1, tokens.shape[-1])
+
+    def encode(self, frames, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """``frames``: an image's ``Frames``, all encoded in one run."""
+        return self(frames.pixels.to(device, dtype))
+
+
 def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
-    encoder = Idefics3Encoder(tower_spec(config))
+    encoder = Idefics3Encoder(TowerSpec.of(config.vision_config), int(config.scale_factor),
+                              config.text_config.hidden_size)
     load_tower(encoder, state, str(folder))
     processing = Idefics3Processing.read(folder)
-    processor = Idefics3Processor(processing, encoder.spec.tokens_per_frame(processing.tile))
+    processor = Idefics3Processor(processing, encoder.tokens_per_frame(processing.tile))
     return VisionParts(encoder, processor, IMAGE_TOKEN, int(config.image_token_id))
 
 
@@ -193,9 +235,8 @@ def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], toke
                      int(header.require("attention.head_count")), tile,
                      int(header.require("patch_size")),
                      float(header.key("attention.layer_norm_epsilon", 1e-6)),
-                     "gelu_pytorch_tanh", int(header.key("projector.scale_factor", 2)),
-                     text_hidden)
-    encoder = Idefics3Encoder(spec)
+                     "gelu_pytorch_tanh")
+    encoder = Idefics3Encoder(spec, int(header.key("projector.scale_factor", 2)), text_hidden)
     load_tower(encoder, state, str(header.path))
     processing = Idefics3Processing(longest, tile, True, _triple(header, "image_mean"),
                                     _triple(header, "image_std"), 1 / 255,
@@ -204,7 +245,7 @@ def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], toke
     grid = [f"<row_{r}_col_{c}>" for r in range(1, side + 1) for c in range(1, side + 1)]
     ids = image_token_ids(tokenizer, [IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TAG, *grid],
                           str(header.path))
-    return VisionParts(encoder, Idefics3Processor(processing, spec.tokens_per_frame(tile)),
+    return VisionParts(encoder, Idefics3Processor(processing, encoder.tokens_per_frame(tile)),
                        IMAGE_TOKEN, ids[IMAGE_TOKEN])
 
 

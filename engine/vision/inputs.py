@@ -96,3 +96,31 @@ class ImageInputs:
             return None
         device = parts[0].device
         return torch.tensor(index, dtype=torch.int64, device=device), torch.cat(parts)
+
+    @staticmethod
+    def key_ends(scheduled: Sequence[ScheduledSeq]) -> list[int] | None:
+        """Each row's key limit (AttentionMetadata.key_ends) for a step that holds a
+        bidirectional image run (``ImageSpan.joint``), in the step's flattened order;
+        None for a step without one (every row causal). The scheduler keeps a run's
+        uncomputed tokens in one chunk, so its end is among the step's keys."""
+        ends: list[int] = []
+        joint = False
+        for item in scheduled:
+            seq = item.seq
+            start = seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            row_ends = list(range(start + 1, end + 1))
+            for span in seq.images:
+                if span.joint is None:
+                    continue
+                lo, hi = max(start, span.joint[0]), min(end, span.joint[1])
+                if lo >= hi:
+                    continue
+                if span.joint[1] > end:
+                    raise RuntimeError(f"{seq.label}: the chunk [{start}, {end}) cuts the "
+                                       f"image run {span.joint}")
+                row_ends[lo - start:hi - start] = [span.joint[1]] * (hi - lo)
+                joint = True
+            ends += row_ends
+        return ends if joint else None
+

@@ -22,7 +22,7 @@ import torch
 
 from engine.loaders.base import FolioLoadError
 from engine.loaders.gguf.mmproj import MmprojHeader
-from engine.vision.model import VisionModel, VisionParts, tower_dtype
+from engine.vision.model import VisionModel, VisionParts, placed_model
 
 # SigLIP's tower as llama.cpp names it (gguf's MODEL_TENSOR.V_ENC_* and V_POST_NORM),
 # to the parameter names of engine/vision/siglip.py (Hugging Face's, under vision_model.).
@@ -38,6 +38,16 @@ SIGLIP_TOWER = {
     "v.blk.{}.ffn_up": "vision_model.encoder.layers.{}.mlp.fc1",
     "v.blk.{}.ffn_down": "vision_model.encoder.layers.{}.mlp.fc2",
     "v.post_ln": "vision_model.post_layernorm",
+}
+
+# Gemma 3's SigLIP tower and projector (Gemma3VisionModel) to engine/vision/gemma3.py's
+# names; the builder makes the projection a bare parameter and takes back the 1 the
+# converter added to the soft-embedding norm.
+GEMMA3_TOWER = {
+    **{stem: target.replace("vision_model.", "vision_tower.", 1)
+       for stem, target in SIGLIP_TOWER.items()},
+    "mm.input_projection": "multi_modal_projector.mm_input_projection",
+    "mm.soft_emb_norm": "multi_modal_projector.mm_soft_emb_norm",
 }
 
 # Gemma 4's tower as llama.cpp names it (Gemma4VisionAudioModel in convert_hf_to_gguf.py)
@@ -104,11 +114,13 @@ class Projector:
 
 
 def _projectors() -> dict[str, Projector]:
-    from engine.vision import gemma4, idefics3, qwen35
+    from engine.vision import gemma3, gemma4, idefics3, qwen35
 
     smolvlm = Projector("idefics3", "SmolVLM / Idefics3",
                         {**SIGLIP_TOWER, "mm.model.fc": "connector.modality_projection.proj"},
                         idefics3.build_from_mmproj, ("llama",))
+    gemma_3 = Projector("gemma3", "Gemma 3", GEMMA3_TOWER, gemma3.build_from_mmproj,
+                        ("gemma3_text",), cpu_bfloat16=gemma3.GEMMA3.cpu_bfloat16)
     gemma = Projector("gemma4v", "Gemma 4", GEMMA4_TOWER, gemma4.build_from_mmproj,
                       ("gemma4_text",))
     # Qwen3-VL writes the same type (with deepstack tensors, refused by name) for text
@@ -116,7 +128,7 @@ def _projectors() -> dict[str, Projector]:
     qwen = Projector("qwen3vl_merger", "Qwen3.5", QWEN35_TOWER, qwen35.build_from_mmproj,
                      ("qwen3_5_text", "qwen3_5_moe_text"),
                      cpu_bfloat16=qwen35.QWEN35.cpu_bfloat16)
-    return {p.projector_type: p for p in (smolvlm, gemma, qwen)}
+    return {p.projector_type: p for p in (smolvlm, gemma_3, gemma, qwen)}
 
 
 def supported_projectors() -> tuple[str, ...]:
@@ -165,10 +177,7 @@ def load_mmproj(header: MmprojHeader, tokenizer, text_hidden: int, dtype: torch.
     check_width(header, text_hidden)
     state = read_state(header, projector.names)
     parts = projector.build(header, state, tokenizer, text_hidden)
-    device = torch.device(device)
-    encoder_dtype = encoder_dtype or tower_dtype(projector, dtype, device)
-    parts.encoder.to(device=device, dtype=encoder_dtype).eval()
-    return VisionModel(parts, dtype, device, encoder_dtype)
+    return placed_model(parts, projector, dtype, device, encoder_dtype)
 
 
 def read_state(header: MmprojHeader, names: dict[str, str]) -> dict[str, torch.Tensor]:

@@ -83,6 +83,14 @@ class VisionParts:
     # What an image part becomes in the text the template sees (None: image_token);
     # Qwen's wraps its pad token in vision start and end tokens.
     marker_text: str | None = None
+    # The marker's id where it is not the image token's (Gemma 3's <start_of_image>).
+    marker_token_id: int | None = None
+    # Whether one image's run of image tokens attends to itself bidirectionally in the
+    # text model (Gemma 3), not causally (ImageSpan.joint).
+    bidirectional: bool = False
+    # Whether an image's text opens or closes with plain text that the tokenizer joins
+    # with the prompt's (Gemma 3's "\n\n"): expand_images tokenizes them together.
+    joins_text: bool = False
 
 
 # A family's loader: (folder, its transformers config, its tower tensors by the names
@@ -111,6 +119,10 @@ class VisionModel:
         self.image_token = parts.image_token
         self.image_token_id = parts.image_token_id
         self.marker_text = parts.marker_text or parts.image_token
+        self.marker_id = (parts.image_token_id if parts.marker_token_id is None
+                          else parts.marker_token_id)
+        self.bidirectional = parts.bidirectional
+        self.joins_text = parts.joins_text
         self.dtype = dtype
         self.encoder_dtype = encoder_dtype or dtype
         self.device = device
@@ -131,11 +143,12 @@ class VisionModel:
 
 
 def _families() -> dict[str, VisionFamily]:
+    from engine.vision.gemma3 import GEMMA3
     from engine.vision.gemma4 import GEMMA4
     from engine.vision.idefics3 import IDEFICS3
     from engine.vision.qwen35 import QWEN35, QWEN35_MOE
 
-    return {f.architecture: f for f in (IDEFICS3, GEMMA4, QWEN35, QWEN35_MOE)}
+    return {f.architecture: f for f in (IDEFICS3, GEMMA3, GEMMA4, QWEN35, QWEN35_MOE)}
 
 
 def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu",
@@ -172,9 +185,26 @@ def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "
     except VisionUnavailable as reason:
         log.warning("%s: the model reads text only: %s", folder, reason)
         return None
+    return placed_model(parts, family, dtype, device, encoder_dtype)
+
+
+def placed_model(parts: VisionParts, family, dtype: torch.dtype,
+                 device: torch.device | str, encoder_dtype: torch.dtype | None
+                 ) -> VisionModel:
+    """The parts' encoder moved to ``device`` in its compute dtype (``encoder_dtype``, else
+    ``tower_dtype``'s choice for ``family``: anything with ``cpu_bfloat16``), as a
+    VisionModel; a folder's tower and an mmproj file's alike."""
     device = torch.device(device)
     encoder_dtype = encoder_dtype or tower_dtype(family, dtype, device)
-    parts.encoder.to(device=device, dtype=encoder_dtype).eval()
+    placed = getattr(parts.encoder, "placed", None)
+    if placed is None:
+        parts.encoder.to(device=device, dtype=encoder_dtype).eval()
+    else:
+        # An encoder that takes a compute dtype its own way (Gemma 3's: bfloat16 matmuls
+        # under a float32 residual stream) keeps the model's dtype at its ends.
+        parts.encoder.to(device=device, dtype=dtype).eval()
+        placed(encoder_dtype)
+        encoder_dtype = dtype
     return VisionModel(parts, dtype, device, encoder_dtype)
 
 

@@ -74,10 +74,21 @@ class ImageReader:
 
 
 def expand_images(ids: list[int], images: list[PreparedImage], marker_id: int,
-                  encode) -> tuple[list[int], tuple[ImageSpan, ...]]:
+                  encode, joint_id: int | None = None, decode=None,
+                  special_ids: frozenset[int] = frozenset()
+                  ) -> tuple[list[int], tuple[ImageSpan, ...]]:
     """``ids`` with the k-th ``marker_id`` replaced by image k's tokens (``encode`` of
     its text), and each image's span. ValueError when the rendered prompt holds a
-    different number of markers than there are images (a template that drops images)."""
+    different number of markers than there are images (a template that drops images).
+    ``joint_id``: for a model whose image tokens attend to each other both ways, the
+    image token's id; each span's run of them is its ``joint`` range.
+
+    An image text that opens or closes with text of its own (Gemma 3's newlines) is
+    tokenized together with the text it joins (``decode``: back to the last special
+    token and on to the next one, ``special_ids``), as a processor tokenizes the whole
+    expanded prompt: "user\n" then "\n\n<start_of_image>" are one run of newlines to
+    the tokenizer. The span is then the image text's special tokens and what lies
+    between them."""
     found = [p for p, t in enumerate(ids) if t == marker_id]
     if len(found) != len(images):
         raise ValueError(f"messages: {len(images)} image(s) sent, but the chat template "
@@ -87,9 +98,36 @@ def expand_images(ids: list[int], images: list[PreparedImage], marker_id: int,
     last = 0
     for place, image in zip(found, images, strict=True):
         out += ids[last:place]
-        tokens = encode(image.text)
-        spans.append(ImageSpan(len(out), len(out) + len(tokens), image.key, image, image.grid))
+        text, after = image.text, place + 1
+        joins = decode is not None
+        if joins and text[:1].isspace():  # the text before it, back to a special token
+            cut = len(out)
+            while cut > 0 and out[cut - 1] not in special_ids:
+                cut -= 1
+            text = decode(out[cut:]) + text
+            del out[cut:]
+        if joins and text[-1:].isspace():  # the text after it, on to a special token
+            while after < len(ids) and ids[after] not in special_ids:
+                after += 1
+            text += decode(ids[place + 1:after])
+        tokens = encode(text)
+        start, end = len(out), len(out) + len(tokens)
+        own = [i for i, t in enumerate(tokens) if t in special_ids]
+        if joins and own:
+            start, end = len(out) + own[0], len(out) + own[-1] + 1
+        joint = None if joint_id is None else _run(tokens, joint_id, len(out))
+        spans.append(ImageSpan(start, end, image.key, image, grid=image.grid,
+                               joint=joint))
         out += tokens
-        last = place + 1
+        last = after
     out += ids[last:]
     return out, tuple(spans)
+
+
+def _run(tokens: list[int], token_id: int, offset: int) -> tuple[int, int]:
+    """[first, last + 1) of ``token_id`` in ``tokens``, shifted by ``offset``; the
+    image's tokens must be one unbroken run."""
+    places = [p for p, t in enumerate(tokens) if t == token_id]
+    if not places or places[-1] + 1 - places[0] != len(places):
+        raise ValueError("an image's text does not tokenize to one run of image tokens")
+    return offset + places[0], offset + places[-1] + 1

@@ -1,18 +1,20 @@
-"""Idefics3's vision tower (a SigLIP encoder over patches) and its pixel-shuffle
-connector, in PyTorch: a batch of equal-size frames in, one row of text-model
-embeddings per image token out.
+"""A SigLIP vision tower in PyTorch, shared by the families whose eyes are SigLIP
+(Idefics3, Gemma 3): frames in, one state per patch out.
 
 The tower is SigLIP's pre-norm encoder (LayerNorm, bidirectional attention, LayerNorm,
-GELU MLP) after a strided patch convolution and learned position embeddings; Idefics3
-reads frames smaller than the tower's training size by bucketing each patch's
-fractional place into the position grid (NaViT's way), which is what
-``patch_positions`` computes. The connector folds each ``scale x scale`` square of
-patch states into one state ``scale**2`` times as wide and projects it to the text
-model's width, so a frame of ``(size / patch)**2`` patches becomes
-``(size / patch / scale)**2`` image tokens.
+GELU MLP) after a strided patch convolution and learned position embeddings. A frame of
+the tower's own size takes the position table row by row (SigLIP's); Idefics3 also reads
+smaller frames, bucketing each patch's fractional place into the position grid (NaViT's
+way, ``patch_positions``; ``fractional_positions=True``).
 
-Parameter names are the checkpoint's under ``model.vision_model.`` and
-``model.connector.``, so a folder's tensors load by name (``load_state_dict``).
+``SiglipTower.use_matmul_dtype(torch.bfloat16)`` keeps the projections' and the patch
+convolution's weights in bfloat16 and runs them and the attention in bfloat16, the
+residual stream, the norms and the GELU staying float32: on a CPU with AMX or
+AVX512-BF16 a large tower encodes several times faster, within bfloat16's rounding of
+the float32 result (engine/vision/gemma3.py decides when).
+
+Parameter names are the checkpoint's under the tower's prefix (``embeddings.``,
+``encoder.layers.``, ``post_layernorm.``), so a folder's tensors load by name.
 """
 
 from __future__ import annotations
@@ -34,12 +36,22 @@ class TowerSpec:
     patch_size: int
     layer_norm_eps: float
     hidden_act: str  # "gelu_pytorch_tanh" (tanh approximation) or "gelu"
-    scale_factor: int  # the connector's fold
-    text_hidden_size: int
 
-    def tokens_per_frame(self, frame_size: int) -> int:
-        side = frame_size // self.patch_size
-        return (side // self.scale_factor) ** 2
+    @classmethod
+    def of(cls, vision) -> TowerSpec:
+        """From a transformers SigLIP vision config."""
+        return cls(vision.hidden_size, vision.intermediate_size, vision.num_hidden_layers,
+                   vision.num_attention_heads, _side(vision.image_size),
+                   _side(vision.patch_size), vision.layer_norm_eps, vision.hidden_act)
+
+
+def _side(value) -> int:
+    return int(value[0] if isinstance(value, list | tuple) else value)
+
+
+def _project(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``layer(x)`` in ``dtype`` (the weights' already) where one is set."""
+    return layer(x) if dtype is None else layer(x.to(dtype))
 
 
 class _Attention(nn.Module):
@@ -51,14 +63,16 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(width, width)
         self.v_proj = nn.Linear(width, width)
         self.out_proj = nn.Linear(width, width)
+        self.matmul_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x [B, P, D] -> q, k, v [B, H, P, D / H]; every patch sees every patch.
         b, p, d = x.shape
-        heads = [proj(x).view(b, p, self.num_heads, d // self.num_heads).transpose(1, 2)
+        h = x if self.matmul_dtype is None else x.to(self.matmul_dtype)
+        heads = [proj(h).view(b, p, self.num_heads, d // self.num_heads).transpose(1, 2)
                  for proj in (self.q_proj, self.k_proj, self.v_proj)]
         out = F.scaled_dot_product_attention(*heads)
-        return self.out_proj(out.transpose(1, 2).reshape(b, p, d))
+        return self.out_proj(out.transpose(1, 2).reshape(b, p, d)).to(x.dtype)
 
 
 class _MLP(nn.Module):
@@ -70,9 +84,12 @@ class _MLP(nn.Module):
             raise ValueError(f"vision_config.hidden_act: {spec.hidden_act!r} is not supported "
                              "(gelu_pytorch_tanh or gelu)")
         self.approximate = "tanh" if spec.hidden_act == "gelu_pytorch_tanh" else "none"
+        self.matmul_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
+        up = _project(self.fc1, x, self.matmul_dtype).to(x.dtype)
+        act = F.gelu(up, approximate=self.approximate)
+        return _project(self.fc2, act, self.matmul_dtype).to(x.dtype)
 
 
 class _EncoderLayer(nn.Module):
@@ -89,19 +106,29 @@ class _EncoderLayer(nn.Module):
 
 
 class _Embeddings(nn.Module):
-    def __init__(self, spec: TowerSpec) -> None:
+    def __init__(self, spec: TowerSpec, fractional_positions: bool) -> None:
         super().__init__()
         self.patch_size = spec.patch_size
         self.grid = spec.image_size // spec.patch_size
+        self.fractional = fractional_positions
         self.patch_embedding = nn.Conv2d(3, spec.hidden_size, spec.patch_size,
                                          stride=spec.patch_size)
         self.position_embedding = nn.Embedding(self.grid ** 2, spec.hidden_size)
+        self.matmul_dtype: torch.dtype | None = None
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         # frames [B, 3, H, W] -> patches [B, (H / p) * (W / p), D]
-        patches = self.patch_embedding(frames).flatten(2).transpose(1, 2)
+        patches = _project(self.patch_embedding, frames, self.matmul_dtype).to(frames.dtype)
+        patches = patches.flatten(2).transpose(1, 2)
         rows, cols = frames.shape[2] // self.patch_size, frames.shape[3] // self.patch_size
-        ids = patch_positions(rows, cols, self.grid, frames.device)
+        if self.fractional:
+            ids = patch_positions(rows, cols, self.grid, frames.device)
+        elif rows == cols == self.grid:
+            ids = torch.arange(rows * cols, device=frames.device)
+        else:
+            raise ValueError(f"a {frames.shape[2]} x {frames.shape[3]} frame: this tower "
+                             f"reads {self.grid * self.patch_size} x "
+                             f"{self.grid * self.patch_size} frames only")
         return patches + self.position_embedding(ids)
 
 
@@ -118,10 +145,14 @@ def patch_positions(rows: int, cols: int, grid: int, device) -> torch.Tensor:
     return (buckets(rows)[:, None] * grid + buckets(cols)[None, :]).reshape(-1)
 
 
-class _Tower(nn.Module):
-    def __init__(self, spec: TowerSpec) -> None:
+class SiglipTower(nn.Module):
+    """``forward(frames)``: frames [B, 3, H, W] -> patch states [B, patches, D] after
+    the post-LayerNorm."""
+
+    def __init__(self, spec: TowerSpec, fractional_positions: bool = False) -> None:
         super().__init__()
-        self.embeddings = _Embeddings(spec)
+        self.spec = spec
+        self.embeddings = _Embeddings(spec, fractional_positions)
         self.encoder = nn.Module()
         self.encoder.layers = nn.ModuleList(_EncoderLayer(spec) for _ in range(spec.num_layers))
         self.post_layernorm = nn.LayerNorm(spec.hidden_size, eps=spec.layer_norm_eps)
@@ -132,45 +163,17 @@ class _Tower(nn.Module):
             x = layer(x)
         return self.post_layernorm(x)
 
+    def use_matmul_dtype(self, dtype: torch.dtype) -> None:
+        """The projections and the patch convolution in ``dtype`` from now on (their
+        weights and biases converted once); call after the module's own ``to``."""
+        modules = [self.embeddings, *(m for layer in self.encoder.layers
+                                      for m in (layer.self_attn, layer.mlp))]
+        for module in modules:
+            module.matmul_dtype = dtype
+            for child in module.children():
+                if isinstance(child, nn.Linear | nn.Conv2d):
+                    child.to(dtype)
 
-class _Connector(nn.Module):
-    def __init__(self, spec: TowerSpec) -> None:
-        super().__init__()
-        self.scale = spec.scale_factor
-        self.modality_projection = nn.Module()
-        self.modality_projection.proj = nn.Linear(
-            spec.hidden_size * spec.scale_factor ** 2, spec.text_hidden_size, bias=False)
-
-    def forward(self, states: torch.Tensor) -> torch.Tensor:
-        """states [B, side * side, D] (side = patches per frame side) ->
-        [B, (side / s)**2, text width]: token (i, j) holds the patches of rows
-        i*s .. i*s+s-1 and columns j*s .. j*s+s-1, row by row, each patch's D channels
-        together."""
-        b, p, d = states.shape
-        s = self.scale
-        side = int(round(p ** 0.5))
-        if side * side != p or side % s:
-            raise ValueError(f"a frame of {p} patches cannot be folded by {s}")
-        folded = (states.view(b, side // s, s, side // s, s, d)
-                  .permute(0, 1, 3, 2, 4, 5)
-                  .reshape(b, (side // s) ** 2, s * s * d))
-        return self.modality_projection.proj(folded)
-
-
-class Idefics3Encoder(nn.Module):
-    """``forward(frames)``: frames [N, 3, S, S] (preprocessed, equal size) -> image
-    token embeddings [N * tokens_per_frame(S), text width], frame after frame."""
-
-    def __init__(self, spec: TowerSpec) -> None:
-        super().__init__()
-        self.spec = spec
-        self.vision_model = _Tower(spec)
-        self.connector = _Connector(spec)
-
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        tokens = self.connector(self.vision_model(frames))
-        return tokens.reshape(-1, tokens.shape[-1])
-
-    def encode(self, frames, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """``frames``: an image's ``idefics3.Frames``, all encoded in one run."""
-        return self(frames.pixels.to(device, dtype))
+    @property
+    def matmul_dtype(self) -> torch.dtype | None:
+        return self.embeddings.matmul_dtype

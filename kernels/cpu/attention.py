@@ -3,7 +3,8 @@
 
 `attention` is one op per layer: a varlen batch of prefill chunks and decode tokens read
 in place from the paged pool through the block tables (causal, GQA, sliding window,
-logit soft-cap and attention sinks with the reference's exact semantics), split over
+logit soft-cap, attention sinks and per-row key limits, AttentionMetadata.key_ends,
+with the reference's exact semantics), split over
 sequences, KV heads and,
 when that leaves threads idle, block ranges of the keys. `write_kv` is one scatter op.
 Float32 queries over float32, float16 and quantized (int8, fp8, int4: kernels/kv_format.py)
@@ -77,13 +78,14 @@ class CpuBackend:
         ops().rotary_write_kv(query, key, value, cos, sin, k_cache, v_cache,
                               _int64(slot_mapping))
 
-    def kernel_args(self, meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
-        """(slot_mapping as int64, query_start_loc, seq_lens, block_tables as int32), CPU
-        tensors as the ops take them, kept for as long as the layers pass this same
-        metadata."""
+    def kernel_args(self, meta: AttentionMetadata) -> tuple[torch.Tensor | None, ...]:
+        """(slot_mapping as int64, query_start_loc, seq_lens, block_tables, key_ends as
+        int32 or None), CPU tensors as the ops take them, kept for as long as the layers
+        pass this same metadata."""
         if meta is not self._meta:
             self._meta_args = (_int64(meta.slot_mapping), _int32(meta.query_start_loc),
-                               _int32(meta.seq_lens), _int32(meta.block_tables))
+                               _int32(meta.seq_lens), _int32(meta.block_tables),
+                               None if meta.key_ends is None else _int32(meta.key_ends))
             self._meta = meta
         return self._meta_args
 
@@ -104,9 +106,10 @@ class CpuBackend:
         window = effective_window(sliding_window, meta.max_seq_len) or 0
         if query.stride(2) != 1:
             query = query.contiguous()
+        key_ends = None if meta.key_ends is None else self.kernel_args(meta)[4]
         return ops().paged_attention(
-            query, k_cache, v_cache, *self.kernel_args(meta)[1:], float(scale), int(window),
-            float(logit_softcap or 0.0), sinks)
+            query, k_cache, v_cache, *self.kernel_args(meta)[1:4], float(scale), int(window),
+            float(logit_softcap or 0.0), sinks, key_ends)
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         copy_blocks_ref(_bytes(kv_cache), src, dst)

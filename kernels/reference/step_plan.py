@@ -104,19 +104,24 @@ class ChunkPlan:
 
     @classmethod
     def build(cls, start: int, end: int, block_table: torch.Tensor, seq_len: int,
-              block_size: int, device: torch.device, window: int | None) -> ChunkPlan:
+              block_size: int, device: torch.device, window: int | None,
+              key_ends: torch.Tensor | None = None) -> ChunkPlan:
+        """``key_ends``: the rows' key limits (AttentionMetadata.key_ends), or None."""
         q_len = end - start
         num_blocks = -(-seq_len // block_size)
         window = effective_window(window, seq_len)
         if window is None:
-            mask = causal_mask(q_len, seq_len, device)
+            mask = (causal_mask(q_len, seq_len, device) if key_ends is None
+                    else key_end_mask(q_len, seq_len, key_ends, None, 0, device))
             assert mask is not None
             return cls(start, end, block_ids(block_table, num_blocks, device), seq_len, mask)
         # The earliest query (position seq_len - q_len) sees back to seq_len - q_len - W + 1.
         first_pos = max(0, seq_len - q_len - window + 1)
         first_block = first_pos // block_size
         ids = block_ids(block_table[first_block:], num_blocks - first_block, device)
-        mask = sliding_window_mask(q_len, seq_len, window, first_pos, device)
+        mask = (sliding_window_mask(q_len, seq_len, window, first_pos, device)
+                if key_ends is None
+                else key_end_mask(q_len, seq_len, key_ends, window, first_pos, device))
         return cls(start, end, ids, seq_len - first_pos, mask,
                    first_pos - first_block * block_size)
 
@@ -150,8 +155,11 @@ class StepPlan:
             if end - start == 1:
                 decode_seqs.append(i)
             elif end > start:
+                # A one-token query is causal whatever key_ends says: its position is its
+                # sequence's last, so it has no later key to see.
+                ends = None if meta.key_ends is None else meta.key_ends[start:end]
                 chunks.append(ChunkPlan.build(start, end, meta.block_tables[i], seq_len,
-                                              block_size, device, window))
+                                              block_size, device, window, ends))
         if not decode_seqs:
             return cls(None, None, chunks)
         index = torch.tensor(decode_seqs, device=meta.seq_lens.device)
@@ -183,3 +191,17 @@ def sliding_window_mask(q_len: int, seq_len: int, window: int, first_key: int,
     query_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
     key_pos = torch.arange(first_key, seq_len, device=device)[None, :]
     return (key_pos <= query_pos) & (key_pos > query_pos - window)
+
+
+def key_end_mask(q_len: int, seq_len: int, key_ends: torch.Tensor, window: int | None,
+                 first_key: int, device: torch.device) -> torch.Tensor:
+    """Bool [q_len, seq_len - first_key] over keys first_key .. seq_len - 1 with per-row
+    key limits (AttentionMetadata.key_ends): query row j (position p) sees key k iff
+    k < key_ends[j] and, under a window, k > p - window. That is transformers' Gemma 3
+    mask for an image's tokens: sliding_window AND (causal OR same image)."""
+    query_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+    key_pos = torch.arange(first_key, seq_len, device=device)[None, :]
+    mask = key_pos < key_ends.to(device=device, dtype=torch.int64)[:, None]
+    if window is not None:
+        mask &= key_pos > query_pos - window
+    return mask

@@ -8,6 +8,7 @@ import torch
 
 from kernels.interface import AttentionMetadata, check_attention_options, effective_window
 from kernels.kv_format import format_of
+from kernels.reference.backend import paged_attention_ref
 from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
 from kernels.triton.decode import paged_decode
 from kernels.triton.prefill import paged_prefill
@@ -29,7 +30,9 @@ class TritonBackend:
     decode kernel: it starts each sequence's loop at its window, whereas the cascade
     kernel reads the shared blocks whole, and those may lie before a member's window (and
     be freed); a window covering every context is dropped, so it keeps the cascade.
-    So do attention sinks, which only the plain kernels' merge takes.
+    So do attention sinks, which only the plain kernels' merge takes. A prefill step with
+    per-row key limits (AttentionMetadata.key_ends: an image's bidirectional tokens) runs
+    the PyTorch reference instead (the kernels here are causal).
 
     A quantized pool (int8, fp8, int4: its dtype tells; kernels/kv_format.py) goes to the
     same kernels, which read it in place. An int4 pool holds Hadamard-rotated rows: the
@@ -66,6 +69,11 @@ class TritonBackend:
                   meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
                   logit_softcap: float | None = None, sinks: torch.Tensor | None = None
                   ) -> torch.Tensor:
+        if meta.key_ends is not None and not meta.is_decode_only:
+            # A bidirectional run (Gemma 3's image, prefill only): the Triton kernels are
+            # causal, so such a step takes the PyTorch reference on the device.
+            return paged_attention_ref(query, k_cache, v_cache, meta, scale, sliding_window,
+                                       logit_softcap, sinks)
         fmt = format_of(k_cache)
         if fmt.rotated:
             rotated = fmt.rotate(query.float()).to(query.dtype)

@@ -132,7 +132,11 @@ def naive_attention(case: PagedCase, sliding_window: int | None = None,
         if logit_softcap is not None:
             scores = logit_softcap * torch.tanh(scores / logit_softcap)
         query_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
-        seen = positions[None, :] <= query_pos
+        if meta.key_ends is None:
+            seen = positions[None, :] <= query_pos
+        else:  # per-row key limits (a bidirectional run's rows see its end)
+            ends = meta.key_ends[starts[i]:starts[i + 1]].long().to(query.device)
+            seen = positions[None, :] < ends[:, None]
         if sliding_window is not None:
             seen &= positions[None, :] > query_pos - sliding_window
         scores = scores.masked_fill(~seen, float("-inf"))
@@ -322,3 +326,23 @@ def compile_option_kernels_for_hopper() -> list[str]:
         dict(attn, members_ptr="i32", shared_len_ptr="i32"),
         dict(shape, G_PAD=2, MEMBERS_PAD=8, BLOCK_N=32))
     return ["decode/merge/prefill/shared with sliding window, soft-cap and sinks g2 h256"]
+
+
+def with_runs(case: PagedCase, runs: dict[int, list[tuple[int, int]]]) -> PagedCase:
+    """The case with AttentionMetadata.key_ends: runs[i] lists sequence i's bidirectional
+    runs [lo, hi) (positions among its new tokens), each of whose rows sees keys < hi;
+    every other row is causal."""
+    meta = case.meta
+    starts = meta.query_start_loc.tolist()
+    ends: list[int] = []
+    for i, seq_len in enumerate(meta.seq_lens.tolist()):
+        q_len = starts[i + 1] - starts[i]
+        row_ends = list(range(seq_len - q_len + 1, seq_len + 1))
+        for lo, hi in runs.get(i, []):  # a run may open among the cached tokens
+            assert lo < hi <= seq_len and hi > seq_len - q_len
+            for p in range(max(lo, seq_len - q_len), hi):
+                row_ends[p - (seq_len - q_len)] = hi
+        ends += row_ends
+    key_ends = torch.tensor(ends, dtype=torch.int32, device=meta.seq_lens.device)
+    return dataclasses.replace(case, meta=dataclasses.replace(meta, key_ends=key_ends))
+

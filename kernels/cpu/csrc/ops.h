@@ -25,6 +25,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, const at::Tensor& block_tables,
                            double scale, int64_t window, double softcap,
-                           const std::optional<at::Tensor>& sinks);
+                           const std::optional<at::Tensor>& sinks,
+                           const std::optional<at::Tensor>& key_ends = std::nullopt);
 
 }  // namespace folio_cpu::attention

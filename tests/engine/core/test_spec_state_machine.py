@@ -91,8 +91,11 @@ class SpecMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def finish(self, data):
+        # A candidate ends on a token it sampled: never with its prompt's last token
+        # still uncomputed (its candidates not yet forked), as the engine's stops go.
         live = [s for r in self.scheduler.requests.values() for s in r.live_seqs
-                if s.status is SequenceStatus.RUNNING and s.num_uncomputed_tokens == 1]
+                if s.status is SequenceStatus.RUNNING and s.num_uncomputed_tokens == 1
+                and s.num_computed_tokens >= s.num_prompt_tokens]
         if live:
             self.scheduler.finish_seq(data.draw(st.sampled_from(live)), "stop")
             self.scheduler.remove_finished()

@@ -37,7 +37,16 @@ struct AttentionArgs {
   // nullptr: none; else [nq] logits in each row's softmax denominator that weigh no value
   // (attention sinks), folded in where a row's output is normalized.
   const float* sinks = nullptr;
+  // nullptr: causal; else [num_tokens] each query row's key limit: row t (position p)
+  // sees keys < key_ends[t] (>= p + 1: the keys past p are the step's own tokens, a
+  // bidirectional run such as Gemma 3's image), from p - window + 1 on under a window.
+  const int32_t* key_ends = nullptr;
 };
+
+// The last key position query row `token` (at position `pos`) sees.
+inline int64_t last_key(const AttentionArgs& a, int64_t token, int64_t pos) {
+  return a.key_ends == nullptr ? pos : static_cast<int64_t>(a.key_ends[token]) - 1;
+}
 
 // The element types of the quantized pools (one byte each, so that element strides are
 // byte strides): distinct types, so that the kernels pick a row's decoding by overload.

@@ -1,7 +1,7 @@
 // paged_attention: a varlen batch (prefill chunks and decode tokens mixed) over the
 // paged KV pool, read in place through the block tables; the semantics of
 // kernels/reference/backend.py (causal, GQA, sliding window, logit soft-cap, attention
-// sinks).
+// sinks, per-row key limits for bidirectional runs).
 //
 // The batch becomes tasks (attention_task.h): per sequence, per KV head, tiles of query
 // tokens; when that gives too few tasks to keep every thread busy (a decode step of one
@@ -65,8 +65,16 @@ Plan plan_tasks(const AttentionArgs& a, int64_t num_seqs, int64_t threads) {
       const int64_t t_end = std::min(end, t + tile_tokens);
       const int64_t first_pos = seq_len - (end - start) + (t - start);
       const int64_t key_begin = a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : 0;
-      tiles.push_back({static_cast<int32_t>(s), t, t_end, key_begin,
-                       seq_len - (end - t_end)});
+      int64_t key_end = seq_len - (end - t_end);  // the tile's last row's position + 1
+      if (a.key_ends != nullptr) {  // a bidirectional run's rows see past their position
+        for (int64_t r = t; r < t_end; ++r) {
+          TORCH_CHECK(a.key_ends[r] >= first_pos + (r - t) + 1 && a.key_ends[r] <= seq_len,
+                      "key_ends[", r, "] = ", a.key_ends[r], " must lie in [position + 1, ",
+                      seq_len, "]");
+          key_end = std::max<int64_t>(key_end, a.key_ends[r]);
+        }
+      }
+      tiles.push_back({static_cast<int32_t>(s), t, t_end, key_begin, key_end});
     }
   }
   const int64_t base_tasks = static_cast<int64_t>(tiles.size()) * a.num_kv_heads;
@@ -120,7 +128,7 @@ Plan plan_tasks(const AttentionArgs& a, int64_t num_seqs, int64_t threads) {
 // An empty plan when the step is not such a one.
 Plan plan_shared_prefix(const AttentionArgs& a, int64_t num_seqs, int64_t threads) {
   const int64_t bs = a.block_size;
-  if (num_seqs < 2 || a.window != 0) return {};
+  if (num_seqs < 2 || a.window != 0 || a.key_ends != nullptr) return {};
   int64_t min_len = a.seq_lens[0];
   for (int64_t s = 0; s < num_seqs; ++s) {
     if (a.query_start_loc[s + 1] - a.query_start_loc[s] != 1) return {};
@@ -223,7 +231,8 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, const at::Tensor& block_tables,
                            double scale, int64_t window, double softcap,
-                           const std::optional<at::Tensor>& sinks) {
+                           const std::optional<at::Tensor>& sinks,
+                           const std::optional<at::Tensor>& key_ends) {
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat && query.stride(2) == 1,
               "query must be float32 [num_tokens, nq, hd] with contiguous heads");
   const KvKind kind = kv_kind_of(k_cache.scalar_type());
@@ -250,6 +259,11 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                     sinks->is_contiguous() && sinks->dim() == 1 && sinks->size(0) == nq,
                 "sinks must be a contiguous float32 CPU tensor of shape [", nq, "]");
   }
+  if (key_ends.has_value()) {
+    check_int32(*key_ends, "key_ends");
+    TORCH_CHECK(key_ends->dim() == 1 && key_ends->size(0) == num_tokens,
+                "key_ends must have one entry per query token (", num_tokens, ")");
+  }
   auto out = at::empty({num_tokens, nq, hd}, query.options());
   if (num_tokens == 0 || num_seqs == 0) return out;
   // A quantized pool's rows are rotated: so is the query (a copy; the caller's stays), and the
@@ -263,7 +277,8 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                      seq_lens.data_ptr<int32_t>(), block_tables.data_ptr<int32_t>(),
                      block_tables.stride(0), k_cache.size(1), hd, nq, nkv, k_cache.size(3),
                      static_cast<float>(scale), static_cast<float>(softcap), window,
-                     sinks.has_value() ? sinks->data_ptr<float>() : nullptr};
+                     sinks.has_value() ? sinks->data_ptr<float>() : nullptr,
+                     key_ends.has_value() ? key_ends->data_ptr<int32_t>() : nullptr};
   const int64_t threads = at::get_num_threads();
   Plan plan = plan_shared_prefix(args, num_seqs, threads);
   if (plan.tasks.empty()) plan = plan_tasks(args, num_seqs, threads);
@@ -314,6 +329,6 @@ IsaKernels kernels_for_active_isa() {
 TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
   m.def("paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
         "Tensor seq_lens, Tensor block_tables, float scale, int window, float softcap, "
-        "Tensor? sinks=None) -> Tensor",
+        "Tensor? sinks=None, Tensor? key_ends=None) -> Tensor",
         &folio_cpu::attention::paged_attention);
 }
