@@ -1,7 +1,7 @@
 """A GGUF Qwen3.5 with llama.cpp's "qwen3vl_merger" mmproj file against the Hugging Face
 folder it was converted from (tiny_qwen35_vl_gguf.py), the towers in float32 on every
 CPU: the same image embeddings (an F32 file within 1e-5, F16 within 2e-2 of embeddings
-up to ~3), the same prompt ids and greedy tokens (16) for one image and for an image in
+up to ~6), the same prompt ids and greedy tokens (16) for one image and for an image in
 an earlier turn (the M-RoPE sections read from rope.dimension_sections); the pixel
 bounds from the file's keys, transformers' defaults without them; a Qwen3-VL file's
 deepstack tensors and a kernel without its second temporal slice refused by name; a
