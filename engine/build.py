@@ -36,7 +36,8 @@ from engine.runner.model_runner import ModelRunner
 from engine.runner.state_pool import state_slots
 from engine.text.chat_template import ChatTokenizer, chat_tokenizer_for
 from engine.vision.inputs import ImageInputs
-from engine.vision.model import VisionModel, load_vision
+from engine.vision.load import load_vision
+from engine.vision.model import VisionModel
 
 Progress = Callable[[str, float], None]
 log = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ def assemble(model: str | Path, config: EngineConfig,
                               keep_quantized=config.weights == "stored", with_mtp=with_mtp)
     family = family_of(loaded.config)
     vision = _vision(path, mmproj, loaded, dtype, device,  # None: it reads text only
-                     resolve_dtype(config.vision_dtype) if config.vision_dtype else None)
+                     resolve_dtype(config.vision_dtype) if config.vision_dtype else None,
+                     named=config.mmproj is not None)
     tokenizer = chat_tokenizer_for(loaded.tokenizer, family.turn_format, config.chat_template,
                                    vision.marker_text if vision is not None else None)
     grammars = Grammars(loaded.tokenizer, loaded.config.vocab_size,
@@ -159,17 +161,25 @@ def _mmproj_header(path: Path, config: EngineConfig):
 
 
 def _vision(path: Path, mmproj, loaded, dtype: torch.dtype, device: torch.device,
-            encoder_dtype: torch.dtype | None) -> VisionModel | None:
+            encoder_dtype: torch.dtype | None, named: bool) -> VisionModel | None:
     """A folder's vision tower, or the one the GGUF model's mmproj file holds (its width
     checked against the text model's, its image tokens looked up in the model's
     vocabulary). ``encoder_dtype``: ``EngineConfig.vision_dtype`` (None: the family's
-    choice, ``model.tower_dtype``)."""
+    choice, ``model.tower_dtype``). A file found beside the model (not ``named``) whose
+    projector goes with another family's text model leaves it
+    text only, logged; named, it is refused."""
     if mmproj is None:
         return load_vision(path, dtype, device, encoder_dtype)
-    from engine.vision.mmproj import load_mmproj
+    from engine.vision.mmproj import load_mmproj, pairs_with
 
     text = getattr(loaded.config, "text_config", None) or loaded.config
-    return load_mmproj(mmproj, loaded.tokenizer, int(text.hidden_size), dtype, device)
+    model_type = str(getattr(text, "model_type", ""))
+    if not named and not pairs_with(mmproj, model_type):
+        log.warning("%s: projector type %r does not give images to a %s model; the model "
+                    "reads text only", mmproj.path, mmproj.projector, model_type)
+        return None
+    return load_mmproj(mmproj, loaded.tokenizer, int(text.hidden_size), dtype, device,
+                       encoder_dtype, model_type)
 
 
 def _embedder(config: EngineConfig):

@@ -135,7 +135,7 @@ def _best(call, rounds: int = 3) -> float:
 
 def _encode_times(folder: Path, hf_model, picture: bytes, threads: int) -> tuple[float, float]:
     from engine.vision.decode import decode_image
-    from engine.vision.model import load_vision
+    from engine.vision.load import load_vision
 
     torch.set_num_threads(threads)
     vision = load_vision(folder, torch.float32)

@@ -224,16 +224,18 @@ def gguf_info(path: Path, name: str) -> ModelInfo:
                      config["num_hidden_layers"], config["num_key_value_heads"],
                      config["head_dim"], active_parameters=active_parameters(shapes, config),
                      has_chat_template=bool(metadata.get("tokenizer.chat_template")),
-                     hybrid=_hybrid(config, path), sees_images=_mmproj_runs(path))
+                     hybrid=_hybrid(config, path),
+                     sees_images=_mmproj_runs(path, config["model_type"]))
 
 
-def _mmproj_runs(path: Path) -> bool:
-    """An mmproj file beside the GGUF model whose projector type Folio runs (the engine
-    says why a bad one is refused when it loads)."""
-    from engine.vision.mmproj import supported_projectors
+def _mmproj_runs(path: Path, model_type: str) -> bool:
+    """An mmproj file beside the GGUF model whose projector type Folio runs with this text
+    model (the engine says why a bad one is refused when it loads)."""
+    from engine.vision.mmproj import pairs_with, supported_projectors
 
     header = mmproj_beside(path)
-    return header is not None and header.projector in supported_projectors()
+    return (header is not None and header.projector in supported_projectors()
+            and pairs_with(header, model_type))
 
 
 def folder_has_chat_template(path: Path) -> bool:

@@ -22,6 +22,12 @@ normalized by Gemma's RMSNorm (scale 1 + weight, in float32) and multiplied by
 ``mm_input_projection_weight`` [D, text width]. The rows go into the prompt as they
 are: transformers multiplies the token embeddings by sqrt(hidden) before it puts the
 image rows in their place, so image rows are never scaled (GemmaForCausalLM.forward).
+
+From a GGUF model's mmproj file (projector type "gemma3", ``build_from_mmproj``) the
+tower's shape comes from ``clip.vision.*``, the pooling from
+``clip.vision.projector.scale_factor`` (4 without it, as the converter writes it only
+otherwise), the mean and std from ``image_mean`` / ``image_std``, the resize filter is
+the processor's default (bilinear); the image tokens are the text model's.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
+from engine.loaders.gguf.mmproj import MmprojHeader
 from engine.vision.model import Preprocessed, VisionFamily, VisionParts, load_tower
 from engine.vision.siglip import SiglipTower, TowerSpec
 
@@ -194,6 +201,62 @@ def checkpoint_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if not name.startswith("vision_tower.head."):
             out[name] = tensor
     return out
+
+
+def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], tokenizer,
+                      text_hidden: int) -> VisionParts:
+    """The parts from a ``gemma3`` mmproj file (engine/vision/mmproj.py): the tower's
+    shape from ``clip.vision.*``, the pooling from ``projector.scale_factor`` (4 without
+    it, as Gemma3VisionModel writes it only when it differs), the soft-embedding norm's
+    weight less the 1 the converter added, the image tokens' ids from the GGUF model's
+    own vocabulary. The resize filter is the processor's default (bilinear): no key
+    carries it."""
+    from engine.vision.vocab import image_token_ids
+
+    where = str(header.path)
+    # ggml's GELU is the tanh approximation, SigLIP's own in Gemma 3.
+    spec = TowerSpec(int(header.require("embedding_length")),
+                     int(header.require("feed_forward_length")),
+                     int(header.require("block_count")),
+                     int(header.require("attention.head_count")),
+                     int(header.require("image_size")), int(header.require("patch_size")),
+                     float(header.key("attention.layer_norm_epsilon", 1e-6)),
+                     "gelu_pytorch_tanh")
+    side = spec.image_size // spec.patch_size
+    scale = int(header.key("projector.scale_factor", 4))
+    if scale < 1 or side % scale:
+        raise ValueError(f"{where}: clip.vision.projector.scale_factor {scale} does not "
+                         f"pool a {side} x {side} patch grid evenly")
+    tokens = (side // scale) ** 2
+    encoder = Gemma3Encoder(spec, text_hidden, tokens)
+    load_tower(encoder, _checkpoint_layout(state), where)
+    processing = Gemma3Processing(spec.image_size, spec.image_size, _triple(header, "image_mean"),
+                                  _triple(header, "image_std"), 1 / 255,
+                                  int(Image.Resampling.BILINEAR))
+    ids = image_token_ids(tokenizer, [BOI, EOI, SOFT], where)
+    return VisionParts(encoder, Gemma3ImageProcessor(processing, tokens), BOI, ids[SOFT],
+                       marker_token_id=ids[BOI], bidirectional=True, joins_text=True)
+
+
+def _checkpoint_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The file's tensors under Gemma3Encoder's names: the projection a bare parameter
+    (``mm_input_projection_weight``), the soft-embedding norm's stored 1 + w back to w."""
+    out = dict(state)
+    projection = "multi_modal_projector.mm_input_projection"
+    if f"{projection}.weight" in out:
+        out[f"{projection}_weight"] = out.pop(f"{projection}.weight")
+    norm = "multi_modal_projector.mm_soft_emb_norm.weight"
+    if norm in out:
+        out[norm] = out[norm] - 1
+    return out
+
+
+def _triple(header: MmprojHeader, key: str) -> tuple[float, float, float]:
+    values = header.key(key, (0.5, 0.5, 0.5))
+    if not isinstance(values, list | tuple) or len(values) != 3:
+        raise ValueError(f"{header.path}: clip.vision.{key} must be three numbers, got "
+                         f"{values!r}")
+    return tuple(float(v) for v in values)
 
 
 GEMMA3 = VisionFamily("Gemma3ForConditionalGeneration",

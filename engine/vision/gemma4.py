@@ -10,6 +10,15 @@ image's token count follows its shape, up to the budget.
 
 In the prompt an image is the processor's text: the begin-of-image token, one image token
 per soft token, the end-of-image token.
+
+From a GGUF model's mmproj file (projector type "gemma4v", ``build_from_mmproj``) the
+tower's shape comes from the file's keys and tensors: head size and KV heads from the
+query and key matrices, the position tables' length from their tensor, clipped linears
+and standardization from their tensors being there; the pooling from
+``clip.vision.projector.scale_factor`` (3 without it, as llama.cpp), the rotary base 100
+(llama.cpp's, which no key carries), the token budget from ``clip.vision.image_max_pixels``
+(280 without it, the processor's default). The image tokens are the text model's
+``<|image>``, ``<|image|>`` and ``<image|>``, as llama.cpp writes them.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from engine.loaders.gguf.mmproj import MmprojHeader
 from engine.vision.gemma4_tower import Gemma4Encoder, Gemma4TowerSpec
 from engine.vision.model import (
     Preprocessed,
@@ -33,6 +43,7 @@ from engine.vision.model import (
 )
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the budgets Gemma 4 was trained with
+MMPROJ_TOKENS = ("<|image>", "<|image|>", "<image|>")  # begin, image, end
 
 
 @dataclass(slots=True, frozen=True)
@@ -152,6 +163,69 @@ def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
     both_ways = getattr(config.text_config, "use_bidirectional_attention", None) == "vision"
     return VisionParts(encoder, processor, texts["image"], int(config.image_token_id),
                        bidirectional=both_ways, bidirectional_in_windows=both_ways)
+
+
+def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], tokenizer,
+                      text_hidden: int) -> VisionParts:
+    """The parts from an mmproj file's keys and tensors (engine/vision/mmproj.py; see the
+    module docstring), the image tokens' ids from the GGUF model's own vocabulary."""
+    from engine.vision.vocab import image_token_ids
+
+    where = str(header.path)
+    patch = int(header.require("patch_size"))
+    pooling = int(header.key("projector.scale_factor", 3))
+    for key, want in (("image_mean", 0.0), ("image_std", 1.0)):
+        values = header.key(key, [want] * 3)
+        if [float(v) for v in values] != [want] * 3:
+            raise ValueError(f"{where}: clip.vision.{key} {list(values)} is not supported "
+                             f"for Gemma 4 (its tower shifts its input itself: {want} each)")
+    state = _checkpoint_layout(state, patch)
+    heads = int(header.require("attention.head_count"))
+    layer = "vision_tower.encoder.layers.0.self_attn."
+    if f"{layer}q_proj.linear.weight" not in state or f"{layer}k_proj.linear.weight" not in state:
+        raise ValueError(f"{where}: the mmproj file has no v.blk.0.attn_q / attn_k tensors")
+    head_dim = state[f"{layer}q_proj.linear.weight"].shape[0] // heads
+    table = state.get("vision_tower.patch_embedder.position_embedding_table")
+    spec = Gemma4TowerSpec(
+        int(header.require("embedding_length")), int(header.require("feed_forward_length")),
+        int(header.require("block_count")), heads,
+        state[f"{layer}k_proj.linear.weight"].shape[0] // head_dim, head_dim, patch, pooling,
+        0 if table is None else table.shape[1], 100.0,
+        float(header.key("attention.layer_norm_epsilon", 1e-6)), "gelu_pytorch_tanh",
+        any(name.endswith(".input_min") for name in state),
+        "vision_tower.std_bias" in state, text_hidden)
+    encoder = Gemma4Encoder(spec)
+    load_tower(encoder, state, where)
+    max_pixels = int(header.key("image_max_pixels", 280 * (pooling * patch) ** 2))
+    budget = max_pixels // (pooling * patch) ** 2
+    if budget not in SOFT_TOKEN_BUDGETS:
+        raise ValueError(f"{where}: clip.vision.image_max_pixels {max_pixels} is a budget of "
+                         f"{budget} soft tokens, not one of {SOFT_TOKEN_BUDGETS}")
+    processing = Gemma4Processing(patch, pooling, budget, 1 / 255,
+                                  int(Image.Resampling.BICUBIC))
+    begin, image, end = MMPROJ_TOKENS
+    ids = image_token_ids(tokenizer, list(MMPROJ_TOKENS), where)
+    return VisionParts(encoder, Gemma4Processor(processing, begin, image, end), image,
+                       ids[image])
+
+
+def _checkpoint_layout(state: dict[str, torch.Tensor], patch: int) -> dict[str, torch.Tensor]:
+    """The file's tensors in the checkpoint's shapes: linear weights under ``.linear``,
+    the patch kernel [hidden, 3, p, p] flattened back to (row, column, channel), the
+    position table without the ``.weight`` the converter adds, one-value ranges as
+    scalars."""
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith("_proj.weight") and name.startswith("vision_tower.encoder."):
+            name = name.removesuffix("weight") + "linear.weight"
+        elif name == "vision_tower.patch_embedder.input_proj.weight" and tensor.dim() == 4:
+            tensor = tensor.permute(0, 2, 3, 1).reshape(tensor.shape[0], 3 * patch * patch)
+        elif name.endswith("position_embedding_table.weight"):
+            name = name.removesuffix(".weight")
+        elif name.endswith(("_min", "_max")) and tensor.numel() == 1:
+            tensor = tensor.reshape(())
+        out[name] = tensor
+    return out
 
 
 GEMMA4 = VisionFamily("Gemma4ForConditionalGeneration",

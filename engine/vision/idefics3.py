@@ -224,7 +224,7 @@ def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], toke
                       text_hidden: int) -> VisionParts:
     """The parts from an mmproj file's keys and tensors (engine/vision/mmproj.py), the
     image tokens' ids from the GGUF model's own vocabulary."""
-    from engine.vision.mmproj import image_token_ids
+    from engine.vision.vocab import image_token_ids
 
     tile = int(header.require("image_size"))
     longest = int(header.key("preproc_image_size") or 4 * tile)  # transformers' default

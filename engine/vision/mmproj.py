@@ -3,7 +3,9 @@ finds and reads its header): the projector types Folio runs, each one entry of
 ``PROJECTORS``, and the loader that fills the family's encoder from the file.
 
 An entry gives the names of the file's tensors as the family encoder's parameters (one
-table: llama.cpp's ``v.*`` / ``mm.*`` stems, ``{}`` a block index) and a builder that
+table: llama.cpp's ``v.*`` / ``mm.*`` stems, ``{}`` a block index; a stem's suffix,
+``.weight``, ``.bias`` or a clipped linear's ``.input_min`` and the like, is kept, and a
+tensor may have none) and a builder that
 makes the family's parts from the file's ``clip.vision.*`` keys, the state and the text
 model's tokenizer (whose vocabulary must hold the family's image tokens). Tensors are
 dequantized by gguf's own tables (F32, F16, BF16, Q8_0 and the rest it knows).
@@ -20,7 +22,7 @@ import torch
 
 from engine.loaders.base import FolioLoadError
 from engine.loaders.gguf.mmproj import MmprojHeader
-from engine.vision.model import VisionModel, VisionParts
+from engine.vision.model import VisionModel, VisionParts, placed_model
 
 # SigLIP's tower as llama.cpp names it (gguf's MODEL_TENSOR.V_ENC_* and V_POST_NORM),
 # to the parameter names of engine/vision/siglip.py (Hugging Face's, under vision_model.).
@@ -38,6 +40,61 @@ SIGLIP_TOWER = {
     "v.post_ln": "vision_model.post_layernorm",
 }
 
+# Gemma 3's SigLIP tower and projector (Gemma3VisionModel) to engine/vision/gemma3.py's
+# names; the builder makes the projection a bare parameter and takes back the 1 the
+# converter added to the soft-embedding norm.
+GEMMA3_TOWER = {
+    **{stem: target.replace("vision_model.", "vision_tower.", 1)
+       for stem, target in SIGLIP_TOWER.items()},
+    "mm.input_projection": "multi_modal_projector.mm_input_projection",
+    "mm.soft_emb_norm": "multi_modal_projector.mm_soft_emb_norm",
+}
+
+# Gemma 4's tower as llama.cpp names it (Gemma4VisionAudioModel in convert_hf_to_gguf.py)
+# to the parameter stems of engine/vision/gemma4_tower.py; the builder moves a linear
+# map's weight under its ``.linear`` and turns the file's patch kernel and one-value
+# clamp ranges back into the checkpoint's shapes.
+GEMMA4_TOWER = {
+    "v.patch_embd": "vision_tower.patch_embedder.input_proj",
+    "v.position_embd": "vision_tower.patch_embedder.position_embedding_table",
+    "v.blk.{}.attn_q": "vision_tower.encoder.layers.{}.self_attn.q_proj",
+    "v.blk.{}.attn_k": "vision_tower.encoder.layers.{}.self_attn.k_proj",
+    "v.blk.{}.attn_v": "vision_tower.encoder.layers.{}.self_attn.v_proj",
+    "v.blk.{}.attn_out": "vision_tower.encoder.layers.{}.self_attn.o_proj",
+    "v.blk.{}.attn_q_norm": "vision_tower.encoder.layers.{}.self_attn.q_norm",
+    "v.blk.{}.attn_k_norm": "vision_tower.encoder.layers.{}.self_attn.k_norm",
+    "v.blk.{}.ln1": "vision_tower.encoder.layers.{}.input_layernorm",
+    "v.blk.{}.attn_post_norm": "vision_tower.encoder.layers.{}.post_attention_layernorm",
+    "v.blk.{}.ln2": "vision_tower.encoder.layers.{}.pre_feedforward_layernorm",
+    "v.blk.{}.ffn_post_norm": "vision_tower.encoder.layers.{}.post_feedforward_layernorm",
+    "v.blk.{}.ffn_gate": "vision_tower.encoder.layers.{}.mlp.gate_proj",
+    "v.blk.{}.ffn_up": "vision_tower.encoder.layers.{}.mlp.up_proj",
+    "v.blk.{}.ffn_down": "vision_tower.encoder.layers.{}.mlp.down_proj",
+    "v.std_bias": "vision_tower.std_bias",
+    "v.std_scale": "vision_tower.std_scale",
+    "mm.input_projection": "embed_vision.embedding_projection",
+}
+
+# Qwen3-VL's / Qwen3.5's ViT and merger as llama.cpp names them (Qwen3VLVisionModel) to
+# the parameter stems of engine/vision/qwen35_tower.py; the Conv3d patch kernel comes as
+# its two temporal slices (``v.patch_embd.weight`` and ``.weight.1``), stacked back by
+# the builder.
+QWEN35_TOWER = {
+    "v.patch_embd": "visual.patch_embed.proj",
+    "v.position_embd": "visual.pos_embed",
+    "v.blk.{}.attn_qkv": "visual.blocks.{}.attn.qkv",
+    "v.blk.{}.attn_out": "visual.blocks.{}.attn.proj",
+    "v.blk.{}.ln1": "visual.blocks.{}.norm1",
+    "v.blk.{}.ln2": "visual.blocks.{}.norm2",
+    "v.blk.{}.ffn_up": "visual.blocks.{}.mlp.linear_fc1",
+    "v.blk.{}.ffn_down": "visual.blocks.{}.mlp.linear_fc2",
+    "v.post_ln": "visual.merger.norm",
+    "mm.0": "visual.merger.linear_fc1",
+    "mm.2": "visual.merger.linear_fc2",
+}
+
+AUDIO_PREFIXES = ("a.", "mm.a.")  # llama.cpp's audio encoder and its projector
+
 # A builder: (the file's header, its state by parameter name, float32, the text model's
 # tokenizer, its hidden size) -> the family's parts.
 MmprojBuilder = Callable[[MmprojHeader, dict[str, torch.Tensor], object, int], VisionParts]
@@ -49,15 +106,29 @@ class Projector:
     family: str  # the model family, for messages
     names: dict[str, str]  # GGUF stem -> parameter stem ("{}": the block index)
     build: MmprojBuilder
+    # The text models (config model_type) whose forward takes its images.
+    text_models: tuple[str, ...]
+    # Its tower computes in bfloat16 where the family's folder tower does
+    # (VisionFamily.cpu_bfloat16, model.tower_dtype).
+    cpu_bfloat16: bool = False
 
 
 def _projectors() -> dict[str, Projector]:
-    from engine.vision.idefics3 import build_from_mmproj
+    from engine.vision import gemma3, gemma4, idefics3, qwen35
 
-    idefics3 = Projector("idefics3", "SmolVLM / Idefics3",
-                         {**SIGLIP_TOWER, "mm.model.fc": "connector.modality_projection.proj"},
-                         build_from_mmproj)
-    return {p.projector_type: p for p in (idefics3,)}
+    smolvlm = Projector("idefics3", "SmolVLM / Idefics3",
+                        {**SIGLIP_TOWER, "mm.model.fc": "connector.modality_projection.proj"},
+                        idefics3.build_from_mmproj, ("llama",))
+    gemma_3 = Projector("gemma3", "Gemma 3", GEMMA3_TOWER, gemma3.build_from_mmproj,
+                        ("gemma3_text",), cpu_bfloat16=gemma3.GEMMA3.cpu_bfloat16)
+    gemma = Projector("gemma4v", "Gemma 4", GEMMA4_TOWER, gemma4.build_from_mmproj,
+                      ("gemma4_text",))
+    # Qwen3-VL writes the same type (with deepstack tensors, refused by name) for text
+    # models Folio does not run.
+    qwen = Projector("qwen3vl_merger", "Qwen3.5", QWEN35_TOWER, qwen35.build_from_mmproj,
+                     ("qwen3_5_text", "qwen3_5_moe_text"),
+                     cpu_bfloat16=qwen35.QWEN35.cpu_bfloat16)
+    return {p.projector_type: p for p in (smolvlm, gemma_3, gemma, qwen)}
 
 
 def supported_projectors() -> tuple[str, ...]:
@@ -75,6 +146,11 @@ def projector_of(header: MmprojHeader) -> Projector:
     return projectors[header.projector]
 
 
+def pairs_with(header: MmprojHeader, text_model: str) -> bool:
+    """Whether the file's projector feeds images to a text model of this model_type."""
+    return text_model in projector_of(header).text_models
+
+
 def check_width(header: MmprojHeader, text_hidden: int) -> None:
     """FolioLoadError unless the projector's output width is the text model's."""
     width = header.require("projection_dim")
@@ -85,25 +161,37 @@ def check_width(header: MmprojHeader, text_hidden: int) -> None:
 
 
 def load_mmproj(header: MmprojHeader, tokenizer, text_hidden: int, dtype: torch.dtype,
-                device: torch.device | str = "cpu") -> VisionModel:
+                device: torch.device | str = "cpu",
+                encoder_dtype: torch.dtype | None = None,
+                text_model: str | None = None) -> VisionModel:
     """The vision model the file holds, for a text model of width ``text_hidden`` and its
-    ``tokenizer``; FolioLoadError naming the file for what does not fit."""
+    ``tokenizer`` (and of ``text_model``, its config model_type, when given);
+    FolioLoadError naming the file for what does not fit. ``encoder_dtype``: the tower's
+    compute dtype (None: as load_vision chooses it)."""
     projector = projector_of(header)
+    if text_model is not None and not pairs_with(header, text_model):
+        raise FolioLoadError(f"{header.path}: the mmproj file's projector type "
+                             f"{header.projector!r} gives images to a {projector.family} "
+                             f"text model ({', '.join(projector.text_models)}), and this "
+                             f"model is {text_model}")
     check_width(header, text_hidden)
     state = read_state(header, projector.names)
     parts = projector.build(header, state, tokenizer, text_hidden)
-    parts.encoder.to(device=device, dtype=dtype).eval()
-    return VisionModel(parts, dtype, torch.device(device))
+    return placed_model(parts, projector, dtype, device, encoder_dtype)
 
 
 def read_state(header: MmprojHeader, names: dict[str, str]) -> dict[str, torch.Tensor]:
-    """Every tensor of the file, dequantized to float32, by its parameter name."""
+    """Every vision tensor of the file, dequantized to float32, by its parameter name (a
+    file that holds an audio encoder too, as Gemma 4 E2B's, keeps it under ``a.*`` and
+    ``mm.a.*``: left out)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize, quant_shape_to_byte_shape
 
     patterns = [(_pattern(stem), target) for stem, target in names.items()]
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
     state: dict[str, torch.Tensor] = {}
     for tensor in header.tensors:
+        if tensor.name.startswith(AUDIO_PREFIXES):
+            continue
         target = _parameter(tensor.name, patterns)
         if target is None:
             raise FolioLoadError(f"{header.path}: tensor {tensor.name} has no place in "
@@ -126,8 +214,13 @@ def read_state(header: MmprojHeader, names: dict[str, str]) -> dict[str, torch.T
     return state
 
 
+# What may follow a stem: a weight or bias, a clipped linear's ranges (Gemma 4), a
+# second temporal slice of a patch kernel (Qwen's ``weight.1``).
+_SUFFIXES = r"weight\.1|weight|bias|input_min|input_max|output_min|output_max"
+
+
 def _pattern(stem: str) -> re.Pattern:
-    return re.compile(re.escape(stem).replace(r"\{\}", r"(\d+)") + r"\.(weight|bias)")
+    return re.compile(re.escape(stem).replace(r"\{\}", r"(\d+)") + rf"(?:\.({_SUFFIXES}))?")
 
 
 def _parameter(name: str, patterns: list[tuple[re.Pattern, str]]) -> str | None:
@@ -135,20 +228,6 @@ def _parameter(name: str, patterns: list[tuple[re.Pattern, str]]) -> str | None:
         match = pattern.fullmatch(name)
         if match:
             *block, kind = match.groups()
-            return f"{target.replace('{}', block[0]) if block else target}.{kind}"
+            stem = target.replace("{}", block[0]) if block else target
+            return stem if kind is None else f"{stem}.{kind}"
     return None
-
-
-def image_token_ids(tokenizer, tokens: list[str], where: str) -> dict[str, int]:
-    """Each of ``tokens``' id in the text model's vocabulary, where it is one token in
-    text; FolioLoadError naming the first that is not (a text model without the
-    family's image tokens cannot be given images)."""
-    ids = {}
-    for token in tokens:
-        encoded = tokenizer.encode(token, add_special_tokens=False)
-        if len(encoded) != 1 or tokenizer.convert_ids_to_tokens(encoded[0]) != token:
-            raise FolioLoadError(f"{where}: the model's vocabulary has no {token!r} token, "
-                                 "which this projector's images are written with; the "
-                                 "mmproj file belongs to another model")
-        ids[token] = encoded[0]
-    return ids

@@ -1,10 +1,8 @@
 """A loaded model's eyes: ``VisionModel`` prepares an image for a prompt (on the
-caller's thread) and encodes it (on the engine's), whatever the family.
-
-``load_vision(folder)`` is None for a folder without a vision tower Folio runs. For a
-multimodal folder it finds the architecture's ``VisionFamily`` in ``FAMILIES`` (one
-module per family under engine/vision) and asks it for the family's encoder, processor
-and image marker, built from the folder's tower tensors (which the text loader skips).
+caller's thread) and encodes it (on the engine's), whatever the family; the types every
+family module builds (``VisionFamily``, ``VisionParts``) and what they share
+(``load_tower``, ``placed_model``, ``tower_dtype``). Which family a folder is, and its
+loading, is load.py's.
 
 A family gives two objects:
 - an ``ImageProcessor``: a decoded picture to the prompt text it stands for, its pixels
@@ -15,8 +13,6 @@ A family gives two objects:
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +22,6 @@ import torch
 from PIL import Image
 
 from engine.vision.decode import DecodedImage
-
-log = logging.getLogger(__name__)
 
 
 class VisionUnavailable(ValueError):
@@ -146,49 +140,12 @@ class VisionModel:
         return rows.to(self.dtype)
 
 
-def _families() -> dict[str, VisionFamily]:
-    from engine.vision.gemma3 import GEMMA3
-    from engine.vision.gemma4 import GEMMA4
-    from engine.vision.idefics3 import IDEFICS3
-    from engine.vision.qwen35 import QWEN35, QWEN35_MOE
-
-    return {f.architecture: f for f in (IDEFICS3, GEMMA3, GEMMA4, QWEN35, QWEN35_MOE)}
-
-
-def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu",
-                encoder_dtype: torch.dtype | None = None) -> VisionModel | None:
-    """The folder's vision model, or None (a text model, a GGUF file, a tower Folio does
-    not run, a folder without tower tensors, ``VisionUnavailable``: logged). ValueError
-    naming the tensor for a folder whose tower is incomplete. ``encoder_dtype``: the
-    tower's compute dtype; None: ``dtype``, or bfloat16 where the family and the CPU take
-    it (``VisionFamily.cpu_bfloat16``, ``tower_dtype``)."""
-    folder = Path(folder)
-    config_path = folder / "config.json"
-    if not folder.is_dir() or not config_path.is_file():
-        return None
-    try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    families = _families()
-    family = next((families[a] for a in raw.get("architectures") or () if a in families),
-                  None)
-    if family is None:
-        return None
-    from transformers import AutoConfig
-
-    from engine.loaders.safetensors import safetensors_shards
-
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    state = tower_tensors(safetensors_shards(folder), family.tower_prefixes)
-    if not state:  # a release's text part saved under its multimodal class
-        log.warning("%s: no vision tower tensors: the model reads text only", folder)
-        return None
-    try:
-        parts = family.load(folder, config, state)
-    except VisionUnavailable as reason:
-        log.warning("%s: the model reads text only: %s", folder, reason)
-        return None
+def placed_model(parts: VisionParts, family, dtype: torch.dtype,
+                 device: torch.device | str, encoder_dtype: torch.dtype | None
+                 ) -> VisionModel:
+    """The parts' encoder moved to ``device`` in its compute dtype (``encoder_dtype``, else
+    ``tower_dtype``'s choice for ``family``: anything with ``cpu_bfloat16``), as a
+    VisionModel; a folder's tower and an mmproj file's alike."""
     device = torch.device(device)
     encoder_dtype = encoder_dtype or tower_dtype(family, dtype, device)
     placed = getattr(parts.encoder, "placed", None)
@@ -205,7 +162,8 @@ def load_vision(folder: Path, dtype: torch.dtype, device: torch.device | str = "
 
 def tower_dtype(family: VisionFamily, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """bfloat16 for a ``cpu_bfloat16`` family's tower on a CPU with bfloat16 matrix units
-    when the model computes in float32; else the model's dtype."""
+    when the model computes in float32; else the model's dtype. ``family``: anything with
+    ``cpu_bfloat16`` (an mmproj projector entry too)."""
     if family.cpu_bfloat16 and device.type == "cpu" and dtype == torch.float32 and \
             (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()):
         return torch.bfloat16
@@ -218,17 +176,3 @@ def load_tower(module: torch.nn.Module, state: dict[str, torch.Tensor], where: s
     if missing or unexpected:
         raise ValueError(f"{where}: the vision tower's weights do not fit its config "
                          f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})")
-
-
-def tower_tensors(shards: list[Path], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """The shards' tensors under ``prefixes``, float32, named without their leading
-    ``model.``."""
-    from safetensors import safe_open
-
-    state: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as handle:
-            for name in handle.keys():
-                if name.startswith(prefixes):
-                    state[name.removeprefix("model.")] = handle.get_tensor(name).float()
-    return state

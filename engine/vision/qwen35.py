@@ -14,6 +14,14 @@ In the prompt an image is ``<|vision_start|><|image_pad|><|vision_end|>`` (what 
 family's template writes for an image part), its ``<|image_pad|>`` expanded to one token
 per merged patch; those tokens then take 3-D rotary positions (engine/core/mrope.py:
 the image's rows x cols of tokens is its ``ImageSpan.grid``).
+
+From a GGUF model's mmproj file (projector type "qwen3vl_merger", ``build_from_mmproj``)
+the tower's shape comes from ``clip.vision.*`` (``spatial_merge_size``, 2 without it) and
+its tensors (the position table's length, the two temporal slices of the patch kernel);
+the mean and std from ``image_mean`` / ``image_std``; the pixel bounds from
+``image_min_pixels`` / ``image_max_pixels`` where the file has them, else
+transformers' defaults, as for a folder whose processor names none. The image tokens
+are the text model's ``<|vision_start|>``, ``<|image_pad|>``, ``<|vision_end|>``.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from engine.loaders.gguf.mmproj import MmprojHeader
 from engine.vision.model import Preprocessed, VisionFamily, VisionParts, load_tower
 from engine.vision.qwen35_tower import Qwen35Encoder, Qwen35TowerSpec
 
@@ -151,6 +160,50 @@ def _load(folder: Path, config, state: dict[str, torch.Tensor]) -> VisionParts:
     load_tower(encoder, state, str(folder))
     return VisionParts(encoder, Qwen35Processor(processing), IMAGE_PAD,
                        int(config.image_token_id), MARKER_TEXT)
+
+
+def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], tokenizer,
+                      text_hidden: int) -> VisionParts:
+    """The parts from an mmproj file's keys and tensors (engine/vision/mmproj.py; see the
+    module docstring), the image tokens' ids from the GGUF model's own vocabulary."""
+    from engine.vision.vocab import image_token_ids
+
+    where = str(header.path)
+    kernel = "visual.patch_embed.proj.weight"
+    if kernel not in state or f"{kernel}.1" not in state:
+        raise ValueError(f"{where}: the mmproj file lacks v.patch_embd.weight or its second "
+                         "temporal slice, v.patch_embd.weight.1")
+    # [D, C, p, p] twice -> the Conv3d's [D, C, T, p, p]
+    state = dict(state)
+    state[kernel] = torch.stack([state[kernel], state.pop(f"{kernel}.1")], dim=2)
+    table = state.get("visual.pos_embed.weight")
+    spec = Qwen35TowerSpec(
+        int(header.require("block_count")), int(header.require("embedding_length")),
+        int(header.require("feed_forward_length")), int(header.require("attention.head_count")),
+        int(header.require("patch_size")), 2, int(header.key("spatial_merge_size", 2)),
+        0 if table is None else table.shape[0], text_hidden, "gelu_pytorch_tanh", 10000.0)
+    if spec.hidden_size % spec.num_heads or (spec.hidden_size // spec.num_heads) % 4:
+        raise ValueError(f"{where}: clip.vision.attention.head_count {spec.num_heads}: the "
+                         "head width must be a multiple of 4")
+    encoder = Qwen35Encoder(spec)
+    load_tower(encoder, state, where)
+    processing = Qwen35Processing(
+        int(header.key("image_min_pixels", MIN_PIXELS)),
+        int(header.key("image_max_pixels", MAX_PIXELS)), spec.patch_size,
+        spec.temporal_patch_size, spec.merge_size, _triple(header, "image_mean", CLIP_MEAN),
+        _triple(header, "image_std", CLIP_STD), 1 / 255, int(Image.Resampling.BICUBIC))
+    ids = image_token_ids(tokenizer, ["<|vision_start|>", IMAGE_PAD, "<|vision_end|>"], where)
+    return VisionParts(encoder, Qwen35Processor(processing), IMAGE_PAD, ids[IMAGE_PAD],
+                       MARKER_TEXT)
+
+
+def _triple(header: MmprojHeader, key: str,
+            default: tuple[float, float, float]) -> tuple[float, float, float]:
+    values = header.key(key, default)
+    if not isinstance(values, list | tuple) or len(values) != 3:
+        raise ValueError(f"{header.path}: clip.vision.{key} must be three numbers, got "
+                         f"{values!r}")
+    return tuple(float(v) for v in values)
 
 
 # bfloat16 on the CPU: engine/bench/vision_qwen35.py measures it and its tolerance.

@@ -74,7 +74,7 @@ def gpt_oss_keys(keys: GGUFKeys, config: dict[str, object],
 def qwen35_keys(keys: GGUFKeys, config: dict[str, object],
                  tensors: Mapping[str, np.ndarray] | None) -> None:
     """Qwen3.5's linear layers (Qwen3NextModel's ssm.* keys), the layer period, the
-    partial rotary, and llama.cpp's tiled value heads."""
+    partial rotary and its M-RoPE sections, and llama.cpp's tiled value heads."""
     v_heads = keys.count("ssm.time_step_rank")
     inner = keys.count("ssm.inner_size")
     if inner % v_heads:
@@ -93,6 +93,14 @@ def qwen35_keys(keys: GGUFKeys, config: dict[str, object],
                        f"an even number of dims of the {head_dim}-dim heads")
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta"),
                                  "partial_rotary_factor": rotary / head_dim}
+    # M-RoPE's (time, height, width) frequency counts, which an image's tokens turn by
+    # (llama.cpp's four sections; the fourth, unused by Qwen3.5, is 0); taken as a
+    # folder's mrope_section is: text turns every section alike, whatever they are.
+    sections = keys.optional("rope.dimension_sections")
+    if isinstance(sections, tuple):
+        if len(sections) < 3:
+            raise keys.bad("rope.dimension_sections", sections, "three or four counts")
+        config["rope_parameters"]["mrope_section"] = [int(n) for n in sections[:3]]
 
 
 def qwen35_moe_keys(keys: GGUFKeys, config: dict[str, object],

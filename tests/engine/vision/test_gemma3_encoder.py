@@ -13,7 +13,8 @@ from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
 
 from engine.vision.decode import decode_image
 from engine.vision.gemma3 import GEMMA3, Gemma3Processing, checkpoint_names, preprocess
-from engine.vision.model import load_vision, tower_dtype
+from engine.vision.load import load_vision
+from engine.vision.model import tower_dtype
 from tests.engine.vision.tiny_gemma3 import TOKENS, gemma3_tokenizer, save_tiny_gemma3
 from tests.engine.vision.tiny_idefics3 import png
 

@@ -15,7 +15,8 @@ from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImagePr
 from engine.loaders.safetensors import safetensors_shards
 from engine.vision.decode import decode_image
 from engine.vision.gemma4 import GEMMA4, Gemma4Processing, fitted_size
-from engine.vision.model import VisionModel, VisionUnavailable, load_vision, tower_tensors
+from engine.vision.load import load_vision, tower_tensors
+from engine.vision.model import VisionModel, VisionUnavailable
 from tests.engine.tiny_models import byte_level_tokenizer
 from tests.engine.vision.tiny_gemma4v import (
     BEGIN,

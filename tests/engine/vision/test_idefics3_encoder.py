@@ -18,7 +18,7 @@ from transformers.models.idefics3.processing_idefics3 import Idefics3Processor
 
 from engine.vision.decode import decode_image
 from engine.vision.idefics3 import Idefics3Processing, preprocess
-from engine.vision.model import load_vision
+from engine.vision.load import load_vision
 from engine.vision.siglip import patch_positions
 from tests.engine.vision.tiny_idefics3 import idefics3_tokenizer, png
 

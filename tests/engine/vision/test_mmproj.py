@@ -21,8 +21,8 @@ from engine.chat import ChatRequest
 from engine.loaders import load_model_files
 from engine.loaders.gguf.mmproj import find_mmproj, read_mmproj_header
 from engine.vision.decode import decode_image
+from engine.vision.load import load_vision
 from engine.vision.mmproj import load_mmproj
-from engine.vision.model import load_vision
 from tests.engine.vision.tiny_idefics3 import png
 from tests.engine.vision.tiny_idefics3_gguf import write_mmproj, write_text_gguf
 

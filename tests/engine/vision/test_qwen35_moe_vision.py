@@ -13,7 +13,7 @@ from engine import LLM
 from engine.chat import ChatRequest
 from engine.loaders.catalog import model_info
 from engine.vision.decode import decode_image
-from engine.vision.model import load_vision
+from engine.vision.load import load_vision
 from engine.vision.qwen35_tower import Qwen35Encoder
 from tests.engine.vision.test_qwen35_vision import theirs
 from tests.engine.vision.test_qwen35_vision_engine import CHATS, GREEDY, IMAGES, hf_reply

@@ -16,7 +16,7 @@ from engine.core import mrope
 from engine.core.sequence import ImageSpan
 from engine.layers.mrope import section_axes
 from engine.vision.decode import decode_image
-from engine.vision.model import load_vision
+from engine.vision.load import load_vision
 from engine.vision.qwen35 import IMAGE_PAD, smart_resize
 from tests.engine.vision.tiny_idefics3 import png
 from tests.engine.vision.tiny_qwen35_vl import image_processor, save_tiny_qwen35_vl
@@ -86,19 +86,20 @@ def test_the_bfloat16_tower_stays_near_float32(qwen_folder, qwen_vision):
     """The tower's bfloat16 run (the default on a CPU with bfloat16 matrix units, where
     bench vision measured it faster) against the float32 one: within 3% of the largest
     output (the bench's tolerance for Qwen3.5-9B's tower)."""
-    import engine.vision.model as vision_model
+    from engine.vision.load import families
+    from engine.vision.model import tower_dtype
 
     low = load_vision(qwen_folder, torch.float32, encoder_dtype=torch.bfloat16)
     prepared = qwen_vision.prepare(decode_image(png(7, (100, 31))))
     exact, rough = qwen_vision.encode(prepared), low.encode(prepared)
     assert rough.dtype == torch.float32  # the text model's dtype
     assert (rough - exact).abs().max() <= 0.03 * exact.abs().max()
-    family = vision_model._families()["Qwen3_5ForConditionalGeneration"]
+    family = families()["Qwen3_5ForConditionalGeneration"]
     cpu = torch.device("cpu")
     units = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
-    assert vision_model.tower_dtype(family, torch.float32, cpu) == \
+    assert tower_dtype(family, torch.float32, cpu) == \
         (torch.bfloat16 if units else torch.float32)
-    assert vision_model.tower_dtype(family, torch.bfloat16, cpu) == torch.bfloat16
+    assert tower_dtype(family, torch.bfloat16, cpu) == torch.bfloat16
 
 
 def test_sections_interleave_as_transformers_does():
