@@ -67,12 +67,12 @@ def bench_vision(ctx: BenchContext) -> dict:
                       1.2, "<="),
                Target("same image, new chat: share of its tokens cached",
                       round(chat["cached_image"] / chat["image_tokens"], 3), 1.0, ">="),
-               Target("SmolVLM tower encode, Folio / transformers", rows[0]["ratio"], 0.8,
-                      "<="),
                Target("Gemma 3 4B-shaped SigLIP tower (27 layers, 1,152 wide, 896 x 896), "
                       "encode, Folio / transformers", gemma3_ratio, 0.8, "<="),
                qwen35_target]
     notes = ["random weights: the times, not the replies, are what is measured",
+             "the SmolVLM tower row is reported, not a target: the issue's 0.8 is set for "
+             "the Gemma 3 and Qwen3.5 towers (their rows below); SmolVLM's runs in float32",
              "an image's tokens in the block it shares with the new chat's other words "
              "are copied from the cached block (engine/core/partial_blocks.py); the image "
              "is not encoded again",

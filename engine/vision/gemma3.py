@@ -230,8 +230,8 @@ def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], toke
     tokens = (side // scale) ** 2
     encoder = Gemma3Encoder(spec, text_hidden, tokens)
     load_tower(encoder, _checkpoint_layout(state), where)
-    processing = Gemma3Processing(spec.image_size, spec.image_size, _triple(header, "image_mean"),
-                                  _triple(header, "image_std"), 1 / 255,
+    processing = Gemma3Processing(spec.image_size, spec.image_size, header.triple("image_mean"),
+                                  header.triple("image_std"), 1 / 255,
                                   int(Image.Resampling.BILINEAR))
     ids = image_token_ids(tokenizer, [BOI, EOI, SOFT], where)
     return VisionParts(encoder, Gemma3ImageProcessor(processing, tokens), BOI, ids[SOFT],
@@ -250,13 +250,6 @@ def _checkpoint_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
         out[norm] = out[norm] - 1
     return out
 
-
-def _triple(header: MmprojHeader, key: str) -> tuple[float, float, float]:
-    values = header.key(key, (0.5, 0.5, 0.5))
-    if not isinstance(values, list | tuple) or len(values) != 3:
-        raise ValueError(f"{header.path}: clip.vision.{key} must be three numbers, got "
-                         f"{values!r}")
-    return tuple(float(v) for v in values)
 
 
 GEMMA3 = VisionFamily("Gemma3ForConditionalGeneration",

@@ -238,8 +238,8 @@ def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], toke
                      "gelu_pytorch_tanh")
     encoder = Idefics3Encoder(spec, int(header.key("projector.scale_factor", 2)), text_hidden)
     load_tower(encoder, state, str(header.path))
-    processing = Idefics3Processing(longest, tile, True, _triple(header, "image_mean"),
-                                    _triple(header, "image_std"), 1 / 255,
+    processing = Idefics3Processing(longest, tile, True, header.triple("image_mean"),
+                                    header.triple("image_std"), 1 / 255,
                                     int(Image.Resampling.LANCZOS))
     side = math.ceil(min(longest, MAX_IMAGE_SIZE) / tile)  # the most tiles a side gets
     grid = [f"<row_{r}_col_{c}>" for r in range(1, side + 1) for c in range(1, side + 1)]
@@ -248,13 +248,6 @@ def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], toke
     return VisionParts(encoder, Idefics3Processor(processing, encoder.tokens_per_frame(tile)),
                        IMAGE_TOKEN, ids[IMAGE_TOKEN])
 
-
-def _triple(header: MmprojHeader, key: str) -> tuple[float, float, float]:
-    values = header.key(key, (0.5, 0.5, 0.5))
-    if not isinstance(values, list | tuple) or len(values) != 3:
-        raise ValueError(f"{header.path}: clip.vision.{key} must be three numbers, got "
-                         f"{values!r}")
-    return tuple(float(v) for v in values)
 
 
 IDEFICS3 = VisionFamily("Idefics3ForConditionalGeneration",

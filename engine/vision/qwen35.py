@@ -190,20 +190,12 @@ def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], toke
     processing = Qwen35Processing(
         int(header.key("image_min_pixels", MIN_PIXELS)),
         int(header.key("image_max_pixels", MAX_PIXELS)), spec.patch_size,
-        spec.temporal_patch_size, spec.merge_size, _triple(header, "image_mean", CLIP_MEAN),
-        _triple(header, "image_std", CLIP_STD), 1 / 255, int(Image.Resampling.BICUBIC))
+        spec.temporal_patch_size, spec.merge_size, header.triple("image_mean", CLIP_MEAN),
+        header.triple("image_std", CLIP_STD), 1 / 255, int(Image.Resampling.BICUBIC))
     ids = image_token_ids(tokenizer, ["<|vision_start|>", IMAGE_PAD, "<|vision_end|>"], where)
     return VisionParts(encoder, Qwen35Processor(processing), IMAGE_PAD, ids[IMAGE_PAD],
                        MARKER_TEXT)
 
-
-def _triple(header: MmprojHeader, key: str,
-            default: tuple[float, float, float]) -> tuple[float, float, float]:
-    values = header.key(key, default)
-    if not isinstance(values, list | tuple) or len(values) != 3:
-        raise ValueError(f"{header.path}: clip.vision.{key} must be three numbers, got "
-                         f"{values!r}")
-    return tuple(float(v) for v in values)
 
 
 # bfloat16 on the CPU: engine/bench/vision_qwen35.py measures it and its tolerance.

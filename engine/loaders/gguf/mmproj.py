@@ -72,6 +72,16 @@ class MmprojHeader:
         """A ``clip.vision.*`` key's value (``name`` without that prefix)."""
         return self.metadata.get(f"clip.vision.{name}", default)
 
+    def triple(self, name: str, default: tuple[float, float, float] = (0.5, 0.5, 0.5)
+               ) -> tuple[float, float, float]:
+        """A key of three numbers (the image mean and std), ``default`` when absent;
+        ValueError naming it when it holds something else."""
+        values = self.key(name, default)
+        if not isinstance(values, list | tuple) or len(values) != 3:
+            raise ValueError(f"{self.path}: clip.vision.{name} must be three numbers, got "
+                             f"{values!r}")
+        return tuple(float(v) for v in values)
+
     def require(self, name: str) -> object:
         value = self.key(name)
         if value is None:

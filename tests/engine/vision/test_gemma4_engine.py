@@ -14,35 +14,20 @@ from PIL import Image
 from transformers import Gemma4ForConditionalGeneration
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-from engine import LLM, SamplingParams
+from engine import LLM
 from engine.chat import ChatRequest
+from tests.engine.vision.chats import GREEDY, image_chats
 from tests.engine.vision.tiny_gemma4v import save_tiny_gemma4v
 from tests.engine.vision.tiny_idefics3 import png
 
-GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 SQUARE, WIDE = png(21, (40, 40)), png(22, (90, 30))
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
-def image(data: bytes) -> dict:
-    return {"type": "image", "image": data}
 
 
-def text(value: str) -> dict:
-    return {"type": "text", "text": value}
-
-
-CHATS = {
-    "one image": [{"role": "user", "content": [text("what is "), image(SQUARE), text("?")]}],
-    "two images": [{"role": "user", "content": [image(WIDE), text(" and "), image(SQUARE)]}],
-    "earlier turn": [
-        {"role": "user", "content": [text("see "), image(WIDE)]},
-        {"role": "assistant", "content": "a picture"},
-        {"role": "user", "content": "and now?"},
-    ],
-}
-IMAGES = {"one image": [SQUARE], "two images": [WIDE, SQUARE], "earlier turn": [WIDE]}
+CHATS, IMAGES = image_chats(SQUARE, (WIDE, SQUARE), WIDE)
 
 
 @pytest.fixture(scope="module", params=[None, "vision"])

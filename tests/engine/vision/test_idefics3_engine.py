@@ -14,23 +14,17 @@ from transformers.models.idefics3.image_processing_pil_idefics3 import (
     Idefics3ImageProcessorPil,
 )
 
-from engine import LLM, SamplingParams
+from engine import LLM
 from engine.chat import ChatRequest
 from tests.engine.tiny_models import save_tiny_model
+from tests.engine.vision.chats import GREEDY, image, image_chats, text
 from tests.engine.vision.tiny_idefics3 import png, save_tiny_idefics3
 
-GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 RED, BLUE, WIDE = png(11, (48, 40)), png(12, (48, 40)), png(13, (100, 31))
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
-def image(data: bytes) -> dict:
-    return {"type": "image", "image": data}
-
-
-def text(value: str) -> dict:
-    return {"type": "text", "text": value}
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +46,7 @@ def hf_reply(folder, hf_model, ids: list[int], images: list[bytes]) -> list[int]
     return out[0, len(ids):].tolist()
 
 
-CHATS = {
-    "one image": [{"role": "user", "content": [text("what is "), image(RED), text("?")]}],
-    "two images": [{"role": "user", "content": [image(WIDE), text(" and "), image(BLUE)]}],
-    "earlier turn": [
-        {"role": "user", "content": [text("see "), image(RED)]},
-        {"role": "assistant", "content": "a picture"},
-        {"role": "user", "content": "and now?"},
-    ],
-}
-IMAGES = {"one image": [RED], "two images": [WIDE, BLUE], "earlier turn": [RED]}
+CHATS, IMAGES = image_chats(RED, (WIDE, BLUE), RED)
 
 
 @pytest.mark.parametrize("name", list(CHATS))

@@ -13,48 +13,29 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine import LLM, EngineConfig, SamplingParams
+from engine import LLM, EngineConfig
 from engine.chat import ChatRequest
 from engine.loaders import load_model_files
 from engine.loaders.gguf.mmproj import read_mmproj_header
 from engine.vision.decode import decode_image
 from engine.vision.load import load_vision
 from engine.vision.mmproj import load_mmproj
+from tests.engine.vision.chats import GREEDY, image_chats
 from tests.engine.vision.tiny_gemma3 import TOKENS, save_tiny_gemma3
 from tests.engine.vision.tiny_gemma3_gguf import write_mmproj, write_text_gguf
 from tests.engine.vision.tiny_idefics3 import png
 
-pytestmark = pytest.mark.usefixtures("single_torch_thread")
+pytestmark = pytest.mark.usefixtures("single_torch_thread", "gguf_cache_dir")
 
-GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 RED, WIDE = png(21, (48, 40)), png(23, (100, 31))
 MODEL = "gemma3-tiny-F32.gguf"
 MMPROJ = "mmproj-gemma3-tiny-F32.gguf"
 
 
-def image(data: bytes) -> dict:
-    return {"type": "image", "image": data}
 
 
-def text(value: str) -> dict:
-    return {"type": "text", "text": value}
-
-
-CHATS = {
-    "one image": [{"role": "user", "content": [text("what is "), image(RED), text("?")]}],
-    "earlier turn": [
-        {"role": "user", "content": [text("see "), image(WIDE)]},
-        {"role": "assistant", "content": "a picture"},
-        {"role": "user", "content": "and now?"},
-    ],
-}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("FOLIO_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        yield
+CHATS = {name: chat for name, chat in image_chats(RED, (WIDE, RED), WIDE)[0].items()
+         if name in ('one image', 'earlier turn')}
 
 
 @pytest.fixture(scope="module")

@@ -17,48 +17,29 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine import LLM, EngineConfig, SamplingParams
+from engine import LLM, EngineConfig
 from engine.chat import ChatRequest
 from engine.loaders import load_model_files
 from engine.loaders.gguf.mmproj import read_mmproj_header
 from engine.vision.decode import decode_image
 from engine.vision.load import load_vision
 from engine.vision.mmproj import load_mmproj
+from tests.engine.vision.chats import GREEDY, image_chats
 from tests.engine.vision.tiny_gemma4v import BUDGET, POOLING, save_tiny_gemma4v
 from tests.engine.vision.tiny_gemma4v_gguf import budget_pixels, write_mmproj, write_text_gguf
 from tests.engine.vision.tiny_idefics3 import png
 
-pytestmark = pytest.mark.usefixtures("single_torch_thread")
+pytestmark = pytest.mark.usefixtures("single_torch_thread", "gguf_cache_dir")
 
-GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 SQUARE, WIDE = png(21, (40, 40)), png(22, (90, 30))
 MODEL = "gemma4-tiny-F32.gguf"
 MMPROJ = "mmproj-gemma4-tiny-F32.gguf"
 
 
-def image(data: bytes) -> dict:
-    return {"type": "image", "image": data}
 
 
-def text(value: str) -> dict:
-    return {"type": "text", "text": value}
-
-
-CHATS = {
-    "one image": [{"role": "user", "content": [text("what is "), image(SQUARE), text("?")]}],
-    "earlier turn": [
-        {"role": "user", "content": [text("see "), image(WIDE)]},
-        {"role": "assistant", "content": "a picture"},
-        {"role": "user", "content": "and now?"},
-    ],
-}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("FOLIO_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        yield
+CHATS = {name: chat for name, chat in image_chats(SQUARE, (WIDE, SQUARE), WIDE)[0].items()
+         if name in ('one image', 'earlier turn')}
 
 
 @pytest.fixture(scope="module")

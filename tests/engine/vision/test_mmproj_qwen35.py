@@ -16,7 +16,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine import LLM, EngineConfig, SamplingParams
+from engine import LLM, EngineConfig
 from engine.chat import ChatRequest
 from engine.loaders import load_model_files
 from engine.loaders.gguf.mmproj import read_mmproj_header
@@ -24,13 +24,13 @@ from engine.vision import qwen35
 from engine.vision.decode import decode_image
 from engine.vision.load import load_vision
 from engine.vision.mmproj import load_mmproj
+from tests.engine.vision.chats import GREEDY, image_chats
 from tests.engine.vision.tiny_idefics3 import png
 from tests.engine.vision.tiny_qwen35_vl import MAX_PIXELS, MIN_PIXELS, save_tiny_qwen35_vl
 from tests.engine.vision.tiny_qwen35_vl_gguf import write_mmproj, write_text_gguf
 
-pytestmark = pytest.mark.usefixtures("single_torch_thread")
+pytestmark = pytest.mark.usefixtures("single_torch_thread", "gguf_cache_dir")
 
-GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 RED, WIDE = png(11, (48, 40)), png(13, (100, 31))
 MODEL = "qwen35-tiny-F32.gguf"
 MMPROJ = "mmproj-qwen35-tiny-F32.gguf"
@@ -38,29 +38,10 @@ PIXELS = (MIN_PIXELS, MAX_PIXELS)
 F32 = torch.float32
 
 
-def image(data: bytes) -> dict:
-    return {"type": "image", "image": data}
 
 
-def text(value: str) -> dict:
-    return {"type": "text", "text": value}
-
-
-CHATS = {
-    "one image": [{"role": "user", "content": [text("what is "), image(RED), text("?")]}],
-    "earlier turn": [
-        {"role": "user", "content": [text("see "), image(WIDE)]},
-        {"role": "assistant", "content": "a picture"},
-        {"role": "user", "content": "and now?"},
-    ],
-}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("FOLIO_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        yield
+CHATS = {name: chat for name, chat in image_chats(RED, (WIDE, RED), WIDE)[0].items()
+         if name in ('one image', 'earlier turn')}
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
-from engine import LLM, SamplingParams
+from engine import LLM
 from engine.chat import ChatRequest
+from tests.engine.vision.chats import GREEDY, image, image_chats, text
 from tests.engine.vision.test_qwen35_vision import qwen_folder, qwen_hf  # noqa: F401
 from tests.engine.vision.tiny_idefics3 import png
 from tests.engine.vision.tiny_qwen35_vl import image_processor
 
-GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 RED, BLUE, WIDE = png(11, (48, 40)), png(12, (48, 40)), png(13, (100, 31))
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -26,24 +26,9 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 # bfloat16 matrix units would run Qwen3.5's in bfloat16 by default).
 
 
-def image(data: bytes) -> dict:
-    return {"type": "image", "image": data}
 
 
-def text(value: str) -> dict:
-    return {"type": "text", "text": value}
-
-
-CHATS = {
-    "one image": [{"role": "user", "content": [text("what is "), image(RED), text("?")]}],
-    "two images": [{"role": "user", "content": [image(WIDE), text(" and "), image(BLUE)]}],
-    "earlier turn": [
-        {"role": "user", "content": [text("see "), image(RED)]},
-        {"role": "assistant", "content": "a picture"},
-        {"role": "user", "content": "and now?"},
-    ],
-}
-IMAGES = {"one image": [RED], "two images": [WIDE, BLUE], "earlier turn": [RED]}
+CHATS, IMAGES = image_chats(RED, (WIDE, BLUE), RED)
 
 
 @pytest.fixture(scope="module")
