@@ -21,10 +21,8 @@ from engine import LLM, EngineConfig
 from engine.chat import ChatRequest
 from engine.loaders import load_model_files
 from engine.loaders.gguf.mmproj import read_mmproj_header
-from engine.vision.decode import decode_image
-from engine.vision.load import load_vision
-from engine.vision.mmproj import load_mmproj
 from tests.engine.vision.chats import GREEDY, image_chats
+from tests.engine.vision.mmproj_cases import embeddings, folder_vision, mmproj_vision
 from tests.engine.vision.tiny_gemma4v import BUDGET, POOLING, save_tiny_gemma4v
 from tests.engine.vision.tiny_gemma4v_gguf import budget_pixels, write_mmproj, write_text_gguf
 from tests.engine.vision.tiny_idefics3 import png
@@ -34,8 +32,6 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread", "gguf_cache_dir")
 SQUARE, WIDE = png(21, (40, 40)), png(22, (90, 30))
 MODEL = "gemma4-tiny-F32.gguf"
 MMPROJ = "mmproj-gemma4-tiny-F32.gguf"
-
-
 
 
 CHATS = {name: chat for name, chat in image_chats(SQUARE, (WIDE, SQUARE), WIDE)[0].items()
@@ -67,17 +63,7 @@ def text_model(converted):
 
 @pytest.fixture(scope="module")
 def reference(folder):
-    return load_vision(folder, torch.float32)
-
-
-def mmproj_vision(path, text_model):
-    return load_mmproj(read_mmproj_header(path), text_model.tokenizer,
-                       text_model.config.hidden_size, torch.float32)
-
-
-def embeddings(vision, data: bytes):
-    prepared = vision.prepare(decode_image(data, "test"))
-    return prepared, vision.encode(prepared)
+    return folder_vision(folder)
 
 
 @pytest.mark.parametrize("data", [SQUARE, WIDE], ids=["square", "wide"])

@@ -21,10 +21,8 @@ from engine.chat import ChatRequest
 from engine.loaders import load_model_files
 from engine.loaders.gguf.mmproj import read_mmproj_header
 from engine.vision import qwen35
-from engine.vision.decode import decode_image
-from engine.vision.load import load_vision
-from engine.vision.mmproj import load_mmproj
 from tests.engine.vision.chats import GREEDY, image_chats
+from tests.engine.vision.mmproj_cases import embeddings, folder_vision, mmproj_vision
 from tests.engine.vision.tiny_idefics3 import png
 from tests.engine.vision.tiny_qwen35_vl import MAX_PIXELS, MIN_PIXELS, save_tiny_qwen35_vl
 from tests.engine.vision.tiny_qwen35_vl_gguf import write_mmproj, write_text_gguf
@@ -36,8 +34,6 @@ MODEL = "qwen35-tiny-F32.gguf"
 MMPROJ = "mmproj-qwen35-tiny-F32.gguf"
 PIXELS = (MIN_PIXELS, MAX_PIXELS)
 F32 = torch.float32
-
-
 
 
 CHATS = {name: chat for name, chat in image_chats(RED, (WIDE, RED), WIDE)[0].items()
@@ -65,17 +61,7 @@ def text_model(converted):
 
 @pytest.fixture(scope="module")
 def reference(folder):
-    return load_vision(folder, F32, encoder_dtype=F32)
-
-
-def mmproj_vision(path, text_model):
-    return load_mmproj(read_mmproj_header(path), text_model.tokenizer,
-                       text_model.config.hidden_size, F32, encoder_dtype=F32)
-
-
-def embeddings(vision, data: bytes):
-    prepared = vision.prepare(decode_image(data, "test"))
-    return prepared, vision.encode(prepared)
+    return folder_vision(folder)
 
 
 def test_the_text_file_carries_the_folders_mrope_sections(text_model, folder):
