@@ -23,6 +23,7 @@ from engine.models.gemma import SLIDING
 from tests.engine.loaders.gguf.test_gguf_families import family_metadata, write_gguf
 from tests.engine.tiny_models import SPECIALS
 from tests.engine.vision.tiny_gemma3 import BOI, EOI, SOFT, gemma3_tokenizer
+from tests.engine.vision.tiny_idefics3_gguf import write_mmproj_tensors
 
 
 def vocabulary_metadata() -> dict[str, object]:
@@ -91,13 +92,6 @@ def write_mmproj(folder: Path, path: Path, matrices: Q = Q.F32,
     if scale is not None or side // per_side != 4:
         writer.add_vision_projector_scale_factor(scale or side // per_side)
     assert tensors, "no tower tensors in the folder"
-    for name, data in tensors.items():
-        if data.ndim < 2 or matrices == Q.F32 or "position_embd" in name:
-            writer.add_tensor(name, data)
-        else:
-            writer.add_tensor(name, data.astype(np.float16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_mmproj_tensors(writer, tensors, matrices,
+                         kept=lambda name: "position_embd" in name)
     return path

@@ -22,6 +22,7 @@ from engine.loaders import load_model_files
 from tests.engine.loaders.gguf.test_gguf_gemma4 import write_gemma4_gguf
 from tests.engine.tiny_models import SPECIALS
 from tests.engine.vision.tiny_gemma4v import BEGIN, END, IMAGE, gemma4v_tokenizer
+from tests.engine.vision.tiny_idefics3_gguf import write_mmproj_tensors
 
 CLAMPS = (".input_min", ".input_max", ".output_min", ".output_max")
 
@@ -96,19 +97,7 @@ def write_mmproj(folder: Path, path: Path, matrices: Q = Q.F32, projector: str =
     writer.add_vision_projector_scale_factor(vision["pooling_kernel_size"])
     for key, value in (extra or {}).items():
         writer.add_uint32(f"clip.vision.{key}", value)
-    for name, data in tensors.items():
-        if data.ndim < 2 or matrices == Q.F32 or "position_embd" in name:
-            writer.add_tensor(name, data)
-        elif matrices == Q.F16:
-            writer.add_tensor(name, data.astype(np.float16))
-        elif data.ndim == 2:
-            writer.add_tensor(name, gguf.quants.quantize(data, matrices), raw_dtype=matrices)
-        else:  # the patch kernel: F16, as the converter keeps convolutions
-            writer.add_tensor(name, data.astype(np.float16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_mmproj_tensors(writer, tensors, matrices, kept=lambda name: "position_embd" in name)
     return path
 
 

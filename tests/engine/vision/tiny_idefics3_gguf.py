@@ -102,10 +102,20 @@ def write_mmproj(folder: Path, path: Path, matrices: Q = Q.F32, projector: str =
     writer.add_vision_projector_scale_factor(config["scale_factor"])
     writer.add_vision_use_gelu(True)
     writer.add_vision_preproc_image_size(pre["size"]["longest_edge"])
+    write_mmproj_tensors(writer, tensors, matrices, kept=lambda name: "_embd" in name)
+    return path
+
+
+def write_mmproj_tensors(writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray],
+                         matrices: Q, kept) -> None:
+    """The tensors stored as llama.cpp's converters store them, then the file closed:
+    vectors, and those ``kept(name)`` picks (embeddings), as they are; the other
+    matrices in ``matrices`` (F32 as they are, F16, or quantized; a convolution kernel
+    past two dimensions F16, as the converters keep them)."""
     for name, data in tensors.items():
-        if data.ndim < 2 or matrices == Q.F32 or "_embd" in name:
+        if data.ndim < 2 or matrices == Q.F32 or kept(name):
             writer.add_tensor(name, data)
-        elif matrices == Q.F16:
+        elif matrices == Q.F16 or data.ndim > 2:
             writer.add_tensor(name, data.astype(np.float16))
         else:
             writer.add_tensor(name, gguf.quants.quantize(data, matrices), raw_dtype=matrices)
@@ -113,4 +123,3 @@ def write_mmproj(folder: Path, path: Path, matrices: Q = Q.F32, projector: str =
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path

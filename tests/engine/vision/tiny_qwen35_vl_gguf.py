@@ -23,6 +23,7 @@ from transformers import AutoConfig
 from tests.engine.loaders.gguf.test_gguf_families import put
 from tests.engine.loaders.gguf.test_gguf_qwen35 import ARCH, convert
 from tests.engine.tiny_models import SPECIALS
+from tests.engine.vision.tiny_idefics3_gguf import write_mmproj_tensors
 from tests.engine.vision.tiny_qwen35_vl import VISION_SPECIALS, qwen35_vl_tokenizer
 
 
@@ -140,13 +141,6 @@ def write_mmproj(folder: Path, path: Path, matrices: Q = Q.F32,
     if pixels is not None:
         writer.add_vision_min_pixels(pixels[0])
         writer.add_vision_max_pixels(pixels[1])
-    for name, data in {**mmproj_tensors(folder), **(extra_tensors or {})}.items():
-        if data.ndim < 2 or matrices == Q.F32 or "position_embd" in name:
-            writer.add_tensor(name, data)
-        else:
-            writer.add_tensor(name, data.astype(np.float16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_mmproj_tensors(writer, {**mmproj_tensors(folder), **(extra_tensors or {})}, matrices,
+                         kept=lambda name: "position_embd" in name)
     return path
