@@ -241,9 +241,12 @@ class ModelRunner:
         max_query_len = max(s.num_new_tokens for s in out.scheduled)
         # An image's tokens that attend to each other both ways: their rows' key limits,
         # shared by every group (Gemma 3) or by the sliding-window groups (Gemma 4).
-        ends = self.images.key_ends(out.scheduled) if self.images is not None else None
+        vision = self.images.vision if self.images is not None else None
+        # Only a bidirectional family's spans have runs: the others skip the walk.
+        ends = (self.images.key_ends(out.scheduled)
+                if vision is not None and vision.bidirectional else None)
         key_ends = None if ends is None else torch.tensor(ends, dtype=torch.int32, device=dev)
-        windows_only = self.images is not None and self.images.vision.bidirectional_in_windows
+        windows_only = vision is not None and vision.bidirectional_in_windows
         metas: list = []
         for g in range(len(self.kv_groups)):
             if g == self.state_group:
