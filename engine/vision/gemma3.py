@@ -45,6 +45,7 @@ from torch import nn
 from engine.loaders.gguf.mmproj import MmprojHeader
 from engine.vision.model import Preprocessed, VisionFamily, VisionParts, load_tower
 from engine.vision.siglip import SiglipTower, TowerSpec
+from engine.vision.vocab import added_tokens, image_token_ids
 
 BOI, EOI, SOFT = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 
@@ -165,11 +166,8 @@ class Gemma3Encoder(nn.Module):
 def _token_strings(folder: Path, config) -> tuple[str, str, str]:
     """The boi, eoi and soft token strings by the config's ids in tokenizer.json's added
     tokens (Gemma 3's own strings where a file lacks them)."""
-    names = {}
     path = folder / "tokenizer.json"
-    if path.is_file():
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        names = {t["id"]: t["content"] for t in raw.get("added_tokens", ())}
+    names = added_tokens(path) if path.is_file() else {}
     return (names.get(int(config.boi_token_index), BOI),
             names.get(int(config.eoi_token_index), EOI),
             names.get(int(config.image_token_index), SOFT))
@@ -211,8 +209,6 @@ def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], toke
     weight less the 1 the converter added, the image tokens' ids from the GGUF model's
     own vocabulary. The resize filter is the processor's default (bilinear): no key
     carries it."""
-    from engine.vision.vocab import image_token_ids
-
     where = str(header.path)
     # ggml's GELU is the tanh approximation, SigLIP's own in Gemma 3.
     spec = TowerSpec(int(header.require("embedding_length")),

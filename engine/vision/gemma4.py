@@ -41,6 +41,7 @@ from engine.vision.model import (
     VisionUnavailable,
     load_tower,
 )
+from engine.vision.vocab import added_tokens, image_token_ids
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the budgets Gemma 4 was trained with
 MMPROJ_TOKENS = ("<|image>", "<|image|>", "<image|>")  # begin, image, end
@@ -131,12 +132,8 @@ def added_token_texts(folder: Path, ids: dict[str, int]) -> dict[str, str]:
     """The texts of the tokenizer's added tokens ``ids`` (by what they are for), from
     the folder's tokenizer.json; VisionUnavailable naming the one it lacks."""
     path = folder / "tokenizer.json"
-    try:
-        added = json.loads(path.read_text(encoding="utf-8")).get("added_tokens", [])
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot read the image tokens ({exc})") from exc
-    by_id = {t.get("id"): t.get("content") for t in added if isinstance(t, dict)}
-    missing = [what for what, i in ids.items() if not isinstance(by_id.get(i), str)]
+    by_id = added_tokens(path)
+    missing = [what for what, i in ids.items() if i not in by_id]
     if missing:
         named = ", ".join(f"{w} {ids[w]}" for w in missing)
         raise VisionUnavailable(f"{path}: the tokenizer lacks the {', '.join(missing)} "
@@ -169,8 +166,6 @@ def build_from_mmproj(header: MmprojHeader, state: dict[str, torch.Tensor], toke
                       text_hidden: int) -> VisionParts:
     """The parts from an mmproj file's keys and tensors (engine/vision/mmproj.py; see the
     module docstring), the image tokens' ids from the GGUF model's own vocabulary."""
-    from engine.vision.vocab import image_token_ids
-
     where = str(header.path)
     patch = int(header.require("patch_size"))
     pooling = int(header.key("projector.scale_factor", 3))
