@@ -10,8 +10,11 @@ bytes: the head's quantized values, then its float16 scales, little-endian:
 - **fp8** (storage torch.float8_e4m3fn): hd e4m3 values, then one float16 scale,
   absmax / 448 per token and head.
 - **int4** (storage torch.uint8): hd / 2 bytes (element 2i in the low nibble, 2i + 1 in
-  the high one, each stored as q + 8, q in [-7, 7]), then one float16 scale per group of
-  `int4_group(hd)` elements, absmax / 7 per group.
+  the high one, each stored as q + 8, q in [-8, 7]), then one float16 scale per group of
+  `int4_group(hd)` elements. As llama.cpp's q4_0, the scale is the group's largest-magnitude
+  element over -8 (the positive one where +a and -a tie), so that element takes the code
+  -8 exactly and all 16 levels are used: a signed scale, where absmax / 7 would leave one
+  level idle. On the starter that cut int4's KL by a third (docs/BENCHMARKS.md).
 
 A value decodes as ``q * scale`` with the scale read back as float16 (encoding divides
 by that rounded scale, so the two agree). Every quantized row is rotated before it is
@@ -158,9 +161,12 @@ def _encode_int4(x: torch.Tensor) -> torch.Tensor:
     hd = x.shape[-1]
     group = int4_group(hd)
     groups = x.reshape(*x.shape[:-1], hd // group, group)
-    scale = (groups.abs().amax(dim=-1, keepdim=True) / 7.0).to(torch.float16)
-    inv = torch.where(scale > 0, 1.0 / scale.float(), torch.zeros_like(scale, dtype=x.dtype))
-    codes = (torch.round(groups * inv).clamp_(-7, 7) + 8).to(torch.uint8).reshape(x.shape)
+    top = groups.amax(dim=-1, keepdim=True)
+    bottom = groups.amin(dim=-1, keepdim=True)
+    signed_max = torch.where(top >= -bottom, top, bottom)
+    scale = (signed_max / -8.0).to(torch.float16)
+    inv = torch.where(scale != 0, 1.0 / scale.float(), torch.zeros_like(scale, dtype=x.dtype))
+    codes = (torch.round(groups * inv).clamp_(-8, 7) + 8).to(torch.uint8).reshape(x.shape)
     packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
     scales = scale.squeeze(-1).contiguous().view(torch.uint8)
     return torch.cat([packed, scales], dim=-1)
@@ -181,7 +187,7 @@ BFLOAT16 = KVFormat("bfloat16", torch.bfloat16, 16, 0.0)
 FLOAT16 = KVFormat("float16", torch.float16, 16, 0.0)
 INT8 = KVFormat("int8", torch.int8, 8, 127.0, rotated=True)
 FP8 = KVFormat("fp8", torch.float8_e4m3fn, 8, 448.0, rotated=True)
-INT4 = KVFormat("int4", torch.uint8, 4, 7.0, rotated=True)
+INT4 = KVFormat("int4", torch.uint8, 4, 8.0, rotated=True)
 
 _FORMATS = (FLOAT32, BFLOAT16, FLOAT16, INT8, FP8, INT4)
 KV_FORMAT_NAMES = tuple(f.name for f in _FORMATS)

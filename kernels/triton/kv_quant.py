@@ -201,13 +201,18 @@ def _quantize_row_int4(src, row, keep, HEAD_SIZE: tl.constexpr, GROUP: tl.conste
     offs_g = tl.arange(0, GROUPS_PAD)
     # [GROUPS_PAD, HALF_PAD]: byte i belongs to group 2i // GROUP (GROUP is even).
     member = (offs_g[:, None] == (2 * offs_i[None, :]) // GROUP) & i_mask[None, :]
-    absmax = tl.max(tl.where(member, tl.maximum(tl.abs(even), tl.abs(odd))[None, :], 0.0), 1)
-    scale = (absmax / 7.0).to(tl.float16)  # [GROUPS_PAD]
+    # q4_0's signed scale (kernels/kv_format.py): the largest-magnitude element, the
+    # positive one on a tie, over -8.
+    top = tl.max(tl.where(member, tl.maximum(even, odd)[None, :], float("-inf")), 1)
+    bottom = tl.min(tl.where(member, tl.minimum(even, odd)[None, :], float("inf")), 1)
+    signed_max = tl.where(top >= -bottom, top, bottom)
+    signed_max = tl.where(offs_g < HEAD_SIZE // GROUP, signed_max, 0.0)  # padded groups
+    scale = (signed_max / -8.0).to(tl.float16)  # [GROUPS_PAD]
     scale_f = scale.to(tl.float32)
-    inverse = tl.where(scale_f > 0, 1.0 / tl.where(scale_f > 0, scale_f, 1.0), 0.0)
+    inverse = tl.where(scale_f != 0, 1.0 / tl.where(scale_f != 0, scale_f, 1.0), 0.0)
     inv_i = tl.sum(tl.where(member, inverse[:, None], 0.0), 0)  # [HALF_PAD]
-    lo = tl.minimum(tl.maximum(_round_half_even(even * inv_i), -7.0), 7.0) + 8.0
-    hi = tl.minimum(tl.maximum(_round_half_even(odd * inv_i), -7.0), 7.0) + 8.0
+    lo = tl.minimum(tl.maximum(_round_half_even(even * inv_i), -8.0), 7.0) + 8.0
+    hi = tl.minimum(tl.maximum(_round_half_even(odd * inv_i), -8.0), 7.0) + 8.0
     packed = lo.to(tl.uint8) | (hi.to(tl.uint8) << 4)
     tl.store(row + offs_i, packed, mask=offs_i < tl.where(keep, HEAD_SIZE // 2, 0))
     _store_scales(row + HEAD_SIZE // 2 + 2 * offs_g, scale,

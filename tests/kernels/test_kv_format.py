@@ -56,8 +56,22 @@ def test_int4_row_layout_by_hand():
     row[0, 0] = 7.0
     stored = INT4.encode(INT4.rotate(row))  # rotated twice: the row itself is stored
     codes = torch.stack([stored[0, :32] & 15, stored[0, :32] >> 4], -1).reshape(64)
-    assert codes[0].item() == 15 and (codes[1:] == 8).all()
-    assert stored[0, 32:].view(torch.float16).item() == 1.0
+    # q4_0's signed scale: the largest element takes the code -8 (stored 0).
+    assert codes[0].item() == 0 and (codes[1:] == 8).all()
+    assert stored[0, 32:].view(torch.float16).item() == -0.875
+
+
+def test_int4_scale_takes_the_largest_magnitude_with_its_sign_the_positive_on_a_tie():
+    rows = torch.zeros(3, 64)
+    rows[0, 5], rows[0, 9] = -4.0, 2.0  # the negative one is larger
+    rows[1, 5], rows[1, 9] = -4.0, 4.0  # a tie: the positive one
+    rows[2, 5], rows[2, 9] = 1.0, -0.5
+    stored = INT4.encode(INT4.rotate(rows))
+    assert stored[:, 32:].view(torch.float16).flatten().tolist() == [0.5, -0.5, -0.125]
+    codes = torch.stack([stored[:, :32] & 15, stored[:, :32] >> 4], -1).reshape(3, 64)
+    assert codes[0, 5].item() == 0 and codes[0, 9].item() == 12  # -8 and 4
+    assert codes[1, 9].item() == 0 and codes[1, 5].item() == 15  # -8 and +8 clamped to 7
+    assert codes[2, 5].item() == 0 and codes[2, 9].item() == 12
 
 
 @pytest.mark.parametrize("fmt,tol", [(INT8, 0.01), (FP8, 0.07), (INT4, 0.2)])

@@ -68,18 +68,28 @@ void encode_fp8(const float* x, int64_t hd, uint8_t* row) {
   std::memcpy(row + hd, &s.bits, 2);
 }
 
-// hd float32 values (rotated) -> per group of int4_group(hd) codes q + 8 (q in [-7, 7])
-// packed two a byte (element 2i low), then the groups' scales.
+// hd float32 values (rotated) -> per group of int4_group(hd) codes q + 8 (q in [-8, 7])
+// packed two a byte (element 2i low), then the groups' scales. As q4_0 (and
+// kernels/kv_format.py): the scale is the group's largest-magnitude element (the positive
+// one on a tie) over -8, a signed float16, so that element codes as -8 exactly.
 void encode_int4(const float* r, int64_t hd, uint8_t* row) {
   const int64_t group = int4_group(hd);
   for (int64_t g0 = 0; g0 < hd; g0 += group) {
-    const Scale s = scale_for(r + g0, group, 7.0f);
+    float top = r[g0], bottom = r[g0];
+    for (int64_t i = g0; i < g0 + group; ++i) {
+      top = std::max(top, r[i]);
+      bottom = std::min(bottom, r[i]);
+    }
+    const float signed_max = top >= -bottom ? top : bottom;
+    const uint16_t bits = c10::detail::fp16_ieee_from_fp32_value(signed_max / -8.0f);
+    const float scale = c10::detail::fp16_ieee_to_fp32_value(bits);
+    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
     for (int64_t i = g0; i < g0 + group; i += 2) {
-      const float lo = round_clamped(r[i] * s.inv, 7.0f) + 8.0f;
-      const float hi = round_clamped(r[i + 1] * s.inv, 7.0f) + 8.0f;
+      const float lo = std::min(round_clamped(r[i] * inv, 8.0f), 7.0f) + 8.0f;
+      const float hi = std::min(round_clamped(r[i + 1] * inv, 8.0f), 7.0f) + 8.0f;
       row[i / 2] = static_cast<uint8_t>(static_cast<int>(lo) | (static_cast<int>(hi) << 4));
     }
-    std::memcpy(row + hd / 2 + 2 * (g0 / group), &s.bits, 2);
+    std::memcpy(row + hd / 2 + 2 * (g0 / group), &bits, 2);
   }
 }
 
