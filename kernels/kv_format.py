@@ -14,7 +14,7 @@ bytes: the head's quantized values, then its float16 scales, little-endian:
   `int4_group(hd)` elements. As llama.cpp's q4_0, the scale is the group's largest-magnitude
   element over -8 (the positive one where +a and -a tie), so that element takes the code
   -8 exactly and all 16 levels are used: a signed scale, where absmax / 7 would leave one
-  level idle. On the starter that cut int4's KL by a third (docs/BENCHMARKS.md).
+  level idle. On the starter that cut int4's KL by a fifth (docs/BENCHMARKS.md).
 
 A value decodes as ``q * scale`` with the scale read back as float16 (encoding divides
 by that rounded scale, so the two agree). Every quantized row is rotated before it is

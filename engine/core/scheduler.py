@@ -235,8 +235,12 @@ class Scheduler:
                 # Drafts are a guess: out of room, they are halved, then gone, before
                 # anything is preempted (a hybrid model's few spare state slots still
                 # take a few drafts).
+                # The blocks an earlier step took for the dropped drafts go back too: a
+                # sequence left out of this step would hold them past its tokens.
                 for seq in seqs:
-                    del seq.draft_token_ids[len(seq.draft_token_ids) // 2:]
+                    if seq.draft_token_ids:
+                        del seq.draft_token_ids[len(seq.draft_token_ids) // 2:]
+                        self.kv.trim(seq)
                 continue
             if self.loading:  # its reads are the cheapest to give up
                 self._preempt_loading(self.loading[-1], out)
@@ -274,7 +278,9 @@ class Scheduler:
         out.preempted.append(request.request_id)
         seqs = active(request)  # parked candidates hold no blocks and stay parked
         for seq in seqs:
-            seq.draft_token_ids.clear()
+            if seq.draft_token_ids:  # the blocks taken for its drafts are not swapped out
+                seq.draft_token_ids.clear()
+                self.kv.trim(seq)
         if self.kv.num_host_blocks and self.kv.can_swap_out(seqs):
             add_moves(out.swap_out, self.kv.swap_out(seqs))
             for seq in seqs:
