@@ -235,12 +235,8 @@ class Scheduler:
                 # Drafts are a guess: out of room, they are halved, then gone, before
                 # anything is preempted (a hybrid model's few spare state slots still
                 # take a few drafts).
-                # The blocks an earlier step took for the dropped drafts go back too: a
-                # sequence left out of this step would hold them past its tokens.
                 for seq in seqs:
-                    if seq.draft_token_ids:
-                        del seq.draft_token_ids[len(seq.draft_token_ids) // 2:]
-                        self.kv.trim(seq)
+                    self._drop_drafts(seq, len(seq.draft_token_ids) // 2)
                 continue
             if self.loading:  # its reads are the cheapest to give up
                 self._preempt_loading(self.loading[-1], out)
@@ -272,15 +268,22 @@ class Scheduler:
             assert ok, "can_append promised room"
         return True
 
+    def _drop_drafts(self, seq: Sequence, keep: int) -> None:
+        """Keep ``seq``'s first ``keep`` drafts; the blocks an earlier step took for the
+        others go back (a sequence then left out of the step would hold them past its
+        tokens). A sequence without drafts is left as it is: mid-prefill, its blocks past
+        the computed tokens are its prompt's."""
+        if len(seq.draft_token_ids) > keep:
+            del seq.draft_token_ids[keep:]
+            self.kv.trim(seq)
+
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.running.remove(request)
         self.num_preemptions += 1
         out.preempted.append(request.request_id)
         seqs = active(request)  # parked candidates hold no blocks and stay parked
-        for seq in seqs:
-            if seq.draft_token_ids:  # the blocks taken for its drafts are not swapped out
-                seq.draft_token_ids.clear()
-                self.kv.trim(seq)
+        for seq in seqs:  # the blocks taken for its drafts are not swapped out
+            self._drop_drafts(seq, 0)
         if self.kv.num_host_blocks and self.kv.can_swap_out(seqs):
             add_moves(out.swap_out, self.kv.swap_out(seqs))
             for seq in seqs:
