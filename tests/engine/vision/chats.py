@@ -31,3 +31,10 @@ def image_chats(one: bytes, two: tuple[bytes, bytes], earlier: bytes
         ],
     }
     return chats, {"one image": [one], "two images": list(two), "earlier turn": [earlier]}
+
+
+def mmproj_chats(shown: bytes, other: bytes) -> dict[str, list[dict]]:
+    """The two chats every mmproj test replays: ``shown`` in one turn, and ``other`` in an
+    earlier turn that a text question follows."""
+    chats, _ = image_chats(shown, (other, shown), other)
+    return {name: chats[name] for name in ("one image", "earlier turn")}

@@ -29,8 +29,6 @@ RED, BLUE, WIDE = png(21, (48, 40)), png(22, (48, 40)), png(23, (100, 31))
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
-
-
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory):
     return save_tiny_gemma3(tmp_path_factory.mktemp("gemma3") / "gemma3")

@@ -20,7 +20,7 @@ from engine import LLM, EngineConfig
 from engine.chat import ChatRequest
 from engine.loaders import load_model_files
 from engine.loaders.gguf.mmproj import find_mmproj, read_mmproj_header
-from tests.engine.vision.chats import GREEDY, image_chats
+from tests.engine.vision.chats import GREEDY, mmproj_chats
 from tests.engine.vision.mmproj_cases import embeddings, folder_vision, mmproj_vision
 from tests.engine.vision.tiny_idefics3 import png
 from tests.engine.vision.tiny_idefics3_gguf import write_mmproj, write_text_gguf
@@ -31,8 +31,7 @@ RED, WIDE = png(11, (48, 40)), png(13, (100, 31))
 MODEL = "SmolVLM-tiny-F32.gguf"
 
 
-CHATS = {name: chat for name, chat in image_chats(RED, (WIDE, RED), WIDE)[0].items()
-         if name in ('one image', 'earlier turn')}
+CHATS = mmproj_chats(RED, WIDE)
 
 
 @pytest.fixture(scope="module")

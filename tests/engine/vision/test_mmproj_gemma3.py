@@ -19,7 +19,7 @@ from engine.loaders import load_model_files
 from engine.loaders.gguf.mmproj import read_mmproj_header
 from engine.vision.load import load_vision
 from engine.vision.mmproj import load_mmproj
-from tests.engine.vision.chats import GREEDY, image_chats
+from tests.engine.vision.chats import GREEDY, mmproj_chats
 from tests.engine.vision.mmproj_cases import embeddings, folder_vision, mmproj_vision
 from tests.engine.vision.tiny_gemma3 import TOKENS, save_tiny_gemma3
 from tests.engine.vision.tiny_gemma3_gguf import write_mmproj, write_text_gguf
@@ -32,8 +32,7 @@ MODEL = "gemma3-tiny-F32.gguf"
 MMPROJ = "mmproj-gemma3-tiny-F32.gguf"
 
 
-CHATS = {name: chat for name, chat in image_chats(RED, (WIDE, RED), WIDE)[0].items()
-         if name in ('one image', 'earlier turn')}
+CHATS = mmproj_chats(RED, WIDE)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from engine import LLM, EngineConfig
 from engine.chat import ChatRequest
 from engine.loaders import load_model_files
 from engine.loaders.gguf.mmproj import read_mmproj_header
-from tests.engine.vision.chats import GREEDY, image_chats
+from tests.engine.vision.chats import GREEDY, mmproj_chats
 from tests.engine.vision.mmproj_cases import embeddings, folder_vision, mmproj_vision
 from tests.engine.vision.tiny_gemma4v import BUDGET, POOLING, save_tiny_gemma4v
 from tests.engine.vision.tiny_gemma4v_gguf import budget_pixels, write_mmproj, write_text_gguf
@@ -34,8 +34,7 @@ MODEL = "gemma4-tiny-F32.gguf"
 MMPROJ = "mmproj-gemma4-tiny-F32.gguf"
 
 
-CHATS = {name: chat for name, chat in image_chats(SQUARE, (WIDE, SQUARE), WIDE)[0].items()
-         if name in ('one image', 'earlier turn')}
+CHATS = mmproj_chats(SQUARE, WIDE)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from engine.chat import ChatRequest
 from engine.loaders import load_model_files
 from engine.loaders.gguf.mmproj import read_mmproj_header
 from engine.vision import qwen35
-from tests.engine.vision.chats import GREEDY, image_chats
+from tests.engine.vision.chats import GREEDY, mmproj_chats
 from tests.engine.vision.mmproj_cases import embeddings, folder_vision, mmproj_vision
 from tests.engine.vision.tiny_idefics3 import png
 from tests.engine.vision.tiny_qwen35_vl import MAX_PIXELS, MIN_PIXELS, save_tiny_qwen35_vl
@@ -36,8 +36,7 @@ PIXELS = (MIN_PIXELS, MAX_PIXELS)
 F32 = torch.float32
 
 
-CHATS = {name: chat for name, chat in image_chats(RED, (WIDE, RED), WIDE)[0].items()
-         if name in ('one image', 'earlier turn')}
+CHATS = mmproj_chats(RED, WIDE)
 
 
 @pytest.fixture(scope="module")
