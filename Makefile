@@ -29,8 +29,11 @@ run: $(STAMP) $(NATIVE)
 	$(VENV)/bin/folio-app
 
 # CI runs `make test`, so the lint (ruff and the import contracts) gates the tests.
+# One worker per core: most tests are single-threaded Python on tiny models, so two
+# workers take about half the time of one on a 2-core machine. A test file stays on one
+# worker (--dist loadfile), so its module fixtures (engines, served models) are built once.
 test: $(STAMP) $(NATIVE) lint
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n auto --dist loadfile
 
 # lint-imports checks the layering contracts in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
