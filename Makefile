@@ -29,9 +29,10 @@ run: $(STAMP) $(NATIVE)
 	$(VENV)/bin/folio-app
 
 # CI runs `make test`, so the lint (ruff and the import contracts) gates the tests.
-# One worker per core: most tests are single-threaded Python on tiny models, so two
-# workers take about half the time of one on a 2-core machine. A test file stays on one
-# worker (--dist loadfile), so its module fixtures (engines, served models) are built once.
+# One worker per core: most tests are single-threaded Python on tiny models, so on a
+# 2-core machine two workers take about three quarters of one's time (tests that already
+# run two torch threads gain nothing). A test file stays on one worker (--dist loadfile),
+# so its module fixtures (engines, served models) are built once.
 test: $(STAMP) $(NATIVE) lint
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n auto --dist loadfile
 
