@@ -29,12 +29,14 @@ run: $(STAMP) $(NATIVE)
 	$(VENV)/bin/folio-app
 
 # CI runs `make test`, so the lint (ruff and the import contracts) gates the tests.
-# One worker per core: most tests are single-threaded Python on tiny models, so on a
-# 2-core machine two workers take about three quarters of one's time (tests that already
-# run two torch threads gain nothing). A test file stays on one worker (--dist loadfile),
-# so its module fixtures (engines, served models) are built once.
+# One worker per logical CPU (`logical`; `auto` would count physical cores where psutil
+# is installed: one on a VM that shows its two vCPUs as hyperthreads of one core). Most
+# tests are single-threaded Python on tiny models, so on a 2-CPU machine two workers take
+# about three quarters of one's time (tests that already run two torch threads gain
+# nothing). A test file stays on one worker (--dist loadfile), so its module fixtures
+# (engines, served models) are built once.
 test: $(STAMP) $(NATIVE) lint
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n auto --dist loadfile
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n logical --dist loadfile
 
 # lint-imports checks the layering contracts in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
