@@ -21,8 +21,10 @@ from tests.kernels.reference.test_reference_sinks import sinks_for
 
 FORMATS = {"int8": INT8, "fp8": FP8, "int4": INT4}
 # The kernel reads the same decoded values as the reference; int4 adds the query's and the
-# output's rotations (a transform per head in another summation order).
-TOLERANCE = {"int8": 1e-5, "fp8": 1e-5, "int4": 3e-5}
+# output's rotations (a transform per head in another summation order); int8's decode rows
+# on AVX-512 take their scores from the query as int16 codes (a step of 1/32767 of its
+# largest element: about 1e-5 of a score, against int8's own 1/254).
+TOLERANCE = {"int8": 1e-4, "fp8": 1e-5, "int4": 3e-5}
 
 
 @pytest.fixture(params=list(FORMATS))

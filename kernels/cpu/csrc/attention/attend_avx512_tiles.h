@@ -71,6 +71,86 @@ FOLIO_TILE_INLINE void key_scores16(const float* const* q, int nrows, const Kv* 
   }
 }
 
+// The lane sums of 16 int32 vectors as the lanes of one, in order (lane_sums16's tree on
+// integers; the shuffles move 32-bit lanes whatever they hold).
+inline __m512i lane_sums16_epi32(const __m512i* v) {
+  __m512 f[16];
+#pragma GCC unroll 16
+  for (int k = 0; k < 16; ++k) f[k] = _mm512_castsi512_ps(v[k]);
+  __m512i t[8], u[4], w[2];
+#pragma GCC unroll 8
+  for (int p = 0; p < 8; ++p)
+    t[p] = _mm512_add_epi32(_mm512_castps_si512(_mm512_unpacklo_ps(f[2 * p], f[2 * p + 1])),
+                            _mm512_castps_si512(_mm512_unpackhi_ps(f[2 * p], f[2 * p + 1])));
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    const __m512 a = _mm512_castsi512_ps(t[2 * q]), b = _mm512_castsi512_ps(t[2 * q + 1]);
+    u[q] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x44)),
+                            _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xEE)));
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < 2; ++r)
+    w[r] = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2 * r], u[2 * r + 1], 0x88),
+                            _mm512_shuffle_i32x4(u[2 * r], u[2 * r + 1], 0xDD));
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(w[0], w[1], 0x88),
+                          _mm512_shuffle_i32x4(w[0], w[1], 0xDD));
+}
+
+// key_tile for an int8 pool's codes against queries held as int16 codes (q[r] [hd],
+// q_scale[r] their step): 32 products a vpmaddwd, summed exactly in int32 (|q| <= 32767,
+// |code| <= 127, hd <= 256), where converting every code to float cost more than the
+// products. hd a multiple of 32. out[r][j0 + j] = (q_r . codes_{j0 + j}) * q_scale[r].
+template <int R, int J>
+FOLIO_TILE_INLINE void int8_key_tile(const int16_t* const* q, const float* q_scale,
+                                     const Int8Kv* keys, int64_t slot_stride, int64_t hd,
+                                     int j0, float (*out)[16]) {
+  static_assert(R * J <= 16, "one lane tree of 16 vectors");
+  __m512i acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
+  for (int64_t d = 0; d < hd; d += 32) {
+    __m512i key[J];
+#pragma GCC unroll 16
+    for (int j = 0; j < J; ++j)
+      key[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(keys + (j0 + j) * slot_stride + d)));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512i qd = _mm512_loadu_si512(q[r] + d);
+#pragma GCC unroll 16
+      for (int j = 0; j < J; ++j)
+        acc[r * J + j] = _mm512_add_epi32(acc[r * J + j], _mm512_madd_epi16(qd, key[j]));
+    }
+  }
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, _mm512_cvtepi32_ps(lane_sums16_epi32(acc)));
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int j = 0; j < J; ++j) out[r][j0 + j] = sums[r * J + j] * q_scale[r];
+}
+
+// key_scores16 for an int8 pool's codes (unscaled by their rows' scales) and nrows <= 4
+// query rows as int16 codes; hd a multiple of 32.
+#define FOLIO_INT8_INTEGER_SCORES 1
+FOLIO_TILE_INLINE void int8_key_scores16(const int16_t* const* q, const float* q_scale,
+                                         int nrows, const Int8Kv* keys, int64_t slot_stride,
+                                         int64_t hd, float (*out)[16]) {
+  switch (nrows) {
+    case 1: int8_key_tile<1, 16>(q, q_scale, keys, slot_stride, hd, 0, out); return;
+    case 2:
+      int8_key_tile<2, 8>(q, q_scale, keys, slot_stride, hd, 0, out);
+      int8_key_tile<2, 8>(q, q_scale, keys, slot_stride, hd, 8, out);
+      return;
+    case 3:
+      for (int j0 = 0; j0 < 16; j0 += 4) int8_key_tile<3, 4>(q, q_scale, keys, slot_stride, hd, j0, out);
+      return;
+    default:
+      for (int j0 = 0; j0 < 16; j0 += 4) int8_key_tile<4, 4>(q, q_scale, keys, slot_stride, hd, j0, out);
+      return;
+  }
+}
+
 // kt[d * 16 + j] = key_j[d] for a block's 16 slots (rows slot_stride apart, float32 or
 // float16 read in place), hd a multiple of 16; slots outside [j_begin, j_end) repeat a
 // slot inside it (finite; their scores are masked).
