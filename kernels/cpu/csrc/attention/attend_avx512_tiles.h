@@ -122,12 +122,23 @@ FOLIO_TILE_INLINE void int8_key_tile(const int16_t* const* q, const float* q_sca
         acc[r * J + j] = _mm512_add_epi32(acc[r * J + j], _mm512_madd_epi16(qd, key[j]));
     }
   }
-  alignas(64) float sums[16];
-  _mm512_store_ps(sums, _mm512_cvtepi32_ps(lane_sums16_epi32(acc)));
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < J; ++j) out[r][j0 + j] = sums[r * J + j] * q_scale[r];
+  // Lane r * J + j times q_scale[r], each row's J lanes stored as one piece.
+  const __m512i row_of_lane = _mm512_srli_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), J == 16 ? 4 : J == 8 ? 3 : 2);
+  const __m512 steps = _mm512_permutexvar_ps(
+      row_of_lane, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << R) - 1), q_scale));
+  const __m512 sums = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_sums16_epi32(acc)), steps);
+  if constexpr (J == 16) {
+    _mm512_storeu_ps(out[0] + j0, sums);
+  } else if constexpr (J == 8) {
+    _mm256_storeu_ps(out[0] + j0, _mm512_castps512_ps256(sums));
+    if (R > 1) _mm256_storeu_ps(out[1] + j0, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sums), 1)));
+  } else {
+    _mm_storeu_ps(out[0] + j0, _mm512_castps512_ps128(sums));
+    if (R > 1) _mm_storeu_ps(out[1] + j0, _mm512_extractf32x4_ps(sums, 1));
+    if (R > 2) _mm_storeu_ps(out[2] + j0, _mm512_extractf32x4_ps(sums, 2));
+    if (R > 3) _mm_storeu_ps(out[3] + j0, _mm512_extractf32x4_ps(sums, 3));
+  }
 }
 
 // key_scores16 for an int8 pool's codes (unscaled by their rows' scales) and nrows <= 4
