@@ -147,3 +147,33 @@ def test_the_quick_plan_end_to_end_on_a_tiny_shape(tiny_file, tmp_path, monkeypa
     assert "llama.cpp skipped: test" in result["notes"]
     text = format_result(result)
     assert "cpu: " in text and "status" in text
+
+
+def test_a_context_s_decode_is_the_best_of_its_rounds_over_the_same_prompt(monkeypatch):
+    """The speed side answers each context's prompt DECODE_ROUNDS times (the repeats find it
+    cached) and keeps the fastest decode; the prefill time is the first answer's."""
+    from engine.bench import kv_sides
+    from engine.bench.baselines import Reply
+
+    gaps = iter([0.5, 0.1, 0.25, 0.2, 0.4, 0.3])  # seconds between tokens, per answer
+    asked: list[list[int]] = []
+
+    def reply(model, ids, tokens):
+        asked.append(ids)
+        if len(ids) == kv_sides.WARMUP_TOKENS:
+            return Reply([1] * tokens, 0.01, len(ids), len(ids), [0.0, 0.01])
+        gap = next(gaps)
+        return Reply([1] * tokens, 2.0 if len(asked) in (2, 5) else 0.05, len(ids), len(ids),
+                     [i * gap for i in range(tokens)])
+
+    emitted: dict = {}
+    monkeypatch.setattr(kv_sides, "_load", lambda *args: (object(), reply))
+    monkeypatch.setattr(kv_sides, "emit", emitted.update)
+    assert kv_sides.DECODE_ROUNDS == 3
+    kv_sides.speed("folio", "model.gguf", 1, "int8", [64, 32], tokens=4, vocab=1000, seed=5)
+    # The warm-up, then three answers of the 32-id prompt and three of the 64-id one.
+    assert [len(ids) for ids in asked] == [kv_sides.WARMUP_TOKENS, 32, 32, 32, 64, 64, 64]
+    assert asked[1] == asked[2] == asked[3] and asked[4] == asked[5] == asked[6]
+    assert emitted["ttft_s_32"] == 2.0 and emitted["ttft_s_64"] == 2.0
+    assert emitted["decode_tok_s_32"] == pytest.approx(10.0)  # gaps 0.5, 0.1, 0.25
+    assert emitted["decode_tok_s_64"] == pytest.approx(5.0)   # gaps 0.2, 0.4, 0.3
