@@ -104,7 +104,7 @@ template <int R, int J>
 FOLIO_TILE_INLINE void int8_key_tile(const int16_t* const* q, const float* q_scale,
                                      const Int8Kv* keys, int64_t slot_stride, int64_t hd,
                                      int j0, float (*out)[16]) {
-  static_assert(R * J <= 16, "one lane tree of 16 vectors");
+  static_assert(R * J <= 16 && (J == 4 || J == 8 || J == 16), "one lane tree of 16 vectors");
   __m512i acc[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
@@ -123,8 +123,9 @@ FOLIO_TILE_INLINE void int8_key_tile(const int16_t* const* q, const float* q_sca
     }
   }
   // Lane r * J + j times q_scale[r], each row's J lanes stored as one piece.
+  constexpr int kLog2J = J == 16 ? 4 : J == 8 ? 3 : 2;
   const __m512i row_of_lane = _mm512_srli_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), J == 16 ? 4 : J == 8 ? 3 : 2);
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), kLog2J);
   const __m512 steps = _mm512_permutexvar_ps(
       row_of_lane, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << R) - 1), q_scale));
   const __m512 sums = _mm512_mul_ps(_mm512_cvtepi32_ps(lane_sums16_epi32(acc)), steps);
@@ -132,7 +133,9 @@ FOLIO_TILE_INLINE void int8_key_tile(const int16_t* const* q, const float* q_sca
     _mm512_storeu_ps(out[0] + j0, sums);
   } else if constexpr (J == 8) {
     _mm256_storeu_ps(out[0] + j0, _mm512_castps512_ps256(sums));
-    if (R > 1) _mm256_storeu_ps(out[1] + j0, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sums), 1)));
+    if (R > 1)
+      _mm256_storeu_ps(out[1] + j0, _mm256_castpd_ps(
+                                        _mm512_extractf64x4_pd(_mm512_castps_pd(sums), 1)));
   } else {
     _mm_storeu_ps(out[0] + j0, _mm512_castps512_ps128(sums));
     if (R > 1) _mm_storeu_ps(out[1] + j0, _mm512_extractf32x4_ps(sums, 1));
