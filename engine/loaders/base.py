@@ -51,7 +51,7 @@ class WeightStream:
 
 @dataclass(slots=True)
 class LoadedModel:
-    config: object  # transformers.PretrainedConfig
+    config: object  # a transformers PretrainedConfig, or a FileConfig (gguf/file_config.py)
     tokenizer: object  # transformers.PreTrainedTokenizerFast
     weights: WeightStream
     source: Path

@@ -1,11 +1,14 @@
-"""A GGUF model's config read back from its cache entry as plain attributes.
+"""A GGUF model's config as plain attributes: built from the file's keys, or read back
+from its cache entry.
 
-The first load of a file builds a transformers config from the file's keys (its class
-fills in the family's defaults and moves rope settings into ``rope_parameters``); the cache
-keeps that config whole (``to_dict()``, with the class's ``attribute_map`` of aliases), and
-later loads read it back into a ``FileConfig``. The engine's models only read attributes
-(engine/models/spec.py), so they see the same values without transformers importing the
-family's configuration module, which alone costs about a second of every load.
+The engine's models only read attributes (engine/models/spec.py), so a ``FileConfig``
+serves them without transformers importing the family's configuration module, which pulls
+in much of transformers' model code. A family whose registry entry lists its
+``gguf_config_defaults`` gets one on a file's first load too (``config_from_keys``: the
+keys, those defaults, the rope settings as transformers 5 keeps them); any other family's
+first load builds transformers' config class (its class fills in the family's defaults,
+layer patterns and the like). Either way the cache keeps the config whole (its values and
+its ``attribute_map`` of aliases), and later loads read it back into a ``FileConfig``.
 """
 
 from __future__ import annotations
@@ -38,11 +41,25 @@ class FileConfig:
         return f"FileConfig({getattr(self, 'model_type', '?')})"
 
 
+def config_from_keys(values: Mapping[str, object],
+                     defaults: Mapping[str, object]) -> FileConfig:
+    """A GGUF file's config dict (engine/loaders/gguf/config.py's) with its family's
+    ``defaults`` under it, and its rope theta and scaling in one ``rope_parameters``, as
+    transformers 5's config classes keep them."""
+    merged = {**defaults, **values}
+    scaling = merged.pop("rope_scaling", None) or {"rope_type": "default"}
+    merged["rope_parameters"] = {**scaling, "rope_theta": merged.pop("rope_theta")}
+    return FileConfig(merged)
+
+
 def config_record(config) -> dict[str, object] | None:
-    """What a cache entry keeps of a transformers config: its values as its own JSON
-    writes them (dtypes as names, sub-configs as dicts) and its aliases; None for a config
-    whose layers differ (Gemma 4's ``per_layer_config``: its per-layer views and the guard
-    on reading their attributes globally are transformers' own), rebuilt on every load."""
+    """What a cache entry keeps of a config: a FileConfig's values and aliases, or a
+    transformers config's values as its own JSON writes them (dtypes as names, sub-configs
+    as dicts) and its aliases; None for a config whose layers differ (Gemma 4's
+    ``per_layer_config``: its per-layer views and the guard on reading their attributes
+    globally are transformers' own), rebuilt on every load."""
+    if isinstance(config, FileConfig):
+        return {"values": config.to_dict(), "attribute_map": dict(config._aliases)}
     if getattr(config, "is_heterogeneous", False):
         return None
     values = json.loads(config.to_json_string(use_diff=False))

@@ -4,10 +4,12 @@ The first load reads the file's header with engine.loaders.gguf.header, its toke
 arrays whole, and builds the tokenizer from them (tokenizer.py); the kinds built there
 only by transformers' conversion (Gemma's sentencepiece files, say) are converted by it
 (slow: it parses the whole file with gguf.GGUFReader).
-The config (the transformers config built from the file's keys, kept whole) and tokenizer,
-with the tensor directory (names, shapes, quant types, byte offsets), are cached under the
-user cache dir (cache.py), keyed by the file's path, size and mtime, so a later load reads
-one JSON file and a saved tokenizer, importing no transformers model code (file_config.py),
+The config is built from the file's keys: as a FileConfig for the families whose registry
+entry lists the defaults that takes (Llama, Qwen2, Qwen3: no transformers model code
+imported), else by transformers' config class for the family (file_config.py). It and the
+tokenizer, with the tensor directory (names, shapes, quant types, byte offsets), are cached
+under the user cache dir (cache.py), keyed by the file's path, size and mtime, so a later
+load reads one JSON file and a saved tokenizer, importing no transformers model code,
 and then reads each tensor straight from a memory map: quantized matrices as views of the
 map (`keep_quantized`, what weights="stored" asks for; llama.cpp's Q/K row order is undone
 by an index, `QuantizedTensor.row_order`, so the bytes are never copied), everything else
@@ -43,7 +45,12 @@ from engine.loaders.gguf.cache import (  # noqa: F401 - CACHE_VERSION, cache_roo
     write_cache,
 )
 from engine.loaders.gguf.config import gguf_config_dict
-from engine.loaders.gguf.file_config import config_from_record, config_record
+from engine.loaders.gguf.file_config import (
+    FileConfig,
+    config_from_keys,
+    config_from_record,
+    config_record,
+)
 from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
 from engine.loaders.gguf.mapping import map_weights
 from engine.loaders.gguf.rope import config_tensor_names
@@ -52,7 +59,7 @@ from engine.loaders.gguf.tokenizer import (
     build_tokenizer,
     convert_with_transformers,
 )
-from engine.models import ModelFamily, gguf_file_family
+from engine.models import ModelFamily, family_of, gguf_file_family
 from engine.models.registry import GGUF_LLAMA_BLOCK_NAMES
 from kernels.quant.formats import QuantizedTensor, quant_format
 
@@ -125,7 +132,7 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
             report("open", 1.0)
     if tokenizer is None:
         meta, tokenizer = _convert(path, report)
-        config = _transformers_config(meta["config"], path)
+        config = _first_config(meta["config"], path)
         meta["hf_config"] = config_record(config)
         report("cache", 0.0)
         write_cache(entry, meta, tokenizer)
@@ -163,6 +170,15 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
     return LoadedModel(config=config, tokenizer=tokenizer,
                        weights=WeightStream(shapes, opener, progress), source=path,
                        format="gguf", name=display_name(path))
+
+
+def _first_config(config_dict: dict, path: Path):
+    """The config of a file's first load: from its keys where its family lists the
+    defaults that takes, else as transformers' class for its model type builds it."""
+    defaults = family_of(FileConfig(config_dict)).gguf_config_defaults
+    if defaults is not None:
+        return config_from_keys(config_dict, defaults)
+    return _transformers_config(config_dict, path)
 
 
 def _transformers_config(config_dict: dict, path: Path):
