@@ -1,7 +1,9 @@
 """Hugging Face model folders: config.json, a tokenizer and safetensors shards.
 
-The config is built by transformers on a folder's first load and read back from the
-cache after (folder_cache.py), as a GGUF's is.
+A folder's first load reads config.json as a FileConfig where its family lists its
+config_defaults (Llama, Qwen2, Qwen3) and it states every size the decoder needs, else
+builds it with transformers' class; later loads read it back from the cache
+(folder_cache.py), as a GGUF's is.
 The shards' headers are read first (shapes checked against the config, truncated files
 caught) and the tensors only when the weight stream is iterated. A folder whose experts
 are stored in MXFP4 (gpt-oss as released) reads them through `hf_mxfp4`.
@@ -25,9 +27,10 @@ from engine.loaders.base import (
     display_name,
 )
 from engine.loaders.folder_cache import load_tokenizer, read_config, write_config
+from engine.loaders.gguf.file_config import FileConfig, config_from_values
 from engine.loaders.hf_mxfp4 import fused_shapes, joined, quant_method
 from engine.models.qwen35_mtp import MTP_PREFIX
-from engine.models.registry import text_part, text_weight_name
+from engine.models.registry import family_of, text_part, text_weight_name
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, progress: ProgressFn | None
         raise FolioLoadError(f"{config_path}: missing; a Hugging Face model folder needs "
                              "config.json (for a GGUF model pass the .gguf file itself)")
     report("config", 0.0)
-    config, prefix = read_config(folder) or _transformers_config(folder, config_path)
+    config, prefix = read_config(folder) or _first_config(folder, config_path)
     quantized = quant_method(config, config_path) is not None
     report("config", 1.0)
     report("tokenizer", 0.0)
@@ -111,6 +114,41 @@ def _base_model(headers: dict[Path, dict[str, tuple[int, ...]]]) -> bool:
     names = [name for header in headers.values() for name in header]
     return any(n.startswith("layers.") for n in names) and \
         not any(n.startswith("model.") for n in names)
+
+
+# The fields every decoder reads without a default (engine/models/spec.py's base_spec); a
+# config.json without one of them goes through transformers' class, which fills it in.
+_STATED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+           "num_attention_heads", "rms_norm_eps", "max_position_embeddings")
+
+
+def _first_config(folder: Path, config_path: Path):
+    """The config of a folder's first load and its text weights' prefix, kept for later
+    loads: config.json as it states it where that is enough, else transformers'."""
+    plain = _plain_config(config_path)
+    if plain is None:
+        return _transformers_config(folder, config_path)
+    write_config(folder, plain, None)
+    return plain, None
+
+
+def _plain_config(config_path: Path) -> FileConfig | None:
+    """config.json as a FileConfig (config_from_values) when it names one architecture of
+    a family with config_defaults, that family's model_type, and every ``_STATED`` size as
+    a number; None otherwise (transformers' class reads it, and says what is wrong)."""
+    try:
+        values = json.loads(config_path.read_text(encoding="utf-8"))
+        family = family_of(FileConfig(values)) if isinstance(values, dict) else None
+    except (OSError, ValueError):
+        return None
+    if (family is None or family.config_defaults is None
+            or values.get("architectures") != [family.architecture]
+            or values.get("model_type") != family.model_type):
+        return None
+    if any(isinstance(values.get(name), bool) or not isinstance(values.get(name), (int, float))
+           for name in _STATED):
+        return None
+    return config_from_values(values, family.config_defaults)
 
 
 def _transformers_config(folder: Path, config_path: Path):

@@ -156,32 +156,35 @@ class ModelFamily:
     split_shapes: Callable[[dict[str, tuple[int, ...]]], dict[str, tuple[int, ...]]] | None = None
     # HF names ending so that get no norm offset (Qwen3.5's gated norm scales by weight).
     gguf_unshifted_norms: tuple[str, ...] = ()
-    # What the family's transformers config class fills in that a GGUF file's keys leave
-    # out and the model reads. Set: a file's first load builds its config from its keys
-    # and these (engine/loaders/gguf/file_config.py's config_from_keys), importing no
-    # transformers model code; None: transformers' class builds it (families whose class
-    # derives more than defaults: layer patterns, per-layer shapes, expert settings).
-    gguf_config_defaults: Mapping[str, object] | None = None
+    # What the family's transformers config class fills in that a GGUF file's keys or a
+    # config.json may leave out and the model reads. Set: a first load builds the config
+    # from the file's values and these (engine/loaders/gguf/file_config.py's
+    # config_from_values), importing no transformers model code; None: transformers' class
+    # builds it (families whose class derives more than defaults: layer patterns,
+    # per-layer shapes, expert settings).
+    config_defaults: Mapping[str, object] | None = None
 
 
 FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("LlamaForCausalLM", "llama", ("llama",), True,
                 FamilyTraits(mlp_bias_from_config=True), LlamaForCausalLM,
-                turn_format="llama3", gguf_config_defaults=MappingProxyType(
-                    {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False})),
+                turn_format="llama3", config_defaults=MappingProxyType(
+                    {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+                     "rope_theta": 10000.0})),
     ModelFamily("MistralForCausalLM", "mistral", (), True,
                 FamilyTraits(o_bias_from_config=False), LlamaForCausalLM,
                 turn_format="mistral"),
     ModelFamily("Qwen2ForCausalLM", "qwen2", ("qwen2",), False,
                 FamilyTraits(qkv_bias_always=True, o_bias_from_config=False), LlamaForCausalLM,
-                gguf_config_defaults=MappingProxyType(
+                config_defaults=MappingProxyType(
                     {"hidden_act": "silu", "use_sliding_window": False,
-                     "sliding_window": None})),
+                     "sliding_window": None, "rope_theta": 10000.0})),
     ModelFamily("Qwen3ForCausalLM", "qwen3", ("qwen3",), False,
                 FamilyTraits(qk_norm=True), LlamaForCausalLM,
-                gguf_config_defaults=MappingProxyType(
+                config_defaults=MappingProxyType(
                     {"hidden_act": "silu", "attention_bias": False,
-                     "use_sliding_window": False, "sliding_window": None})),
+                     "use_sliding_window": False, "sliding_window": None,
+                     "rope_theta": 10000.0})),
     # llama.cpp keeps Gemma's Q/K rows in HF order (NEOX rope) and adds 1 to every norm
     # weight, q/k norms included (Gemma2Model / Gemma3Model in convert_hf_to_gguf.py).
     ModelFamily("Gemma2ForCausalLM", "gemma2", ("gemma2",), False,

@@ -4,11 +4,12 @@ from its cache entry.
 The engine's models only read attributes (engine/models/spec.py), so a ``FileConfig``
 serves them without transformers importing the family's configuration module, which pulls
 in much of transformers' model code. A family whose registry entry lists its
-``gguf_config_defaults`` gets one on a file's first load too (``config_from_keys``: the
-keys, those defaults, the rope settings as transformers 5 keeps them); any other family's
-first load builds transformers' config class (its class fills in the family's defaults,
-layer patterns and the like). Either way the cache keeps the config whole (its values and
-its ``attribute_map`` of aliases), and later loads read it back into a ``FileConfig``.
+``config_defaults`` gets one on a first load too (``config_from_values``: a GGUF file's
+keys or a folder's config.json, those defaults, the rope settings as transformers 5 keeps
+them); any other family's first load builds transformers' config class (its class fills
+in the family's defaults, layer patterns and the like). Either way the cache keeps the
+config whole (its values and its ``attribute_map`` of aliases), and later loads read it
+back into a ``FileConfig``.
 """
 
 from __future__ import annotations
@@ -41,14 +42,24 @@ class FileConfig:
         return f"FileConfig({getattr(self, 'model_type', '?')})"
 
 
-def config_from_keys(values: Mapping[str, object],
-                     defaults: Mapping[str, object]) -> FileConfig:
-    """A GGUF file's config dict (engine/loaders/gguf/config.py's) with its family's
-    ``defaults`` under it, and its rope theta and scaling in one ``rope_parameters``, as
-    transformers 5's config classes keep them."""
+def config_from_values(values: Mapping[str, object],
+                       defaults: Mapping[str, object]) -> FileConfig:
+    """A config from a GGUF file's config dict (engine/loaders/gguf/config.py's) or a
+    config.json, with its family's ``defaults`` under it, as transformers 5's classes for
+    the families that list defaults keep it: rope theta and scaling in one
+    ``rope_parameters`` (an older file's scaling ``type`` named ``rope_type`` too), and a
+    sliding window that is switched off (``use_sliding_window`` false) as None."""
     merged = {**defaults, **values}
-    scaling = merged.pop("rope_scaling", None) or {"rope_type": "default"}
-    merged["rope_parameters"] = {**scaling, "rope_theta": merged.pop("rope_theta")}
+    theta = merged.pop("rope_theta", None)
+    scaling = merged.pop("rope_scaling", None)
+    params = dict(merged.get("rope_parameters") or scaling or {"rope_type": "default"})
+    if "type" in params:
+        params.setdefault("rope_type", params["type"])
+    if params.get("rope_theta") is None:
+        params["rope_theta"] = theta if theta is not None else defaults.get("rope_theta")
+    merged["rope_parameters"] = params
+    if merged.get("use_sliding_window") is False:
+        merged["sliding_window"] = None
     return FileConfig(merged)
 
 

@@ -5,7 +5,7 @@ arrays whole, and builds the tokenizer from them (tokenizer.py); the kinds built
 only by transformers' conversion (Gemma's sentencepiece files, say) are converted by it
 (slow: it parses the whole file with gguf.GGUFReader).
 The config is built from the file's keys: as a FileConfig for the families whose registry
-entry lists the defaults that takes (Llama, Qwen2, Qwen3: no transformers model code
+entry lists its config_defaults (Llama, Qwen2, Qwen3: no transformers model code
 imported), else by transformers' config class for the family (file_config.py). It and the
 tokenizer, with the tensor directory (names, shapes, quant types, byte offsets), are cached
 under the user cache dir (cache.py), keyed by the file's path, size and mtime, so a later
@@ -47,8 +47,8 @@ from engine.loaders.gguf.cache import (  # noqa: F401 - CACHE_VERSION, cache_roo
 from engine.loaders.gguf.config import gguf_config_dict
 from engine.loaders.gguf.file_config import (
     FileConfig,
-    config_from_keys,
     config_from_record,
+    config_from_values,
     config_record,
 )
 from engine.loaders.gguf.header import check_gguf_magic, parse_gguf_header
@@ -175,9 +175,9 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
 def _first_config(config_dict: dict, path: Path):
     """The config of a file's first load: from its keys where its family lists the
     defaults that takes, else as transformers' class for its model type builds it."""
-    defaults = family_of(FileConfig(config_dict)).gguf_config_defaults
+    defaults = family_of(FileConfig(config_dict)).config_defaults
     if defaults is not None:
-        return config_from_keys(config_dict, defaults)
+        return config_from_values(config_dict, defaults)
     return _transformers_config(config_dict, path)
 
 

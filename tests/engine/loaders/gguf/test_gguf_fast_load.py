@@ -66,7 +66,7 @@ def _cold_and_warm(path: Path):
     # A first load builds transformers' config unless the family's is read from the keys
     # (test_gguf_keys_config.py checks those against transformers' class).
     assert isinstance(cold.config, FileConfig) == (
-        family_of(cold.config).gguf_config_defaults is not None)
+        family_of(cold.config).config_defaults is not None)
     assert isinstance(warm.config, FileConfig)
     return cold, warm
 
