@@ -139,12 +139,18 @@ def main(argv: list[str] | None = None) -> int:
         missing = not results or not all(ok for *_, ok in results)
         return 1 if missing else 0
     from desktop_app.data.settings import load_settings
+    from engine.startup import pause_collection, resume_collection
 
+    pause_collection()  # until the first model has loaded or failed to (engine/startup.py)
     settings = load_settings()
     app = create_app(theme_choice=settings.theme)
     window = build_window(settings=settings)
     theme.follow_system_scheme(app, window.retheme)
     window.show()
+    window.bridge.modelLoaded.connect(lambda *_: resume_collection())
+    window.bridge.modelLoadFailed.connect(lambda *_: resume_collection())
+    if args.no_model:
+        resume_collection()
     # Ctrl+C in the terminal closes the window properly (settings saved, worker stopped).
     signal.signal(signal.SIGINT, lambda *_: window.close())
     wakeup = SignalWakeup(app)
@@ -168,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_model:
         window.load_model(args.model or window.settings.last_model or "starter")
     code = app.exec()
+    resume_collection()  # a window closed before its model loaded
     wakeup.close()
     window.store.close()
     if failed:

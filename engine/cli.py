@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.startup import pause_collection, resume_collection
 from engine.terminal_chat import HELP, TerminalChat, attach_files, format_kv_stats
 from engine.text.reasoning.options import REASONING_EFFORTS
 
@@ -39,6 +40,7 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
     from engine.sampling_params import SamplingParams
 
     llm = LLM(args.model, engine_config(args), progress=_progress)
+    resume_collection()
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             seed=args.seed)
     try:
@@ -94,6 +96,7 @@ def cmd_serve(args) -> int:
         print(f"folio serve: skipped {problem.path}: {problem.error}", file=sys.stderr)
     print(f"Loading {hosted.name} ...", file=sys.stderr)
     models = hosted.start()
+    resume_collection()
     print(f"Serving {len(hosted.library.names())} models ({hosted.name} loaded; memory "
           f"budget {hosted.budget_gib:.1f} GiB) at http://{args.host}:{args.port}/v1 "
           f"(OpenAI API; Ctrl+C stops)", file=sys.stderr)
@@ -129,17 +132,22 @@ def main(argv: list[str] | None = None) -> int:
     """Runs a subcommand; a model that cannot be found or loaded, or an engine setting
     that cannot run here (`--device cuda:3`, a KV budget too small), ends it with the
     message on stderr and exit status 2, not a traceback."""
-    from engine.loaders.base import FolioLoadError
-
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["chat"], ["serve"]):
+        pause_collection()  # until the first model has loaded (engine/startup.py)
     try:
-        return _run_command(sys.argv[1:] if argv is None else argv)
-    except (FolioLoadError, ValueError) as exc:
+        return _run_command(argv)
+    except ValueError as exc:
+        from engine.loaders.base import FolioLoadError  # imports torch: not before the pause
+
         # Settings errors name their field ("EngineConfig.device must be ..."); any other
         # ValueError is a bug and keeps its traceback.
         if not isinstance(exc, FolioLoadError) and not str(exc).startswith("EngineConfig."):
             raise
         print(f"folio: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        resume_collection()
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
