@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         missing = not results or not all(ok for *_, ok in results)
         return 1 if missing else 0
     from desktop_app.data.settings import load_settings
-    from engine.startup import pause_collection, resume_collection
+    from engine.startup import freeze_imports, pause_collection, resume_collection
 
     pause_collection()  # until the first model has loaded or failed to (engine/startup.py)
     settings = load_settings()
@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     window.bridge.modelLoadFailed.connect(lambda *_: resume_collection())
     if args.no_model:
         resume_collection()
+    freeze_imports()  # the window and what it imported; the model's load is not frozen
     # Ctrl+C in the terminal closes the window properly (settings saved, worker stopped).
     signal.signal(signal.SIGINT, lambda *_: window.close())
     wakeup = SignalWakeup(app)

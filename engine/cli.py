@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.startup import pause_collection, resume_collection
+from engine.startup import freeze_imports, pause_collection, resume_collection
 from engine.terminal_chat import HELP, TerminalChat, attach_files, format_kv_stats
 from engine.text.reasoning.options import REASONING_EFFORTS
 
@@ -39,6 +39,7 @@ def cmd_chat(args, read_line: Callable[[str], str] = input) -> int:
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
 
+    freeze_imports()
     llm = LLM(args.model, engine_config(args), progress=_progress)
     resume_collection()
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
@@ -77,6 +78,7 @@ def cmd_serve(args) -> int:
     from engine.serve.hosted import HostedServe
     from engine.serve.server import check_host, check_port_free, serve_forever
 
+    freeze_imports()
     try:  # before minutes of loading, not after
         check_host(args.host, args.api_key)
         check_port_free(args.port, args.host)

@@ -35,16 +35,18 @@ PHASES = ("first", "later")
 _LLAMA_PYTHON = "FOLIO_BENCH_LLAMA_PYTHON"
 
 # Started as `folio chat`, `folio serve` and the app start (engine/startup.py): the cyclic
-# collector paused from the imports to the loaded model, its pass after counted in load_s.
+# collector paused from the imports to the loaded model, the imports frozen, the one pass
+# over what the load made counted in load_s.
 _FOLIO_CHILD = """
 import time
 start = time.perf_counter()
 import sys, json
-from engine.startup import pause_collection, resume_collection
+from engine.startup import freeze_imports, pause_collection, resume_collection
 pause_collection()
 import torch
 from engine.bench.setup import folio_config
 from engine.llm import LLM
+freeze_imports()
 torch.set_num_threads(int(sys.argv[2]))
 loading = time.perf_counter()
 llm = LLM(sys.argv[1], folio_config(int(sys.argv[2]), "stored", max_model_len=1024,

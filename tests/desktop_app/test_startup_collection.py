@@ -18,6 +18,7 @@ def collector_back_on():
     yield
     startup.resume_collection()
     gc.enable()
+    gc.unfreeze()
 
 
 def test_the_first_model_loads_paused_and_the_collector_is_on_after(monkeypatch,

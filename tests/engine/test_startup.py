@@ -1,7 +1,8 @@
 """engine/startup.py: a process's start without the cyclic collector's passes. The collector
-is off from pause to resume, one pass on resume frees the cycles made meanwhile, and only
-what pause switched off is switched back on. ``folio chat`` and ``folio serve`` load their
-model paused and resume once it has loaded or failed to; other commands never pause."""
+is off from pause to resume, freezing happens only while paused, one pass on resume frees
+the cycles made meanwhile, and only what pause switched off is switched back on. ``folio
+chat`` and ``folio serve`` freeze their imports, load their model paused (the model itself
+not frozen) and resume once it has loaded or failed to; other commands never pause."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def collector_back_on():
     yield
     startup.resume_collection()
     gc.enable()
+    gc.unfreeze()  # this test process's objects back under the collector
 
 
 class _Cycle:
@@ -35,6 +37,18 @@ def test_a_cycle_made_while_paused_is_freed_on_resume():
     assert ref() is not None
     startup.resume_collection()
     assert gc.isenabled() and ref() is None
+
+
+def test_only_a_paused_start_freezes():
+    gc.unfreeze()
+    startup.freeze_imports()  # not paused: nothing moves
+    assert gc.get_freeze_count() == 0
+    startup.pause_collection()
+    startup.freeze_imports()
+    assert gc.get_freeze_count() > 0
+    made_after = _Cycle()
+    assert any(o is made_after for o in gc.get_objects())  # still under the collector
+    made_after.me = None
 
 
 def test_resume_leaves_a_collector_someone_else_switched_off():
@@ -81,14 +95,17 @@ def test_chat_resumes_once_its_model_has_loaded(monkeypatch, capsys):
         def close(self) -> None:
             pass
 
-    def chat(*args, **kwargs):
+    def chat(llm, *args, **kwargs):
         seen.append(("chat", gc.isenabled()))
+        # The model was made after the freeze: it stays under the collector.
+        seen.append(("model frozen", not any(o is llm for o in gc.get_objects())))
         raise ValueError("stop here")
 
     monkeypatch.setattr("engine.llm.LLM", Loaded)
     monkeypatch.setattr(cli, "TerminalChat", chat)
     assert cli.main(["chat", "--model", "starter"]) == 2
-    assert seen == [("load", False), ("chat", True)]
+    assert seen == [("load", False), ("chat", True), ("model frozen", False)]
+    assert gc.get_freeze_count() > 0  # what chat imported was frozen
 
 
 def test_other_commands_never_pause(monkeypatch, tmp_path):
