@@ -178,13 +178,12 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 FamilyTraits(qkv_bias_always=True, o_bias_from_config=False), LlamaForCausalLM,
                 config_defaults=MappingProxyType(
                     {"hidden_act": "silu", "use_sliding_window": False,
-                     "sliding_window": None, "rope_theta": 10000.0})),
+                     "rope_theta": 10000.0})),
     ModelFamily("Qwen3ForCausalLM", "qwen3", ("qwen3",), False,
                 FamilyTraits(qk_norm=True), LlamaForCausalLM,
                 config_defaults=MappingProxyType(
                     {"hidden_act": "silu", "attention_bias": False,
-                     "use_sliding_window": False, "sliding_window": None,
-                     "rope_theta": 10000.0})),
+                     "use_sliding_window": False, "rope_theta": 10000.0})),
     # llama.cpp keeps Gemma's Q/K rows in HF order (NEOX rope) and adds 1 to every norm
     # weight, q/k norms included (Gemma2Model / Gemma3Model in convert_hf_to_gguf.py).
     ModelFamily("Gemma2ForCausalLM", "gemma2", ("gemma2",), False,

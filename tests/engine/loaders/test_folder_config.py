@@ -12,16 +12,12 @@ module."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoConfig, Qwen2Config, Qwen3Config
 
-from engine import loaders
 from engine.llm import LLM
 from engine.loaders import FolioLoadError, load_model_files
 from engine.loaders.gguf.file_config import (
@@ -33,6 +29,7 @@ from engine.loaders.gguf.file_config import (
 from engine.models import build_model
 from engine.models.spec import head_dim_of
 from engine.sampling_params import SamplingParams
+from tests.engine.loaders.config_checks import engine_reads, transformers_models_imported
 from tests.engine.tiny_models import save_tiny_model, tiny_gemma_config, tiny_llama_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -117,16 +114,6 @@ def test_config_json_reads_as_transformers_class_builds_it(tmp_path, name, older
         built, torch.float32, "meta").spec
 
 
-def _recording(config: FileConfig, names: set[str]) -> FileConfig:
-    class Recording(FileConfig):
-        def __getattribute__(self, name: str):
-            if not name.startswith("_"):
-                names.add(name)
-            return super().__getattribute__(name)
-
-    return Recording(config.to_dict())
-
-
 def _read(config: FileConfig, name: str):
     """What the engine gets for ``name``; a missing head_dim is worked out as the
     engine's head_dim_of does (transformers' Llama class states it, older files may not)."""
@@ -151,18 +138,10 @@ def test_the_engine_reads_the_same_and_replies_the_same(tmp_path, cache_dir, mon
     plain = load_model_files(folder).config
     built = _built(folder)
     from_json = _greedy(folder)  # the kept plain config
-    reads: set[str] = set()
-    real_load = loaders.load_hf_folder
-
-    def load_recording(*args, **kwargs):
-        loaded = real_load(*args, **kwargs)
-        loaded.config = _recording(built, reads)
-        return loaded
-
-    monkeypatch.setattr(loaders, "load_hf_folder", load_recording)
-    assert _greedy(folder) == from_json  # transformers' config gives the same replies
-    assert reads
-    for attribute in sorted(reads - {"to_dict"}):
+    reads, from_transformers = engine_reads(monkeypatch, "load_hf_folder", built,
+                                            lambda: _greedy(folder))
+    assert from_transformers == from_json
+    for attribute in sorted(reads):
         assert _read(plain, attribute) == _read(built, attribute), attribute
 
 
@@ -207,21 +186,7 @@ def test_the_rope_settings_are_gathered_as_transformers_5_keeps_them():
     assert on.sliding_window == 4096
 
 
-_CHILD = textwrap.dedent("""
-    import sys
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
-    with LLM(sys.argv[1], max_model_len=64, num_gpu_blocks=16, block_size=16) as llm:
-        llm.chat([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=2))
-    print(sorted(m for m in sys.modules if m.startswith("transformers.models")))
-""")
-
-
 def test_a_first_load_imports_no_transformers_model_code(tmp_path, cache_dir):
     folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), seed=3)
-    env = {"FOLIO_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(folder)], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert transformers_models_imported(folder, cache_dir) == []
     assert list((cache_dir / "hf").iterdir())  # a first load: it kept the config

@@ -9,9 +9,6 @@ fresh process that loads from the cache imports no ``transformers.models`` modul
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ from engine.loaders.gguf.file_config import FileConfig, config_from_record
 from engine.models import build_model, family_of
 from engine.sampling_params import SamplingParams
 from engine.text.chat_template import chat_tokenizer_for
+from tests.engine.loaders.config_checks import transformers_models_imported
 from tests.engine.loaders.gguf import test_gguf_families as families
 from tests.engine.loaders.gguf import test_gguf_loader as llama_files
 
@@ -146,25 +144,10 @@ def test_greedy_replies_are_the_same_from_the_cache(tmp_path):
     assert _greedy(path) == first
 
 
-_CHILD = textwrap.dedent("""
-    import sys
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
-    with LLM(sys.argv[1], max_model_len=64, num_gpu_blocks=16, block_size=16) as llm:
-        llm.generate(["hello"], SamplingParams(max_tokens=2, temperature=0))
-        llm.chat([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=2))
-    print(sorted(m for m in sys.modules if m.startswith("transformers.models")))
-""")
-
-
 def test_a_load_from_the_cache_imports_no_transformers_model_code(tmp_path, cache_dir):
     path = _llama_file(tmp_path)
     load_model_files(path)  # the first load: the entry written
-    env = {"FOLIO_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert transformers_models_imported(path, cache_dir) == []
 
 
 @pytest.mark.slow

@@ -11,9 +11,6 @@ registry are the ones the class fills in. A fresh process's first load imports n
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +18,6 @@ import pytest
 import torch
 from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from engine import loaders
 from engine.llm import LLM
 from engine.loaders import load_model_files
 from engine.loaders.gguf import loader as gguf_loader
@@ -29,6 +25,7 @@ from engine.loaders.gguf.file_config import FileConfig, config_from_record, conf
 from engine.models import build_model
 from engine.models.registry import FAMILIES
 from engine.sampling_params import SamplingParams
+from tests.engine.loaders.config_checks import engine_reads, transformers_models_imported
 from tests.engine.loaders.gguf import test_gguf_loader as llama_files
 
 REPO = Path(__file__).resolve().parents[4]
@@ -91,18 +88,6 @@ def _transformers_built(path: Path, cache_dir: Path) -> FileConfig:
     return config_from_record(config_record(gguf_loader._transformers_config(keys, path)))
 
 
-def _recording(config: FileConfig, names: set[str]) -> FileConfig:
-    """``config`` whose attribute reads (found or not) add the name to ``names``."""
-
-    class Recording(FileConfig):
-        def __getattribute__(self, name: str):
-            if not name.startswith("_"):
-                names.add(name)
-            return super().__getattribute__(name)
-
-    return Recording(config.to_dict())
-
-
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_the_keys_config_holds_what_transformers_class_builds(tmp_path, cache_dir, name):
     path = _file(tmp_path, name)
@@ -120,21 +105,15 @@ def test_every_attribute_the_engine_reads_is_the_same(tmp_path, cache_dir, monke
     path = _file(tmp_path, name)
     keys = load_model_files(path).config
     built = _transformers_built(path, cache_dir)
-    reads: set[str] = set()
-    real_load = loaders.load_gguf
-
-    def load_recording(*args, **kwargs):
-        loaded = real_load(*args, **kwargs)
-        loaded.config = _recording(built, reads)
-        return loaded
-
-    monkeypatch.setattr(loaders, "load_gguf", load_recording)
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-    with LLM(path, max_model_len=64, num_gpu_blocks=16, block_size=16) as llm:
-        llm.generate(["hello"], params)
-        llm.chat([{"role": "user", "content": "hello"}], params)
-    assert reads  # the engine did read the config through the recorder
-    for attribute in sorted(reads - {"to_dict"}):
+
+    def run() -> None:
+        with LLM(path, max_model_len=64, num_gpu_blocks=16, block_size=16) as llm:
+            llm.generate(["hello"], params)
+            llm.chat([{"role": "user", "content": "hello"}], params)
+
+    reads, _ = engine_reads(monkeypatch, "load_gguf", built, run)
+    for attribute in sorted(reads):
         assert getattr(keys, attribute, _MISSING) == getattr(built, attribute, _MISSING), \
             attribute
 
@@ -171,21 +150,7 @@ def test_the_registry_defaults_are_transformers_own(family):
         assert found == value, key
 
 
-_CHILD = textwrap.dedent("""
-    import sys
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
-    with LLM(sys.argv[1], max_model_len=64, num_gpu_blocks=16, block_size=16) as llm:
-        llm.generate(["hello"], SamplingParams(max_tokens=2, temperature=0))
-    print(sorted(m for m in sys.modules if m.startswith("transformers.models")))
-""")
-
-
 def test_a_first_load_imports_no_transformers_model_code(tmp_path, cache_dir):
     path = _file(tmp_path, "llama")
-    env = {"FOLIO_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True,
-                          text=True, env=env, cwd=REPO, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert transformers_models_imported(path, cache_dir) == []
     assert list((cache_dir / "gguf").iterdir())  # it was a first load: it wrote the entry
