@@ -173,8 +173,9 @@ def load_gguf(path: Path, dtype: torch.dtype, progress: ProgressFn | None,
 
 
 def _first_config(config_dict: dict, path: Path):
-    """The config of a file's first load: from its keys where its family lists the
-    defaults that takes, else as transformers' class for its model type builds it."""
+    """The config of a file's first load: from its keys and its family's config_defaults
+    where the family lists them, else as transformers' class for its model type builds
+    it."""
     defaults = family_of(FileConfig(config_dict)).config_defaults
     if defaults is not None:
         return config_from_values(config_dict, defaults)
