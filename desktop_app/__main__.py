@@ -20,12 +20,14 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QApplication
-
-from desktop_app.services.signal_wakeup import SignalWakeup
-from desktop_app.widgets import theme
+# Qt is imported where it is used, so that main() can import the engine first: once
+# PySide6 is imported, its import hook reads the source of every module imported after
+# it (to see whether the module uses PySide), which made importing torch and the engine
+# about 0.15 s slower (docs/BENCHMARKS.md, "Starting the app and folio chat").
+if TYPE_CHECKING:
+    from PySide6.QtWidgets import QApplication
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -74,6 +76,8 @@ def launcher_command() -> str:
 def install_desktop_entry(data_home: Path | None = None) -> list[Path]:
     """Write folio.desktop and the scalable app icon under data_home (default:
     $XDG_DATA_HOME or ~/.local/share); returns the two paths."""
+    from desktop_app.widgets import theme
+
     data_home = data_home if data_home is not None else xdg_data_home()
     entry = data_home / "applications" / "folio.desktop"
     icon = data_home / "icons" / "hicolor" / "scalable" / "apps" / "folio.svg"
@@ -89,6 +93,10 @@ def install_desktop_entry(data_home: Path | None = None) -> list[Path]:
 
 
 def create_app(argv: list[str] | None = None, theme_choice: str = "system") -> QApplication:
+    from PySide6.QtWidgets import QApplication
+
+    from desktop_app.widgets import theme
+
     app = QApplication.instance() or QApplication(sys.argv[:1] + list(argv or []))
     app.setApplicationName("Folio")
     app.setOrganizationName("Folio")
@@ -129,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"installed {path}")
         return 0
     if args.check_assets:
+        from desktop_app.widgets import theme
+
         create_app()
         results = theme.check_assets()
         try:
@@ -138,10 +148,16 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout = open(os.devnull, "w")  # quiet the flush at exit
         missing = not results or not all(ok for *_, ok in results)
         return 1 if missing else 0
-    from desktop_app.data.settings import load_settings
     from engine.startup import freeze_imports, pause_collection, resume_collection
 
     pause_collection()  # until the first model has loaded or failed to (engine/startup.py)
+    import engine.llm  # noqa: F401, I001 - torch and the engine before Qt (see the imports)
+    from PySide6.QtCore import QTimer
+
+    from desktop_app.data.settings import load_settings
+    from desktop_app.services.signal_wakeup import SignalWakeup
+    from desktop_app.widgets import theme
+
     settings = load_settings()
     app = create_app(theme_choice=settings.theme)
     window = build_window(settings=settings)
