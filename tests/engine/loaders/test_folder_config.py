@@ -145,22 +145,34 @@ def test_the_engine_reads_the_same_and_replies_the_same(tmp_path, cache_dir, mon
         assert _read(plain, attribute) == _read(built, attribute), attribute
 
 
-@pytest.mark.parametrize("change", [
-    {"max_position_embeddings": None},  # transformers' class fills it in
-    {"rms_norm_eps": "1e-5"},  # a string: transformers' class says what is wrong
-    {"architectures": ["LlamaForCausalLM", "LlamaModel"]},
-    {"model_type": "mistral"},
-], ids=["unstated", "string", "two-architectures", "other-model-type"])
-def test_a_config_json_not_plainly_read_goes_through_transformers(tmp_path, change):
+def _edited(tmp_path: Path, change: dict) -> Path:
+    """A Llama folder whose config.json has ``change`` (None: the field left out)."""
     folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), seed=3)
     path = folder / "config.json"
     values = {**json.loads(path.read_text()), **change}
     path.write_text(json.dumps({k: v for k, v in values.items() if v is not None}))
-    try:
-        config = load_model_files(folder).config
-    except FolioLoadError:
-        return  # transformers refused it, naming the file
+    return folder
+
+
+@pytest.mark.parametrize("change", [
+    {"architectures": ["LlamaForCausalLM", "LlamaModel"]},
+    {"model_type": "mistral"},
+], ids=["two-architectures", "other-model-type"])
+def test_a_config_json_not_plainly_read_goes_through_transformers(tmp_path, change):
+    config = load_model_files(_edited(tmp_path, change)).config
     assert not isinstance(config, FileConfig)
+
+
+def test_a_size_left_out_is_transformers_default(tmp_path):
+    config = load_model_files(_edited(tmp_path, {"max_position_embeddings": None})).config
+    assert not isinstance(config, FileConfig)
+    assert config.max_position_embeddings == AutoConfig.for_model("llama").max_position_embeddings
+
+
+def test_a_size_that_is_no_number_is_refused_naming_the_file(tmp_path):
+    folder = _edited(tmp_path, {"rms_norm_eps": "1e-5"})
+    with pytest.raises(FolioLoadError, match="config.json: cannot be read as a model config"):
+        load_model_files(folder)
 
 
 def test_other_families_still_build_transformers_config(tmp_path):
