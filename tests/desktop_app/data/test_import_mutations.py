@@ -4,6 +4,7 @@ any other exception."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -21,10 +22,13 @@ def store(tmp_path):
         yield s
 
 
+# Each draw a fresh copy: sampled_from hands out the same list and dict objects every
+# time, and a mutation that adds a member into one of them changed it for every later
+# draw (and could add one into itself: a cycle the path walk never left).
 ODD = st.sampled_from([
     None, True, False, 0, 1, 2, 5, -1, 2**31, 2**63, 10**30, 0.5, NAN, INF, -INF, "", "lots",
     "\ud800", "a\udfffb", "assistant", "tool", "streaming", "done", [], {}, [1], {"a": 1},
-    {"id": "c", "name": "n", "arguments": "{}"}])
+    {"id": "c", "name": "n", "arguments": "{}"}]).map(copy.deepcopy)
 JSON = st.recursive(
     st.one_of(ODD, st.integers(), st.floats(), st.text(st.sampled_from("a\ud800é😀\x00"))),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
