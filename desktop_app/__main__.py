@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 # Qt is imported where it is used, so that main() can import the engine first: once
 # PySide6 is imported, its import hook reads the source of every module imported after
 # it (to see whether the module uses PySide), which made importing torch and the engine
-# about 0.15 s slower (docs/BENCHMARKS.md, "Starting the app and folio chat").
+# about 0.15 s slower (docs/BENCHMARKS.md, "Starting the app and `folio chat`").
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication
 
