@@ -25,6 +25,7 @@ from engine.grammar.errors import GrammarBusy, GrammarError
 from engine.grammar.matcher import Matcher
 from engine.grammar.schema_check import check_schema
 from engine.sampling_params import ResponseFormat
+from engine.text.file_tokenizer import as_transformers
 
 _CACHE_SIZE = 64  # compiled grammars kept, least recently used dropped first
 # json_object is any JSON object (OpenAI's JSON mode never answers an array or a string).
@@ -89,8 +90,10 @@ class Grammars:
     (a ValueError naming the construct) for a schema that cannot be enforced, is past a
     limit (``limits.py``) or took too long.
 
-    ``tokenizer`` is the Hugging Face tokenizer, ``vocab_size`` the logits' width (it may
-    exceed the tokenizer's), ``stop_ids`` the tokens that end a reply once it is complete.
+    ``tokenizer`` is the model's tokenizer (transformers' or Folio's own, which xgrammar's
+    vocabulary table gets as transformers' class on first use), ``vocab_size`` the
+    logits' width (it may exceed the tokenizer's), ``stop_ids`` the tokens that end a
+    reply once it is complete.
     Thread-safe: the server compiles on its own threads while the engine steps.
     """
 
@@ -167,7 +170,8 @@ class Grammars:
             if self._compiler is None:
                 xg = _xgrammar()
                 info = xg.TokenizerInfo.from_huggingface(
-                    self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_ids)
+                    as_transformers(self._tokenizer), vocab_size=self.vocab_size,
+                    stop_token_ids=self._stop_ids)
                 self._compiler = xg.GrammarCompiler(info)
             return self._compiler
 

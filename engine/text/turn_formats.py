@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.text.harmony_format import HARMONY
+from engine.text.template_render import render_chat
 
 
 @dataclass(slots=True, frozen=True)
@@ -138,22 +138,7 @@ def check_template(template: str, bos_token: str = "<s>", eos_token: str = "</s>
 
 def render(template: str, messages: list[dict], add_generation_prompt: bool,
            **variables: Any) -> str:
-    """Jinja as transformers renders chat templates (sandboxed, trimmed blocks,
-    ``raise_exception``, ``tojson``)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    return env.from_string(template).render(messages=messages,
-                                            add_generation_prompt=add_generation_prompt,
-                                            **variables)
-
-
-def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
-    import json
-
-    return json.dumps(value, indent=indent, ensure_ascii=False)
-
-
-def _raise(message: str) -> None:
-    raise jinja2.TemplateError(message)
+    """The template rendered as transformers renders chat templates
+    (engine/text/template_render.py)."""
+    return render_chat(template, messages, add_generation_prompt=add_generation_prompt,
+                       **variables)

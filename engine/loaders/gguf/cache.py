@@ -3,9 +3,11 @@ transformers version that saved the tokenizer) holding ``meta.json`` (the config
 transformers config built from it and the tensor directory) and the saved tokenizer.
 
 Reading an entry back imports no transformers model code: the config comes back as a
-``FileConfig`` and the tokenizer through transformers' tokenizers-backed class itself, the
-class AutoTokenizer picks for every tokenizer the GGUF conversion saves (AutoTokenizer would
-first import the auto mappings and the family's config module to find it out).
+``FileConfig`` and the tokenizer as it was saved: Folio's own tokenizer object for the
+files whose tokenizer Folio builds (no transformers import at all), else through
+transformers' tokenizers-backed class itself, the class AutoTokenizer picks for every
+tokenizer the GGUF conversion saves (AutoTokenizer would first import the auto mappings
+and the family's config module to find it out).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ log = logging.getLogger(__name__)
 
 # 2: each tensor entry gained the norm offset to subtract. 3: and a value transform.
 # 4: the transformers config built from the file, kept whole ("hf_config").
-CACHE_VERSION = 4
+# 5: the tokenizers Folio builds saved as its own object (engine/text/file_tokenizer.py).
+CACHE_VERSION = 5
 # The tokenizer classes that are transformers' tokenizers-backed class itself.
 _BACKEND_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
@@ -53,7 +56,12 @@ def read_meta(entry: Path) -> dict | None:
 
 
 def read_tokenizer(folder: Path):
-    """The tokenizer saved in `folder`, as AutoTokenizer would load it."""
+    """The tokenizer saved in `folder`: Folio's own object where it saved one, else as
+    AutoTokenizer would load it."""
+    from engine.text.file_tokenizer import CONFIG_FILE, FileTokenizer
+
+    if (folder / CONFIG_FILE).is_file():
+        return FileTokenizer.from_folder(folder)
     config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     if config.get("tokenizer_class") in _BACKEND_CLASSES:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend

@@ -17,8 +17,9 @@ tokens and decoding):
 Anything else returns None and the loader keeps transformers' conversion: Gemma's
 sentencepiece files (their tokenizer class adds tokens and respells runs of spaces), a
 ``gpt2`` vocabulary whose ``tokenizer.ggml.pre`` is not in ``_SPLITS``, ``t5``, ``gemma4``.
-The tokenizer comes back as transformers' tokenizers-backed class (what the engine and the
-conversion cache use), with the file's special tokens, BOS / EOS flags and chat template.
+The tokenizer comes back as Folio's tokenizer object (engine/text/file_tokenizer.py: the
+backend transformers' tokenizers-backed class would build, without importing transformers),
+with the file's special tokens, BOS / EOS flags and chat template.
 """
 
 from __future__ import annotations
@@ -182,26 +183,26 @@ def _add_marked_tokens(core, metadata: Mapping[str, object], tokens: Sequence[st
 
 
 def _wrapped(core, metadata: Mapping[str, object], tokens: Sequence[str], byte_level: bool):
-    """``core`` as transformers' tokenizers-backed class, with the file's special tokens
-    (by their ids), BOS / EOS flags and chat template."""
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    """``core`` with the file's special tokens (by their ids), BOS / EOS flags and chat
+    template, as Folio's tokenizer object (what transformers' tokenizers-backed class
+    would make of them, without importing transformers)."""
+    from engine.text.file_tokenizer import FileTokenizer
 
-    config: dict[str, object] = {}
+    special: dict[str, str | None] = {}
     for name, key in _SPECIALS.items():
         index = metadata.get(f"tokenizer.ggml.{key}")
         if index is not None and not 0 <= int(index) < len(tokens):
             raise ValueError(f"tokenizer.ggml.{key} is {index}, past the vocabulary's "
                              f"{len(tokens)} tokens")
-        config[name] = None if index is None else tokens[int(index)]
+        special[name] = None if index is None else tokens[int(index)]
     # Older sentencepiece files have no flag, and llama.cpp adds BOS to those.
     add_bos = metadata.get("tokenizer.ggml.add_bos_token", None if byte_level else True)
-    if add_bos is not None:
-        config["add_bos_token"] = bool(add_bos)
-    if "tokenizer.ggml.add_eos_token" in metadata:
-        config["add_eos_token"] = bool(metadata["tokenizer.ggml.add_eos_token"])
-    if isinstance(metadata.get("tokenizer.chat_template"), str):
-        config["chat_template"] = metadata["tokenizer.chat_template"]
-    return TokenizersBackend(tokenizer_object=core, **config)
+    add_eos = metadata.get("tokenizer.ggml.add_eos_token")
+    template = metadata.get("tokenizer.chat_template")
+    return FileTokenizer(core, special,
+                         add_bos_token=None if add_bos is None else bool(add_bos),
+                         add_eos_token=None if add_eos is None else bool(add_eos),
+                         chat_template=template if isinstance(template, str) else None)
 
 
 def convert_with_transformers(path: Path):

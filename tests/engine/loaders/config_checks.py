@@ -1,6 +1,6 @@
 """What the config tests of the loaders share: the attributes the engine reads of a
-config while it loads and runs a model, and the ``transformers.models`` modules a fresh
-process imports to load a model and answer with it."""
+config while it loads and runs a model, and the transformers modules a fresh process
+imports to load a model and answer with it."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ _CHILD = textwrap.dedent("""
     with LLM(sys.argv[1], max_model_len=64, num_gpu_blocks=16, block_size=16) as llm:
         llm.generate(["hello"], SamplingParams(max_tokens=2, temperature=0))
         llm.chat([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=2))
-    print(sorted(m for m in sys.modules if m.startswith("transformers.models")))
+    print(sorted(m for m in sys.modules if m.split(".")[0] == "transformers"))
 """)
 
 
@@ -55,11 +55,13 @@ def engine_reads(monkeypatch, loader: str, config: FileConfig,
     return names, result
 
 
-def transformers_models_imported(model: Path, cache_dir: Path) -> list[str]:
-    """The ``transformers.models`` modules a fresh process imports to load ``model`` (with
-    the conversion cache at ``cache_dir``), generate and chat."""
+def transformers_imported(model: Path, cache_dir: Path,
+                          under: str = "transformers.models") -> list[str]:
+    """The modules ``under`` the given transformers package a fresh process imports to load
+    ``model`` (with the conversion cache at ``cache_dir``), generate and chat."""
     env = {"FOLIO_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", _CHILD, str(model)], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    return ast.literal_eval(done.stdout.strip().splitlines()[-1])  # the child's list
+    imported = ast.literal_eval(done.stdout.strip().splitlines()[-1])  # the child's list
+    return [m for m in imported if m == under or m.startswith(under + ".")]

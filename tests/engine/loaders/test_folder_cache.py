@@ -20,7 +20,7 @@ from engine.loaders import load_model_files
 from engine.loaders.gguf.file_config import FileConfig
 from engine.models import build_model
 from engine.sampling_params import SamplingParams
-from tests.engine.loaders.config_checks import transformers_models_imported
+from tests.engine.loaders.config_checks import transformers_imported
 from tests.engine.loaders.gguf.test_gguf_fast_load import _same_tokenizer
 from tests.engine.tiny_models import save_tiny_model, tiny_gemma_config, tiny_llama_config
 
@@ -82,4 +82,4 @@ def test_a_changed_config_json_is_read_again(tmp_path):
 def test_a_load_from_the_kept_config_imports_no_transformers_model_code(tmp_path, cache_dir):
     folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), seed=3)
     load_model_files(folder)  # the first load: the config kept
-    assert transformers_models_imported(folder, cache_dir) == []
+    assert transformers_imported(folder, cache_dir) == []

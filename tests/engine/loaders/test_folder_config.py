@@ -29,7 +29,7 @@ from engine.loaders.gguf.file_config import (
 from engine.models import build_model
 from engine.models.spec import head_dim_of
 from engine.sampling_params import SamplingParams
-from tests.engine.loaders.config_checks import engine_reads, transformers_models_imported
+from tests.engine.loaders.config_checks import engine_reads, transformers_imported
 from tests.engine.tiny_models import save_tiny_model, tiny_gemma_config, tiny_llama_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -200,5 +200,5 @@ def test_the_rope_settings_are_gathered_as_transformers_5_keeps_them():
 
 def test_a_first_load_imports_no_transformers_model_code(tmp_path, cache_dir):
     folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), seed=3)
-    assert transformers_models_imported(folder, cache_dir) == []
+    assert transformers_imported(folder, cache_dir) == []
     assert list((cache_dir / "hf").iterdir())  # a first load: it kept the config

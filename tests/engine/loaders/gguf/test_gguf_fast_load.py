@@ -21,7 +21,7 @@ from engine.loaders.gguf.file_config import FileConfig, config_from_record
 from engine.models import build_model, family_of
 from engine.sampling_params import SamplingParams
 from engine.text.chat_template import chat_tokenizer_for
-from tests.engine.loaders.config_checks import transformers_models_imported
+from tests.engine.loaders.config_checks import transformers_imported
 from tests.engine.loaders.gguf import test_gguf_families as families
 from tests.engine.loaders.gguf import test_gguf_loader as llama_files
 
@@ -147,7 +147,7 @@ def test_greedy_replies_are_the_same_from_the_cache(tmp_path):
 def test_a_load_from_the_cache_imports_no_transformers_model_code(tmp_path, cache_dir):
     path = _llama_file(tmp_path)
     load_model_files(path)  # the first load: the entry written
-    assert transformers_models_imported(path, cache_dir) == []
+    assert transformers_imported(path, cache_dir) == []
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from engine.loaders.gguf.file_config import FileConfig, config_from_record, conf
 from engine.models import build_model
 from engine.models.registry import FAMILIES
 from engine.sampling_params import SamplingParams
-from tests.engine.loaders.config_checks import engine_reads, transformers_models_imported
+from tests.engine.loaders.config_checks import engine_reads, transformers_imported
 from tests.engine.loaders.gguf import test_gguf_loader as llama_files
 
 REPO = Path(__file__).resolve().parents[4]
@@ -148,7 +148,10 @@ def test_the_registry_defaults_are_transformers_own(family):
         assert found == value, key
 
 
-def test_a_first_load_imports_no_transformers_model_code(tmp_path, cache_dir):
+def test_first_and_later_loads_import_no_transformers(tmp_path, cache_dir):
+    """Neither its model code (the config comes from the keys) nor the package at all (the
+    tokenizer is Folio's own: engine/text/file_tokenizer.py)."""
     path = _file(tmp_path, "llama")
-    assert transformers_models_imported(path, cache_dir) == []
+    assert transformers_imported(path, cache_dir, "transformers") == []
     assert list((cache_dir / "gguf").iterdir())  # it was a first load: it wrote the entry
+    assert transformers_imported(path, cache_dir, "transformers") == []

@@ -168,7 +168,7 @@ def test_round_trip_restores_hf_tensors_and_config(tmp_path, state):
     assert c.rope_parameters["rope_theta"] == 10000.0
     assert (c.bos_token_id, c.eos_token_id) == (0, 1)
     assert (model.format, model.name, model.source) == ("gguf", "tiny", path)
-    assert model.tokenizer("hello hello").input_ids == [32, 28, 32]
+    assert model.tokenizer.encode("hello hello") == [32, 28, 32]
     assert model.tokenizer.chat_template == TEMPLATE
 
 
@@ -253,7 +253,7 @@ def test_second_load_reads_the_cache_only(tmp_path, state, cache_dir, monkeypatc
     weights = loaded_weights(model)
     for name, want in expected.items():
         assert torch.equal(weights[name], torch.from_numpy(want)), name
-    assert model.tokenizer("hello hello").input_ids == [32, 28, 32]
+    assert model.tokenizer.encode("hello hello") == [32, 28, 32]
     assert model.tokenizer.chat_template == TEMPLATE
     assert model.config.num_key_value_heads == 2
     entries = list((cache_dir / "gguf").iterdir())
@@ -282,7 +282,7 @@ def test_damaged_cache_entry_is_rebuilt(tmp_path, state, cache_dir):
     for file in (entry / "tokenizer").iterdir():
         file.write_text("{ not json")
     model = load_model_files(path)
-    assert model.tokenizer("hello").input_ids == [32]
+    assert model.tokenizer.encode("hello") == [32]
     assert json.loads((entry / "meta.json").read_text())["version"] == gguf_loader.CACHE_VERSION
 
 
@@ -445,7 +445,7 @@ def test_starter_loads_twice_second_time_from_cache(starter_cache, monkeypatch):
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (30, 576, 9)
     assert (c.num_key_value_heads, c.vocab_size, c.intermediate_size) == (3, 49152, 1536)
     assert (c.tie_word_embeddings, c.rope_parameters["rope_theta"]) == (True, 100000.0)
-    hello = first.tokenizer("Hello").input_ids
+    hello = first.tokenizer.encode("Hello")
     assert hello == [19556]
     assert first.tokenizer.chat_template.startswith("{% for message in messages %}")
 
@@ -454,7 +454,7 @@ def test_starter_loads_twice_second_time_from_cache(starter_cache, monkeypatch):
     second = load_model_files(path)
     weights = dict(second.weights)
     print(f"second starter load with all weights: {time.perf_counter() - start:.2f} s")
-    assert second.tokenizer("Hello").input_ids == hello
+    assert second.tokenizer.encode("Hello") == hello
     assert second.config.to_dict() == c.to_dict()
     assert len(weights) == 272
     assert sum(w.numel() for w in weights.values()) == 134_515_008
