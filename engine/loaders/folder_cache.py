@@ -7,10 +7,12 @@ model code); the config is kept whole as the GGUF cache keeps a file's
 size and mtime and the transformers version. A later load reads it back as the same
 ``FileConfig`` a cached GGUF gives, importing no transformers model code.
 
-The tokenizer needs no entry: a folder whose tokenizer_config.json names transformers'
-tokenizers-backed class itself loads through that class directly (AutoTokenizer would
-first import the family's config module to find the class out); any other class still
-goes through AutoTokenizer.
+The tokenizer's first load goes through transformers (its tokenizers-backed class
+directly where tokenizer_config.json names it: AutoTokenizer would first import the
+family's config module to find the class out). Where Folio's own tokenizer object answers
+as that tokenizer does (``FileTokenizer.from_transformers``), the load gives that object,
+saved in an entry of its own keyed by the tokenizer files' sizes and mtimes, so a later
+load reads it back without importing transformers at all.
 """
 
 from __future__ import annotations
@@ -18,18 +20,24 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
 from engine.loaders.gguf.cache import cache_root
 from engine.loaders.gguf.file_config import FileConfig, config_from_record, config_record
+from engine.text.file_tokenizer import CONFIG_FILE, FileTokenizer
 
 log = logging.getLogger(__name__)
 
 FOLDER_CACHE_VERSION = 1
 # The tokenizer classes that are transformers' tokenizers-backed class itself.
 _BACKEND_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+# The files transformers reads a folder's tokenizer from: a change to any is a new entry.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                    "tokenizer.model", "vocab.json", "merges.txt")
 
 
 def _entry(folder: Path) -> Path:
@@ -67,7 +75,23 @@ def write_config(folder: Path, config, prefix: str | None) -> None:
 
 
 def load_tokenizer(folder: Path):
-    """The folder's tokenizer, as AutoTokenizer loads it."""
+    """The folder's tokenizer: Folio's own object as an earlier load saved it, else as
+    transformers loads it (then saved as Folio's object where that answers the same)."""
+    entry = _tokenizer_entry(folder)
+    if (entry / CONFIG_FILE).is_file():
+        try:
+            return FileTokenizer.from_folder(entry)
+        except Exception as exc:  # a damaged entry is written again, not fatal
+            log.warning("reading the tokenizer of %s again: %s", folder, exc)
+    tokenizer = _transformers_tokenizer(folder)
+    own = FileTokenizer.from_transformers(tokenizer)
+    if own is None:
+        return tokenizer
+    _save_tokenizer(entry, own)
+    return own
+
+
+def _transformers_tokenizer(folder: Path):
     try:
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -80,3 +104,27 @@ def load_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+
+
+def _tokenizer_entry(folder: Path) -> Path:
+    stats = [(name, (folder / name).stat()) for name in _TOKENIZER_FILES
+             if (folder / name).is_file()]
+    key = "|".join([str(FOLDER_CACHE_VERSION), str(folder.resolve()), version("transformers"),
+                    *(f"{name}:{st.st_size}:{st.st_mtime_ns}" for name, st in stats)])
+    return cache_root() / "hf-tokenizer" / hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _save_tokenizer(entry: Path, tokenizer: FileTokenizer) -> None:
+    """Written into a temporary folder renamed into place; failures only warn."""
+    tmp = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(entry, ignore_errors=True)
+        tmp.rename(entry)
+    except OSError as exc:
+        log.warning("cannot keep the tokenizer in %s: %s", entry, exc)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

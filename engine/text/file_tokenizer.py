@@ -31,6 +31,13 @@ SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token"
                  "cls_token", "mask_token")
 CONFIG_FILE = "folio_tokenizer.json"
 _FORMAT = 1
+# What the engine calls of transformers' tokenizer: a class overriding any of these may
+# answer otherwise than this object (``from_transformers``).
+_CALLED = ("encode", "decode", "_decode", "_encode_plus", "__call__", "tokenize",
+           "convert_ids_to_tokens", "convert_tokens_to_ids", "_convert_token_to_id_with_added_voc",
+           "apply_chat_template", "get_chat_template", "get_vocab", "get_added_vocab",
+           "added_tokens_decoder", "__len__", "vocab_size", "special_tokens_map",
+           "all_special_tokens", "all_special_ids")
 
 
 class FileTokenizer:
@@ -57,6 +64,37 @@ class FileTokenizer:
         if add_bos_token is not None or add_eos_token is not None \
                 or backend.post_processor is None:
             self._write_post_processor(bool(add_bos_token), bool(add_eos_token))
+
+    @classmethod
+    def from_transformers(cls, tokenizer: Any) -> FileTokenizer | None:
+        """The same tokenizer as Folio's object (its backend copied, its named special
+        tokens, flags and template), or None where transformers' object does something
+        this one would not: a class that overrides what the engine calls, special tokens
+        split as text, spaces cleaned up after decoding, special tokens beyond the named
+        ones."""
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        if not isinstance(tokenizer, TokenizersBackend) or any(
+                getattr(type(tokenizer), name) is not getattr(TokenizersBackend, name)
+                for name in _CALLED):
+            return None
+        named = tokenizer.special_tokens_map
+        cleans_up = tokenizer.clean_up_tokenization_spaces and (
+            type(tokenizer.backend_tokenizer.model).__name__ != "BPE"
+            or tokenizer.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output)
+        if (tokenizer.split_special_tokens or cleans_up or not set(named) <= set(SPECIAL_NAMES)
+                or tokenizer.all_special_tokens != list(dict.fromkeys(named.values()))):
+            return None
+        from tokenizers import Tokenizer
+
+        made = cls.__new__(cls)
+        made._backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        made._backend.no_truncation()
+        made._backend.no_padding()
+        made._special = {name: named.get(name) for name in SPECIAL_NAMES}
+        made.chat_template = tokenizer.chat_template
+        made._flags = (tokenizer.add_bos_token, tokenizer.add_eos_token)
+        return made
 
     @classmethod
     def from_folder(cls, folder: Path) -> FileTokenizer:

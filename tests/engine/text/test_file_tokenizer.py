@@ -170,3 +170,35 @@ def test_bad_input_is_named():
     ours, _ = both(byte_level_core(), **CASES["BOS and EOS added"])
     with pytest.raises(ValueError, match="max_length: 2 leaves no room"):
         ours("hello", truncation=True, max_length=2)
+
+
+def test_from_transformers_is_the_same_tokenizer():
+    _, theirs = both(byte_level_core(), **CASES["BOS and EOS added"])
+    own = FileTokenizer.from_transformers(theirs)
+    assert_same(own, theirs)
+    assert as_transformers(own).add_bos_token is True
+
+
+class _OwnDecode(TokenizersBackend):
+    def _decode(self, *args, **kwargs) -> str:
+        return "decoded its own way"
+
+
+def test_from_transformers_refuses_a_tokenizer_that_answers_otherwise():
+    core = byte_level_core()
+    base = dict(eos_token="<|im_end|>")
+    refused = {
+        "a class overriding decode": _OwnDecode(tokenizer_object=core, **base),
+        "special tokens split as text": TokenizersBackend(
+            tokenizer_object=core, split_special_tokens=True, **base),
+        "special tokens beyond the named": TokenizersBackend(
+            tokenizer_object=core, extra_special_tokens=["<|im_start|>"], **base),
+    }
+    words = Tokenizer(models.WordLevel({"a": 0, ".": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    refused["spaces cleaned up after decoding"] = TokenizersBackend(
+        tokenizer_object=words, clean_up_tokenization_spaces=True, unk_token="[UNK]")
+    for why, tokenizer in refused.items():
+        assert FileTokenizer.from_transformers(tokenizer) is None, why
+    kept = TokenizersBackend(tokenizer_object=words, unk_token="[UNK]")
+    assert FileTokenizer.from_transformers(kept).decode([0, 1]) == kept.decode([0, 1])
