@@ -52,7 +52,8 @@ class WeightStream:
 @dataclass(slots=True)
 class LoadedModel:
     config: object  # a transformers PretrainedConfig, or a FileConfig (gguf/file_config.py)
-    tokenizer: object  # transformers.PreTrainedTokenizerFast
+    # Folio's FileTokenizer (engine/text/file_tokenizer.py) or transformers' tokenizer.
+    tokenizer: object
     weights: WeightStream
     source: Path
     format: str  # "hf" or "gguf"

@@ -1,5 +1,6 @@
-"""Chat messages -> prompt token ids around a transformers tokenizer, keeping the exact
-ids of earlier replies so that each turn's prompt extends the previous one in the prefix cache.
+"""Chat messages -> prompt token ids around a model's tokenizer (Folio's FileTokenizer or
+transformers' fast tokenizer: the same interface), keeping the exact ids of earlier replies
+so that each turn's prompt extends the previous one in the prefix cache.
 
 The chat template is rendered as text with each assistant reply that carries its generated
 ``token_ids`` replaced by a marker; the text between markers is tokenized piece by piece
@@ -50,7 +51,8 @@ PLAIN_STOP = "\nuser:"
 
 
 class ChatTokenizer:
-    """Wraps a transformers fast tokenizer (``chat_template`` set when the model has one).
+    """Wraps a model's tokenizer, Folio's or transformers' (``chat_template`` set when the
+    model has one).
 
     ``extra_eos_token_ids``: further ids that end generation, e.g. a generation config's
     ``eos_token_id`` list.
