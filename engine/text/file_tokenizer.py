@@ -1,6 +1,8 @@
 """Folio's own tokenizer object: a `tokenizers` tokenizer with a model file's named special
 tokens, BOS / EOS flags and chat template, for the files whose tokenizer Folio builds
-itself (GGUF files: engine/loaders/gguf/tokenizer.py).
+itself (GGUF files: engine/loaders/gguf/tokenizer.py), and for a tokenizer transformers
+loaded that it answers for as well (``from_transformers``: a folder's, a GGUF file's
+that transformers converted), kept so that later loads need no transformers.
 
 It answers the part of transformers' tokenizer interface the engine calls (encode,
 decode, the vocabulary, the special tokens, ``apply_chat_template``) with transformers
@@ -14,7 +16,7 @@ engine/text/template_render.py. The few users of transformers' own object
 (xgrammar's vocabulary table) get one built from this on demand (``as_transformers``).
 
 Saved as ``tokenizer.json`` (the backend, whole) and ``folio_tokenizer.json`` (the rest),
-read back without rebuilding anything (the GGUF conversion cache).
+read back without rebuilding anything (the GGUF conversion cache, the folder cache).
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class FileTokenizer:
         made._backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
         made._backend.no_truncation()
         made._backend.no_padding()
+        made._backend.encode_special_tokens = False
         made._special = {name: named.get(name) for name in SPECIAL_NAMES}
         made.chat_template = tokenizer.chat_template
         made._flags = (tokenizer.add_bos_token, tokenizer.add_eos_token)

@@ -61,6 +61,7 @@ from engine.loaders.gguf.tokenizer import (
 )
 from engine.models import ModelFamily, family_of, gguf_file_family
 from engine.models.registry import GGUF_LLAMA_BLOCK_NAMES
+from engine.text.file_tokenizer import FileTokenizer
 from kernels.quant.formats import QuantizedTensor, quant_format
 
 log = logging.getLogger(__name__)
@@ -266,7 +267,10 @@ def _convert(path: Path, report: ProgressFn) -> tuple[dict, object]:
     try:
         tokenizer = build_tokenizer({**metadata, **vocabulary})
         if tokenizer is None:  # a kind built by transformers' conversion only
-            tokenizer = convert_with_transformers(path)
+            converted = convert_with_transformers(path)
+            # Kept as Folio's object where that answers the same: later loads then
+            # import no transformers.
+            tokenizer = FileTokenizer.from_transformers(converted) or converted
     except Exception as exc:
         raise FolioLoadError(f"{path}: its tokenizer cannot be converted ({exc})") from exc
     if tokenizer.chat_template is None and metadata.get("tokenizer.chat_template"):

@@ -30,11 +30,14 @@ from gguf.constants import MODEL_ARCH
 
 from engine.loaders import FolioLoadError, load_model_files
 from engine.loaders.gguf.config import gguf_config_dict
+from engine.loaders.gguf.tokenizer import convert_with_transformers
 from engine.models import build_model, gguf_family
 from engine.models.base import pool_layers
 from engine.models.gemma import FULL, SLIDING
+from engine.text.file_tokenizer import FileTokenizer
 from kernels import allocate_kv_cache
 from kernels.reference.backend import TorchBackend
+from tests.engine.text.test_file_tokenizer import assert_same
 from tests.engine.tiny_models import CHATML, byte_level_tokenizer, tiny_gemma_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -521,6 +524,11 @@ def test_sentencepiece_tokenizers_of_the_families_convert(tmp_path, arch, pieces
     assert tokenizer.decode(encoded, skip_special_tokens=True) == "hello world"
     assert special in tokenizer.convert_ids_to_tokens(tokenizer.encode(f"{special}hello"))
     assert tokenizer.chat_template == SPM_TEMPLATE
+    # Built here (Phi-3) or converted by transformers' Gemma class and kept as Folio's
+    # object, which answers as that class does.
+    assert type(tokenizer) is FileTokenizer
+    if kind == "gemma":
+        assert_same(tokenizer, convert_with_transformers(path))
 
 
 def test_a_tokenizer_transformers_cannot_build_is_a_load_error(states, tmp_path):
