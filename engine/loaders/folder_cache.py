@@ -20,12 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from engine.loaders.gguf.cache import cache_root
+from engine.loaders.gguf.cache import cache_root, replace_entry
 from engine.loaders.gguf.file_config import FileConfig, config_from_record, config_record
 from engine.text.file_tokenizer import CONFIG_FILE, FileTokenizer
 
@@ -87,7 +86,7 @@ def load_tokenizer(folder: Path):
     own = FileTokenizer.from_transformers(tokenizer)
     if own is None:
         return tokenizer
-    _save_tokenizer(entry, own)
+    replace_entry(entry, own.save_pretrained)
     return own
 
 
@@ -112,19 +111,3 @@ def _tokenizer_entry(folder: Path) -> Path:
     key = "|".join([str(FOLDER_CACHE_VERSION), str(folder.resolve()), version("transformers"),
                     *(f"{name}:{st.st_size}:{st.st_mtime_ns}" for name, st in stats)])
     return cache_root() / "hf-tokenizer" / hashlib.sha256(key.encode()).hexdigest()[:24]
-
-
-def _save_tokenizer(entry: Path, tokenizer: FileTokenizer) -> None:
-    """Written into a temporary folder renamed into place; failures only warn."""
-    tmp = None
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(entry, ignore_errors=True)
-        tmp.rename(entry)
-    except OSError as exc:
-        log.warning("cannot keep the tokenizer in %s: %s", entry, exc)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
@@ -73,19 +74,28 @@ def read_tokenizer(folder: Path):
 
 
 def write_cache(entry: Path, meta: dict, tokenizer) -> None:
-    """Write the entry atomically (a temp folder renamed into place); failures only warn,
-    since the cache saves time but loading works without it."""
+    """Write the entry atomically; failures only warn, since the cache saves time but
+    loading works without it."""
+    def fill(tmp: Path) -> None:
+        tokenizer.save_pretrained(tmp / "tokenizer")
+        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        _drop_stale_entries(entry.parent, meta["source"])
+
+    replace_entry(entry, fill)
+
+
+def replace_entry(entry: Path, fill: Callable[[Path], None]) -> None:
+    """The folder ``entry`` replaced by what ``fill`` writes into a temporary folder beside
+    it, renamed into place (a reader never sees half an entry); an OSError only warns."""
     tmp = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
-        tokenizer.save_pretrained(tmp / "tokenizer")
-        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-        _drop_stale_entries(entry.parent, meta["source"])
+        fill(tmp)
         shutil.rmtree(entry, ignore_errors=True)
         tmp.rename(entry)
     except OSError as exc:
-        log.warning("cannot write the GGUF cache entry %s: %s", entry, exc)
+        log.warning("cannot write the cache entry %s: %s", entry, exc)
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
