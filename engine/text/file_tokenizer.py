@@ -205,9 +205,9 @@ class FileTokenizer:
 
     def decode(self, ids: int | Sequence[int], skip_special_tokens: bool = False,
                clean_up_tokenization_spaces: bool | None = None) -> str:
-        """``clean_up_tokenization_spaces``: accepted and left off, as transformers leaves
-        it off for the BPE vocabularies Folio builds (it would eat spaces before
-        punctuation)."""
+        """``clean_up_tokenization_spaces``: accepted for transformers' signature; this
+        object never cleans up (it stands only for tokenizers that do not:
+        ``from_transformers``)."""
         ids = [ids] if isinstance(ids, int) else [int(i) for i in ids]
         return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -259,7 +259,8 @@ class FileTokenizer:
         from tokenizers import AddedToken
 
         added = {token.content for token in self.added_tokens_decoder.values()}
-        missing = [AddedToken(token, special=True) for token in self._special.values()
+        missing = [AddedToken(token, special=True)
+                   for token in dict.fromkeys(self._special.values())
                    if token is not None and token not in added]
         if missing:
             self._backend.add_tokens(missing)

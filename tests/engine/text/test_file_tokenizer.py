@@ -91,8 +91,9 @@ CASES = {
     # A named token that is a plain vocabulary entry becomes an added special token.
     "pad is a plain token": dict(eos_token="<|im_end|>", pad_token="he", add_bos_token=True,
                                  bos_token="<|endoftext|>"),
-    # One outside the vocabulary is added past it.
-    "unknown token not in the vocabulary": dict(eos_token="<|im_end|>", unk_token="<unk>"),
+    # One outside the vocabulary is added past it, once however many names it has.
+    "unknown token not in the vocabulary": dict(eos_token="<|im_end|>", unk_token="<unk>",
+                                                pad_token="<unk>"),
     "BOS asked for with none named": dict(eos_token="<|im_end|>", add_bos_token=True),
 }
 
