@@ -24,7 +24,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from engine.loaders.gguf.cache import cache_root, replace_entry
+from engine.loaders.gguf.cache import cache_root, drop_stale_entries, replace_entry
 from engine.loaders.gguf.file_config import FileConfig, config_from_record, config_record
 from engine.text.file_tokenizer import CONFIG_FILE, FileTokenizer
 
@@ -37,6 +37,8 @@ _BACKEND_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                     "added_tokens.json", "chat_template.jinja", "chat_template.json",
                     "tokenizer.model", "vocab.json", "merges.txt")
+# A tokenizer entry's record of its folder: an older entry of the same folder is dropped.
+_SOURCE = "source.json"
 
 
 def _entry(folder: Path) -> Path:
@@ -86,7 +88,14 @@ def load_tokenizer(folder: Path):
     own = FileTokenizer.from_transformers(tokenizer)
     if own is None:
         return tokenizer
-    replace_entry(entry, own.save_pretrained)
+    source = str(folder.resolve())
+
+    def fill(tmp: Path) -> None:
+        own.save_pretrained(tmp)
+        (tmp / _SOURCE).write_text(json.dumps({"source": source}), encoding="utf-8")
+        drop_stale_entries(entry.parent, source, _SOURCE)
+
+    replace_entry(entry, fill)
     return own
 
 

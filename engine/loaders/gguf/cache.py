@@ -79,7 +79,7 @@ def write_cache(entry: Path, meta: dict, tokenizer) -> None:
     def fill(tmp: Path) -> None:
         tokenizer.save_pretrained(tmp / "tokenizer")
         (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-        _drop_stale_entries(entry.parent, meta["source"])
+        drop_stale_entries(entry.parent, meta["source"])
 
     replace_entry(entry, fill)
 
@@ -101,9 +101,10 @@ def replace_entry(entry: Path, fill: Callable[[Path], None]) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _drop_stale_entries(root: Path, source: str) -> None:
-    # Entries of an older version of the same file (other size or mtime) are dead weight.
-    for meta_file in root.glob("*/meta.json"):
+def drop_stale_entries(root: Path, source: str, record: str = "meta.json") -> None:
+    """Remove the entries under ``root`` whose ``record`` file names ``source``: those of
+    an older version of the same file (other size or mtime) are dead weight."""
+    for meta_file in root.glob(f"*/{record}"):
         if meta_file.parent.name.startswith("."):  # entries being written, ours included
             continue
         try:

@@ -100,7 +100,7 @@ def _edit_json(path: Path, **changes) -> None:
     os.utime(path, ns=(1, 1))
 
 
-def test_a_changed_tokenizer_file_is_read_again(tmp_path):
+def test_a_changed_tokenizer_file_is_read_again(tmp_path, cache_dir):
     folder = save_tiny_model(tmp_path / "llama", tiny_llama_config(), seed=3)
     first = load_model_files(folder).tokenizer
     assert (first.chat_template, first.eos_token) == (CHATML, "<|im_end|>")
@@ -110,6 +110,8 @@ def test_a_changed_tokenizer_file_is_read_again(tmp_path):
     template.write_text("{{ messages[0].content }}")
     os.utime(template, ns=(1, 1))
     assert load_model_files(folder).tokenizer.chat_template == "{{ messages[0].content }}"
+    # Each change wrote an entry in place of the folder's older one.
+    assert len(list((cache_dir / "hf-tokenizer").iterdir())) == 1
 
 
 def test_a_damaged_tokenizer_entry_is_written_again(tmp_path, cache_dir, caplog):
