@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import jinja2
 
@@ -123,8 +122,8 @@ def check_template(template: str, bos_token: str = "<s>", eos_token: str = "</s>
     if not isinstance(template, str) or not template.strip():
         raise ValueError("chat_template: the template is empty")
     try:
-        text = render(template, list(TWO_TURNS), True, bos_token=bos_token,
-                      eos_token=eos_token)
+        text = render_chat(template, list(TWO_TURNS), add_generation_prompt=True,
+                           bos_token=bos_token, eos_token=eos_token)
     except jinja2.TemplateError as exc:
         where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
         raise ValueError(f"chat_template: it does not render a two-turn chat{where}: "
@@ -135,10 +134,3 @@ def check_template(template: str, bos_token: str = "<s>", eos_token: str = "</s>
                          "template must write every message")
     return text
 
-
-def render(template: str, messages: list[dict], add_generation_prompt: bool,
-           **variables: Any) -> str:
-    """The template rendered as transformers renders chat templates
-    (engine/text/template_render.py)."""
-    return render_chat(template, messages, add_generation_prompt=add_generation_prompt,
-                       **variables)

@@ -12,7 +12,8 @@ import pytest
 from engine.loaders import load_model_files
 from engine.models import family_of
 from engine.text.chat_template import chat_tokenizer_for
-from engine.text.turn_formats import FORMATS, FROM_FAMILY, check_template, render
+from engine.text.template_render import render_chat
+from engine.text.turn_formats import FORMATS, FROM_FAMILY, check_template
 from tests.engine.harmony_gguf import HARMONY_SPECIALS, write_harmony_gguf
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -108,13 +109,14 @@ def test_tools_calls_and_results_in_harmony(tokenizer):
 def test_an_answered_turn_keeps_its_final_message_only_and_a_chat_ends_on_return(tokenizer):
     template = tokenizer.hf.chat_template
     reply = {"role": "assistant", "content": "Il fait beau."}
-    done = render(template, [*TOOL_CHAT, reply], False)
+    done = render_chat(template, [*TOOL_CHAT, reply])
     assert done.endswith("<|start|>assistant<|channel|>final<|message|>Il fait beau.<|return|>")
     # An answered turn's reasoning is dropped; the turn in progress keeps its call's.
     thought = {**TOOL_CHAT[1], "reasoning_content": "Look it up."}
     answered = [TOOL_CHAT[0], thought, TOOL_CHAT[2], reply, {"role": "user", "content": "Merci"}]
-    assert "Look it up." not in render(template, answered, True)
-    ongoing = render(template, [TOOL_CHAT[0], thought, TOOL_CHAT[2]], True)
+    assert "Look it up." not in render_chat(template, answered, add_generation_prompt=True)
+    ongoing = render_chat(template, [TOOL_CHAT[0], thought, TOOL_CHAT[2]],
+                          add_generation_prompt=True)
     assert ("<|start|>assistant<|channel|>analysis<|message|>Look it up.<|end|><|start|>"
             "assistant<|channel|>commentary to=functions.get_weather") in ongoing
     # The format's ends of a reply: <|return|>, and a call's <|call|>.

@@ -10,7 +10,7 @@ from jinja2 import TemplateError
 from jinja2.exceptions import SecurityError
 
 from engine.text.template_render import render_chat, select_template
-from engine.text.turn_formats import FORMATS, render
+from engine.text.turn_formats import FORMATS
 from tests.engine.text.reasoning.thinking_models import HARMONY_TEMPLATE, THINK_TEMPLATE
 from tests.engine.tiny_models import CHATML, byte_level_tokenizer
 from tests.engine.tools.tool_models import (
@@ -134,8 +134,3 @@ def test_named_templates_and_empty_chats():
     with pytest.raises(ValueError, match="at least one message"):
         render_chat(CHATML, [])
 
-
-def test_turn_formats_render_through_it():
-    chat = CHATS["reasoning"]
-    assert render(FEATURES, chat, True) == render_chat(FEATURES, chat,
-                                                       add_generation_prompt=True)
