@@ -55,13 +55,7 @@ class FileTokenizer:
         if unknown:
             raise ValueError(f"special_tokens: {sorted(unknown)} are not among "
                              f"{SPECIAL_NAMES}")
-        self._backend = backend
-        self._special = {name: special_tokens.get(name) for name in SPECIAL_NAMES}
-        self.chat_template = chat_template
-        self._flags = (add_bos_token, add_eos_token)
-        backend.no_truncation()
-        backend.no_padding()
-        backend.encode_special_tokens = False
+        self._take(backend, special_tokens, chat_template, (add_bos_token, add_eos_token))
         self._add_missing_specials()
         if add_bos_token is not None or add_eos_token is not None \
                 or backend.post_processor is None:
@@ -90,13 +84,8 @@ class FileTokenizer:
         from tokenizers import Tokenizer
 
         made = cls.__new__(cls)
-        made._backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-        made._backend.no_truncation()
-        made._backend.no_padding()
-        made._backend.encode_special_tokens = False
-        made._special = {name: named.get(name) for name in SPECIAL_NAMES}
-        made.chat_template = tokenizer.chat_template
-        made._flags = (tokenizer.add_bos_token, tokenizer.add_eos_token)
+        made._take(Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()), named,
+                   tokenizer.chat_template, (tokenizer.add_bos_token, tokenizer.add_eos_token))
         return made
 
     @classmethod
@@ -108,10 +97,9 @@ class FileTokenizer:
         if not isinstance(config, dict) or config.get("format") != _FORMAT:
             raise ValueError(f"{folder / CONFIG_FILE}: not a tokenizer this Folio wrote")
         made = cls.__new__(cls)
-        made._backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        made._special = {name: config["special_tokens"].get(name) for name in SPECIAL_NAMES}
-        made.chat_template = config["chat_template"]
-        made._flags = tuple(config["add_special"])
+        made._take(Tokenizer.from_file(str(folder / "tokenizer.json")),
+                   config["special_tokens"], config["chat_template"],
+                   tuple(config["add_special"]))
         return made
 
     def save_pretrained(self, folder: str | Path) -> None:
@@ -227,6 +215,19 @@ class FileTokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     # -- building it as transformers does -----------------------------------------
+
+    def _take(self, backend: Any, special_tokens: Mapping[str, str | None],
+              chat_template: str | dict[str, str] | None,
+              flags: tuple[bool | None, bool | None]) -> None:
+        """Hold ``backend`` as transformers' encode leaves it (no truncation, no padding,
+        special tokens matched whole) with these settings: every constructor's part."""
+        backend.no_truncation()
+        backend.no_padding()
+        backend.encode_special_tokens = False
+        self._backend = backend
+        self._special = {name: special_tokens.get(name) for name in SPECIAL_NAMES}
+        self.chat_template = chat_template
+        self._flags = flags
 
     def _token_id(self, token: str) -> int | None:
         """The token's id; one outside the vocabulary is the unknown token (if any)."""
