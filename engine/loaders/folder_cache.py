@@ -24,15 +24,18 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from engine.loaders.gguf.cache import cache_root, drop_stale_entries, replace_entry
+from engine.loaders.gguf.cache import (
+    cache_root,
+    drop_stale_entries,
+    replace_entry,
+    transformers_tokenizer,
+)
 from engine.loaders.gguf.file_config import FileConfig, config_from_record, config_record
 from engine.text.file_tokenizer import CONFIG_FILE, FileTokenizer
 
 log = logging.getLogger(__name__)
 
 FOLDER_CACHE_VERSION = 1
-# The tokenizer classes that are transformers' tokenizers-backed class itself.
-_BACKEND_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 # The files transformers reads a folder's tokenizer from: a change to any is a new entry.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                     "added_tokens.json", "chat_template.jinja", "chat_template.json",
@@ -104,14 +107,7 @@ def _transformers_tokenizer(folder: Path):
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         config = {}
-    if (isinstance(config, dict) and config.get("tokenizer_class") in _BACKEND_CLASSES
-            and (folder / "tokenizer.json").is_file()):
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-
-        return TokenizersBackend.from_pretrained(folder, local_files_only=True)
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+    return transformers_tokenizer(folder, config if isinstance(config, dict) else {})
 
 
 def _tokenizer_entry(folder: Path) -> Path:

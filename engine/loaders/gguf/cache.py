@@ -18,7 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import version
 from pathlib import Path
 
@@ -64,13 +64,22 @@ def read_tokenizer(folder: Path):
     if (folder / CONFIG_FILE).is_file():
         return FileTokenizer.from_folder(folder)
     config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    if config.get("tokenizer_class") in _BACKEND_CLASSES:
+    return transformers_tokenizer(folder, config)
+
+
+def transformers_tokenizer(folder: Path, config: Mapping[str, object]):
+    """The tokenizer in ``folder`` (``config``: its tokenizer_config.json) as AutoTokenizer
+    loads it: through transformers' tokenizers-backed class directly where the config
+    names that class and tokenizer.json is there (AutoTokenizer would first import the
+    auto mappings and the family's config module to find it out)."""
+    if (config.get("tokenizer_class") in _BACKEND_CLASSES
+            and (folder / "tokenizer.json").is_file()):
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
         return TokenizersBackend.from_pretrained(folder, local_files_only=True)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
 
 
 def write_cache(entry: Path, meta: dict, tokenizer) -> None:
