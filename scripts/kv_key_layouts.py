@@ -1,0 +1,200 @@
+"""What int4 keys lose in other layouts than the pool's: per-token rows (the int4 format)
+against per-channel groups over a block's tokens (KIVI's layout for keys), measured on the
+starter as `folio bench kv` measures the format (teacher-forced mean KL over the same 2,048
+tokens, greedy 48-token replies after ~1,100 words, both against a float16 pool in the same
+run). Values stay in the int4 format's rows throughout: the format's error is in its keys.
+
+Each layout is simulated, not stored: the engine runs the PyTorch backend over a float32
+pool, and every KV write puts in the values a layout's encode-then-decode gives. A
+per-channel layout needs the tokens of a whole block to choose its scales, so each write
+re-encodes the blocks it touches over their rows so far, from the rows' exact values (kept
+beside the pool and copied with the block when the engine copies one): what a pool that keeps
+its open block's exact keys aside would hold. ``--append decoded`` re-encodes from the
+decoded rows instead, as a pool with no such store must.
+
+    python scripts/kv_key_layouts.py --layouts int4-rows,int4-channels8 --block-size 32
+
+Bytes per token count what each layout would store (values, scales, and for channels8 two
+float16 per block and head), against float16's; results are in docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's Folio
+
+from engine.bench import kv_quality  # noqa: E402
+from engine.bench.kv_text import QUESTIONS, TEXT, leading_paragraphs  # noqa: E402
+from engine.bench.setup import folio_config  # noqa: E402
+from engine.llm import LLM  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from kernels.kv_format import format_named, rotate  # noqa: E402
+from kernels.reference.backend import TorchBackend  # noqa: E402
+
+INT4, INT8 = format_named("int4"), format_named("int8")
+
+
+def format_rows(fmt):
+    """[T, nkv, hd] through ``fmt``'s rows and back (unrotated)."""
+    return lambda rows: rotate(fmt.decode(fmt.encode(rows)))
+
+
+def channels(levels: int):
+    """[n, nkv, hd]: each channel of each head over the n tokens, ``levels`` + 1 codes
+    from its minimum; the minimum and the step as float16."""
+    def encode(rows: torch.Tensor) -> torch.Tensor:
+        lo = rows.amin(0, keepdim=True).half().float()
+        step = ((rows.amax(0, keepdim=True) - lo) / levels).half().float()
+        step = torch.where(step > 0, step, torch.ones_like(step))
+        return ((rows - lo) / step).round().clamp(0, levels) * step + lo
+    return encode
+
+
+def channels8(levels: int):
+    """As `channels`, each channel's range coded in two bytes: its midpoint as int8 steps
+    of the head's largest |midpoint| / 127, its half-width widened to cover the midpoint's
+    rounding and rounded up on a 1/16-octave scale below the head's widest; those two
+    largest as float16 per block and head."""
+    def encode(rows: torch.Tensor) -> torch.Tensor:
+        lo, hi = rows.amin(0, keepdim=True), rows.amax(0, keepdim=True)
+        mid, half = (lo + hi) / 2, (hi - lo) / 2
+        mid_top = mid.abs().amax(-1, keepdim=True).half().float().clamp_min(1e-8)
+        coded = (mid / mid_top * 127).round().clamp(-127, 127) * mid_top / 127
+        need = half + (mid - coded).abs()
+        half_top = need.amax(-1, keepdim=True).half().float().clamp_min(1e-8)
+        octaves = (-16 * torch.log2(need.clamp_min(1e-12) / half_top)).floor().clamp(0, 255)
+        half = half_top * torch.pow(2.0, -octaves / 16)
+        step = 2 * half / levels
+        return ((rows - (coded - half)) / step).round().clamp(0, levels) * step + coded - half
+    return encode
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    keys: Callable[[torch.Tensor], torch.Tensor]
+    values: Callable[[torch.Tensor], torch.Tensor]
+    key_bits: int
+    value_row: Callable[[int], int]  # head size -> bytes
+    key_params: Callable[[int, int], int]  # head size, block size -> bytes per block and head
+
+    def bytes_per_token(self, hd: int, block: int) -> int:
+        """One token's one KV head: a key row (values and its share of the block's key
+        parameters) and a value row."""
+        key_row = hd * self.key_bits // 8 + -(-self.key_params(hd, block) // block)
+        return key_row + self.value_row(hd)
+
+
+_ROWS = {4: lambda hd, block: block * (INT4.row_bytes(hd) - hd // 2),
+         8: lambda hd, block: block * (INT8.row_bytes(hd) - hd)}
+_FP16_PARAMS = lambda hd, block: 4 * hd  # noqa: E731 (minimum and step per channel)
+_CODED_PARAMS = lambda hd, block: 2 * hd + 4  # noqa: E731 (two codes per channel, two bases)
+LAYOUTS = {
+    "int4-rows": Layout(format_rows(INT4), format_rows(INT4), 4, INT4.row_bytes, _ROWS[4]),
+    "int4-channels": Layout(channels(15), format_rows(INT4), 4, INT4.row_bytes, _FP16_PARAMS),
+    "int4-channels8": Layout(channels8(15), format_rows(INT4), 4, INT4.row_bytes,
+                             _CODED_PARAMS),
+    "int8-rows": Layout(format_rows(INT8), format_rows(INT8), 8, INT8.row_bytes, _ROWS[8]),
+    "int8-channels8": Layout(channels8(255), format_rows(INT8), 8, INT8.row_bytes,
+                             _CODED_PARAMS),
+}
+
+
+class LayoutBackend(TorchBackend):
+    """The PyTorch backend over a float32 pool whose keys a layout encodes block by block
+    and values the int4 format's rows."""
+
+    def __init__(self, layout: Layout, from_exact: bool) -> None:
+        super().__init__()
+        self.layout = layout
+        self.from_exact = from_exact
+        self.exact: dict[int, torch.Tensor] = {}  # a key pool's data_ptr -> its exact rows
+
+    def write_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
+        slots = slot_mapping.to(torch.int64)
+        keep = slots >= 0
+        key, value, slots = key[keep].float(), value[keep].float(), slots[keep]
+        super().write_kv(key, self.layout.values(value), k_cache, v_cache, slots)
+        block = k_cache.shape[1]
+        exact = self._exact_of(k_cache)
+        exact[slots // block, slots % block] = key
+        for b in (slots // block).unique().tolist():
+            n = int(slots[slots // block == b].max()) % block + 1
+            # The pool holds the new rows exact (written above), the earlier ones decoded.
+            source = exact[b, :n] if self.from_exact else k_cache[b, :n].float().clone()
+            k_cache[b, :n] = self.layout.keys(source)
+
+    def copy_blocks(self, kv_cache, src, dst) -> None:
+        super().copy_blocks(kv_cache, src, dst)
+        for layer in range(kv_cache.shape[0]):
+            exact = self._exact_of(kv_cache[layer, 0])
+            exact[dst.long()] = exact[src.long()]
+
+    def _exact_of(self, k_cache: torch.Tensor) -> torch.Tensor:
+        exact = self.exact.get(k_cache.data_ptr())
+        if exact is None:  # rows never written read as the pool holds them
+            exact = self.exact[k_cache.data_ptr()] = k_cache.float().clone()
+        return exact
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layouts", default="int4-rows,int4-channels,int4-channels8")
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--append", choices=("exact", "decoded"), default="exact")
+    parser.add_argument("--chunk", type=int, default=kv_quality.CHUNK,
+                        help="tokens per forward of the teacher-forced text (1: every "
+                             "block filled a token at a time, as decoding fills it)")
+    parser.add_argument("--no-greedy", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    layouts = args.layouts.split(",")
+    unknown = [name for name in layouts if name not in LAYOUTS]
+    if unknown:
+        parser.error(f"--layouts: unknown {unknown}; known {sorted(LAYOUTS)}")
+    torch.set_num_threads(args.threads)
+    kv_quality.CHUNK = args.chunk  # read by teacher_forced_logprobs
+
+    def engine(dtype: str) -> LLM:
+        return LLM("starter", folio_config(args.threads, "float32", kv_cache_dtype=dtype,
+                                           attention_backend="torch",
+                                           block_size=args.block_size))
+
+    greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    context = leading_paragraphs(1100)
+    chats = [[{"role": "user", "content": f"{context}\n\n{q}"}] for q in QUESTIONS[:5]]
+    reference = engine("float16")
+    hd = reference.engine.runner.shape.head_size
+    ids = reference.tokenizer.encode(TEXT)[:2048]
+    ref_logprobs = kv_quality.teacher_forced_logprobs(reference, ids)
+    ref_replies = [] if args.no_greedy else [
+        list(reference.chat(c, greedy).outputs[0].token_ids) for c in chats]
+    del reference
+    print(f"starter, block size {args.block_size}, text read {args.chunk} tokens at a time, "
+          f"keys re-encoded from {args.append} rows; bytes per token against float16's, "
+          f"K and V rows of their own lengths / of one length (the pool's today)")
+    for name in layouts:
+        layout = LAYOUTS[name]
+        llm = engine("float32")
+        llm.engine.runner.backend = LayoutBackend(layout, args.append == "exact")
+        kl = kv_quality.mean_kl(ref_logprobs, kv_quality.teacher_forced_logprobs(llm, ids))
+        apart = layout.bytes_per_token(hd, args.block_size)
+        one = 2 * max(apart - layout.value_row(hd), layout.value_row(hd))
+        line = (f"{name:15} bytes {apart / (4 * hd):.3f} / {one / (4 * hd):.3f}  "
+                f"mean KL {kl:.5f}")
+        if ref_replies:
+            replies = [list(llm.chat(c, greedy).outputs[0].token_ids) for c in chats]
+            same = sum(a == b for a, b in zip(replies, ref_replies, strict=True))
+            line += f"  greedy replies equal {same} of {len(chats)}"
+        print(line, flush=True)
+        del llm
+
+
+if __name__ == "__main__":
+    main()
