@@ -1,21 +1,23 @@
-"""What int4 keys lose in other layouts than the pool's: per-token rows (the int4 format)
-against per-channel groups over a block's tokens (KIVI's layout for keys), measured on the
-starter as `folio bench kv` measures the format (teacher-forced mean KL over the same 2,048
-tokens, greedy 48-token replies after ~1,100 words, both against a float16 pool in the same
-run). Values stay in the int4 format's rows throughout: the format's error is in its keys.
+"""What quantized keys lose in other layouts than the pool's rows: per-token rows (the
+int4 and int8 formats) against per-channel groups over a block's tokens (KIVI's layout for
+keys), their parameters as float16 or coded in fewer bits, measured on the starter as
+`folio bench kv` measures a format (teacher-forced mean KL over the same 2,048 tokens,
+greedy 48-token replies after ~1,100 words, both against a float16 pool in the same run).
+Values stay in their format's rows throughout: int4's error is in its keys.
 
 Each layout is simulated, not stored: the engine runs the PyTorch backend over a float32
 pool, and every KV write puts in the values a layout's encode-then-decode gives. A
-per-channel layout needs the tokens of a whole block to choose its scales, so each write
-re-encodes the blocks it touches over their rows so far, from the rows' exact values (kept
-beside the pool and copied with the block when the engine copies one): what a pool that keeps
-its open block's exact keys aside would hold. ``--append decoded`` re-encodes from the
-decoded rows instead, as a pool with no such store must.
+per-channel layout needs the tokens of a whole block to choose its parameters, so each
+write re-encodes the blocks it touches over their rows so far, from the rows' exact values
+(kept beside the pool and copied with the block when the engine copies one): what a pool
+that keeps its open blocks' exact keys aside would hold. ``--append decoded`` re-encodes
+from the decoded rows instead, as a pool with no such store must.
 
-    python scripts/kv_key_layouts.py --layouts int4-rows,int4-channels8 --block-size 32
+    python scripts/kv_key_layouts.py --layouts int4-rows,int4-channels11 --block-size 32
 
-Bytes per token count what each layout would store (values, scales, and for channels8 two
-float16 per block and head), against float16's; results are in docs/BENCHMARKS.md.
+Bytes per token count what each layout would store (codes, scales, a block's key
+parameters shared among its rows), against float16's, with K and V rows of their own
+lengths and of one length (the pool's today); results are in docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -57,23 +59,35 @@ def channels(levels: int):
     return encode
 
 
-def channels8(levels: int):
-    """As `channels`, each channel's range coded in two bytes: its midpoint as int8 steps
-    of the head's largest |midpoint| / 127, its half-width widened to cover the midpoint's
-    rounding and rounded up on a 1/16-octave scale below the head's widest; those two
-    largest as float16 per block and head."""
+def coded_channels(levels: int, mid_bits: int, half_bits: int, per_octave: int):
+    """As `channels`, each channel's range coded in ``mid_bits + half_bits`` bits: its
+    midpoint in signed steps of the head's largest |midpoint| / (2 ** (mid_bits - 1) - 1),
+    its half-width widened to cover the midpoint's rounding and rounded up on a scale of
+    ``per_octave`` steps an octave below the head's widest; those two largest as float16
+    per block and head."""
+    mid_codes, half_codes = 2 ** (mid_bits - 1) - 1, 2 ** half_bits - 1
+
     def encode(rows: torch.Tensor) -> torch.Tensor:
         lo, hi = rows.amin(0, keepdim=True), rows.amax(0, keepdim=True)
         mid, half = (lo + hi) / 2, (hi - lo) / 2
         mid_top = mid.abs().amax(-1, keepdim=True).half().float().clamp_min(1e-8)
-        coded = (mid / mid_top * 127).round().clamp(-127, 127) * mid_top / 127
+        coded = ((mid / mid_top * mid_codes).round().clamp(-mid_codes, mid_codes)
+                 * mid_top / mid_codes)
         need = half + (mid - coded).abs()
         half_top = need.amax(-1, keepdim=True).half().float().clamp_min(1e-8)
-        octaves = (-16 * torch.log2(need.clamp_min(1e-12) / half_top)).floor().clamp(0, 255)
-        half = half_top * torch.pow(2.0, -octaves / 16)
+        steps = (-per_octave * torch.log2(need.clamp_min(1e-12) / half_top)).floor()
+        half = half_top * torch.pow(2.0, -steps.clamp(0, half_codes) / per_octave)
         step = 2 * half / levels
         return ((rows - (coded - half)) / step).round().clamp(0, levels) * step + coded - half
     return encode
+
+
+def midpoints_away(rows: torch.Tensor) -> torch.Tensor:
+    """[n, nkv, hd]: each channel's midpoint over the n tokens (float16) taken away, the
+    rest through the int4 format's rows: how much of the per-channel layout's gain is the
+    channels' offsets."""
+    mid = ((rows.amin(0, keepdim=True) + rows.amax(0, keepdim=True)) / 2).half().float()
+    return format_rows(INT4)(rows - mid) + mid
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,15 +108,25 @@ class Layout:
 _ROWS = {4: lambda hd, block: block * (INT4.row_bytes(hd) - hd // 2),
          8: lambda hd, block: block * (INT8.row_bytes(hd) - hd)}
 _FP16_PARAMS = lambda hd, block: 4 * hd  # noqa: E731 (minimum and step per channel)
-_CODED_PARAMS = lambda hd, block: 2 * hd + 4  # noqa: E731 (two codes per channel, two bases)
+
+
+def _coded_params(bits: int) -> Callable[[int, int], int]:
+    """``bits`` per channel, two float16 per block and head."""
+    return lambda hd, block: -(-bits * hd // 8) + 4
+
+
 LAYOUTS = {
     "int4-rows": Layout(format_rows(INT4), format_rows(INT4), 4, INT4.row_bytes, _ROWS[4]),
     "int4-channels": Layout(channels(15), format_rows(INT4), 4, INT4.row_bytes, _FP16_PARAMS),
-    "int4-channels8": Layout(channels8(15), format_rows(INT4), 4, INT4.row_bytes,
-                             _CODED_PARAMS),
+    "int4-channels8": Layout(coded_channels(15, 8, 8, 16), format_rows(INT4), 4,
+                             INT4.row_bytes, _coded_params(16)),
+    "int4-channels11": Layout(coded_channels(15, 6, 5, 8), format_rows(INT4), 4,
+                              INT4.row_bytes, _coded_params(11)),
+    "int4-midpoints": Layout(midpoints_away, format_rows(INT4), 4, INT4.row_bytes,
+                             lambda hd, block: _ROWS[4](hd, block) + 2 * hd),
     "int8-rows": Layout(format_rows(INT8), format_rows(INT8), 8, INT8.row_bytes, _ROWS[8]),
-    "int8-channels8": Layout(channels8(255), format_rows(INT8), 8, INT8.row_bytes,
-                             _CODED_PARAMS),
+    "int8-channels8": Layout(coded_channels(255, 8, 8, 16), format_rows(INT8), 8,
+                             INT8.row_bytes, _coded_params(16)),
 }
 
 
