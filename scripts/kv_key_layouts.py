@@ -9,9 +9,10 @@ Each layout is simulated, not stored: the engine runs the PyTorch backend over a
 pool, and every KV write puts in the values a layout's encode-then-decode gives. A
 per-channel layout needs the tokens of a whole block to choose its parameters, so each
 write re-encodes the blocks it touches over their rows so far, from the rows' exact values
-(kept beside the pool and copied with the block when the engine copies one): what a pool
-that keeps its open blocks' exact keys aside would hold. ``--append decoded`` re-encodes
-from the decoded rows instead, as a pool with no such store must.
+(kept beside the pool and copied with the block when the engine copies one; a block
+swapped back in starts again from its decoded rows): what a pool that keeps its open
+blocks' exact keys aside would hold. ``--append decoded`` re-encodes from the decoded rows
+instead, as a pool with no such store must.
 
     python scripts/kv_key_layouts.py --layouts int4-rows,int4-channels11 --block-size 32
 
@@ -132,7 +133,7 @@ LAYOUTS = {
 
 class LayoutBackend(TorchBackend):
     """The PyTorch backend over a float32 pool whose keys a layout encodes block by block
-    and values the int4 format's rows."""
+    and values its value format's rows."""
 
     def __init__(self, layout: Layout, from_exact: bool) -> None:
         super().__init__()
@@ -159,6 +160,13 @@ class LayoutBackend(TorchBackend):
         for layer in range(kv_cache.shape[0]):
             exact = self._exact_of(kv_cache[layer, 0])
             exact[dst.long()] = exact[src.long()]
+
+    def swap_blocks(self, src_cache, dst_cache, src_ids, dst_ids) -> None:
+        super().swap_blocks(src_cache, dst_cache, src_ids, dst_ids)
+        for layer in range(dst_cache.shape[0]):
+            exact = self.exact.get(dst_cache[layer, 0].data_ptr())
+            if exact is not None:
+                exact[dst_ids.long()] = dst_cache[layer, 0][dst_ids.long()].float()
 
     def _exact_of(self, k_cache: torch.Tensor) -> torch.Tensor:
         exact = self.exact.get(k_cache.data_ptr())
