@@ -123,6 +123,9 @@ LAYOUTS = {
                              INT4.row_bytes, _coded_params(16)),
     "int4-channels11": Layout(coded_channels(15, 6, 5, 8), format_rows(INT4), 4,
                               INT4.row_bytes, _coded_params(11)),
+    # Byte-aligned codes (an int8 midpoint, a 4-bit half-width at 4 steps an octave).
+    "int4-channels12": Layout(coded_channels(15, 8, 4, 4), format_rows(INT4), 4,
+                              INT4.row_bytes, _coded_params(12)),
     "int4-midpoints": Layout(midpoints_away, format_rows(INT4), 4, INT4.row_bytes,
                              lambda hd, block: _ROWS[4](hd, block) + 2 * hd),
     "int8-rows": Layout(format_rows(INT8), format_rows(INT8), 8, INT8.row_bytes, _ROWS[8]),
