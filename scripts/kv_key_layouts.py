@@ -5,14 +5,14 @@ keys), their parameters as float16 or coded in fewer bits, measured on the start
 greedy 48-token replies after ~1,100 words, both against a float16 pool in the same run).
 Values stay in their format's rows throughout: int4's error is in its keys.
 
-Each layout is simulated, not stored: the engine runs the PyTorch backend over a float32
-pool, and every KV write puts in the values a layout's encode-then-decode gives. A
-per-channel layout needs the tokens of a whole block to choose its parameters, so each
-write re-encodes the blocks it touches over their rows so far, from the rows' exact values
-(kept beside the pool and copied with the block when the engine copies one; a block
-swapped back in starts again from its decoded rows): what a pool that keeps its open
-blocks' exact keys aside would hold. ``--append decoded`` re-encodes from the decoded rows
-instead, as a pool with no such store must.
+Each layout is simulated, not stored: the engine (float32 weights) runs the PyTorch
+backend over a float32 pool, and every KV write puts in the values a layout's
+encode-then-decode gives. A per-channel layout needs the tokens of a whole block to choose
+its parameters, so each write re-encodes the blocks it touches over their rows so far,
+from the rows' exact values (kept beside the pool and copied with the block when the
+engine copies one; a block swapped back in starts again from its decoded rows): what a
+pool that keeps its open blocks' exact keys aside would hold. ``--append decoded``
+re-encodes from the decoded rows instead, as a pool with no such store must.
 
     python scripts/kv_key_layouts.py --layouts int4-rows,int4-channels11 --block-size 32
 

@@ -164,6 +164,7 @@ def _quality(run: _Run, model_path: str, weights: str) -> None:
             fig.kl[name] = q.mean_kl
         if q.greedy_equal is not None:
             fig.greedy[name] = q.greedy_equal
+            fig.partings[name] = q.partings
 
 
 def _synthetic(size: str, context: int):

@@ -9,7 +9,8 @@ model (the starter), against the float16 cache in the same run.
 - **Greedy agreement**: ``prompts`` chat prompts, ~``context_words`` words of the same text
   and a question each (kv_text.QUESTIONS); greedy ``reply_tokens``-token replies (end of
   sequence ignored, so each is that long); how many are token for token the float16
-  cache's.
+  cache's, and where each other one parts from it (`Parting`): at a near-tie of float16's
+  two likeliest tokens, any small change of the logits decides the reply.
 
 Each format gets one engine (``weights`` as the bench's, compute float32 on the CPU, as
 every bench side); one that cannot load reports why instead of figures. The engine tests
@@ -29,12 +30,25 @@ REFERENCE = "float16"
 CHUNK = 512  # prompt tokens read per forward, as the engine's prefill chunks them
 
 
+@dataclass(slots=True, frozen=True)
+class Parting:
+    """Where a greedy reply first differs from float16's."""
+
+    reply: int  # its prompt's index
+    token: int  # the first differing token's index in the reply
+    float16_gap: float | None  # float16's two likeliest tokens there, apart in nats
+
+
 @dataclass(slots=True)
 class FormatQuality:
     name: str
     mean_kl: float | None = None  # nats, against the float16 cache; None for float16
     greedy_equal: int | None = None  # replies equal to float16's
     replies: list[list[int]] = field(default_factory=list)
+    partings: list[Parting] = field(default_factory=list)  # each reply not equal
+    # The float16 reference's only: at each token of each reply, how far its two likeliest
+    # tokens were apart (nats).
+    top_two_gaps: list[list[float]] = field(default_factory=list)
     bytes_per_token: int | None = None  # as the loaded engine counts it (KV stats)
     error: str | None = None  # why it could not run
 
@@ -59,7 +73,13 @@ def quality(model_path: str, threads: int, weights: str, formats: tuple[str, ...
         raise ValueError(f"text_tokens must be at most {len(text)} (the fixed text's "
                          f"length in this model's tokens), got {text_tokens}")
     reference = teacher_forced_logprobs(llm, text)
-    ref.replies = [list(llm.chat(m, greedy).outputs[0].token_ids) for m in messages]
+    # Log-probabilities come from the logits before sampling: asking for them leaves the
+    # greedy replies as they are.
+    with_gaps = SamplingParams(max_tokens=reply_tokens, temperature=0, ignore_eos=True,
+                               logprobs=2)
+    for reply in (llm.chat(m, with_gaps).outputs[0] for m in messages):
+        ref.replies.append(list(reply.token_ids))
+        ref.top_two_gaps.append([top_two_gap(step.top) for step in reply.logprobs])
     del llm
     results: dict[str, FormatQuality] = {}
     for name in formats:
@@ -70,6 +90,7 @@ def quality(model_path: str, threads: int, weights: str, formats: tuple[str, ...
         got.mean_kl = mean_kl(reference, teacher_forced_logprobs(llm, text))
         got.replies = [list(llm.chat(m, greedy).outputs[0].token_ids) for m in messages]
         got.greedy_equal = sum(a == b for a, b in zip(got.replies, ref.replies, strict=True))
+        got.partings = partings(ref, got.replies)
         del llm
         gc.collect()
     return text, ref, results
@@ -117,6 +138,25 @@ def teacher_forced_logprobs(llm, ids: list[int]):
                                   layers, meta, runner.backend)
             out.append(runner.model.compute_logits(hidden).float().log_softmax(-1))
     return torch.cat(out)
+
+
+def top_two_gap(top: tuple[tuple[int, float], ...]) -> float | None:
+    """How far apart a step's two likeliest tokens were (nats); None without two."""
+    return top[0][1] - top[1][1] if len(top) >= 2 else None
+
+
+def partings(reference: FormatQuality, replies: list[list[int]]) -> list[Parting]:
+    """Where each of ``replies`` that is not the reference's parts from it."""
+    found = []
+    for index, (ref, reply) in enumerate(zip(reference.replies, replies, strict=True)):
+        # A reply cut short parts where it ends.
+        token = next((i for i, (a, b) in enumerate(zip(ref, reply, strict=False)) if a != b),
+                     None if len(ref) == len(reply) else min(len(ref), len(reply)))
+        if token is None:
+            continue
+        gaps = reference.top_two_gaps[index] if reference.top_two_gaps else []
+        found.append(Parting(index, token, gaps[token] if token < len(gaps) else None))
+    return found
 
 
 def mean_kl(reference, logprobs) -> float:

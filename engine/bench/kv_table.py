@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from engine.bench.kv_quality import Parting
 from engine.bench.setup import Target
 from engine.bench.target_rows import target_row
 
@@ -32,6 +33,7 @@ class KVFigures:
     speed_shape: dict[str, int] = field(default_factory=dict)  # the 1B shape's bytes
     kl: dict[str, float] = field(default_factory=dict)
     greedy: dict[str, int] = field(default_factory=dict)
+    partings: dict[str, list[Parting]] = field(default_factory=dict)  # replies not equal
     # "folio int8", "llama q8_0" -> {"ttft_s_4000": ..., "decode_tok_s_4000": ...}
     speed: dict[str, dict] = field(default_factory=dict)
     rss: dict[str, int] = field(default_factory=dict)  # "folio int8", "llama q8_0"
@@ -68,7 +70,8 @@ def kv_table(fig: KVFigures, plan) -> tuple[list[dict], list[Target]]:
         equal = fig.greedy.get(name)
         row(f"{fig.model_name}, greedy {plan.reply_tokens}-token replies after ~"
             f"{plan.context_words:,} words equal to float16, {name} (of {plan.prompts})",
-            equal, "" if equal is None else f"{equal} of {plan.prompts}",
+            equal, "" if equal is None else
+            f"{equal} of {plan.prompts}{_parted(fig.partings.get(name, []))}",
             ">=" if name == "int8" else "", greedy_bar if name == "int8" else None,
             _why(fig, f"folio {name}"))
     speed_why = fig.why.get("speed", "")
@@ -112,6 +115,21 @@ def _why(fig: KVFigures, *sides: str) -> str:
     if any(side.startswith("llama") for side in sides):
         return "not measured (llama.cpp skipped or failed: see the notes)"
     return "not measured (see the notes)"
+
+
+def _parted(partings: list[Parting]) -> str:
+    """Where the other replies part from float16's: the token (counted from 1) and how far
+    apart float16's two likeliest tokens were there, which says whether a near-tie
+    decided it."""
+    if not partings:
+        return ""
+    plural = "s" if len(partings) > 1 else ""
+    text = f"; the other{plural} part{'' if plural else 's'} at token{plural} " + ", ".join(
+        str(p.token + 1) for p in partings)
+    if any(p.float16_gap is None for p in partings):
+        return text
+    gaps = ", ".join(f"{p.float16_gap:.2g}" for p in partings)
+    return f"{text}, where float16's top two were {gaps} nats apart"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -80,7 +80,7 @@ def test_int8_greedy_replies_after_a_long_context_stay_at_their_measured_level(
 
 @pytest.mark.xfail(strict=True, reason="int8 (rotated, a scale per token and head) keeps 3 "
                    "of these 5 replies; the other two part where float16's two likeliest "
-                   "tokens are 0.0095 and 0.016 nats apart; the teacher-forced KL is "
+                   "tokens are 0.0085 and 0.064 nats apart; the teacher-forced KL is "
                    "0.00015 nats")
 def test_int8_greedy_replies_after_a_long_context_match_float16(int8_replies_equal):
     assert int8_replies_equal >= 4

@@ -11,7 +11,7 @@ from engine.bench import kv as kv_bench
 from engine.bench import synthetic
 from engine.bench.cli import WORKLOADS, format_result
 from engine.bench.kv import QUICK, KVPlan, bench_kv, shape_bytes
-from engine.bench.kv_quality import quality
+from engine.bench.kv_quality import FormatQuality, Parting, partings, quality
 from engine.bench.kv_table import KVFigures, kv_table
 from engine.bench.kv_text import leading_paragraphs
 from engine.bench.setup import BenchContext, BenchSettings
@@ -41,6 +41,8 @@ def _figures() -> KVFigures:
     fig = KVFigures(model_bytes=shape_bytes(30, 3, 64), speed_shape=shape_bytes(16, 8, 64))
     fig.kl = {"int8": 0.0012, "int4": 0.031}
     fig.greedy = {"int8": 4, "int4": 2}
+    fig.partings = {"int8": [Parting(3, 28, 0.0095)],
+                    "int4": [Parting(0, 1, 0.5), Parting(1, 0, 1.25), Parting(4, 6, None)]}
     fig.speed = {
         "folio float16": {"ttft_s_4000": 20.0, "decode_tok_s_4000": 20.0,
                           "decode_tok_s_16000": 10.0},
@@ -65,6 +67,11 @@ def test_every_target_has_a_row_and_its_verdict():
               "{} (of 5)")
     assert status[greedy.format("int8")] == "met"  # 4 of 5
     assert status[greedy.format("int4")] == "reported"  # no bar: its count is reported
+    # Where the other replies part, counted from 1, and float16's margin there.
+    measured = {row["figure"]: row["measured"] for row in rows}
+    assert measured[greedy.format("int8")] == (
+        "4 of 5; the other parts at token 29, where float16's top two were 0.0095 nats apart")
+    assert measured[greedy.format("int4")] == "2 of 5; the others part at tokens 2, 1, 7"
     decode = "1B shape, decode at {:,} tokens of context, int8 / float16"
     assert status[decode.format(4000)] == "met"  # 22 / 20 = 1.1 >= 1.05
     assert status[decode.format(16000)] == "not met"  # 11 / 10 = 1.1 < 1.15
@@ -110,6 +117,17 @@ def test_the_plan_checks_its_sizes():
     assert len(leading_paragraphs(1100).split()) >= 1100
 
 
+def test_a_reply_parts_at_its_first_differing_token_with_float16_s_margin_there():
+    ref = FormatQuality("float16", replies=[[1, 2, 3], [4, 5, 6], [7, 8, 9]],
+                        top_two_gaps=[[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.7, 0.8, 0.9]])
+    assert partings(ref, [[1, 2, 3], [4, 9, 6], [7, 8]]) == [
+        Parting(1, 1, 0.5), Parting(2, 2, 0.9)]  # a reply cut short parts where it ends
+    assert partings(ref, [[0, 2, 3], [4, 5, 6], [7, 8, 9]]) == [Parting(0, 0, 0.1)]
+    assert partings(ref, ref.replies) == []
+    ref.top_two_gaps = []  # a reference without them still says where
+    assert partings(ref, [[1, 2, 0], [4, 5, 6], [7, 8, 9]]) == [Parting(0, 2, None)]
+
+
 def test_teacher_forcing_the_same_cache_twice_gives_no_divergence(tiny_file, threads_kept):
     # float16 against float16: the same distributions at every position, the same replies;
     # float32 (a finer cache) moves them a little, never below zero.
@@ -117,7 +135,11 @@ def test_teacher_forcing_the_same_cache_twice_gives_no_divergence(tiny_file, thr
                              text_tokens=20, context_words=20, prompts=2, reply_tokens=3)
     assert len(text) == 20 and len(ref.replies) == 2 and len(ref.replies[0]) == 3
     assert got["float16"].mean_kl == pytest.approx(0.0, abs=1e-9)
-    assert got["float16"].greedy_equal == 2
+    # The reference asks for log-probabilities (float16's margins), the other does not:
+    # the replies are the same.
+    assert got["float16"].greedy_equal == 2 and got["float16"].partings == []
+    assert [len(gaps) for gaps in ref.top_two_gaps] == [3, 3]
+    assert all(gap >= 0 for gaps in ref.top_two_gaps for gap in gaps)
     assert 0.0 <= got["float32"].mean_kl < 0.05
     assert got["float32"].bytes_per_token == 2 * ref.bytes_per_token == 2048
 
@@ -142,6 +164,9 @@ def test_the_quick_plan_end_to_end_on_a_tiny_shape(tiny_file, tmp_path, monkeypa
     for fmt in ("int8", "int4"):
         kl = status[f"{name}, teacher-forced 24 tokens, mean KL vs float16, {fmt} (nats)"]
         assert kl in ("met", "not met") or kl == f"n/a: {fmt} did not load (see the notes)"
+    figures = result["figures"]
+    for fmt, equal in figures["greedy"].items():  # each reply not equal says where it parts
+        assert len(figures["partings"][fmt]) == QUICK.prompts - equal
     llama = status["1B shape at 40 tokens, decode Folio float16 / llama.cpp q8_0"]
     assert llama.startswith("n/a: not measured (llama.cpp")
     assert "llama.cpp skipped: test" in result["notes"]
