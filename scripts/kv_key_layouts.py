@@ -38,7 +38,7 @@ from engine.bench.kv_text import QUESTIONS, TEXT, leading_paragraphs  # noqa: E4
 from engine.bench.setup import folio_config  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from kernels.kv_format import format_named, rotate  # noqa: E402
+from kernels.kv_format import format_named  # noqa: E402
 from kernels.reference.backend import TorchBackend  # noqa: E402
 
 INT4, INT8 = format_named("int4"), format_named("int8")
@@ -46,7 +46,7 @@ INT4, INT8 = format_named("int4"), format_named("int8")
 
 def format_rows(fmt):
     """[T, nkv, hd] through ``fmt``'s rows and back (unrotated)."""
-    return lambda rows: rotate(fmt.decode(fmt.encode(rows)))
+    return lambda rows: fmt.rotate(fmt.decode(fmt.encode(rows)))
 
 
 def channels(levels: int):
