@@ -9,12 +9,17 @@ bytes: the head's quantized values, then its float16 scales, little-endian:
   absmax / 127 per token and head.
 - **fp8** (storage torch.float8_e4m3fn): hd e4m3 values, then one float16 scale,
   absmax / 448 per token and head.
-- **int4** (storage torch.uint8): hd / 2 bytes (element 2i in the low nibble, 2i + 1 in
-  the high one, each stored as q + 8, q in [-8, 7]), then one float16 scale per group of
-  `int4_group(hd)` elements. As llama.cpp's q4_0, the scale is the group's largest-magnitude
-  element over -8 (the positive one where +a and -a tie), so that element takes the code
-  -8 exactly and all 16 levels are used: a signed scale, where absmax / 7 would leave one
-  level idle. On the starter that cut int4's KL by a fifth (docs/BENCHMARKS.md).
+- **int4** (storage torch.uint8): a value row is hd / 2 bytes (element 2i in the low
+  nibble, 2i + 1 in the high one, each stored as q + 8, q in [-8, 7]), then one float16
+  scale per group of `int4_group(hd)` elements. As llama.cpp's q4_0, the scale is the
+  group's largest-magnitude element over -8 (the positive one where +a and -a tie), so
+  that element takes the code -8 exactly and all 16 levels are used: a signed scale, where
+  absmax / 7 would leave one level idle. On the starter that cut int4's KL by a fifth
+  (docs/BENCHMARKS.md). Keys are not rows: each channel is quantized over its block's
+  tokens, the block's parameters in the key rows' spare bytes
+  (kernels/kv_key_channels.py), so key rows are written and read a block at a time
+  (`encode_keys`, `decode_keys`) and a block holds at least 32 tokens. Both rows have
+  the longer of the two lengths.
 
 A value decodes as ``q * scale`` with the scale read back as float16 (encoding divides
 by that rounded scale, so the two agree). Every quantized row is rotated before it is
@@ -39,6 +44,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
+
+from kernels import kv_key_channels as channels
 
 __all__ = [
     "KV_FORMAT_NAMES",
@@ -65,13 +72,20 @@ class KVFormat:
     def quantized(self) -> bool:
         return self.max_code > 0
 
+    @property
+    def keys_per_channel(self) -> bool:
+        """Whether key rows hold a block's channels (kernels/kv_key_channels.py) rather
+        than each token's own row."""
+        return self.bits == 4
+
     def row_len(self, head_size: int) -> int:
         """Elements (bytes, for a quantized format) of one token's one KV head."""
         if not self.quantized:
             return head_size
         if self.bits == 4:
             _check_int4(head_size)
-            return head_size // 2 + SCALE_BYTES * (head_size // int4_group(head_size))
+            value_row = head_size // 2 + SCALE_BYTES * (head_size // int4_group(head_size))
+            return max(value_row, head_size // 2 + channels.spare_bytes(head_size))
         return head_size + SCALE_BYTES
 
     def row_bytes(self, head_size: int) -> int:
@@ -95,13 +109,14 @@ class KVFormat:
         return rotate(x)
 
     def encode(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows [..., hd] (any float dtype) -> [..., row_len(hd)] in the storage dtype.
-        A rotated format rotates the rows first."""
+        """rows [..., hd] (any float dtype) -> [..., row_len(hd)] in the storage dtype:
+        values, and keys of a format that keeps them as rows. A rotated format rotates the
+        rows first."""
         if not self.quantized:
             return rows.to(self.storage)
         x = self.rotate(rows.float())
         if self.bits == 4:
-            return _encode_int4(x)
+            return _encode_int4(x, self.row_len(x.shape[-1]))
         absmax = x.abs().amax(dim=-1, keepdim=True)
         scale = (absmax / self.max_code).to(torch.float16)
         inv = torch.where(scale > 0, 1.0 / scale.float(), torch.zeros_like(absmax))
@@ -111,8 +126,29 @@ class KVFormat:
             codes = (x * inv).clamp_(-448.0, 448.0).to(self.storage).view(torch.uint8)
         return torch.cat([codes, scale.view(torch.uint8)], dim=-1).view(self.storage)
 
+    def encode_keys(self, keys: torch.Tensor, filled: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+        """keys [B, bs, nkv, hd] -> blocks of key rows [B, bs, nkv, row_len(hd)]: rows
+        0..filled - 1 of each block (all when None) encoded from its exact keys."""
+        if not self.keys_per_channel:
+            return self.encode(keys)
+        if filled is None:
+            filled = torch.full((keys.shape[0],), keys.shape[1], dtype=torch.int64)
+        hd = keys.shape[-1]
+        return channels.encode_key_block(self.rotate(keys.float()), filled, self.row_len(hd))
+
+    def decode_keys(self, blocks: torch.Tensor, dtype: torch.dtype = torch.float32
+                    ) -> torch.Tensor:
+        """Blocks of key rows [B, bs, nkv, row_len] -> [B, bs, nkv, hd] keys (rotated,
+        for a rotated format)."""
+        if not self.keys_per_channel:
+            return self.decode(blocks, dtype)
+        hd = self.head_size(blocks.shape[-1])
+        return channels.decode_key_block(blocks.contiguous().view(torch.uint8), hd).to(dtype)
+
     def decode(self, stored: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """stored [..., row_len] -> [..., hd] values (rotated, for a rotated format)."""
+        """stored [..., row_len] -> [..., hd] values, and keys of a format that keeps them as
+        rows (rotated, for a rotated format)."""
         if not self.quantized:
             return stored.to(dtype)
         raw = stored.contiguous().view(torch.uint8)
@@ -157,7 +193,7 @@ def _check_int4(head_size: int) -> None:
         raise ValueError(f"int4 KV needs an even head size, got {head_size}")
 
 
-def _encode_int4(x: torch.Tensor) -> torch.Tensor:
+def _encode_int4(x: torch.Tensor, row_len: int) -> torch.Tensor:
     hd = x.shape[-1]
     group = int4_group(hd)
     groups = x.reshape(*x.shape[:-1], hd // group, group)
@@ -169,7 +205,9 @@ def _encode_int4(x: torch.Tensor) -> torch.Tensor:
     codes = (torch.round(groups * inv).clamp_(-8, 7) + 8).to(torch.uint8).reshape(x.shape)
     packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
     scales = scale.squeeze(-1).contiguous().view(torch.uint8)
-    return torch.cat([packed, scales], dim=-1)
+    spare = row_len - hd // 2 - scales.shape[-1]
+    pad = torch.zeros(*scales.shape[:-1], spare, dtype=torch.uint8, device=x.device)
+    return torch.cat([packed, scales, pad], dim=-1)
 
 
 def _decode_int4(raw: torch.Tensor) -> torch.Tensor:
@@ -177,7 +215,8 @@ def _decode_int4(raw: torch.Tensor) -> torch.Tensor:
     group = int4_group(hd)
     packed = raw[..., : hd // 2]
     codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*raw.shape[:-1], hd)
-    scale = raw[..., hd // 2:].contiguous().view(torch.float16).float()  # [..., groups]
+    scale_bytes = raw[..., hd // 2: hd // 2 + SCALE_BYTES * (hd // group)]
+    scale = scale_bytes.contiguous().view(torch.float16).float()  # [..., groups]
     values = (codes.float() - 8.0).reshape(*raw.shape[:-1], hd // group, group)
     return (values * scale.unsqueeze(-1)).reshape(*raw.shape[:-1], hd)
 
