@@ -21,9 +21,15 @@ _DEVICE_FORM = re.compile(r"cpu|mps|cuda(:\d+)?")
 _check = FieldChecker("EngineConfig")
 
 
+# An int4 pool quantizes each key channel over its block's tokens: blocks of 32 hold the
+# block's key parameters in the rows' spare bytes (kernels/kv_key_channels.py).
+INT4_BLOCK_SIZE = 32
+
+
 @dataclass(slots=True)
 class EngineConfig:
-    block_size: int = 16
+    # Tokens per KV block; None: 16, or INT4_BLOCK_SIZE with an int4 cache.
+    block_size: int | None = None
     # KV pool size: either a block count, or derived from a memory budget.
     num_gpu_blocks: int | None = None
     # KV pool budget in bytes on any device; None = the default (runner/kv_cache.py).
@@ -91,6 +97,8 @@ class EngineConfig:
     mmproj: str | None = None
 
     def __post_init__(self) -> None:
+        if self.block_size is None:
+            self.block_size = INT4_BLOCK_SIZE if self.kv_cache_dtype == "int4" else 16
         _check.types(
             self,
             integers=("block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "num_host_blocks",
@@ -119,6 +127,10 @@ class EngineConfig:
                self.vision_dtype, f"one of {DTYPE_NAMES} or None")
         _check(self.kv_cache_dtype is None or self.kv_cache_dtype in KV_DTYPE_NAMES,
                "kv_cache_dtype", self.kv_cache_dtype, f"one of {KV_DTYPE_NAMES} or None")
+        _check(self.kv_cache_dtype != "int4" or self.block_size >= INT4_BLOCK_SIZE,
+               "block_size", self.block_size,
+               f">= {INT4_BLOCK_SIZE} with kv_cache_dtype 'int4' (a block's keys are "
+               f"quantized per channel over its tokens)")
         _check(self.device is None or (isinstance(self.device, str)
                                        and _DEVICE_FORM.fullmatch(self.device) is not None),
                "device", self.device, "'cpu', 'cuda', 'cuda:N', 'mps' or None")

@@ -4,8 +4,9 @@ The engine describes each step's varlen batch with `AttentionMetadata`, allocate
 pool with `allocate_kv_cache` and calls the four `AttentionBackend` methods (documented in
 `docs/INTERNALS.md`); the backends (`kernels.reference`, the C++ `kernels.cpu`,
 `kernels.triton`) implement them.
-This module imports nothing else from `kernels` but `kv_format` (which imports nothing
-of `kernels`), so every backend can import it while
+This module imports nothing else from `kernels` but `kv_format` and `key_stage` (which
+import nothing of `kernels` but `kv_format` and `kv_key_channels`), so every backend can
+import it while
 `kernels.get_backend` imports the backends.
 """
 
@@ -19,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from kernels.key_stage import KeyStages
 from kernels.kv_format import format_stored_as
 
 __all__ = [
@@ -60,6 +62,8 @@ class AttentionBackend(Protocol):
     name: str
     # How the pool this backend reads best is laid out in memory (allocate_kv_cache).
     head_major_kv: bool
+    # The stages through which write_kv writes an int4 pool's keys (kernels/key_stage.py).
+    key_stages: KeyStages
 
     def write_kv(
         self,

@@ -135,7 +135,10 @@ class KVFormat:
         if filled is None:
             filled = torch.full((keys.shape[0],), keys.shape[1], dtype=torch.int64)
         hd = keys.shape[-1]
-        return channels.encode_key_block(self.rotate(keys.float()), filled, self.row_len(hd))
+        # Rounded to float16 as the key stage keeps an open block's rows
+        # (kernels/key_stage.py): a block's bytes are the same however it was written.
+        exact = self.rotate(keys.float()).half().float()
+        return channels.encode_key_block(exact, filled, self.row_len(hd))
 
     def decode_keys(self, blocks: torch.Tensor, dtype: torch.dtype = torch.float32
                     ) -> torch.Tensor:

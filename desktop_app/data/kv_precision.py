@@ -76,15 +76,19 @@ def bytes_per_token(shape: ModelShape, name: str) -> int:
     return kv_bytes_per_token(shape.kv_layers, shape.num_kv_heads, shape.head_dim, name)
 
 
-def fit(shape: ModelShape, name: str, budget_bytes: int | None, block_size: int = 16) -> Fit:
+def fit(shape: ModelShape, name: str, budget_bytes: int | None,
+        block_size: int | None = None) -> Fit:
     """The pool the engine plans for ``shape`` in format ``name`` with the budget
-    ``budget_bytes`` (None: automatic): engine.runner.kv_cache.planned_blocks itself, and
-    where a budget holds less than one full context (the engine refuses to load), the
-    whole blocks it would buy."""
+    ``budget_bytes`` (None: automatic) and ``block_size`` (None: the engine's default for
+    the format): engine.runner.kv_cache.planned_blocks itself, and where a budget holds
+    less than one full context (the engine refuses to load), the whole blocks it would
+    buy."""
     from engine.config import EngineConfig
     from engine.runner.kv_cache import KVBudgetError, KVShape, planned_blocks
     from kernels.kv_format import format_named
 
+    if block_size is None:
+        block_size = EngineConfig(kv_cache_dtype=name).block_size
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     if budget_bytes is not None and budget_bytes < 0:

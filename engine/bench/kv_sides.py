@@ -83,8 +83,8 @@ def _folio(model_path: str, threads: int, kv: str, n_ctx: int):
     from engine.llm import LLM
 
     torch.set_num_threads(threads)
-    config = folio_config(threads, "stored", max_model_len=n_ctx, block_size=16,
-                          num_gpu_blocks=-(-n_ctx // 16), kv_cache_dtype=kv)
+    config = folio_config(threads, "stored", max_model_len=n_ctx, kv_cache_dtype=kv)
+    config.num_gpu_blocks = -(-n_ctx // config.block_size)  # 16, or int4's 32
     return LLM(model_path, config)
 
 

@@ -96,6 +96,9 @@ class KVCacheManager:
         # A partial block is reused only where every group is token blocks.
         self.reuse_partial = first.enable_prefix_caching and not any(
             isinstance(m, LinearStateManager) for m in self.managers)
+        # False: partial reuse takes partial cached blocks only, not a full block's first
+        # tokens (an int4 pool's keys, engine/core/partial_blocks.py).
+        self.partial_from_full = True
 
     @classmethod
     def build(cls, specs: Seq[KVGroupSpec], num_blocks: Seq[int], block_size: int, *,
@@ -184,7 +187,8 @@ class KVCacheManager:
         full blocks in every group (`partial_blocks.py`) adds its tokens, copied into the
         first new block, unless holding it for the copy is what would not fit."""
         pairs, hit = self._find(seq)
-        for num_partial, sources in options(self.pools, seq, hit, self.reuse_partial):
+        for num_partial, sources in options(self.pools, seq, hit, self.reuse_partial,
+                                          self.partial_from_full):
             computed = hit + num_partial
             plans = [m.plan(seq, f, hit, computed) for m, f in pairs]
             if all(m.cost(p) + extra_cost(src) <= m.pool.num_free_blocks

@@ -21,6 +21,12 @@ copy-on-write rule changes. It is held from the allocation until the copy pairs 
 drained (``BlockPool.copy_sources``): a block taken in between can never be it, whatever
 order the runner applies the step's moves in.
 
+An int4 pool reuses partial cached blocks only (``KVCacheManager.partial_from_full``
+False): a block's keys are quantized over all its rows (kernels/kv_key_channels.py), so
+the first rows of a full block would come back rounded by the rows after them, where the
+last block of a leaving sequence has its rows' exact keys beside the pool
+(kernels/key_stage.py) and writes on as if it had never left.
+
 Not for linear-attention state: a hybrid model's state snapshots exist at full block
 boundaries only, so a partial block's K/V would come without a state to go with it (the
 KV cache manager turns reuse off there). Blocks read back from the tier below have no
@@ -93,12 +99,13 @@ def _agreeing(held: tuple[tuple[int, int, bytes], ...],
     return run
 
 
-def find_partial(pools: Seq[BlockPool], seq: Sequence, hit: int
+def find_partial(pools: Seq[BlockPool], seq: Sequence, hit: int, from_full: bool = True
                  ) -> tuple[int, list[Block]] | None:
     """The longest run of ``seq``'s tokens after a full-block hit of ``hit`` tokens that
     a block cached after the same parent holds in every pool, with each pool's block
     (the first listed of the longest); the prompt's last token is never in it (it is
-    computed so that there are logits to sample from)."""
+    computed so that there are logits to sample from). ``from_full`` False: partial
+    cached blocks only."""
     bs = pools[0].block_size
     k = hit // bs
     if len(seq.block_hashes) < k:
@@ -115,6 +122,8 @@ def find_partial(pools: Seq[BlockPool], seq: Sequence, hit: int
         best: Block | None = None
         best_run = 0
         for block in pool.children.get(parent, {}).values():
+            if not from_full and not pool.is_partial(block):
+                continue
             this = min(shared_run(block, tokens, images), run)
             if this > best_run:
                 best, best_run = block, this
@@ -145,12 +154,13 @@ def release_sources(pool: BlockPool) -> None:
 
 
 # ------------------------------------------------------------ over the KV groups
-def options(pools: Seq[BlockPool], seq: Sequence, hit: int, enabled: bool
-            ) -> list[tuple[int, list[Block | None]]]:
+def options(pools: Seq[BlockPool], seq: Sequence, hit: int, enabled: bool,
+            from_full: bool = True) -> list[tuple[int, list[Block | None]]]:
     """The tokens of the longest partial block cached after ``hit`` in every pool with
-    each pool's block, then none (0 and Nones); only none where reuse is not ``enabled``."""
+    each pool's block, then none (0 and Nones); only none where reuse is not ``enabled``;
+    ``from_full``: as find_partial's."""
     none: tuple[int, list[Block | None]] = (0, [None] * len(pools))
-    found = enabled and find_partial(pools, seq, hit)
+    found = enabled and find_partial(pools, seq, hit, from_full)
     return [found, none] if found else [none]  # type: ignore[list-item]
 
 

@@ -39,6 +39,7 @@ from engine.runner.cuda_graphs import CudaGraphRunner, backend_is_capturable
 from engine.runner.kv_cache import KVShape
 from engine.runner.state_pool import StatePool
 from kernels import AttentionBackend, AttentionMetadata, allocate_kv_cache
+from kernels.key_stage import KeyStage
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +56,16 @@ class ModelRunner:
         cuda_graphs: bool = False,
         max_model_len: int | None = None,
         images=None,
+        max_num_seqs: int = 64,
     ) -> None:
         """``num_blocks[g]`` allocatable blocks for KV group g (its pool tensor has one
         more, the null block); each group has ``num_host_blocks`` host blocks.
         ``cuda_graphs``: replay decode steps as CUDA graphs where the device and backend
         allow (runner/cuda_graphs.py), their block tables as wide as ``max_model_len``
         needs. ``images``: a vision model's ``engine.vision.inputs.ImageInputs``, whose
-        rows replace the image tokens' embeddings in a prefill."""
+        rows replace the image tokens' embeddings in a prefill. An int4 pool gets a
+        `KeyStage` (kernels/key_stage.py) of ``max_num_seqs`` slots, attached to the
+        backend: a step leaves at most one block of each of its sequences open."""
         if len(num_blocks) != len(kv_groups):
             raise ValueError("ModelRunner takes a block count per KV group")
         self.model = model
@@ -75,6 +79,13 @@ class ModelRunner:
         attention = [(g, n) for g, n in zip(self.kv_groups, num_blocks, strict=True)
                      if not g.linear]
         self.kv_caches = [self._allocate(g.layers, n + 1, device) for g, n in attention]
+        # Per group pool: the exact keys of its open blocks where the format needs them.
+        self.key_stages: list[KeyStage | None] = [
+            KeyStage(cache, max_num_seqs) if shape.format.keys_per_channel else None
+            for cache in self.kv_caches]
+        for stage in self.key_stages:
+            if stage is not None:
+                backend.key_stages.attach(stage)
         self.host_caches: list[torch.Tensor | None] = [None] * len(attention)
         if num_host_blocks:
             self.host_caches = [self._allocate(g.layers, num_host_blocks,
@@ -168,19 +179,28 @@ class ModelRunner:
             part = data[offset:offset + size].view(target.dtype).view(target.shape)
             target.copy_(part)
             offset += size
+        if g < len(self.key_stages) and self.key_stages[g] is not None:
+            self.key_stages[g].forget([block_id])
 
     def _move_blocks(self, g: int, swap_out: list[tuple[int, int]],
                      swap_in: list[tuple[int, int]], cow: list[tuple[int, int]]) -> None:
         kv_cache, host_cache = self.kv_caches[g], self.host_caches[g]
+        stage = self.key_stages[g]
         if swap_out:
             dev, host = _pairs(swap_out)
             self.backend.swap_blocks(kv_cache, host_cache, dev, host)
+            if stage is not None:
+                stage.move(dev.tolist(), host.tolist(), to_host=True)
         if swap_in:
             host, dev = _pairs(swap_in)
             self.backend.swap_blocks(host_cache, kv_cache, host, dev)
+            if stage is not None:
+                stage.move(host.tolist(), dev.tolist(), to_host=False)
         if cow:
             src, dst = _pairs(cow)
             self.backend.copy_blocks(kv_cache, src.to(self.device), dst.to(self.device))
+            if stage is not None:
+                stage.copy(src.tolist(), dst.tolist())
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor | None:

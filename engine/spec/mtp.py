@@ -281,7 +281,7 @@ def build_mtp(parts) -> MTPProposer:
     # the target did.
     runner = HeadRunner(head, shape, groups, counts, 0, target.backend, target.device,
                         cuda_graphs=False, max_model_len=parts.max_model_len,
-                        images=target.images)
+                        images=target.images, max_num_seqs=config.max_num_seqs)
     kv = KVCacheManager.build(groups, counts, config.block_size,
                               enable_prefix_caching=config.enable_prefix_caching,
                               group_block_bytes=[shape.block_bytes(groups[0].layers)],

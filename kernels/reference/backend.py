@@ -20,9 +20,11 @@ which that softmax takes as one more column of scores that weighs no value.
 
 A quantized pool (int8, int4, fp8: kernels/kv_format.py, told by the pool's dtype) is
 written through its format's `encode` and read by decoding only the blocks a step
-gathers (`heads_of_blocks`); over a rotated format (int4) the query is rotated before
+gathers (`heads_of_blocks`); over a rotated format the query is rotated before
 attention and the output rotated back, so the result is what a float pool holding the
-decoded values, unrotated, would give. Block copies and swaps move rows as they are
+decoded values, unrotated, would give. An int4 pool's keys are written a block at a time
+through the pool's `KeyStage` (kernels/key_stage.py), which the backend finds in
+`key_stages`. Block copies and swaps move rows as they are
 (a 1-byte pool as bytes: torch has no CPU index_copy_ for float8).
 """
 
@@ -32,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.interface import AttentionMetadata, check_attention_options, check_sinks
+from kernels.key_stage import KeyStages
 from kernels.kv_format import format_of
 from kernels.reference.block_reads import heads_of_blocks
 from kernels.reference.shared_prefix import shared_prefix_decode
@@ -39,9 +42,13 @@ from kernels.reference.step_plan import DecodePlan, StepPlan
 
 
 def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter each token's K/V [num_tokens, nkv, hd] to its slot; slot -1 is skipped."""
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                 key_stages: KeyStages | None = None) -> None:
+    """Scatter each token's K/V [num_tokens, nkv, hd] to its slot; slot -1 is skipped.
+    An int4 pool's keys go through its stage in ``key_stages``."""
     _write_kv(key, value, k_cache, v_cache, _valid_slots(slot_mapping, k_cache.device))
+    if format_of(k_cache).keys_per_channel:
+        (key_stages or KeyStages()).write(key, k_cache, slot_mapping)
 
 
 def _valid_slots(slot_mapping: torch.Tensor,
@@ -57,17 +64,20 @@ def _valid_slots(slot_mapping: torch.Tensor,
 
 def _write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
               v_cache: torch.Tensor, valid: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    """The rows of a step: values, and keys where the format keeps them as rows (an int4
+    pool's keys are the caller's, through its stage)."""
     slots, keep = valid
     if keep is not None:
         key, value = key[keep], value[keep]
     num_blocks, block_size, num_kv_heads, row = k_cache.shape
     flat_shape = (num_blocks * block_size, num_kv_heads, row)
     fmt = format_of(k_cache)
-    if fmt.quantized:  # [T, nkv, hd] -> [T, nkv, row] bytes (rotated first for int4)
+    if fmt.quantized:  # [T, nkv, hd] -> [T, nkv, row] bytes (rotated first)
         key, value = fmt.encode(key), fmt.encode(value)
     elif key.dtype != k_cache.dtype:
         key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
-    as_bytes(k_cache).view(flat_shape).index_copy_(0, slots, as_bytes(key))
+    if not fmt.keys_per_channel:
+        as_bytes(k_cache).view(flat_shape).index_copy_(0, slots, as_bytes(key))
     as_bytes(v_cache).view(flat_shape).index_copy_(0, slots, as_bytes(value))
 
 
@@ -134,7 +144,8 @@ def _unrotated_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         # Batched 4-D inputs: with 3-D ones and enable_gqa, SDPA on CPU takes its unfused
         # math path, 3x slower on a 512-token chunk.
         keys, values = (heads_of_blocks(cache, chunk.ids, chunk.num_keys, chunk.skip,
-                                        query.dtype)[None] for cache in (k_cache, v_cache))
+                                        query.dtype, keys=is_k)[None]
+                        for cache, is_k in ((k_cache, True), (v_cache, False)))
         chunk_query = query[None, chunk.start:chunk.end].transpose(1, 2)  # [1, nq, q_len, hd]
         if softcap is None and sinks is None:
             chunk_out = F.scaled_dot_product_attention(
@@ -158,11 +169,13 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                                     sinks)
     if plan.mask is None:  # one sequence: its exact context or window, [1, nkv, seq_len, hd]
         keys, values = (heads_of_blocks(cache, plan.ids, plan.seq_len, plan.skip,
-                                        query.dtype)[None] for cache in (k_cache, v_cache))
+                                        query.dtype, keys=is_k)[None]
+                        for cache, is_k in ((k_cache, True), (v_cache, False)))
     else:  # [nkv, B * blocks * bs, hd] -> [B, nkv, blocks * bs, hd]
         num_kv_heads = k_cache.shape[2]
-        keys, values = (heads_of_blocks(cache, plan.ids, dtype=query.dtype).view(
-            num_kv_heads, num_seqs, -1, head_size) for cache in (k_cache, v_cache))
+        keys, values = (heads_of_blocks(cache, plan.ids, dtype=query.dtype, keys=is_k).view(
+            num_kv_heads, num_seqs, -1, head_size)
+            for cache, is_k in ((k_cache, True), (v_cache, False)))
         keys, values = keys.transpose(0, 1), values.transpose(0, 1)
     if softcap is None and sinks is None:
         out = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values,
@@ -256,6 +269,8 @@ class TorchBackend:
     head_major_kv = True
 
     def __init__(self) -> None:
+        # The stages of int4 pools, whose keys write_kv hands them (kernels/key_stage.py).
+        self.key_stages = KeyStages()
         # The valid slots of the last slot mappings (one per KV group), holding each
         # mapping so that its id is not reused by a new tensor.
         self._slots: list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor | None]]] = []
@@ -271,6 +286,8 @@ class TorchBackend:
             slots = _valid_slots(slot_mapping, k_cache.device)
             self._slots = [*self._slots[-3:], (slot_mapping, slots)]
         _write_kv(key, value, k_cache, v_cache, slots)
+        if format_of(k_cache).keys_per_channel:
+            self.key_stages.write(key, k_cache, slot_mapping)
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float, sliding_window: int | None = None,

@@ -22,7 +22,7 @@ def block_ids(block_table: torch.Tensor, num_blocks: int,
 
 def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
                     num_tokens: int | None = None, skip: int = 0,
-                    dtype: torch.dtype | None = None) -> torch.Tensor:
+                    dtype: torch.dtype | None = None, keys: bool = False) -> torch.Tensor:
     """`num_tokens` (default: all the rest) tokens of blocks `ids` of a
     [num_blocks, bs, nkv, hd] cache, after the first `skip` of them, per KV head:
     [nkv, num_tokens, hd], in `dtype` where given (a query's, over a pool that stores
@@ -30,7 +30,11 @@ def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
     dtype; for a head-major pool each head's rows are then one contiguous run
     (kernels.interface.allocate_kv_cache). A quantized pool's rows are decoded
     (kernels/kv_format.py; still rotated, for a rotated format) to `dtype`, float32 when
-    None: only the blocks read."""
+    None: only the blocks read. ``keys``: the cache holds keys, which an int4 pool
+    decodes a whole block at a time."""
+    fmt = format_of(cache)
+    if keys and fmt.keys_per_channel:
+        return _decoded_key_blocks(cache, ids, num_tokens, skip, fmt, dtype or torch.float32)
     if isinstance(ids, slice):
         start = ids.start * cache.shape[1] + skip
         stop = ids.stop * cache.shape[1] if num_tokens is None else start + num_tokens
@@ -42,7 +46,6 @@ def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
             rows = rows[:, skip:] if skip else rows
         else:
             rows = rows[:, skip:skip + num_tokens]
-    fmt = format_of(cache)
     if fmt.quantized:
         return _decoded(rows, fmt, dtype or torch.float32)
     return rows if dtype is None else rows.to(dtype)
@@ -58,3 +61,13 @@ def _decoded(rows: torch.Tensor, fmt: KVFormat, dtype: torch.dtype) -> torch.Ten
     hd = rows.shape[-1] - SCALE_BYTES
     scale = rows[..., hd:].contiguous().view(torch.float16).float()  # [..., 1]
     return (rows[..., :hd].float() * scale).to(dtype)
+
+
+def _decoded_key_blocks(cache: torch.Tensor, ids: torch.Tensor | slice, num_tokens: int | None,
+                        skip: int, fmt: KVFormat, dtype: torch.dtype) -> torch.Tensor:
+    """heads_of_blocks of an int4 key cache: the blocks decoded whole, then the tokens
+    taken."""
+    blocks = cache[ids] if isinstance(ids, slice) else cache.index_select(0, ids)
+    keys = fmt.decode_keys(blocks, dtype).flatten(0, 1).permute(1, 0, 2)  # [nkv, n, hd]
+    stop = None if num_tokens is None else skip + num_tokens
+    return keys[:, skip:stop]

@@ -58,15 +58,16 @@ def shared_prefix_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     group = num_q_heads // num_kv_heads
     q = query.float().view(num_seqs, num_kv_heads, group, head_size)
     # The shared keys, per KV head, against every sequence's query heads of that KV head.
-    keys, values = (heads_of_blocks(cache, shared.ids, shared.num_tokens, dtype=query.dtype)
-                    for cache in (k_cache, v_cache))  # [nkv, n, hd]
+    keys, values = (heads_of_blocks(cache, shared.ids, shared.num_tokens, dtype=query.dtype,
+                                    keys=is_k)
+                    for cache, is_k in ((k_cache, True), (v_cache, False)))  # [nkv, n, hd]
     rows = q.transpose(0, 1).reshape(num_kv_heads, num_seqs * group, head_size)
     head_out, head_lse = _attend(rows[None], keys[None], values[None], scale, softcap, None)
     head_out, head_lse = head_out[0], head_lse[0]
     head_out = head_out.view(num_kv_heads, num_seqs, group, head_size).transpose(0, 1)
     head_lse = head_lse.view(num_kv_heads, num_seqs, group).transpose(0, 1)
     # Each sequence's own blocks: [nkv, B * n, hd] -> [B, nkv, n, hd].
-    tail_keys = heads_of_blocks(k_cache, shared.tail_ids, dtype=query.dtype).view(
+    tail_keys = heads_of_blocks(k_cache, shared.tail_ids, dtype=query.dtype, keys=True).view(
         num_kv_heads, num_seqs, -1, head_size).transpose(0, 1)
     tail_values = heads_of_blocks(v_cache, shared.tail_ids, dtype=query.dtype).view(
         num_kv_heads, num_seqs, -1, head_size).transpose(0, 1)

@@ -27,7 +27,7 @@ def starter(kv_cache_dtype: str, **fields) -> LLM:
 def kl_by_dtype():
     logprobs = {}
     for name in ("float16", "int8", "int4"):
-        with starter(name, num_gpu_blocks=TOKENS // BLOCK + 1) as llm:
+        with starter(name, num_gpu_blocks=TOKENS // BLOCK + 1) as llm:  # int4: room to spare
             assert llm.engine.runner.shape.format.name == name
             ids = llm.tokenizer.encode(TEXT)[:TOKENS]
             assert len(ids) == TOKENS
@@ -87,12 +87,14 @@ def test_int8_greedy_replies_after_a_long_context_match_float16(int8_replies_equ
 
 
 @pytest.mark.parametrize("name,per_token", [("float16", 23_040), ("int8", 11_880),
-                                            ("fp8", 11_880), ("int4", 6_120)])
+                                            ("fp8", 11_880), ("int4", 6_300)])
 def test_the_engine_reports_the_pools_format_and_bytes(name, per_token):
     with starter(name, num_gpu_blocks=8) as llm:
         stats = llm.memory_stats()
         assert (stats.kv_dtype, stats.kv_bytes_per_token) == (name, per_token)
-        # The pool holds 9 blocks (with the null one) of the format's rows.
-        assert stats.kv_pool_bytes == 9 * BLOCK * per_token
+        # The pool holds 9 blocks (with the null one) of the format's rows; int4's blocks
+        # hold 32 tokens.
+        block = 32 if name == "int4" else BLOCK
+        assert stats.kv_pool_bytes == 9 * block * per_token
         kv = llm.kv_stats(with_blocks=False)
-        assert kv.bytes_per_block == BLOCK * per_token
+        assert kv.bytes_per_block == block * per_token

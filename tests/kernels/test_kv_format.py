@@ -30,7 +30,10 @@ def test_names_and_tags_round_trip():
 def test_row_lengths(hd):
     assert FLOAT16.row_len(hd) == hd
     assert INT8.row_len(hd) == FP8.row_len(hd) == hd + 2
-    assert INT4.row_len(hd) == hd // 2 + 2 * (hd // int4_group(hd))
+    # int4: the longer of a value row (codes, a scale per group) and a key row (codes and
+    # its share of the block's parameters, kernels/kv_key_channels.py).
+    assert hd // 2 + 2 * (hd // int4_group(hd)) <= INT4.row_len(hd)
+    assert INT4.row_len(hd) == {64: 35, 80: 44, 96: 53, 128: 70, 256: 140}[hd]
     for fmt in (INT8, FP8, INT4):
         assert fmt.head_size(fmt.row_len(hd)) == hd
 
@@ -58,7 +61,8 @@ def test_int4_row_layout_by_hand():
     codes = torch.stack([stored[0, :32] & 15, stored[0, :32] >> 4], -1).reshape(64)
     # q4_0's signed scale: the largest element takes the code -8 (stored 0).
     assert codes[0].item() == 0 and (codes[1:] == 8).all()
-    assert stored[0, 32:].view(torch.float16).item() == -0.875
+    assert stored[0, 32:34].view(torch.float16).item() == -0.875
+    assert stored.shape == (1, 35) and stored[0, 34].item() == 0  # the key rows' length
 
 
 def test_int4_scale_takes_the_largest_magnitude_with_its_sign_the_positive_on_a_tie():
@@ -67,7 +71,7 @@ def test_int4_scale_takes_the_largest_magnitude_with_its_sign_the_positive_on_a_
     rows[1, 5], rows[1, 9] = -4.0, 4.0  # a tie: the positive one
     rows[2, 5], rows[2, 9] = 1.0, -0.5
     stored = INT4.encode(INT4.rotate(rows))
-    assert stored[:, 32:].view(torch.float16).flatten().tolist() == [0.5, -0.5, -0.125]
+    assert stored[:, 32:34].view(torch.float16).flatten().tolist() == [0.5, -0.5, -0.125]
     codes = torch.stack([stored[:, :32] & 15, stored[:, :32] >> 4], -1).reshape(3, 64)
     assert codes[0, 5].item() == 0 and codes[0, 9].item() == 12  # -8 and 4
     assert codes[1, 9].item() == 0 and codes[1, 5].item() == 15  # -8 and +8 clamped to 7

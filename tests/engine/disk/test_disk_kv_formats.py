@@ -55,7 +55,8 @@ def test_a_reopened_chat_is_warm_in_its_own_format_and_cold_in_another(tiny, cac
 
     reopened = new_llm(tiny, kv_dtype)
     out, hits = disk_hits(reopened, messages)
-    full_blocks = (out.metrics.num_prompt_tokens - 1) // 16 * 16
+    bs = reopened.engine.config.block_size  # 16, int4's 32
+    full_blocks = (out.metrics.num_prompt_tokens - 1) // bs * bs
     assert hits == out.metrics.num_cached_tokens == full_blocks > 0
     assert out.outputs[0].token_ids == kept_open.outputs[0].token_ids
     assert reopened.kv_stats(with_blocks=False).disk.skipped_files == 0
@@ -65,13 +66,14 @@ def test_a_reopened_chat_is_warm_in_its_own_format_and_cold_in_another(tiny, cac
 def test_the_fingerprint_names_a_quantized_format_and_keeps_float_pools(tiny, cache,
                                                                        monkeypatch):
     """Float pools keep the fingerprint they had before the formats (their dtype's
-    string), so files a float16 cache wrote stay readable; a quantized one is named."""
+    string), so files a float16 cache wrote stay readable; a quantized one is named, int4
+    with its keys per channel (files of its earlier per-token key rows are never read)."""
     from engine import build
 
     seen = []
     real = build.fingerprint
     monkeypatch.setattr(build, "fingerprint",
                         lambda model, *rest: seen.append(model) or real(model, *rest))
-    for name, tag in [("float16", "torch.float16"), ("int8", "int8"), ("int4", "int4")]:
+    for name, tag in [("float16", "torch.float16"), ("int8", "int8"), ("int4", "int4/keys-per-channel")]:
         new_llm(tiny, name).close()
         assert seen[-1][2] == tag

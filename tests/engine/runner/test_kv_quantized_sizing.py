@@ -22,7 +22,7 @@ def test_bytes_per_token_of_the_starter_shape():
     per_token = {name: shape.bytes_per_token for name, shape in STARTER.items()}
     # float16: 2 x 30 x 3 x 64 x 2; 8-bit: 64 values + a float16 scale per row; int4: 32
     # bytes of nibbles + one float16 scale (a 64-element group).
-    assert per_token == {"float16": 23_040, "int8": 11_880, "fp8": 11_880, "int4": 6_120}
+    assert per_token == {"float16": 23_040, "int8": 11_880, "fp8": 11_880, "int4": 6_300}
     assert per_token["int8"] / per_token["float16"] <= 0.53
     assert per_token["int4"] / per_token["float16"] <= 0.28
     assert STARTER["int8"].bytes_per_block == 16 * 11_880
@@ -36,8 +36,9 @@ def test_per_layer_head_sizes_count_each_layers_rows():
     assert shape.block_bytes([2]) == 16 * 2 * 2 * (512 + 2)
     assert shape.bytes_per_token == 2 * (2 * 8 * 258) + 2 * 2 * 514
     int4 = KVShape(3, 8, 256, 16, torch.uint8, ((8, 256), (8, 256), (2, 512)))
-    # int4: hd / 2 bytes and a float16 scale per 64 elements.
-    assert int4.block_bytes([2]) == 16 * 2 * 2 * (256 + 2 * 8)
+    # int4: hd / 2 bytes of codes, then the longer of a float16 scale per 64 elements (16
+    # bytes) and a key row's share of its block's parameters (23).
+    assert int4.block_bytes([2]) == 16 * 2 * 2 * (256 + 23)
 
 
 def test_a_budget_holds_about_twice_the_blocks_in_int8():
@@ -66,7 +67,7 @@ def test_the_catalog_counts_a_quantized_kv_dtype_by_name():
     from engine.models.spec import kv_bytes_per_token
 
     assert kv_bytes_per_token(30, 3, 64, "int8") == 11_880
-    assert kv_bytes_per_token(30, 3, 64, torch.uint8) == 6_120
+    assert kv_bytes_per_token(30, 3, 64, torch.uint8) == 6_300
     assert kv_bytes_per_token(30, 3, 64, "float32") == 46_080
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         kv_bytes_per_token(30, 3, 64, "q4_0")

@@ -2,8 +2,8 @@
 attention reading a quantized pool equals attention over a float pool holding what the
 quantized one decodes to (unrotated, for int4), in prefill chunks, batched and single
 decode, mixed batches, GQA, sliding windows, soft-caps, sinks and the candidates'
-shared-prefix decode; write_kv stores `encode`'s bytes; copies and swaps move rows as
-they are."""
+shared-prefix decode; write_kv stores `encode`'s bytes (an int4 pool's keys, a block at
+a time through its stage: `encode_keys`'); copies and swaps move rows as they are."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kernels import allocate_kv_cache
+from kernels.key_stage import KeyStage
 from kernels.kv_format import FP8, INT4, INT8, KVFormat
 from kernels.reference.backend import TorchBackend, copy_blocks_ref, swap_blocks_ref
 from tests.kernels.paged_cases import PagedCase, make_case, reference_attention
@@ -43,20 +44,28 @@ def quantized_case(case: PagedCase, fmt: KVFormat, head_major: bool) -> tuple[Pa
     pools = allocate_kv_cache(1, num_blocks, block_size, num_kv_heads, head_size,
                               fmt.storage, "cpu", head_major=head_major)[0]
     k_pool, v_pool = pools[0], pools[1]
-    k_pool.view(torch.uint8).copy_(fmt.encode(case.k_cache).view(torch.uint8))
+    k_pool.view(torch.uint8).copy_(fmt.encode_keys(case.k_cache).view(torch.uint8))
     v_pool.view(torch.uint8).copy_(fmt.encode(case.v_cache).view(torch.uint8))
-    plain = [fmt.rotate(fmt.decode(pool)) for pool in (k_pool, v_pool)]
+    plain = [fmt.rotate(fmt.decode_keys(k_pool)), fmt.rotate(fmt.decode(v_pool))]
     return (dataclasses.replace(case, k_cache=k_pool, v_cache=v_pool),
             dataclasses.replace(case, k_cache=plain[0], v_cache=plain[1]))
 
 
 def _case(batch: str, group: int, head_size: int, layout: str, fmt: KVFormat):
     seq_lens, q_lens, shared = BATCHES[batch]
+    if shared and fmt.keys_per_channel:  # the same 64 tokens in blocks of 32
+        shared = {i: (source, n // 2) for i, (source, n) in shared.items()}
     if shared and layout == "consecutive":
         layout = "head_major"  # shared blocks are not one run per sequence
     case = make_case(seq_lens, q_lens, num_kv_heads=2, group=group, head_size=head_size,
-                     block_size=16, shared=shared, consecutive=layout == "consecutive")
+                     block_size=block_size(fmt), shared=shared,
+                     consecutive=layout == "consecutive")
     return quantized_case(case, fmt, head_major=layout != "shuffled")
+
+
+def block_size(fmt: KVFormat) -> int:
+    """16, as the engine's blocks; int4's keys need blocks of 32."""
+    return 32 if fmt.keys_per_channel else 16
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
@@ -87,13 +96,13 @@ def test_quantized_attention_stays_near_the_float_pool(fmt, tolerance):
     mean error is a few percent of the outputs' mean size (about 0.29) or less; a wrong
     scale, nibble order or a missing rotation back is off by about that whole size."""
     case = make_case([300, 48, 17], [1, 48, 1], num_kv_heads=2, group=2, head_size=128,
-                     block_size=16)
+                     block_size=block_size(fmt))
     quantized, _ = quantized_case(case, fmt, head_major=True)
     error = (reference_attention(quantized) - reference_attention(case)).abs().mean()
     assert error < tolerance
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [INT8, FP8], ids=lambda f: f.name)
 @pytest.mark.parametrize("head_major", [False, True], ids=["blocks", "head_major"])
 def test_write_kv_stores_the_encoded_rows(fmt, head_major):
     gen = torch.Generator().manual_seed(1)
@@ -109,6 +118,35 @@ def test_write_kv_stores_the_encoded_rows(fmt, head_major):
     untouched = torch.ones(6 * 16, dtype=torch.bool)
     untouched[slots[keep]] = False
     assert not flat[0][untouched].any()
+
+
+@pytest.mark.parametrize("head_major", [False, True], ids=["blocks", "head_major"])
+def test_write_kv_encodes_int4_keys_by_block_through_the_stage(head_major):
+    """Two sequences on blocks 3, 1 and 4, 0: a prefill chunk, then a token at a time,
+    then a chunk across a block boundary; the key blocks equal `encode_keys` of all the
+    rows so far, the value rows `encode`'s, every other row untouched."""
+    gen = torch.Generator().manual_seed(1)
+    pool = allocate_kv_cache(1, 6, 32, 2, 64, INT4.storage, "cpu", head_major=head_major)
+    backend = TorchBackend()
+    backend.key_stages.attach(KeyStage(pool, slots=2))
+    key, value = torch.randn(2, 2, 70, 2, 64, generator=gen).unbind(0)
+    tables = [[3, 1, 5], [4, 0, 2]]
+    steps = [(0, 20), *((n, n + 1) for n in range(20, 30)), (30, 70)]
+    for start, end in steps:
+        slots = torch.tensor([tables[s][p // 32] * 32 + p % 32
+                              for s in range(2) for p in range(start, end)])
+        rows = lambda x: torch.cat([x[s, start:end] for s in range(2)])  # noqa: E731
+        backend.write_kv(rows(key), rows(value), pool[0, 0], pool[0, 1], slots)
+    k_pool, v_pool = (pool[0, i].view(torch.uint8) for i in range(2))
+    for s in range(2):
+        blocks = torch.tensor(tables[s])
+        want = torch.zeros(3, 32, 2, 64)
+        want.view(96, 2, 64)[:70] = key[s]
+        expected = INT4.encode_keys(want, torch.tensor([32, 32, 6]))
+        assert torch.equal(k_pool[blocks], expected)
+        values = v_pool[blocks].flatten(0, 1)
+        assert torch.equal(values[:70], INT4.encode(value[s]))
+        assert not values[70:].any()
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)

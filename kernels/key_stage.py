@@ -1,0 +1,240 @@
+"""The exact keys of an int4 pool's open blocks, and the key writes made from them.
+
+An int4 pool quantizes each key channel over its block's tokens (kernels/kv_key_channels.py),
+so a write re-encodes the blocks it touches from all their rows. Re-encoding from the
+pool's decoded rows would compound each write's rounding over a block's 32 writes (on
+the starter a teacher-forced KL of 0.23 nats against 0.017 from exact keys,
+docs/BENCHMARKS.md), so `KeyStage` keeps, per pool, the rotated keys of each open block
+(one written in part) in float16 slots beside the pool: a block's slot holds its rows
+until it fills, and is then free. A slot is only a copy: one evicted (more open blocks
+than slots, the least recently written first) or lost with a move the stage was not told
+of (`forget`) makes the block's next write start again from its decoded rows, which costs
+some accuracy, never correctness, provided the engine tells the stage of every block
+whose rows change outside a write (`copy` for copy-on-write, `move` for swaps, `forget`
+for disk reads).
+
+A step's writes are planned once (`KeyStage.plan`, from the slot mapping every layer
+gets) and then carried out per layer (`write_keys`); each backend's `write_kv` writes the
+value rows and hands the keys to `KeyStages.write`, which finds the stage that owns the
+layer's pool view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import kv_key_channels as channels
+from kernels.kv_format import format_of
+
+__all__ = ["KeyStage", "KeyStages", "StagePlan"]
+
+
+@dataclass(slots=True)
+class StagePlan:
+    """One step's key writes, the same for every layer of a pool. Blocks are the step's
+    written blocks in order; each one's rows before its first written row come from its
+    slot (``from_slot``) or its decoded rows (``from_pool``)."""
+
+    slot_mapping: torch.Tensor  # the step's, kept so that its identity marks the plan
+    tokens: torch.Tensor  # int64 [T'] the tokens that have a slot
+    blocks: torch.Tensor  # int64 [B]
+    filled: torch.Tensor  # int64 [B] rows each block holds after the write
+    dest: torch.Tensor  # int64 [T'] each token's row in the step's [B * bs] rows
+    from_slot: tuple[torch.Tensor, torch.Tensor]  # (block index [n], slot [n])
+    from_pool: torch.Tensor  # block index [n]
+    keep: tuple[torch.Tensor, torch.Tensor]  # blocks left open: (block index, slot)
+
+
+class KeyStage:
+    """Slots of exact keys for one int4 pool [num_layers, 2, num_blocks, bs, nkv, row]."""
+
+    def __init__(self, pool: torch.Tensor, slots: int) -> None:
+        fmt = format_of(pool)
+        if not fmt.keys_per_channel:
+            raise ValueError(f"a {fmt.name} pool keeps its keys as rows: it needs no stage")
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        layers, _, self.num_blocks, self.block_size, nkv, row = pool.shape
+        self.head_size = fmt.head_size(row)
+        self.pool = pool
+        # Never read before written (a slot's rows are written before they are carried),
+        # so empty: on the CPU its pages cost memory only once used.
+        self.exact = torch.empty(layers, slots, self.block_size, nkv, self.head_size,
+                                 dtype=torch.float16, device=pool.device)
+        self._slot: dict[int, int] = {}  # open block -> its slot
+        self._rows: dict[int, int] = {}  # open block -> rows its slot holds; oldest write first
+        self._free = list(range(slots - 1, -1, -1))
+        self._plan: StagePlan | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.exact.numel() * self.exact.element_size()
+
+    def held(self) -> dict[int, tuple[int, int]]:
+        """Open block -> (its slot, rows held), least recently written first."""
+        return {b: (self._slot[b], n) for b, n in self._rows.items()}
+
+    def plan(self, slot_mapping: torch.Tensor) -> StagePlan:
+        """The step's plan: made for the first layer that writes with this slot mapping,
+        its bookkeeping (slots taken, freed, rows held) done then, and reused by the
+        rest."""
+        if self._plan is not None and self._plan.slot_mapping is slot_mapping:
+            return self._plan
+        bs = self.block_size
+        tokens, dest, blocks, first, last = [], [], [], [], []
+        for t, slot in enumerate(slot_mapping.tolist()):
+            if slot < 0:
+                continue
+            block, offset = divmod(slot, bs)
+            if not blocks or blocks[-1] != block or last[-1] != offset - 1:
+                if block in blocks:
+                    raise ValueError(f"slot_mapping writes block {block} in two runs; a "
+                                     f"step writes each block's rows in one run, in order")
+                blocks.append(block)
+                first.append(offset)
+                last.append(offset)
+            last[-1] = offset
+            tokens.append(t)
+            dest.append((len(blocks) - 1) * bs + offset)
+        from_slot, from_pool, keep = ([], []), [], ([], [])
+        touched = set(blocks)
+        for i, (block, start, end) in enumerate(zip(blocks, first, last, strict=True)):
+            if start > 0:
+                # The slot's first rows are this block's while it holds at least those: a
+                # rewound sequence (rejected drafts) or a partial block copied for a
+                # prompt sharing only its first tokens writes again from inside them.
+                if self._rows.get(block, 0) >= start:
+                    from_slot[0].append(i)
+                    from_slot[1].append(self._slot[block])
+                else:
+                    from_pool.append(i)
+            if end + 1 < bs:
+                keep[0].append(i)
+                keep[1].append(self._take(block, touched))
+                self._rows.pop(block, None)
+                self._rows[block] = end + 1
+            else:
+                self._release(block)
+        device = self.pool.device
+
+        def ids(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        self._plan = StagePlan(slot_mapping, ids(tokens), ids(blocks),
+                               ids([e + 1 for e in last]), ids(dest),
+                               (ids(from_slot[0]), ids(from_slot[1])), ids(from_pool),
+                               (ids(keep[0]), ids(keep[1])))
+        return self._plan
+
+    def write_keys(self, layer: int, key: torch.Tensor, k_cache: torch.Tensor,
+                   plan: StagePlan) -> None:
+        """key [T, nkv, hd] (as the model computed it; rotated here) into layer ``layer``'s
+        key rows ``k_cache`` [num_blocks, bs, nkv, row]: each written block encoded again
+        from its exact rows, the open ones' rows kept in their slots."""
+        if plan.blocks.numel() == 0:
+            return
+        fmt = format_of(k_cache)
+        bs, hd = self.block_size, self.head_size
+        exact = self.exact[layer]
+        rows = torch.empty(plan.blocks.shape[0], bs, key.shape[1], hd,
+                           dtype=torch.float32, device=k_cache.device)
+        index, slots = plan.from_slot
+        if index.numel():
+            rows[index] = exact[slots].float()
+        if plan.from_pool.numel():
+            blocks = plan.blocks[plan.from_pool]
+            rows[plan.from_pool] = fmt.decode_keys(k_cache.index_select(0, blocks))
+        # float16 as the slots keep them, so that a block encodes to the same bytes
+        # whether its rows came in one write or over many.
+        new = fmt.rotate(key.index_select(0, plan.tokens).float()).half().float()
+        rows.view(-1, *rows.shape[2:])[plan.dest] = new
+        encoded = channels.encode_key_block(rows, plan.filled, k_cache.shape[-1])
+        k_cache.view(torch.uint8).index_copy_(0, plan.blocks, encoded)
+        index, slots = plan.keep
+        if index.numel():
+            exact[slots] = rows[index].half()
+
+    def copy(self, src: list[int], dst: list[int]) -> None:
+        """Blocks ``dst`` now hold copies of blocks ``src`` (copy-on-write)."""
+        for s, d in zip(src, dst, strict=True):
+            if s in self._rows:
+                slot = self._take(d, {s})
+                self.exact[:, slot] = self.exact[:, self._slot[s]]
+                self._rows.pop(d, None)
+                self._rows[d] = self._rows[s]
+            else:
+                self._release(d)
+        self._plan = None
+
+    def move(self, src: list[int], dst: list[int], to_host: bool) -> None:
+        """Blocks ``src`` moved to ``dst`` by a swap: to the host pool (``to_host``) or back
+        from it. An open block's slot follows it, so that a sequence swapped out and in
+        again writes the bytes it would have written unpreempted."""
+        renamed = [(s, _host(d)) if to_host else (_host(s), d) for s, d in zip(src, dst,
+                                                                              strict=True)]
+        for old, new in renamed:
+            self._release(new)
+            if old in self._rows:
+                self._slot[new] = self._slot.pop(old)
+                self._rows[new] = self._rows.pop(old)
+        self._plan = None
+
+    def forget(self, blocks: list[int]) -> None:
+        """Blocks whose rows changed outside a write (swapped in, read from disk)."""
+        for block in blocks:
+            self._release(block)
+        self._plan = None
+
+    def _take(self, block: int, keep: set[int]) -> int:
+        """Block's slot: its own, a free one, or the least recently written block's
+        outside ``keep``."""
+        slot = self._slot.get(block)
+        if slot is not None:
+            return slot
+        if not self._free:
+            victim = next((b for b in self._rows if b not in keep), None)
+            if victim is None:
+                raise RuntimeError(f"{len(self._slot)} key stage slots cannot hold a step "
+                                   f"that leaves more blocks open")
+            self._release(victim)
+        slot = self._slot[block] = self._free.pop()
+        return slot
+
+    def _release(self, block: int) -> None:
+        slot = self._slot.pop(block, None)
+        self._rows.pop(block, None)
+        if slot is not None:
+            self._free.append(slot)
+
+
+def _host(block: int) -> int:
+    """A host pool block's key among the device blocks' (which are >= 0)."""
+    return -1 - block
+
+
+class KeyStages:
+    """A backend's stages by the key views of their pools' layers: what `write_kv`
+    hands an int4 pool's keys to."""
+
+    def __init__(self) -> None:
+        self._by_view: dict[int, tuple[KeyStage, int]] = {}
+
+    def attach(self, stage: KeyStage) -> None:
+        for layer in range(stage.pool.shape[0]):
+            self._by_view[stage.pool[layer, 0].data_ptr()] = (stage, layer)
+
+    def detach(self, stage: KeyStage) -> None:
+        self._by_view = {p: entry for p, entry in self._by_view.items() if entry[0] is not stage}
+
+    def write(self, key: torch.Tensor, k_cache: torch.Tensor,
+              slot_mapping: torch.Tensor) -> None:
+        """An int4 pool's keys, through the stage of its pool."""
+        entry = self._by_view.get(k_cache.data_ptr())
+        if entry is None:
+            raise ValueError("an int4 pool's keys are written through the KeyStage of its "
+                             "pool (kernels/key_stage.py): attach one to the backend's "
+                             "key_stages")
+        stage, layer = entry
+        stage.write_keys(layer, key, k_cache, stage.plan(slot_mapping))
