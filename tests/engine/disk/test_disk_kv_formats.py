@@ -74,6 +74,7 @@ def test_the_fingerprint_names_a_quantized_format_and_keeps_float_pools(tiny, ca
     real = build.fingerprint
     monkeypatch.setattr(build, "fingerprint",
                         lambda model, *rest: seen.append(model) or real(model, *rest))
-    for name, tag in [("float16", "torch.float16"), ("int8", "int8"), ("int4", "int4/keys-per-channel")]:
+    for name, tag in [("float16", "torch.float16"), ("int8", "int8"),
+                      ("int4", "int4/keys-per-channel")]:
         new_llm(tiny, name).close()
         assert seen[-1][2] == tag

@@ -135,8 +135,8 @@ def test_write_kv_encodes_int4_keys_by_block_through_the_stage(head_major):
     for start, end in steps:
         slots = torch.tensor([tables[s][p // 32] * 32 + p % 32
                               for s in range(2) for p in range(start, end)])
-        rows = lambda x: torch.cat([x[s, start:end] for s in range(2)])  # noqa: E731
-        backend.write_kv(rows(key), rows(value), pool[0, 0], pool[0, 1], slots)
+        keys, values = (torch.cat([x[s, start:end] for s in range(2)]) for x in (key, value))
+        backend.write_kv(keys, values, pool[0, 0], pool[0, 1], slots)
     k_pool, v_pool = (pool[0, i].view(torch.uint8) for i in range(2))
     for s in range(2):
         blocks = torch.tensor(tables[s])
