@@ -114,7 +114,10 @@ class ModelRunner:
         # whose hidden states are wanted is never replayed from a CUDA graph.
         self.hidden_sink: Callable[[SchedulerOutput, torch.Tensor], None] | None = None
         self.graphs: CudaGraphRunner | None = None
-        if cuda_graphs and max_model_len and backend_is_capturable(backend, device):
+        # An int4 pool's key writes are planned on the host from each step's slots
+        # (kernels/key_stage.py), which a replayed graph would skip: int4 runs eagerly.
+        if (cuda_graphs and max_model_len and backend_is_capturable(backend, device)
+                and not shape.format.keys_per_channel):
             self.graphs = CudaGraphRunner(self._decode_logits, device, shape.block_size,
                                           -(-max_model_len // shape.block_size))
 
