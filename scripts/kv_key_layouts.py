@@ -38,7 +38,7 @@ from engine.bench.kv_text import QUESTIONS, TEXT, leading_paragraphs  # noqa: E4
 from engine.bench.setup import folio_config  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from kernels.kv_format import format_named  # noqa: E402
+from kernels.kv_format import format_named, int4_group  # noqa: E402
 from kernels.reference.backend import TorchBackend  # noqa: E402
 
 INT4, INT8 = format_named("int4"), format_named("int8")
@@ -106,7 +106,13 @@ class Layout:
         return key_row + self.value_row(hd)
 
 
-_ROWS = {4: lambda hd, block: block * (INT4.row_bytes(hd) - hd // 2),
+def _int4_row(hd: int) -> int:
+    """A per-token int4 row alone: codes and a float16 scale per group (the pool's rows
+    are longer by what the per-channel keys' parameters take, kv_key_channels.py)."""
+    return hd // 2 + 2 * (hd // int4_group(hd))
+
+
+_ROWS = {4: lambda hd, block: block * (_int4_row(hd) - hd // 2),
          8: lambda hd, block: block * (INT8.row_bytes(hd) - hd)}
 _FP16_PARAMS = lambda hd, block: 4 * hd  # noqa: E731 (minimum and step per channel)
 
@@ -117,16 +123,16 @@ def _coded_params(bits: int) -> Callable[[int, int], int]:
 
 
 LAYOUTS = {
-    "int4-rows": Layout(format_rows(INT4), format_rows(INT4), 4, INT4.row_bytes, _ROWS[4]),
-    "int4-channels": Layout(channels(15), format_rows(INT4), 4, INT4.row_bytes, _FP16_PARAMS),
+    "int4-rows": Layout(format_rows(INT4), format_rows(INT4), 4, _int4_row, _ROWS[4]),
+    "int4-channels": Layout(channels(15), format_rows(INT4), 4, _int4_row, _FP16_PARAMS),
     "int4-channels8": Layout(coded_channels(15, 8, 8, 16), format_rows(INT4), 4,
-                             INT4.row_bytes, _coded_params(16)),
+                             _int4_row, _coded_params(16)),
     "int4-channels11": Layout(coded_channels(15, 6, 5, 8), format_rows(INT4), 4,
-                              INT4.row_bytes, _coded_params(11)),
+                              _int4_row, _coded_params(11)),
     # Byte-aligned codes (an int8 midpoint, a 4-bit half-width at 4 steps an octave).
     "int4-channels12": Layout(coded_channels(15, 8, 4, 4), format_rows(INT4), 4,
-                              INT4.row_bytes, _coded_params(12)),
-    "int4-midpoints": Layout(midpoints_away, format_rows(INT4), 4, INT4.row_bytes,
+                              _int4_row, _coded_params(12)),
+    "int4-midpoints": Layout(midpoints_away, format_rows(INT4), 4, _int4_row,
                              lambda hd, block: _ROWS[4](hd, block) + 2 * hd),
     "int8-rows": Layout(format_rows(INT8), format_rows(INT8), 8, INT8.row_bytes, _ROWS[8]),
     "int8-channels8": Layout(coded_channels(255, 8, 8, 16), format_rows(INT8), 8,
