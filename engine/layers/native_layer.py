@@ -12,8 +12,9 @@ the modules' bit for bit, and a step makes one call per layer.
 Only pre-norm layers of these parts take it: RMSNorms (the q/k norms too, as Qwen3's),
 attention with a rotate-half rotary (its q/k/v and o biases, sliding window, soft-cap and
 sinks as the module has them), a SiLU-gated MLP without biases, and all four products on
-the native library's quantized storage (a GGUF file's blocks). Any other layer, and any
-step that is not float32 on the CPU backend, runs its modules.
+the native library's quantized storage (a GGUF file's blocks). Any other layer, any
+step that is not float32 on the CPU backend, and any step over an int4 pool runs its
+modules.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from engine.layers.native import fused_cpu, native_pool
 from engine.layers.norm import RMSNorm
 from engine.layers.weights import NativeQuantized
 from kernels.cpu.attention import CpuBackend, kernel_sinks
+from kernels.kv_format import format_of
 
 
 def native_decoder_layer(input_norm: RMSNorm, attn: PagedSelfAttention, post_norm: RMSNorm,
@@ -100,7 +102,10 @@ class NativeLayers:
         layer has a native step, another backend, or tensors the ops do not take)."""
         if (not isinstance(backend, CpuBackend) or not any(self.steps)
                 or not fused_cpu(hidden, cos, sin) or not native_pool(kv_caches[0][0])
-                or kv_caches[0][2].key_ends is not None):  # the fused op is causal only
+                or kv_caches[0][2].key_ends is not None  # the fused op is causal only
+                # An int4 pool's keys are written through its stage (kernels/key_stage.py),
+                # between the layer's KV write and its attention.
+                or format_of(kv_caches[0][0]).keys_per_channel):
             return None
         for layer, step, (k_cache, v_cache, meta) in zip(self.layers, self.steps, kv_caches,
                                                          strict=True):
