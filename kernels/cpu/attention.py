@@ -13,8 +13,11 @@ through its keys transposed: faster than the reference's SDPA at 512 x 512 causa
 float16 pool, the engine's default on this backend (engine/runner/device.py), halves what a
 decode step reads, each block converted to float32 as it is read; an int8 pool halves it
 again, its rows dequantized inside the block loop, and an int4 pool (rotated rows) has the
-op rotate the query before and the output after. The KV write quantizes float32 rows into
-a quantized pool in the same op. Any other dtype runs the PyTorch reference; copy_blocks /
+op rotate the query before and the output after (its keys decoded per channel from each
+block's parameters, kernels/kv_key_channels.py). The KV write quantizes float32 rows into
+a quantized pool in the same op; an int4 pool's values only, since its key rows hold a
+block's channels and are written a block at a time from the exact keys
+(kernels/key_stage.py). Any other dtype runs the PyTorch reference; copy_blocks /
 swap_blocks (whole-block moves, not per step) move rows as bytes.
 
 `rotary_write_kv` is an extra the attention layer uses when the backend offers it: the
@@ -73,8 +76,9 @@ class CpuBackend:
                         v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Rotate query [T, nq, hd] and key [T, nkv, hd] in place (rotate-half over the
         first cos.shape[-1] dims, cos/sin as RotaryEmbedding.lookup gives them), then
-        write key and value to their slots (quantized into a quantized pool). Float32
-        rows on the CPU, into a POOL_DTYPES pool."""
+        write key and value to their slots (quantized into a quantized pool; an int4
+        pool's value only, as write_kv). Float32 rows on the CPU, into a POOL_DTYPES
+        pool."""
         ops().rotary_write_kv(query, key, value, cos, sin, k_cache, v_cache,
                               _int64(slot_mapping))
 

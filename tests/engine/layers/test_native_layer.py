@@ -17,6 +17,8 @@ from engine.models import build_model
 from engine.models.base import pool_layers
 from kernels import allocate_kv_cache
 from kernels.cpu.attention import CpuBackend
+from kernels.kv_format import format_stored_as
+from kernels.kv_key_channels import MIN_BLOCK_SIZE
 from kernels.quant.formats import QuantizedTensor
 from kernels.reference.backend import TorchBackend
 from tests.kernels.quant_cases import random_quantized
@@ -55,18 +57,21 @@ def run_steps(model, build_attention_metadata, native: bool,
               pool_dtype=torch.float16) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Two sequences: a prefill of both (40 and 33 tokens), then a mixed step (the first
     decodes one token, the second prefills 9 more), then a decode of both. Returns each
-    step's hidden states and the KV pool."""
+    step's hidden states and the KV pool (an int4 pool in blocks of MIN_BLOCK_SIZE, the
+    least its key blocks take)."""
     spec = model.spec
-    cache = allocate_kv_cache(spec.num_layers, 8, BLOCK, spec.num_kv_heads, spec.head_dim,
-                              pool_dtype, "cpu", head_major=True)
-    tables = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    block = MIN_BLOCK_SIZE if format_stored_as(pool_dtype).keys_per_channel else BLOCK
+    per_seq = 64 // block  # slots for each sequence's 43 tokens
+    cache = allocate_kv_cache(spec.num_layers, 2 * per_seq, block, spec.num_kv_heads,
+                              spec.head_dim, pool_dtype, "cpu", head_major=True)
+    tables = [list(range(per_seq)), list(range(per_seq, 2 * per_seq))]
     model.native_layers = None if native else NativeLayers([])
     backend = CpuBackend()
     gen = torch.Generator().manual_seed(1)
     outs = []
     with torch.inference_mode():
         for cached, new in (((0, 0), (40, 33)), ((40, 33), (1, 9)), ((41, 42), (1, 1))):
-            meta = build_attention_metadata(tables, list(cached), list(new), BLOCK)
+            meta = build_attention_metadata(tables, list(cached), list(new), block)
             positions = torch.cat([torch.arange(c, c + n)
                                    for c, n in zip(cached, new, strict=True)])
             ids = torch.randint(0, spec.vocab_size, (sum(new),), generator=gen)
@@ -121,7 +126,9 @@ def test_a_soft_cap_and_sinks_reach_the_native_step(build_attention_metadata):
 def test_float32_and_quantized_pools_take_the_native_layers_too(build_attention_metadata,
                                                                 pool_dtype):
     """float32, int8 and int4 (uint8) pools: K/V quantized by the fused write, read in
-    place by the attention, the same in the native step as in the modules."""
+    place by the attention, the same in the native step as in the modules. (An int4 pool's
+    key rows are not the write's: a block's channels, written a block at a time by the
+    key stage, kernels/kv_key_channels.py.)"""
     model = quantized_model(LlamaConfig(**SHAPE))
     modules, modules_cache = run_steps(model, build_attention_metadata, False, pool_dtype)
     native, native_cache = run_steps(model, build_attention_metadata, True, pool_dtype)

@@ -1,8 +1,11 @@
 """The C++ paged attention and KV write over quantized pools (int8, fp8, int4:
 kernels/kv_format.py) against the PyTorch reference run over the same pools decoded to
-float32 (int4: the query rotated before and the output rotated back after, as the op does
+float32 (the query rotated before and the output rotated back after, as the op does
 inside): GQA ratios, head sizes, block-boundary lengths, windows, soft-caps, sinks, shared
-prefixes, mixed prefill and decode, on every ISA path; the write against `encode`."""
+prefixes, mixed prefill and decode, on every ISA path; the write against `encode`. An
+int4 pool's keys are a block's channels (kernels/kv_key_channels.py): its pools are
+encoded a block at a time (`encode_keys`), in blocks of 32 slots or more, and the write
+leaves its key rows alone."""
 
 from __future__ import annotations
 
@@ -11,10 +14,12 @@ import dataclasses
 import pytest
 import torch
 
+import kernels.cpu
 from engine.layers.native import native_pool
 from kernels import allocate_kv_cache
 from kernels.cpu.attention import CpuBackend
-from kernels.kv_format import FP8, INT4, INT8, rotate
+from kernels.kv_format import FP8, INT4, INT8, int4_group, rotate
+from kernels.kv_key_channels import HALF_SCALES, MIN_BLOCK_SIZE
 from kernels.reference.backend import TorchBackend
 from tests.kernels.paged_cases import make_case
 from tests.kernels.reference.test_reference_sinks import sinks_for
@@ -32,18 +37,24 @@ def fmt(request):
     return FORMATS[request.param]
 
 
+def block_sizes(fmt) -> tuple[int, ...]:
+    """The block sizes a format's cases run at: the engine's default 16, and an int4 pool's
+    smallest (its key blocks' parameters need MIN_BLOCK_SIZE rows) and one twice that."""
+    return (MIN_BLOCK_SIZE, 2 * MIN_BLOCK_SIZE) if fmt.keys_per_channel else (16,)
+
+
 def quantized(case, fmt):
     """The case with its pools encoded into fmt's storage, in the same memory order (a
     head-major case stays head-major), and the case over those pools decoded (the
-    reference's input)."""
+    reference's input): keys a whole block at a time (int4's per channel)."""
     num_blocks, block_size, nkv, hd = case.k_cache.shape
     head_major = case.k_cache.stride(2) > case.k_cache.stride(0)
     pools = allocate_kv_cache(1, num_blocks, block_size, nkv, hd, fmt.storage, "cpu",
                               head_major)[0]
-    pools[0].copy_(fmt.encode(case.k_cache))
+    pools[0].copy_(fmt.encode_keys(case.k_cache))
     pools[1].copy_(fmt.encode(case.v_cache))
     stored = dataclasses.replace(case, k_cache=pools[0], v_cache=pools[1])
-    decoded = dataclasses.replace(case, k_cache=fmt.decode(pools[0]),
+    decoded = dataclasses.replace(case, k_cache=fmt.decode_keys(pools[0]),
                                   v_cache=fmt.decode(pools[1]))
     return stored, decoded
 
@@ -65,32 +76,44 @@ def check(case, fmt, window=None, softcap=None, sinks=None):
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 @pytest.mark.parametrize("group", [1, 4, 8])
 def test_mixed_prefill_and_decode_at_block_boundaries(isa_path, fmt, head_size, group):
-    case = make_case([15, 16, 17, 33, 70], [1, 16, 5, 1, 40], num_kv_heads=2, group=group,
-                     head_size=head_size, block_size=16, seed=group, head_major=group != 4)
-    check(case, fmt)
+    for bs in block_sizes(fmt):
+        case = make_case([bs - 1, bs, bs + 1, 2 * bs + 1, 4 * bs + 6], [1, 16, 5, 1, 40],
+                         num_kv_heads=2, group=group, head_size=head_size, block_size=bs,
+                         seed=group, head_major=group != 4)
+        check(case, fmt)
 
 
-@pytest.mark.parametrize("lengths", [[15], [16], [17], [33], [15, 16, 17, 32, 33, 300]])
+# Lengths as (blocks, slots past them): a block's last slot, a full block, the next
+# block's first slot, two blocks' worth around, and a long mix.
+BOUNDARIES = [[(1, -1)], [(1, 0)], [(1, 1)], [(2, 1)], [(2, -1), (2, 0), (2, 1)],
+              [(1, -1), (1, 0), (1, 1), (2, 0), (2, 1), (18, 12)]]
+
+
+@pytest.mark.parametrize("lengths", BOUNDARIES)
 def test_decode_at_block_boundaries(isa_path, fmt, lengths):
-    case = make_case(lengths, [1] * len(lengths), num_kv_heads=2, group=4, head_size=64,
-                     block_size=16, head_major=True)
-    check(case, fmt)
+    for bs in block_sizes(fmt):
+        seq_lens = [blocks * bs + past for blocks, past in lengths]
+        case = make_case(seq_lens, [1] * len(seq_lens), num_kv_heads=2, group=4,
+                         head_size=64, block_size=bs, head_major=True)
+        check(case, fmt)
 
 
 @pytest.mark.parametrize("head_size", [80, 96])
 def test_other_head_sizes(isa_path, fmt, head_size):
     """A head size that is no multiple of 64: int4 keeps one scale for the whole head and
     rotates blocks of 16 (80) or 32 (96) elements."""
-    case = make_case([40, 57, 20], [1, 23, 1], num_kv_heads=2, group=4, head_size=head_size,
-                     block_size=16, seed=head_size)
+    bs = block_sizes(fmt)[0]
+    case = make_case([40, 57, 20, 2 * bs + 1], [1, 23, 1, bs + 3], num_kv_heads=2, group=4,
+                     head_size=head_size, block_size=bs, seed=head_size)
     check(case, fmt)
 
 
 @pytest.mark.parametrize("window", [1, 17, 40])
 @pytest.mark.parametrize("softcap", [None, 5.0])
 def test_sliding_window_softcap_and_sinks(isa_path, fmt, window, softcap):
+    bs = block_sizes(fmt)[0]
     case = make_case([33, 100, 17, 64], [1, 30, 17, 1], num_kv_heads=2, group=4, head_size=64,
-                     block_size=16, seed=window, head_major=True)
+                     block_size=bs, seed=window, head_major=True)
     check(case, fmt, window, softcap)
     check(case, fmt, window, softcap, sinks=sinks_for(8))
 
@@ -102,12 +125,14 @@ def test_shared_prefixes_and_split_keys(isa_path, fmt, threads):
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        lengths = [512 + 16 * (i % 3) + i for i in range(4)]
+        bs = block_sizes(fmt)[0]
+        lengths = [512 + bs * (i % 3) + i for i in range(4)]
         shared = make_case(lengths, [1] * 4, num_kv_heads=2, group=8, head_size=64,
-                           block_size=16, shared={i: (0, 32) for i in range(1, 4)}, seed=3)
+                           block_size=bs, shared={i: (0, 512 // bs) for i in range(1, 4)},
+                           seed=3)
         check(shared, fmt)
         check(shared, fmt, softcap=4.0, sinks=sinks_for(16))
-        long = make_case([1500], [1], num_kv_heads=2, group=4, head_size=128, block_size=16,
+        long = make_case([1500], [1], num_kv_heads=2, group=4, head_size=128, block_size=bs,
                          head_major=True)
         check(long, fmt)
         check(long, fmt, window=700)
@@ -115,51 +140,79 @@ def test_shared_prefixes_and_split_keys(isa_path, fmt, threads):
         torch.set_num_threads(previous)
 
 
-def codes_and_scales(stored: torch.Tensor, fmt, hd: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes as int or e4m3 steps, scales as float) of rows [..., row_len]."""
+def codes_and_scales(stored: torch.Tensor, fmt, hd: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes as int or e4m3 steps, scales as float, the bytes after the scales) of rows
+    [..., row_len]."""
     raw = stored.contiguous().view(torch.uint8)
     if fmt is INT4:
         packed = raw[..., : hd // 2]
         codes = torch.stack([packed & 15, packed >> 4], -1).flatten(-2).int()
-        return codes, raw[..., hd // 2:].contiguous().view(torch.float16).float()
+        end = hd // 2 + 2 * (hd // int4_group(hd))
+        scales = raw[..., hd // 2: end].contiguous().view(torch.float16).float()
+        return codes, scales, raw[..., end:]
     if fmt is FP8:
         # e4m3 codes of one sign are ordered as their magnitudes: a step is 1 apart.
         bits = raw[..., :hd].int()
         codes = torch.where(bits >= 128, -(bits - 128), bits)
     else:
         codes = raw[..., :hd].view(torch.int8).int()
-    return codes, raw[..., hd:].contiguous().view(torch.float16).float()
+    return codes, raw[..., hd:].contiguous().view(torch.float16).float(), raw[..., hd + 2:]
 
 
 def assert_encoded(got: torch.Tensor, rows: torch.Tensor, fmt) -> None:
     """got [..., row_len] as fmt.encode(rows) writes it, but for rare codes a step apart
-    (rounding ties after another summation order) and scales a float16 step apart."""
+    (rounding ties after another summation order) and scales a float16 step apart; an int4
+    row's padding after its scales zero, as encode's."""
     hd = rows.shape[-1]
-    got_codes, got_scales = codes_and_scales(got, fmt, hd)
-    want_codes, want_scales = codes_and_scales(fmt.encode(rows), fmt, hd)
+    got_codes, got_scales, got_pad = codes_and_scales(got, fmt, hd)
+    want_codes, want_scales, want_pad = codes_and_scales(fmt.encode(rows), fmt, hd)
     diff = (got_codes - want_codes).abs()
     assert diff.max().item() <= 1
     assert diff.count_nonzero().item() <= max(2, diff.numel() // 1000)
     torch.testing.assert_close(got_scales, want_scales, rtol=2**-10, atol=0)
+    assert torch.equal(got_pad, want_pad)
+
+
+def random_bytes(pool: torch.Tensor, seed: int) -> None:
+    """pool's bytes random (an int4 key pool as the key stage left it: the write must not
+    touch it)."""
+    gen = torch.Generator().manual_seed(seed)
+    pool.view(torch.uint8).copy_(torch.randint(0, 256, pool.shape, generator=gen,
+                                               dtype=torch.uint8))
 
 
 @pytest.mark.parametrize("head_size", [64, 128, 256, 80])
 @pytest.mark.parametrize("head_major", [False, True])
 def test_write_kv_quantizes_as_encode(isa_path, fmt, head_size, head_major):
+    """Each token's rows quantized as encode does them; an int4 pool's values only, its key
+    rows (a block's channels, written a block at a time) left byte for byte."""
     gen = torch.Generator().manual_seed(head_size)
-    pools = allocate_kv_cache(1, 24, 16, 2, head_size, fmt.storage, "cpu", head_major)[0]
+    bs = block_sizes(fmt)[0]
+    blocks = 24 * 16 // bs
+    pools = allocate_kv_cache(1, blocks, bs, 2, head_size, fmt.storage, "cpu", head_major)[0]
+    if fmt.keys_per_channel:
+        random_bytes(pools[0], head_size)
+    keys_before = pools[0].clone()
     key, value = torch.randn(2, 300, 2, head_size, generator=gen) * 3
     key[0, 0] = 0.0  # a zero row: scale 0, codes 0
     value[1, 1, :3] = torch.tensor([1e4, -2e4, 1e-6])  # outliers
-    slots = torch.randperm(24 * 16, generator=gen)[:300]
+    value[2, 0] = 0.0
+    slots = torch.randperm(blocks * bs, generator=gen)[:300]
     slots[5] = -1
     keep = slots >= 0
     CpuBackend().write_kv(key, value, pools[0], pools[1], slots)
-    for rows, pool in ((key, pools[0]), (value, pools[1])):
+    written = ((value, pools[1]),) if fmt.keys_per_channel else ((key, pools[0]),
+                                                                  (value, pools[1]))
+    for rows, pool in written:
         assert_encoded(pool.flatten(0, 1)[slots[keep]], rows[keep], fmt)
-    untouched = torch.ones(24 * 16, dtype=torch.bool)
+    untouched = torch.ones(blocks * bs, dtype=torch.bool)
     untouched[slots[keep]] = False
-    assert (pools.flatten(1, 2)[:, untouched].view(torch.uint8) == 0).all()
+    if fmt.keys_per_channel:
+        assert torch.equal(pools[0].view(torch.uint8), keys_before.view(torch.uint8))
+        assert (pools[1].flatten(0, 1)[untouched].view(torch.uint8) == 0).all()
+    else:
+        assert (pools.flatten(1, 2)[:, untouched].view(torch.uint8) == 0).all()
 
 
 def test_rotary_write_kv_rotates_then_quantizes(isa_path, fmt):
@@ -171,29 +224,60 @@ def test_rotary_write_kv_rotates_then_quantizes(isa_path, fmt):
     sin = torch.cat((-angles.sin(), angles.sin()), -1)[:, None]
     qkv = torch.randn(4, 4 + 2, 64, generator=gen)
     want_q, want_k = apply_rotary(qkv[:, :4], cos, sin), apply_rotary(qkv[:, 4:5], cos, sin)
-    pools = allocate_kv_cache(1, 2, 16, 1, 64, fmt.storage, "cpu", True)[0]
-    slots = torch.tensor([0, 5, -1, 31])
+    bs = block_sizes(fmt)[0]
+    pools = allocate_kv_cache(1, 2, bs, 1, 64, fmt.storage, "cpu", True)[0]
+    if fmt.keys_per_channel:
+        random_bytes(pools[0], 7)
+    keys_before = pools[0].clone()
+    slots = torch.tensor([0, 5, -1, bs + 1])
     CpuBackend().rotary_write_kv(qkv[:, :4], qkv[:, 4:5], qkv[:, 5:], cos, sin, pools[0],
                                  pools[1], slots)
     torch.testing.assert_close(qkv[:, :4], want_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(qkv[:, 4:5], want_k, rtol=1e-5, atol=1e-5)
-    assert_encoded(pools[0].flatten(0, 1)[[0, 5, 31]], qkv[[0, 1, 3], 4:5], fmt)
-    assert_encoded(pools[1].flatten(0, 1)[[0, 5, 31]], qkv[[0, 1, 3], 5:], fmt)
+    written = [0, 5, bs + 1]
+    if fmt.keys_per_channel:  # q and k rotated all the same; the key rows left alone
+        assert torch.equal(pools[0].view(torch.uint8), keys_before.view(torch.uint8))
+    else:
+        assert_encoded(pools[0].flatten(0, 1)[written], qkv[[0, 1, 3], 4:5], fmt)
+    assert_encoded(pools[1].flatten(0, 1)[written], qkv[[0, 1, 3], 5:], fmt)
+
+
+@pytest.mark.parametrize("kind", ["write", "attention"])
+def test_int4_pools_need_blocks_of_32_slots(kind):
+    """An int4 key block keeps its parameters in its first rows' spare bytes: a pool of
+    smaller blocks has no room for them, and the ops say so rather than read past a
+    block."""
+    pools = allocate_kv_cache(1, 4, 16, 2, 64, INT4.storage, "cpu", True)[0]
+    with pytest.raises(RuntimeError, match="at least 32 slots"):
+        if kind == "write":
+            CpuBackend().write_kv(torch.zeros(1, 2, 64), torch.zeros(1, 2, 64), pools[0],
+                                  pools[1], torch.tensor([3]))
+        else:
+            case = make_case([20], [1], num_kv_heads=2, group=2, head_size=64, block_size=16)
+            CpuBackend().attention(case.query, pools[0], pools[1], case.meta, 1.0)
+
+
+def test_the_int4_key_half_scales_are_the_codecs():
+    """The half-width scales the kernels decode int4 keys with are
+    kv_key_channels.HALF_SCALES bit for bit (so are their keys: the attention tests)."""
+    table = kernels.cpu.ops().int4_key_half_scales()
+    assert torch.equal(table, torch.tensor(HALF_SCALES, dtype=torch.float32))
 
 
 @pytest.mark.parametrize("head_size", [64, 96, 128, 256])
 def test_the_rotation_is_its_own_inverse(head_size):
     """kv_format's rotation (which the op's rotation is checked against through every int4
     attention test above) is orthogonal and symmetric: twice is the identity, and an int4
-    row written by the kernel decodes, rotated back, to within its quantization step."""
+    value row written by the kernel decodes, rotated back, to within its quantization
+    step."""
     gen = torch.Generator().manual_seed(head_size)
     x = torch.randn(50, head_size, generator=gen)
     torch.testing.assert_close(rotate(rotate(x)), x, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close((rotate(x) * rotate(x)).sum(-1), (x * x).sum(-1))
-    pools = allocate_kv_cache(1, 4, 16, 1, head_size, torch.uint8, "cpu", True)[0]
+    pools = allocate_kv_cache(1, 2, MIN_BLOCK_SIZE, 1, head_size, torch.uint8, "cpu", True)[0]
     CpuBackend().write_kv(x[:, None], x[:, None], pools[0], pools[1], torch.arange(50))
-    back = rotate(INT4.decode(pools[0].flatten(0, 1)[:50, 0]))
-    step = INT4.decode(pools[0].flatten(0, 1)[:50, 0]).abs().amax(-1, keepdim=True) / 7
+    back = rotate(INT4.decode(pools[1].flatten(0, 1)[:50, 0]))
+    step = INT4.decode(pools[1].flatten(0, 1)[:50, 0]).abs().amax(-1, keepdim=True) / 7
     assert ((back - x).abs() <= step * head_size**0.5).all()
     assert (back - x).norm() / x.norm() < 0.2
 
@@ -202,7 +286,8 @@ def test_block_moves_carry_rows_as_bytes(fmt):
     """copy_blocks and swap_blocks on quantized pools (index_copy_ has no float8 kernel on
     the CPU): the moved rows' bytes are the source's."""
     backend = CpuBackend()
-    pool = allocate_kv_cache(2, 6, 16, 2, 64, fmt.storage, "cpu", True)
+    bs = block_sizes(fmt)[0]
+    pool = allocate_kv_cache(2, 6, bs, 2, 64, fmt.storage, "cpu", True)
     gen = torch.Generator().manual_seed(0)
     pool.view(torch.uint8).copy_(torch.randint(0, 256, pool.shape, generator=gen,
                                                dtype=torch.uint8))
@@ -211,15 +296,16 @@ def test_block_moves_carry_rows_as_bytes(fmt):
     raw, old = pool.view(torch.uint8), before.view(torch.uint8)
     assert torch.equal(raw[:, :, [1, 4]], old[:, :, [0, 3]])
     assert torch.equal(raw[:, :, [0, 2, 3, 5]], old[:, :, [0, 2, 3, 5]])
-    host = allocate_kv_cache(2, 3, 16, 2, 64, fmt.storage, "cpu", True)
+    host = allocate_kv_cache(2, 3, bs, 2, 64, fmt.storage, "cpu", True)
     backend.swap_blocks(pool, host, torch.tensor([5, 2]), torch.tensor([0, 2]))
     assert torch.equal(host.view(torch.uint8)[:, :, [0, 2]], raw[:, :, [5, 2]])
 
 
 def test_the_native_paths_take_quantized_pools(fmt):
-    pool = allocate_kv_cache(1, 2, 16, 2, 64, fmt.storage, "cpu", True)[0]
+    bs = block_sizes(fmt)[0]
+    pool = allocate_kv_cache(1, 2, bs, 2, 64, fmt.storage, "cpu", True)[0]
     assert native_pool(pool[0])
     assert CpuBackend._native(torch.zeros(1, 4, 64), pool[0], pool[1])
     with pytest.raises(RuntimeError, match="rows for head size 128"):
-        case = make_case([20], [1], num_kv_heads=2, group=2, head_size=128, block_size=16)
+        case = make_case([20], [1], num_kv_heads=2, group=2, head_size=128, block_size=bs)
         CpuBackend().attention(case.query, pool[0], pool[1], case.meta, 1.0)

@@ -17,10 +17,12 @@ using HalvesFromFloats = void (*)(const float* src, uint16_t* dst, int64_t n);
 
 inline int64_t scratch_floats(int64_t rows, const AttentionArgs& args) {
   // Scores of a span (16 blocks of 16 slots, or one block of another size), max, sum and
-  // acc per row; one block's keys transposed; one block of a float16 pool as float32
-  // (attend_kernel.inc).
+  // acc per row; one block's keys transposed; one block of a float16 pool as float32; an
+  // int4 key block's low and step per channel and its parameter bytes (fewer than
+  // head_size + row_len floats hold them) (attend_kernel.inc).
   const int64_t span = args.block_size == 16 ? 256 : args.block_size;
-  return rows * (span + args.head_size + 2) + 2 * args.head_size * args.block_size;
+  return rows * (span + args.head_size + 2) + 2 * args.head_size * args.block_size +
+         3 * args.head_size + args.row_len;
 }
 
 // The kernels of one instruction set.

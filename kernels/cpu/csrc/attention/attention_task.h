@@ -8,9 +8,33 @@
 namespace folio_cpu::attention {
 
 // What a pool row holds (kernels/kv_format.py, the one definition): hd float32 or float16
-// values, or bytes: int8 / fp8 (e4m3) codes then one float16 scale, or int4 (Hadamard-
-// rotated values as packed nibbles q + 8, element 2i low) then a float16 scale per group.
+// values, or bytes: int8 / fp8 (e4m3) codes then one float16 scale, or int4. An int4 value
+// row is Hadamard-rotated values as packed nibbles q + 8 (element 2i low), then a float16
+// scale per group, then zeros; an int4 key row is a block's channel codes (nibbles 0..15),
+// the block's per-channel parameters strung over its rows' remaining bytes
+// (kernels/kv_key_channels.py).
 enum class KvKind : int { kF32 = 0, kF16 = 1, kI8 = 2, kFp8 = 3, kI4 = 4 };
+
+// An int4 key block's parameters per KV head (kv_key_channels): float16 M and W, then the
+// bit string of each channel's 6-bit midpoint code (m + 31), then each one's 5-bit
+// half-width code s. They need this many rows of a block, so int4 pools have at least as
+// many slots a block.
+constexpr int64_t kInt4KeyMinBlock = 32;
+constexpr int64_t kInt4KeyParamHead = 4;  // M, W
+constexpr int64_t kInt4KeyMidBits = 6, kInt4KeyHalfBits = 5;
+constexpr float kInt4KeyMidCodes = 31.0f, kInt4KeyLevels = 15.0f;
+// kv_key_channels.HALF_SCALES: float32(2^(-s / 8)), s = 0..31, as literals so that every
+// reader decodes the same bits as the Python codec (a test holds the two equal).
+constexpr float kInt4KeyHalfScales[32] = {
+    0x1p+0f, 0x1.d5818ep-1f, 0x1.ae89fap-1f, 0x1.8ace54p-1f,
+    0x1.6a09e6p-1f, 0x1.4bfdaep-1f, 0x1.306fep-1f, 0x1.172b84p-1f,
+    0x1p-1f, 0x1.d5818ep-2f, 0x1.ae89fap-2f, 0x1.8ace54p-2f,
+    0x1.6a09e6p-2f, 0x1.4bfdaep-2f, 0x1.306fep-2f, 0x1.172b84p-2f,
+    0x1p-2f, 0x1.d5818ep-3f, 0x1.ae89fap-3f, 0x1.8ace54p-3f,
+    0x1.6a09e6p-3f, 0x1.4bfdaep-3f, 0x1.306fep-3f, 0x1.172b84p-3f,
+    0x1p-3f, 0x1.d5818ep-4f, 0x1.ae89fap-4f, 0x1.8ace54p-4f,
+    0x1.6a09e6p-4f, 0x1.4bfdaep-4f, 0x1.306fep-4f, 0x1.172b84p-4f,
+};
 
 // One step's batch as the kernels read it; all strides in elements.
 struct AttentionArgs {

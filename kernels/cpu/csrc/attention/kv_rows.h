@@ -39,12 +39,29 @@ inline bool rotated(KvKind kind) {
   return kind == KvKind::kI8 || kind == KvKind::kFp8 || kind == KvKind::kI4;
 }
 
-// Pool elements per row of a head of hd values (kv_format.KVFormat.row_len).
+// Bytes of an int4 key block's parameters for one KV head (kv_key_channels.param_bytes).
+inline int64_t int4_key_param_bytes(int64_t hd) {
+  return kInt4KeyParamHead + ((kInt4KeyMidBits + kInt4KeyHalfBits) * hd + 7) / 8;
+}
+
+// Bytes an int4 key row keeps beside its codes so that kInt4KeyMinBlock rows hold the
+// parameters and one byte more, which a reader's two-byte field load may touch
+// (kv_key_channels.spare_bytes).
+inline int64_t int4_key_spare_bytes(int64_t hd) {
+  return (int4_key_param_bytes(hd) + 1 + kInt4KeyMinBlock - 1) / kInt4KeyMinBlock;
+}
+
+// Pool elements per row of a head of hd values (kv_format.KVFormat.row_len): an int4
+// pool's key and value rows share the longer of their two lengths.
 inline int64_t row_len(KvKind kind, int64_t hd) {
   switch (kind) {
     case KvKind::kI8:
     case KvKind::kFp8: return hd + 2;
-    case KvKind::kI4: return hd / 2 + 2 * (hd / int4_group(hd));
+    case KvKind::kI4: {
+      const int64_t value_row = hd / 2 + 2 * (hd / int4_group(hd));
+      const int64_t key_row = hd / 2 + int4_key_spare_bytes(hd);
+      return value_row > key_row ? value_row : key_row;
+    }
     default: return hd;
   }
 }

@@ -3,7 +3,10 @@
 // a layer's rope and KV write are one op instead of about ten. A float16 pool takes
 // float32 K/V rounded as torch's .to(torch.float16) rounds them; an int8, fp8 or int4
 // pool takes them quantized as kernels/kv_format.py's encode does (rotated first),
-// in the same op.
+// in the same op. An int4 pool takes the values only: its key rows hold a block's
+// channels, encoded from the whole block's keys (kernels/kv_key_channels.py), which a
+// token's write does not have; the caller writes them a block at a time
+// (kernels/key_stage.py), and these ops leave them as they are.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Float8_e4m3fn.h>
@@ -69,10 +72,11 @@ void encode_fp8(const float* x, int64_t hd, uint8_t* row) {
 }
 
 // hd float32 values (rotated) -> per group of int4_group(hd) codes q + 8 (q in [-8, 7])
-// packed two a byte (element 2i low), then the groups' scales. As q4_0 (and
-// kernels/kv_format.py): the scale is the group's largest-magnitude element (the positive
-// one on a tie) over -8, a signed float16, so that element codes as -8 exactly.
-void encode_int4(const float* r, int64_t hd, uint8_t* row) {
+// packed two a byte (element 2i low), then the groups' scales, then zeros to row_len (the
+// key rows' length, kv_format.row_len). As q4_0 (and kernels/kv_format.py): the scale is
+// the group's largest-magnitude element (the positive one on a tie) over -8, a signed
+// float16, so that element codes as -8 exactly.
+void encode_int4(const float* r, int64_t hd, int64_t row_len, uint8_t* row) {
   const int64_t group = int4_group(hd);
   for (int64_t g0 = 0; g0 < hd; g0 += group) {
     float top = r[g0], bottom = r[g0];
@@ -91,6 +95,8 @@ void encode_int4(const float* r, int64_t hd, uint8_t* row) {
     }
     std::memcpy(row + hd / 2 + 2 * (g0 / group), &bits, 2);
   }
+  const int64_t used = hd / 2 + 2 * (hd / group);
+  std::memset(row + used, 0, row_len - used);
 }
 
 // The slots a token's K/V go to, and the pool's geometry, in elements.
@@ -98,6 +104,7 @@ struct Scatter {
   const int64_t* slots;
   int64_t block_size, block_stride, slot_stride, head_stride, num_kv_heads, head_size;
   int64_t src_bytes, dst_bytes;  // an element of key / value, of the pool
+  int64_t row_len;               // pool elements per row
   HalvesFromFloats to_halves;    // float32 rows into a float16 pool; nullptr: copied as is
   KvKind kind;                   // a quantized kind: float32 rows encoded into it
   char* k_base;
@@ -113,7 +120,7 @@ struct Scatter {
       switch (kind) {
         case KvKind::kI8: encode_int8(r, head_size, row); return;
         case KvKind::kFp8: encode_fp8(r, head_size, row); return;
-        default: encode_int4(r, head_size, row); return;
+        default: encode_int4(r, head_size, row_len, row); return;
       }
     }
     if (to_halves != nullptr)
@@ -128,9 +135,10 @@ struct Scatter {
     const int64_t slot = slots[t];
     if (slot < 0) return;
     const int64_t offset = (slot / block_size) * block_stride + (slot % block_size) * slot_stride;
+    const bool keys = kind != KvKind::kI4;  // int4 keys: written a block at a time
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const int64_t dst = (offset + h * head_stride) * dst_bytes;
-      put(key + h * key_head_stride * src_bytes, k_base + dst);
+      if (keys) put(key + h * key_head_stride * src_bytes, k_base + dst);
       put(value + h * value_head_stride * src_bytes, v_base + dst);
     }
   }
@@ -159,12 +167,16 @@ Scatter scatter_for(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
               "quantized pool for float32 K/V");
   TORCH_CHECK(!encode || (hd % 2 == 0 && hd <= kMaxRotatedHead),
               "a quantized pool needs an even head size up to ", kMaxRotatedHead, ", not ", hd);
+  TORCH_CHECK(kind != KvKind::kI4 || k_cache.size(1) >= kInt4KeyMinBlock,
+              "an int4 pool's blocks hold at least ", kInt4KeyMinBlock, " slots (its key "
+              "blocks keep their parameters in their rows), not ", k_cache.size(1));
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
                   slot_mapping.numel() == key.size(0),
               "slot_mapping must be contiguous int64 [num_tokens]");
   return {slot_mapping.data_ptr<int64_t>(), k_cache.size(1), k_cache.stride(0),
           k_cache.stride(1), k_cache.stride(2), k_cache.size(2), hd,
           static_cast<int64_t>(key.element_size()), static_cast<int64_t>(k_cache.element_size()),
+          k_cache.size(3),
           to_half ? kernels_for_active_isa().halves_from_floats : nullptr, kind,
           static_cast<char*>(k_cache.data_ptr()), static_cast<char*>(v_cache.data_ptr())};
 }

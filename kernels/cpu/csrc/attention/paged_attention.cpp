@@ -251,6 +251,9 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
   TORCH_CHECK(k_cache.size(3) == row_len(kind, hd), "a ", k_cache.scalar_type(),
               " pool's rows for head size ", hd, " are ", row_len(kind, hd),
               " elements, not ", k_cache.size(3));
+  TORCH_CHECK(kind != KvKind::kI4 || k_cache.size(1) >= kInt4KeyMinBlock,
+              "an int4 pool's blocks hold at least ", kInt4KeyMinBlock, " slots (its key "
+              "blocks keep their parameters in their rows), not ", k_cache.size(1));
   const int64_t num_seqs = seq_lens.size(0);
   TORCH_CHECK(query_start_loc.size(0) == num_seqs + 1 && block_tables.size(0) == num_seqs,
               "query_start_loc, seq_lens and block_tables disagree on the number of sequences");
@@ -312,6 +315,14 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
   return out;
 }
 
+// The half-width scales the kernels decode int4 keys with (kInt4KeyHalfScales), for the
+// tests to hold against kv_key_channels.HALF_SCALES.
+at::Tensor int4_key_half_scales() {
+  at::Tensor table = at::empty({32}, at::TensorOptions().dtype(at::kFloat));
+  std::copy(kInt4KeyHalfScales, kInt4KeyHalfScales + 32, table.data_ptr<float>());
+  return table;
+}
+
 IsaKernels kernels_for_active_isa() {
 #if defined(__x86_64__)
   switch (active_isa()) {
@@ -331,4 +342,5 @@ TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
         "Tensor seq_lens, Tensor block_tables, float scale, int window, float softcap, "
         "Tensor? sinks=None, Tensor? key_ends=None) -> Tensor",
         &folio_cpu::attention::paged_attention);
+  m.def("int4_key_half_scales() -> Tensor", &folio_cpu::attention::int4_key_half_scales);
 }
