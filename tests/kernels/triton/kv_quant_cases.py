@@ -46,8 +46,9 @@ def quantized_case(name: str, seq_lens: list[int], q_lens: list[int], **kwargs
 
 def compile_quantized_for_hopper() -> list[str]:
     """bf16-query builds of the attention kernels over each quantized format, and of the
-    quantizing write, at a Llama-8B-like shape (group 4, head 128; int4 in 32-token
-    blocks, the fewest its keys take); returns their names. Needs TRITON_INTERPRET unset."""
+    quantizing writes (values; int4 key blocks), at a Llama-8B-like shape (group 4, head
+    128; int4 in 32-token blocks, the fewest its keys take); returns their names. Needs
+    TRITON_INTERPRET unset."""
     from kernels.triton import decode, kv_quant, prefill, shared_prefix
     from tests.kernels.paged_cases import compile_for_hopper
 
@@ -86,4 +87,9 @@ def compile_quantized_for_hopper() -> list[str]:
                             DOT_PRECISION="tf32", SOFTCAP=False, KV_FORMAT=kv_quant.INT4,
                             GROUP=64, G_PAD=4, MEMBERS_PAD=4, BLOCK_N=64))
     built.append("shared-prefix int4")
+    from kernels.triton import key_blocks
+    compile_for_hopper(key_blocks._encode_key_block_kernel,
+                       dict(key_ptr="bf16", filled_ptr="i64", block_ptr="i64", cache_ptr="u8"),
+                       dict(HEAD_SIZE=128, BLOCK_SIZE=32, BS_PAD=32, G_PAD=16, SPARE_PAD=8))
+    built.append("key blocks int4")
     return built
