@@ -23,7 +23,8 @@ Attention sinks (kernels.interface.check_sinks) join the merge kernel's denomina
 launch with sinks always writes partials and merges them, even with one split.
 
 A quantized pool (int8, fp8, int4: kernels/kv_format.py) is read in place, each tile
-dequantized in registers (kernels/triton/kv_quant.py, KV_FORMAT). An int4 pool holds
+dequantized in registers (kernels/triton/kv_quant.py, KV_FORMAT; an int4 key tile per
+channel from its blocks' parameters, whichever blocks the tile spans). An int4 pool holds
 rotated rows: the kernels attend in the rotated space, so the caller passes a rotated
 query and rotates the output back (TritonBackend does).
 """
@@ -54,6 +55,26 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
+def paged_block_offsets(
+    bt_row_ptr,  # int32 [max_blocks]: one sequence's block table
+    offs_n,  # int32 [BLOCK_N]: token positions in the sequence
+    n_mask,  # bool [BLOCK_N]: positions that exist
+    stride_block,  # elements between physical blocks
+    BLOCK_SIZE: tl.constexpr,
+):
+    """int64 element offsets of each token's block: a block id times the block stride
+    exceeds int32 for pools above 2**31 elements, so it is widened before multiplying."""
+    block_ids = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    return block_ids * stride_block
+
+
+@triton.jit
+def slot_offsets(blk, offs_n, stride_slot, BLOCK_SIZE: tl.constexpr):
+    """int64 element offsets of each token's slot, from its block's (blk, int64 [BLOCK_N])."""
+    return blk + (offs_n % BLOCK_SIZE).to(tl.int64) * stride_slot
+
+
+@triton.jit
 def paged_token_offsets(
     bt_row_ptr,  # int32 [max_blocks]: one sequence's block table
     offs_n,  # int32 [BLOCK_N]: token positions in the sequence
@@ -62,11 +83,9 @@ def paged_token_offsets(
     stride_slot,  # elements between slots of a block
     BLOCK_SIZE: tl.constexpr,
 ):
-    """int64 element offsets of each token's slot: a block id times the block stride
-    exceeds int32 for pools above 2**31 elements, so it is widened before multiplying."""
-    block_ids = tl.load(bt_row_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    slots = (offs_n % BLOCK_SIZE).to(tl.int64)
-    return block_ids * stride_block + slots * stride_slot
+    """int64 element offsets of each token's slot (paged_block_offsets, then the slot)."""
+    blk = paged_block_offsets(bt_row_ptr, offs_n, n_mask, stride_block, BLOCK_SIZE)
+    return slot_offsets(blk, offs_n, stride_slot, BLOCK_SIZE)
 
 
 @triton.jit
@@ -105,10 +124,11 @@ def attend_range(
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
-        tok = paged_token_offsets(bt_row_ptr, offs_n, n_mask, stride_block, stride_slot,
-                                  BLOCK_SIZE)
-        s = key_scores(q, k_ptr, tok, offs_d, n_mask, d_mask, qk_scale, KV_FORMAT, HEAD_SIZE,
-                       GROUP, DOT_PRECISION)
+        # An int4 pool's keys also read their block's parameters (blk).
+        blk = paged_block_offsets(bt_row_ptr, offs_n, n_mask, stride_block, BLOCK_SIZE)
+        tok = slot_offsets(blk, offs_n, stride_slot, BLOCK_SIZE)
+        s = key_scores(q, k_ptr, tok, blk, stride_slot, offs_d, n_mask, d_mask, qk_scale,
+                       KV_FORMAT, HEAD_SIZE, GROUP, DOT_PRECISION)
         if SOFTCAP:  # c * tanh(score / c), in base 2
             s = tanh(s) * softcap_log2
         s = tl.where(n_mask[None, :], s, float("-inf"))

@@ -9,15 +9,27 @@ scales as two little-endian bytes after them, read back as uint16 and bitcast.
 
 Reading: an 8-bit row's one scale factors out of a dot product, so a K tile's codes go
 into the dot as they are and the scale multiplies the [rows, tokens] scores; a V tile's
-scale multiplies the softmax weights before their dot. An int4 row has a scale per group
-of elements, so its tile is dequantized whole before the dot. Codes convert exactly to
-float16 / bfloat16 (|int8| <= 127, e4m3 has 3 mantissa bits), so the dots run in the
+scale multiplies the softmax weights before their dot. An int4 value row has a scale per
+group of elements, so its tile is dequantized whole before the dot. Codes convert exactly
+to float16 / bfloat16 (|int8| <= 127, e4m3 has 3 mantissa bits), so the dots run in the
 query's dtype with fp32 accumulation, as on a float pool.
 
-Writing rounds as torch does (half to even). fp8 is rounded here to a representable e4m3
-value before the conversion: Triton's interpreter converts fp32 to e4m3 without carrying
-a rounding overflow into the exponent (31.6 becomes 16), and a conversion of a value
-already representable is exact on every path.
+An int4 pool's keys are per channel over a block's tokens (kernels/kv_key_channels.py):
+each token of a K tile reads its block's parameters for the KV head from the spare bytes
+of the block's rows and decodes low + code * step per channel. A tile may start anywhere
+in a block (a window, a split, a shared prefix's end) and span several blocks, so the
+parameters are read per token; tokens of one block read the same bytes, which the cache
+serves. The divisions are correctly rounded (div_rn, as torch's) and a half-width scale is
+a power of two times one of eight float32 constants, so each channel's low and step are
+the encoder's bits; the key itself may take a fused multiply-add on a GPU, below the
+query dtype's rounding that it goes through before the dot.
+
+Writing (values, and the 8-bit formats' keys: an int4 block's key rows are encoded
+together by the key stage, kernels/key_stage.py, never here) rounds as torch does (half
+to even). fp8 is rounded here to a representable e4m3 value before the conversion:
+Triton's interpreter converts fp32 to e4m3 without carrying a rounding overflow into the
+exponent (31.6 becomes 16), and a conversion of a value already representable is exact on
+every path.
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import kv_format
+from kernels import kv_key_channels as channels
 from kernels.kv_format import format_of, int4_group
 
 PLAIN, INT8, FP8, INT4 = 0, 1, 2, 3  # KV_FORMAT
@@ -33,6 +47,37 @@ _INT8 = tl.constexpr(INT8)
 _FP8 = tl.constexpr(FP8)
 _INT4 = tl.constexpr(INT4)
 _CODES = {"int8": INT8, "fp8": FP8, "int4": INT4}
+
+# The int4 key block's parameter fields (kernels/kv_key_channels.py).
+_PARAM_BITS = tl.constexpr(8 * channels.PARAM_HEAD)  # the bit string starts after M and W
+_MID_BITS = tl.constexpr(channels.MID_BITS)
+_HALF_BITS = tl.constexpr(channels.HALF_BITS)
+_MID_ONES = tl.constexpr(2**channels.MID_BITS - 1)
+_HALF_ONES = tl.constexpr(2**channels.HALF_BITS - 1)
+_MID_CODES = tl.constexpr(float(channels.MID_CODES))
+_LEVELS = tl.constexpr(float(channels.LEVELS))
+# HALF_SCALES[s] is HALF_SCALES[s % 8] (1.0 for 0) times 2 ** -(s // 8) exactly (a
+# float32 times a power of two rounds the same): seven constants and an exponent stand
+# for the table, without a table argument in every attention kernel.
+_OCTAVE1, _OCTAVE2, _OCTAVE3, _OCTAVE4, _OCTAVE5, _OCTAVE6, _OCTAVE7 = (
+    tl.constexpr(v) for v in channels.HALF_SCALES[1:8])
+
+
+@triton.constexpr_function
+def int4_row_len(head_size):
+    """Bytes of an int4 pool's rows (key and value rows alike), as kv_format says."""
+    # Triton's dependency walk refuses a kernel whose helpers name a plain function (it
+    # would hash it); getattr's result it leaves alone, so kv_format stays the one place
+    # that sizes a row.
+    return getattr(kv_format, "INT4").row_len(head_size)  # noqa: B009
+
+
+@triton.constexpr_function
+def int4_key_spare(head_size):
+    """Bytes after the codes in each key row: the block's parameter region is the
+    concatenation of these over its rows (the row's whole tail, as the encoder lays it out,
+    which may be longer than spare_bytes where the value row is the longer one)."""
+    return getattr(kv_format, "INT4").row_len(head_size) - head_size // 2  # noqa: B009
 
 
 def format_code(pool: torch.Tensor) -> int:
@@ -74,10 +119,77 @@ def _int4_values(rows, offs_d, mask, HEAD_SIZE: tl.constexpr, GROUP: tl.constexp
 
 
 @triton.jit
+def _region_offsets(j, stride_slot, HEAD_SIZE: tl.constexpr):
+    """int64 offsets, from a block's row 0 of one KV head, of bytes j (int32) of the
+    block's key parameter region: byte j is in row j // spare, at HEAD_SIZE / 2 + j % spare."""
+    spare: tl.constexpr = int4_key_spare(HEAD_SIZE)
+    return (j // spare).to(tl.int64) * stride_slot + (HEAD_SIZE // 2 + j % spare)
+
+
+@triton.jit
+def _param_field(block_rows, first_bit, mask, stride_slot, ONES: tl.constexpr,
+                 HEAD_SIZE: tl.constexpr):
+    """int32 fields at bits first_bit (int32) of the parameter region of the blocks at
+    block_rows, ONES their width's all-ones mask (a field and its first bit's place in its
+    byte within 16 bits): the two bytes from the one holding a field's first bit, little
+    endian (the region keeps a byte past its last field for the second), shifted down."""
+    j = first_bit >> 3
+    lo = tl.load(block_rows + _region_offsets(j, stride_slot, HEAD_SIZE), mask=mask, other=0)
+    hi = tl.load(block_rows + _region_offsets(j + 1, stride_slot, HEAD_SIZE), mask=mask,
+                 other=0)
+    both = lo.to(tl.int32) | (hi.to(tl.int32) << 8)
+    return (both >> (first_bit & 7)) & ONES
+
+
+@triton.jit
+def _half_scale(s):
+    """fp32 HALF_SCALES[s] for int32 codes s in [0, 31], exactly."""
+    r = s & 7
+    octave = tl.where(r == 1, _OCTAVE1, tl.where(r == 2, _OCTAVE2, tl.where(
+        r == 3, _OCTAVE3, tl.where(r == 4, _OCTAVE4, tl.where(r == 5, _OCTAVE5, tl.where(
+            r == 6, _OCTAVE6, tl.where(r == 7, _OCTAVE7, 1.0)))))))
+    power = ((127 - (s >> 3)) << 23).to(tl.float32, bitcast=True)  # 2 ** -(s // 8)
+    return octave * power
+
+
+@triton.jit
+def _int4_keys(k_head, tok, blk, stride_slot, offs_d, n_mask, mask, HEAD_SIZE: tl.constexpr):
+    """fp32 [BLOCK_N, HEAD_PAD] keys of an int4 pool (kernels/kv_key_channels.py):
+    channel d of a token is low + code * step, low and step its block's for d (0 where
+    mask is off)."""
+    block_rows = k_head + blk[:, None]  # [BLOCK_N, 1]: row 0 of each token's block
+    # M and W: the region's first two float16s. [BLOCK_N, 1]
+    head = tl.full([1, 1], 0, tl.int32)
+    row_mask = n_mask[:, None]
+    top = _param_field(block_rows, head, row_mask, stride_slot, 0xFFFF, HEAD_SIZE)
+    top = top.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    widest = _param_field(block_rows, head + 16, row_mask, stride_slot, 0xFFFF, HEAD_SIZE)
+    widest = widest.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    # Channel d's midpoint code at bit MID_BITS * d of the string, its half-width code
+    # after all the midpoints. [BLOCK_N, HEAD_PAD]
+    d = offs_d[None, :]
+    m = _param_field(block_rows, d * _MID_BITS + _PARAM_BITS, mask, stride_slot, _MID_ONES,
+                     HEAD_SIZE).to(tl.float32) - _MID_CODES
+    s = _param_field(block_rows, d * _HALF_BITS + (_PARAM_BITS + _MID_BITS * HEAD_SIZE), mask,
+                     stride_slot, _HALF_ONES, HEAD_SIZE)
+    # The decoder's order (kv_key_channels.key_params), in float32.
+    unit = tl.math.div_rn(top, _MID_CODES)
+    center = m * unit
+    half = widest * _half_scale(s)
+    step = tl.math.div_rn(half + half, _LEVELS)
+    low = center - half
+    packed = tl.load(k_head + tok[:, None] + offs_d[None, :] // 2, mask=mask, other=0)
+    codes = ((packed >> ((offs_d[None, :] % 2) * 4).to(tl.uint8)) & 0xF).to(tl.float32)
+    return tl.where(mask, low + codes * step, 0.0)
+
+
+@triton.jit
 def key_scores(
     q,  # [ROWS, HEAD_PAD] query tile (rotated, for an int4 pool)
     k_head,  # this KV head's K pool: elements (PLAIN) or bytes
     tok,  # int64 [BLOCK_N]: each token's row offset from k_head
+    blk,  # int64 [BLOCK_N]: the offset of each token's block (its row 0) from k_head
+    stride_slot,  # elements between a block's rows (int4: its parameter region's rows)
     offs_d,  # int32 [HEAD_PAD]
     n_mask,  # bool [BLOCK_N]: tokens that exist
     d_mask,  # bool [HEAD_PAD]: real head dims
@@ -91,7 +203,8 @@ def key_scores(
     rows = k_head + tok[:, None]
     mask = n_mask[:, None] & d_mask[None, :]
     if KV_FORMAT == _INT4:
-        k = _int4_values(rows, offs_d, mask, HEAD_SIZE, GROUP).to(q.dtype)
+        k = _int4_keys(k_head, tok, blk, stride_slot, offs_d, n_mask, mask,
+                       HEAD_SIZE).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     elif KV_FORMAT == 0:
         k = tl.load(rows + offs_d[None, :], mask=mask, other=0.0)
@@ -191,9 +304,9 @@ def _quantize_row_8bit(x, row, offs_d, keep, KV_FORMAT: tl.constexpr,
 @triton.jit
 def _quantize_row_int4(src, row, keep, HEAD_SIZE: tl.constexpr, GROUP: tl.constexpr,
                        HALF_PAD: tl.constexpr, GROUPS_PAD: tl.constexpr):
-    """The row at src (HEAD_SIZE values, already rotated) into the int4 byte row at `row`:
-    even and odd elements are loaded apart, so each byte's two nibbles meet without a
-    reshape."""
+    """The value row at src (HEAD_SIZE values, already rotated) into the int4 byte row at
+    `row`, zeros after its scales (the row is as long as a key row): even and odd elements
+    are loaded apart, so each byte's two nibbles meet without a reshape."""
     offs_i = tl.arange(0, HALF_PAD)  # byte i holds elements 2i (low) and 2i + 1 (high)
     i_mask = offs_i < HEAD_SIZE // 2
     even = tl.load(src + 2 * offs_i, mask=i_mask, other=0.0).to(tl.float32)
@@ -217,6 +330,10 @@ def _quantize_row_int4(src, row, keep, HEAD_SIZE: tl.constexpr, GROUP: tl.conste
     tl.store(row + offs_i, packed, mask=offs_i < tl.where(keep, HEAD_SIZE // 2, 0))
     _store_scales(row + HEAD_SIZE // 2 + 2 * offs_g, scale,
                   offs_g < tl.where(keep, HEAD_SIZE // GROUP, 0))
+    # The padding is shorter than the codes (a few bytes), so HALF_PAD lanes cover it.
+    tail: tl.constexpr = int4_row_len(HEAD_SIZE) - HEAD_SIZE // 2 - 2 * (HEAD_SIZE // GROUP)
+    tl.store(row + HEAD_SIZE // 2 + 2 * (HEAD_SIZE // GROUP) + offs_i,
+             tl.zeros([HALF_PAD], dtype=tl.uint8), mask=offs_i < tl.where(keep, tail, 0))
 
 
 @triton.jit
@@ -237,7 +354,8 @@ def _write_kv_quant_kernel(
     HALF_PAD: tl.constexpr,  # int4: next_power_of_2(HEAD_SIZE // 2)
     GROUPS_PAD: tl.constexpr,  # int4: next_power_of_2(HEAD_SIZE // GROUP)
 ):
-    """One program per (token, KV head) quantizes its K row and its V row."""
+    """One program per (token, KV head) quantizes its V row, and its K row but in an
+    int4 pool (whose key rows are a block's, written by the key stage)."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -247,8 +365,6 @@ def _write_kv_quant_kernel(
     k_src = key_ptr + token * stride_kt + head * stride_kh
     v_src = value_ptr + token * stride_vt + head * stride_vh
     if KV_FORMAT == _INT4:
-        _quantize_row_int4(k_src, k_cache_ptr + dst, keep, HEAD_SIZE, GROUP, HALF_PAD,
-                           GROUPS_PAD)
         _quantize_row_int4(v_src, v_cache_ptr + dst, keep, HEAD_SIZE, GROUP, HALF_PAD,
                            GROUPS_PAD)
     else:
@@ -263,13 +379,17 @@ def _write_kv_quant_kernel(
 def write_kv_quantized(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """k_cache / v_cache (a quantized pool's [num_blocks, block_size, nkv, row] views) at
-    slot_mapping[t] = the format's encoding of key / value[t], as `KVFormat.encode`: int4
-    rows are rotated first, in torch (kv_format.rotate: the oracle's own transform; the
-    write is a sliver of a step's time, so one more small matmul costs nothing worth a
-    Hadamard product inside the kernel). Shapes are the caller's (cache.write_kv) to check."""
+    slot_mapping[t] = the format's encoding of key / value[t], as `KVFormat.encode`; an
+    int4 pool's key rows are left as they are (a block's key rows are encoded together
+    from the block's exact keys: `KVFormat.encode_keys`, by the key stage). Rows are
+    rotated first, in torch (kv_format.rotate: the oracle's own transform; the write is a
+    sliver of a step's time, so one more small matmul costs nothing worth a Hadamard
+    product inside the kernel). Shapes are the caller's (cache.write_kv) to check."""
     fmt = format_of(k_cache)
     num_tokens, nkv, head_size = key.shape
-    if fmt.rotated:
+    if fmt.keys_per_channel:
+        value = fmt.rotate(value.float())
+    elif fmt.rotated:
         key, value = fmt.rotate(key.float()), fmt.rotate(value.float())
     group = int4_group(head_size)
     k_bytes, v_bytes = as_bytes(k_cache), as_bytes(v_cache)

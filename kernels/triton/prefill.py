@@ -35,9 +35,10 @@ from kernels.kv_format import int4_group
 from kernels.triton.decode import (
     check_inputs,
     dot_precision,
-    paged_token_offsets,
+    paged_block_offsets,
     score_scales,
     sinks_operand,
+    slot_offsets,
     tanh,
 )
 from kernels.triton.kv_quant import as_bytes, format_code, key_scores, weighted_values
@@ -116,9 +117,10 @@ def _prefill_kernel(
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
-        kv_off = paged_token_offsets(bt_row, offs_n, n_mask, stride_kb, stride_kt, BLOCK_SIZE)
-        s = key_scores(q, k_head, kv_off, offs_d, n_mask, d_mask, qk_scale, KV_FORMAT,
-                       HEAD_SIZE, GROUP, DOT_PRECISION)
+        blk = paged_block_offsets(bt_row, offs_n, n_mask, stride_kb, BLOCK_SIZE)
+        kv_off = slot_offsets(blk, offs_n, stride_kt, BLOCK_SIZE)
+        s = key_scores(q, k_head, kv_off, blk, stride_kt, offs_d, n_mask, d_mask, qk_scale,
+                       KV_FORMAT, HEAD_SIZE, GROUP, DOT_PRECISION)
         if SOFTCAP:  # c * tanh(score / c), in base 2
             s = tanh(s) * softcap_log2
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])

@@ -1,11 +1,12 @@
 """Quantized versions of tests/kernels/paged_cases.py's random cases, and their oracles.
 
-A case's float pools are encoded with a kernels/kv_format.py format; the oracle case
-holds `format.decode` of those bytes (the values the kernels must dequantize to) in the
-query's dtype, so the float kernels' oracles (the PyTorch reference, the float64 naive
-attention) judge a quantized kernel's output. An int4 pool's decoded rows are rotated:
-a kernel attending them with an unrotated query computes what the oracle computes on the
-decoded pool with the same query.
+A case's float pools are encoded with a kernels/kv_format.py format (keys whole blocks at
+a time, `encode_keys`: int4 keys are per channel over a block's tokens); the oracle case
+holds `format.decode_keys` / `format.decode` of those bytes (the values the kernels must
+dequantize to) in the query's dtype, so the float kernels' oracles (the PyTorch
+reference, the float64 naive attention) judge a quantized kernel's output. A quantized
+pool's decoded rows are rotated: a kernel attending them with an unrotated query computes
+what the oracle computes on the decoded pool with the same query.
 
 `compile_quantized_for_hopper` builds the quantized kernel variants for sm_90 without a
 GPU, as paged_cases.compile_every_kernel_for_hopper does for the float ones.
@@ -16,16 +17,23 @@ from __future__ import annotations
 import dataclasses
 
 from kernels.kv_format import KVFormat, format_named
+from kernels.kv_key_channels import MIN_BLOCK_SIZE
 from tests.kernels.paged_cases import PagedCase, make_case
 
 QUANTIZED = ("int8", "fp8", "int4")
 
 
+def block_size_for(name: str, block_size: int) -> int:
+    """block_size, or the smallest an int4 pool takes where it is smaller."""
+    return max(block_size, MIN_BLOCK_SIZE) if name == "int4" else block_size
+
+
 def quantize_case(case: PagedCase, fmt: KVFormat) -> tuple[PagedCase, PagedCase]:
-    """(the case over fmt's pools, the oracle case over their decoded values)."""
-    k_pool, v_pool = fmt.encode(case.k_cache), fmt.encode(case.v_cache)
+    """(the case over fmt's pools, the oracle case over their decoded values). Every
+    block's keys are encoded whole, as the key stage leaves a full block."""
+    k_pool, v_pool = fmt.encode_keys(case.k_cache), fmt.encode(case.v_cache)
     dtype = case.query.dtype
-    oracle = dataclasses.replace(case, k_cache=fmt.decode(k_pool, dtype),
+    oracle = dataclasses.replace(case, k_cache=fmt.decode_keys(k_pool, dtype),
                                  v_cache=fmt.decode(v_pool, dtype))
     return dataclasses.replace(case, k_cache=k_pool, v_cache=v_pool), oracle
 
@@ -38,8 +46,9 @@ def quantized_case(name: str, seq_lens: list[int], q_lens: list[int], **kwargs
 
 def compile_quantized_for_hopper() -> list[str]:
     """bf16-query builds of the attention kernels over each quantized format, and of the
-    quantizing write, at a Llama-8B-like shape (group 4, head 128); returns their names.
-    Needs TRITON_INTERPRET unset."""
+    quantizing writes (values; int4 key blocks), at a Llama-8B-like shape (group 4, head
+    128; int4 in 32-token blocks, the fewest its keys take); returns their names. Needs
+    TRITON_INTERPRET unset."""
     from kernels.triton import decode, kv_quant, prefill, shared_prefix
     from tests.kernels.paged_cases import compile_for_hopper
 
@@ -48,8 +57,8 @@ def compile_quantized_for_hopper() -> list[str]:
     codes = {"int8": kv_quant.INT8, "fp8": kv_quant.FP8, "int4": kv_quant.INT4}
     built = []
     for name, code in codes.items():
-        shape = dict(G=4, HEAD_SIZE=128, BLOCK_SIZE=16, HEAD_PAD=128, DOT_PRECISION="tf32",
-                     SOFTCAP=False, KV_FORMAT=code, GROUP=64)
+        shape = dict(G=4, HEAD_SIZE=128, BLOCK_SIZE=block_size_for(name, 16), HEAD_PAD=128,
+                     DOT_PRECISION="tf32", SOFTCAP=False, KV_FORMAT=code, GROUP=64)
         compile_for_hopper(decode._decode_kernel,
                            dict(attn, seq_lens_ptr="i32", start_ptr="i32"),
                            dict(shape, G_PAD=16, BLOCK_N=64, HAS_START=False,
@@ -58,20 +67,29 @@ def compile_quantized_for_hopper() -> list[str]:
         compile_for_hopper(kv_quant._write_kv_quant_kernel,
                            dict(key_ptr="bf16", value_ptr="bf16", k_cache_ptr="u8",
                                 v_cache_ptr="u8", slot_ptr="i64"),
-                           dict(KV_FORMAT=code, HEAD_SIZE=128, BLOCK_SIZE=16, HEAD_PAD=128,
+                           dict(KV_FORMAT=code, HEAD_SIZE=128,
+                                BLOCK_SIZE=block_size_for(name, 16), HEAD_PAD=128,
                                 GROUP=64, HALF_PAD=64, GROUPS_PAD=2), num_warps=1)
         built.append(f"write_kv {name}")
     g_pad, block_q, block_n = prefill.tile_shape(4, 128)
-    compile_for_hopper(prefill._prefill_kernel, dict(attn, seq_lens_ptr="i32", qsl_ptr="i32"),
-                       dict(G=4, HEAD_SIZE=128, BLOCK_SIZE=16, HEAD_PAD=128,
-                            DOT_PRECISION="tf32", SOFTCAP=False, KV_FORMAT=kv_quant.FP8,
-                            GROUP=64, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n,
-                            SLIDING=False, HAS_SINKS=False), num_warps=8)
-    built.append("prefill fp8")
+    for name in ("fp8", "int4"):
+        compile_for_hopper(prefill._prefill_kernel,
+                           dict(attn, seq_lens_ptr="i32", qsl_ptr="i32"),
+                           dict(G=4, HEAD_SIZE=128, BLOCK_SIZE=block_size_for(name, 16),
+                                HEAD_PAD=128, DOT_PRECISION="tf32", SOFTCAP=False,
+                                KV_FORMAT=codes[name], GROUP=64, G_PAD=g_pad,
+                                BLOCK_Q=block_q, BLOCK_N=block_n, SLIDING=False,
+                                HAS_SINKS=False), num_warps=8)
+        built.append(f"prefill {name}")
     compile_for_hopper(shared_prefix._shared_prefix_kernel,
                        dict(attn, members_ptr="i32", shared_len_ptr="i32"),
-                       dict(G=4, HEAD_SIZE=128, BLOCK_SIZE=16, HEAD_PAD=128,
+                       dict(G=4, HEAD_SIZE=128, BLOCK_SIZE=32, HEAD_PAD=128,
                             DOT_PRECISION="tf32", SOFTCAP=False, KV_FORMAT=kv_quant.INT4,
                             GROUP=64, G_PAD=4, MEMBERS_PAD=4, BLOCK_N=64))
     built.append("shared-prefix int4")
+    from kernels.triton import key_blocks
+    compile_for_hopper(key_blocks._encode_key_block_kernel,
+                       dict(key_ptr="bf16", filled_ptr="i64", block_ptr="i64", cache_ptr="u8"),
+                       dict(HEAD_SIZE=128, BLOCK_SIZE=32, BS_PAD=32, G_PAD=16, SPARE_PAD=8))
+    built.append("key blocks int4")
     return built

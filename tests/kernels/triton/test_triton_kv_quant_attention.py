@@ -1,17 +1,25 @@
 """The Triton attention kernels reading int8, fp8 and int4 pools in place, against the
 PyTorch reference (and, with sinks, the float64 naive oracle) run over float pools that
-hold `format.decode` of the same bytes (tests/kernels/triton/kv_quant_cases.py); the
-backend's int4 rotation against the reference over the unrotated values. Interpreted on
-CPU, compiled on CUDA."""
+hold `format.decode_keys` / `format.decode` of the same bytes
+(tests/kernels/triton/kv_quant_cases.py); the backend's rotation against the reference
+over the unrotated values. int4 pools have blocks of 32 tokens or more (its keys are per
+channel over a block): its cases take 32 where the others take 16, and its own cases
+cross block boundaries in every kernel. Interpreted on CPU, compiled on CUDA."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels.kv_format import format_named
+from kernels.kv_key_channels import HALF_SCALES
 from kernels.triton.backend import TritonBackend
-from kernels.triton.decode import paged_decode
+from kernels.triton.decode import paged_block_offsets, paged_decode, slot_offsets
+from kernels.triton.kv_quant import _half_scale, _int4_keys, as_bytes
 from kernels.triton.prefill import paged_prefill
 from kernels.triton.shared_prefix import find_shared_prefix_groups, shared_prefix_decode
 from tests.kernels.paged_cases import (
@@ -23,7 +31,12 @@ from tests.kernels.paged_cases import (
     reference_attention,
 )
 from tests.kernels.reference.test_reference_sinks import sinks_for
-from tests.kernels.triton.kv_quant_cases import QUANTIZED, quantize_case, quantized_case
+from tests.kernels.triton.kv_quant_cases import (
+    QUANTIZED,
+    block_size_for,
+    quantize_case,
+    quantized_case,
+)
 
 # (seq_lens, num_kv_heads, group, head_size, block_size, num_splits): GQA 1 / 3 / 4 / 8,
 # head 64 / 80 (int4: one group of 80, rotated in blocks of 16) / 128 / 256, contexts
@@ -42,7 +55,8 @@ DECODE_CASES = [
 def test_decode_reads_quantized_pools(name, seq_lens, nkv, group, head_size, block_size,
                                       num_splits):
     case, oracle = quantized_case(name, seq_lens, [1] * len(seq_lens), num_kv_heads=nkv,
-                                  group=group, head_size=head_size, block_size=block_size)
+                                  group=group, head_size=head_size,
+                                  block_size=block_size_for(name, block_size))
     out = paged_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
                        num_splits=num_splits)
     assert_matches(out, reference_attention(oracle))
@@ -53,7 +67,8 @@ def test_decode_reads_quantized_pools(name, seq_lens, nkv, group, head_size, blo
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_decode_in_each_query_dtype(name, dtype):
     case, oracle = quantized_case(name, [16, 200], [1, 1], num_kv_heads=2, group=4,
-                                  head_size=128, block_size=16, dtype=dtype, seed=8)
+                                  head_size=128, block_size=block_size_for(name, 16),
+                                  dtype=dtype, seed=8)
     out = paged_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
                        num_splits=2)
     assert_matches(out, reference_attention(oracle))
@@ -68,7 +83,7 @@ def _close_to_naive(out, oracle, window, softcap, sinks):
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_decode_with_window_softcap_and_sinks(name):
     case, oracle = quantized_case(name, [1, 17, 33, 300], [1] * 4, num_kv_heads=2, group=2,
-                                  head_size=64, block_size=16, seed=1)
+                                  head_size=64, block_size=block_size_for(name, 16), seed=1)
     sinks = sinks_for(4).to(DEVICE)
     out = paged_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
                        num_splits=3, sliding_window=17, logit_softcap=5.0, sinks=sinks)
@@ -82,7 +97,8 @@ def test_decode_with_window_softcap_and_sinks(name):
 ])
 def test_prefill_reads_quantized_pools(name, seq_lens, q_lens, nkv, group, head_size):
     case, oracle = quantized_case(name, seq_lens, q_lens, num_kv_heads=nkv, group=group,
-                                  head_size=head_size, block_size=16, seed=2)
+                                  head_size=head_size, block_size=block_size_for(name, 16),
+                                  seed=2)
     out = paged_prefill(case.query, case.k_cache, case.v_cache, case.meta, case.scale)
     assert_matches(out, reference_attention(oracle))
 
@@ -90,7 +106,7 @@ def test_prefill_reads_quantized_pools(name, seq_lens, q_lens, nkv, group, head_
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_prefill_with_window_softcap_and_sinks(name):
     case, oracle = quantized_case(name, [17, 100, 33], [17, 30, 1], num_kv_heads=2, group=2,
-                                  head_size=64, block_size=16, seed=3)
+                                  head_size=64, block_size=block_size_for(name, 16), seed=3)
     sinks = sinks_for(4).to(DEVICE)
     out = paged_prefill(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
                         sliding_window=40, logit_softcap=5.0, sinks=sinks)
@@ -100,10 +116,11 @@ def test_prefill_with_window_softcap_and_sinks(name):
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_shared_prefix_decode_reads_quantized_pools(name):
     # Candidates 0, 2 and 3 share a 3-block prompt; 1 is alone.
-    lens = [53, 23, 49, 64]
+    bs = block_size_for(name, 16)
+    lens = [53, 23, 49, 64] if bs == 16 else [101, 45, 97, 128]
     case, oracle = quantized_case(name, lens, [1] * 4, num_kv_heads=2, group=3, head_size=64,
-                                  block_size=16, shared={2: (0, 3), 3: (0, 3)}, seed=4)
-    groups = find_shared_prefix_groups(case.meta.block_tables, case.meta.seq_lens, 16)
+                                  block_size=bs, shared={2: (0, 3), 3: (0, 3)}, seed=4)
+    groups = find_shared_prefix_groups(case.meta.block_tables, case.meta.seq_lens, bs)
     assert [g.seq_indices for g in groups] == [(0, 2, 3)]
     out = shared_prefix_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
                                groups, num_splits=2, logit_softcap=5.0)
@@ -113,41 +130,55 @@ def test_shared_prefix_decode_reads_quantized_pools(name):
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_backend_writes_then_attends_a_mixed_batch(name):
     """Through TritonBackend as the engine calls it: the step's new K/V written into the
-    pool (int4 rotated there), then a prompt chunk and a decode row attended (int4: the
-    query rotated and the output rotated back), against the reference over the decoded
-    values in the original space."""
+    pool (rotated there), then a prompt chunk and a decode row attended (the query rotated
+    and the output rotated back), against the reference over the decoded values in the
+    original space. int4: the write takes the values only; the key rows of every block
+    are encoded whole from the blocks' exact keys, the new ones among them, as the key
+    stage does, and the write leaves them as they are."""
     fmt = format_named(name)
-    base = make_case([40, 21], [8, 1], num_kv_heads=2, group=2, head_size=64, block_size=16,
+    bs = block_size_for(name, 16)
+    base = make_case([40, 21], [8, 1], num_kv_heads=2, group=2, head_size=64, block_size=bs,
                      seed=5)
-    case, _ = quantize_case(base, fmt)
     meta = base.meta
     # Each sequence's new tokens are its last q_len positions.
     slots = []
     for i, (seq_len, q_len) in enumerate(zip([40, 21], [8, 1], strict=True)):
         for pos in range(seq_len - q_len, seq_len):
-            slots.append(int(meta.block_tables[i, pos // 16]) * 16 + pos % 16)
+            slots.append(int(meta.block_tables[i, pos // bs]) * bs + pos % bs)
+    slots = torch.tensor(slots, dtype=torch.int64, device=DEVICE)
     gen = torch.Generator().manual_seed(6)
     new_k = torch.randn((9, 2, 64), generator=gen).to(DEVICE)
     new_v = torch.randn((9, 2, 64), generator=gen).to(DEVICE)
+    if fmt.keys_per_channel:
+        exact = base.k_cache.clone()
+        exact.view(-1, 2, 64)[slots] = new_k
+        base = dataclasses.replace(base, k_cache=exact)
+    case, _ = quantize_case(base, fmt)
+    keys_before = case.k_cache.clone()
     backend = TritonBackend(shared_prefix=True, min_shared_blocks=1)
-    backend.write_kv(new_k, new_v, case.k_cache, case.v_cache,
-                     torch.tensor(slots, dtype=torch.int64, device=DEVICE))
+    backend.write_kv(new_k, new_v, case.k_cache, case.v_cache, slots)
+    if fmt.keys_per_channel:
+        assert torch.equal(case.k_cache.view(torch.uint8), keys_before.view(torch.uint8))
     out = backend.attention(case.query, case.k_cache, case.v_cache, meta, case.scale)
-    # Unrotated values: rotate is its own inverse (the identity for the 8-bit formats).
-    oracle = type(base)(base.query, fmt.rotate(fmt.decode(case.k_cache)),
-                        fmt.rotate(fmt.decode(case.v_cache)), meta, base.scale)
+    # Unrotated values: rotate is its own inverse.
+    keys = fmt.rotate(fmt.decode_keys(case.k_cache))
+    values = fmt.rotate(fmt.decode(case.v_cache))
+    oracle = type(base)(base.query, keys, values, meta, base.scale)
     assert_matches(out, reference_attention(oracle))
     # The decoded pool is near the float values it encodes (the write went where it should).
-    k_flat = fmt.rotate(fmt.decode(case.k_cache)).reshape(-1, 2, 64)
-    error = (k_flat[torch.tensor(slots)] - new_k).abs().max().item()
-    assert error < {"int8": 0.03, "fp8": 0.3, "int4": 0.8}[name]
+    # (Back in the original space a row's rounding errors mix: bounds of a few steps.)
+    key_bound = {"int8": 0.03, "fp8": 0.3, "int4": 0.8}[name]
+    assert (keys.reshape(-1, 2, 64)[slots] - new_k).abs().max().item() < key_bound
+    value_bound = {"int8": 0.05, "fp8": 0.3, "int4": 0.8}[name]
+    assert (values.reshape(-1, 2, 64)[slots] - new_v).abs().max().item() < value_bound
 
 
 @pytest.mark.parametrize("name", ["int8", "int4"])
 def test_backend_shared_prefix_decode_over_a_quantized_pool(name, monkeypatch):
     fmt = format_named(name)
-    base = make_case([70, 72], [1, 1], num_kv_heads=1, group=2, head_size=128, block_size=16,
-                     shared={1: (0, 4)}, seed=7)
+    bs = block_size_for(name, 16)
+    base = make_case([70, 72], [1, 1], num_kv_heads=1, group=2, head_size=128, block_size=bs,
+                     shared={1: (0, 64 // bs)}, seed=7)
     case, _ = quantize_case(base, fmt)
     calls = []
     monkeypatch.setattr("kernels.triton.backend.shared_prefix_decode",
@@ -155,7 +186,7 @@ def test_backend_shared_prefix_decode_over_a_quantized_pool(name, monkeypatch):
     out = TritonBackend(shared_prefix=True, min_shared_blocks=2).attention(
         case.query, case.k_cache, case.v_cache, case.meta, case.scale)
     assert calls == [1]
-    oracle = type(base)(base.query, fmt.rotate(fmt.decode(case.k_cache)),
+    oracle = type(base)(base.query, fmt.rotate(fmt.decode_keys(case.k_cache)),
                         fmt.rotate(fmt.decode(case.v_cache)), base.meta, base.scale)
     assert_matches(out, reference_attention(oracle))
 
@@ -185,3 +216,116 @@ def test_kernel_bench_cells_over_quantized_pools():
     run = _quantized_runner("fp8", base.scale)(base.query, base.k_cache, base.v_cache,
                                                base.meta, Shape("test", 8, 2, 64), 40)
     assert_matches(run(), reference_attention(oracle))
+
+
+# int4: keys per channel over a block's tokens, so a K tile decodes with the parameters of
+# whichever blocks it spans.
+
+
+@triton.jit
+def _key_tile_probe(k_ptr, bt_ptr, out_ptr, lo, hi, kvh, stride_kb, stride_kt, stride_kh,
+                    HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                    HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_n = lo + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < hi
+    offs_d = tl.arange(0, HEAD_PAD)
+    mask = n_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
+    blk = paged_block_offsets(bt_ptr, offs_n, n_mask, stride_kb, BLOCK_SIZE)
+    tok = slot_offsets(blk, offs_n, stride_kt, BLOCK_SIZE)
+    keys = _int4_keys(k_ptr + kvh * stride_kh, tok, blk, stride_kt, offs_d, n_mask, mask,
+                      HEAD_SIZE)
+    tl.store(out_ptr + (offs_n - lo)[:, None] * HEAD_SIZE + offs_d[None, :], keys, mask=mask)
+
+
+@pytest.mark.parametrize("head_size,block_size", [(64, 32), (80, 32), (128, 64), (256, 32)])
+def test_int4_key_tiles_decode_as_decode_keys(head_size, block_size):
+    """Tiles starting anywhere in a block and spanning several decode bit for bit as
+    `decode_keys`: keys with per-channel offsets, a wide channel, a block of zeros
+    (M = W = 0) and one filled part way (the key stage's open block)."""
+    fmt = format_named("int4")
+    gen = torch.Generator().manual_seed(11)
+    nkv, blocks = 2, 4
+    exact = torch.randn((blocks, block_size, nkv, head_size), generator=gen)
+    exact += torch.randn((1, 1, nkv, head_size), generator=gen) * 4  # per-channel offsets
+    exact[..., 3] *= 30  # a wide channel
+    exact[2] = 0.0
+    pool = fmt.encode_keys(exact)
+    pool[3] = fmt.encode_keys(exact[3:], torch.tensor([block_size // 2 + 3]))[0]
+    pool = pool.to(DEVICE)
+    table = torch.tensor([1, 3, 2, 0], dtype=torch.int32, device=DEVICE)  # shuffled
+    expected = fmt.decode_keys(pool)[table.long().cpu()].reshape(-1, nkv, head_size)
+    b = as_bytes(pool)
+    seq_len = blocks * block_size
+    for lo, block_n in [(0, 64), (block_size - 5, 64), (block_size + 1, 32), (seq_len - 7, 16)]:
+        hi = min(lo + block_n, seq_len)
+        for kvh in range(nkv):
+            out = torch.full((block_n, head_size), float("nan"), device=DEVICE)
+            _key_tile_probe[(1,)](pool, table, out, lo, hi, kvh, b.stride(0), b.stride(1),
+                                  b.stride(2), HEAD_SIZE=head_size, BLOCK_SIZE=block_size,
+                                  HEAD_PAD=triton.next_power_of_2(head_size), BLOCK_N=block_n)
+            assert torch.equal(out[:hi - lo].cpu(), expected[lo:hi, kvh])
+
+
+@triton.jit
+def _half_scale_probe(s_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, _half_scale(tl.load(s_ptr + offs)))
+
+
+def test_int4_half_scales_are_the_table():
+    codes = torch.arange(len(HALF_SCALES), dtype=torch.int32, device=DEVICE)
+    out = torch.empty(len(HALF_SCALES), dtype=torch.float32, device=DEVICE)
+    _half_scale_probe[(1,)](codes, out, N=len(HALF_SCALES))
+    assert torch.equal(out.cpu(), torch.tensor(HALF_SCALES, dtype=torch.float32))
+
+
+BOUNDARIES = [31, 32, 33, 63, 64, 65]
+
+
+@pytest.mark.parametrize("seq_lens,nkv,group,head_size,block_size,num_splits", [
+    (BOUNDARIES, 2, 4, 64, 32, 1),
+    (BOUNDARIES, 1, 2, 64, 32, 3),  # splits of 64 tokens: some start mid-block
+    ([31, 63, 64, 65, 129], 1, 3, 128, 64, 2),
+    ([33, 65], 2, 2, 80, 32, 1),
+], ids=["bs32", "bs32-splits", "bs64-h128", "h80"])
+def test_int4_decode_across_block_boundaries(seq_lens, nkv, group, head_size, block_size,
+                                             num_splits):
+    case, oracle = quantized_case("int4", seq_lens, [1] * len(seq_lens), num_kv_heads=nkv,
+                                  group=group, head_size=head_size, block_size=block_size,
+                                  seed=12)
+    out = paged_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
+                       num_splits=num_splits)
+    assert_matches(out, reference_attention(oracle))
+
+
+@pytest.mark.parametrize("seq_lens,q_lens,nkv,group,head_size,block_size", [
+    # A whole prompt, a chunk after a prefix starting mid-block, decode rows at boundaries.
+    ([33, 65, 64, 31, 96], [33, 34, 1, 1, 1], 2, 2, 64, 32),
+    ([65, 130], [65, 3], 1, 4, 128, 64),
+], ids=["bs32", "bs64-h128"])
+def test_int4_mixed_prefill_across_block_boundaries(seq_lens, q_lens, nkv, group, head_size,
+                                                    block_size):
+    case, oracle = quantized_case("int4", seq_lens, q_lens, num_kv_heads=nkv, group=group,
+                                  head_size=head_size, block_size=block_size, seed=13)
+    out = paged_prefill(case.query, case.k_cache, case.v_cache, case.meta, case.scale)
+    assert_matches(out, reference_attention(oracle))
+
+
+def test_int4_prefill_window_starting_mid_block():
+    case, oracle = quantized_case("int4", [65, 100], [65, 7], num_kv_heads=1, group=2,
+                                  head_size=64, block_size=32, seed=14)
+    out = paged_prefill(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
+                        sliding_window=21, logit_softcap=5.0)
+    _close_to_naive(out, oracle, 21, 5.0, None)
+
+
+def test_int4_shared_prefix_decode_in_64_token_blocks():
+    # 0 and 2 share two 64-token blocks; 1 shares one with them, then goes its own way.
+    case, oracle = quantized_case("int4", [150, 65, 129], [1] * 3, num_kv_heads=2, group=2,
+                                  head_size=64, block_size=64, shared={1: (0, 1), 2: (0, 2)},
+                                  seed=15)
+    groups = find_shared_prefix_groups(case.meta.block_tables, case.meta.seq_lens, 64)
+    assert groups
+    out = shared_prefix_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
+                               groups, num_splits=1)
+    assert_matches(out, reference_attention(oracle))

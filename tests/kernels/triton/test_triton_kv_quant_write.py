@@ -1,6 +1,7 @@
-"""The Triton KV write into int8, fp8 and int4 pools against `KVFormat.encode`, and the
-block moves (copy-on-write, swap) over quantized pools moving rows byte for byte.
-Interpreted on CPU, compiled on CUDA."""
+"""The Triton KV write into int8, fp8 and int4 pools against `KVFormat.encode` (an int4
+pool's values only: its key rows are a block's, encoded by the key stage, and the write
+leaves them alone), and the block moves (copy-on-write, swap) over quantized pools moving
+rows byte for byte. Interpreted on CPU, compiled on CUDA."""
 
 from __future__ import annotations
 
@@ -16,11 +17,17 @@ import triton.language as tl
 
 from kernels import allocate_kv_cache
 from kernels.kv_format import format_named, int4_group
+from kernels.kv_key_channels import MIN_BLOCK_SIZE, param_bytes
 from kernels.triton.backend import TritonBackend
 from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
-from kernels.triton.kv_quant import _e4m3_round, _round_half_even
+from kernels.triton.kv_quant import (
+    _e4m3_round,
+    _round_half_even,
+    int4_key_spare,
+    int4_row_len,
+)
 from tests.kernels.paged_cases import DEVICE, DTYPES
-from tests.kernels.triton.kv_quant_cases import QUANTIZED
+from tests.kernels.triton.kv_quant_cases import QUANTIZED, block_size_for
 
 BLOCK_SIZE = 16
 
@@ -28,10 +35,10 @@ BLOCK_SIZE = 16
 def _pool(name: str, num_layers: int, num_blocks: int, nkv: int, head_size: int,
           seed: int) -> torch.Tensor:
     """A pool of random bytes (a quantized pool full of older tokens): a write that
-    strays shows."""
+    strays shows. Blocks of BLOCK_SIZE tokens, of 32 for int4."""
     fmt = format_named(name)
-    pool = allocate_kv_cache(num_layers, num_blocks, BLOCK_SIZE, nkv, head_size, fmt.storage,
-                             DEVICE, head_major=False)
+    pool = allocate_kv_cache(num_layers, num_blocks, block_size_for(name, BLOCK_SIZE), nkv,
+                             head_size, fmt.storage, DEVICE, head_major=False)
     gen = torch.Generator().manual_seed(seed)
     pool.view(torch.uint8).copy_(torch.randint(0, 256, pool.shape, generator=gen,
                                                dtype=torch.uint8))
@@ -70,17 +77,23 @@ def test_write_kv_encodes_each_token_at_its_slot(name, nkv, head_size, dtype):
     fused[2] *= 400
     fused = fused.to(DEVICE, dtype)
     key, value = fused[:, :nkv], fused[:, nkv:]
-    slots = [3 * BLOCK_SIZE + 1, -1, 0, 6 * BLOCK_SIZE - 1, BLOCK_SIZE, 2 * BLOCK_SIZE - 1]
+    bs = pool.shape[3]
+    slots = [3 * bs + 1, -1, 0, 6 * bs - 1, bs, 2 * bs - 1]
     TritonBackend().write_kv(key, value, pool[0, 0], pool[0, 1],
                              torch.tensor(slots, dtype=torch.int64, device=DEVICE))
     written = [(t, s) for t, s in enumerate(slots) if s >= 0]
-    blocks = [s // BLOCK_SIZE for _, s in written]
-    offsets = [s % BLOCK_SIZE for _, s in written]
+    blocks = [s // bs for _, s in written]
+    offsets = [s % bs for _, s in written]
     tokens = [t for t, _ in written]
-    _assert_encoded(pool[0, 0, blocks, offsets], key[tokens], name)
+    if format_named(name).keys_per_channel:
+        # Value rows as encode writes them (zeros after the scales, up to the key rows'
+        # length); the key pool as it was, bytes and all.
+        assert torch.equal(pool[0, 0].view(torch.uint8), before[0, 0].view(torch.uint8))
+    else:
+        _assert_encoded(pool[0, 0, blocks, offsets], key[tokens], name)
     _assert_encoded(pool[0, 1, blocks, offsets], value[tokens], name)
     # Every other slot (the skipped token's included) keeps its bytes.
-    untouched = torch.ones(6, BLOCK_SIZE, dtype=torch.bool)
+    untouched = torch.ones(6, bs, dtype=torch.bool)
     untouched[blocks, offsets] = False
     assert torch.equal(pool[:, :, untouched].view(torch.uint8),
                        before[:, :, untouched].view(torch.uint8))
@@ -133,6 +146,17 @@ def test_int4_group_and_row_sizes_the_kernel_assumes():
     for head_size in (64, 80, 96, 128, 256):
         assert int4_group(head_size) % 2 == 0
         assert head_size % int4_group(head_size) == 0
+    # The kernels size rows at compile time (int4_row_len, int4_key_spare); a key block's
+    # parameters, and the byte past them that a field's second byte may be, fit the spare
+    # bytes of MIN_BLOCK_SIZE rows; the value row's padding is narrower than its codes.
+    fmt = format_named("int4")
+    for head_size in range(2, 514, 2):
+        row = fmt.row_len(head_size)
+        assert int4_row_len(head_size) == row
+        assert int4_key_spare(head_size) == row - head_size // 2
+        assert MIN_BLOCK_SIZE * int4_key_spare(head_size) >= param_bytes(head_size) + 1
+        value_row = head_size // 2 + 2 * (head_size // int4_group(head_size))
+        assert row - value_row < max(head_size // 2, 1)  # HALF_PAD lanes zero it
 
 
 @triton.jit
@@ -169,4 +193,4 @@ def test_quantized_kernels_compile_for_hopper():
     done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "8"
+    assert done.stdout.strip() == "10"
