@@ -21,6 +21,7 @@ layer's pool view.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,18 @@ import torch
 from kernels import kv_key_channels as channels
 from kernels.kv_format import format_of
 
-__all__ = ["KeyStage", "KeyStages", "StagePlan"]
+__all__ = ["BlockEncoder", "KeyStage", "KeyStages", "StagePlan", "encode_blocks"]
+
+# (exact keys [B, bs, nkv, hd] rotated, rows filled [B], k_cache, block ids [B]): the
+# blocks' key rows written into k_cache, as kv_key_channels.encode_key_block encodes them.
+BlockEncoder = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+def encode_blocks(rows: torch.Tensor, filled: torch.Tensor, k_cache: torch.Tensor,
+                  blocks: torch.Tensor) -> None:
+    """The PyTorch `BlockEncoder`."""
+    encoded = channels.encode_key_block(rows, filled, k_cache.shape[-1])
+    k_cache.view(torch.uint8).index_copy_(0, blocks, encoded)
 
 
 @dataclass(slots=True)
@@ -129,10 +141,10 @@ class KeyStage:
         return self._plan
 
     def write_keys(self, layer: int, key: torch.Tensor, k_cache: torch.Tensor,
-                   plan: StagePlan) -> None:
+                   plan: StagePlan, encode: BlockEncoder = encode_blocks) -> None:
         """key [T, nkv, hd] (as the model computed it; rotated here) into layer ``layer``'s
         key rows ``k_cache`` [num_blocks, bs, nkv, row]: each written block encoded again
-        from its exact rows, the open ones' rows kept in their slots."""
+        (by ``encode``) from its exact rows, the open ones' rows kept in their slots."""
         if plan.blocks.numel() == 0:
             return
         fmt = format_of(k_cache)
@@ -150,8 +162,7 @@ class KeyStage:
         # whether its rows came in one write or over many.
         new = fmt.rotate(key.index_select(0, plan.tokens).float()).half().float()
         rows.view(-1, *rows.shape[2:])[plan.dest] = new
-        encoded = channels.encode_key_block(rows, plan.filled, k_cache.shape[-1])
-        k_cache.view(torch.uint8).index_copy_(0, plan.blocks, encoded)
+        encode(rows, plan.filled, k_cache, plan.blocks)
         index, slots = plan.keep
         if index.numel():
             exact[slots] = rows[index].half()
@@ -216,10 +227,11 @@ def _host(block: int) -> int:
 
 class KeyStages:
     """A backend's stages by the key views of their pools' layers: what `write_kv`
-    hands an int4 pool's keys to."""
+    hands an int4 pool's keys to, and how the backend encodes a step's blocks."""
 
-    def __init__(self) -> None:
+    def __init__(self, encode: BlockEncoder = encode_blocks) -> None:
         self._by_view: dict[int, tuple[KeyStage, int]] = {}
+        self.encode = encode
 
     def attach(self, stage: KeyStage) -> None:
         for layer in range(stage.pool.shape[0]):
@@ -237,4 +249,4 @@ class KeyStages:
                              "pool (kernels/key_stage.py): attach one to the backend's "
                              "key_stages")
         stage, layer = entry
-        stage.write_keys(layer, key, k_cache, stage.plan(slot_mapping))
+        stage.write_keys(layer, key, k_cache, stage.plan(slot_mapping), self.encode)

@@ -35,11 +35,14 @@ from kernels.interface import (
     check_sinks,
     effective_window,
 )
+from kernels.kv_format import format_named
 from kernels.reference.backend import TorchBackend, copy_blocks_ref, swap_blocks_ref
 
 # The pool dtypes the kernels read and write (kernels/kv_format.py: float32, float16, and
 # the int8, fp8 and int4 formats' storage); float32 rows go into any of them.
 POOL_DTYPES = (torch.float32, torch.float16, torch.int8, torch.float8_e4m3fn, torch.uint8)
+# int4's storage: its keys are written a block at a time through the pool's key stage.
+INT4_STORAGE = format_named("int4").storage
 
 
 class CpuBackend:
@@ -51,6 +54,9 @@ class CpuBackend:
             raise RuntimeError(f"the native CPU kernels are unavailable: {status()}")
         # Other dtypes (a bfloat16 model or pool) take the reference path.
         self._fallback = TorchBackend()
+        # An int4 pool's keys go through its stage (kernels/key_stage.py), the fallback's
+        # writes too.
+        self.key_stages = self._fallback.key_stages
         # Every layer of a step gets the same AttentionMetadata: its index tensors are
         # checked and converted for the kernels once, for the first layer, not 30 times.
         self._meta: AttentionMetadata | None = None
@@ -70,6 +76,8 @@ class CpuBackend:
             self._fallback.write_kv(key, value, k_cache, v_cache, slot_mapping)
             return
         ops().write_kv(key, value, k_cache, v_cache, _int64(slot_mapping))
+        if k_cache.dtype == INT4_STORAGE:
+            self.key_stages.write(key, k_cache, slot_mapping)
 
     def rotary_write_kv(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
@@ -81,6 +89,8 @@ class CpuBackend:
         pool."""
         ops().rotary_write_kv(query, key, value, cos, sin, k_cache, v_cache,
                               _int64(slot_mapping))
+        if k_cache.dtype == INT4_STORAGE:  # the key, rotary-turned in place above
+            self.key_stages.write(key, k_cache, slot_mapping)
 
     def kernel_args(self, meta: AttentionMetadata) -> tuple[torch.Tensor | None, ...]:
         """(slot_mapping as int64, query_start_loc, seq_lens, block_tables, key_ends as

@@ -7,10 +7,12 @@ import os
 import torch
 
 from kernels.interface import AttentionMetadata, check_attention_options, effective_window
+from kernels.key_stage import KeyStages, encode_blocks
 from kernels.kv_format import format_of
 from kernels.reference.backend import paged_attention_ref
 from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
 from kernels.triton.decode import paged_decode
+from kernels.triton.key_blocks import encode_key_blocks
 from kernels.triton.prefill import paged_prefill
 from kernels.triton.shared_prefix import (
     SharedPrefixGroup,
@@ -59,11 +61,16 @@ class TritonBackend:
         # editing the last one in place; inference tensors have no version counter.)
         self._groups_meta: AttentionMetadata | None = None
         self._groups: list[SharedPrefixGroup] = []
+        # An int4 pool's keys: through its stage (kernels/key_stage.py), its blocks
+        # encoded by the Triton kernel (kernels/triton/key_blocks.py).
+        self.key_stages = KeyStages(_encode_key_blocks)
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         write_kv(_heads_contiguous(key), _heads_contiguous(value), k_cache, v_cache,
                  slot_mapping)
+        if format_of(k_cache).keys_per_channel:
+            self.key_stages.write(key, k_cache, slot_mapping)
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   meta: AttentionMetadata, scale: float, sliding_window: int | None = None,
@@ -122,3 +129,10 @@ def _heads_contiguous(t: torch.Tensor) -> torch.Tensor:
     """The kernels read whole heads; the CPU small-batch matmul (engine/layers/linear.py)
     hands over transposed views whose head dimension is strided."""
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _encode_key_blocks(rows: torch.Tensor, filled: torch.Tensor, k_cache: torch.Tensor,
+                       blocks: torch.Tensor) -> None:
+    """The Triton encoder where it takes the head size (a multiple of 8), else PyTorch's."""
+    encoder = encode_key_blocks if rows.shape[-1] % 8 == 0 else encode_blocks
+    encoder(rows, filled, k_cache, blocks)

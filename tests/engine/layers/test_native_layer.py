@@ -17,6 +17,7 @@ from engine.models import build_model
 from engine.models.base import pool_layers
 from kernels import allocate_kv_cache
 from kernels.cpu.attention import CpuBackend
+from kernels.key_stage import KeyStage
 from kernels.kv_format import format_stored_as
 from kernels.kv_key_channels import MIN_BLOCK_SIZE
 from kernels.quant.formats import QuantizedTensor
@@ -67,6 +68,8 @@ def run_steps(model, build_attention_metadata, native: bool,
     tables = [list(range(per_seq)), list(range(per_seq, 2 * per_seq))]
     model.native_layers = None if native else NativeLayers([])
     backend = CpuBackend()
+    if format_stored_as(pool_dtype).keys_per_channel:
+        backend.key_stages.attach(KeyStage(cache, slots=2))
     gen = torch.Generator().manual_seed(1)
     outs = []
     with torch.inference_mode():
@@ -127,8 +130,8 @@ def test_float32_and_quantized_pools_take_the_native_layers_too(build_attention_
                                                                 pool_dtype):
     """float32, int8 and int4 (uint8) pools: K/V quantized by the fused write, read in
     place by the attention, the same in the native step as in the modules. (An int4 pool's
-    key rows are not the write's: a block's channels, written a block at a time by the
-    key stage, kernels/kv_key_channels.py.)"""
+    steps take the modules: its keys are written a block at a time through the key stage,
+    kernels/key_stage.py, between the layer's write and its attention.)"""
     model = quantized_model(LlamaConfig(**SHAPE))
     modules, modules_cache = run_steps(model, build_attention_metadata, False, pool_dtype)
     native, native_cache = run_steps(model, build_attention_metadata, True, pool_dtype)

@@ -18,6 +18,7 @@ import kernels.cpu
 from engine.layers.native import native_pool
 from kernels import allocate_kv_cache
 from kernels.cpu.attention import CpuBackend
+from kernels.key_stage import KeyStage
 from kernels.kv_format import FP8, INT4, INT8, int4_group, rotate
 from kernels.kv_key_channels import HALF_SCALES, MIN_BLOCK_SIZE
 from kernels.reference.backend import TorchBackend
@@ -201,7 +202,8 @@ def test_write_kv_quantizes_as_encode(isa_path, fmt, head_size, head_major):
     slots = torch.randperm(blocks * bs, generator=gen)[:300]
     slots[5] = -1
     keep = slots >= 0
-    CpuBackend().write_kv(key, value, pools[0], pools[1], slots)
+    # The op itself: the backend hands an int4 pool's keys to its stage afterwards (below).
+    kernels.cpu.ops().write_kv(key, value, pools[0], pools[1], slots)
     written = ((value, pools[1]),) if fmt.keys_per_channel else ((key, pools[0]),
                                                                   (value, pools[1]))
     for rows, pool in written:
@@ -230,8 +232,8 @@ def test_rotary_write_kv_rotates_then_quantizes(isa_path, fmt):
         random_bytes(pools[0], 7)
     keys_before = pools[0].clone()
     slots = torch.tensor([0, 5, -1, bs + 1])
-    CpuBackend().rotary_write_kv(qkv[:, :4], qkv[:, 4:5], qkv[:, 5:], cos, sin, pools[0],
-                                 pools[1], slots)
+    kernels.cpu.ops().rotary_write_kv(qkv[:, :4], qkv[:, 4:5], qkv[:, 5:], cos, sin,
+                                      pools[0], pools[1], slots)
     torch.testing.assert_close(qkv[:, :4], want_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(qkv[:, 4:5], want_k, rtol=1e-5, atol=1e-5)
     written = [0, 5, bs + 1]
@@ -240,6 +242,31 @@ def test_rotary_write_kv_rotates_then_quantizes(isa_path, fmt):
     else:
         assert_encoded(pools[0].flatten(0, 1)[written], qkv[[0, 1, 3], 4:5], fmt)
     assert_encoded(pools[1].flatten(0, 1)[written], qkv[[0, 1, 3], 5:], fmt)
+
+
+def test_the_backend_writes_int4_keys_through_the_stage(isa_path):
+    """write_kv and rotary_write_kv: the op writes the value rows, the pool's stage the
+    key blocks, equal to encode_keys of the (rotary-turned) keys so far."""
+    from engine.layers.rotary import apply_rotary
+
+    gen = torch.Generator().manual_seed(3)
+    pool = allocate_kv_cache(1, 3, 32, 2, 64, INT4.storage, "cpu", True)
+    backend = CpuBackend()
+    backend.key_stages.attach(KeyStage(pool, slots=1))
+    key, value = torch.randn(2, 40, 2, 64, generator=gen).unbind(0)
+    backend.write_kv(key[:30], value[:30], pool[0, 0], pool[0, 1], torch.arange(32, 62))
+    angles = torch.randn(10, 32, generator=gen)
+    cos = torch.cat((angles.cos(), angles.cos()), -1)[:, None]
+    sin = torch.cat((-angles.sin(), angles.sin()), -1)[:, None]
+    query, turned = torch.randn(10, 4, 64, generator=gen), key[30:].clone()
+    backend.rotary_write_kv(query, turned, value[30:].clone(), cos, sin, pool[0, 0],
+                            pool[0, 1], torch.tensor([62, 63, *range(64, 72)]))
+    torch.testing.assert_close(turned, apply_rotary(key[30:], cos, sin), rtol=1e-5, atol=1e-5)
+    rows = torch.zeros(2, 32, 2, 64)
+    rows.view(64, 2, 64)[:40] = torch.cat([key[:30], turned])
+    want = INT4.encode_keys(rows, torch.tensor([32, 8]))
+    assert torch.equal(pool[0, 0, 1:3].view(torch.uint8), want)
+    assert not pool[0, 0, 0].view(torch.uint8).any()
 
 
 @pytest.mark.parametrize("kind", ["write", "attention"])
@@ -275,7 +302,7 @@ def test_the_rotation_is_its_own_inverse(head_size):
     torch.testing.assert_close(rotate(rotate(x)), x, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close((rotate(x) * rotate(x)).sum(-1), (x * x).sum(-1))
     pools = allocate_kv_cache(1, 2, MIN_BLOCK_SIZE, 1, head_size, torch.uint8, "cpu", True)[0]
-    CpuBackend().write_kv(x[:, None], x[:, None], pools[0], pools[1], torch.arange(50))
+    kernels.cpu.ops().write_kv(x[:, None], x[:, None], pools[0], pools[1], torch.arange(50))
     back = rotate(INT4.decode(pools[1].flatten(0, 1)[:50, 0]))
     step = INT4.decode(pools[1].flatten(0, 1)[:50, 0]).abs().amax(-1, keepdim=True) / 7
     assert ((back - x).abs() <= step * head_size**0.5).all()

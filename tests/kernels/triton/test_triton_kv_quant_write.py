@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels import allocate_kv_cache
+from kernels.key_stage import KeyStage
 from kernels.kv_format import format_named, int4_group
 from kernels.kv_key_channels import MIN_BLOCK_SIZE, param_bytes
 from kernels.triton.backend import TritonBackend
@@ -79,8 +80,9 @@ def test_write_kv_encodes_each_token_at_its_slot(name, nkv, head_size, dtype):
     key, value = fused[:, :nkv], fused[:, nkv:]
     bs = pool.shape[3]
     slots = [3 * bs + 1, -1, 0, 6 * bs - 1, bs, 2 * bs - 1]
-    TritonBackend().write_kv(key, value, pool[0, 0], pool[0, 1],
-                             torch.tensor(slots, dtype=torch.int64, device=DEVICE))
+    # The write itself: the backend then hands an int4 pool's keys to its stage (below).
+    write_kv(key, value, pool[0, 0], pool[0, 1],
+             torch.tensor(slots, dtype=torch.int64, device=DEVICE))
     written = [(t, s) for t, s in enumerate(slots) if s >= 0]
     blocks = [s // bs for _, s in written]
     offsets = [s % bs for _, s in written]
@@ -97,6 +99,27 @@ def test_write_kv_encodes_each_token_at_its_slot(name, nkv, head_size, dtype):
     untouched[blocks, offsets] = False
     assert torch.equal(pool[:, :, untouched].view(torch.uint8),
                        before[:, :, untouched].view(torch.uint8))
+
+
+@pytest.mark.parametrize("head_size", [64, 80])
+def test_the_backend_writes_int4_keys_through_the_stage(head_size):
+    """A prefill chunk, then a token at a time: the key blocks equal encode_keys of the
+    rows so far (encoded by the Triton kernel, or PyTorch's where the head size is no
+    multiple of 8), the value rows encode's."""
+    fmt = format_named("int4")
+    pool = allocate_kv_cache(1, 3, 32, 2, head_size, fmt.storage, DEVICE, head_major=False)
+    backend = TritonBackend()
+    backend.key_stages.attach(KeyStage(pool, slots=1))
+    gen = torch.Generator().manual_seed(5)
+    key, value = (torch.randn(2, 40, 2, head_size, generator=gen) * 2).to(DEVICE).unbind(0)
+    for start, end in ((0, 30), *((n, n + 1) for n in range(30, 40))):
+        slots = torch.arange(32 + start, 32 + end, device=DEVICE)
+        backend.write_kv(key[start:end], value[start:end], pool[0, 0], pool[0, 1], slots)
+    rows = torch.zeros(2, 32, 2, head_size, device=DEVICE)
+    rows.view(64, 2, head_size)[:40] = key
+    want = fmt.encode_keys(rows, torch.tensor([32, 8], device=DEVICE))
+    assert torch.equal(pool[0, 0, 1:3].view(torch.uint8), want)
+    _assert_encoded(pool[0, 1, 1:3].flatten(0, 1)[:40], value, "int4")
 
 
 def test_write_kv_refuses_rows_of_another_head_size():
