@@ -71,7 +71,8 @@ def test_int4_scale_takes_the_largest_magnitude_with_its_sign_the_positive_on_a_
     rows[1, 5], rows[1, 9] = -4.0, 4.0  # a tie: the positive one
     rows[2, 5], rows[2, 9] = 1.0, -0.5
     stored = INT4.encode(INT4.rotate(rows))
-    assert stored[:, 32:34].view(torch.float16).flatten().tolist() == [0.5, -0.5, -0.125]
+    assert stored[:, 32:34].contiguous().view(torch.float16).flatten().tolist() == [
+        0.5, -0.5, -0.125]
     codes = torch.stack([stored[:, :32] & 15, stored[:, :32] >> 4], -1).reshape(3, 64)
     assert codes[0, 5].item() == 0 and codes[0, 9].item() == 12  # -8 and 4
     assert codes[1, 9].item() == 0 and codes[1, 5].item() == 15  # -8 and +8 clamped to 7
