@@ -29,7 +29,12 @@ import torch
 from kernels import kv_key_channels as channels
 from kernels.kv_format import format_of
 
-__all__ = ["BlockEncoder", "KeyStage", "KeyStages", "StagePlan", "encode_blocks"]
+__all__ = ["BlockEncoder", "KeyStage", "KeyStages", "KeyWriter", "StagePlan",
+           "encode_blocks", "write_keys"]
+
+# From the block's earlier rows (StagePlan.carry): none (its first written row is its
+# first), or its decoded pool rows (no slot holds them).
+NO_ROWS, POOL_ROWS = -1, -2
 
 # (exact keys [B, bs, nkv, hd] rotated, rows filled [B], k_cache, block ids [B]): the
 # blocks' key rows written into k_cache, as kv_key_channels.encode_key_block encodes them.
@@ -57,6 +62,38 @@ class StagePlan:
     from_slot: tuple[torch.Tensor, torch.Tensor]  # (block index [n], slot [n])
     from_pool: torch.Tensor  # block index [n]
     keep: tuple[torch.Tensor, torch.Tensor]  # blocks left open: (block index, slot)
+    # The same per block, for a writer that walks the blocks (the native CPU op):
+    carry: torch.Tensor  # int64 [B]: the slot of its earlier rows, NO_ROWS or POOL_ROWS
+    keep_slot: torch.Tensor  # int64 [B]: the slot its rows go to, -1 once it is full
+
+
+# (a layer's slots [slots, bs, nkv, hd] float16, key [T, nkv, hd] as the model computed
+# it, the layer's k_cache [num_blocks, bs, nkv, row], the step's plan): `write_keys`.
+KeyWriter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, StagePlan], None]
+
+
+def write_keys(exact: torch.Tensor, key: torch.Tensor, k_cache: torch.Tensor,
+               plan: StagePlan, encode: BlockEncoder = encode_blocks) -> None:
+    """The PyTorch `KeyWriter`: each written block's rows gathered (earlier rows from
+    the slots ``exact`` or the pool, the new keys rotated and rounded to float16), the
+    blocks encoded by ``encode``, the open ones' rows kept in their slots."""
+    fmt = format_of(k_cache)
+    num_blocks, bs, nkv, hd = plan.blocks.shape[0], *exact.shape[1:]
+    rows = torch.empty(num_blocks, bs, nkv, hd, dtype=torch.float32, device=k_cache.device)
+    index, slots = plan.from_slot
+    if index.numel():
+        rows[index] = exact[slots].float()
+    if plan.from_pool.numel():
+        blocks = plan.blocks[plan.from_pool]
+        rows[plan.from_pool] = fmt.decode_keys(k_cache.index_select(0, blocks))
+    # float16 as the slots keep them, so that a block encodes to the same bytes
+    # whether its rows came in one write or over many.
+    new = fmt.rotate(key.index_select(0, plan.tokens).float()).half().float()
+    rows.view(-1, nkv, hd)[plan.dest] = new
+    encode(rows, plan.filled, k_cache, plan.blocks)
+    index, slots = plan.keep
+    if index.numel():
+        exact[slots] = rows[index].half()
 
 
 class KeyStage:
@@ -111,6 +148,7 @@ class KeyStage:
             tokens.append(t)
             dest.append((len(blocks) - 1) * bs + offset)
         from_slot, from_pool, keep = ([], []), [], ([], [])
+        carry, keep_slot = [NO_ROWS] * len(blocks), [-1] * len(blocks)
         touched = set(blocks)
         for i, (block, start, end) in enumerate(zip(blocks, first, last, strict=True)):
             if start > 0:
@@ -118,13 +156,16 @@ class KeyStage:
                 # rewound sequence (rejected drafts) or a partial block copied for a
                 # prompt sharing only its first tokens writes again from inside them.
                 if self._rows.get(block, 0) >= start:
+                    carry[i] = self._slot[block]
                     from_slot[0].append(i)
-                    from_slot[1].append(self._slot[block])
+                    from_slot[1].append(carry[i])
                 else:
+                    carry[i] = POOL_ROWS
                     from_pool.append(i)
             if end + 1 < bs:
+                keep_slot[i] = self._take(block, touched)
                 keep[0].append(i)
-                keep[1].append(self._take(block, touched))
+                keep[1].append(keep_slot[i])
                 self._rows.pop(block, None)
                 self._rows[block] = end + 1
             else:
@@ -137,35 +178,15 @@ class KeyStage:
         self._plan = StagePlan(slot_mapping, ids(tokens), ids(blocks),
                                ids([e + 1 for e in last]), ids(dest),
                                (ids(from_slot[0]), ids(from_slot[1])), ids(from_pool),
-                               (ids(keep[0]), ids(keep[1])))
+                               (ids(keep[0]), ids(keep[1])), ids(carry), ids(keep_slot))
         return self._plan
 
     def write_keys(self, layer: int, key: torch.Tensor, k_cache: torch.Tensor,
-                   plan: StagePlan, encode: BlockEncoder = encode_blocks) -> None:
-        """key [T, nkv, hd] (as the model computed it; rotated here) into layer ``layer``'s
-        key rows ``k_cache`` [num_blocks, bs, nkv, row]: each written block encoded again
-        (by ``encode``) from its exact rows, the open ones' rows kept in their slots."""
-        if plan.blocks.numel() == 0:
-            return
-        fmt = format_of(k_cache)
-        bs, hd = self.block_size, self.head_size
-        exact = self.exact[layer]
-        rows = torch.empty(plan.blocks.shape[0], bs, key.shape[1], hd,
-                           dtype=torch.float32, device=k_cache.device)
-        index, slots = plan.from_slot
-        if index.numel():
-            rows[index] = exact[slots].float()
-        if plan.from_pool.numel():
-            blocks = plan.blocks[plan.from_pool]
-            rows[plan.from_pool] = fmt.decode_keys(k_cache.index_select(0, blocks))
-        # float16 as the slots keep them, so that a block encodes to the same bytes
-        # whether its rows came in one write or over many.
-        new = fmt.rotate(key.index_select(0, plan.tokens).float()).half().float()
-        rows.view(-1, *rows.shape[2:])[plan.dest] = new
-        encode(rows, plan.filled, k_cache, plan.blocks)
-        index, slots = plan.keep
-        if index.numel():
-            exact[slots] = rows[index].half()
+                   plan: StagePlan, writer: KeyWriter = write_keys) -> None:
+        """key [T, nkv, hd] (as the model computed it; rotated in the writing) into layer
+        ``layer``'s key rows ``k_cache`` [num_blocks, bs, nkv, row] by ``writer``."""
+        if plan.blocks.numel():
+            writer(self.exact[layer], key, k_cache, plan)
 
     def copy(self, src: list[int], dst: list[int]) -> None:
         """Blocks ``dst`` now hold copies of blocks ``src`` (copy-on-write)."""
@@ -227,11 +248,11 @@ def _host(block: int) -> int:
 
 class KeyStages:
     """A backend's stages by the key views of their pools' layers: what `write_kv`
-    hands an int4 pool's keys to, and how the backend encodes a step's blocks."""
+    hands an int4 pool's keys to, and the backend's `KeyWriter`."""
 
-    def __init__(self, encode: BlockEncoder = encode_blocks) -> None:
+    def __init__(self, writer: KeyWriter = write_keys) -> None:
         self._by_view: dict[int, tuple[KeyStage, int]] = {}
-        self.encode = encode
+        self.writer = writer
 
     def attach(self, stage: KeyStage) -> None:
         for layer in range(stage.pool.shape[0]):
@@ -249,4 +270,4 @@ class KeyStages:
                              "pool (kernels/key_stage.py): attach one to the backend's "
                              "key_stages")
         stage, layer = entry
-        stage.write_keys(layer, key, k_cache, stage.plan(slot_mapping), self.encode)
+        stage.write_keys(layer, key, k_cache, stage.plan(slot_mapping), self.writer)

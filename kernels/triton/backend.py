@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 
 from kernels.interface import AttentionMetadata, check_attention_options, effective_window
-from kernels.key_stage import KeyStages, encode_blocks
+from kernels.key_stage import KeyStages, encode_blocks, write_keys
 from kernels.kv_format import format_of
 from kernels.reference.backend import paged_attention_ref
 from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
@@ -63,7 +64,7 @@ class TritonBackend:
         self._groups: list[SharedPrefixGroup] = []
         # An int4 pool's keys: through its stage (kernels/key_stage.py), its blocks
         # encoded by the Triton kernel (kernels/triton/key_blocks.py).
-        self.key_stages = KeyStages(_encode_key_blocks)
+        self.key_stages = KeyStages(functools.partial(write_keys, encode=_encode_key_blocks))
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

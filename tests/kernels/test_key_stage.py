@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels import allocate_kv_cache
-from kernels.key_stage import KeyStage, KeyStages
+from kernels.key_stage import NO_ROWS, POOL_ROWS, KeyStage, KeyStages
 from kernels.kv_format import INT4
 
 BS = 32
@@ -127,3 +127,12 @@ def test_a_swapped_block_keeps_its_slot_through_the_host_pool():
     assert stage.held() == {1: (1, 2), 6: (0, 5)}
     plan = stage.plan(slots((6, 5, 1)))
     assert plan.from_slot[1].tolist() == [0]
+
+
+def test_the_plan_says_per_block_where_its_rows_come_from_and_go():
+    stage = KeyStage(pool(), slots=2)
+    stage.plan(slots((1, 0, 5)))
+    stage.forget([2])
+    plan = stage.plan(slots((1, 5, 1), (2, 3, 29), (3, 0, 2)))
+    assert plan.carry.tolist() == [0, POOL_ROWS, NO_ROWS]
+    assert plan.keep_slot.tolist() == [0, -1, 1]
