@@ -261,13 +261,18 @@ class KeyStages:
     def detach(self, stage: KeyStage) -> None:
         self._by_view = {p: entry for p, entry in self._by_view.items() if entry[0] is not stage}
 
-    def write(self, key: torch.Tensor, k_cache: torch.Tensor,
-              slot_mapping: torch.Tensor) -> None:
-        """An int4 pool's keys, through the stage of its pool."""
+    def find(self, k_cache: torch.Tensor) -> tuple[KeyStage, int]:
+        """The stage of an int4 pool's layer key view, and the layer: for a caller that
+        writes the keys itself (the native decoder layer, engine/layers/native_layer.py)."""
         entry = self._by_view.get(k_cache.data_ptr())
         if entry is None:
             raise ValueError("an int4 pool's keys are written through the KeyStage of its "
                              "pool (kernels/key_stage.py): attach one to the backend's "
                              "key_stages")
-        stage, layer = entry
+        return entry
+
+    def write(self, key: torch.Tensor, k_cache: torch.Tensor,
+              slot_mapping: torch.Tensor) -> None:
+        """An int4 pool's keys, through the stage of its pool."""
+        stage, layer = self.find(k_cache)
         stage.write_keys(layer, key, k_cache, stage.plan(slot_mapping), self.writer)

@@ -17,8 +17,8 @@ op rotate the query before and the output after (its keys decoded per channel fr
 block's parameters, kernels/kv_key_channels.py). The KV write quantizes float32 rows into
 a quantized pool in the same op; an int4 pool's values only, since its key rows hold a
 block's channels and are written a block at a time from the exact keys
-(kernels/key_stage.py). Any other dtype runs the PyTorch reference; copy_blocks /
-swap_blocks (whole-block moves, not per step) move rows as bytes.
+(kernels/key_stage.py; the op int4_write_keys). Any other dtype runs the PyTorch
+reference; copy_blocks / swap_blocks (whole-block moves, not per step) move rows as bytes.
 
 `rotary_write_kv` is an extra the attention layer uses when the backend offers it: the
 rotary step on q and k in place and the KV write in one op.
@@ -35,6 +35,7 @@ from kernels.interface import (
     check_sinks,
     effective_window,
 )
+from kernels.key_stage import KeyStages, StagePlan, write_keys
 from kernels.kv_format import format_named
 from kernels.reference.backend import TorchBackend, copy_blocks_ref, swap_blocks_ref
 
@@ -54,9 +55,10 @@ class CpuBackend:
             raise RuntimeError(f"the native CPU kernels are unavailable: {status()}")
         # Other dtypes (a bfloat16 model or pool) take the reference path.
         self._fallback = TorchBackend()
-        # An int4 pool's keys go through its stage (kernels/key_stage.py), the fallback's
-        # writes too.
-        self.key_stages = self._fallback.key_stages
+        # An int4 pool's keys go through its stage (kernels/key_stage.py), written by the
+        # native op; the fallback's writes too, so that either path finds the stage.
+        self.key_stages = KeyStages(write_int4_keys)
+        self._fallback.key_stages = self.key_stages
         # Every layer of a step gets the same AttentionMetadata: its index tensors are
         # checked and converted for the kernels once, for the first layer, not 30 times.
         self._meta: AttentionMetadata | None = None
@@ -133,6 +135,21 @@ class CpuBackend:
         if src_cache.dtype == dst_cache.dtype:
             src_cache, dst_cache = _bytes(src_cache), _bytes(dst_cache)
         swap_blocks_ref(src_cache, dst_cache, src_ids, dst_ids)
+
+
+def write_int4_keys(exact: torch.Tensor, key: torch.Tensor, k_cache: torch.Tensor,
+                    plan: StagePlan) -> None:
+    """The backend's `KeyWriter` (kernels/key_stage.py): int4_write_keys, one op for what
+    key_stage.write_keys does in about thirty (its blocks encoded to the same bytes; its
+    own Hadamard rotation, which can move a code by one). Keys the op does not take (the
+    fallback's bfloat16) as float32; a pool off the CPU through the PyTorch writer."""
+    if not k_cache.is_cpu:
+        write_keys(exact, key, k_cache, plan)
+        return
+    if key.dtype != torch.float32 or key.stride(-1) != 1:
+        key = key.to(device="cpu", dtype=torch.float32).contiguous()
+    ops().int4_write_keys(key, k_cache, exact, plan.tokens, plan.dest, plan.blocks,
+                          plan.filled, plan.carry, plan.keep_slot)
 
 
 def _bytes(pool: torch.Tensor) -> torch.Tensor:
