@@ -127,14 +127,24 @@ def test_a_soft_cap_and_sinks_reach_the_native_step(build_attention_metadata):
 
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.int8, torch.uint8])
 def test_float32_and_quantized_pools_take_the_native_layers_too(build_attention_metadata,
-                                                                pool_dtype):
+                                                                pool_dtype, monkeypatch):
     """float32, int8 and int4 (uint8) pools: K/V quantized by the fused write, read in
-    place by the attention, the same in the native step as in the modules. (An int4 pool's
-    steps take the modules: its keys are written a block at a time through the key stage,
-    kernels/key_stage.py, between the layer's write and its attention.)"""
+    place by the attention, the same in the native step as in the modules. An int4 pool's
+    keys are written a block at a time through its key stage (kernels/key_stage.py), by
+    the same op in both, between the layer's write and its attention."""
     model = quantized_model(LlamaConfig(**SHAPE))
     modules, modules_cache = run_steps(model, build_attention_metadata, False, pool_dtype)
+    ran = []
+    run = NativeLayers.run
+
+    def spy(self, *args):
+        hidden = run(self, *args)
+        ran.append(hidden is not None)
+        return hidden
+
+    monkeypatch.setattr(NativeLayers, "run", spy)
     native, native_cache = run_steps(model, build_attention_metadata, True, pool_dtype)
+    assert ran == [True] * 3  # every step took the native layers
     assert all(step is not None for step in model.native_layers.steps)
     assert all(torch.equal(a, b) for a, b in zip(native, modules, strict=True))
     assert torch.equal(native_cache.view(torch.uint8), modules_cache.view(torch.uint8))

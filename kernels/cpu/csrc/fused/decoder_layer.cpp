@@ -112,6 +112,38 @@ struct DecoderLayer : torch::CustomClassHolder {
                   const at::Tensor& slot_mapping, const at::Tensor& query_start_loc,
                   const at::Tensor& seq_lens, const at::Tensor& block_tables,
                   int64_t max_seq_len, bool pairs) {
+    return run(hidden, cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens,
+               block_tables, max_seq_len, pairs, nullptr);
+  }
+
+  // step over an int4 pool, whose key rows rotary_write_kv leaves alone: the keys are
+  // written a block at a time (int4_write_keys, key_blocks.cpp) before the attention reads
+  // them, from this layer's slots of exact keys ([slots, bs, nkv, hd] float16) by the
+  // step's StagePlan (kernels/key_stage.py: tokens, dest, blocks, filled, carry,
+  // keep_slot).
+  at::Tensor step_int4(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                       const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& slot_mapping, const at::Tensor& query_start_loc,
+                       const at::Tensor& seq_lens, const at::Tensor& block_tables,
+                       int64_t max_seq_len, bool pairs, const at::Tensor& exact,
+                       const at::Tensor& tokens, const at::Tensor& dest,
+                       const at::Tensor& blocks, const at::Tensor& filled,
+                       const at::Tensor& carry, const at::Tensor& keep_slot) {
+    const KeyPlan keys{exact, tokens, dest, blocks, filled, carry, keep_slot};
+    return run(hidden, cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens,
+               block_tables, max_seq_len, pairs, &keys);
+  }
+
+ private:
+  struct KeyPlan {
+    const at::Tensor &exact, &tokens, &dest, &blocks, &filled, &carry, &keep_slot;
+  };
+
+  at::Tensor run(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                 const at::Tensor& k_cache, const at::Tensor& v_cache,
+                 const at::Tensor& slot_mapping, const at::Tensor& query_start_loc,
+                 const at::Tensor& seq_lens, const at::Tensor& block_tables, int64_t max_seq_len,
+                 bool pairs, const KeyPlan* keys) {
     for (const auto& p : products_) TORCH_CHECK(p, "DecoderLayer: a product was never set");
     const int64_t t = hidden.size(0);
     const at::Tensor x = rms_norm(hidden, input_norm_, input_eps_, offset_);
@@ -125,6 +157,9 @@ struct DecoderLayer : torch::CustomClassHolder {
     }
     attention::rotary_write_kv(query, key, qkv.narrow(1, nq_ + nkv_, nkv_), cos, sin, k_cache,
                                v_cache, slot_mapping);
+    if (keys != nullptr)
+      attention::int4_write_keys(key, k_cache, keys->exact, keys->tokens, keys->dest,
+                                 keys->blocks, keys->filled, keys->carry, keys->keep_slot);
     const at::Tensor attn = attention::paged_attention(
         query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale_,
         window_ < max_seq_len ? window_ : 0, softcap_, sinks_);
@@ -141,7 +176,6 @@ struct DecoderLayer : torch::CustomClassHolder {
     return residual;
   }
 
- private:
   at::Tensor mlp(const at::Tensor& normed, bool pairs) const {
     return (*products_[kDown])(silu_mul((*products_[kGateUp])(normed, pairs)), pairs);
   }
@@ -165,5 +199,6 @@ TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
       .def("set_product", &folio_cpu::DecoderLayer::set_product)
       .def("set_attention", &folio_cpu::DecoderLayer::set_attention)
       .def("set_biases", &folio_cpu::DecoderLayer::set_biases)
-      .def("step", &folio_cpu::DecoderLayer::step);
+      .def("step", &folio_cpu::DecoderLayer::step)
+      .def("step_int4", &folio_cpu::DecoderLayer::step_int4);
 }
