@@ -20,7 +20,7 @@ from kernels import allocate_kv_cache
 from kernels.cpu.attention import CpuBackend
 from kernels.key_stage import KeyStage
 from kernels.kv_format import FP8, INT4, INT8, int4_group, rotate
-from kernels.kv_key_channels import HALF_SCALES, MIN_BLOCK_SIZE
+from kernels.kv_key_channels import HALF_SCALES, MIN_BLOCK_SIZE, key_params
 from kernels.reference.backend import TorchBackend
 from tests.kernels.paged_cases import make_case
 from tests.kernels.reference.test_reference_sinks import sinks_for
@@ -246,7 +246,10 @@ def test_rotary_write_kv_rotates_then_quantizes(isa_path, fmt):
 
 def test_the_backend_writes_int4_keys_through_the_stage(isa_path):
     """write_kv and rotary_write_kv: the op writes the value rows, the pool's stage the
-    key blocks, equal to encode_keys of the (rotary-turned) keys so far."""
+    key blocks, equal to encode_keys of the (rotary-turned) keys so far: but for a code
+    here and there, since the stage's writer (int4_write_keys) rotates the keys with its
+    own butterflies, encode_keys with torch's matrix product (tests/kernels/cpu/
+    test_int4_key_blocks.py)."""
     from engine.layers.rotary import apply_rotary
 
     gen = torch.Generator().manual_seed(3)
@@ -265,7 +268,10 @@ def test_the_backend_writes_int4_keys_through_the_stage(isa_path):
     rows = torch.zeros(2, 32, 2, 64)
     rows.view(64, 2, 64)[:40] = torch.cat([key[:30], turned])
     want = INT4.encode_keys(rows, torch.tensor([32, 8]))
-    assert torch.equal(pool[0, 0, 1:3].view(torch.uint8), want)
+    got = pool[0, 0, 1:3].view(torch.uint8)
+    assert (got != want).float().mean() < 0.005
+    step = key_params(want, 64)[1][:, None]
+    assert ((INT4.decode_keys(got) - INT4.decode_keys(want)).abs() <= step * 1.01).all()
     assert not pool[0, 0, 0].view(torch.uint8).any()
 
 
