@@ -168,8 +168,7 @@ void int4_write_keys(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact
                   key.stride(2) == 1,
               "key must be float32 [num_tokens, nkv, hd] on the CPU with contiguous heads");
   const int64_t nkv = key.size(1), hd = key.size(2);
-  TORCH_CHECK(hd % 2 == 0 && hd <= 1024, "int4 keys need an even head size up to 1024, not ",
-              hd);
+  TORCH_CHECK(hd % 2 == 0, "int4 keys need an even head size, not ", hd);
   TORCH_CHECK(k_cache.scalar_type() == at::kByte && k_cache.device().is_cpu() &&
                   k_cache.dim() == 4 && k_cache.stride(3) == 1 && k_cache.size(2) == nkv &&
                   k_cache.size(3) == row_len(KvKind::kI4, hd),
@@ -225,7 +224,7 @@ void int4_write_keys(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact
   at::Tensor gathered = at::empty({num_blocks, nkv, bs, hd}, key.options());  // float32
   float* rows_all = gathered.data_ptr<float>();
   uint8_t* pool = k_cache.data_ptr<uint8_t>();
-  const at::Half* ex = exact.data_ptr<at::Half>();
+  at::Half* ex = exact.data_ptr<at::Half>();
   const float* keys = key.data_ptr<float>();
   const int64_t pool_block = k_cache.stride(0), pool_slot = k_cache.stride(1),
                 pool_head = k_cache.stride(2);
@@ -242,7 +241,8 @@ void int4_write_keys(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact
       if (from[i] >= 0) {
         const at::Half* slot = ex + from[i] * ex_slot + h * ex_head;
         for (int64_t j = 0; j < start[i]; ++j)
-          for (int64_t c = 0; c < hd; ++c) x[j * hd + c] = static_cast<float>(slot[j * ex_row + c]);
+          for (int64_t c = 0; c < hd; ++c)
+            x[j * hd + c] = static_cast<float>(slot[j * ex_row + c]);
       } else if (from[i] == kPoolRows) {
         // The block's rows as kv_key_channels.decode_key_block gives them: low + code * step.
         const Int4Kv* coded = reinterpret_cast<const Int4Kv*>(block_rows);
@@ -272,9 +272,10 @@ void int4_write_keys(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact
       const int64_t i = task / nkv, h = task % nkv;
       if (keep[i] < 0) continue;
       const float* x = rows_all + task * bs * hd;
-      at::Half* slot = const_cast<at::Half*>(ex) + keep[i] * ex_slot + h * ex_head;
+      at::Half* slot = ex + keep[i] * ex_slot + h * ex_head;
       for (int64_t j = 0; j < fill[i]; ++j)
-        for (int64_t c = 0; c < hd; ++c) slot[j * ex_row + c] = static_cast<at::Half>(x[j * hd + c]);
+        for (int64_t c = 0; c < hd; ++c)
+          slot[j * ex_row + c] = static_cast<at::Half>(x[j * hd + c]);
     }
   });
 }
