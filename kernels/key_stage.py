@@ -258,9 +258,6 @@ class KeyStages:
         for layer in range(stage.pool.shape[0]):
             self._by_view[stage.pool[layer, 0].data_ptr()] = (stage, layer)
 
-    def detach(self, stage: KeyStage) -> None:
-        self._by_view = {p: entry for p, entry in self._by_view.items() if entry[0] is not stage}
-
     def find(self, k_cache: torch.Tensor) -> tuple[KeyStage, int]:
         """The stage of an int4 pool's layer key view, and the layer: for a caller that
         writes the keys itself (the native decoder layer, engine/layers/native_layer.py)."""
