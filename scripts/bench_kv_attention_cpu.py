@@ -2,12 +2,15 @@
 step's attention ops (every layer's own pool, so K/V stream from memory as in a step) at
 4,000 and 16,000 tokens of context, and a 4,000-token prefill chunked 512 at a time (one
 layer: each chunk's KV write and attention), for a Llama-3.2-1B shape (16 layers, 32 query
-heads, 8 KV heads, head size 64). Pools of the given dtypes alternate step by step (chunk
-by chunk); each figure is the best of its rounds (a prefill the sum of its chunks' best).
+heads, 8 KV heads, head size 64), at each of the given block sizes (int4 from its smallest,
+kv_key_channels.MIN_BLOCK_SIZE: its keys are a block's channels, encoded a block at a time).
+Pools of the given dtypes and block sizes alternate step by step (chunk by chunk); each
+figure is the best of its rounds (a prefill the sum of its chunks' best).
 Random K/V: timings only. On a shared, busy machine `--threads 1 --clock cpu` counts the
 thread's own CPU time (time.thread_time), which other processes' load does not inflate.
 
     python scripts/bench_kv_attention_cpu.py --threads 2
+    python scripts/bench_kv_attention_cpu.py --block-sizes 16,32,64 --no-prefill
 """
 
 from __future__ import annotations
@@ -24,24 +27,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's Foli
 from kernels import AttentionMetadata, allocate_kv_cache  # noqa: E402
 from kernels.cpu.attention import CpuBackend  # noqa: E402
 from kernels.kv_format import format_named  # noqa: E402
+from kernels.kv_key_channels import MIN_BLOCK_SIZE  # noqa: E402
 
-LAYERS, NQ, NKV, HD, BLOCK = 16, 32, 8, 64, 16
+LAYERS, NQ, NKV, HD = 16, 32, 8, 64
 clock = time.perf_counter  # --clock cpu: time.thread_time
 
 
-def filled_pool(fmt, layers: int, tokens: int, gen: torch.Generator) -> torch.Tensor:
-    """[layers, 2, blocks, 16, nkv, row] head-major, every slot holding random K/V."""
-    blocks = -(-tokens // BLOCK)
-    pool = allocate_kv_cache(layers, blocks, BLOCK, NKV, HD, fmt.storage, "cpu", True)
+def filled_pool(fmt, layers: int, tokens: int, block: int, gen: torch.Generator
+                ) -> torch.Tensor:
+    """[layers, 2, blocks, block, nkv, row] head-major, every slot holding random K/V."""
+    blocks = -(-tokens // block)
+    pool = allocate_kv_cache(layers, blocks, block, NKV, HD, fmt.storage, "cpu", True)
     for layer in range(layers):
-        for kv in range(2):
-            rows = torch.randn(blocks, BLOCK, NKV, HD, generator=gen)
-            pool[layer, kv].copy_(fmt.encode(rows))
+        keys, values = torch.randn(2, blocks, block, NKV, HD, generator=gen)
+        pool[layer, 0].copy_(fmt.encode_keys(keys))
+        pool[layer, 1].copy_(fmt.encode(values))
     return pool
 
 
-def meta_for(context: int, q_len: int) -> AttentionMetadata:
-    blocks = -(-context // BLOCK)
+def meta_for(context: int, q_len: int, block: int) -> AttentionMetadata:
+    blocks = -(-context // block)
     return AttentionMetadata(
         query_start_loc=torch.tensor([0, q_len], dtype=torch.int32),
         seq_lens=torch.tensor([context], dtype=torch.int32),
@@ -59,24 +64,25 @@ def decode_step(backend, pool, meta, query) -> float:
 
 def prefill(backend, pools, tokens: int, chunk: int, rounds: int,
             gen: torch.Generator) -> dict[str, float]:
-    """One layer's KV writes and attention over the chunks of a `tokens` prompt, per pool:
+    """One layer's KV writes and attention over the chunks of a `tokens` prompt, per pool
+    (an int4 pool's write leaves its keys to the key stage, so theirs are the pool's own):
     each chunk timed `rounds` times, the pools alternating chunk by chunk (a busy machine
     slows a stretch of time, not a dtype), the best of each chunk summed."""
     totals = dict.fromkeys(pools, 0.0)
     for begin in range(0, tokens, chunk):
         n = min(chunk, tokens - begin)
-        meta = meta_for(begin + n, n)
         query = torch.randn(n, NQ, HD, generator=gen)
         key, value = torch.randn(2, n, NKV, HD, generator=gen)
         best = dict.fromkeys(pools, float("inf"))
         for _ in range(rounds):
-            for name, pool in pools.items():
+            for label, pool in pools.items():
+                meta = meta_for(begin + n, n, pool.shape[3])
                 start = clock()
                 backend.write_kv(key, value, pool[0, 0], pool[0, 1], meta.slot_mapping)
                 backend.attention(query, pool[0, 0], pool[0, 1], meta, HD**-0.5)
-                best[name] = min(best[name], clock() - start)
-        for name in pools:
-            totals[name] += best[name]
+                best[label] = min(best[label], clock() - start)
+        for label in pools:
+            totals[label] += best[label]
     return totals
 
 
@@ -85,7 +91,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dtypes", default="float16,int8,int4")
+    parser.add_argument("--block-sizes", default="16")
     parser.add_argument("--contexts", default="4000,16000")
+    parser.add_argument("--no-prefill", action="store_true")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     args = parser.parse_args()
     if args.clock == "cpu":
@@ -96,33 +104,43 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     backend = CpuBackend()
     gen = torch.Generator().manual_seed(0)
-    fmts = [format_named(name) for name in args.dtypes.split(",")]
+    # (label, format, block size): int4 below its smallest block at its smallest.
+    kinds = {}
+    for name in args.dtypes.split(","):
+        fmt = format_named(name)
+        for bs in (int(b) for b in args.block_sizes.split(",")):
+            bs = max(bs, MIN_BLOCK_SIZE) if fmt.keys_per_channel else bs
+            kinds[f"{name}/{bs}"] = (fmt, bs)
     query = torch.randn(1, NQ, HD, generator=gen)
     results: dict[tuple[str, str], float] = {}
     for context in (int(c) for c in args.contexts.split(",")):
-        pools = {fmt.name: filled_pool(fmt, LAYERS, context, gen) for fmt in fmts}
-        meta = meta_for(context, 1)
+        pools = {label: filled_pool(fmt, LAYERS, context, bs, gen)
+                 for label, (fmt, bs) in kinds.items()}
+        metas = {label: meta_for(context, 1, bs) for label, (_, bs) in kinds.items()}
         for _ in range(3 * args.rounds):  # step by step, the pools alternating
-            for fmt in fmts:
-                t = decode_step(backend, pools[fmt.name], meta, query)
-                key = (f"decode {context}", fmt.name)
+            for label in kinds:
+                t = decode_step(backend, pools[label], metas[label], query)
+                key = (f"decode {context}", label)
                 results[key] = min(results.get(key, float("inf")), t)
         del pools
-    prefill_tokens = 4000
-    pools = {fmt.name: filled_pool(fmt, 1, prefill_tokens, gen) for fmt in fmts}
-    totals = prefill(backend, pools, prefill_tokens, 512, max(2, args.rounds // 2), gen)
-    for name, t in totals.items():
-        results[("prefill 4000 / 512", name)] = t
+    if not args.no_prefill:
+        prefill_tokens = 4000
+        pools = {label: filled_pool(fmt, 1, prefill_tokens, bs, gen)
+                 for label, (fmt, bs) in kinds.items()}
+        totals = prefill(backend, pools, prefill_tokens, 512, max(2, args.rounds // 2), gen)
+        for label, t in totals.items():
+            results[("prefill 4000 / 512", label)] = t
     print(f"{torch.get_num_threads()} threads, ISA {torch.ops.folio_cpu.isa()}, {args.clock} "
           "clock; best of rounds, "
-          "ms (decode: 16 layers' attention ops; prefill: one layer's writes + attention)")
+          "ms (decode: 16 layers' attention ops; prefill: one layer's writes + attention); "
+          "dtype/block size")
     for case in dict.fromkeys(k[0] for k in results):
-        base = results.get((case, "float16"))
+        base = results.get((case, "float16/16"))
         cells = []
-        for fmt in fmts:
-            t = results[(case, fmt.name)]
-            ratio = f" (f16/{fmt.name} {base / t:.2f}x)" if base and fmt.name != "float16" else ""
-            cells.append(f"{fmt.name} {t * 1e3:.2f}{ratio}")
+        for label in kinds:
+            t = results[(case, label)]
+            ratio = f" ({base / t:.2f}x f16/16)" if base and label != "float16/16" else ""
+            cells.append(f"{label} {t * 1e3:.2f}{ratio}")
         print(f"{case:>20}: " + ", ".join(cells))
     return 0
 

@@ -85,6 +85,38 @@ def test_decode_rows_over_several_spans(isa_path, head_size, block_size, window)
     check(case, window)
 
 
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_blocks_of_several_sub_blocks(isa_path, block_size):
+    """Blocks of 32 and 64 slots (EngineConfig.block_size) take the transposed and
+    key-by-key paths 16 slots at a time, spans of 256 keys: lengths around a sub-block, a
+    block and a span, prefill and decode rows in one batch, windows that start inside a
+    sub-block, soft-caps, head sizes whose keys transpose in plain C++ (72) or take one
+    value vector at a time (80), shared prompts and split keys."""
+    bs = block_size
+    lengths = [bs - 1, bs + 17, 2 * bs + 1, 255, 257, 600]
+    for head_size, group in ((64, 4), (128, 1), (72, 2), (80, 3)):
+        case = make_case(lengths, [1, 16, 5, 1, 40, 1], num_kv_heads=2, group=group,
+                         head_size=head_size, block_size=bs, seed=head_size + bs,
+                         head_major=group != 1)
+        check(case)
+        check(case, window=40, softcap=5.0)
+        check(case, window=7)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for n, group in ((4, 3), (3, 8)):
+            shared = make_case([512 + bs * (i % 3) + i for i in range(n)], [1] * n,
+                               num_kv_heads=2, group=group, head_size=64, block_size=bs,
+                               shared={i: (0, 512 // bs) for i in range(1, n)}, seed=n)
+            check(shared, softcap=4.0)
+        long = make_case([2049], [1], num_kv_heads=3, group=3, head_size=64, block_size=bs,
+                         head_major=True)
+        check(long)
+        check(long, window=700)
+    finally:
+        torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("window", [1, 7, 16, 17, 40])
 @pytest.mark.parametrize("softcap", [None, 5.0])
 def test_sliding_window_and_softcap(isa_path, window, softcap):

@@ -32,6 +32,16 @@ def test_runs_see_their_end(isa_path, window, softcap):
         check(case, window, softcap)
 
 
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_runs_over_blocks_of_several_sub_blocks(isa_path, block_size):
+    """Blocks of 32 and 64 slots, taken 16 at a time: a run's end inside a sub-block."""
+    for group in (1, 8):
+        case = with_runs(make_case(*BATCH, num_kv_heads=2, group=group, head_size=64,
+                                   block_size=block_size, seed=group, head_major=True), RUNS)
+        check(case)
+        check(case, 16, 5.0)
+
+
 def test_a_float16_pool(isa_path):
     case = with_runs(make_case(*BATCH, num_kv_heads=2, group=4, head_size=64, block_size=16,
                                head_major=True), RUNS)

@@ -141,6 +141,34 @@ def test_shared_prefixes_and_split_keys(isa_path, fmt, threads):
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_blocks_of_several_sub_blocks(isa_path, fmt, block_size):
+    """Blocks of 32 and 64 slots (int4's; any pool's where EngineConfig.block_size says
+    so) take the tiles 16 slots at a time (an int4 key block decoded once for them all):
+    prefill and decode rows around a sub-block, a block and a span of 256 keys, windows
+    starting inside a sub-block, soft-caps, sinks, shared prompts and split keys."""
+    bs = block_size
+    for group in (2, 8):
+        case = make_case([bs - 1, bs + 17, 2 * bs + 1, 257, 600], [1, 16, 5, 1, 40],
+                         num_kv_heads=2, group=group, head_size=64, block_size=bs,
+                         seed=group + bs, head_major=group == 8)
+        check(case, fmt)
+        check(case, fmt, window=40, softcap=5.0, sinks=sinks_for(2 * group))
+        check(case, fmt, window=7)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        shared = make_case([512 + bs * (i % 3) + i for i in range(4)], [1] * 4,
+                           num_kv_heads=2, group=8, head_size=64, block_size=bs,
+                           shared={i: (0, 512 // bs) for i in range(1, 4)}, seed=3)
+        check(shared, fmt, softcap=4.0, sinks=sinks_for(16))
+        long = make_case([1500], [1], num_kv_heads=2, group=4, head_size=128, block_size=bs,
+                         head_major=True)
+        check(long, fmt, window=700)
+    finally:
+        torch.set_num_threads(previous)
+
+
 def codes_and_scales(stored: torch.Tensor, fmt, hd: int
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes as int or e4m3 steps, scales as float, the bytes after the scales) of rows

@@ -31,6 +31,29 @@ def test_mixed_batch_with_sinks(isa_path, window, softcap):
         check(case, sinks_for(2 * group), window, softcap)
 
 
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_sinks_over_blocks_of_several_sub_blocks(isa_path, block_size):
+    """Blocks of 32 and 64 slots (taken 16 at a time): both paths, a window, a soft-cap,
+    split keys and a shared prompt."""
+    for group in (2, 8):
+        case = make_case([33, 100, 17, 200], [1, 30, 17, 1], num_kv_heads=2, group=group,
+                         head_size=64, block_size=block_size, seed=group, head_major=True)
+        check(case, sinks_for(2 * group))
+        check(case, sinks_for(2 * group), 40, 5.0)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        long = make_case([2049], [1], num_kv_heads=3, group=3, head_size=64,
+                         block_size=block_size, head_major=True)
+        check(long, sinks_for(9), window=700, softcap=10.0)
+        shared = make_case([512, 520, 530], [1, 1, 1], num_kv_heads=2, group=3,
+                           head_size=64, block_size=block_size,
+                           shared={1: (0, 512 // block_size), 2: (0, 512 // block_size)})
+        check(shared, sinks_for(6))
+    finally:
+        torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_split_rows_merge_with_the_sink(isa_path, threads):
     """One long sequence split over its keys, and candidates reading a shared prompt:

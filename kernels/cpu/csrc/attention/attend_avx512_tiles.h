@@ -276,6 +276,28 @@ FOLIO_TILE_INLINE void value_rows(const float* const* p, int nrows, const Kv* va
   }
 }
 
+// attend_kernel.inc's nibble_floats: 16 bytes' nibbles at a time, split, interleaved back
+// into channel order by byte unpacks, widened to int32 and converted.
+#define FOLIO_NIBBLE_FLOATS 1
+inline void nibble_floats(const uint8_t* pairs, int64_t n, int bias, float* dst) {
+  const __m128i low4 = _mm_set1_epi8(0x0f);
+  const __m512i b = _mm512_set1_epi32(bias);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs + i));
+    const __m128i lo = _mm_and_si128(p, low4), hi = _mm_and_si128(_mm_srli_epi16(p, 4), low4);
+    const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
+    _mm512_storeu_ps(dst + 2 * i,
+                     _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(first), b)));
+    _mm512_storeu_ps(dst + 2 * i + 16,
+                     _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(second), b)));
+  }
+  for (; i < n; ++i) {
+    dst[2 * i] = static_cast<float>(static_cast<int>(pairs[i] & 0x0fu) - bias);
+    dst[2 * i + 1] = static_cast<float>(static_cast<int>(pairs[i] >> 4) - bias);
+  }
+}
+
 inline void floats_from_halves(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)

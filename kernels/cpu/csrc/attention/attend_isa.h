@@ -15,12 +15,24 @@ using RunTask = void (*)(const AttentionArgs&, const AttentionTask&, const Parti
 // (past +-65504 they become infinities): a float16 pool's KV write.
 using HalvesFromFloats = void (*)(const float* src, uint16_t* dst, int64_t n);
 
+// The kernel's score and value tiles take 16 key slots at a time: a block of a multiple
+// of 16 slots (16, the engine's default; int4's 32 or 64; any a user sets) takes them as
+// consecutive 16-slot sub-blocks.
+constexpr int64_t kSubBlock = 16;
+// The online softmax takes whole blocks of such sizes up to this many keys at a time, so
+// that a row's max, rescale and sum are paid once per span, not per block; one block of
+// any other size.
+constexpr int64_t kSpanKeys = 256;
+
+inline int64_t span_blocks_of(int64_t block_size) {
+  return block_size % kSubBlock == 0 && block_size < kSpanKeys ? kSpanKeys / block_size : 1;
+}
+
 inline int64_t scratch_floats(int64_t rows, const AttentionArgs& args) {
-  // Scores of a span (16 blocks of 16 slots, or one block of another size), max, sum and
-  // acc per row; one block's keys transposed; one block of a float16 pool as float32; an
-  // int4 key block's low and step per channel and its parameter bytes (fewer than
-  // head_size + row_len floats hold them) (attend_kernel.inc).
-  const int64_t span = args.block_size == 16 ? 256 : args.block_size;
+  // Scores of a span, max, sum and acc per row; one block's keys transposed; one block of
+  // a float16 pool as float32; an int4 key block's low and step per channel and its
+  // parameter bytes (fewer than head_size + row_len floats hold them) (attend_kernel.inc).
+  const int64_t span = span_blocks_of(args.block_size) * args.block_size;
   return rows * (span + args.head_size + 2) + 2 * args.head_size * args.block_size +
          3 * args.head_size + args.row_len;
 }
