@@ -6,12 +6,12 @@ pool's decoded rows would compound each write's rounding over a block's 32 write
 the starter a teacher-forced KL of 0.23 nats against 0.017 from exact keys,
 docs/BENCHMARKS.md), so `KeyStage` keeps, per pool, the rotated keys of each open block
 (one written in part) in float16 slots beside the pool: a block's slot holds its rows
-until it fills, and is then free. A slot is only a copy: one evicted (more open blocks
-than slots, the least recently written first) or lost with a move the stage was not told
-of (`forget`) makes the block's next write start again from its decoded rows, which costs
-some accuracy, never correctness, provided the engine tells the stage of every block
-whose rows change outside a write (`copy` for copy-on-write, `move` for swaps, `forget`
-for disk reads).
+until it fills, and is then free. A block whose slot was evicted (more open blocks than
+slots: the least recently written goes first) or forgotten starts its next write again
+from its decoded rows, which costs some accuracy, never correctness. So the engine tells
+the stage of every block whose rows change outside a write (`copy` for copy-on-write,
+`move` for swaps, `forget` for disk reads): a slot kept for rows that changed would be
+read as theirs.
 
 A step's writes are planned once (`KeyStage.plan`, from the slot mapping every layer
 gets) and then carried out per layer (`write_keys`); each backend's `write_kv` writes the

@@ -9,11 +9,12 @@ both, a channel's range does not. On the starter that took int4's teacher-forced
 against float16 from 0.042 to about 0.016 nats at 0.273 of float16's bytes
 (docs/BENCHMARKS.md).
 
-A block's key rows, head size hd, ``row_len`` bytes each (`row_len`, the same as the value
-rows' so the pool keeps one row length): bytes [0, hd / 2) are the token's codes (element
-2i in the low nibble, 2i + 1 in the high one, each 0..15); the rest of every row, ``spare``
-bytes, strung together over the block's rows in order (byte j in row j // spare), hold the
-block's parameters for that head (`param_bytes`): the float16 M (the largest |midpoint|
+A block's key rows, head size hd, ``row_len`` bytes each (the same as the value rows' so
+the pool keeps one row length): bytes [0, hd / 2) are the token's codes (element 2i in the
+low nibble, 2i + 1 in the high one, each 0..15); the rest of every row, ``spare = row_len -
+hd / 2`` bytes (at least `spare_bytes`), strung together over the block's rows in order
+(byte j in row j // spare), hold the block's parameters for that head (`param_bytes`):
+the float16 M (the largest |midpoint|
 of a channel) and W (the widest half-width, rounded up), then a little-endian bit string
 (bit b is bit b % 8 of byte b // 8) of each channel's 6-bit midpoint code m + 31 and then
 each channel's 5-bit half-width code s. Channel c decodes as
