@@ -59,10 +59,12 @@ class StagePlan:
     blocks: torch.Tensor  # int64 [B]
     filled: torch.Tensor  # int64 [B] rows each block holds after the write
     dest: torch.Tensor  # int64 [T'] each token's row in the step's [B * bs] rows
+    # Gathers of the per-block fields below, for a writer that indexes blocks in bulk
+    # (PyTorch's): the blocks whose earlier rows a slot holds and those slots, the blocks
+    # decoded from the pool, the blocks left open and their slots.
     from_slot: tuple[torch.Tensor, torch.Tensor]  # (block index [n], slot [n])
     from_pool: torch.Tensor  # block index [n]
-    keep: tuple[torch.Tensor, torch.Tensor]  # blocks left open: (block index, slot)
-    # The same per block, for a writer that walks the blocks (the native CPU op):
+    keep: tuple[torch.Tensor, torch.Tensor]  # (block index [n], slot [n])
     carry: torch.Tensor  # int64 [B]: the slot of its earlier rows, NO_ROWS or POOL_ROWS
     keep_slot: torch.Tensor  # int64 [B]: the slot its rows go to, -1 once it is full
 
@@ -105,7 +107,7 @@ class KeyStage:
             raise ValueError(f"a {fmt.name} pool keeps its keys as rows: it needs no stage")
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
-        layers, _, self.num_blocks, self.block_size, nkv, row = pool.shape
+        layers, _, _, self.block_size, nkv, row = pool.shape
         self.head_size = fmt.head_size(row)
         self.pool = pool
         # Never read before written (a slot's rows are written before they are carried),
@@ -116,10 +118,6 @@ class KeyStage:
         self._rows: dict[int, int] = {}  # open block -> rows its slot holds; oldest write first
         self._free = list(range(slots - 1, -1, -1))
         self._plan: StagePlan | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return self.exact.numel() * self.exact.element_size()
 
     def held(self) -> dict[int, tuple[int, int]]:
         """Open block -> (its slot, rows held), least recently written first."""
@@ -133,39 +131,32 @@ class KeyStage:
             return self._plan
         bs = self.block_size
         tokens, dest, blocks, first, last = [], [], [], [], []
+        touched: set[int] = set()
         for t, slot in enumerate(slot_mapping.tolist()):
             if slot < 0:
                 continue
             block, offset = divmod(slot, bs)
             if not blocks or blocks[-1] != block or last[-1] != offset - 1:
-                if block in blocks:
+                if block in touched:
                     raise ValueError(f"slot_mapping writes block {block} in two runs; a "
                                      f"step writes each block's rows in one run, in order")
+                touched.add(block)
                 blocks.append(block)
                 first.append(offset)
                 last.append(offset)
             last[-1] = offset
             tokens.append(t)
             dest.append((len(blocks) - 1) * bs + offset)
-        from_slot, from_pool, keep = ([], []), [], ([], [])
         carry, keep_slot = [NO_ROWS] * len(blocks), [-1] * len(blocks)
-        touched = set(blocks)
         for i, (block, start, end) in enumerate(zip(blocks, first, last, strict=True)):
             if start > 0:
                 # The slot's first rows are this block's while it holds at least those: a
                 # rewound sequence (rejected drafts) or a partial block copied for a
                 # prompt sharing only its first tokens writes again from inside them.
-                if self._rows.get(block, 0) >= start:
-                    carry[i] = self._slot[block]
-                    from_slot[0].append(i)
-                    from_slot[1].append(carry[i])
-                else:
-                    carry[i] = POOL_ROWS
-                    from_pool.append(i)
+                held = self._rows.get(block, 0) >= start
+                carry[i] = self._slot[block] if held else POOL_ROWS
             if end + 1 < bs:
                 keep_slot[i] = self._take(block, touched)
-                keep[0].append(i)
-                keep[1].append(keep_slot[i])
                 self._rows.pop(block, None)
                 self._rows[block] = end + 1
             else:
@@ -175,10 +166,14 @@ class KeyStage:
         def ids(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
+        from_slot = [i for i, c in enumerate(carry) if c >= 0]
+        kept = [i for i, s in enumerate(keep_slot) if s >= 0]
         self._plan = StagePlan(slot_mapping, ids(tokens), ids(blocks),
                                ids([e + 1 for e in last]), ids(dest),
-                               (ids(from_slot[0]), ids(from_slot[1])), ids(from_pool),
-                               (ids(keep[0]), ids(keep[1])), ids(carry), ids(keep_slot))
+                               (ids(from_slot), ids([carry[i] for i in from_slot])),
+                               ids([i for i, c in enumerate(carry) if c == POOL_ROWS]),
+                               (ids(kept), ids([keep_slot[i] for i in kept])),
+                               ids(carry), ids(keep_slot))
         return self._plan
 
     def write_keys(self, layer: int, key: torch.Tensor, k_cache: torch.Tensor,
