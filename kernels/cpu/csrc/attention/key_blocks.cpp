@@ -48,14 +48,6 @@ inline uint16_t half_bits_up(float x) {
   return c10::detail::fp16_ieee_to_fp32_value(h) < x ? static_cast<uint16_t>(h + 1) : h;
 }
 
-// x in [lo, hi] (integers) rounded half to even, as torch.round then clamp: rounding the
-// clamped value gives the same integer. Adding and taking away 1.5 * 2^23 leaves no
-// fraction bits (kv_write.cpp's round_clamped).
-inline float round_in(float x, float lo, float hi) {
-  constexpr float kShift = 12582912.0f;
-  return (std::clamp(x, lo, hi) + kShift) - kShift;
-}
-
 // Sets `width` bits of the little-endian bit string at bits from bit `at` to `value`
 // (kv_key_channels._pack_params); the string starts zeroed.
 inline void put_bits(uint8_t* bits, int64_t at, int64_t width, uint32_t value) {

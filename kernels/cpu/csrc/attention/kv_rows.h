@@ -8,6 +8,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -77,6 +78,15 @@ inline int64_t head_size_of(KvKind kind, int64_t len) {
       return 0;
     default: return len;
   }
+}
+
+// x clamped to [lo, hi] (integers) and rounded half to even as torch.round (rounding the
+// clamped value gives the same integer as clamping the rounded one): adding and taking
+// away 1.5 * 2^23 leaves no fraction bits (round to nearest even, the default mode).
+// Plain arithmetic that vectorizes, where nearbyint is a libm call on the baseline target.
+inline float round_in(float x, float lo, float hi) {
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  return (std::clamp(x, lo, hi) + kShift) - kShift;
 }
 
 // x [hd] times the block-diagonal normalized Hadamard matrix, in place: a fast

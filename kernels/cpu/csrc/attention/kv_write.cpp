@@ -43,22 +43,12 @@ Scale scale_for(const float* x, int64_t n, float max_code) {
   return {bits, scale > 0.0f ? 1.0f / scale : 0.0f};
 }
 
-// x clamped to [-limit, limit] (an integer) and rounded half to even as torch.round: adding
-// and taking away 1.5 * 2^23 leaves no fraction bits (round to nearest even, the default
-// mode). Plain arithmetic that vectorizes, where nearbyint is a libm call on the baseline
-// target.
-inline float round_clamped(float x, float limit) {
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
-  const float c = std::clamp(x, -limit, limit);
-  return (c + kShift) - kShift;
-}
-
 // hd float32 values (rotated) -> int8 codes (round half to even, +-127) and the scale
 // after them.
 void encode_int8(const float* x, int64_t hd, uint8_t* row) {
   const Scale s = scale_for(x, hd, 127.0f);
   for (int64_t d = 0; d < hd; ++d)
-    row[d] = static_cast<uint8_t>(static_cast<int8_t>(round_clamped(x[d] * s.inv, 127.0f)));
+    row[d] = static_cast<uint8_t>(static_cast<int8_t>(round_in(x[d] * s.inv, -127.0f, 127.0f)));
   std::memcpy(row + hd, &s.bits, 2);
 }
 
@@ -89,8 +79,8 @@ void encode_int4(const float* r, int64_t hd, int64_t row_len, uint8_t* row) {
     const float scale = c10::detail::fp16_ieee_to_fp32_value(bits);
     const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
     for (int64_t i = g0; i < g0 + group; i += 2) {
-      const float lo = std::min(round_clamped(r[i] * inv, 8.0f), 7.0f) + 8.0f;
-      const float hi = std::min(round_clamped(r[i + 1] * inv, 8.0f), 7.0f) + 8.0f;
+      const float lo = std::min(round_in(r[i] * inv, -8.0f, 8.0f), 7.0f) + 8.0f;
+      const float hi = std::min(round_in(r[i + 1] * inv, -8.0f, 8.0f), 7.0f) + 8.0f;
       row[i / 2] = static_cast<uint8_t>(static_cast<int>(lo) | (static_cast<int>(hi) << 4));
     }
     std::memcpy(row + hd / 2 + 2 * (g0 / group), &bits, 2);
