@@ -5,8 +5,9 @@ of one tile, so each K/V tile is loaded once for the whole group. A long context
 into splits (flash-decoding) whose partial outputs and base-2 log-sum-exps are merged by
 a second small kernel; with one split the first kernel writes the output directly.
 
-The helpers `paged_token_offsets`, `attend_range`, `tanh` and `merge_partials` are shared
-with the shared-prefix (cascade) decode and the prefill kernel.
+The helpers `paged_block_offsets`, `slot_offsets`, `attend_range`, `tanh` and
+`merge_partials` are shared with the shared-prefix (cascade) decode and the prefill
+kernel.
 
 Options (kernels.interface.check_attention_options), both constexpr-specialized so that a
 launch without them compiles to the plain kernel:
@@ -72,20 +73,6 @@ def paged_block_offsets(
 def slot_offsets(blk, offs_n, stride_slot, BLOCK_SIZE: tl.constexpr):
     """int64 element offsets of each token's slot, from its block's (blk, int64 [BLOCK_N])."""
     return blk + (offs_n % BLOCK_SIZE).to(tl.int64) * stride_slot
-
-
-@triton.jit
-def paged_token_offsets(
-    bt_row_ptr,  # int32 [max_blocks]: one sequence's block table
-    offs_n,  # int32 [BLOCK_N]: token positions in the sequence
-    n_mask,  # bool [BLOCK_N]: positions that exist
-    stride_block,  # elements between physical blocks
-    stride_slot,  # elements between slots of a block
-    BLOCK_SIZE: tl.constexpr,
-):
-    """int64 element offsets of each token's slot (paged_block_offsets, then the slot)."""
-    blk = paged_block_offsets(bt_row_ptr, offs_n, n_mask, stride_block, BLOCK_SIZE)
-    return slot_offsets(blk, offs_n, stride_slot, BLOCK_SIZE)
 
 
 @triton.jit

@@ -15,7 +15,12 @@ import triton.language as tl
 
 from kernels.triton import decode as triton_decode
 from kernels.triton.backend import TritonBackend
-from kernels.triton.decode import choose_num_splits, paged_decode, paged_token_offsets
+from kernels.triton.decode import (
+    choose_num_splits,
+    paged_block_offsets,
+    paged_decode,
+    slot_offsets,
+)
 from tests.kernels.paged_cases import (
     DEVICE,
     DTYPES,
@@ -99,9 +104,8 @@ def _offsets_probe(bt_ptr, out_ptr, n, stride_block, stride_slot, BLOCK_SIZE: tl
                    BLOCK_N: tl.constexpr):
     offs = tl.arange(0, BLOCK_N)
     mask = offs < n
-    tl.store(out_ptr + offs,
-             paged_token_offsets(bt_ptr, offs, mask, stride_block, stride_slot, BLOCK_SIZE),
-             mask=mask)
+    blk = paged_block_offsets(bt_ptr, offs, mask, stride_block, BLOCK_SIZE)
+    tl.store(out_ptr + offs, slot_offsets(blk, offs, stride_slot, BLOCK_SIZE), mask=mask)
 
 
 def test_token_offsets_do_not_overflow_int32():
