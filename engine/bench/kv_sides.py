@@ -14,6 +14,8 @@ llama-cpp-python and without torch.
 
 from __future__ import annotations
 
+import dataclasses
+
 from engine.bench.probe import emit, peak_rss_bytes
 
 SIDES = ("folio", "llama_cpp")
@@ -84,7 +86,8 @@ def _folio(model_path: str, threads: int, kv: str, n_ctx: int):
 
     torch.set_num_threads(threads)
     config = folio_config(threads, "stored", max_model_len=n_ctx, kv_cache_dtype=kv)
-    config.num_gpu_blocks = -(-n_ctx // config.block_size)  # 16, or int4's 32
+    # The whole context's blocks, of the format's size (16, or int4's 32).
+    config = dataclasses.replace(config, num_gpu_blocks=-(-n_ctx // config.block_size))
     return LLM(model_path, config)
 
 

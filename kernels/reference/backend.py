@@ -42,13 +42,14 @@ from kernels.reference.step_plan import DecodePlan, StepPlan
 
 
 def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                 key_stages: KeyStages | None = None) -> None:
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Scatter each token's K/V [num_tokens, nkv, hd] to its slot; slot -1 is skipped.
-    An int4 pool's keys go through its stage in ``key_stages``."""
-    _write_kv(key, value, k_cache, v_cache, _valid_slots(slot_mapping, k_cache.device))
+    Rows only: an int4 pool's keys are written a block at a time through its stage
+    (`TorchBackend.write_kv`)."""
     if format_of(k_cache).keys_per_channel:
-        (key_stages or KeyStages()).write(key, k_cache, slot_mapping)
+        raise ValueError("an int4 pool's keys are written through the KeyStage of its pool "
+                         "(kernels/key_stage.py): use a backend's write_kv")
+    _write_kv(key, value, k_cache, v_cache, _valid_slots(slot_mapping, k_cache.device))
 
 
 def _valid_slots(slot_mapping: torch.Tensor,
