@@ -200,3 +200,13 @@ def test_cpu_activation_bits_are_8_or_16():
     assert EngineConfig(cpu_activation_bits=8).cpu_activation_bits == 8
     with pytest.raises(ValueError, match="cpu_activation_bits"):
         EngineConfig(cpu_activation_bits=4)
+
+
+def test_block_size_defaults_to_32_with_an_int4_cache_and_refuses_less():
+    assert EngineConfig().block_size == 16
+    assert EngineConfig(kv_cache_dtype="int8").block_size == 16
+    assert EngineConfig(kv_cache_dtype="int4").block_size == 32
+    assert EngineConfig(kv_cache_dtype="int4", block_size=64).block_size == 64
+    with pytest.raises(ValueError, match=r"EngineConfig\.block_size must be >= 32 with "
+                                         r"kv_cache_dtype 'int4'"):
+        EngineConfig(kv_cache_dtype="int4", block_size=16)
