@@ -92,21 +92,7 @@ inline float round_in(float x, float lo, float hi) {
 // x [hd] times the block-diagonal normalized Hadamard matrix, in place: a fast
 // Walsh-Hadamard transform over each run of hd & -hd elements (kv_format.rotate). Its own
 // inverse, so it rotates a quantized pool's queries into the rows' space and the output
-// back.
-inline void hadamard_rotate(float* x, int64_t hd) {
-  const int64_t n = hd & -hd;
-  const float norm = 1.0f / std::sqrt(static_cast<float>(n));
-  for (int64_t b = 0; b < hd; b += n) {
-    float* v = x + b;
-    for (int64_t h = 1; h < n; h *= 2)
-      for (int64_t i = 0; i < n; i += 2 * h)
-        for (int64_t j = i; j < i + h; ++j) {
-          const float a = v[j], c = v[j + h];
-          v[j] = a + c;
-          v[j + h] = a - c;
-        }
-    for (int64_t i = 0; i < n; ++i) v[i] *= norm;
-  }
-}
+// back. Defined in hadamard.cpp (built for each vector width the CPU may have).
+void hadamard_rotate(float* x, int64_t hd);
 
 }  // namespace folio_cpu::attention
