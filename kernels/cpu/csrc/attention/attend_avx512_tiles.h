@@ -166,7 +166,7 @@ FOLIO_TILE_INLINE void int8_key_scores16(const int16_t* const* q, const float* q
 }
 
 // kt[d * 16 + j] = key_j[d] for a block's 16 slots (rows slot_stride apart, float32 or
-// float16 read in place), hd a multiple of 16; slots outside [j_begin, j_end) repeat a
+// float16 read in place, or an int8 pool's codes unscaled), hd a multiple of 16; slots outside [j_begin, j_end) repeat a
 // slot inside it (finite; their scores are masked).
 template <typename Kv>
 inline void transpose_keys16(const Kv* keys, int64_t slot_stride, int64_t j_begin,
