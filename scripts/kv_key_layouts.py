@@ -91,6 +91,34 @@ def midpoints_away(rows: torch.Tensor) -> torch.Tensor:
     return format_rows(INT4)(rows - mid) + mid
 
 
+def midpoint_rows(mid_bits: int | None, scale_steps: int | None):
+    """[n, nkv, hd]: rotated as the int8 rows, each channel's midpoint over the n tokens
+    taken away (float16, or coded in ``mid_bits`` signed steps of the head's largest
+    |midpoint|), the rest as int8 rows (each row's scale float16, or rounded up to one of
+    ``scale_steps`` steps an octave below the block's largest), the midpoints added back."""
+    def encode(rows: torch.Tensor) -> torch.Tensor:
+        x = INT8.rotate(rows.float())
+        mid = (x.amin(0, keepdim=True) + x.amax(0, keepdim=True)) / 2
+        if mid_bits is None:
+            mid = mid.half().float()
+        else:
+            codes = 2 ** (mid_bits - 1) - 1
+            top = mid.abs().amax(-1, keepdim=True).half().float().clamp_min(1e-8)
+            mid = (mid / top * codes).round().clamp(-codes, codes) * top / codes
+        rest = x - mid
+        scale = rest.abs().amax(-1, keepdim=True) / 127
+        if scale_steps is None:
+            scale = scale.half().float()
+        else:
+            top = scale.amax(0, keepdim=True).half().float().clamp_min(1e-12)
+            steps = (-scale_steps * torch.log2(scale.clamp_min(1e-12) / top)).floor()
+            scale = top * torch.pow(2.0, -steps.clamp(0, 255) / scale_steps)
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        rest = (rest / safe).round().clamp(-127, 127) * scale
+        return INT8.rotate(rest + mid)
+    return encode
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     keys: Callable[[torch.Tensor], torch.Tensor]
@@ -137,6 +165,18 @@ LAYOUTS = {
     "int8-rows": Layout(format_rows(INT8), format_rows(INT8), 8, INT8.row_bytes, _ROWS[8]),
     "int8-channels8": Layout(coded_channels(255, 8, 8, 16), format_rows(INT8), 8,
                              INT8.row_bytes, _coded_params(16)),
+    "int8-channels11": Layout(coded_channels(255, 6, 5, 8), format_rows(INT8), 8,
+                              INT8.row_bytes, _coded_params(11)),
+    "int8-channels12": Layout(coded_channels(255, 8, 4, 4), format_rows(INT8), 8,
+                              INT8.row_bytes, _coded_params(12)),
+    # Per-token int8 rows around each channel's midpoint over the block (one bias per
+    # block in a reader's scores, where per-channel steps rescale the query per block).
+    "int8-midpoints": Layout(midpoint_rows(None, None), format_rows(INT8), 8,
+                             INT8.row_bytes, lambda hd, block: block * 2 + 2 * hd),
+    "int8-midpoints6": Layout(midpoint_rows(6, 16), format_rows(INT8), 8,
+                              INT8.row_bytes, lambda hd, block: block + 6 * hd // 8 + 4),
+    "int8-midpoints6f": Layout(midpoint_rows(6, None), format_rows(INT8), 8,
+                               INT8.row_bytes, lambda hd, block: block * 2 + 6 * hd // 8 + 2),
 }
 
 
@@ -194,6 +234,8 @@ def main() -> None:
                              "block filled a token at a time, as decoding fills it)")
     parser.add_argument("--no-greedy", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--weights", default="float32",
+                        help="the engine's weights setting (folio bench kv's: stored)")
     args = parser.parse_args()
     layouts = args.layouts.split(",")
     unknown = [name for name in layouts if name not in LAYOUTS]
@@ -203,7 +245,7 @@ def main() -> None:
     kv_quality.CHUNK = args.chunk  # read by teacher_forced_logprobs
 
     def engine(dtype: str) -> LLM:
-        return LLM("starter", folio_config(args.threads, "float32", kv_cache_dtype=dtype,
+        return LLM("starter", folio_config(args.threads, args.weights, kv_cache_dtype=dtype,
                                            attention_backend="torch",
                                            block_size=args.block_size))
 
