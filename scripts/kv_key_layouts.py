@@ -175,6 +175,8 @@ LAYOUTS = {
                              INT8.row_bytes, lambda hd, block: block * 2 + 2 * hd),
     "int8-midpoints6": Layout(midpoint_rows(6, 16), format_rows(INT8), 8,
                               INT8.row_bytes, lambda hd, block: block + 6 * hd // 8 + 4),
+    "int8-midpoints7f": Layout(midpoint_rows(7, None), format_rows(INT8), 8,
+                               INT8.row_bytes, lambda hd, block: block * 2 + 7 * hd // 8 + 2),
     "int8-midpoints6f": Layout(midpoint_rows(6, None), format_rows(INT8), 8,
                                INT8.row_bytes, lambda hd, block: block * 2 + 6 * hd // 8 + 2),
 }
@@ -222,6 +224,10 @@ class LayoutBackend(TorchBackend):
         if exact is None:  # rows never written read as the pool holds them
             exact = self.exact[k_cache.data_ptr()] = k_cache.float().clone()
         return exact
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
 
 
 def main() -> None:
@@ -275,6 +281,10 @@ def main() -> None:
             replies = [list(llm.chat(c, greedy).outputs[0].token_ids) for c in chats]
             same = sum(a == b for a, b in zip(replies, ref_replies, strict=True))
             line += f"  greedy replies equal {same} of {len(chats)}"
+            apart = [f"{i + 1}@{_first_difference(a, b) + 1}"
+                     for i, (a, b) in enumerate(zip(replies, ref_replies, strict=True)) if a != b]
+            if apart:
+                line += f" (reply@token where the others part: {', '.join(apart)})"
         print(line, flush=True)
         del llm
 
