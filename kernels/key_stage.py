@@ -1,9 +1,10 @@
-"""The exact keys of an int4 pool's open blocks, and the key writes made from them.
+"""The exact keys of an int8 or int4 pool's open blocks, and the key writes made from them.
 
-An int4 pool quantizes each key channel over its block's tokens (kernels/kv_key_channels.py),
+An int4 pool quantizes each key channel over its block's tokens (kernels/kv_key_channels.py)
+and an int8 pool its key rows around the block's channel centers (kernels/kv_key_centers.py),
 so a write re-encodes the blocks it touches from all their rows. Re-encoding from the
-pool's decoded rows would compound each write's rounding over a block's 32 writes (on
-the starter a teacher-forced KL of 0.23 nats against 0.017 from exact keys,
+pool's decoded rows would compound each write's rounding over a block's writes (int4 on
+the starter: a teacher-forced KL of 0.23 nats against 0.017 from exact keys,
 docs/BENCHMARKS.md), so `KeyStage` keeps, per pool, the rotated keys of each open block
 (one written in part) in float16 slots beside the pool: a block's slot holds its rows
 until it fills, and is then free. A block whose slot was evicted (more open blocks than
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import kv_key_channels as channels
 from kernels.kv_format import format_of
 
 __all__ = ["BlockEncoder", "KeyStage", "KeyStages", "KeyWriter", "StagePlan",
@@ -37,14 +37,14 @@ __all__ = ["BlockEncoder", "KeyStage", "KeyStages", "KeyWriter", "StagePlan",
 NO_ROWS, POOL_ROWS = -1, -2
 
 # (exact keys [B, bs, nkv, hd] rotated, rows filled [B], k_cache, block ids [B]): the
-# blocks' key rows written into k_cache, as kv_key_channels.encode_key_block encodes them.
+# blocks' key rows written into k_cache, as the pool format's encode_key_block encodes them.
 BlockEncoder = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 def encode_blocks(rows: torch.Tensor, filled: torch.Tensor, k_cache: torch.Tensor,
                   blocks: torch.Tensor) -> None:
     """The PyTorch `BlockEncoder`."""
-    encoded = channels.encode_key_block(rows, filled, k_cache.shape[-1])
+    encoded = format_of(k_cache).encode_key_block(rows, filled)
     k_cache.view(torch.uint8).index_copy_(0, blocks, encoded)
 
 
@@ -99,11 +99,12 @@ def write_keys(exact: torch.Tensor, key: torch.Tensor, k_cache: torch.Tensor,
 
 
 class KeyStage:
-    """Slots of exact keys for one int4 pool [num_layers, 2, num_blocks, bs, nkv, row]."""
+    """Slots of exact keys for one pool whose keys are encoded by block (int8, int4)
+    [num_layers, 2, num_blocks, bs, nkv, row]."""
 
     def __init__(self, pool: torch.Tensor, slots: int) -> None:
         fmt = format_of(pool)
-        if not fmt.keys_per_channel:
+        if not fmt.keys_by_block:
             raise ValueError(f"a {fmt.name} pool keeps its keys as rows: it needs no stage")
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
@@ -243,7 +244,7 @@ def _host(block: int) -> int:
 
 class KeyStages:
     """A backend's stages by the key views of their pools' layers: what `write_kv`
-    hands an int4 pool's keys to, and the backend's `KeyWriter`."""
+    hands the keys of a pool encoded by block to, and the backend's `KeyWriter`."""
 
     def __init__(self, writer: KeyWriter = write_keys) -> None:
         self._by_view: dict[int, tuple[KeyStage, int]] = {}
@@ -254,17 +255,17 @@ class KeyStages:
             self._by_view[stage.pool[layer, 0].data_ptr()] = (stage, layer)
 
     def find(self, k_cache: torch.Tensor) -> tuple[KeyStage, int]:
-        """The stage of an int4 pool's layer key view, and the layer: for a caller that
+        """The stage of a pool's layer key view, and the layer: for a caller that
         writes the keys itself (the native decoder layer, engine/layers/native_layer.py)."""
         entry = self._by_view.get(k_cache.data_ptr())
         if entry is None:
-            raise ValueError("an int4 pool's keys are written through the KeyStage of its "
-                             "pool (kernels/key_stage.py): attach one to the backend's "
-                             "key_stages")
+            raise ValueError("an int8 or int4 pool's keys are written through the KeyStage "
+                             "of its pool (kernels/key_stage.py): attach one to the "
+                             "backend's key_stages")
         return entry
 
     def write(self, key: torch.Tensor, k_cache: torch.Tensor,
               slot_mapping: torch.Tensor) -> None:
-        """An int4 pool's keys, through the stage of its pool."""
+        """A pool's keys encoded by block, through the stage of its pool."""
         stage, layer = self.find(k_cache)
         stage.write_keys(layer, key, k_cache, stage.plan(slot_mapping), self.writer)

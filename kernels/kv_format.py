@@ -6,7 +6,11 @@ A pool is always indexed [num_layers, 2, num_blocks, block_size, nkv, row] (see
 bytes: the head's quantized values, then its float16 scales, little-endian:
 
 - **int8** (storage torch.int8): hd int8 values, then one float16 scale (2 bytes),
-  absmax / 127 per token and head.
+  absmax / 127 per token and head, then `kv_key_centers.spare_bytes(hd)` bytes (one at
+  head size 64) that a key row's block uses: keys are rows too, but around each channel's
+  center over the block's tokens, the block's centers in those bytes
+  (kernels/kv_key_centers.py), so key rows are written and read a block at a time
+  (`encode_keys`, `decode_keys`) and a block holds at least 64 tokens.
 - **fp8** (storage torch.float8_e4m3fn): hd e4m3 values, then one float16 scale,
   absmax / 448 per token and head.
 - **int4** (storage torch.uint8): a value row is hd / 2 bytes (element 2i in the low
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import kv_key_centers as centers
 from kernels import kv_key_channels as channels
 
 __all__ = [
@@ -73,10 +78,28 @@ class KVFormat:
         return self.max_code > 0
 
     @property
-    def keys_per_channel(self) -> bool:
-        """Whether key rows hold a block's channels (kernels/kv_key_channels.py) rather
-        than each token's own row."""
-        return self.bits == 4
+    def keys_by_block(self) -> bool:
+        """Whether key rows are encoded a block at a time, each from the block's tokens
+        (int4: per channel, kernels/kv_key_channels.py; int8: around the block's centers,
+        kernels/kv_key_centers.py), rather than each token's row on its own."""
+        return self.bits == 4 or self.storage == torch.int8
+
+    @property
+    def key_layout(self) -> str:
+        """How key rows hold a token: "rows" (each its own), "per-channel" (int4) or
+        "around-centers" (int8); the disk tier's fingerprint names it."""
+        if self.bits == 4:
+            return "per-channel"
+        return "around-centers" if self.storage == torch.int8 else "rows"
+
+    @property
+    def min_block_size(self) -> int:
+        """The fewest tokens a block of this format holds (1: any)."""
+        if self.bits == 4:
+            return channels.MIN_BLOCK_SIZE
+        if self.storage == torch.int8:
+            return centers.MIN_BLOCK_SIZE
+        return 1
 
     def row_len(self, head_size: int) -> int:
         """Elements (bytes, for a quantized format) of one token's one KV head."""
@@ -86,6 +109,8 @@ class KVFormat:
             _check_int4(head_size)
             value_row = head_size // 2 + SCALE_BYTES * (head_size // int4_group(head_size))
             return max(value_row, head_size // 2 + channels.spare_bytes(head_size))
+        if self.storage == torch.int8:
+            return head_size + SCALE_BYTES + centers.spare_bytes(head_size)
         return head_size + SCALE_BYTES
 
     def row_bytes(self, head_size: int) -> int:
@@ -95,9 +120,10 @@ class KVFormat:
         """The head size whose rows are ``row_len`` long (the inverse of `row_len`)."""
         if not self.quantized:
             return row_len
-        if self.bits == 8:
+        if self.storage == torch.float8_e4m3fn:
             return row_len - SCALE_BYTES
-        for hd in range(2, 2 * row_len + 1, 2):  # int4: row_len grows with hd
+        step = 2 if self.bits == 4 else 1  # int4 head sizes are even
+        for hd in range(step, 2 * row_len + 1, step):  # int8, int4: row_len grows with hd
             if self.row_len(hd) == row_len:
                 return hd
         raise ValueError(f"no head size has {self.name} rows of {row_len} bytes")
@@ -124,30 +150,39 @@ class KVFormat:
             codes = torch.round(x * inv).clamp_(-127, 127).to(torch.int8).view(torch.uint8)
         else:
             codes = (x * inv).clamp_(-448.0, 448.0).to(self.storage).view(torch.uint8)
-        return torch.cat([codes, scale.view(torch.uint8)], dim=-1).view(self.storage)
+        hd = x.shape[-1]
+        pad = torch.zeros(*codes.shape[:-1], self.row_len(hd) - hd - SCALE_BYTES,
+                          dtype=torch.uint8, device=x.device)
+        return torch.cat([codes, scale.view(torch.uint8), pad], dim=-1).view(self.storage)
 
     def encode_keys(self, keys: torch.Tensor, filled: torch.Tensor | None = None
                     ) -> torch.Tensor:
         """keys [B, bs, nkv, hd] -> blocks of key rows [B, bs, nkv, row_len(hd)]: rows
         0..filled - 1 of each block (all when None) encoded from its exact keys."""
-        if not self.keys_per_channel:
+        if not self.keys_by_block:
             return self.encode(keys)
         if filled is None:
             filled = torch.full((keys.shape[0],), keys.shape[1], dtype=torch.int64)
-        hd = keys.shape[-1]
         # Rounded to float16 as the key stage keeps an open block's rows
         # (kernels/key_stage.py): a block's bytes are the same however it was written.
         exact = self.rotate(keys.float()).half().float()
-        return channels.encode_key_block(exact, filled, self.row_len(hd))
+        return self.encode_key_block(exact, filled).view(self.storage)
+
+    def encode_key_block(self, exact: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
+        """Exact rotated keys [B, bs, nkv, hd] (rows at and after ``filled`` ignored) ->
+        key rows [B, bs, nkv, row_len] as bytes (uint8), by the format's block codec."""
+        codec = channels if self.bits == 4 else centers
+        return codec.encode_key_block(exact, filled, self.row_len(exact.shape[-1]))
 
     def decode_keys(self, blocks: torch.Tensor, dtype: torch.dtype = torch.float32
                     ) -> torch.Tensor:
         """Blocks of key rows [B, bs, nkv, row_len] -> [B, bs, nkv, hd] keys (rotated,
         for a rotated format)."""
-        if not self.keys_per_channel:
+        if not self.keys_by_block:
             return self.decode(blocks, dtype)
         hd = self.head_size(blocks.shape[-1])
-        return channels.decode_key_block(blocks.contiguous().view(torch.uint8), hd).to(dtype)
+        codec = channels if self.bits == 4 else centers
+        return codec.decode_key_block(blocks.contiguous().view(torch.uint8), hd).to(dtype)
 
     def decode(self, stored: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """stored [..., row_len] -> [..., hd] values, and keys of a format that keeps them as
@@ -157,8 +192,8 @@ class KVFormat:
         raw = stored.contiguous().view(torch.uint8)
         if self.bits == 4:
             return _decode_int4(raw).to(dtype)
-        hd = raw.shape[-1] - SCALE_BYTES
-        scale = raw[..., hd:].contiguous().view(torch.float16).float()
+        hd = self.head_size(raw.shape[-1])
+        scale = raw[..., hd:hd + SCALE_BYTES].contiguous().view(torch.float16).float()
         codes = raw[..., :hd].contiguous().view(self.storage).float()
         return (codes * scale).to(dtype)
 

@@ -44,11 +44,11 @@ from kernels.reference.step_plan import DecodePlan, StepPlan
 def write_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Scatter each token's K/V [num_tokens, nkv, hd] to its slot; slot -1 is skipped.
-    Rows only: an int4 pool's keys are written a block at a time through its stage
-    (`TorchBackend.write_kv`)."""
-    if format_of(k_cache).keys_per_channel:
-        raise ValueError("an int4 pool's keys are written through the KeyStage of its pool "
-                         "(kernels/key_stage.py): use a backend's write_kv")
+    Rows only: an int8 or int4 pool's keys are written a block at a time through its
+    stage (`TorchBackend.write_kv`)."""
+    if format_of(k_cache).keys_by_block:
+        raise ValueError("an int8 or int4 pool's keys are written through the KeyStage of "
+                         "its pool (kernels/key_stage.py): use a backend's write_kv")
     _write_kv(key, value, k_cache, v_cache, _valid_slots(slot_mapping, k_cache.device))
 
 
@@ -65,8 +65,8 @@ def _valid_slots(slot_mapping: torch.Tensor,
 
 def _write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
               v_cache: torch.Tensor, valid: tuple[torch.Tensor, torch.Tensor | None]) -> None:
-    """The rows of a step: values, and keys where the format keeps them as rows (an int4
-    pool's keys are the caller's, through its stage)."""
+    """The rows of a step: values, and keys where the format keeps them as rows (an int8
+    or int4 pool's keys are the caller's, through its stage)."""
     slots, keep = valid
     if keep is not None:
         key, value = key[keep], value[keep]
@@ -74,10 +74,11 @@ def _write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     flat_shape = (num_blocks * block_size, num_kv_heads, row)
     fmt = format_of(k_cache)
     if fmt.quantized:  # [T, nkv, hd] -> [T, nkv, row] bytes (rotated first)
-        key, value = fmt.encode(key), fmt.encode(value)
+        value = fmt.encode(value)
+        key = key if fmt.keys_by_block else fmt.encode(key)
     elif key.dtype != k_cache.dtype:
         key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
-    if not fmt.keys_per_channel:
+    if not fmt.keys_by_block:
         as_bytes(k_cache).view(flat_shape).index_copy_(0, slots, as_bytes(key))
     as_bytes(v_cache).view(flat_shape).index_copy_(0, slots, as_bytes(value))
 
@@ -287,7 +288,7 @@ class TorchBackend:
             slots = _valid_slots(slot_mapping, k_cache.device)
             self._slots = [*self._slots[-3:], (slot_mapping, slots)]
         _write_kv(key, value, k_cache, v_cache, slots)
-        if format_of(k_cache).keys_per_channel:
+        if format_of(k_cache).keys_by_block:
             self.key_stages.write(key, k_cache, slot_mapping)
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -30,10 +30,10 @@ def heads_of_blocks(cache: torch.Tensor, ids: torch.Tensor | slice,
     dtype; for a head-major pool each head's rows are then one contiguous run
     (kernels.interface.allocate_kv_cache). A quantized pool's rows are decoded
     (kernels/kv_format.py; still rotated, for a rotated format) to `dtype`, float32 when
-    None: only the blocks read. ``keys``: the cache holds keys, which an int4 pool
-    decodes a whole block at a time."""
+    None: only the blocks read. ``keys``: the cache holds keys, which an int8 or int4
+    pool decodes a whole block at a time."""
     fmt = format_of(cache)
-    if keys and fmt.keys_per_channel:
+    if keys and fmt.keys_by_block:
         return _decoded_key_blocks(cache, ids, num_tokens, skip, fmt, dtype or torch.float32)
     if isinstance(ids, slice):
         start = ids.start * cache.shape[1] + skip
@@ -58,15 +58,15 @@ def _decoded(rows: torch.Tensor, fmt: KVFormat, dtype: torch.dtype) -> torch.Ten
     times slower than the float16 pool's."""
     if fmt.bits != 8:
         return fmt.decode(rows, dtype)
-    hd = rows.shape[-1] - SCALE_BYTES
-    scale = rows[..., hd:].contiguous().view(torch.float16).float()  # [..., 1]
+    hd = fmt.head_size(rows.shape[-1])
+    scale = rows[..., hd:hd + SCALE_BYTES].contiguous().view(torch.float16).float()  # [..., 1]
     return (rows[..., :hd].float() * scale).to(dtype)
 
 
 def _decoded_key_blocks(cache: torch.Tensor, ids: torch.Tensor | slice, num_tokens: int | None,
                         skip: int, fmt: KVFormat, dtype: torch.dtype) -> torch.Tensor:
-    """heads_of_blocks of an int4 key cache: the blocks decoded whole, then the tokens
-    taken."""
+    """heads_of_blocks of an int8 or int4 key cache: the blocks decoded whole, then the
+    tokens taken."""
     blocks = cache[ids] if isinstance(ids, slice) else cache.index_select(0, ids)
     keys = fmt.decode_keys(blocks, dtype).flatten(0, 1).permute(1, 0, 2)  # [nkv, n, hd]
     stop = None if num_tokens is None else skip + num_tokens

@@ -79,10 +79,11 @@ def test_copies_carry_the_slot_and_forgotten_blocks_lose_it():
     assert plan.from_pool.tolist() == [0]
 
 
-def test_int4_pools_only():
-    int8 = allocate_kv_cache(1, 2, BS, 1, 64, torch.int8, "cpu", head_major=True)
-    with pytest.raises(ValueError, match="needs no stage"):
-        KeyStage(int8, slots=1)
+def test_pools_whose_keys_are_rows_need_no_stage():
+    for dtype in (torch.float8_e4m3fn, torch.float16):
+        pool = allocate_kv_cache(1, 2, BS, 1, 64, dtype, "cpu", head_major=True)
+        with pytest.raises(ValueError, match="needs no stage"):
+            KeyStage(pool, slots=1)
 
 
 def test_a_block_encodes_the_same_however_its_rows_came():

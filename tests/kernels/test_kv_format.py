@@ -29,7 +29,10 @@ def test_names_and_tags_round_trip():
 @pytest.mark.parametrize("hd", [64, 80, 96, 128, 256])
 def test_row_lengths(hd):
     assert FLOAT16.row_len(hd) == hd
-    assert INT8.row_len(hd) == FP8.row_len(hd) == hd + 2
+    assert FP8.row_len(hd) == hd + 2
+    # int8: codes, a scale, and the byte(s) a key row's block keeps its centers in
+    # (kernels/kv_key_centers.py), one per 64 elements.
+    assert INT8.row_len(hd) == {64: 67, 80: 84, 96: 100, 128: 132, 256: 262}[hd]
     # int4: the longer of a value row (codes, a scale per group) and a key row (codes and
     # its share of the block's parameters, kernels/kv_key_channels.py).
     assert hd // 2 + 2 * (hd // int4_group(hd)) <= INT4.row_len(hd)
@@ -47,9 +50,10 @@ def test_bytes_per_token_against_float16():
 def test_int8_row_layout_by_hand():
     row = torch.tensor([[1.0, -2.0, 0.5, 0.0]])
     stored = INT8.encode(INT8.rotate(row))  # rotated twice: the row itself is stored
-    assert stored.dtype == torch.int8 and stored.shape == (1, 6)
+    assert stored.dtype == torch.int8 and stored.shape == (1, 7)  # and a spare byte
+    assert stored[0, 6].item() == 0
     scale = torch.tensor(2.0 / 127).to(torch.float16)
-    assert stored[0, 4:].view(torch.float16).item() == scale.item()
+    assert stored[0, 4:6].view(torch.float16).item() == scale.item()
     assert stored[0, :4].tolist() == torch.round(row[0] / scale.float()).to(torch.int8).tolist()
     assert stored[0, 1].item() == -127
 
