@@ -2,8 +2,8 @@
 step's attention ops (every layer's own pool, so K/V stream from memory as in a step) at
 4,000 and 16,000 tokens of context, and a 4,000-token prefill chunked 512 at a time (one
 layer: each chunk's KV write and attention), for a Llama-3.2-1B shape (16 layers, 32 query
-heads, 8 KV heads, head size 64), at each of the given block sizes (int4 from its smallest,
-kv_key_channels.MIN_BLOCK_SIZE: its keys are a block's channels, encoded a block at a time).
+heads, 8 KV heads, head size 64), at each of the given block sizes (int8 and int4 from their
+smallest, KVFormat.min_block_size: their keys are encoded a block at a time).
 Pools of the given dtypes and block sizes alternate step by step (chunk by chunk); each
 figure is the best of its rounds (a prefill the sum of its chunks' best).
 Random K/V: timings only. On a shared, busy machine `--threads 1 --clock cpu` counts the
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this tree's Foli
 
 from kernels import AttentionMetadata, allocate_kv_cache  # noqa: E402
 from kernels.cpu.attention import CpuBackend  # noqa: E402
+from kernels.key_stage import KeyStage  # noqa: E402
 from kernels.kv_format import format_named  # noqa: E402
-from kernels.kv_key_channels import MIN_BLOCK_SIZE  # noqa: E402
 
 LAYERS, NQ, NKV, HD = 16, 32, 8, 64
 clock = time.perf_counter  # --clock cpu: time.thread_time
@@ -65,7 +65,8 @@ def decode_step(backend, pool, meta, query) -> float:
 def prefill(backend, pools, tokens: int, chunk: int, rounds: int,
             gen: torch.Generator) -> dict[str, float]:
     """One layer's KV writes and attention over the chunks of a `tokens` prompt, per pool
-    (an int4 pool's write leaves its keys to the key stage, so theirs are the pool's own):
+    (an int8 or int4 pool's keys written a block at a time through a key stage, as the
+    engine's are):
     each chunk timed `rounds` times, the pools alternating chunk by chunk (a busy machine
     slows a stretch of time, not a dtype), the best of each chunk summed."""
     totals = dict.fromkeys(pools, 0.0)
@@ -104,12 +105,12 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     backend = CpuBackend()
     gen = torch.Generator().manual_seed(0)
-    # (label, format, block size): int4 below its smallest block at its smallest.
+    # (label, format, block size): int8 and int4 below their smallest block at it.
     kinds = {}
     for name in args.dtypes.split(","):
         fmt = format_named(name)
         for bs in (int(b) for b in args.block_sizes.split(",")):
-            bs = max(bs, MIN_BLOCK_SIZE) if fmt.keys_per_channel else bs
+            bs = max(bs, fmt.min_block_size)
             kinds[f"{name}/{bs}"] = (fmt, bs)
     query = torch.randn(1, NQ, HD, generator=gen)
     results: dict[tuple[str, str], float] = {}
@@ -127,6 +128,9 @@ def main() -> int:
         prefill_tokens = 4000
         pools = {label: filled_pool(fmt, 1, prefill_tokens, bs, gen)
                  for label, (fmt, bs) in kinds.items()}
+        for label, pool in pools.items():
+            if kinds[label][0].keys_by_block:
+                backend.key_stages.attach(KeyStage(pool, 1))
         totals = prefill(backend, pools, prefill_tokens, 512, max(2, args.rounds // 2), gen)
         for label, t in totals.items():
             results[("prefill 4000 / 512", label)] = t

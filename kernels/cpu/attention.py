@@ -12,12 +12,13 @@ pools run natively, prefill chunks of any length included (their tasks score a b
 through its keys transposed: faster than the reference's SDPA at 512 x 512 causal); a
 float16 pool, the engine's default on this backend (engine/runner/device.py), halves what a
 decode step reads, each block converted to float32 as it is read; an int8 pool halves it
-again, its rows dequantized inside the block loop, and an int4 pool (rotated rows) has the
-op rotate the query before and the output after (its keys decoded per channel from each
-block's parameters, kernels/kv_key_channels.py). The KV write quantizes float32 rows into
-a quantized pool in the same op; an int4 pool's values only, since its key rows hold a
-block's channels and are written a block at a time from the exact keys
-(kernels/key_stage.py; the op int4_write_keys). Any other dtype runs the PyTorch
+again, its rows dequantized inside the block loop (its keys around each block's centers,
+kernels/kv_key_centers.py), and an int4 pool's keys are decoded per channel from each
+block's parameters (kernels/kv_key_channels.py); a quantized pool's rows are rotated, so
+the op rotates the query before and the output after. The KV write quantizes float32 rows
+into a quantized pool in the same op; an int8 or int4 pool's values only, since its key
+rows hold a block's parameters and are written a block at a time from the exact keys
+(kernels/key_stage.py; the op write_key_blocks). Any other dtype runs the PyTorch
 reference; copy_blocks / swap_blocks (whole-block moves, not per step) move rows as bytes.
 
 `rotary_write_kv` is an extra the attention layer uses when the backend offers it: the
@@ -42,8 +43,9 @@ from kernels.reference.backend import TorchBackend, copy_blocks_ref, swap_blocks
 # The pool dtypes the kernels read and write (kernels/kv_format.py: float32, float16, and
 # the int8, fp8 and int4 formats' storage); float32 rows go into any of them.
 POOL_DTYPES = (torch.float32, torch.float16, torch.int8, torch.float8_e4m3fn, torch.uint8)
-# int4's storage: its keys are written a block at a time through the pool's key stage.
-INT4_STORAGE = format_named("int4").storage
+# The storage of the formats whose keys are written a block at a time through the pool's
+# key stage (int8, int4).
+BLOCK_KEY_STORAGE = tuple(format_named(name).storage for name in ("int8", "int4"))
 
 
 class CpuBackend:
@@ -55,9 +57,9 @@ class CpuBackend:
             raise RuntimeError(f"the native CPU kernels are unavailable: {status()}")
         # Other dtypes (a bfloat16 model or pool) take the reference path.
         self._fallback = TorchBackend()
-        # An int4 pool's keys go through its stage (kernels/key_stage.py), written by the
-        # native op; the fallback's writes too, so that either path finds the stage.
-        self.key_stages = KeyStages(write_int4_keys)
+        # An int8 or int4 pool's keys go through its stage (kernels/key_stage.py), written
+        # by the native op; the fallback's writes too, so that either path finds the stage.
+        self.key_stages = KeyStages(write_key_blocks)
         self._fallback.key_stages = self.key_stages
         # Every layer of a step gets the same AttentionMetadata: its index tensors are
         # checked and converted for the kernels once, for the first layer, not 30 times.
@@ -78,7 +80,7 @@ class CpuBackend:
             self._fallback.write_kv(key, value, k_cache, v_cache, slot_mapping)
             return
         ops().write_kv(key, value, k_cache, v_cache, _int64(slot_mapping))
-        if k_cache.dtype == INT4_STORAGE:
+        if k_cache.dtype in BLOCK_KEY_STORAGE:
             self.key_stages.write(key, k_cache, slot_mapping)
 
     def rotary_write_kv(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -86,12 +88,12 @@ class CpuBackend:
                         v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Rotate query [T, nq, hd] and key [T, nkv, hd] in place (rotate-half over the
         first cos.shape[-1] dims, cos/sin as RotaryEmbedding.lookup gives them), then
-        write key and value to their slots (quantized into a quantized pool; an int4
-        pool's value only, as write_kv). Float32 rows on the CPU, into a POOL_DTYPES
+        write key and value to their slots (quantized into a quantized pool; an int8 or
+        int4 pool's value only, as write_kv). Float32 rows on the CPU, into a POOL_DTYPES
         pool."""
         ops().rotary_write_kv(query, key, value, cos, sin, k_cache, v_cache,
                               _int64(slot_mapping))
-        if k_cache.dtype == INT4_STORAGE:  # the key, rotary-turned in place above
+        if k_cache.dtype in BLOCK_KEY_STORAGE:  # the key, rotary-turned in place above
             self.key_stages.write(key, k_cache, slot_mapping)
 
     def kernel_args(self, meta: AttentionMetadata) -> tuple[torch.Tensor | None, ...]:
@@ -137,9 +139,9 @@ class CpuBackend:
         swap_blocks_ref(src_cache, dst_cache, src_ids, dst_ids)
 
 
-def write_int4_keys(exact: torch.Tensor, key: torch.Tensor, k_cache: torch.Tensor,
-                    plan: StagePlan) -> None:
-    """The backend's `KeyWriter` (kernels/key_stage.py): int4_write_keys, one op for what
+def write_key_blocks(exact: torch.Tensor, key: torch.Tensor, k_cache: torch.Tensor,
+                     plan: StagePlan) -> None:
+    """The backend's `KeyWriter` (kernels/key_stage.py): write_key_blocks, one op for what
     key_stage.write_keys does in about thirty (its blocks encoded to the same bytes; its
     own Hadamard rotation, which can move a code by one). Keys the op does not take (the
     fallback's bfloat16) as float32; a pool off the CPU through the PyTorch writer."""
@@ -148,7 +150,7 @@ def write_int4_keys(exact: torch.Tensor, key: torch.Tensor, k_cache: torch.Tenso
         return
     if key.dtype != torch.float32 or key.stride(-1) != 1:
         key = key.to(device="cpu", dtype=torch.float32).contiguous()
-    ops().int4_write_keys(key, k_cache, exact, plan.tokens, plan.dest, plan.blocks,
+    ops().write_key_blocks(key, k_cache, exact, plan.tokens, plan.dest, plan.blocks,
                           plan.filled, plan.carry, plan.keep_slot)
 
 

@@ -27,7 +27,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
                            double scale, int64_t window, double softcap,
                            const std::optional<at::Tensor>& sinks,
                            const std::optional<at::Tensor>& key_ends = std::nullopt);
-void int4_write_keys(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact,
+void write_key_blocks(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact,
                      const at::Tensor& tokens, const at::Tensor& dest, const at::Tensor& blocks,
                      const at::Tensor& filled, const at::Tensor& carry,
                      const at::Tensor& keep_slot);

@@ -20,7 +20,7 @@ from kernels import allocate_kv_cache
 from kernels.cpu.attention import CpuBackend
 from kernels.key_stage import KeyStage
 from kernels.kv_format import FP8, INT4, INT8, int4_group, rotate
-from kernels.kv_key_channels import HALF_SCALES, MIN_BLOCK_SIZE, key_params
+from kernels.kv_key_channels import HALF_SCALES, key_params
 from kernels.reference.backend import TorchBackend
 from tests.kernels.paged_cases import make_case
 from tests.kernels.reference.test_reference_sinks import sinks_for
@@ -39,9 +39,11 @@ def fmt(request):
 
 
 def block_sizes(fmt) -> tuple[int, ...]:
-    """The block sizes a format's cases run at: the engine's default 16, and an int4 pool's
-    smallest (its key blocks' parameters need MIN_BLOCK_SIZE rows) and one twice that."""
-    return (MIN_BLOCK_SIZE, 2 * MIN_BLOCK_SIZE) if fmt.keys_per_channel else (16,)
+    """The block sizes a format's cases run at: the engine's default 16, and an int8 or
+    int4 pool's smallest (its key blocks' parameters need min_block_size rows) and one
+    twice that."""
+    least = fmt.min_block_size
+    return (least, 2 * least) if fmt.keys_by_block else (16,)
 
 
 def quantized(case, fmt):
@@ -141,13 +143,14 @@ def test_shared_prefixes_and_split_keys(isa_path, fmt, threads):
         torch.set_num_threads(previous)
 
 
-@pytest.mark.parametrize("block_size", [32, 64])
-def test_blocks_of_several_sub_blocks(isa_path, fmt, block_size):
-    """Blocks of 32 and 64 slots (int4's; any pool's where EngineConfig.block_size says
-    so) take the tiles 16 slots at a time (an int4 key block decoded once for them all):
+@pytest.mark.parametrize("times", [1, 2])
+def test_blocks_of_several_sub_blocks(isa_path, fmt, times):
+    """Blocks of 32 and 64 slots (int4's, int8's 64 and 128; any pool's where
+    EngineConfig.block_size says so) take the tiles 16 slots at a time (an int8 or int4 key
+    block decoded once for them all):
     prefill and decode rows around a sub-block, a block and a span of 256 keys, windows
     starting inside a sub-block, soft-caps, sinks, shared prompts and split keys."""
-    bs = block_size
+    bs = times * max(32, fmt.min_block_size)
     for group in (2, 8):
         case = make_case([bs - 1, bs + 17, 2 * bs + 1, 257, 600], [1, 16, 5, 1, 40],
                          num_kv_heads=2, group=group, head_size=64, block_size=bs,
@@ -186,7 +189,8 @@ def codes_and_scales(stored: torch.Tensor, fmt, hd: int
         codes = torch.where(bits >= 128, -(bits - 128), bits)
     else:
         codes = raw[..., :hd].view(torch.int8).int()
-    return codes, raw[..., hd:].contiguous().view(torch.float16).float(), raw[..., hd + 2:]
+    scales = raw[..., hd:hd + 2].contiguous().view(torch.float16).float()
+    return codes, scales, raw[..., hd + 2:]
 
 
 def assert_encoded(got: torch.Tensor, rows: torch.Tensor, fmt) -> None:
@@ -220,7 +224,7 @@ def test_write_kv_quantizes_as_encode(isa_path, fmt, head_size, head_major):
     bs = block_sizes(fmt)[0]
     blocks = 24 * 16 // bs
     pools = allocate_kv_cache(1, blocks, bs, 2, head_size, fmt.storage, "cpu", head_major)[0]
-    if fmt.keys_per_channel:
+    if fmt.keys_by_block:
         random_bytes(pools[0], head_size)
     keys_before = pools[0].clone()
     key, value = torch.randn(2, 300, 2, head_size, generator=gen) * 3
@@ -232,13 +236,13 @@ def test_write_kv_quantizes_as_encode(isa_path, fmt, head_size, head_major):
     keep = slots >= 0
     # The op itself: the backend hands an int4 pool's keys to its stage afterwards (below).
     kernels.cpu.ops().write_kv(key, value, pools[0], pools[1], slots)
-    written = ((value, pools[1]),) if fmt.keys_per_channel else ((key, pools[0]),
+    written = ((value, pools[1]),) if fmt.keys_by_block else ((key, pools[0]),
                                                                   (value, pools[1]))
     for rows, pool in written:
         assert_encoded(pool.flatten(0, 1)[slots[keep]], rows[keep], fmt)
     untouched = torch.ones(blocks * bs, dtype=torch.bool)
     untouched[slots[keep]] = False
-    if fmt.keys_per_channel:
+    if fmt.keys_by_block:
         assert torch.equal(pools[0].view(torch.uint8), keys_before.view(torch.uint8))
         assert (pools[1].flatten(0, 1)[untouched].view(torch.uint8) == 0).all()
     else:
@@ -256,7 +260,7 @@ def test_rotary_write_kv_rotates_then_quantizes(isa_path, fmt):
     want_q, want_k = apply_rotary(qkv[:, :4], cos, sin), apply_rotary(qkv[:, 4:5], cos, sin)
     bs = block_sizes(fmt)[0]
     pools = allocate_kv_cache(1, 2, bs, 1, 64, fmt.storage, "cpu", True)[0]
-    if fmt.keys_per_channel:
+    if fmt.keys_by_block:
         random_bytes(pools[0], 7)
     keys_before = pools[0].clone()
     slots = torch.tensor([0, 5, -1, bs + 1])
@@ -265,7 +269,7 @@ def test_rotary_write_kv_rotates_then_quantizes(isa_path, fmt):
     torch.testing.assert_close(qkv[:, :4], want_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(qkv[:, 4:5], want_k, rtol=1e-5, atol=1e-5)
     written = [0, 5, bs + 1]
-    if fmt.keys_per_channel:  # q and k rotated all the same; the key rows left alone
+    if fmt.keys_by_block:  # q and k rotated all the same; the key rows left alone
         assert torch.equal(pools[0].view(torch.uint8), keys_before.view(torch.uint8))
     else:
         assert_encoded(pools[0].flatten(0, 1)[written], qkv[[0, 1, 3], 4:5], fmt)
@@ -335,7 +339,8 @@ def test_the_rotation_is_its_own_inverse(head_size):
     x = torch.randn(50, head_size, generator=gen)
     torch.testing.assert_close(rotate(rotate(x)), x, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close((rotate(x) * rotate(x)).sum(-1), (x * x).sum(-1))
-    pools = allocate_kv_cache(1, 2, MIN_BLOCK_SIZE, 1, head_size, torch.uint8, "cpu", True)[0]
+    pools = allocate_kv_cache(1, 2, INT4.min_block_size, 1, head_size, torch.uint8, "cpu",
+                              True)[0]
     kernels.cpu.ops().write_kv(x[:, None], x[:, None], pools[0], pools[1], torch.arange(50))
     back = rotate(INT4.decode(pools[1].flatten(0, 1)[:50, 0]))
     step = INT4.decode(pools[1].flatten(0, 1)[:50, 0]).abs().amax(-1, keepdim=True) / 7

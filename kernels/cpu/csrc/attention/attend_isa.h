@@ -31,9 +31,10 @@ inline int64_t span_blocks_of(int64_t block_size) {
 inline int64_t scratch_floats(int64_t rows, const AttentionArgs& args) {
   // Scores of a span, max, sum and acc per row; one block's keys transposed; one block of
   // a float16 pool as float32; an int4 key block's low and step per channel and its
-  // parameter bytes (fewer than head_size + row_len floats hold them) (attend_kernel.inc).
+  // parameter bytes (fewer than head_size + row_len floats hold them), or an int8 one's
+  // centers; each row's score of those centers (attend_kernel.inc).
   const int64_t span = span_blocks_of(args.block_size) * args.block_size;
-  return rows * (span + args.head_size + 2) + 2 * args.head_size * args.block_size +
+  return rows * (span + args.head_size + 3) + 2 * args.head_size * args.block_size +
          3 * args.head_size + args.row_len;
 }
 

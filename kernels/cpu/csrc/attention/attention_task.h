@@ -36,6 +36,20 @@ constexpr float kInt4KeyHalfScales[32] = {
     0x1.6a09e6p-4f, 0x1.4bfdaep-4f, 0x1.306fep-4f, 0x1.172b84p-4f,
 };
 
+// An int8 key block's centers per KV head (kv_key_centers): the spare bytes after each
+// row's scale, strung in row order, hold each channel's int8 center code; the sign bits of
+// rows 0..15's float16 scales the 16 bits of the float16 M (a scale itself is never
+// negative: its magnitude is the scale). A code per channel and M's bits need this many
+// rows, so int8 pools have at least as many slots a block.
+constexpr int64_t kInt8KeyMinBlock = 64;
+constexpr int64_t kInt8KeyUnitRows = 16;
+constexpr float kInt8KeyCenterCodes = 127.0f;
+
+// Spare bytes of an int8 row after its scale (kv_key_centers.spare_bytes).
+inline int64_t int8_key_spare_bytes(int64_t hd) {
+  return (hd + kInt8KeyMinBlock - 1) / kInt8KeyMinBlock;
+}
+
 // One step's batch as the kernels read it; all strides in elements.
 struct AttentionArgs {
   const float* query;  // [num_tokens, nq, hd], dim stride 1

@@ -1,11 +1,12 @@
-// int4_write_keys: one layer's key blocks of an int4 pool written from the step's keys, as
-// kernels/key_stage.py's write_keys (the PyTorch KeyWriter) writes them, in one op instead
-// of about thirty. Each written block's rows are gathered (the rows before its first new
-// one from its slot of exact keys, or decoded from the pool, or none), the new keys put in
-// Hadamard-rotated and rounded to float16, the block encoded per channel as
-// kernels/kv_key_channels.encode_key_block encodes it (the same float32 operations in
-// the same order, so the same bytes from the same rows), and an open block's rows kept in
-// its slot. The rotation is this library's (kv_rows.h), which can differ from torch's
+// write_key_blocks: one layer's key blocks of an int4 or int8 pool written from the
+// step's keys, as kernels/key_stage.py's write_keys (the PyTorch KeyWriter) writes them, in
+// one op instead of about thirty. Each written block's rows are gathered (the rows before
+// its first new one from its slot of exact keys, or decoded from the pool, or none), the
+// new keys put in Hadamard-rotated and rounded to float16, the block encoded as the
+// format's codec encodes it (int4 per channel: kernels/kv_key_channels.encode_key_block;
+// int8 around its centers: kernels/kv_key_centers.encode_key_block; the same float32
+// operations in the same order, so the same bytes from the same rows), and an open
+// block's rows kept in its slot. The rotation is this library's (kv_rows.h), which can differ from torch's
 // matrix product in a value's last bit; the float16 rounding hides most of that, and a
 // difference left can move a code by one.
 #include <ATen/Parallel.h>
@@ -32,6 +33,7 @@ inline float half_value(const void* p) {
 }
 
 #include "attention/int4_key_params.inc"
+#include "attention/int8_key_centers.inc"
 
 // StagePlan.carry's markers (kernels/key_stage.py): no earlier rows, or the pool's.
 constexpr int64_t kNoRows = -1, kPoolRows = -2;
@@ -144,6 +146,67 @@ void encode_block(const float* x, int64_t filled, int64_t bs, int64_t hd, int64_
     std::memcpy(rows + j * slot_stride + hd / 2, region + j * spare, spare);
 }
 
+// Per-channel scratch of one (block, head) int8 encode.
+struct Centers {
+  std::vector<float> low_x, high_x, center;
+  std::vector<int8_t> code;
+
+  explicit Centers(int64_t hd) : low_x(hd), high_x(hd), center(hd), code(hd) {}
+};
+
+// One block's int8 key rows for one head from x [bs, hd] (rows before `filled` read):
+// rows [bs] of row_len bytes, slot_stride apart (kv_key_centers.encode_key_block, its
+// float32 operations in order).
+void encode_centers_block(const float* x, int64_t filled, int64_t bs, int64_t hd,
+                          int64_t row_len, uint8_t* rows, int64_t slot_stride, Centers& ch) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::fill(ch.low_x.begin(), ch.low_x.end(), kInf);
+  std::fill(ch.high_x.begin(), ch.high_x.end(), -kInf);
+  for (int64_t j = 0; j < filled; ++j)
+    for (int64_t c = 0; c < hd; ++c) {
+      ch.low_x[c] = std::min(ch.low_x[c], x[j * hd + c]);
+      ch.high_x[c] = std::max(ch.high_x[c], x[j * hd + c]);
+    }
+  float top = 0.0f;
+  for (int64_t c = 0; c < hd; ++c) {
+    ch.center[c] = (ch.low_x[c] + ch.high_x[c]) * 0.5f;  // the midpoint, until coded
+    top = std::max(top, std::fabs(ch.center[c]));
+  }
+  const uint16_t top_bits = half_bits_up(top);  // M
+  const float unit = c10::detail::fp16_ieee_to_fp32_value(top_bits) / kInt8KeyCenterCodes;
+  for (int64_t c = 0; c < hd; ++c) {
+    const float m = unit > 0.0f ? round_in(ch.center[c] / unit, -kInt8KeyCenterCodes,
+                                           kInt8KeyCenterCodes)
+                                : 0.0f;
+    ch.code[c] = static_cast<int8_t>(m);
+    ch.center[c] = m * unit;
+  }
+  const int64_t spare = row_len - hd - 2;
+  for (int64_t j = 0; j < bs; ++j) {
+    uint8_t* row = rows + j * slot_stride;
+    uint16_t scale_bits = 0;
+    if (j < filled) {
+      const float* xj = x + j * hd;
+      float absmax = 0.0f;
+      for (int64_t c = 0; c < hd; ++c) absmax = std::max(absmax, std::fabs(xj[c] - ch.center[c]));
+      scale_bits = half_bits(absmax / 127.0f);
+      const float scale = c10::detail::fp16_ieee_to_fp32_value(scale_bits);
+      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      for (int64_t c = 0; c < hd; ++c)
+        row[c] = static_cast<uint8_t>(
+            static_cast<int8_t>(round_in((xj[c] - ch.center[c]) * inv, -127.0f, 127.0f)));
+    } else {
+      std::memset(row, 0, hd);
+    }
+    if (j < kInt8KeyUnitRows) scale_bits |= static_cast<uint16_t>(((top_bits >> j) & 1u) << 15);
+    std::memcpy(row + hd, &scale_bits, 2);  // little-endian hosts, as the Python codec's view
+    for (int64_t b = 0; b < spare; ++b) {
+      const int64_t c = j * spare + b;
+      row[hd + 2 + b] = c < hd ? static_cast<uint8_t>(ch.code[c]) : 0;
+    }
+  }
+}
+
 void check_plan_tensor(const at::Tensor& t, const char* name, int64_t n) {
   TORCH_CHECK(t.scalar_type() == at::kLong && t.device().is_cpu() && t.is_contiguous() &&
                   t.dim() == 1 && (n < 0 || t.numel() == n),
@@ -152,23 +215,26 @@ void check_plan_tensor(const at::Tensor& t, const char* name, int64_t n) {
 
 }  // namespace
 
-void int4_write_keys(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact,
-                     const at::Tensor& tokens, const at::Tensor& dest, const at::Tensor& blocks,
-                     const at::Tensor& filled, const at::Tensor& carry,
-                     const at::Tensor& keep_slot) {
+void write_key_blocks(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact,
+                      const at::Tensor& tokens, const at::Tensor& dest, const at::Tensor& blocks,
+                      const at::Tensor& filled, const at::Tensor& carry,
+                      const at::Tensor& keep_slot) {
   TORCH_CHECK(key.scalar_type() == at::kFloat && key.device().is_cpu() && key.dim() == 3 &&
                   key.stride(2) == 1,
               "key must be float32 [num_tokens, nkv, hd] on the CPU with contiguous heads");
   const int64_t nkv = key.size(1), hd = key.size(2);
-  TORCH_CHECK(hd % 2 == 0, "int4 keys need an even head size, not ", hd);
-  TORCH_CHECK(k_cache.scalar_type() == at::kByte && k_cache.device().is_cpu() &&
-                  k_cache.dim() == 4 && k_cache.stride(3) == 1 && k_cache.size(2) == nkv &&
-                  k_cache.size(3) == row_len(KvKind::kI4, hd),
-              "k_cache must be an int4 pool's uint8 key rows [num_blocks, bs, nkv, ",
-              row_len(KvKind::kI4, hd), "] for head size ", hd, ", rows contiguous");
+  TORCH_CHECK(k_cache.scalar_type() == at::kByte || k_cache.scalar_type() == at::kChar,
+              "k_cache must be an int4 (uint8) or int8 pool's key rows, not ",
+              k_cache.scalar_type());
+  const KvKind kind = kv_kind_of(k_cache.scalar_type());
+  TORCH_CHECK(hd % 2 == 0, "a quantized pool's keys need an even head size, not ", hd);
+  TORCH_CHECK(k_cache.device().is_cpu() && k_cache.dim() == 4 && k_cache.stride(3) == 1 &&
+                  k_cache.size(2) == nkv && k_cache.size(3) == row_len(kind, hd),
+              "k_cache must be the pool's key rows [num_blocks, bs, nkv, ", row_len(kind, hd),
+              "] for head size ", hd, ", rows contiguous");
   const int64_t bs = k_cache.size(1), rl = k_cache.size(3);
-  TORCH_CHECK(bs >= kInt4KeyMinBlock, "an int4 pool's blocks hold at least ", kInt4KeyMinBlock,
-              " slots, not ", bs);
+  TORCH_CHECK(bs >= min_block_size(kind), "an ", k_cache.scalar_type(), " pool's blocks hold "
+              "at least ", min_block_size(kind), " slots, not ", bs);
   TORCH_CHECK(exact.scalar_type() == at::kHalf && exact.device().is_cpu() && exact.dim() == 4 &&
                   exact.size(1) == bs && exact.size(2) == nkv && exact.size(3) == hd &&
                   exact.stride(3) == 1,
@@ -215,17 +281,18 @@ void int4_write_keys(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact
   // its slot back, and a later block of the same step may keep its rows there.
   at::Tensor gathered = at::empty({num_blocks, nkv, bs, hd}, key.options());  // float32
   float* rows_all = gathered.data_ptr<float>();
-  uint8_t* pool = k_cache.data_ptr<uint8_t>();
+  uint8_t* pool = static_cast<uint8_t*>(k_cache.data_ptr());
   at::Half* ex = exact.data_ptr<at::Half>();
   const float* keys = key.data_ptr<float>();
   const int64_t pool_block = k_cache.stride(0), pool_slot = k_cache.stride(1),
                 pool_head = k_cache.stride(2);
   const int64_t ex_slot = exact.stride(0), ex_row = exact.stride(1), ex_head = exact.stride(2);
   const int64_t key_token = key.stride(0), key_head = key.stride(1);
-  const int64_t spare = rl - hd / 2;
+  const bool int4 = kind == KvKind::kI4;
 
   at::parallel_for(0, num_blocks * nkv, 1, [&](int64_t begin, int64_t end) {
-    Channels ch(hd, bs * spare);
+    Channels ch(int4 ? hd : 0, int4 ? bs * (rl - hd / 2) : 0);
+    Centers centers(int4 ? 0 : hd);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / nkv, h = task % nkv;
       float* x = rows_all + task * bs * hd;  // [bs, hd]
@@ -235,6 +302,17 @@ void int4_write_keys(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact
         for (int64_t j = 0; j < start[i]; ++j)
           for (int64_t c = 0; c < hd; ++c)
             x[j * hd + c] = static_cast<float>(slot[j * ex_row + c]);
+      } else if (from[i] == kPoolRows && !int4) {
+        // The block's rows as kv_key_centers.decode_key_block gives them: center + code *
+        // scale.
+        const Int8Kv* coded = reinterpret_cast<const Int8Kv*>(block_rows);
+        int8_key_centers(coded, pool_slot, hd, centers.center.data());
+        for (int64_t j = 0; j < start[i]; ++j) {
+          const Int8Kv* row = coded + j * pool_slot;
+          const float scale = int8_key_scale(row, hd);
+          for (int64_t c = 0; c < hd; ++c)
+            x[j * hd + c] = centers.center[c] + static_cast<float>((&row->code)[c]) * scale;
+        }
       } else if (from[i] == kPoolRows) {
         // The block's rows as kv_key_channels.decode_key_block gives them: low + code * step.
         const Int4Kv* coded = reinterpret_cast<const Int4Kv*>(block_rows);
@@ -256,7 +334,10 @@ void int4_write_keys(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact
         // whether its rows came in one write or over many.
         for (int64_t c = 0; c < hd; ++c) r[c] = to_half(r[c]);
       }
-      encode_block(x, fill[i], bs, hd, rl, block_rows, pool_slot, ch);
+      if (int4)
+        encode_block(x, fill[i], bs, hd, rl, block_rows, pool_slot, ch);
+      else
+        encode_centers_block(x, fill[i], bs, hd, rl, block_rows, pool_slot, centers);
     }
   });
   at::parallel_for(0, num_blocks * nkv, 1, [&](int64_t begin, int64_t end) {
@@ -275,7 +356,7 @@ void int4_write_keys(const at::Tensor& key, at::Tensor k_cache, at::Tensor exact
 }  // namespace folio_cpu::attention
 
 TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
-  m.def("int4_write_keys(Tensor key, Tensor(a!) k_cache, Tensor(b!) exact, Tensor tokens, "
+  m.def("write_key_blocks(Tensor key, Tensor(a!) k_cache, Tensor(b!) exact, Tensor tokens, "
         "Tensor dest, Tensor blocks, Tensor filled, Tensor carry, Tensor keep_slot) -> ()",
-        &folio_cpu::attention::int4_write_keys);
+        &folio_cpu::attention::write_key_blocks);
 }

@@ -32,6 +32,15 @@ inline KvKind kv_kind_of(c10::ScalarType dtype) {
 
 inline bool quantized(KvKind kind) { return kind != KvKind::kF32 && kind != KvKind::kF16; }
 
+// Whether a pool's keys are written a block at a time through its key stage (int4 per
+// channel, int8 around the block's centers: kv_format.KVFormat.keys_by_block), not as rows.
+inline bool keys_by_block(KvKind kind) { return kind == KvKind::kI4 || kind == KvKind::kI8; }
+
+// The fewest slots a block of the pool holds (kv_format.KVFormat.min_block_size).
+inline int64_t min_block_size(KvKind kind) {
+  return kind == KvKind::kI4 ? kInt4KeyMinBlock : kind == KvKind::kI8 ? kInt8KeyMinBlock : 1;
+}
+
 // Elements of an int4 row's group per float16 scale (kv_format.int4_group).
 inline int64_t int4_group(int64_t hd) { return hd % 64 == 0 ? 64 : hd; }
 
@@ -53,10 +62,11 @@ inline int64_t int4_key_spare_bytes(int64_t hd) {
 }
 
 // Pool elements per row of a head of hd values (kv_format.KVFormat.row_len): an int4
-// pool's key and value rows share the longer of their two lengths.
+// pool's key and value rows share the longer of their two lengths; an int8 pool's rows
+// keep the bytes its key blocks' centers take.
 inline int64_t row_len(KvKind kind, int64_t hd) {
   switch (kind) {
-    case KvKind::kI8:
+    case KvKind::kI8: return hd + 2 + int8_key_spare_bytes(hd);
     case KvKind::kFp8: return hd + 2;
     case KvKind::kI4: {
       const int64_t value_row = hd / 2 + 2 * (hd / int4_group(hd));
@@ -70,8 +80,8 @@ inline int64_t row_len(KvKind kind, int64_t hd) {
 // The head size whose rows are `len` elements long, or 0 where none is.
 inline int64_t head_size_of(KvKind kind, int64_t len) {
   switch (kind) {
-    case KvKind::kI8:
     case KvKind::kFp8: return len > 2 ? len - 2 : 0;
+    case KvKind::kI8:
     case KvKind::kI4:
       for (int64_t hd = 2; hd <= 2 * len; hd += 2)
         if (row_len(kind, hd) == len) return hd;

@@ -108,7 +108,10 @@ struct Scatter {
       hadamard_rotate(r, head_size);
       uint8_t* row = reinterpret_cast<uint8_t*>(dst);
       switch (kind) {
-        case KvKind::kI8: encode_int8(r, head_size, row); return;
+        case KvKind::kI8:
+          encode_int8(r, head_size, row);
+          std::memset(row + head_size + 2, 0, row_len - head_size - 2);
+          return;
         case KvKind::kFp8: encode_fp8(r, head_size, row); return;
         default: encode_int4(r, head_size, row_len, row); return;
       }
@@ -125,7 +128,7 @@ struct Scatter {
     const int64_t slot = slots[t];
     if (slot < 0) return;
     const int64_t offset = (slot / block_size) * block_stride + (slot % block_size) * slot_stride;
-    const bool keys = kind != KvKind::kI4;  // int4 keys: written a block at a time
+    const bool keys = !keys_by_block(kind);  // int8 and int4 keys: a block at a time
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       const int64_t dst = (offset + h * head_stride) * dst_bytes;
       if (keys) put(key + h * key_head_stride * src_bytes, k_base + dst);
@@ -157,8 +160,8 @@ Scatter scatter_for(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
               "quantized pool for float32 K/V");
   TORCH_CHECK(!encode || (hd % 2 == 0 && hd <= kMaxRotatedHead),
               "a quantized pool needs an even head size up to ", kMaxRotatedHead, ", not ", hd);
-  TORCH_CHECK(kind != KvKind::kI4 || k_cache.size(1) >= kInt4KeyMinBlock,
-              "an int4 pool's blocks hold at least ", kInt4KeyMinBlock, " slots (its key "
+  TORCH_CHECK(k_cache.size(1) >= min_block_size(kind), "an ", k_cache.scalar_type(),
+              " pool's blocks hold at least ", min_block_size(kind), " slots (its key "
               "blocks keep their parameters in their rows), not ", k_cache.size(1));
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
                   slot_mapping.numel() == key.size(0),

@@ -251,8 +251,8 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& k_cache,
   TORCH_CHECK(k_cache.size(3) == row_len(kind, hd), "a ", k_cache.scalar_type(),
               " pool's rows for head size ", hd, " are ", row_len(kind, hd),
               " elements, not ", k_cache.size(3));
-  TORCH_CHECK(kind != KvKind::kI4 || k_cache.size(1) >= kInt4KeyMinBlock,
-              "an int4 pool's blocks hold at least ", kInt4KeyMinBlock, " slots (its key "
+  TORCH_CHECK(k_cache.size(1) >= min_block_size(kind), "an ", k_cache.scalar_type(),
+              " pool's blocks hold at least ", min_block_size(kind), " slots (its key "
               "blocks keep their parameters in their rows), not ", k_cache.size(1));
   const int64_t num_seqs = seq_lens.size(0);
   TORCH_CHECK(query_start_loc.size(0) == num_seqs + 1 && block_tables.size(0) == num_seqs,

@@ -116,19 +116,20 @@ struct DecoderLayer : torch::CustomClassHolder {
                block_tables, max_seq_len, pairs, nullptr);
   }
 
-  // step over an int4 pool, whose key rows rotary_write_kv leaves alone: the keys are
-  // written a block at a time (int4_write_keys, key_blocks.cpp) before the attention reads
-  // them, from this layer's slots of exact keys ([slots, bs, nkv, hd] float16) by the
-  // step's StagePlan (kernels/key_stage.py: tokens, dest, blocks, filled, carry,
-  // keep_slot).
-  at::Tensor step_int4(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
-                       const at::Tensor& k_cache, const at::Tensor& v_cache,
-                       const at::Tensor& slot_mapping, const at::Tensor& query_start_loc,
-                       const at::Tensor& seq_lens, const at::Tensor& block_tables,
-                       int64_t max_seq_len, bool pairs, const at::Tensor& exact,
-                       const at::Tensor& tokens, const at::Tensor& dest,
-                       const at::Tensor& blocks, const at::Tensor& filled,
-                       const at::Tensor& carry, const at::Tensor& keep_slot) {
+  // step over an int8 or int4 pool, whose key rows rotary_write_kv leaves alone: the
+  // keys are written a block at a time (write_key_blocks, key_blocks.cpp) before the
+  // attention reads them, from this layer's slots of exact keys ([slots, bs, nkv, hd]
+  // float16) by the step's StagePlan (kernels/key_stage.py: tokens, dest, blocks, filled,
+  // carry, keep_slot).
+  at::Tensor step_key_blocks(const at::Tensor& hidden, const at::Tensor& cos,
+                             const at::Tensor& sin, const at::Tensor& k_cache,
+                             const at::Tensor& v_cache, const at::Tensor& slot_mapping,
+                             const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                             const at::Tensor& block_tables, int64_t max_seq_len, bool pairs,
+                             const at::Tensor& exact, const at::Tensor& tokens,
+                             const at::Tensor& dest, const at::Tensor& blocks,
+                             const at::Tensor& filled, const at::Tensor& carry,
+                             const at::Tensor& keep_slot) {
     const KeyPlan keys{exact, tokens, dest, blocks, filled, carry, keep_slot};
     return run(hidden, cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens,
                block_tables, max_seq_len, pairs, &keys);
@@ -158,7 +159,7 @@ struct DecoderLayer : torch::CustomClassHolder {
     attention::rotary_write_kv(query, key, qkv.narrow(1, nq_ + nkv_, nkv_), cos, sin, k_cache,
                                v_cache, slot_mapping);
     if (keys != nullptr)
-      attention::int4_write_keys(key, k_cache, keys->exact, keys->tokens, keys->dest,
+      attention::write_key_blocks(key, k_cache, keys->exact, keys->tokens, keys->dest,
                                  keys->blocks, keys->filled, keys->carry, keys->keep_slot);
     const at::Tensor attn = attention::paged_attention(
         query, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale_,
@@ -200,5 +201,5 @@ TORCH_LIBRARY_FRAGMENT(folio_cpu, m) {
       .def("set_attention", &folio_cpu::DecoderLayer::set_attention)
       .def("set_biases", &folio_cpu::DecoderLayer::set_biases)
       .def("step", &folio_cpu::DecoderLayer::step)
-      .def("step_int4", &folio_cpu::DecoderLayer::step_int4);
+      .def("step_key_blocks", &folio_cpu::DecoderLayer::step_key_blocks);
 }
