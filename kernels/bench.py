@@ -217,7 +217,8 @@ def _quantized_runner(name: str, scale: float):
 
     def build(query, k_cache, v_cache, meta, shape: Shape, context: int):
         fmt = format_named(name)
-        # int4's keys a block at a time: --block-size 32 or more for an int4 column.
+        # int8's and int4's keys a block at a time: --block-size at least the format's
+        # min_block_size (64 for an int8 column, 32 for int4).
         k_pool, v_pool = fmt.encode_keys(k_cache), fmt.encode(v_cache)
         return lambda: paged_decode(query, k_pool, v_pool, meta, scale)
 

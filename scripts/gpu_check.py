@@ -65,8 +65,10 @@ GPU_IMPORTS = ("torch", "triton", "transformers", "gguf", "platformdirs", "numpy
                "engine.bench.gpu_moe", "kernels.triton.fused_moe",
                "engine.loaders.gguf.loader")
 KV_BENCH_FORMATS = ("int8", "fp8")  # the quantized pools' cells (issue 47)
+# Blocks of 64: an int8 pool's keys are encoded a block at a time from 64 tokens
+# (kernels/kv_key_centers.py); every column of the table reads the same block size.
 BENCH_ARGS = ("--shapes", "llama8b", "--batches", "1,8,32", "--contexts", "4096",
-              "--reps", "10", "--kv", ",".join(KV_BENCH_FORMATS))
+              "--reps", "10", "--block-size", "64", "--kv", ",".join(KV_BENCH_FORMATS))
 TOKENIZER_ENV = "FOLIO_TOKENIZER_GGUF"  # the vocabulary GGUF (scripts/gpu_check.sh sets it)
 
 

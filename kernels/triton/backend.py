@@ -38,10 +38,13 @@ class TritonBackend:
     the PyTorch reference instead (the kernels here are causal).
 
     A quantized pool (int8, fp8, int4: its dtype tells; kernels/kv_format.py) goes to the
-    same kernels, which read it in place. An int4 pool holds Hadamard-rotated rows: the
-    query is rotated before the kernel and the output rotated back after it (the
+    same kernels, which read it in place. A quantized pool holds Hadamard-rotated rows:
+    the query is rotated before the kernel and the output rotated back after it (the
     transform is orthogonal and its own inverse, so scores and the weighted sum of
-    values come out as with unrotated rows), each one small torch matmul.
+    values come out as with unrotated rows), each one small torch matmul. An int8 or
+    int4 pool's keys are encoded a block at a time (`KVFormat.keys_by_block`): its values
+    go through the fused write, its keys through the key stage of its pool
+    (`key_stages`).
 
     shared_prefix: None reads $FOLIO_SHARED_PREFIX ("1" turns it on).
     min_shared_blocks: the fewest shared blocks worth a group of their own.
@@ -62,15 +65,15 @@ class TritonBackend:
         # editing the last one in place; inference tensors have no version counter.)
         self._groups_meta: AttentionMetadata | None = None
         self._groups: list[SharedPrefixGroup] = []
-        # An int4 pool's keys: through its stage (kernels/key_stage.py), its blocks
-        # encoded by the Triton kernel (kernels/triton/key_blocks.py).
+        # An int8 or int4 pool's keys: through its stage (kernels/key_stage.py), its
+        # blocks encoded by the Triton kernels (kernels/triton/key_blocks.py).
         self.key_stages = KeyStages(functools.partial(write_keys, encode=_encode_key_blocks))
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         write_kv(_heads_contiguous(key), _heads_contiguous(value), k_cache, v_cache,
                  slot_mapping)
-        if format_of(k_cache).keys_per_channel:
+        if format_of(k_cache).keys_by_block:
             self.key_stages.write(key, k_cache, slot_mapping)
 
     def attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -134,6 +137,9 @@ def _heads_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 def _encode_key_blocks(rows: torch.Tensor, filled: torch.Tensor, k_cache: torch.Tensor,
                        blocks: torch.Tensor) -> None:
-    """The Triton encoder where it takes the head size (a multiple of 8), else PyTorch's."""
-    encoder = encode_key_blocks if rows.shape[-1] % 8 == 0 else encode_blocks
-    encoder(rows, filled, k_cache, blocks)
+    """The Triton encoders (int8: any head size), but for an int4 pool whose head size is
+    no multiple of 8 (the int4 kernel's): PyTorch's."""
+    if format_of(k_cache).bits == 4 and rows.shape[-1] % 8:
+        encode_blocks(rows, filled, k_cache, blocks)
+    else:
+        encode_key_blocks(rows, filled, k_cache, blocks)

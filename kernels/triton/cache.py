@@ -2,9 +2,9 @@
 block copies, and swapping blocks between the device pool and the host pool.
 
 A quantized pool (kernels/kv_format.py) is written by kernels/triton/kv_quant.py's
-quantizing kernel and moved as bytes: a block's rows go where they go as they are. An int4
-pool's key rows hold a whole block's channels, so `write_kv` writes only its values; the
-key stage encodes the keys a block at a time."""
+quantizing kernel and moved as bytes: a block's rows go where they go as they are. An int8
+or int4 pool's key rows are encoded a block at a time (`KVFormat.keys_by_block`), so
+`write_kv` writes only its values; the key stage encodes the keys."""
 
 from __future__ import annotations
 
@@ -83,9 +83,9 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """k_cache/v_cache at slot_mapping[t] = key/value[t]; slots of -1 are skipped. A
     quantized pool [num_blocks, block_size, nkv, row] gets each row's encoding
-    (`KVFormat.encode`: rotated, then quantized), but for an int4 pool's keys, which are
-    not written here (`KVFormat.encode_keys` over whole blocks: the key stage's); key is
-    still checked against the pool's shape."""
+    (`KVFormat.encode`: rotated, then quantized), but for an int8 or int4 pool's keys,
+    which are not written here (`KVFormat.encode_keys` over whole blocks: the key
+    stage's); key is still checked against the pool's shape."""
     if key.dim() != 3 or key.shape != value.shape:
         raise ValueError(f"key and value must both be [num_tokens, nkv, hd], got "
                          f"{tuple(key.shape)} and {tuple(value.shape)}")

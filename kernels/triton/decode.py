@@ -24,10 +24,10 @@ Attention sinks (kernels.interface.check_sinks) join the merge kernel's denomina
 launch with sinks always writes partials and merges them, even with one split.
 
 A quantized pool (int8, fp8, int4: kernels/kv_format.py) is read in place, each tile
-dequantized in registers (kernels/triton/kv_quant.py, KV_FORMAT; an int4 key tile per
-channel from its blocks' parameters, whichever blocks the tile spans). An int4 pool holds
-rotated rows: the kernels attend in the rotated space, so the caller passes a rotated
-query and rotates the output back (TritonBackend does).
+dequantized in registers (kernels/triton/kv_quant.py, KV_FORMAT; an int8 or int4 key
+tile with its blocks' centers or parameters, whichever blocks the tile spans). A quantized
+pool holds rotated rows: the kernels attend in the rotated space, so the caller passes a
+rotated query and rotates the output back (TritonBackend does).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def attend_range(
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
-        # An int4 pool's keys also read their block's parameters (blk).
+        # An int8 or int4 pool's keys also read their block's part (blk).
         blk = paged_block_offsets(bt_row_ptr, offs_n, n_mask, stride_block, BLOCK_SIZE)
         tok = slot_offsets(blk, offs_n, stride_slot, BLOCK_SIZE)
         s = key_scores(q, k_ptr, tok, blk, stride_slot, offs_d, n_mask, d_mask, qk_scale,

@@ -2,10 +2,11 @@
 into an int8, fp8 or int4 pool, and the tile helpers through which the attention kernels
 (decode, prefill, shared-prefix) read any pool, dequantizing in registers.
 
-What a row holds is kernels/kv_format.py's to say (its `encode` / `decode` are the oracle
-of every test here). The kernels see a quantized pool as bytes (`as_bytes`) and its
-format as the constexpr KV_FORMAT (`format_code`): codes at row offsets 0.., float16
-scales as two little-endian bytes after them, read back as uint16 and bitcast.
+What a row holds is kernels/kv_format.py's to say (its `encode` / `decode` /
+`decode_keys` are the oracle of every test here). The kernels see a quantized pool as
+bytes (`as_bytes`) and its format as the constexpr KV_FORMAT (`format_code`): codes at row
+offsets 0.., float16 scales as two little-endian bytes after them, read back as uint16 and
+bitcast.
 
 Reading: an 8-bit row's one scale factors out of a dot product, so a K tile's codes go
 into the dot as they are and the scale multiplies the [rows, tokens] scores; a V tile's
@@ -14,22 +15,30 @@ group of elements, so its tile is dequantized whole before the dot. Codes conver
 to float16 / bfloat16 (|int8| <= 127, e4m3 has 3 mantissa bits), so the dots run in the
 query's dtype with fp32 accumulation, as on a float pool.
 
-An int4 pool's keys are per channel over a block's tokens (kernels/kv_key_channels.py):
-each token of a K tile reads its block's parameters for the KV head from the spare bytes
-of the block's rows and decodes low + code * step per channel. A tile may start anywhere
-in a block (a window, a split, a shared prefix's end) and span several blocks, so the
-parameters are read per token; tokens of one block read the same bytes, which the cache
-serves. The divisions are correctly rounded (div_rn, as torch's) and a half-width scale is
-a power of two times one of eight float32 constants, so each channel's low and step are
-the encoder's bits; the key itself may take a fused multiply-add on a GPU, below the
-query dtype's rounding that it goes through before the dot.
+Keys encoded a block at a time read their block's part from the spare bytes of the
+block's rows (for the KV head). A tile may start anywhere in a block (a window, a split, a
+shared prefix's end) and span several blocks, so those are read per token; tokens of one
+block read the same bytes, which the cache serves.
 
-Writing (values, and the 8-bit formats' keys: an int4 block's key rows are encoded
-together by the key stage, kernels/key_stage.py, never here) rounds as torch does (half
-to even). fp8 is rounded here to a representable e4m3 value before the conversion:
-Triton's interpreter converts fp32 to e4m3 without carrying a rounding overflow into the
-exponent (31.6 becomes 16), and a conversion of a value already representable is exact on
-every path.
+- int8 (kernels/kv_key_centers.py): a key is center + code * |scale|, the center m * unit
+  with m the block's int8 code for the channel and unit = M / 127, M's 16 bits the sign
+  bits of the scales of the block's rows 0..15 (so a row's scale is read without its
+  sign). The center is a dot too: q . k = |scale| (q . codes) + unit (q . m), both dots
+  over exact integers in the query's dtype, so a large center costs no precision (a
+  decoded key rounded to bfloat16 would lose its low bits to the center's).
+- int4 (kernels/kv_key_channels.py): per channel, low + code * step. The divisions are
+  correctly rounded (div_rn, as torch's) and a half-width scale is a power of two times
+  one of eight float32 constants, so each channel's low and step are the encoder's bits;
+  the key itself may take a fused multiply-add on a GPU, below the query dtype's rounding
+  that it goes through before the dot.
+
+Writing (values, and fp8's keys: an int8 or int4 block's key rows are encoded together by
+the key stage, kernels/key_stage.py and kernels/triton/key_blocks.py, never here) rounds as
+torch does (half to even). An int8 value row is as long as a key row: zeros after its
+scale. fp8 is rounded here to a representable e4m3 value before the conversion: Triton's
+interpreter converts fp32 to e4m3 without carrying a rounding overflow into the exponent
+(31.6 becomes 16), and a conversion of a value already representable is exact on every
+path.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import triton
 import triton.language as tl
 
 from kernels import kv_format
+from kernels import kv_key_centers as centers
 from kernels import kv_key_channels as channels
 from kernels.kv_format import format_of, int4_group
 
@@ -47,6 +57,10 @@ _INT8 = tl.constexpr(INT8)
 _FP8 = tl.constexpr(FP8)
 _INT4 = tl.constexpr(INT4)
 _CODES = {"int8": INT8, "fp8": FP8, "int4": INT4}
+
+# The int8 key block's centers (kernels/kv_key_centers.py).
+_CENTER_CODES = tl.constexpr(float(centers.CENTER_CODES))
+_UNIT_BITS = tl.constexpr(centers.UNIT_BITS)
 
 # The int4 key block's parameter fields (kernels/kv_key_channels.py).
 _PARAM_BITS = tl.constexpr(8 * channels.PARAM_HEAD)  # the bit string starts after M and W
@@ -78,6 +92,19 @@ def int4_key_spare(head_size):
     concatenation of these over its rows (the row's whole tail, as the encoder lays it out,
     which may be longer than spare_bytes where the value row is the longer one)."""
     return getattr(kv_format, "INT4").row_len(head_size) - head_size // 2  # noqa: B009
+
+
+@triton.constexpr_function
+def int8_row_len(head_size):
+    """Bytes of an int8 pool's rows (key and value rows alike), as kv_format says."""
+    return getattr(kv_format, "INT8").row_len(head_size)  # noqa: B009
+
+
+@triton.constexpr_function
+def int8_spare(head_size):
+    """Bytes after the scale in each int8 row: a key block's center codes are the
+    concatenation of these over its rows (zeros in a value row and past the codes)."""
+    return getattr(kv_format, "INT8").row_len(head_size) - head_size - 2  # noqa: B009
 
 
 def format_code(pool: torch.Tensor) -> int:
@@ -184,12 +211,46 @@ def _int4_keys(k_head, tok, blk, stride_slot, offs_d, n_mask, mask, HEAD_SIZE: t
 
 
 @triton.jit
+def center_offsets(c, stride_slot, HEAD_SIZE: tl.constexpr):
+    """int64 offsets, from a block's row 0 of one KV head, of channel c's (int32) center
+    code in an int8 key block: byte c of the centers is in row c // spare, at
+    HEAD_SIZE + 2 + c % spare (after the row's codes and scale)."""
+    spare: tl.constexpr = int8_spare(HEAD_SIZE)
+    return (c // spare).to(tl.int64) * stride_slot + (HEAD_SIZE + 2 + c % spare)
+
+
+@triton.jit
+def _int8_centers(k_head, blk, stride_slot, offs_d, n_mask, mask, HEAD_SIZE: tl.constexpr):
+    """An int8 pool's key centers (kernels/kv_key_centers.py) for each token of a tile:
+    (m, fp32 [BLOCK_N, HEAD_PAD], the codes of its block's centers, 0 where mask is off;
+    unit, fp32 [BLOCK_N], M / 127), so that channel d's center is m * unit."""
+    block_rows = k_head + blk[:, None]  # [BLOCK_N, 1]: row 0 of each token's block
+    # M: bit j is the sign bit of row j's scale (the high byte's bit 7). [BLOCK_N, 16]
+    r = tl.arange(0, _UNIT_BITS)
+    high = tl.load(block_rows + r[None, :].to(tl.int64) * stride_slot + (HEAD_SIZE + 1),
+                   mask=n_mask[:, None], other=0)
+    bits = tl.sum(((high >> 7) & 1).to(tl.int32) << r[None, :], 1)  # [BLOCK_N]
+    top = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    unit = tl.math.div_rn(top, _CENTER_CODES)  # the decoder's M / 127, correctly rounded
+    raw = tl.load(block_rows + center_offsets(offs_d[None, :], stride_slot, HEAD_SIZE),
+                  mask=mask, other=0)
+    return raw.to(tl.int8, bitcast=True).to(tl.float32), unit
+
+
+@triton.jit
+def key_scale(ptrs, mask):
+    """fp32 |scale| of an int8 key row's float16 scale at ptrs: its sign bit is one of its
+    block's M bits, not the scale's."""
+    return tl.abs(load_scale(ptrs, mask))
+
+
+@triton.jit
 def key_scores(
-    q,  # [ROWS, HEAD_PAD] query tile (rotated, for an int4 pool)
+    q,  # [ROWS, HEAD_PAD] query tile (rotated, for a rotated pool)
     k_head,  # this KV head's K pool: elements (PLAIN) or bytes
     tok,  # int64 [BLOCK_N]: each token's row offset from k_head
     blk,  # int64 [BLOCK_N]: the offset of each token's block (its row 0) from k_head
-    stride_slot,  # elements between a block's rows (int4: its parameter region's rows)
+    stride_slot,  # elements between a block's rows (int8, int4: those holding its keys' part)
     offs_d,  # int32 [HEAD_PAD]
     n_mask,  # bool [BLOCK_N]: tokens that exist
     d_mask,  # bool [HEAD_PAD]: real head dims
@@ -209,6 +270,15 @@ def key_scores(
     elif KV_FORMAT == 0:
         k = tl.load(rows + offs_d[None, :], mask=mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    elif KV_FORMAT == _INT8:
+        # q . (center + code * |scale|) = |scale| (q . codes) + unit (q . m).
+        codes = _codes_8bit(tl.load(rows + offs_d[None, :], mask=mask, other=0),
+                            KV_FORMAT).to(q.dtype)
+        k_scale = key_scale(k_head + tok + HEAD_SIZE, n_mask) * qk_scale  # [BLOCK_N]
+        m, unit = _int8_centers(k_head, blk, stride_slot, offs_d, n_mask, mask, HEAD_SIZE)
+        s = tl.dot(q, tl.trans(codes), input_precision=DOT_PRECISION) * k_scale[None, :]
+        s += (tl.dot(q, tl.trans(m.to(q.dtype)), input_precision=DOT_PRECISION)
+              * (unit * qk_scale)[None, :])
     else:
         codes = _codes_8bit(tl.load(rows + offs_d[None, :], mask=mask, other=0),
                             KV_FORMAT).to(q.dtype)
@@ -231,7 +301,7 @@ def weighted_values(
     GROUP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """fp32 [ROWS, HEAD_PAD]: p times the tile's values (rotated, for an int4 pool)."""
+    """fp32 [ROWS, HEAD_PAD]: p times the tile's values (rotated, for a rotated pool)."""
     rows = v_head + tok[:, None]
     mask = n_mask[:, None] & d_mask[None, :]
     if KV_FORMAT == _INT4:
@@ -280,8 +350,10 @@ def _store_scales(ptrs, scale, mask):
 @triton.jit
 def _quantize_row_8bit(x, row, offs_d, keep, KV_FORMAT: tl.constexpr,
                        HEAD_SIZE: tl.constexpr):
-    """x fp32 [HEAD_PAD] (0 past HEAD_SIZE) into the byte row at `row`, unless not keep.
-    (Masks come from limits: the interpreter turns bool & scalar bool into int32.)"""
+    """x fp32 [HEAD_PAD] (0 past HEAD_SIZE) into the byte row at `row`, unless not keep,
+    and an int8 row's spare bytes (int8_spare, fewer than HEAD_PAD) zeroed: a value row
+    (an int8 key row is its block's, kernels/triton/key_blocks.py). (Masks come from
+    limits: the interpreter turns bool & scalar bool into int32.)"""
     if KV_FORMAT == _FP8:
         scale = (tl.max(tl.abs(x), 0) / 448.0).to(tl.float16)
     else:
@@ -299,6 +371,10 @@ def _quantize_row_8bit(x, row, offs_d, keep, KV_FORMAT: tl.constexpr,
     two = tl.arange(0, 2)  # the scale's bytes, low first
     byte = tl.where(two == 0, bits & 0xFF, bits >> 8).to(tl.uint8)
     tl.store(row + HEAD_SIZE + two, byte, mask=two < tl.where(keep, 2, 0))
+    if KV_FORMAT == _INT8:
+        spare: tl.constexpr = int8_spare(HEAD_SIZE)
+        tl.store(row + HEAD_SIZE + 2 + offs_d, tl.zeros_like(raw),
+                 mask=offs_d < tl.where(keep, spare, 0))
 
 
 @triton.jit
@@ -338,8 +414,8 @@ def _quantize_row_int4(src, row, keep, HEAD_SIZE: tl.constexpr, GROUP: tl.conste
 
 @triton.jit
 def _write_kv_quant_kernel(
-    key_ptr,  # [num_tokens, nkv, hd] float (rotated, for int4)
-    value_ptr,  # [num_tokens, nkv, hd] float (rotated, for int4)
+    key_ptr,  # [num_tokens, nkv, hd] float, rotated (fp8 only: the others' keys unread)
+    value_ptr,  # [num_tokens, nkv, hd] float, rotated
     k_cache_ptr,  # uint8 [num_blocks, block_size, nkv, row bytes]
     v_cache_ptr,  # uint8, k_cache's strides
     slot_ptr,  # int64 [num_tokens]: block_id * block_size + offset, -1 = skip
@@ -354,8 +430,8 @@ def _write_kv_quant_kernel(
     HALF_PAD: tl.constexpr,  # int4: next_power_of_2(HEAD_SIZE // 2)
     GROUPS_PAD: tl.constexpr,  # int4: next_power_of_2(HEAD_SIZE // GROUP)
 ):
-    """One program per (token, KV head) quantizes its V row, and its K row but in an
-    int4 pool (whose key rows are a block's, written by the key stage)."""
+    """One program per (token, KV head) quantizes its V row, and its K row in an fp8
+    pool (an int8 or int4 pool's key rows are a block's, written by the key stage)."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -370,8 +446,9 @@ def _write_kv_quant_kernel(
     else:
         offs_d = tl.arange(0, HEAD_PAD)
         d_mask = offs_d < HEAD_SIZE
-        k = tl.load(k_src + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-        _quantize_row_8bit(k, k_cache_ptr + dst, offs_d, keep, KV_FORMAT, HEAD_SIZE)
+        if KV_FORMAT == _FP8:
+            k = tl.load(k_src + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+            _quantize_row_8bit(k, k_cache_ptr + dst, offs_d, keep, KV_FORMAT, HEAD_SIZE)
         v = tl.load(v_src + offs_d, mask=d_mask, other=0.0).to(tl.float32)
         _quantize_row_8bit(v, v_cache_ptr + dst, offs_d, keep, KV_FORMAT, HEAD_SIZE)
 
@@ -380,14 +457,14 @@ def write_kv_quantized(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Te
                        v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """k_cache / v_cache (a quantized pool's [num_blocks, block_size, nkv, row] views) at
     slot_mapping[t] = the format's encoding of key / value[t], as `KVFormat.encode`; an
-    int4 pool's key rows are left as they are (a block's key rows are encoded together
-    from the block's exact keys: `KVFormat.encode_keys`, by the key stage). Rows are
+    int8 or int4 pool's key rows are left as they are (a block's key rows are encoded
+    together from the block's exact keys: `KVFormat.encode_keys`, by the key stage). Rows are
     rotated first, in torch (kv_format.rotate: the oracle's own transform; the write is a
     sliver of a step's time, so one more small matmul costs nothing worth a Hadamard
     product inside the kernel). Shapes are the caller's (cache.write_kv) to check."""
     fmt = format_of(k_cache)
     num_tokens, nkv, head_size = key.shape
-    if fmt.keys_per_channel:
+    if fmt.keys_by_block:
         value = fmt.rotate(value.float())
     elif fmt.rotated:
         key, value = fmt.rotate(key.float()), fmt.rotate(value.float())

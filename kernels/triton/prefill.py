@@ -15,8 +15,8 @@ token at position p see keys p - W + 1 .. p only (transformers' sliding_window_o
 each tile's key loop starts at its first query's window start, so blocks wholly before
 every query of the tile are never read. SOFTCAP (c): c * tanh(score / c) before the mask.
 HAS_SINKS: a per-head logit joins each row's denominator (kernels.interface.check_sinks).
-A quantized pool is read in place as in the decode kernel (KV_FORMAT; an int4 pool wants
-a rotated query and gives a rotated output).
+A quantized pool is read in place as in the decode kernel (KV_FORMAT; it wants a rotated
+query and gives a rotated output).
 """
 
 from __future__ import annotations

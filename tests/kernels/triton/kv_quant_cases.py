@@ -1,7 +1,8 @@
 """Quantized versions of tests/kernels/paged_cases.py's random cases, and their oracles.
 
 A case's float pools are encoded with a kernels/kv_format.py format (keys whole blocks at
-a time, `encode_keys`: int4 keys are per channel over a block's tokens); the oracle case
+a time, `encode_keys`: int8 keys are around their block's centers, int4 keys per channel
+over a block's tokens); the oracle case
 holds `format.decode_keys` / `format.decode` of those bytes (the values the kernels must
 dequantize to) in the query's dtype, so the float kernels' oracles (the PyTorch
 reference, the float64 naive attention) judge a quantized kernel's output. A quantized
@@ -16,16 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from kernels.kv_format import KVFormat, format_named
-from kernels.kv_key_channels import MIN_BLOCK_SIZE
 from tests.kernels.paged_cases import PagedCase, make_case
 
 QUANTIZED = ("int8", "fp8", "int4")
 
 
 def block_size_for(name: str, block_size: int) -> int:
-    """block_size, or the smallest an int4 pool takes where it is smaller."""
-    return max(block_size, MIN_BLOCK_SIZE) if name == "int4" else block_size
+    """block_size, or the smallest a pool of the format takes where it is smaller (int8:
+    64, int4: 32; `KVFormat.min_block_size`)."""
+    return max(block_size, format_named(name).min_block_size)
 
 
 def quantize_case(case: PagedCase, fmt: KVFormat) -> tuple[PagedCase, PagedCase]:
@@ -38,17 +41,25 @@ def quantize_case(case: PagedCase, fmt: KVFormat) -> tuple[PagedCase, PagedCase]
     return dataclasses.replace(case, k_cache=k_pool, v_cache=v_pool), oracle
 
 
-def quantized_case(name: str, seq_lens: list[int], q_lens: list[int], **kwargs
-                   ) -> tuple[PagedCase, PagedCase]:
-    """make_case's case, quantized with the format named `name`."""
-    return quantize_case(make_case(seq_lens, q_lens, **kwargs), format_named(name))
+def quantized_case(name: str, seq_lens: list[int], q_lens: list[int], *,
+                   key_offsets: float = 0.0, **kwargs) -> tuple[PagedCase, PagedCase]:
+    """make_case's case, quantized with the format named `name`. key_offsets: each KV
+    head's channels shifted by that times a normal draw (the same for every token, as a
+    model's keys carry), so that a block's centers (int8) or midpoints (int4) are far from
+    0 and a reader that drops them is far off."""
+    case = make_case(seq_lens, q_lens, **kwargs)
+    if key_offsets:
+        gen = torch.Generator().manual_seed(kwargs.get("seed", 0) + 1000)
+        shift = torch.randn(case.k_cache.shape[2:], generator=gen) * key_offsets
+        case = dataclasses.replace(case, k_cache=case.k_cache + shift.to(case.k_cache))
+    return quantize_case(case, format_named(name))
 
 
 def compile_quantized_for_hopper() -> list[str]:
     """bf16-query builds of the attention kernels over each quantized format, and of the
-    quantizing writes (values; int4 key blocks), at a Llama-8B-like shape (group 4, head
-    128; int4 in 32-token blocks, the fewest its keys take); returns their names. Needs
-    TRITON_INTERPRET unset."""
+    quantizing writes (values; int8 and int4 key blocks), at a Llama-8B-like shape (group
+    4, head 128; int8 in 64-token blocks and int4 in 32-token ones, the fewest their keys
+    take); returns their names. Needs TRITON_INTERPRET unset."""
     from kernels.triton import decode, kv_quant, prefill, shared_prefix
     from tests.kernels.paged_cases import compile_for_hopper
 
@@ -72,7 +83,7 @@ def compile_quantized_for_hopper() -> list[str]:
                                 GROUP=64, HALF_PAD=64, GROUPS_PAD=2), num_warps=1)
         built.append(f"write_kv {name}")
     g_pad, block_q, block_n = prefill.tile_shape(4, 128)
-    for name in ("fp8", "int4"):
+    for name in ("int8", "fp8", "int4"):
         compile_for_hopper(prefill._prefill_kernel,
                            dict(attn, seq_lens_ptr="i32", qsl_ptr="i32"),
                            dict(G=4, HEAD_SIZE=128, BLOCK_SIZE=block_size_for(name, 16),
@@ -92,4 +103,8 @@ def compile_quantized_for_hopper() -> list[str]:
                        dict(key_ptr="bf16", filled_ptr="i64", block_ptr="i64", cache_ptr="u8"),
                        dict(HEAD_SIZE=128, BLOCK_SIZE=32, BS_PAD=32, G_PAD=16, SPARE_PAD=8))
     built.append("key blocks int4")
+    compile_for_hopper(key_blocks._encode_int8_key_block_kernel,
+                       dict(key_ptr="fp32", filled_ptr="i64", block_ptr="i64", cache_ptr="u8"),
+                       dict(HEAD_SIZE=128, BLOCK_SIZE=64, HEAD_PAD=128, ROWS=32, SPARE_PAD=2))
+    built.append("key blocks int8")
     return built

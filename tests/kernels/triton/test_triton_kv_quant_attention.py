@@ -2,9 +2,11 @@
 PyTorch reference (and, with sinks, the float64 naive oracle) run over float pools that
 hold `format.decode_keys` / `format.decode` of the same bytes
 (tests/kernels/triton/kv_quant_cases.py); the backend's rotation against the reference
-over the unrotated values. int4 pools have blocks of 32 tokens or more (its keys are per
-channel over a block): its cases take 32 where the others take 16, and its own cases
-cross block boundaries in every kernel. Interpreted on CPU, compiled on CUDA."""
+over the unrotated values. int8 and int4 pools have blocks of 64 and 32 tokens or more
+(their keys are encoded a block at a time: int8's around each channel's center over the
+block, int4's per channel): their cases take those where fp8 takes 16, and their own cases
+cross block boundaries in every kernel, over keys with per-channel offsets (far-off
+centers). Interpreted on CPU, compiled on CUDA."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from kernels.kv_format import format_named
 from kernels.kv_key_channels import HALF_SCALES
 from kernels.triton.backend import TritonBackend
 from kernels.triton.decode import paged_block_offsets, paged_decode, slot_offsets
-from kernels.triton.kv_quant import _half_scale, _int4_keys, as_bytes
+from kernels.triton.kv_quant import _half_scale, _int4_keys, _int8_centers, as_bytes, key_scale
 from kernels.triton.prefill import paged_prefill
 from kernels.triton.shared_prefix import find_shared_prefix_groups, shared_prefix_decode
 from tests.kernels.paged_cases import (
@@ -118,7 +120,7 @@ def test_prefill_with_window_softcap_and_sinks(name):
 def test_shared_prefix_decode_reads_quantized_pools(name):
     # Candidates 0, 2 and 3 share a 3-block prompt; 1 is alone.
     bs = block_size_for(name, 16)
-    lens = [53, 23, 49, 64] if bs == 16 else [101, 45, 97, 128]
+    lens = {16: [53, 23, 49, 64], 32: [101, 45, 97, 128], 64: [197, 71, 193, 256]}[bs]
     case, oracle = quantized_case(name, lens, [1] * 4, num_kv_heads=2, group=3, head_size=64,
                                   block_size=bs, shared={2: (0, 3), 3: (0, 3)}, seed=4)
     groups = find_shared_prefix_groups(case.meta.block_tables, case.meta.seq_lens, bs)
@@ -150,13 +152,13 @@ def test_backend_writes_then_attends_a_mixed_batch(name):
     gen = torch.Generator().manual_seed(6)
     new_k = torch.randn((9, 2, 64), generator=gen).to(DEVICE)
     new_v = torch.randn((9, 2, 64), generator=gen).to(DEVICE)
-    if fmt.keys_per_channel:
+    if fmt.keys_by_block:
         exact = base.k_cache.clone()
         exact.view(-1, 2, 64)[slots] = new_k
         base = dataclasses.replace(base, k_cache=exact)
     case, _ = quantize_case(base, fmt)
     backend = TritonBackend(shared_prefix=True, min_shared_blocks=1)
-    if fmt.keys_per_channel:  # a pool [layers, 2, ...] for the stage
+    if fmt.keys_by_block:  # a pool [layers, 2, ...] for the stage
         pool = torch.stack([case.k_cache, case.v_cache])[None]
         backend.key_stages.attach(KeyStage(pool, slots=2))
         case = dataclasses.replace(case, k_cache=pool[0, 0], v_cache=pool[0, 1])
@@ -179,8 +181,9 @@ def test_backend_writes_then_attends_a_mixed_batch(name):
 def test_backend_shared_prefix_decode_over_a_quantized_pool(name, monkeypatch):
     fmt = format_named(name)
     bs = block_size_for(name, 16)
-    base = make_case([70, 72], [1, 1], num_kv_heads=1, group=2, head_size=128, block_size=bs,
-                     shared={1: (0, 64 // bs)}, seed=7)
+    # Two shared blocks, then each its own.
+    base = make_case([2 * bs + 6, 2 * bs + 8], [1, 1], num_kv_heads=1, group=2,
+                     head_size=128, block_size=bs, shared={1: (0, 2)}, seed=7)
     case, _ = quantize_case(base, fmt)
     calls = []
     monkeypatch.setattr("kernels.triton.backend.shared_prefix_decode",
@@ -195,7 +198,7 @@ def test_backend_shared_prefix_decode_over_a_quantized_pool(name, monkeypatch):
 
 def test_quantized_pool_of_the_wrong_head_size_is_refused():
     case, _ = quantized_case("int8", [17], [1], num_kv_heads=1, group=2, head_size=64,
-                             block_size=16)
+                             block_size=64)
     with pytest.raises(ValueError, match="do not fit KV heads"):
         paged_decode(case.query[:, :, :62].contiguous(), case.k_cache, case.v_cache,
                      case.meta, case.scale)
@@ -331,3 +334,134 @@ def test_int4_shared_prefix_decode_in_64_token_blocks():
     out = shared_prefix_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
                                groups, num_splits=1)
     assert_matches(out, reference_attention(oracle))
+
+
+# int8: keys around their block's centers (kernels/kv_key_centers.py), so a K tile reads
+# the centers, and M from the first rows' scale signs, of whichever blocks it spans.
+
+
+@triton.jit
+def _int8_key_tile_probe(k_ptr, bt_ptr, out_ptr, lo, hi, kvh, stride_kb, stride_kt,
+                         stride_kh, HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                         HEAD_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The keys the scores of key_scores stand for, decoded as the decoder does: center
+    (m * unit) plus code * |scale|."""
+    offs_n = lo + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < hi
+    offs_d = tl.arange(0, HEAD_PAD)
+    mask = n_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
+    k_head = k_ptr + kvh * stride_kh
+    blk = paged_block_offsets(bt_ptr, offs_n, n_mask, stride_kb, BLOCK_SIZE)
+    tok = slot_offsets(blk, offs_n, stride_kt, BLOCK_SIZE)
+    m, unit = _int8_centers(k_head, blk, stride_kt, offs_d, n_mask, mask, HEAD_SIZE)
+    codes = tl.load(k_head + tok[:, None] + offs_d[None, :], mask=mask, other=0)
+    codes = codes.to(tl.int8, bitcast=True).to(tl.float32)
+    scale = key_scale(k_head + tok + HEAD_SIZE, n_mask)
+    keys = m * unit[:, None] + codes * scale[:, None]
+    tl.store(out_ptr + (offs_n - lo)[:, None] * HEAD_SIZE + offs_d[None, :], keys, mask=mask)
+
+
+@pytest.mark.parametrize("head_size,block_size", [(64, 64), (96, 64), (128, 128), (256, 64)])
+def test_int8_key_tiles_decode_as_decode_keys(head_size, block_size):
+    """Tiles starting anywhere in a block and spanning several decode bit for bit as
+    `decode_keys`: keys with per-channel offsets (M's bits set in the first rows' scale
+    signs, which a scale read with its sign would turn negative), a wide channel, a block
+    of zeros (M = 0) and one filled part way (the key stage's open block)."""
+    fmt = format_named("int8")
+    gen = torch.Generator().manual_seed(21)
+    nkv, blocks = 2, 4
+    exact = torch.randn((blocks, block_size, nkv, head_size), generator=gen)
+    exact += torch.randn((1, 1, nkv, head_size), generator=gen) * 4  # per-channel offsets
+    exact[..., 3] *= 30  # a wide channel
+    exact[2] = 0.0
+    pool = fmt.encode_keys(exact)
+    pool[3] = fmt.encode_keys(exact[3:], torch.tensor([block_size // 2 + 3]))[0]
+    raw = pool.view(torch.uint8)
+    assert (raw[[0, 1, 3], :16, :, head_size + 1] >= 0x80).any()  # M's bits are there
+    pool = pool.to(DEVICE)
+    table = torch.tensor([1, 3, 2, 0], dtype=torch.int32, device=DEVICE)  # shuffled
+    expected = fmt.decode_keys(pool.cpu())[table.long().cpu()].reshape(-1, nkv, head_size)
+    b = as_bytes(pool)
+    seq_len = blocks * block_size
+    for lo, block_n in [(0, 64), (block_size - 5, 64), (block_size + 1, 32),
+                        (seq_len - 7, 16)]:
+        hi = min(lo + block_n, seq_len)
+        for kvh in range(nkv):
+            out = torch.full((block_n, head_size), float("nan"), device=DEVICE)
+            _int8_key_tile_probe[(1,)](b, table, out, lo, hi, kvh, b.stride(0), b.stride(1),
+                                       b.stride(2), HEAD_SIZE=head_size,
+                                       BLOCK_SIZE=block_size,
+                                       HEAD_PAD=triton.next_power_of_2(head_size),
+                                       BLOCK_N=block_n, enable_fp_fusion=False)
+            assert torch.equal(out[:hi - lo].cpu(), expected[lo:hi, kvh])
+
+
+INT8_BOUNDARIES = [63, 64, 65, 127, 128, 129, 130]
+
+
+@pytest.mark.parametrize("seq_lens,nkv,group,head_size,block_size,num_splits", [
+    (INT8_BOUNDARIES, 2, 4, 64, 64, 1),
+    ([63, 64, 65, 130, 200], 1, 2, 64, 64, 3),  # splits of 64 tokens: some start mid-block
+    ([63, 127, 128, 129, 257], 1, 3, 128, 128, 2),
+    ([65, 130], 2, 2, 96, 64, 1),
+], ids=["bs64", "bs64-splits", "bs128-h128", "h96"])
+def test_int8_decode_across_block_boundaries(seq_lens, nkv, group, head_size, block_size,
+                                             num_splits):
+    case, oracle = quantized_case("int8", seq_lens, [1] * len(seq_lens), num_kv_heads=nkv,
+                                  group=group, head_size=head_size, block_size=block_size,
+                                  key_offsets=3.0, seed=22)
+    out = paged_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
+                       num_splits=num_splits)
+    assert_matches(out, reference_attention(oracle))
+
+
+@pytest.mark.parametrize("seq_lens,q_lens,nkv,group,head_size,block_size", [
+    # A whole prompt, a chunk after a prefix starting mid-block, decode rows at boundaries.
+    ([65, 130, 64, 63, 129], [65, 67, 1, 1, 1], 2, 2, 64, 64),
+    ([130, 257], [130, 3], 1, 4, 128, 128),
+], ids=["bs64", "bs128-h128"])
+def test_int8_mixed_prefill_across_block_boundaries(seq_lens, q_lens, nkv, group, head_size,
+                                                    block_size):
+    case, oracle = quantized_case("int8", seq_lens, q_lens, num_kv_heads=nkv, group=group,
+                                  head_size=head_size, block_size=block_size,
+                                  key_offsets=3.0, seed=23)
+    out = paged_prefill(case.query, case.k_cache, case.v_cache, case.meta, case.scale)
+    assert_matches(out, reference_attention(oracle))
+
+
+def test_int8_prefill_window_starting_mid_block():
+    case, oracle = quantized_case("int8", [130, 200], [130, 7], num_kv_heads=1, group=2,
+                                  head_size=64, block_size=64, key_offsets=3.0, seed=24)
+    out = paged_prefill(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
+                        sliding_window=41, logit_softcap=5.0)
+    _close_to_naive(out, oracle, 41, 5.0, None)
+
+
+def test_int8_shared_prefix_decode_in_128_token_blocks():
+    # 0 and 2 share two 128-token blocks; 1 shares one with them, then goes its own way.
+    case, oracle = quantized_case("int8", [300, 129, 257], [1] * 3, num_kv_heads=2, group=2,
+                                  head_size=64, block_size=128,
+                                  shared={1: (0, 1), 2: (0, 2)}, key_offsets=3.0, seed=25)
+    groups = find_shared_prefix_groups(case.meta.block_tables, case.meta.seq_lens, 128)
+    assert groups
+    out = shared_prefix_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
+                               groups, num_splits=1)
+    assert_matches(out, reference_attention(oracle))
+
+
+def test_int8_scores_need_the_centers():
+    """The oracle tells a reader that drops the centers (or reads a scale with its sign):
+    over keys with per-channel offsets, attention over the decoded keys without their
+    centers is far from attention over the keys."""
+    case, oracle = quantized_case("int8", [130], [1], num_kv_heads=1, group=2, head_size=64,
+                                  block_size=64, key_offsets=3.0, seed=26)
+    fmt = format_named("int8")
+    pool = case.k_cache.view(torch.uint8).cpu()
+    hd = fmt.head_size(pool.shape[-1])
+    codes = pool[..., :hd].contiguous().view(torch.int8).float()
+    scale = pool[..., hd:hd + 2].contiguous().view(torch.int16) & 0x7FFF
+    no_centers = codes * scale.view(torch.float16).float()
+    wrong = dataclasses.replace(oracle, k_cache=no_centers.to(oracle.k_cache))
+    out = paged_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale)
+    assert_matches(out, reference_attention(oracle))
+    assert (reference_attention(wrong) - out).abs().max().item() > 1e-2

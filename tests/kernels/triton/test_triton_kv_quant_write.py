@@ -1,7 +1,8 @@
-"""The Triton KV write into int8, fp8 and int4 pools against `KVFormat.encode` (an int4
-pool's values only: its key rows are a block's, encoded by the key stage, and the write
-leaves them alone), and the block moves (copy-on-write, swap) over quantized pools moving
-rows byte for byte. Interpreted on CPU, compiled on CUDA."""
+"""The Triton KV write into int8, fp8 and int4 pools against `KVFormat.encode` (an int8 or
+int4 pool's values only: its key rows are a block's, encoded by the key stage, and the
+write leaves them alone), the backend's key writes through the stage against
+`KVFormat.encode_keys`, and the block moves (copy-on-write, swap) over quantized pools
+moving rows byte for byte. Interpreted on CPU, compiled on CUDA."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import triton.language as tl
 from kernels import allocate_kv_cache
 from kernels.key_stage import KeyStage
 from kernels.kv_format import format_named, int4_group
+from kernels.kv_key_centers import MIN_BLOCK_SIZE as INT8_MIN_BLOCK_SIZE
 from kernels.kv_key_channels import MIN_BLOCK_SIZE, param_bytes
 from kernels.triton.backend import TritonBackend
 from kernels.triton.cache import copy_blocks, swap_blocks, write_kv
@@ -26,6 +28,8 @@ from kernels.triton.kv_quant import (
     _round_half_even,
     int4_key_spare,
     int4_row_len,
+    int8_row_len,
+    int8_spare,
 )
 from tests.kernels.paged_cases import DEVICE, DTYPES
 from tests.kernels.triton.kv_quant_cases import QUANTIZED, block_size_for
@@ -36,7 +40,7 @@ BLOCK_SIZE = 16
 def _pool(name: str, num_layers: int, num_blocks: int, nkv: int, head_size: int,
           seed: int) -> torch.Tensor:
     """A pool of random bytes (a quantized pool full of older tokens): a write that
-    strays shows. Blocks of BLOCK_SIZE tokens, of 32 for int4."""
+    strays shows. Blocks of BLOCK_SIZE tokens, of 64 for int8 and 32 for int4."""
     fmt = format_named(name)
     pool = allocate_kv_cache(num_layers, num_blocks, block_size_for(name, BLOCK_SIZE), nkv,
                              head_size, fmt.storage, DEVICE, head_major=False)
@@ -80,16 +84,18 @@ def test_write_kv_encodes_each_token_at_its_slot(name, nkv, head_size, dtype):
     key, value = fused[:, :nkv], fused[:, nkv:]
     bs = pool.shape[3]
     slots = [3 * bs + 1, -1, 0, 6 * bs - 1, bs, 2 * bs - 1]
-    # The write itself: the backend then hands an int4 pool's keys to its stage (below).
+    # The write itself: the backend then hands an int8 or int4 pool's keys to its stage
+    # (below).
     write_kv(key, value, pool[0, 0], pool[0, 1],
              torch.tensor(slots, dtype=torch.int64, device=DEVICE))
     written = [(t, s) for t, s in enumerate(slots) if s >= 0]
     blocks = [s // bs for _, s in written]
     offsets = [s % bs for _, s in written]
     tokens = [t for t, _ in written]
-    if format_named(name).keys_per_channel:
-        # Value rows as encode writes them (zeros after the scales, up to the key rows'
-        # length); the key pool as it was, bytes and all.
+    if format_named(name).keys_by_block:
+        # Value rows as encode writes them (zeros after the scales, up to the row's
+        # length: the spare bytes a key row's block uses); the key pool as it was, bytes
+        # and all.
         assert torch.equal(pool[0, 0].view(torch.uint8), before[0, 0].view(torch.uint8))
     else:
         _assert_encoded(pool[0, 0, blocks, offsets], key[tokens], name)
@@ -101,25 +107,31 @@ def test_write_kv_encodes_each_token_at_its_slot(name, nkv, head_size, dtype):
                        before[:, :, untouched].view(torch.uint8))
 
 
-@pytest.mark.parametrize("head_size", [64, 80])
-def test_the_backend_writes_int4_keys_through_the_stage(head_size):
-    """A prefill chunk, then a token at a time: the key blocks equal encode_keys of the
-    rows so far (encoded by the Triton kernel, or PyTorch's where the head size is no
+@pytest.mark.parametrize("name,head_size", [("int4", 64), ("int4", 80), ("int4", 60),
+                                            ("int8", 64), ("int8", 100)])
+def test_the_backend_writes_block_keys_through_the_stage(name, head_size):
+    """A prefill chunk, then a token at a time across a block boundary (a block of the
+    fewest tokens the format takes): the key blocks equal encode_keys of the rows so far
+    (encoded by the Triton kernels, or PyTorch's for int4 where the head size is no
     multiple of 8), the value rows encode's."""
-    fmt = format_named("int4")
-    pool = allocate_kv_cache(1, 3, 32, 2, head_size, fmt.storage, DEVICE, head_major=False)
+    fmt = format_named(name)
+    bs = fmt.min_block_size
+    pool = allocate_kv_cache(1, 3, bs, 2, head_size, fmt.storage, DEVICE, head_major=False)
+    pool.view(torch.uint8).fill_(0x5A)  # older bytes: a row left unwritten shows
     backend = TritonBackend()
     backend.key_stages.attach(KeyStage(pool, slots=1))
     gen = torch.Generator().manual_seed(5)
-    key, value = (torch.randn(2, 40, 2, head_size, generator=gen) * 2).to(DEVICE).unbind(0)
-    for start, end in ((0, 30), *((n, n + 1) for n in range(30, 40))):
-        slots = torch.arange(32 + start, 32 + end, device=DEVICE)
+    n = bs + 8
+    key, value = torch.randn(2, n, 2, head_size, generator=gen).to(DEVICE).unbind(0)
+    key = key * 2 + torch.randn(2, head_size, generator=gen).to(DEVICE) * 3  # offsets
+    for start, end in ((0, bs - 2), *((t, t + 1) for t in range(bs - 2, n))):
+        slots = torch.arange(bs + start, bs + end, device=DEVICE)
         backend.write_kv(key[start:end], value[start:end], pool[0, 0], pool[0, 1], slots)
-    rows = torch.zeros(2, 32, 2, head_size, device=DEVICE)
-    rows.view(64, 2, head_size)[:40] = key
-    want = fmt.encode_keys(rows, torch.tensor([32, 8], device=DEVICE))
-    assert torch.equal(pool[0, 0, 1:3].view(torch.uint8), want)
-    _assert_encoded(pool[0, 1, 1:3].flatten(0, 1)[:40], value, "int4")
+    rows = torch.zeros(2, bs, 2, head_size, device=DEVICE)
+    rows.view(2 * bs, 2, head_size)[:n] = key
+    want = fmt.encode_keys(rows, torch.tensor([bs, 8], device=DEVICE))
+    assert torch.equal(pool[0, 0, 1:3].view(torch.uint8), want.view(torch.uint8))
+    _assert_encoded(pool[0, 1, 1:3].flatten(0, 1)[:n], value, name)
 
 
 def test_write_kv_refuses_rows_of_another_head_size():
@@ -159,7 +171,8 @@ def test_swap_blocks_moves_quantized_rows_as_bytes(name):
     expected = device_before.clone()
     expected[:, :, 5] = device_before[:, :, 2]
     assert torch.equal(device_pool.view(torch.uint8), expected)
-    other = _pool("int8" if name == "fp8" else "fp8", 2, 5, 2, 64, seed=7)
+    # The other 8-bit format's pool of the same shape (int8 rows are longer than fp8's).
+    other = host_pool.view(torch.float8_e4m3fn if name == "int8" else torch.int8)
     with pytest.raises(ValueError, match="pool dtypes differ"):
         swap_blocks(device_pool, other, torch.tensor([0]), torch.tensor([1]))
 
@@ -180,6 +193,21 @@ def test_int4_group_and_row_sizes_the_kernel_assumes():
         assert MIN_BLOCK_SIZE * int4_key_spare(head_size) >= param_bytes(head_size) + 1
         value_row = head_size // 2 + 2 * (head_size // int4_group(head_size))
         assert row - value_row < max(head_size // 2, 1)  # HALF_PAD lanes zero it
+
+
+def test_int8_row_sizes_the_kernels_assume():
+    # The kernels size int8 rows at compile time (int8_row_len, int8_spare); a key block's
+    # center codes fit the spare bytes of its rows (of the fewest it has), M's 16 bits the
+    # first rows' scales, and the value write zeroes the spare bytes with HEAD_PAD lanes.
+    fmt = format_named("int8")
+    assert INT8_MIN_BLOCK_SIZE == fmt.min_block_size == 64
+    for head_size in range(1, 513):
+        row = fmt.row_len(head_size)
+        assert int8_row_len(head_size) == row
+        assert int8_spare(head_size) == row - head_size - 2 >= 1
+        assert INT8_MIN_BLOCK_SIZE * int8_spare(head_size) >= head_size
+        assert int8_spare(head_size) <= triton.next_power_of_2(head_size)
+        assert fmt.head_size(row) == head_size
 
 
 @triton.jit
@@ -216,4 +244,4 @@ def test_quantized_kernels_compile_for_hopper():
     done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "10"
+    assert done.stdout.strip() == "12"
