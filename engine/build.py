@@ -130,7 +130,7 @@ def assemble(model: str | Path, config: EngineConfig,
                            for g in pools.groups],
         lookahead=config.max_num_batched_tokens, state_slot_bytes=pools.slot_bytes,
         live_state_slots=pools.live_slots, lower_tiers=views)
-    kv_cache.partial_from_full = not shape.format.keys_per_channel
+    kv_cache.partial_from_full = not shape.format.keys_by_block
     disk = DiskTier(store, views, kv_cache, runner) if store is not None and views else None
     scheduler = Scheduler(kv_cache, config.max_num_seqs, config.max_num_batched_tokens,
                           max_model_len)
@@ -222,8 +222,8 @@ def _group_disks(store: DiskStore, path, resolved: ResolvedDevice, config: Engin
     # The KV format by name where it is quantized (a float pool keeps its dtype's string,
     # so the files a float16 cache wrote before the formats existed stay readable).
     kv = shape.format.name if shape.format.quantized else str(shape.dtype)
-    if shape.format.keys_per_channel:  # int4's keys were rows before: never read those
-        kv += "/keys-per-channel"
+    if shape.format.keys_by_block:  # their keys were rows before: never read those files
+        kv += f"/keys-{shape.format.key_layout}"
     model = (model_identity(path), str(resolved.dtype), kv, config.weights,
              config.cpu_activation_bits, resolved.device.type, type(runner.backend).__name__,
              runner.backend.head_major_kv, shape.block_size, shape.num_kv_heads,

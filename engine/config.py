@@ -21,14 +21,17 @@ _DEVICE_FORM = re.compile(r"cpu|mps|cuda(:\d+)?")
 _check = FieldChecker("EngineConfig")
 
 
-# An int4 pool quantizes each key channel over its block's tokens: blocks of 32 hold the
-# block's key parameters in the rows' spare bytes (kernels/kv_key_channels.py).
-INT4_BLOCK_SIZE = 32
+# The fewest tokens a block holds per KV format where it is more than one: an int4 pool
+# quantizes each key channel over its block's tokens, an int8 pool its keys around the
+# block's channel centers, the block's parameters in its rows' spare bytes
+# (kernels/kv_key_channels.py, kernels/kv_key_centers.py: KVFormat.min_block_size, which
+# a test holds equal; this module imports no torch).
+MIN_BLOCK_SIZES = {"int4": 32, "int8": 64}
 
 
 @dataclass(slots=True)
 class EngineConfig:
-    # Tokens per KV block; None: 16, or INT4_BLOCK_SIZE with an int4 cache.
+    # Tokens per KV block; None: 16, or the cache format's MIN_BLOCK_SIZES where more.
     block_size: int | None = None
     # KV pool size: either a block count, or derived from a memory budget.
     num_gpu_blocks: int | None = None
@@ -98,7 +101,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.block_size is None:
-            self.block_size = INT4_BLOCK_SIZE if self.kv_cache_dtype == "int4" else 16
+            self.block_size = max(16, MIN_BLOCK_SIZES.get(self.kv_cache_dtype, 1))
         _check.types(
             self,
             integers=("block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "num_host_blocks",
@@ -127,10 +130,10 @@ class EngineConfig:
                self.vision_dtype, f"one of {DTYPE_NAMES} or None")
         _check(self.kv_cache_dtype is None or self.kv_cache_dtype in KV_DTYPE_NAMES,
                "kv_cache_dtype", self.kv_cache_dtype, f"one of {KV_DTYPE_NAMES} or None")
-        _check(self.kv_cache_dtype != "int4" or self.block_size >= INT4_BLOCK_SIZE,
-               "block_size", self.block_size,
-               f">= {INT4_BLOCK_SIZE} with kv_cache_dtype 'int4' (a block's keys are "
-               f"quantized per channel over its tokens)")
+        least = MIN_BLOCK_SIZES.get(self.kv_cache_dtype, 1)
+        _check(self.block_size >= least, "block_size", self.block_size,
+               f">= {least} with kv_cache_dtype {self.kv_cache_dtype!r} (a block's keys are "
+               f"quantized over its tokens)")
         _check(self.device is None or (isinstance(self.device, str)
                                        and _DEVICE_FORM.fullmatch(self.device) is not None),
                "device", self.device, "'cpu', 'cuda', 'cuda:N', 'mps' or None")

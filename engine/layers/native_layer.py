@@ -13,10 +13,10 @@ Only pre-norm layers of these parts take it: RMSNorms (the q/k norms too, as Qwe
 attention with a rotate-half rotary (its q/k/v and o biases, sliding window, soft-cap and
 sinks as the module has them), a SiLU-gated MLP without biases, and all four products on
 the native library's quantized storage (a GGUF file's blocks). Any other layer, any
-step that is not float32 on the CPU backend runs its modules. Over an int4 pool the step
-also writes the layer's key blocks, between its KV write and its attention, as the CPU
-backend's write does (kernels/key_stage.py: the pool's stage, its step's plan, the op
-int4_write_keys), so the modules and the native step write the same bytes.
+step that is not float32 on the CPU backend runs its modules. Over an int8 or int4 pool
+the step also writes the layer's key blocks, between its KV write and its attention, as
+the CPU backend's write does (kernels/key_stage.py: the pool's stage, its step's plan, the
+op write_key_blocks), so the modules and the native step write the same bytes.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class NativeLayers:
                 or not fused_cpu(hidden, cos, sin) or not native_pool(kv_caches[0][0])
                 or kv_caches[0][2].key_ends is not None):  # the fused op is causal only
             return None
-        int4 = format_of(kv_caches[0][0]).keys_per_channel
+        by_block = format_of(kv_caches[0][0]).keys_by_block
         for layer, step, (k_cache, v_cache, meta) in zip(self.layers, self.steps, kv_caches,
                                                          strict=True):
             if step is None:
@@ -115,11 +115,11 @@ class NativeLayers:
             native, storage = step
             args = (hidden, cos, sin, k_cache, v_cache, *backend.kernel_args(meta)[:4],
                     meta.max_seq_len, storage.pairs)
-            if int4:
+            if by_block:
                 # The plan the modules' write would make (made once per pool and step).
                 stage, index = backend.key_stages.find(k_cache)
                 plan = stage.plan(meta.slot_mapping)
-                hidden = native.step_int4(*args, stage.exact[index], plan.tokens, plan.dest,
+                hidden = native.step_key_blocks(*args, stage.exact[index], plan.tokens, plan.dest,
                                           plan.blocks, plan.filled, plan.carry,
                                           plan.keep_slot)
             else:

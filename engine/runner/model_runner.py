@@ -63,7 +63,7 @@ class ModelRunner:
         ``cuda_graphs``: replay decode steps as CUDA graphs where the device and backend
         allow (runner/cuda_graphs.py), their block tables as wide as ``max_model_len``
         needs. ``images``: a vision model's ``engine.vision.inputs.ImageInputs``, whose
-        rows replace the image tokens' embeddings in a prefill. An int4 pool gets a
+        rows replace the image tokens' embeddings in a prefill. An int8 or int4 pool gets a
         `KeyStage` (kernels/key_stage.py) of ``max_num_seqs`` slots, attached to the
         backend: a step leaves at most one block of each of its sequences open."""
         if len(num_blocks) != len(kv_groups):
@@ -81,7 +81,7 @@ class ModelRunner:
         self.kv_caches = [self._allocate(g.layers, n + 1, device) for g, n in attention]
         # Per group pool: the exact keys of its open blocks where the format needs them.
         self.key_stages: list[KeyStage | None] = [
-            KeyStage(cache, max_num_seqs) if shape.format.keys_per_channel else None
+            KeyStage(cache, max_num_seqs) if shape.format.keys_by_block else None
             for cache in self.kv_caches]
         for stage in self.key_stages:
             if stage is not None:
@@ -114,10 +114,10 @@ class ModelRunner:
         # whose hidden states are wanted is never replayed from a CUDA graph.
         self.hidden_sink: Callable[[SchedulerOutput, torch.Tensor], None] | None = None
         self.graphs: CudaGraphRunner | None = None
-        # An int4 pool's key writes are planned on the host from each step's slots
-        # (kernels/key_stage.py), which a replayed graph would skip: int4 runs eagerly.
+        # An int8 or int4 pool's key writes are planned on the host from each step's slots
+        # (kernels/key_stage.py), which a replayed graph would skip: they run eagerly.
         if (cuda_graphs and max_model_len and backend_is_capturable(backend, device)
-                and not shape.format.keys_per_channel):
+                and not shape.format.keys_by_block):
             self.graphs = CudaGraphRunner(self._decode_logits, device, shape.block_size,
                                           -(-max_model_len // shape.block_size))
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from engine.config import EngineConfig
+from engine.config import MIN_BLOCK_SIZES, EngineConfig
 from engine.sampling_params import SamplingParams
 
 
@@ -202,11 +202,25 @@ def test_cpu_activation_bits_are_8_or_16():
         EngineConfig(cpu_activation_bits=4)
 
 
-def test_block_size_defaults_to_32_with_an_int4_cache_and_refuses_less():
+def test_block_size_defaults_to_the_formats_least_and_refuses_less():
+    """int4's keys need blocks of 32 tokens, int8's of 64 (a block's key parameters live
+    in its rows); the other formats take the default 16."""
     assert EngineConfig().block_size == 16
-    assert EngineConfig(kv_cache_dtype="int8").block_size == 16
+    assert EngineConfig(kv_cache_dtype="fp8").block_size == 16
+    assert EngineConfig(kv_cache_dtype="int8").block_size == 64
     assert EngineConfig(kv_cache_dtype="int4").block_size == 32
     assert EngineConfig(kv_cache_dtype="int4", block_size=64).block_size == 64
     with pytest.raises(ValueError, match=r"EngineConfig\.block_size must be >= 32 with "
                                          r"kv_cache_dtype 'int4'"):
         EngineConfig(kv_cache_dtype="int4", block_size=16)
+    with pytest.raises(ValueError, match=r"EngineConfig\.block_size must be >= 64 with "
+                                         r"kv_cache_dtype 'int8'"):
+        EngineConfig(kv_cache_dtype="int8", block_size=32)
+
+
+def test_the_least_block_sizes_are_the_formats():
+    """MIN_BLOCK_SIZES (config imports no torch) is KVFormat.min_block_size."""
+    from kernels.kv_format import format_named
+
+    for name, least in MIN_BLOCK_SIZES.items():
+        assert format_named(name).min_block_size == least

@@ -65,9 +65,9 @@ def test_preemption_over_quantized_groups_keeps_the_tokens(models, family, name)
     pools_hold_the_format(roomy, name)
     expected = tokens(roomy)
     for host in (0, 64):
-        # Sequences grow to 14 global blocks each in a pool of 24 (int4's blocks of 32: 7
-        # in 12): someone is preempted.
-        tight = LLM(str(models[family]), num_gpu_blocks=12 if name == "int4" else 24,
+        # Sequences grow to 14 global blocks of 16 each in a pool of 24 (int4's blocks of
+        # 32: 7 in 12; int8's of 64: 4 in 6): someone is preempted.
+        tight = LLM(str(models[family]), num_gpu_blocks={"int4": 12, "int8": 6}[name],
                     max_num_batched_tokens=32,
                     num_host_blocks=host, kv_cache_dtype=name)
         kv = tight.engine.kv_cache

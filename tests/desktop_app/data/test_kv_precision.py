@@ -28,12 +28,13 @@ MIB = 1 << 20
 
 
 def test_bytes_per_token_per_format():
-    # 16-bit: 2 x 30 x 3 x 64 x 2; 8-bit: 64 values + a 2-byte scale per head;
-    # 4-bit: 32 bytes of nibbles + one 2-byte scale per 64 elements.
+    # 16-bit: 2 x 30 x 3 x 64 x 2; 8-bit: 64 values + a 2-byte scale per head (int8: and
+    # a byte of its key block's centers); 4-bit: 32 bytes of nibbles + one 2-byte scale
+    # per 64 elements.
     assert bytes_per_token(STARTER, "float16") == 23040
-    assert bytes_per_token(STARTER, "int8") == 2 * 30 * 3 * 66 == 11880
+    assert bytes_per_token(STARTER, "int8") == 2 * 30 * 3 * 67 == 12060
     assert bytes_per_token(STARTER, "int4") == 2 * 30 * 3 * 35 == 6300
-    assert bytes_per_token(STARTER, "fp8") == bytes_per_token(STARTER, "int8")
+    assert bytes_per_token(STARTER, "fp8") == 2 * 30 * 3 * 66
     assert bytes_per_token(STARTER, "float32") == 46080
     # The targets on the starter's shape.
     assert bytes_per_token(STARTER, "int8") / bytes_per_token(STARTER, "float16") <= 0.53
@@ -109,7 +110,7 @@ def test_words():
     assert describe_format("float16") == "16-bit (float16)"
     assert describe_format("bfloat16") == "16-bit (bfloat16)"
     assert describe_format("fp8") == "8-bit float (fp8)"
-    assert fit_text(fit(STARTER, "int8", None)) == "32,768 tokens in 371 MiB"
+    assert fit_text(fit(STARTER, "int8", None)) == "32,768 tokens in 377 MiB"
     assert fit_text(fit(ONE_B, "float16", None)) == "131,072 tokens in 4.0 GiB"
     assert fit_text(fit(ONE_B, "float16", 512 * MIB)) == (
         "16,384 tokens in 512 MiB: less than one full context")

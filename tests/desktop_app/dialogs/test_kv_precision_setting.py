@@ -35,7 +35,7 @@ def test_each_choice_shows_what_it_holds_in_the_memory_for_chats(qtbot):
     dialog.engine_form.chat_memory.setValue(512)
     assert box.texts()[1] == "16-bit (float16): 23,296 tokens in 512 MiB"
     dialog.engine_form.chat_memory.setValue(0)  # automatic
-    assert box.texts()[2] == "8-bit (int8): 32,768 tokens in 371 MiB"
+    assert box.texts()[2] == "8-bit (int8): 32,768 tokens in 377 MiB"
     assert box.currentData() == "auto"
 
 

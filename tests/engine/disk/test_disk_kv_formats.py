@@ -67,14 +67,15 @@ def test_the_fingerprint_names_a_quantized_format_and_keeps_float_pools(tiny, ca
                                                                        monkeypatch):
     """Float pools keep the fingerprint they had before the formats (their dtype's
     string), so files a float16 cache wrote stay readable; a quantized one is named, int4
-    with its keys per channel (files of its earlier per-token key rows are never read)."""
+    with its keys per channel and int8 with its keys around their block's centers (files
+    of their earlier per-token key rows are never read)."""
     from engine import build
 
     seen = []
     real = build.fingerprint
     monkeypatch.setattr(build, "fingerprint",
                         lambda model, *rest: seen.append(model) or real(model, *rest))
-    for name, tag in [("float16", "torch.float16"), ("int8", "int8"),
-                      ("int4", "int4/keys-per-channel")]:
+    for name, tag in [("float16", "torch.float16"), ("int8", "int8/keys-around-centers"),
+                      ("fp8", "fp8"), ("int4", "int4/keys-per-channel")]:
         new_llm(tiny, name).close()
         assert seen[-1][2] == tag

@@ -19,7 +19,6 @@ from kernels import allocate_kv_cache
 from kernels.cpu.attention import CpuBackend
 from kernels.key_stage import KeyStage
 from kernels.kv_format import format_stored_as
-from kernels.kv_key_channels import MIN_BLOCK_SIZE
 from kernels.quant.formats import QuantizedTensor
 from kernels.reference.backend import TorchBackend
 from tests.kernels.quant_cases import random_quantized
@@ -58,17 +57,17 @@ def run_steps(model, build_attention_metadata, native: bool,
               pool_dtype=torch.float16) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Two sequences: a prefill of both (40 and 33 tokens), then a mixed step (the first
     decodes one token, the second prefills 9 more), then a decode of both. Returns each
-    step's hidden states and the KV pool (an int4 pool in blocks of MIN_BLOCK_SIZE, the
-    least its key blocks take)."""
+    step's hidden states and the KV pool (an int8 or int4 pool in blocks of its
+    min_block_size, the least its key blocks take)."""
     spec = model.spec
-    block = MIN_BLOCK_SIZE if format_stored_as(pool_dtype).keys_per_channel else BLOCK
+    block = max(BLOCK, format_stored_as(pool_dtype).min_block_size)
     per_seq = 64 // block  # slots for each sequence's 43 tokens
     cache = allocate_kv_cache(spec.num_layers, 2 * per_seq, block, spec.num_kv_heads,
                               spec.head_dim, pool_dtype, "cpu", head_major=True)
     tables = [list(range(per_seq)), list(range(per_seq, 2 * per_seq))]
     model.native_layers = None if native else NativeLayers([])
     backend = CpuBackend()
-    if format_stored_as(pool_dtype).keys_per_channel:
+    if format_stored_as(pool_dtype).keys_by_block:
         backend.key_stages.attach(KeyStage(cache, slots=2))
     gen = torch.Generator().manual_seed(1)
     outs = []
