@@ -5,9 +5,8 @@ pool with `allocate_kv_cache` and calls the four `AttentionBackend` methods (doc
 `docs/INTERNALS.md`); the backends (`kernels.reference`, the C++ `kernels.cpu`,
 `kernels.triton`) implement them.
 This module imports nothing else from `kernels` but `kv_format` and `key_stage` (which
-import nothing of `kernels` but `kv_format` and `kv_key_channels`), so every backend can
-import it while
-`kernels.get_backend` imports the backends.
+import nothing of `kernels` but `kv_format`, `kv_key_channels` and `kv_key_centers`), so
+every backend can import it while `kernels.get_backend` imports the backends.
 """
 
 from __future__ import annotations

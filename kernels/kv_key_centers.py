@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.kv_key_channels import channel_ranges, float16_up
+
 __all__ = [
     "MIN_BLOCK_SIZE",
     "center_codes",
@@ -57,14 +59,6 @@ def spare_bytes(head_size: int) -> int:
     return -(-head_size // MIN_BLOCK_SIZE)
 
 
-def _float16_up(x: torch.Tensor) -> torch.Tensor:
-    """x >= 0 (float32) rounded up to a float16, as float32."""
-    h = x.to(torch.float16)
-    below = h.float() < x
-    bumped = (h.view(torch.int16) + 1).view(torch.float16)
-    return torch.where(below, bumped, h).float()
-
-
 def encode_key_block(keys: torch.Tensor, filled: torch.Tensor, row_len: int) -> torch.Tensor:
     """keys [B, bs, nkv, hd] (rotated; float32 or float16; rows at and after ``filled``
     ignored), filled int [B] (1..bs) -> key rows [B, bs, nkv, row_len] uint8: rows before
@@ -79,13 +73,9 @@ def encode_key_block(keys: torch.Tensor, filled: torch.Tensor, row_len: int) -> 
         raise ValueError(f"int8 key rows of head size {hd} need at least "
                          f"{hd + SCALE_BYTES + spare_bytes(hd)} bytes, got {row_len}")
     x = keys.float()
-    valid = (torch.arange(bs, device=x.device)[None, :]
-             < filled.to(x.device)[:, None])[:, :, None, None]  # [B, bs, 1, 1]
-    inf = torch.tensor(float("inf"), device=x.device)
-    low = torch.where(valid, x, inf).amin(1)  # [B, nkv, hd]
-    high = torch.where(valid, x, -inf).amax(1)
+    valid, low, high = channel_ranges(x, filled)  # [B, bs, 1, 1], [B, nkv, hd] twice
     mid = (low + high) * 0.5
-    top = _float16_up(mid.abs().amax(-1, keepdim=True))  # M [B, nkv, 1]
+    top = float16_up(mid.abs().amax(-1, keepdim=True))  # M [B, nkv, 1]
     unit = top / CENTER_CODES
     safe = torch.where(unit > 0, unit, torch.ones_like(unit))
     m = torch.where(unit > 0, torch.round(mid / safe).clamp(-CENTER_CODES, CENTER_CODES),

@@ -74,12 +74,24 @@ def _half_scales(device: str) -> torch.Tensor:
     return torch.tensor(HALF_SCALES, dtype=torch.float32, device=device)
 
 
-def _float16_up(x: torch.Tensor) -> torch.Tensor:
+def float16_up(x: torch.Tensor) -> torch.Tensor:
     """x >= 0 (float32) rounded up to a float16, as float32."""
     h = x.to(torch.float16)
     below = h.float() < x
     bumped = (h.view(torch.int16) + 1).view(torch.float16)
     return torch.where(below, bumped, h).float()
+
+
+def channel_ranges(x: torch.Tensor, filled: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [B, bs, nkv, hd] float32, filled int [B] -> (valid bool [B, bs, 1, 1]: the rows
+    before ``filled``; each channel's lowest and highest value over them, [B, nkv, hd]):
+    what a block codec (this one's, kv_key_centers') chooses its parameters from."""
+    bs = x.shape[1]
+    valid = (torch.arange(bs, device=x.device)[None, :]
+             < filled.to(x.device)[:, None])[:, :, None, None]
+    inf = torch.tensor(float("inf"), device=x.device)
+    return valid, torch.where(valid, x, inf).amin(1), torch.where(valid, x, -inf).amax(1)
 
 
 def encode_key_block(keys: torch.Tensor, filled: torch.Tensor, row_len: int) -> torch.Tensor:
@@ -90,11 +102,7 @@ def encode_key_block(keys: torch.Tensor, filled: torch.Tensor, row_len: int) -> 
     if bs < MIN_BLOCK_SIZE:
         raise ValueError(f"int4 keys need blocks of at least {MIN_BLOCK_SIZE} tokens, got {bs}")
     x = keys.float()
-    valid = (torch.arange(bs, device=x.device)[None, :]
-             < filled.to(x.device)[:, None])[:, :, None, None]  # [B, bs, 1, 1]
-    inf = torch.tensor(float("inf"), device=x.device)
-    low_x = torch.where(valid, x, inf).amin(1)  # [B, nkv, hd]
-    high_x = torch.where(valid, x, -inf).amax(1)
+    valid, low_x, high_x = channel_ranges(x, filled)
     mid = (low_x + high_x) * 0.5
     half_raw = (high_x - low_x) * 0.5
     top = mid.abs().amax(-1, keepdim=True).to(torch.float16).float()  # M
@@ -104,7 +112,7 @@ def encode_key_block(keys: torch.Tensor, filled: torch.Tensor, row_len: int) -> 
                     torch.zeros_like(mid))
     center = m * unit
     need = half_raw + (mid - center).abs()
-    widest = _float16_up(need.amax(-1, keepdim=True))  # W
+    widest = float16_up(need.amax(-1, keepdim=True))  # W
     table = _half_scales(str(x.device))
     s = (widest[..., None] * table[1:] >= need[..., None]).sum(-1)  # [B, nkv, hd]
     half = widest * table[s]

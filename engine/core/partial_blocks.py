@@ -21,12 +21,12 @@ copy-on-write rule changes. It is held from the allocation until the copy pairs 
 drained (``BlockPool.copy_sources``): a block taken in between can never be it, whatever
 order the runner applies the step's moves in.
 
-An int8 or int4 pool reuses partial cached blocks only (``KVCacheManager.partial_from_full``
-False): a block's keys are quantized over all its rows (kernels/kv_key_centers.py,
-kernels/kv_key_channels.py), so
-the first rows of a full block would come back rounded by the rows after them, where the
-last block of a leaving sequence has its rows' exact keys beside the pool
-(kernels/key_stage.py) and writes on as if it had never left.
+An int8 or int4 pool reuses partial cached blocks only
+(``KVCacheManager.partial_from_full`` False): a block's keys are quantized over all its
+rows (kernels/kv_key_centers.py, kernels/kv_key_channels.py), so the first rows of a full
+block would come back rounded by the rows after them, where the last block of a leaving
+sequence has its rows' exact keys beside the pool (kernels/key_stage.py) and writes on as
+if it had never left.
 
 Not for linear-attention state: a hybrid model's state snapshots exist at full block
 boundaries only, so a partial block's K/V would come without a state to go with it (the

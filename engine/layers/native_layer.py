@@ -119,9 +119,9 @@ class NativeLayers:
                 # The plan the modules' write would make (made once per pool and step).
                 stage, index = backend.key_stages.find(k_cache)
                 plan = stage.plan(meta.slot_mapping)
-                hidden = native.step_key_blocks(*args, stage.exact[index], plan.tokens, plan.dest,
-                                          plan.blocks, plan.filled, plan.carry,
-                                          plan.keep_slot)
+                hidden = native.step_key_blocks(*args, stage.exact[index], plan.tokens,
+                                                plan.dest, plan.blocks, plan.filled,
+                                                plan.carry, plan.keep_slot)
             else:
                 hidden = native.step(*args)
         return hidden

@@ -151,7 +151,7 @@ def write_key_blocks(exact: torch.Tensor, key: torch.Tensor, k_cache: torch.Tens
     if key.dtype != torch.float32 or key.stride(-1) != 1:
         key = key.to(device="cpu", dtype=torch.float32).contiguous()
     ops().write_key_blocks(key, k_cache, exact, plan.tokens, plan.dest, plan.blocks,
-                          plan.filled, plan.carry, plan.keep_slot)
+                           plan.filled, plan.carry, plan.keep_slot)
 
 
 def _bytes(pool: torch.Tensor) -> torch.Tensor:

@@ -54,8 +54,7 @@ _INT8_TILE = 4096  # int8: keys per tile of rows (ROWS * HEAD_PAD)
 
 @triton.jit
 def _float16_up(x):
-    """x >= 0 (fp32) rounded up to a float16, as fp32 (kv_key_channels._float16_up,
-    kv_key_centers._float16_up)."""
+    """x >= 0 (fp32) rounded up to a float16, as fp32 (kv_key_channels.float16_up)."""
     h = x.to(tl.float16)
     bumped = (h.to(tl.int16, bitcast=True) + 1).to(tl.float16, bitcast=True)
     return tl.where(h.to(tl.float32) < x, bumped, h).to(tl.float32)

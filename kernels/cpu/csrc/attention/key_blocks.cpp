@@ -43,7 +43,7 @@ inline uint16_t half_bits(float x) { return c10::detail::fp16_ieee_from_fp32_val
 // x rounded to float16 (to nearest, ties to even, as torch's .half()), as float32.
 inline float to_half(float x) { return c10::detail::fp16_ieee_to_fp32_value(half_bits(x)); }
 
-// x >= 0 rounded up to a float16 (kv_key_channels._float16_up): the nearest one, or the
+// x >= 0 rounded up to a float16 (kv_key_channels.float16_up): the nearest one, or the
 // next one up where the nearest is below x.
 inline uint16_t half_bits_up(float x) {
   const uint16_t h = half_bits(x);
@@ -55,6 +55,20 @@ inline uint16_t half_bits_up(float x) {
 inline void put_bits(uint8_t* bits, int64_t at, int64_t width, uint32_t value) {
   for (int64_t i = 0; i < width; ++i)
     bits[(at + i) >> 3] |= static_cast<uint8_t>(((value >> i) & 1u) << ((at + i) & 7));
+}
+
+// Each channel's lowest and highest value, low [hd] and high [hd], over rows [filled, hd]
+// of x (kv_key_channels.channel_ranges).
+void channel_ranges(const float* x, int64_t filled, int64_t hd, float* __restrict low,
+                    float* __restrict high) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::fill(low, low + hd, kInf);
+  std::fill(high, high + hd, -kInf);
+  for (int64_t j = 0; j < filled; ++j)
+    for (int64_t c = 0; c < hd; ++c) {
+      low[c] = std::min(low[c], x[j * hd + c]);
+      high[c] = std::max(high[c], x[j * hd + c]);
+    }
 }
 
 // Per-channel scratch of one (block, head) encode, hd floats each.
@@ -73,14 +87,7 @@ struct Channels {
 // float32 operations in order).
 void encode_block(const float* x, int64_t filled, int64_t bs, int64_t hd, int64_t row_len,
                   uint8_t* rows, int64_t slot_stride, Channels& ch) {
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  std::fill(ch.low_x.begin(), ch.low_x.end(), kInf);
-  std::fill(ch.high_x.begin(), ch.high_x.end(), -kInf);
-  for (int64_t j = 0; j < filled; ++j)
-    for (int64_t c = 0; c < hd; ++c) {
-      ch.low_x[c] = std::min(ch.low_x[c], x[j * hd + c]);
-      ch.high_x[c] = std::max(ch.high_x[c], x[j * hd + c]);
-    }
+  channel_ranges(x, filled, hd, ch.low_x.data(), ch.high_x.data());
   float top = 0.0f;
   for (int64_t c = 0; c < hd; ++c) {
     ch.mid[c] = (ch.low_x[c] + ch.high_x[c]) * 0.5f;
@@ -159,14 +166,7 @@ struct Centers {
 // float32 operations in order).
 void encode_centers_block(const float* x, int64_t filled, int64_t bs, int64_t hd,
                           int64_t row_len, uint8_t* rows, int64_t slot_stride, Centers& ch) {
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  std::fill(ch.low_x.begin(), ch.low_x.end(), kInf);
-  std::fill(ch.high_x.begin(), ch.high_x.end(), -kInf);
-  for (int64_t j = 0; j < filled; ++j)
-    for (int64_t c = 0; c < hd; ++c) {
-      ch.low_x[c] = std::min(ch.low_x[c], x[j * hd + c]);
-      ch.high_x[c] = std::max(ch.high_x[c], x[j * hd + c]);
-    }
+  channel_ranges(x, filled, hd, ch.low_x.data(), ch.high_x.data());
   float top = 0.0f;
   for (int64_t c = 0; c < hd; ++c) {
     ch.center[c] = (ch.low_x[c] + ch.high_x[c]) * 0.5f;  // the midpoint, until coded
