@@ -18,9 +18,9 @@ INT4 = format_named("int4")
 INT8 = format_named("int8")
 
 
-def _keys(n: int, bs: int, nkv: int, hd: int, seed: int) -> torch.Tensor:
-    """Rotated keys as a model's look: per-channel offsets, a wide channel, a block of
-    zeros (M = W = 0), a block of one repeated row (every half-width 0), ties."""
+def _raw_keys(n: int, bs: int, nkv: int, hd: int, seed: int) -> torch.Tensor:
+    """Keys as a model's look: per-channel offsets, a wide channel, a block of zeros
+    (M = W = 0), a block of one repeated row (every half-width 0), ties."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn((n, bs, nkv, hd), generator=gen)
     x += torch.randn((1, 1, nkv, hd), generator=gen) * 4
@@ -28,6 +28,12 @@ def _keys(n: int, bs: int, nkv: int, hd: int, seed: int) -> torch.Tensor:
     x[1] = 0.0
     x[2] = x[2, :1]
     x[3] = torch.round(x[3] * 4) / 4  # quarter steps: midpoints and codes on ties
+    return x
+
+
+def _keys(n: int, bs: int, nkv: int, hd: int, seed: int) -> torch.Tensor:
+    """_raw_keys, rotated for odd seeds (either is a block's input)."""
+    x = _raw_keys(n, bs, nkv, hd, seed)
     return INT4.rotate(x) if seed % 2 else x
 
 
@@ -95,13 +101,7 @@ def _int8_keys(n: int, bs: int, nkv: int, hd: int, seed: int) -> torch.Tensor:
     block of one repeated row (every residual the row's own rounding), a block on quarter
     steps (midpoints, centers and codes on ties), a block whose largest midpoint is no
     float16 (M rounded up), and a block of negative offsets only."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn((n, bs, nkv, hd), generator=gen)
-    x += torch.randn((1, 1, nkv, hd), generator=gen) * 4
-    x[..., 5] *= 40
-    x[1] = 0.0
-    x[2] = x[2, :1]
-    x[3] = torch.round(x[3] * 4) / 4
+    x = _raw_keys(n, bs, nkv, hd, seed)
     x[4] = x[4] * 0.01 + 1.0003
     x[5] = -x[5].abs() - 2.0
     return INT8.rotate(x) if seed % 2 else x

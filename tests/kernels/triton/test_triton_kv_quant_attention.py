@@ -287,31 +287,45 @@ def test_int4_half_scales_are_the_table():
 BOUNDARIES = [31, 32, 33, 63, 64, 65]
 
 
-@pytest.mark.parametrize("seq_lens,nkv,group,head_size,block_size,num_splits", [
-    (BOUNDARIES, 2, 4, 64, 32, 1),
-    (BOUNDARIES, 1, 2, 64, 32, 3),  # splits of 64 tokens: some start mid-block
-    ([31, 63, 64, 65, 129], 1, 3, 128, 64, 2),
-    ([33, 65], 2, 2, 80, 32, 1),
-], ids=["bs32", "bs32-splits", "bs64-h128", "h80"])
-def test_int4_decode_across_block_boundaries(seq_lens, nkv, group, head_size, block_size,
-                                             num_splits):
-    case, oracle = quantized_case("int4", seq_lens, [1] * len(seq_lens), num_kv_heads=nkv,
+INT8_BOUNDARIES = [63, 64, 65, 127, 128, 129, 130]
+# Keys encoded a block at a time: int4 per channel, int8 around its centers (its keys with
+# per-channel offsets, so that a reader dropping the centers is far off).
+KEY_OFFSETS = {"int4": 0.0, "int8": 3.0}
+
+
+@pytest.mark.parametrize("name,seq_lens,nkv,group,head_size,block_size,num_splits", [
+    ("int4", BOUNDARIES, 2, 4, 64, 32, 1),
+    ("int4", BOUNDARIES, 1, 2, 64, 32, 3),  # splits of 64 tokens: some start mid-block
+    ("int4", [31, 63, 64, 65, 129], 1, 3, 128, 64, 2),
+    ("int4", [33, 65], 2, 2, 80, 32, 1),
+    ("int8", INT8_BOUNDARIES, 2, 4, 64, 64, 1),
+    ("int8", [63, 64, 65, 130, 200], 1, 2, 64, 64, 3),  # splits starting mid-block
+    ("int8", [63, 127, 128, 129, 257], 1, 3, 128, 128, 2),
+    ("int8", [65, 130], 2, 2, 96, 64, 1),
+], ids=["int4-bs32", "int4-bs32-splits", "int4-bs64-h128", "int4-h80", "int8-bs64",
+        "int8-bs64-splits", "int8-bs128-h128", "int8-h96"])
+def test_decode_across_block_boundaries(name, seq_lens, nkv, group, head_size, block_size,
+                                        num_splits):
+    case, oracle = quantized_case(name, seq_lens, [1] * len(seq_lens), num_kv_heads=nkv,
                                   group=group, head_size=head_size, block_size=block_size,
-                                  seed=12)
+                                  key_offsets=KEY_OFFSETS[name], seed=12)
     out = paged_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
                        num_splits=num_splits)
     assert_matches(out, reference_attention(oracle))
 
 
-@pytest.mark.parametrize("seq_lens,q_lens,nkv,group,head_size,block_size", [
+@pytest.mark.parametrize("name,seq_lens,q_lens,nkv,group,head_size,block_size", [
     # A whole prompt, a chunk after a prefix starting mid-block, decode rows at boundaries.
-    ([33, 65, 64, 31, 96], [33, 34, 1, 1, 1], 2, 2, 64, 32),
-    ([65, 130], [65, 3], 1, 4, 128, 64),
-], ids=["bs32", "bs64-h128"])
-def test_int4_mixed_prefill_across_block_boundaries(seq_lens, q_lens, nkv, group, head_size,
-                                                    block_size):
-    case, oracle = quantized_case("int4", seq_lens, q_lens, num_kv_heads=nkv, group=group,
-                                  head_size=head_size, block_size=block_size, seed=13)
+    ("int4", [33, 65, 64, 31, 96], [33, 34, 1, 1, 1], 2, 2, 64, 32),
+    ("int4", [65, 130], [65, 3], 1, 4, 128, 64),
+    ("int8", [65, 130, 64, 63, 129], [65, 67, 1, 1, 1], 2, 2, 64, 64),
+    ("int8", [130, 257], [130, 3], 1, 4, 128, 128),
+], ids=["int4-bs32", "int4-bs64-h128", "int8-bs64", "int8-bs128-h128"])
+def test_mixed_prefill_across_block_boundaries(name, seq_lens, q_lens, nkv, group, head_size,
+                                               block_size):
+    case, oracle = quantized_case(name, seq_lens, q_lens, num_kv_heads=nkv, group=group,
+                                  head_size=head_size, block_size=block_size,
+                                  key_offsets=KEY_OFFSETS[name], seed=13)
     out = paged_prefill(case.query, case.k_cache, case.v_cache, case.meta, case.scale)
     assert_matches(out, reference_attention(oracle))
 
@@ -394,39 +408,6 @@ def test_int8_key_tiles_decode_as_decode_keys(head_size, block_size):
                                        HEAD_PAD=triton.next_power_of_2(head_size),
                                        BLOCK_N=block_n, enable_fp_fusion=False)
             assert torch.equal(out[:hi - lo].cpu(), expected[lo:hi, kvh])
-
-
-INT8_BOUNDARIES = [63, 64, 65, 127, 128, 129, 130]
-
-
-@pytest.mark.parametrize("seq_lens,nkv,group,head_size,block_size,num_splits", [
-    (INT8_BOUNDARIES, 2, 4, 64, 64, 1),
-    ([63, 64, 65, 130, 200], 1, 2, 64, 64, 3),  # splits of 64 tokens: some start mid-block
-    ([63, 127, 128, 129, 257], 1, 3, 128, 128, 2),
-    ([65, 130], 2, 2, 96, 64, 1),
-], ids=["bs64", "bs64-splits", "bs128-h128", "h96"])
-def test_int8_decode_across_block_boundaries(seq_lens, nkv, group, head_size, block_size,
-                                             num_splits):
-    case, oracle = quantized_case("int8", seq_lens, [1] * len(seq_lens), num_kv_heads=nkv,
-                                  group=group, head_size=head_size, block_size=block_size,
-                                  key_offsets=3.0, seed=22)
-    out = paged_decode(case.query, case.k_cache, case.v_cache, case.meta, case.scale,
-                       num_splits=num_splits)
-    assert_matches(out, reference_attention(oracle))
-
-
-@pytest.mark.parametrize("seq_lens,q_lens,nkv,group,head_size,block_size", [
-    # A whole prompt, a chunk after a prefix starting mid-block, decode rows at boundaries.
-    ([65, 130, 64, 63, 129], [65, 67, 1, 1, 1], 2, 2, 64, 64),
-    ([130, 257], [130, 3], 1, 4, 128, 128),
-], ids=["bs64", "bs128-h128"])
-def test_int8_mixed_prefill_across_block_boundaries(seq_lens, q_lens, nkv, group, head_size,
-                                                    block_size):
-    case, oracle = quantized_case("int8", seq_lens, q_lens, num_kv_heads=nkv, group=group,
-                                  head_size=head_size, block_size=block_size,
-                                  key_offsets=3.0, seed=23)
-    out = paged_prefill(case.query, case.k_cache, case.v_cache, case.meta, case.scale)
-    assert_matches(out, reference_attention(oracle))
 
 
 def test_int8_prefill_window_starting_mid_block():
