@@ -279,9 +279,9 @@ def test_rotary_write_kv_rotates_then_quantizes(isa_path, fmt):
 def test_the_backend_writes_int4_keys_through_the_stage(isa_path):
     """write_kv and rotary_write_kv: the op writes the value rows, the pool's stage the
     key blocks, equal to encode_keys of the (rotary-turned) keys so far: but for a code
-    here and there, since the stage's writer (int4_write_keys) rotates the keys with its
+    here and there, since the stage's writer (write_key_blocks) rotates the keys with its
     own butterflies, encode_keys with torch's matrix product (tests/kernels/cpu/
-    test_int4_key_blocks.py)."""
+    test_key_blocks.py)."""
     from engine.layers.rotary import apply_rotary
 
     gen = torch.Generator().manual_seed(3)
@@ -308,12 +308,13 @@ def test_the_backend_writes_int4_keys_through_the_stage(isa_path):
 
 
 @pytest.mark.parametrize("kind", ["write", "attention"])
-def test_int4_pools_need_blocks_of_32_slots(kind):
-    """An int4 key block keeps its parameters in its first rows' spare bytes: a pool of
-    smaller blocks has no room for them, and the ops say so rather than read past a
-    block."""
-    pools = allocate_kv_cache(1, 4, 16, 2, 64, INT4.storage, "cpu", True)[0]
-    with pytest.raises(RuntimeError, match="at least 32 slots"):
+@pytest.mark.parametrize("fmt", [INT4, INT8], ids=lambda f: f.name)
+def test_pools_need_blocks_of_their_formats_least_slots(kind, fmt):
+    """An int4 or int8 key block keeps its parameters in its rows' spare bytes (int4: 32
+    rows' worth, int8: 64): a pool of smaller blocks has no room for them, and the ops say
+    so rather than read past a block."""
+    pools = allocate_kv_cache(1, 4, 16, 2, 64, fmt.storage, "cpu", True)[0]
+    with pytest.raises(RuntimeError, match=f"at least {fmt.min_block_size} slots"):
         if kind == "write":
             CpuBackend().write_kv(torch.zeros(1, 2, 64), torch.zeros(1, 2, 64), pools[0],
                                   pools[1], torch.tensor([3]))
