@@ -242,13 +242,14 @@ def _key_tile_probe(k_ptr, bt_ptr, out_ptr, lo, hi, kvh, stride_kb, stride_kt, s
     tl.store(out_ptr + (offs_n - lo)[:, None] * HEAD_SIZE + offs_d[None, :], keys, mask=mask)
 
 
-@pytest.mark.parametrize("head_size,block_size", [(64, 32), (80, 32), (128, 64), (256, 32)])
-def test_int4_key_tiles_decode_as_decode_keys(head_size, block_size):
-    """Tiles starting anywhere in a block and spanning several decode bit for bit as
-    `decode_keys`: keys with per-channel offsets, a wide channel, a block of zeros
-    (M = W = 0) and one filled part way (the key stage's open block)."""
-    fmt = format_named("int4")
-    gen = torch.Generator().manual_seed(11)
+def assert_key_tiles_decode_as_decode_keys(name: str, probe, head_size: int, block_size: int,
+                                           seed: int, **launch) -> None:
+    """Tiles starting anywhere in a block and spanning several, read by `probe` (a key
+    tile's decode), bit for bit as `decode_keys`: keys with per-channel offsets, a wide
+    channel, a block of zeros and one filled part way (the key stage's open block), in
+    a shuffled block table."""
+    fmt = format_named(name)
+    gen = torch.Generator().manual_seed(seed)
     nkv, blocks = 2, 4
     exact = torch.randn((blocks, block_size, nkv, head_size), generator=gen)
     exact += torch.randn((1, 1, nkv, head_size), generator=gen) * 4  # per-channel offsets
@@ -256,19 +257,27 @@ def test_int4_key_tiles_decode_as_decode_keys(head_size, block_size):
     exact[2] = 0.0
     pool = fmt.encode_keys(exact)
     pool[3] = fmt.encode_keys(exact[3:], torch.tensor([block_size // 2 + 3]))[0]
+    if name == "int8":  # M's bits are there, which a scale read with its sign would flip
+        assert (pool.view(torch.uint8)[[0, 1, 3], :16, :, head_size + 1] >= 0x80).any()
     pool = pool.to(DEVICE)
     table = torch.tensor([1, 3, 2, 0], dtype=torch.int32, device=DEVICE)  # shuffled
-    expected = fmt.decode_keys(pool)[table.long().cpu()].reshape(-1, nkv, head_size)
+    expected = fmt.decode_keys(pool.cpu())[table.long().cpu()].reshape(-1, nkv, head_size)
     b = as_bytes(pool)
     seq_len = blocks * block_size
     for lo, block_n in [(0, 64), (block_size - 5, 64), (block_size + 1, 32), (seq_len - 7, 16)]:
         hi = min(lo + block_n, seq_len)
         for kvh in range(nkv):
             out = torch.full((block_n, head_size), float("nan"), device=DEVICE)
-            _key_tile_probe[(1,)](pool, table, out, lo, hi, kvh, b.stride(0), b.stride(1),
-                                  b.stride(2), HEAD_SIZE=head_size, BLOCK_SIZE=block_size,
-                                  HEAD_PAD=triton.next_power_of_2(head_size), BLOCK_N=block_n)
+            probe[(1,)](b, table, out, lo, hi, kvh, b.stride(0), b.stride(1), b.stride(2),
+                        HEAD_SIZE=head_size, BLOCK_SIZE=block_size,
+                        HEAD_PAD=triton.next_power_of_2(head_size), BLOCK_N=block_n, **launch)
             assert torch.equal(out[:hi - lo].cpu(), expected[lo:hi, kvh])
+
+
+@pytest.mark.parametrize("head_size,block_size", [(64, 32), (80, 32), (128, 64), (256, 32)])
+def test_int4_key_tiles_decode_as_decode_keys(head_size, block_size):
+    """int4 keys per channel: a block of zeros has M = W = 0."""
+    assert_key_tiles_decode_as_decode_keys("int4", _key_tile_probe, head_size, block_size, 11)
 
 
 @triton.jit
@@ -377,37 +386,10 @@ def _int8_key_tile_probe(k_ptr, bt_ptr, out_ptr, lo, hi, kvh, stride_kb, stride_
 
 @pytest.mark.parametrize("head_size,block_size", [(64, 64), (96, 64), (128, 128), (256, 64)])
 def test_int8_key_tiles_decode_as_decode_keys(head_size, block_size):
-    """Tiles starting anywhere in a block and spanning several decode bit for bit as
-    `decode_keys`: keys with per-channel offsets (M's bits set in the first rows' scale
-    signs, which a scale read with its sign would turn negative), a wide channel, a block
-    of zeros (M = 0) and one filled part way (the key stage's open block)."""
-    fmt = format_named("int8")
-    gen = torch.Generator().manual_seed(21)
-    nkv, blocks = 2, 4
-    exact = torch.randn((blocks, block_size, nkv, head_size), generator=gen)
-    exact += torch.randn((1, 1, nkv, head_size), generator=gen) * 4  # per-channel offsets
-    exact[..., 3] *= 30  # a wide channel
-    exact[2] = 0.0
-    pool = fmt.encode_keys(exact)
-    pool[3] = fmt.encode_keys(exact[3:], torch.tensor([block_size // 2 + 3]))[0]
-    raw = pool.view(torch.uint8)
-    assert (raw[[0, 1, 3], :16, :, head_size + 1] >= 0x80).any()  # M's bits are there
-    pool = pool.to(DEVICE)
-    table = torch.tensor([1, 3, 2, 0], dtype=torch.int32, device=DEVICE)  # shuffled
-    expected = fmt.decode_keys(pool.cpu())[table.long().cpu()].reshape(-1, nkv, head_size)
-    b = as_bytes(pool)
-    seq_len = blocks * block_size
-    for lo, block_n in [(0, 64), (block_size - 5, 64), (block_size + 1, 32),
-                        (seq_len - 7, 16)]:
-        hi = min(lo + block_n, seq_len)
-        for kvh in range(nkv):
-            out = torch.full((block_n, head_size), float("nan"), device=DEVICE)
-            _int8_key_tile_probe[(1,)](b, table, out, lo, hi, kvh, b.stride(0), b.stride(1),
-                                       b.stride(2), HEAD_SIZE=head_size,
-                                       BLOCK_SIZE=block_size,
-                                       HEAD_PAD=triton.next_power_of_2(head_size),
-                                       BLOCK_N=block_n, enable_fp_fusion=False)
-            assert torch.equal(out[:hi - lo].cpu(), expected[lo:hi, kvh])
+    """int8 keys around their centers: M's bits in the first rows' scale signs; a block
+    of zeros has M = 0."""
+    assert_key_tiles_decode_as_decode_keys("int8", _int8_key_tile_probe, head_size,
+                                           block_size, 21, enable_fp_fusion=False)
 
 
 def test_int8_prefill_window_starting_mid_block():
