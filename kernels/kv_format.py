@@ -78,28 +78,29 @@ class KVFormat:
         return self.max_code > 0
 
     @property
+    def key_codec(self):
+        """The module that encodes this format's key rows a block at a time, each from the
+        block's tokens (int4: per channel, kernels/kv_key_channels.py; int8: around the
+        block's centers, kernels/kv_key_centers.py), or None where a key row is a token's
+        own."""
+        if self.bits == 4:
+            return channels
+        return centers if self.storage == torch.int8 else None
+
+    @property
     def keys_by_block(self) -> bool:
-        """Whether key rows are encoded a block at a time, each from the block's tokens
-        (int4: per channel, kernels/kv_key_channels.py; int8: around the block's centers,
-        kernels/kv_key_centers.py), rather than each token's row on its own."""
-        return self.bits == 4 or self.storage == torch.int8
+        return self.key_codec is not None
 
     @property
     def key_layout(self) -> str:
-        """How key rows hold a token: "rows" (each its own), "per-channel" (int4) or
-        "around-centers" (int8); the disk tier's fingerprint names it."""
-        if self.bits == 4:
-            return "per-channel"
-        return "around-centers" if self.storage == torch.int8 else "rows"
+        """How key rows hold a token: "rows" (each its own), or the key codec's
+        KEY_LAYOUT; the disk tier's fingerprint names it."""
+        return "rows" if self.key_codec is None else self.key_codec.KEY_LAYOUT
 
     @property
     def min_block_size(self) -> int:
         """The fewest tokens a block of this format holds (1: any)."""
-        if self.bits == 4:
-            return channels.MIN_BLOCK_SIZE
-        if self.storage == torch.int8:
-            return centers.MIN_BLOCK_SIZE
-        return 1
+        return 1 if self.key_codec is None else self.key_codec.MIN_BLOCK_SIZE
 
     def row_len(self, head_size: int) -> int:
         """Elements (bytes, for a quantized format) of one token's one KV head."""
@@ -122,11 +123,7 @@ class KVFormat:
             return row_len
         if self.storage == torch.float8_e4m3fn:
             return row_len - SCALE_BYTES
-        step = 2 if self.bits == 4 else 1  # int4 head sizes are even
-        for hd in range(step, 2 * row_len + 1, step):  # int8, int4: row_len grows with hd
-            if self.row_len(hd) == row_len:
-                return hd
-        raise ValueError(f"no head size has {self.name} rows of {row_len} bytes")
+        return _searched_head_size(self, row_len)
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., hd] rotated over its last dim (a rotated format), else x itself."""
@@ -171,8 +168,7 @@ class KVFormat:
     def encode_key_block(self, exact: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
         """Exact rotated keys [B, bs, nkv, hd] (rows at and after ``filled`` ignored) ->
         key rows [B, bs, nkv, row_len] as bytes (uint8), by the format's block codec."""
-        codec = channels if self.bits == 4 else centers
-        return codec.encode_key_block(exact, filled, self.row_len(exact.shape[-1]))
+        return self.key_codec.encode_key_block(exact, filled, self.row_len(exact.shape[-1]))
 
     def decode_keys(self, blocks: torch.Tensor, dtype: torch.dtype = torch.float32
                     ) -> torch.Tensor:
@@ -181,8 +177,8 @@ class KVFormat:
         if not self.keys_by_block:
             return self.decode(blocks, dtype)
         hd = self.head_size(blocks.shape[-1])
-        codec = channels if self.bits == 4 else centers
-        return codec.decode_key_block(blocks.contiguous().view(torch.uint8), hd).to(dtype)
+        raw = blocks.contiguous().view(torch.uint8)
+        return self.key_codec.decode_key_block(raw, hd).to(dtype)
 
     def decode(self, stored: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """stored [..., row_len] -> [..., hd] values, and keys of a format that keeps them as
@@ -196,6 +192,17 @@ class KVFormat:
         scale = raw[..., hd:hd + SCALE_BYTES].contiguous().view(torch.float16).float()
         codes = raw[..., :hd].contiguous().view(self.storage).float()
         return (codes * scale).to(dtype)
+
+
+@functools.cache
+def _searched_head_size(fmt: KVFormat, row_len: int) -> int:
+    """int8's and int4's inverse of `KVFormat.row_len`, which grows with the head size in
+    steps: found once per row length (decode asks on every read)."""
+    step = 2 if fmt.bits == 4 else 1  # int4 head sizes are even
+    for hd in range(step, 2 * row_len + 1, step):
+        if fmt.row_len(hd) == row_len:
+            return hd
+    raise ValueError(f"no head size has {fmt.name} rows of {row_len} bytes")
 
 
 def int4_group(head_size: int) -> int:

@@ -46,11 +46,11 @@ __all__ = [
 ]
 
 MIN_BLOCK_SIZE = 64
+KEY_LAYOUT = "around-centers"  # KVFormat.key_layout, in the disk tier's fingerprint
 CENTER_CODES = 127  # m in [-127, 127]
 ROW_CODES = 127.0  # a row's codes in [-127, 127], as the int8 rows
 SCALE_BYTES = 2
 UNIT_BITS = 16  # M's float16 bits, one in each of the first 16 rows' scale signs
-_SIGN = 0x8000
 
 
 def spare_bytes(head_size: int) -> int:

@@ -52,6 +52,7 @@ MID_CODES = 2 ** (MID_BITS - 1) - 1  # m in [-31, 31]
 HALF_CODES = 2 ** HALF_BITS - 1  # s in [0, 31]
 LEVELS = 15  # codes 0..15: 15 steps across a channel's range
 MIN_BLOCK_SIZE = 32
+KEY_LAYOUT = "per-channel"  # KVFormat.key_layout, in the disk tier's fingerprint
 PARAM_HEAD = 4  # M and W, float16 each
 # A channel's half-width is W times one of these: 8 steps an octave below the widest.
 HALF_SCALES = tuple(float(torch.tensor(2.0 ** (-s / 8), dtype=torch.float32))
