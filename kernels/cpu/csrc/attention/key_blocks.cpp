@@ -6,9 +6,9 @@
 // format's codec encodes it (int4 per channel: kernels/kv_key_channels.encode_key_block;
 // int8 around its centers: kernels/kv_key_centers.encode_key_block; the same float32
 // operations in the same order, so the same bytes from the same rows), and an open
-// block's rows kept in its slot. The rotation is this library's (kv_rows.h), which can differ from torch's
-// matrix product in a value's last bit; the float16 rounding hides most of that, and a
-// difference left can move a code by one.
+// block's rows kept in its slot. The rotation is this library's (kv_rows.h), which can
+// differ from torch's matrix product in a value's last bit; the float16 rounding hides
+// most of that, and a difference left can move a code by one.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
@@ -155,10 +155,10 @@ void encode_block(const float* x, int64_t filled, int64_t bs, int64_t hd, int64_
 
 // Per-channel scratch of one (block, head) int8 encode.
 struct Centers {
-  std::vector<float> low_x, high_x, center;
+  std::vector<float> low_x, high_x, center, rest;
   std::vector<int8_t> code;
 
-  explicit Centers(int64_t hd) : low_x(hd), high_x(hd), center(hd), code(hd) {}
+  explicit Centers(int64_t hd) : low_x(hd), high_x(hd), center(hd), rest(hd), code(hd) {}
 };
 
 // One block's int8 key rows for one head from x [bs, hd] (rows before `filled` read):
@@ -184,22 +184,15 @@ void encode_centers_block(const float* x, int64_t filled, int64_t bs, int64_t hd
   const int64_t spare = row_len - hd - 2;
   for (int64_t j = 0; j < bs; ++j) {
     uint8_t* row = rows + j * slot_stride;
-    uint16_t scale_bits = 0;
     if (j < filled) {
       const float* xj = x + j * hd;
-      float absmax = 0.0f;
-      for (int64_t c = 0; c < hd; ++c) absmax = std::max(absmax, std::fabs(xj[c] - ch.center[c]));
-      scale_bits = half_bits(absmax / 127.0f);
-      const float scale = c10::detail::fp16_ieee_to_fp32_value(scale_bits);
-      const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-      for (int64_t c = 0; c < hd; ++c)
-        row[c] = static_cast<uint8_t>(
-            static_cast<int8_t>(round_in((xj[c] - ch.center[c]) * inv, -127.0f, 127.0f)));
+      for (int64_t c = 0; c < hd; ++c) ch.rest[c] = xj[c] - ch.center[c];
+      encode_int8(ch.rest.data(), hd, row);
     } else {
-      std::memset(row, 0, hd);
+      std::memset(row, 0, hd + 2);
     }
-    if (j < kInt8KeyUnitRows) scale_bits |= static_cast<uint16_t>(((top_bits >> j) & 1u) << 15);
-    std::memcpy(row + hd, &scale_bits, 2);  // little-endian hosts, as the Python codec's view
+    // M's bit j in the sign bit of row j's scale (the high byte of a little-endian half).
+    if (j < kInt8KeyUnitRows) row[hd + 1] |= static_cast<uint8_t>(((top_bits >> j) & 1u) << 7);
     for (int64_t b = 0; b < spare; ++b) {
       const int64_t c = j * spare + b;
       row[hd + 2 + b] = c < hd ? static_cast<uint8_t>(ch.code[c]) : 0;
@@ -307,12 +300,7 @@ void write_key_blocks(const at::Tensor& key, at::Tensor k_cache, at::Tensor exac
         // scale.
         const Int8Kv* coded = reinterpret_cast<const Int8Kv*>(block_rows);
         int8_key_centers(coded, pool_slot, hd, centers.center.data());
-        for (int64_t j = 0; j < start[i]; ++j) {
-          const Int8Kv* row = coded + j * pool_slot;
-          const float scale = int8_key_scale(row, hd);
-          for (int64_t c = 0; c < hd; ++c)
-            x[j * hd + c] = centers.center[c] + static_cast<float>((&row->code)[c]) * scale;
-        }
+        int8_key_rows(coded, pool_slot, hd, 0, start[i], centers.center.data(), x);
       } else if (from[i] == kPoolRows) {
         // The block's rows as kv_key_channels.decode_key_block gives them: low + code * step.
         const Int4Kv* coded = reinterpret_cast<const Int4Kv*>(block_rows);

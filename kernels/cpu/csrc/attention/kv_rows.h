@@ -7,10 +7,12 @@
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "attention/attention_task.h"
 
@@ -97,6 +99,31 @@ inline int64_t head_size_of(KvKind kind, int64_t len) {
 inline float round_in(float x, float lo, float hi) {
   constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
   return (std::clamp(x, lo, hi) + kShift) - kShift;
+}
+
+// absmax / max_code as a float16 scale (the row's stored bits) and the reciprocal the
+// codes are taken with: 1 / the rounded scale, so that decoding agrees (0 for a zero row).
+struct Scale {
+  uint16_t bits;
+  float inv;
+};
+
+inline Scale scale_for(const float* x, int64_t n, float max_code) {
+  float absmax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
+  const uint16_t bits = c10::detail::fp16_ieee_from_fp32_value(absmax / max_code);
+  const float scale = c10::detail::fp16_ieee_to_fp32_value(bits);
+  return {bits, scale > 0.0f ? 1.0f / scale : 0.0f};
+}
+
+// hd float32 values (rotated; an int8 key row's, less its block's centers) -> int8 codes
+// (round half to even, +-127) and the scale after them (kv_write.cpp's rows,
+// key_blocks.cpp's key rows).
+inline void encode_int8(const float* x, int64_t hd, uint8_t* row) {
+  const Scale s = scale_for(x, hd, 127.0f);
+  for (int64_t d = 0; d < hd; ++d)
+    row[d] = static_cast<uint8_t>(static_cast<int8_t>(round_in(x[d] * s.inv, -127.0f, 127.0f)));
+  std::memcpy(row + hd, &s.bits, 2);
 }
 
 // x [hd] times the block-diagonal normalized Hadamard matrix, in place: a fast

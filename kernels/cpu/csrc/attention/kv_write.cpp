@@ -3,9 +3,9 @@
 // a layer's rope and KV write are one op instead of about ten. A float16 pool takes
 // float32 K/V rounded as torch's .to(torch.float16) rounds them; an int8, fp8 or int4
 // pool takes them quantized as kernels/kv_format.py's encode does (rotated first),
-// in the same op. An int4 pool takes the values only: its key rows hold a block's
-// channels, encoded from the whole block's keys (kernels/kv_key_channels.py), which a
-// token's write does not have; the caller writes them a block at a time
+// in the same op. An int8 or int4 pool takes the values only: its key rows are encoded
+// from the whole block's keys (kernels/kv_key_centers.py, kernels/kv_key_channels.py),
+// which a token's write does not have; the caller writes them a block at a time
 // (kernels/key_stage.py), and these ops leave them as they are.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -27,30 +27,6 @@ namespace {
 
 // The largest head size a quantized row is rotated for on the stack.
 constexpr int64_t kMaxRotatedHead = 1024;
-
-// absmax / max_code as a float16 scale (the row's stored bits) and the reciprocal the
-// codes are taken with: 1 / the rounded scale, so that decoding agrees (0 for a zero row).
-struct Scale {
-  uint16_t bits;
-  float inv;
-};
-
-Scale scale_for(const float* x, int64_t n, float max_code) {
-  float absmax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
-  const uint16_t bits = c10::detail::fp16_ieee_from_fp32_value(absmax / max_code);
-  const float scale = c10::detail::fp16_ieee_to_fp32_value(bits);
-  return {bits, scale > 0.0f ? 1.0f / scale : 0.0f};
-}
-
-// hd float32 values (rotated) -> int8 codes (round half to even, +-127) and the scale
-// after them.
-void encode_int8(const float* x, int64_t hd, uint8_t* row) {
-  const Scale s = scale_for(x, hd, 127.0f);
-  for (int64_t d = 0; d < hd; ++d)
-    row[d] = static_cast<uint8_t>(static_cast<int8_t>(round_in(x[d] * s.inv, -127.0f, 127.0f)));
-  std::memcpy(row + hd, &s.bits, 2);
-}
 
 // hd float32 values (rotated) -> e4m3 codes (x / scale clamped to +-448, rounded as
 // torch's float8_e4m3fn conversion) and the scale after them.
