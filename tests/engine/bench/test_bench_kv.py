@@ -10,7 +10,7 @@ import torch
 from engine.bench import kv as kv_bench
 from engine.bench import synthetic
 from engine.bench.cli import WORKLOADS, format_result
-from engine.bench.kv import QUICK, KVPlan, bench_kv, shape_bytes
+from engine.bench.kv import QUICK, KVPlan, bench_kv, best_speed, shape_bytes
 from engine.bench.kv_quality import FormatQuality, Parting, partings, quality
 from engine.bench.kv_table import KVFigures, kv_table
 from engine.bench.kv_text import leading_paragraphs
@@ -113,8 +113,19 @@ def test_the_plan_checks_its_sizes():
         KVPlan(prompts=1)
     with pytest.raises(ValueError, match="KVPlan.rss_fill"):
         KVPlan(rss_context=1024, rss_fill=2048)
+    with pytest.raises(ValueError, match="KVPlan.speed_rounds"):
+        KVPlan(speed_rounds=0)
     assert "kv" in WORKLOADS
     assert len(leading_paragraphs(1100).split()) >= 1100
+
+
+def test_each_speed_figure_is_the_best_of_its_rounds():
+    first = {"loaded": True, "ttft_s_4000": 17.0, "decode_tok_s_4000": 50.0,
+             "decode_tok_s_16000": 30.0}
+    second = {"loaded": True, "ttft_s_4000": 18.5, "decode_tok_s_4000": 55.0}
+    assert best_speed(best_speed({}, first), second) == {
+        "loaded": True, "ttft_s_4000": 17.0, "decode_tok_s_4000": 55.0,
+        "decode_tok_s_16000": 30.0}
 
 
 def test_a_reply_parts_at_its_first_differing_token_with_float16_s_margin_there():
