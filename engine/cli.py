@@ -167,7 +167,7 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", default=None, choices=KV_DTYPE_NAMES,
                         help="the KV cache's dtype: int8 and fp8 (8-bit) take about half "
                         "float16's memory per token, int4 about a quarter (default: "
-                        "float16 on the native CPU kernels, else the compute dtype)")
+                        "int8 on the native CPU kernels, else the compute dtype)")
     parser.add_argument("--kv-disk-gib", type=float, default=0.0, metavar="GIB",
                         help="keep KV cache blocks leaving memory on disk, up to this many "
                         "GiB, so prompts seen before (a restart too) are not recomputed "

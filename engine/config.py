@@ -29,9 +29,17 @@ _check = FieldChecker("EngineConfig")
 MIN_BLOCK_SIZES = {"int4": 32, "int8": 64}
 
 
+def default_block_size(kv_cache_dtype: str | None) -> int:
+    """Tokens per block where ``block_size`` is not named: 16, or the KV format's least
+    where more."""
+    return max(16, MIN_BLOCK_SIZES.get(kv_cache_dtype, 1))
+
+
 @dataclass(slots=True)
 class EngineConfig:
-    # Tokens per KV block; None: 16, or the cache format's MIN_BLOCK_SIZES where more.
+    # Tokens per KV block; None: default_block_size of the KV format, settled here when
+    # kv_cache_dtype is named, else with the device's KV dtype (runner/device.py), after
+    # which the engine's config holds it.
     block_size: int | None = None
     # KV pool size: either a block count, or derived from a memory budget.
     num_gpu_blocks: int | None = None
@@ -64,8 +72,8 @@ class EngineConfig:
     vision_dtype: str | None = None
     # The KV cache's dtype: a float dtype, or a quantized format ("int8", "int4", "fp8";
     # kernels/kv_format.py says what their rows hold). None = the backend's
-    # (runner/device.py: float16 on the native CPU kernels, as llama.cpp keeps its cache,
-    # else the compute dtype).
+    # (runner/device.py: int8 on the native CPU kernels, float16 there with blocks under
+    # int8's 64 tokens, else the compute dtype).
     kv_cache_dtype: str | None = None
     device: str | None = None  # "cpu", "cuda", "cuda:N", "mps"; None = CUDA when available
     weights: str = "stored"  # one of WEIGHTS
@@ -100,8 +108,8 @@ class EngineConfig:
     mmproj: str | None = None
 
     def __post_init__(self) -> None:
-        if self.block_size is None:
-            self.block_size = max(16, MIN_BLOCK_SIZES.get(self.kv_cache_dtype, 1))
+        if self.block_size is None and self.kv_cache_dtype is not None:
+            self.block_size = default_block_size(self.kv_cache_dtype)
         _check.types(
             self,
             integers=("block_size", "num_gpu_blocks", "kv_cache_memory_bytes", "num_host_blocks",
@@ -110,8 +118,8 @@ class EngineConfig:
                       "num_speculative_tokens"),
             numbers=("gpu_memory_utilization",),
         )
-        _check(self.block_size in BLOCK_SIZES, "block_size", self.block_size,
-               f"one of {BLOCK_SIZES}")
+        _check(self.block_size is None or self.block_size in BLOCK_SIZES, "block_size",
+               self.block_size, f"one of {BLOCK_SIZES} or None")
         _check(self.num_gpu_blocks is None or self.num_gpu_blocks >= 1, "num_gpu_blocks",
                self.num_gpu_blocks, ">= 1 or None")
         _check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
@@ -131,7 +139,7 @@ class EngineConfig:
         _check(self.kv_cache_dtype is None or self.kv_cache_dtype in KV_DTYPE_NAMES,
                "kv_cache_dtype", self.kv_cache_dtype, f"one of {KV_DTYPE_NAMES} or None")
         least = MIN_BLOCK_SIZES.get(self.kv_cache_dtype, 1)
-        _check(self.block_size >= least, "block_size", self.block_size,
+        _check(self.block_size is None or self.block_size >= least, "block_size", self.block_size,
                f">= {least} with kv_cache_dtype {self.kv_cache_dtype!r} (a block's keys are "
                f"quantized over its tokens)")
         _check(self.device is None or (isinstance(self.device, str)

@@ -14,16 +14,19 @@ Rules:
   ``weights="bfloat16"`` on the CPU computes in bfloat16 and ``weights="float32"`` on CUDA
   is the exact path); else bfloat16 on CUDA when ``torch.cuda.is_bf16_supported()``,
   float16 on older cards, float32 on the CPU and on MPS.
-- **KV dtype**: ``config.kv_cache_dtype`` when set; else float16 where the native CPU
-  kernels compute in float32 (they read a float16 pool as they write it: half the memory
-  of a float32 pool, as llama.cpp keeps its cache), the compute dtype elsewhere. int8
-  would decode faster there and hold twice the context, but it changes some greedy
-  replies (docs/BENCHMARKS.md, `folio bench kv`), so it stays a choice, not the default. A
-  quantized name ("int8", "int4", "fp8") resolves to its format's storage dtype
-  (kernels/kv_format.py), which is the pool's dtype and tags its format
-  (`ResolvedDevice.kv_format`). The Triton kernels read a pool in the compute dtype or a
-  quantized one (ValueError naming ``kv_cache_dtype`` otherwise); the native CPU backend
-  hands the pools its kernels do not read to the PyTorch reference, which reads any.
+- **KV dtype**: ``config.kv_cache_dtype`` when set; else int8 where the native CPU kernels
+  compute in float32: half float16's memory, decode faster from a few thousand tokens of
+  context and prefill as fast, replies within the quality rows of `folio bench kv`
+  (docs/BENCHMARKS.md, "The CPU default"), where llama.cpp users have to find the flag;
+  float16 there when ``block_size`` names fewer tokens than an int8 block holds (64). The
+  compute dtype elsewhere. A quantized name ("int8", "int4", "fp8") resolves to its
+  format's storage dtype (kernels/kv_format.py), which is the pool's dtype and tags its
+  format (`ResolvedDevice.kv_format`). The Triton kernels read a pool in the compute dtype
+  or a quantized one (ValueError naming ``kv_cache_dtype`` otherwise); the native CPU
+  backend hands the pools its kernels do not read to the PyTorch reference, which reads
+  any.
+- **block size**: ``config.block_size`` when set; else ``default_block_size`` of the
+  resolved KV format (engine/config.py), which the engine's config then holds.
 - **attention backend**: ``config.attention_backend``, else $FOLIO_ATTENTION_BACKEND, else
   ``triton`` on CUDA, ``cpu`` (the native C++ kernels) on the CPU when they are built and
   ``torch`` elsewhere (``kernels.default_backend_name``, which kernels.get_backend uses).
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, default_block_size
 from engine.dtypes import kv_format_of, resolve_dtype
 from kernels import BACKEND_ENV, BACKEND_NAMES, default_backend_name
 from kernels.kv_format import KVFormat
@@ -49,6 +52,7 @@ class ResolvedDevice:
     backend: str  # attention backend name: "torch", "triton" or "cpu"
     label: str  # for people: "CUDA 0: NVIDIA H200", "CPU", "Apple GPU (MPS)"
     kv_dtype: torch.dtype  # the KV pool's storage dtype, which tags its format
+    block_size: int  # tokens per KV block
 
     @property
     def kv_format(self) -> KVFormat:
@@ -69,8 +73,16 @@ class ResolvedDevice:
 def resolve_device(config: EngineConfig) -> ResolvedDevice:
     device = _device(config.device)
     dtype, backend = _dtype(config, device), _backend(config, device)
-    return ResolvedDevice(device, dtype, backend, _label(device),
-                          _kv_dtype(config, device, backend, dtype))
+    kv_dtype = _kv_dtype(config, device, backend, dtype)
+    return ResolvedDevice(device, dtype, backend, _label(device), kv_dtype,
+                          block_size_for(config, kv_dtype))
+
+
+def block_size_for(config: EngineConfig, kv_dtype: torch.dtype) -> int:
+    """``config.block_size``, or the default for the KV pool stored as ``kv_dtype``."""
+    if config.block_size is not None:
+        return config.block_size
+    return default_block_size(kv_format_of(kv_dtype).name)
 
 
 def estimate_dtype(config: EngineConfig) -> torch.dtype:
@@ -154,7 +166,9 @@ def _kv_dtype(config: EngineConfig, device: torch.device, backend: str, dtype: t
         from kernels import cpu
 
         if cpu.available():
-            return torch.float16
+            int8 = kv_format_of("int8")
+            fits = config.block_size is None or config.block_size >= int8.min_block_size
+            return int8.storage if fits else torch.float16
     return dtype
 
 

@@ -39,7 +39,7 @@ import torch
 from engine.config import EngineConfig
 from engine.dtypes import kv_format_of, resolve_dtype
 from engine.models.spec import kv_bytes_per_token
-from engine.runner.device import estimate_dtype, estimate_kv_dtype
+from engine.runner.device import block_size_for, estimate_dtype, estimate_kv_dtype
 from engine.runner.state_pool import state_slots
 from kernels.kv_format import KVFormat
 
@@ -226,8 +226,9 @@ def estimate_memory(info, config: EngineConfig) -> MemoryEstimate:
     # A hybrid model's linear layers hold no KV (catalog.ModelInfo.kv_layers, .hybrid).
     hybrid = getattr(info, "hybrid", None)
     kv_layers = getattr(info, "kv_layers", info.num_layers)
-    shape = KVShape(kv_layers, info.num_kv_heads, info.head_dim, config.block_size,
-                    estimate_kv_dtype(config))
+    kv_dtype = estimate_kv_dtype(config)
+    shape = KVShape(kv_layers, info.num_kv_heads, info.head_dim,
+                    block_size_for(config, kv_dtype), kv_dtype)
     try:
         blocks = planned_blocks(config, shape, max_model_len)
     except KVBudgetError:

@@ -10,9 +10,9 @@ when that leaves threads idle, block ranges of the keys. `write_kv` is one scatt
 Float32 queries over float32, float16 and quantized (int8, fp8, int4: kernels/kv_format.py)
 pools run natively, prefill chunks of any length included (their tasks score a block
 through its keys transposed: faster than the reference's SDPA at 512 x 512 causal); a
-float16 pool, the engine's default on this backend (engine/runner/device.py), halves what a
-decode step reads, each block converted to float32 as it is read; an int8 pool halves it
-again, its rows dequantized inside the block loop (its keys around each block's centers,
+float16 pool halves what a decode step reads, each block converted to float32 as it is
+read; an int8 pool, the engine's default on this backend (engine/runner/device.py), halves
+it again, its rows dequantized inside the block loop (its keys around each block's centers,
 kernels/kv_key_centers.py), and an int4 pool's keys are decoded per channel from each
 block's parameters (kernels/kv_key_channels.py); a quantized pool's rows are rotated, so
 the op rotates the query before and the output after. The KV write quantizes float32 rows

@@ -7,13 +7,13 @@ import re
 
 import pytest
 
-from engine.config import MIN_BLOCK_SIZES, EngineConfig
+from engine.config import MIN_BLOCK_SIZES, EngineConfig, default_block_size
 from engine.sampling_params import SamplingParams
 
 
 def test_engine_config_defaults() -> None:
     config = EngineConfig()
-    assert config.block_size == 16
+    assert config.block_size is None  # settled with the KV dtype (runner/device.py)
     assert config.num_gpu_blocks is None
     assert config.num_host_blocks == 0
     assert config.max_num_seqs == 64
@@ -100,7 +100,8 @@ def test_engine_config_accepts_edge_values(field: str, value: object) -> None:
 def test_engine_config_error_shows_the_value() -> None:
     with pytest.raises(ValueError) as info:
         EngineConfig(block_size=12)
-    assert str(info.value) == "EngineConfig.block_size must be one of (8, 16, 32, 64), got 12"
+    assert str(info.value) == ("EngineConfig.block_size must be one of (8, 16, 32, 64) or "
+                               "None, got 12")
 
 
 def test_sampling_params_defaults() -> None:
@@ -204,8 +205,10 @@ def test_cpu_activation_bits_are_8_or_16():
 
 def test_block_size_defaults_to_the_formats_least_and_refuses_less():
     """int4's keys need blocks of 32 tokens, int8's of 64 (a block's key parameters live
-    in its rows); the other formats take the default 16."""
-    assert EngineConfig().block_size == 16
+    in its rows); the other formats take the default 16. Without a format, the block size
+    waits for the device's (tests/engine/runner/test_device_resolution.py)."""
+    assert EngineConfig().block_size is None
+    assert [default_block_size(n) for n in (None, "float16", "int8")] == [16, 16, 64]
     assert EngineConfig(kv_cache_dtype="fp8").block_size == 16
     assert EngineConfig(kv_cache_dtype="int8").block_size == 64
     assert EngineConfig(kv_cache_dtype="int4").block_size == 32

@@ -80,12 +80,12 @@ def test_a_restart_finds_the_history_on_disk_and_replies_the_same(tiny, cache):
 
     reopened = new_llm(tiny)
     out = reopened.chat(next_turn(messages), GREEDY)
-    m = out.metrics
-    full_blocks = (m.num_prompt_tokens - 1) // 16 * 16
-    assert m.num_disk_tokens == m.num_cached_tokens == full_blocks
+    m, bs = out.metrics, reopened.engine.config.block_size
+    full_blocks = (m.num_prompt_tokens - 1) // bs * bs
+    assert m.num_disk_tokens == m.num_cached_tokens == full_blocks > 0
     assert out.outputs[0].token_ids == kept_open.outputs[0].token_ids
     stats = reopened.kv_stats(with_blocks=False).disk
-    assert stats.hit_blocks == full_blocks // 16 and stats.hit_tokens == full_blocks
+    assert stats.hit_blocks == full_blocks // bs and stats.hit_tokens == full_blocks
     assert stats.skipped_files == 0
 
 
@@ -100,8 +100,9 @@ def test_a_12_turn_starter_chat_reopens_from_disk(cache):
     reopened = new_llm("starter", num_gpu_blocks=None, max_model_len=2048)
     out = reopened.chat(next_turn(messages), GREEDY)
     history = reopened.engine.encode(messages)  # the first 12 turns' ids
-    assert out.metrics.num_disk_tokens >= len(history) // 16 * 16
-    assert out.metrics.num_disk_tokens == (out.metrics.num_prompt_tokens - 1) // 16 * 16
+    bs = reopened.engine.config.block_size
+    assert out.metrics.num_disk_tokens >= len(history) // bs * bs
+    assert out.metrics.num_disk_tokens == (out.metrics.num_prompt_tokens - 1) // bs * bs
     assert out.outputs[0].token_ids == kept_open.outputs[0].token_ids
 
 
@@ -149,7 +150,8 @@ def test_the_exit_hook_holds_no_engine(tiny, cache):
 
 
 def test_evicted_blocks_go_to_disk_while_the_engine_runs(tiny, cache):
-    llm = new_llm(tiny, num_gpu_blocks=20)
+    llm = new_llm(tiny, num_gpu_blocks=5)  # 320 tokens in the default 64-token blocks
+    assert llm.engine.config.block_size == 64
     messages, _ = chat(llm, 2)
     # Other prompts fill the small pool: the chat's cached blocks are evicted to disk.
     for seed in range(4):
@@ -188,7 +190,7 @@ def test_damaged_files_are_recomputed_with_the_same_reply(tiny, other_tiny, cach
     if how == "foreign":
         monkeypatch.setenv("FOLIO_KV_CACHE_DIR", str(tmp_path / "other"))
         other = new_llm(other_tiny)
-        chat(other, 3)
+        chat(other, 6)  # at least as many files as the chat below: each one is replaced
         other.close()
         other_dir = tmp_path / "other"
         monkeypatch.setenv("FOLIO_KV_CACHE_DIR", str(cache))

@@ -20,8 +20,13 @@ def test_defaults_on_a_machine_without_cuda(tiny_dir, monkeypatch):
         "cpu", torch.float32, default_backend_name("cpu"), "CPU")
     # The dock's line names the CPU's kernel path.
     assert engine.memory_stats().device == f"CPU, {kernels.cpu.status()}"
-    # The default pool: a few full contexts of the model (1024 tokens, 16-token blocks).
-    assert engine.kv_stats(with_blocks=False).num_blocks == CONCURRENT_CONTEXTS * 1024 // 16
+    # The default pool: a few full contexts of the model (1024 tokens), in int8's 64-token
+    # blocks on the native kernels, float32's 16 on PyTorch's.
+    native = kernels.cpu.available()
+    assert (r.kv_format.name, engine.config.block_size) == (
+        ("int8", 64) if native else ("float32", 16))
+    blocks = CONCURRENT_CONTEXTS * 1024 // engine.config.block_size
+    assert engine.kv_stats(with_blocks=False).num_blocks == blocks
 
 
 def test_a_budget_below_one_context_stops_the_load(tiny_dir):

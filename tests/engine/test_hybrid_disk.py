@@ -9,7 +9,6 @@ import pytest
 
 from engine import EngineConfig, LLMEngine
 from tests.engine.test_hybrid_engine import (
-    BLOCK,
     assert_all_free,
     folders,
     reply,
@@ -69,7 +68,8 @@ def test_a_reopened_hybrid_chat_resumes_from_a_snapshot_on_disk(qwen35_dir, cach
     m = out.metrics
     computed = m.num_prompt_tokens - m.num_cached_tokens
     new = new_tokens(reopened, messages)
-    assert new <= computed < new + BLOCK and m.num_disk_tokens == m.num_cached_tokens
+    assert new <= computed < new + reopened.config.block_size
+    assert m.num_disk_tokens == m.num_cached_tokens
     assert out.outputs[0].token_ids == kept_open
     assert reopened.kv_stats(with_blocks=False).disk.skipped_files == 0
     assert_all_free(reopened)

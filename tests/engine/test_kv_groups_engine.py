@@ -43,7 +43,8 @@ def user_text(turn: int) -> str:
 
 
 def engine_for(path, **fields) -> LLMEngine:
-    fields = {"num_gpu_blocks": 256, "max_num_batched_tokens": 128, **fields}
+    fields = {"num_gpu_blocks": 256, "max_num_batched_tokens": 128, "block_size": BLOCK,
+              **fields}
     return LLMEngine(str(path), EngineConfig(device="cpu", **fields))
 
 
@@ -155,7 +156,7 @@ def test_candidates_equal_their_seeded_single_runs(gemma3_dir):
 
 @pytest.fixture(scope="module")
 def unpreempted(gemma3_dir) -> list[list[int]]:
-    roomy = LLM(str(gemma3_dir), num_gpu_blocks=256, kv_groups=False)
+    roomy = LLM(str(gemma3_dir), num_gpu_blocks=256, kv_groups=False, block_size=BLOCK)
     return [o.outputs[0].token_ids for o in roomy.generate(PROMPTS, PREEMPTED)]
 
 
@@ -163,7 +164,7 @@ def unpreempted(gemma3_dir) -> list[list[int]]:
 def test_preemption_keeps_every_group_right(gemma3_dir, unpreempted, num_host_blocks):
     # Sequences grow to 14 global blocks each in a pool of 24: someone is preempted.
     tight = LLM(str(gemma3_dir), num_gpu_blocks=24, max_num_batched_tokens=32,
-                num_host_blocks=num_host_blocks)
+                num_host_blocks=num_host_blocks, block_size=BLOCK)
     kv = tight.engine.kv_cache
     swapped = []
     swap_out = kv.swap_out

@@ -20,6 +20,9 @@ from tests.engine.tools.tool_models import scripted
 
 PROMPT = random_prompt(0, 40)
 GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+# Equal to transformers token for token on the CPU's float16 cache in 16-token blocks; the
+# default int8 cache is held to float16's replies in tests/engine/test_kv_precision_engine.py.
+F16 = "float16"
 
 
 @torch.inference_mode()
@@ -37,7 +40,7 @@ def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
 
 @pytest.mark.parametrize("chunk", [1, 7, 16, 33, 512])
 def test_greedy_matches_transformers_with_chunked_prefill(tiny_dir, hf_model, chunk):
-    llm = LLM(str(tiny_dir), num_gpu_blocks=64, max_num_batched_tokens=chunk)
+    llm = LLM(str(tiny_dir), num_gpu_blocks=64, max_num_batched_tokens=chunk, kv_cache_dtype=F16)
     [out] = llm.generate([PROMPT], GREEDY)
     assert out.outputs[0].token_ids == hf_greedy(hf_model, PROMPT, 32)
     assert out.outputs[0].finish_reason == "length"
@@ -55,7 +58,7 @@ def test_follow_up_turn_reuses_the_cached_prefix(llm, hf_model):
 
 
 def test_batch_mixing_prefill_and_decode(tiny_dir, hf_model):
-    engine = LLMEngine(str(tiny_dir), EngineConfig(num_gpu_blocks=64))
+    engine = LLMEngine(str(tiny_dir), EngineConfig(num_gpu_blocks=64, kv_cache_dtype=F16))
     other = random_prompt(1, 43)
     first = engine.add_request(PROMPT, GREEDY)
     done = {}
@@ -81,7 +84,7 @@ def test_batch_mixing_prefill_and_decode(tiny_dir, hf_model):
 
 
 def test_candidates_share_the_prompt_and_match_single_runs(tiny_dir):
-    engine = LLMEngine(str(tiny_dir), EngineConfig(num_gpu_blocks=64))
+    engine = LLMEngine(str(tiny_dir), EngineConfig(num_gpu_blocks=64, kv_cache_dtype=F16))
     computed = []
     execute = engine.runner.execute
 
@@ -124,8 +127,9 @@ def test_candidates_share_the_prompt_and_match_single_runs(tiny_dir):
 def test_preemption_in_a_small_pool_gives_the_large_pool_results(tiny_dir, host_blocks):
     prompts = [random_prompt(i, 20 + i) for i in range(6)]
     params = SamplingParams(max_tokens=150, temperature=0, ignore_eos=True)
-    big = LLM(str(tiny_dir), num_gpu_blocks=256)
-    small = LLM(str(tiny_dir), num_gpu_blocks=24, num_host_blocks=host_blocks)
+    big = LLM(str(tiny_dir), num_gpu_blocks=256, kv_cache_dtype=F16)
+    small = LLM(str(tiny_dir), num_gpu_blocks=24, num_host_blocks=host_blocks,
+                kv_cache_dtype=F16)
     expected = [out.outputs[0].token_ids for out in big.generate(prompts, params)]
     got = [out.outputs[0].token_ids for out in small.generate(prompts, params)]
     assert small.engine.scheduler.num_preemptions > 0
@@ -135,7 +139,7 @@ def test_preemption_in_a_small_pool_gives_the_large_pool_results(tiny_dir, host_
 
 
 def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(tiny_dir, hf_model):
-    llm = LLM(str(tiny_dir), num_gpu_blocks=64, max_model_len=64)
+    llm = LLM(str(tiny_dir), num_gpu_blocks=64, max_model_len=64, kv_cache_dtype=F16)
     with pytest.raises(RequestTooLargeError, match="context holds 64"):
         llm.generate([list(range(100))], GREEDY)
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 259\)"):
@@ -144,7 +148,7 @@ def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(tiny_dir, hf
         llm.generate([PROMPT], SamplingParams(max_tokens=0))
     [out] = llm.generate([PROMPT], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     assert out.outputs[0].token_ids == hf_greedy(hf_model, PROMPT, 8)
-    tiny_pool = LLM(str(tiny_dir), num_gpu_blocks=2)
+    tiny_pool = LLM(str(tiny_dir), num_gpu_blocks=2, kv_cache_dtype=F16)
     with pytest.raises(RequestTooLargeError, match="whole KV pool"):
         tiny_pool.generate([PROMPT], GREEDY)
 

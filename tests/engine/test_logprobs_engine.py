@@ -106,8 +106,8 @@ def test_requests_without_logprobs_compute_none(llm, monkeypatch):
 def test_logprobs_survive_recompute_preemption(tiny_dir):
     prompts = [random_prompt(i, 20 + i) for i in range(4)]
     params = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True, logprobs=3)
-    big = LLM(str(tiny_dir), num_gpu_blocks=256)
-    small = LLM(str(tiny_dir), num_gpu_blocks=20)
+    big = LLM(str(tiny_dir), num_gpu_blocks=256, block_size=16)
+    small = LLM(str(tiny_dir), num_gpu_blocks=20, block_size=16)
     expected = [out.outputs[0] for out in big.generate(prompts, params)]
     got = [out.outputs[0] for out in small.generate(prompts, params)]
     assert small.engine.scheduler.num_preemptions > 0

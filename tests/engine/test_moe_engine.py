@@ -76,11 +76,11 @@ def test_candidates_equal_their_seeded_single_runs(source):
 @pytest.mark.parametrize("num_host_blocks", [0, 32], ids=["recompute", "swap"])
 def test_preemption_changes_no_token(source, num_host_blocks):
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    roomy = LLM(source, num_gpu_blocks=64)
+    roomy = LLM(source, num_gpu_blocks=64, block_size=16)
     expected = [o.outputs[0].token_ids for o in roomy.generate(PROMPTS, params)]
     # Each sequence grows to 7 blocks of 16 in a pool of 12: someone is preempted.
     tight = LLM(source, num_gpu_blocks=12, max_num_batched_tokens=32,
-                num_host_blocks=num_host_blocks)
+                num_host_blocks=num_host_blocks, block_size=16)
     got = [o.outputs[0].token_ids for o in tight.generate(PROMPTS, params)]
     assert tight.engine.scheduler.num_preemptions > 0
     assert got == expected

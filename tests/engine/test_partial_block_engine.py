@@ -60,9 +60,9 @@ def test_preemption_by_recompute_gives_the_uncached_results(tiny_dir):
     point; here the whole engine, whose freed sequences keep their partial blocks."""
     prompts = [random_prompt(i, 20 + i) for i in range(6)]
     params = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
-    cold = LLM(str(tiny_dir), num_gpu_blocks=256, enable_prefix_caching=False)
+    cold = LLM(str(tiny_dir), num_gpu_blocks=256, enable_prefix_caching=False, block_size=16)
     expected = [out.outputs[0].token_ids for out in cold.generate(prompts, params)]
-    small = LLM(str(tiny_dir), num_gpu_blocks=24)
+    small = LLM(str(tiny_dir), num_gpu_blocks=24, block_size=16)
     got = [out.outputs[0].token_ids for out in small.generate(prompts, params)]
     assert small.engine.scheduler.num_preemptions > 0
     assert got == expected

@@ -25,7 +25,8 @@ def history_blocks(llm, messages) -> int:
     """Tokens of the full blocks the next turn's prompt shares with the history's."""
     a, b = llm.engine.encode(messages), llm.engine.encode(next_turn(messages))
     n = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
-    return n // 16 * 16
+    bs = llm.engine.config.block_size
+    return n // bs * bs
 
 
 @pytest.fixture
@@ -42,15 +43,15 @@ def test_a_chat_opened_after_a_restart_is_in_memory_when_its_turn_is_sent(tiny,
     messages, kept_open, history = closed_chat
     reopened = new_llm(tiny)
     assert reopened.engine.preload(messages) == history > 0
-    stats = reopened.kv_stats(with_blocks=False)
+    stats, bs = reopened.kv_stats(with_blocks=False), reopened.engine.config.block_size
     # Cached, held by nothing, and no prefix hit counted until a request uses them.
-    assert stats.num_cached == history // 16 and stats.num_used == 0
-    assert stats.disk.hit_blocks == history // 16 and stats.disk.hit_tokens == 0
+    assert stats.num_cached == history // bs and stats.num_used == 0
+    assert stats.disk.hit_blocks == history // bs and stats.disk.hit_tokens == 0
     out = reopened.chat(next_turn(messages), GREEDY)
     # The reply says where its prompt came from: the disk, if ahead of the request.
     assert out.metrics.num_cached_tokens == out.metrics.num_disk_tokens == history
     assert out.outputs[0].token_ids == kept_open.outputs[0].token_ids
-    assert reopened.kv_stats(with_blocks=False).disk.hit_blocks == history // 16
+    assert reopened.kv_stats(with_blocks=False).disk.hit_blocks == history // bs
 
 
 def test_preload_without_the_tier_or_room_loads_nothing(tiny, closed_chat):

@@ -19,7 +19,7 @@ from desktop_app.services import downloads
 from desktop_app.services.machine_memory import MachineMemory
 from desktop_app.widgets.vram_panel import format_bytes
 from engine.config import EngineConfig
-from tests.cpu_pool import CPU_KV_ITEM_BYTES
+from tests.cpu_pool import cpu_kv_bytes_per_token
 
 # SmolLM2-135M: K and V, 30 layers, 3 KV heads of 64, fp32.
 STARTER_KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4
@@ -61,8 +61,8 @@ def test_lists_the_starter_with_what_it_needs(dialog):
     assert row["On disk"] == format_bytes(info.size_bytes)
     # The engine's figures (engine.runner.kv_cache.estimate_memory) on the CPU: quantized
     # weights as stored (the file), plus a KV pool of four full 2048-token contexts, in
-    # float16 on the native kernels (fp32 on the reference).
-    pool = 4 * 2048 * STARTER_KV_BYTES_PER_TOKEN * CPU_KV_ITEM_BYTES // 4
+    # the CPU's default pool (int8 on the native kernels, fp32 on the reference).
+    pool = 4 * 2048 * cpu_kv_bytes_per_token(30, 3, 64)
     expected = info.size_bytes + pool
     assert memory_needed(info, EngineConfig(max_model_len=2048)) == expected
     assert row["Memory needed"] == format_bytes(expected)

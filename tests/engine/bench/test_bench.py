@@ -19,12 +19,12 @@ from engine.bench.decode import bench_decode
 from engine.bench.scheduler import bench_scheduler
 from engine.bench.setup import BenchContext, BenchSettings, Target, filler_prompt, user_messages
 from engine.bench.waste import bench_waste
-from tests.cpu_pool import CPU_KV_ITEM_BYTES
+from tests.cpu_pool import CPU_BLOCK_SIZE, cpu_kv_bytes_per_token
 from tests.engine.tiny_models import save_tiny_model
 
-BLOCK = 16
-# tiny_llama_config: 2 layers x (K, V) x 2 KV heads x head size 16 x 4 bytes (float32).
-KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * CPU_KV_ITEM_BYTES
+BLOCK = CPU_BLOCK_SIZE  # the benches run the engine's default pool
+# tiny_llama_config: 2 layers x (K, V) x 2 KV heads x head size 16.
+KV_BYTES_PER_TOKEN = cpu_kv_bytes_per_token(2, 2, 16)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def ctx(tiny_dir):
     threads = torch.get_num_threads()
     settings = BenchSettings(
         model=str(tiny_dir), threads=1, turns=2, chat_repeats=2, user_tokens=12, reply_tokens=6,
-        candidate_prompt_tokens=48, candidate_tokens=6, candidate_ns=(1, 2, 4),
+        candidate_prompt_tokens=3 * BLOCK, candidate_tokens=6, candidate_ns=(1, 2, 4),
         decode_contexts=(16, 128), decode_tokens=5, decode_rounds=2, concurrent_chats=3,
         serve_clients=4, serve_turns=3, kv_blocks=256, structured_rounds=2,
         structured_tokens=8,
@@ -93,11 +93,11 @@ def test_candidates_share_the_prompt_blocks(ctx):
     rows = result["rows"]
     assert [row["n"] for row in rows] == [1, 2, 4]
     per_block = BLOCK * KV_BYTES_PER_TOKEN
-    # 48 prompt tokens (3 full blocks) + 6 new, the last never written: 53 tokens, 4 blocks.
+    # 3 full blocks of prompt + 6 new tokens, the last never written: 4 blocks.
     assert rows[0]["folio_kv_bytes"] == 4 * per_block
     # n candidates share the 3 prompt blocks and write one block each.
     assert [row["folio_kv_bytes"] for row in rows] == [(3 + n) * per_block for n in (1, 2, 4)]
-    assert [row["hf_kv_bytes"] for row in rows] == [n * 54 * KV_BYTES_PER_TOKEN
+    assert [row["hf_kv_bytes"] for row in rows] == [n * (3 * BLOCK + 6) * KV_BYTES_PER_TOKEN
                                                     for n in (1, 2, 4)]
     assert [row["separate_copies_kv_bytes"] for row in rows] == [n * 4 * per_block
                                                                  for n in (1, 2, 4)]
@@ -140,9 +140,9 @@ def test_serve_runs_clients_at_once_and_a_chat_through_the_api(ctx):
     assert alone["total_tok_s"] > 0 and together["total_tok_s"] > 0
     assert [t["turn"] for t in turns] == [1, 2, 3]
     # Each turn sends the whole conversation: the earlier turns come from the cache, in
-    # whole 16-token blocks.
+    # whole blocks.
     for before, turn in zip(turns, turns[1:], strict=False):
-        assert turn["cached_tokens"] >= before["prompt_tokens"] // 16 * 16
+        assert turn["cached_tokens"] >= before["prompt_tokens"] // BLOCK * BLOCK
     assert [t["prompt_tokens"] for t in turns] == sorted(t["prompt_tokens"] for t in turns)
     assert _targets(result) == ["4 clients / 1 client total tokens/s",
                                 "p95 TTFT with 4 clients (s)",
@@ -187,11 +187,11 @@ def test_reopen_finds_the_history_on_disk_after_a_restart(tiny_dir):
     [row] = result["rows"]
     assert row["same_reply"] and row["block_files"] > 0
     # Every full block of the history (up to where the new message starts) from disk.
-    history = row["history_tokens"] // 16 * 16
+    history = row["history_tokens"] // BLOCK * BLOCK
     assert row["restart_disk_tokens"] == row["restart_cached_tokens"] == history > 0
     # Opened first: the history was loaded ahead, found in memory, still from disk.
     assert row["opened_cached_tokens"] == row["opened_disk_tokens"] == history
-    # Each file's header over a tiny model's float16 block: a few percent.
+    # Each file's header over a tiny model's block: a few percent.
     assert row["disk_over_kv_bytes"] <= 1.1
     # The running request took its steps while the other's history was read.
     assert row["decode_steps_while_loading"] >= 1 and row["decode_while_loading_over_alone"] > 0

@@ -9,7 +9,7 @@ import torch
 
 from engine.bench.chat import bench_chat
 from engine.bench.setup import BenchContext, BenchSettings
-from tests.cpu_pool import CPU_KV_ITEM_BYTES
+from tests.cpu_pool import CPU_BLOCK_SIZE, cpu_kv_bytes_per_token
 from tests.engine.tiny_models import save_tiny_model, tiny_qwen35_config
 
 
@@ -33,9 +33,9 @@ def test_chat_on_a_hybrid_model_computes_only_the_new_tokens(ctx):
     # ignore_eos keeps and transformers' baseline suppresses.)
     assert summary["snapshot_every_blocks"] == 1
     # 3 linear layers: conv windows (3 x 128 channels: q, k, v x 4 bytes) and 4 x 16 x 16
-    # float32 states; the full layer's KV: 16 tokens x 2 x 2 heads x 16 elements.
+    # float32 states; the full layer's KV: a default block of 2 heads of 16 elements.
     slot = 3 * (128 * 3 * 4 + 4 * 16 * 16 * 4)
     assert summary["state_slot_bytes"] == slot
     assert summary["snapshot_bytes_per_block / kv_bytes_per_block"] == round(
-        slot / (16 * 2 * 2 * 16 * CPU_KV_ITEM_BYTES), 3)
+        slot / (CPU_BLOCK_SIZE * cpu_kv_bytes_per_token(1, 2, 16)), 3)
     assert summary["snapshot_copy_ms"] > 0 and summary["turn1_prefill_ms_per_block"] > 0

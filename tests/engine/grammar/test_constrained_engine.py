@@ -82,8 +82,8 @@ def test_json_object_replies_are_objects_and_a_cut_reply_says_length(llm) -> Non
 def test_preempted_candidates_keep_their_grammar_state(tiny_dir, host_blocks) -> None:
     prompts = [random_prompt(10 + i, 20 + i) for i in range(5)]
     params = constrained(n=2, seed=3)
-    big = LLM(str(tiny_dir), num_gpu_blocks=256)
-    small = LLM(str(tiny_dir), num_gpu_blocks=20, num_host_blocks=host_blocks)
+    big = LLM(str(tiny_dir), num_gpu_blocks=256, block_size=16)
+    small = LLM(str(tiny_dir), num_gpu_blocks=20, num_host_blocks=host_blocks, block_size=16)
     expected = [[c.text for c in o.outputs] for o in big.generate(prompts, params)]
     got = [[c.text for c in o.outputs] for o in small.generate(prompts, params)]
     assert small.engine.scheduler.num_preemptions > 0

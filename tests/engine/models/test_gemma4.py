@@ -73,7 +73,7 @@ def test_spec_reads_the_gemma4_changes():
 
 
 def test_the_kv_cache_holds_only_layers_that_compute_kv(gemma4_dir):
-    llm = LLM(str(gemma4_dir), num_gpu_blocks=32)
+    llm = LLM(str(gemma4_dir), num_gpu_blocks=32, kv_cache_dtype="float16")
     runner = llm.engine.runner
     # Layers 0, 1, 3 (sliding, 2 heads of 16) and 2 (global, 1 head of 32); 4 and 5 none.
     assert [g.layers for g in llm.engine.kv_groups] == [(2,), (0, 1, 3)]
@@ -95,14 +95,15 @@ def test_unsupported_configs_name_the_field(field, value, words):
 
 @pytest.mark.parametrize("chunk", [1, 7, 33])
 def test_greedy_replies_equal_transformers(gemma4_dir, hf_model, chunk):
-    llm = LLM(str(gemma4_dir), num_gpu_blocks=64, max_num_batched_tokens=chunk)
+    llm = LLM(str(gemma4_dir), num_gpu_blocks=64, max_num_batched_tokens=chunk,
+              kv_cache_dtype="float16")  # equal to transformers' on the float16 cache
     [out] = llm.generate([PROMPT], GREEDY)
     assert out.outputs[0].token_ids == hf_greedy(hf_model, PROMPT, 30)
     assert len(set(out.outputs[0].token_ids)) > 10  # a reply that can show a difference
 
 
 def test_a_chat_reuses_its_earlier_turns(gemma4_dir, hf_model):
-    llm = LLM(str(gemma4_dir), num_gpu_blocks=128)
+    llm = LLM(str(gemma4_dir), num_gpu_blocks=128, kv_cache_dtype="float16")
     ids, previous = list(PROMPT), 0
     for turn in range(3):
         [out] = llm.generate([ids], GREEDY)
@@ -129,10 +130,10 @@ def test_candidates_equal_their_seeded_single_runs(gemma4_dir):
 def test_preemption_changes_no_token(gemma4_dir, num_host_blocks):
     prompts = [random_prompt(seed, 60) for seed in (7, 8, 9)]
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    roomy = LLM(str(gemma4_dir), num_gpu_blocks=128)
+    roomy = LLM(str(gemma4_dir), num_gpu_blocks=128, block_size=16)
     expected = [o.outputs[0].token_ids for o in roomy.generate(prompts, params)]
     tight = LLM(str(gemma4_dir), num_gpu_blocks=10, max_num_batched_tokens=32,
-                num_host_blocks=num_host_blocks)
+                num_host_blocks=num_host_blocks, block_size=16)
     got = [o.outputs[0].token_ids for o in tight.generate(prompts, params)]
     assert tight.engine.scheduler.num_preemptions > 0
     assert got == expected

@@ -110,17 +110,24 @@ def test_mps_when_available_runs_the_torch_path(monkeypatch):
         resolve_device(EngineConfig(device="mps"))
 
 
-def test_the_kv_cache_is_float16_on_the_native_cpu_kernels_and_the_compute_dtype_elsewhere(
+def test_the_kv_cache_is_int8_on_the_native_cpu_kernels_and_the_compute_dtype_elsewhere(
         monkeypatch):
     fake_cuda(monkeypatch, ())
     r = resolve_device(EngineConfig())
-    assert r.kv_dtype == (torch.float16 if CPU_BACKEND == "cpu" else torch.float32)
+    native = CPU_BACKEND == "cpu"
+    assert (r.kv_dtype, r.block_size) == ((torch.int8, 64) if native else (torch.float32, 16))
+    # Blocks named under int8's 64 tokens keep the native kernels' float16 cache.
+    small = resolve_device(EngineConfig(block_size=32))
+    assert (small.kv_dtype, small.block_size) == (
+        (torch.float16, 32) if native else (torch.float32, 32))
+    assert resolve_device(EngineConfig(block_size=64)).kv_dtype == r.kv_dtype
     assert resolve_device(EngineConfig(attention_backend="torch")).kv_dtype == torch.float32
     assert resolve_device(EngineConfig(weights="bfloat16")).kv_dtype == torch.bfloat16
     assert resolve_device(EngineConfig(kv_cache_dtype="float32")).kv_dtype == torch.float32
     forced = EngineConfig(attention_backend="torch", kv_cache_dtype="float16")
     assert resolve_device(forced).kv_dtype == torch.float16
     assert estimate_kv_dtype(EngineConfig()) == r.kv_dtype
+    assert resolve_device(EngineConfig(kv_cache_dtype="float16")).block_size == 16
 
 
 def test_the_triton_backend_takes_the_compute_dtype_or_a_quantized_pool(monkeypatch):

@@ -17,7 +17,7 @@ from engine.runner.kv_cache import (
     estimate_memory,
     num_blocks_for,
 )
-from tests.cpu_pool import CPU_KV_ITEM_BYTES
+from tests.cpu_pool import CPU_BLOCK_SIZE, cpu_kv_bytes_per_token
 
 GPU = torch.device("cuda", 0)
 GIB = 1 << 30
@@ -83,18 +83,20 @@ def _info(**kw):
 def test_the_estimate_uses_the_engines_rule(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     info = _info()
-    # CPU, quantized weights as stored: the file, plus four 8k contexts (360 MiB each in
-    # float32, half that in the native kernels' float16 pool).
-    block = 737_280 * CPU_KV_ITEM_BYTES // 4  # 16 tokens x 30 layers x K, V x 3 x 64
+    # CPU, quantized weights as stored: the file, plus four 8k contexts in the default pool
+    # (the native kernels' int8 in 64-token blocks, else float32 in 16).
+    per_token = cpu_kv_bytes_per_token(30, 3, 64)
+    block = CPU_BLOCK_SIZE * per_token
     est = estimate_memory(info, EngineConfig())
-    assert (est.weights_bytes, est.kv_bytes) == (90_000_000, 4 * 512 * block)
+    assert (est.weights_bytes, est.kv_bytes) == (90_000_000, 4 * 8192 * per_token)
     dense = estimate_memory(info, EngineConfig(weights="float32", max_model_len=2048))
-    assert (dense.weights_bytes, dense.kv_bytes) == (134_515_008 * 4, 4 * 128 * block)
-    hf = estimate_memory(_info(format="hf"), EngineConfig(kv_cache_memory_bytes=400 << 20))
-    assert hf.weights_bytes == 134_515_008 * 4 and hf.kv_bytes == (400 << 20) // block * block
+    assert (dense.weights_bytes, dense.kv_bytes) == (134_515_008 * 4, 4 * 2048 * per_token)
+    hf = estimate_memory(_info(format="hf"), EngineConfig(kv_cache_memory_bytes=200 << 20))
+    assert hf.weights_bytes == 134_515_008 * 4 and hf.kv_bytes == (200 << 20) // block * block
     # A budget below one context shows what one context needs: the least that loads.
     small = estimate_memory(info, EngineConfig(kv_cache_memory_bytes=16 << 20))
-    assert small.kv_bytes == 512 * block and small.total_bytes == 90_000_000 + 512 * block
+    assert small.kv_bytes == 8192 * per_token
+    assert small.total_bytes == 90_000_000 + 8192 * per_token
 
 
 def test_the_estimate_on_a_gpu_is_in_bfloat16(monkeypatch):
