@@ -10,13 +10,10 @@ same run, the CPU named.
   over a ``text_tokens``-token text, and greedy ``reply_tokens``-token replies after
   ~``context_words`` words of context equal to float16's, of ``prompts``.
 - **Speed** on the synthetic 1B shape (``speed_size``; written once into the cache with a
-  context long enough): each side in a fresh process (kv_sides.speed): decode tok/s at each
-  of ``contexts`` and the prefill of ``contexts[0]`` tokens (its TTFT), Folio float16, int8
-  and int4, and llama.cpp q8_0 and q4_0 at ``contexts[0]``. Folio's formats run
-  ``speed_rounds`` times, in turn (float16, int8, int4, float16, ...), each figure the best
-  of its rounds: on a shared machine one process's decode moved by up to a quarter between
-  runs, several times the targets' margins, and a format's rounds in turn see the same
-  neighbours as its baseline's.
+  context long enough): each side in a fresh process (kv_sides.speed), its formats taking
+  turns in it: decode tok/s at each of ``contexts`` and the prefill of ``contexts[0]``
+  tokens (its TTFT), Folio float16, int8 and int4, and llama.cpp q8_0 and q4_0 at
+  ``contexts[0]``.
 - **Memory** on the synthetic 3B shape (``rss_size``): peak RSS of a fresh process holding
   one ``rss_context``-token context after a ``rss_fill``-token prompt, Folio int8 and
   llama.cpp q8_0. Folio's pool takes memory only as blocks are written; llama.cpp clears
@@ -51,7 +48,6 @@ class KVPlan:
     decode_tokens: int = 32
     rss_context: int = 32768
     rss_fill: int = 2048
-    speed_rounds: int = 2  # processes per Folio format for the speed rows, in turn
     speed_size: str = "1b"
     rss_size: str = "3b"
     timeout_s: float = 3600.0  # each fresh process's limit
@@ -62,9 +58,6 @@ class KVPlan:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 2:
                 raise ValueError(f"KVPlan.{name} must be an integer >= 2, got {value!r}")
-        if not isinstance(self.speed_rounds, int) or self.speed_rounds < 1:
-            raise ValueError(f"KVPlan.speed_rounds must be an integer >= 1, got "
-                             f"{self.speed_rounds!r}")
         if len(self.contexts) != 2 or not 0 < self.contexts[0] < self.contexts[1]:
             raise ValueError(f"KVPlan.contexts must be two growing lengths, got "
                              f"{self.contexts!r}")
@@ -74,7 +67,7 @@ class KVPlan:
 
 
 QUICK = KVPlan(text_tokens=24, context_words=30, prompts=2, reply_tokens=4, contexts=(40, 80),
-               decode_tokens=4, rss_context=128, rss_fill=32, speed_rounds=1, timeout_s=600.0)
+               decode_tokens=4, rss_context=128, rss_fill=32, timeout_s=600.0)
 
 
 @dataclass(slots=True)
@@ -206,34 +199,22 @@ def _speed(run: _Run, python: str | None) -> None:
     path = _synthetic(p.speed_size, p.contexts[1] + p.decode_tokens + 16)
     base = {"model_path": str(path), "threads": run.threads, "tokens": p.decode_tokens,
             "vocab": _vocab(path), "seed": 47}
-    sides = [("folio", name, list(p.contexts), None)
-             for _ in range(p.speed_rounds) for name in ("float16", "int8", "int4")]
+    # The formats the quality part loaded (a refused one has its reason there).
+    names = [n for n in ("float16", "int8", "int4") if f"folio {n}" not in fig.why]
+    sides = [("folio", "folio", names, list(p.contexts), None)]
     if python is not None:
-        sides += [("llama_cpp", LLAMA_OF[name], [p.contexts[0]], python)
-                  for name in ("int8", "int4")]
-    for side, kv, contexts, interpreter in sides:
-        label = f"{'folio' if side == 'folio' else 'llama'} {kv}"
-        if f"folio {kv}" in fig.why:  # the format did not load for the quality part
-            continue
-        got = run_probe("engine.bench.kv_sides:speed", {**base, "side": side, "kv": kv,
+        sides.append(("llama_cpp", "llama", [LLAMA_OF[n] for n in names if n != "float16"],
+                      [p.contexts[0]], python))
+    for side, who, kvs, contexts, interpreter in sides:
+        got = run_probe("engine.bench.kv_sides:speed", {**base, "side": side, "kvs": kvs,
                                                          "contexts": contexts},
                         p.timeout_s, python=interpreter)
         if "error" in got:
-            run.notes.append(f"speed, {label}: {got.pop('error')}")
-        fig.speed[label] = best_speed(fig.speed.get(label, {}), got)
-
-
-def best_speed(kept: dict, got: dict) -> dict:
-    """The best of two speed rounds' figures, each on its own: the shorter TTFT
-    (``ttft_s_*``), the higher decode rate; a figure one round lacks is the other's."""
-    best = dict(kept)
-    for key, value in got.items():
-        if key not in best or not isinstance(value, int | float):
-            best[key] = value
-        else:
-            best[key] = min(best[key], value) if key.startswith("ttft") else max(best[key],
-                                                                                  value)
-    return best
+            run.notes.append(f"speed, {who} {', '.join(kvs)}: {got.pop('error')}")
+        for kv in kvs:
+            fig.speed[f"{who} {kv}"] = {key.removeprefix(f"{kv} "): value
+                                        for key, value in got.items()
+                                        if key.startswith(f"{kv} ")}
 
 
 def shape_bytes_of(size: str) -> dict[str, int]:
@@ -269,5 +250,5 @@ def _plan_text(plan: KVPlan) -> str:
     return (f"text {plan.text_tokens} tokens; {plan.prompts} prompts of ~"
             f"{plan.context_words} words, {plan.reply_tokens}-token replies; "
             f"{plan.speed_size} at {plan.contexts[0]} and {plan.contexts[1]} tokens, "
-            f"{plan.decode_tokens} decoded, best of {plan.speed_rounds} processes per format; {plan.rss_size} at {plan.rss_context} tokens "
+            f"{plan.decode_tokens} decoded; {plan.rss_size} at {plan.rss_context} tokens "
             f"after {plan.rss_fill}")

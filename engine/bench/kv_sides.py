@@ -1,6 +1,8 @@
-"""The sides of ``folio bench kv`` that run in a process of their own (``probe.run_probe``),
-one per side and cache format, so each one's memory and caches are its own: decode and
-prefill speed at long contexts (``speed``) and the peak RSS at one long context (``rss``).
+"""The sides of ``folio bench kv`` that run in a process of their own (``probe.run_probe``):
+decode and prefill speed at long contexts (``speed``: one process per side, its cache
+formats taking turns, so that each format's figures and its baseline's are measured seconds
+apart on a shared machine), and the peak RSS at one long context (``rss``: one process per
+side and format, so each one's memory is its own).
 
 ``side`` is "folio" (``kv`` a kv_cache_dtype name) or "llama_cpp" (``kv`` a llama.cpp cache
 type, "q8_0" or "q4_0", flash attention on: without it llama.cpp's quantized V cache is
@@ -22,32 +24,41 @@ SIDES = ("folio", "llama_cpp")
 # llama.cpp's cache types by name: their GGML type ids (ggml.h's enum ggml_type).
 LLAMA_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
 WARMUP_TOKENS = 8
-# Decodes timed per context, the fastest kept: the first after the prefill, then the same
-# prompt again (cached, so only its decode costs). One decode of a few dozen tokens moved
-# by 20-30% with other machines' load on a shared host.
+# Decodes timed per context and format, the fastest kept: the first after the prefill,
+# then the same prompt again (cached, so only its decode costs). One decode of a few dozen
+# tokens moved by 20-30% with other machines' load on a shared host, and whole runs of a
+# format a few minutes apart by up to a quarter: so the formats take turns, round by round.
 DECODE_ROUNDS = 3
 
 
-def speed(side: str, model_path: str, threads: int, kv: str, contexts: list[int],
+def speed(side: str, model_path: str, threads: int, kvs: list[str], contexts: list[int],
           tokens: int, vocab: int, seed: int) -> None:
-    """Load ``side`` with an ``n_ctx`` of the longest context, warm up, then per context
-    (ascending) answer a fresh prompt of that many ids with ``tokens`` greedy tokens, and
-    the same prompt again DECODE_ROUNDS - 1 times; emit ``ttft_s_{c}`` (the first answer's
-    prompt handed over to first token: the prefill) and ``decode_tok_s_{c}`` (1 / the
-    median gap between tokens, the best of the rounds) as each context finishes."""
+    """Load ``side`` once per cache format in ``kvs``, each with an ``n_ctx`` of the
+    longest context, warm each up, then per context (ascending) let every format answer a
+    fresh prompt of that many ids (the same ids for each) with ``tokens`` greedy tokens,
+    one format after the other, and the same prompt again DECODE_ROUNDS - 1 rounds, the
+    formats in turn; emit ``"{kv} ttft_s_{c}"`` (the first answer's prompt handed over to
+    first token: the prefill) and ``"{kv} decode_tok_s_{c}"`` (1 / the median gap between
+    tokens, the best of the rounds) as each context finishes."""
     from engine.bench.baselines import median_rate
 
     n_ctx = max(contexts) + tokens + 16
-    model, reply = _load(side, model_path, threads, kv, n_ctx)
+    models = {kv: _load(side, model_path, threads, kv, n_ctx) for kv in kvs}
     emit({"loaded": True})
-    reply(model, prompt(vocab, WARMUP_TOKENS, seed - 1), 2)
+    for model, reply in models.values():
+        reply(model, prompt(vocab, WARMUP_TOKENS, seed - 1), 2)
     for context in sorted(contexts):
         ids = prompt(vocab, context, seed + context)
-        got = reply(model, ids, tokens)
-        rates = [median_rate(got.token_times)]
-        rates += [median_rate(reply(model, ids, tokens).token_times)
-                  for _ in range(DECODE_ROUNDS - 1)]
-        emit({f"ttft_s_{context}": got.ttft_s, f"decode_tok_s_{context}": max(rates)})
+        ttft: dict[str, float] = {}
+        rates: dict[str, list[float]] = {kv: [] for kv in kvs}
+        for _ in range(DECODE_ROUNDS):
+            for kv, (model, reply) in models.items():
+                got = reply(model, ids, tokens)
+                ttft.setdefault(kv, got.ttft_s)
+                rates[kv].append(median_rate(got.token_times))
+        for kv in kvs:
+            emit({f"{kv} ttft_s_{context}": ttft[kv],
+                  f"{kv} decode_tok_s_{context}": max(rates[kv])})
 
 
 def rss(side: str, model_path: str, threads: int, kv: str, n_ctx: int, fill: int,

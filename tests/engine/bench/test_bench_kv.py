@@ -10,7 +10,7 @@ import torch
 from engine.bench import kv as kv_bench
 from engine.bench import synthetic
 from engine.bench.cli import WORKLOADS, format_result
-from engine.bench.kv import QUICK, KVPlan, bench_kv, best_speed, shape_bytes
+from engine.bench.kv import QUICK, KVPlan, bench_kv, shape_bytes
 from engine.bench.kv_quality import FormatQuality, Parting, partings, quality
 from engine.bench.kv_table import KVFigures, kv_table
 from engine.bench.kv_text import leading_paragraphs
@@ -113,19 +113,8 @@ def test_the_plan_checks_its_sizes():
         KVPlan(prompts=1)
     with pytest.raises(ValueError, match="KVPlan.rss_fill"):
         KVPlan(rss_context=1024, rss_fill=2048)
-    with pytest.raises(ValueError, match="KVPlan.speed_rounds"):
-        KVPlan(speed_rounds=0)
     assert "kv" in WORKLOADS
     assert len(leading_paragraphs(1100).split()) >= 1100
-
-
-def test_each_speed_figure_is_the_best_of_its_rounds():
-    first = {"loaded": True, "ttft_s_4000": 17.0, "decode_tok_s_4000": 50.0,
-             "decode_tok_s_16000": 30.0}
-    second = {"loaded": True, "ttft_s_4000": 18.5, "decode_tok_s_4000": 55.0}
-    assert best_speed(best_speed({}, first), second) == {
-        "loaded": True, "ttft_s_4000": 17.0, "decode_tok_s_4000": 55.0,
-        "decode_tok_s_16000": 30.0}
 
 
 def test_a_reply_parts_at_its_first_differing_token_with_float16_s_margin_there():
@@ -185,31 +174,44 @@ def test_the_quick_plan_end_to_end_on_a_tiny_shape(tiny_file, tmp_path, monkeypa
     assert "cpu: " in text and "status" in text
 
 
-def test_a_context_s_decode_is_the_best_of_its_rounds_over_the_same_prompt(monkeypatch):
-    """The speed side answers each context's prompt DECODE_ROUNDS times (the repeats find it
-    cached) and keeps the fastest decode; the prefill time is the first answer's."""
+def test_a_context_s_decode_is_the_best_of_its_rounds_the_formats_taking_turns(monkeypatch):
+    """The speed side loads each format, lets them answer each context's prompt in turn,
+    DECODE_ROUNDS rounds (the repeats find it cached), and keeps each one's fastest decode;
+    the prefill time is each one's first answer's."""
     from engine.bench import kv_sides
     from engine.bench.baselines import Reply
 
-    gaps = iter([0.5, 0.1, 0.25, 0.2, 0.4, 0.3])  # seconds between tokens, per answer
-    asked: list[list[int]] = []
+    # Seconds between tokens, per answer: 32 ids (a, b, a, b, a, b), then 64 ids.
+    gaps = iter([0.5, 0.4, 0.1, 0.2, 0.25, 0.3, 0.2, 0.1, 0.4, 0.5, 0.3, 0.25])
+    asked: list[tuple[str, list[int]]] = []
 
-    def reply(model, ids, tokens):
-        asked.append(ids)
+    def load(side, path, threads, kv, n_ctx):
+        assert n_ctx == 64 + 4 + 16
+        return kv, reply
+
+    def reply(kv, ids, tokens):
+        asked.append((kv, ids))
         if len(ids) == kv_sides.WARMUP_TOKENS:
             return Reply([1] * tokens, 0.01, len(ids), len(ids), [0.0, 0.01])
         gap = next(gaps)
-        return Reply([1] * tokens, 2.0 if len(asked) in (2, 5) else 0.05, len(ids), len(ids),
-                     [i * gap for i in range(tokens)])
+        first = sum(len(i) == len(ids) and k == kv for k, i in asked) == 1
+        return Reply([1] * tokens, (2.0 if kv == "a" else 3.0) if first else 0.05, len(ids),
+                     len(ids), [i * gap for i in range(tokens)])
 
     emitted: dict = {}
-    monkeypatch.setattr(kv_sides, "_load", lambda *args: (object(), reply))
+    monkeypatch.setattr(kv_sides, "_load", load)
     monkeypatch.setattr(kv_sides, "emit", emitted.update)
     assert kv_sides.DECODE_ROUNDS == 3
-    kv_sides.speed("folio", "model.gguf", 1, "int8", [64, 32], tokens=4, vocab=1000, seed=5)
-    # The warm-up, then three answers of the 32-id prompt and three of the 64-id one.
-    assert [len(ids) for ids in asked] == [kv_sides.WARMUP_TOKENS, 32, 32, 32, 64, 64, 64]
-    assert asked[1] == asked[2] == asked[3] and asked[4] == asked[5] == asked[6]
-    assert emitted["ttft_s_32"] == 2.0 and emitted["ttft_s_64"] == 2.0
-    assert emitted["decode_tok_s_32"] == pytest.approx(10.0)  # gaps 0.5, 0.1, 0.25
-    assert emitted["decode_tok_s_64"] == pytest.approx(5.0)   # gaps 0.2, 0.4, 0.3
+    kv_sides.speed("folio", "model.gguf", 1, ["a", "b"], [64, 32], tokens=4, vocab=1000,
+                   seed=5)
+    w = kv_sides.WARMUP_TOKENS
+    assert [(kv, len(ids)) for kv, ids in asked] == [
+        ("a", w), ("b", w), *[(kv, 32) for _ in range(3) for kv in "ab"],
+        *[(kv, 64) for _ in range(3) for kv in "ab"]]
+    assert len({tuple(ids) for _, ids in asked[2:8]}) == 1  # one prompt per context
+    assert emitted["a ttft_s_32"] == emitted["a ttft_s_64"] == 2.0
+    assert emitted["b ttft_s_32"] == emitted["b ttft_s_64"] == 3.0
+    assert emitted["a decode_tok_s_32"] == pytest.approx(10.0)  # gaps 0.5, 0.1, 0.25
+    assert emitted["b decode_tok_s_32"] == pytest.approx(5.0)   # gaps 0.4, 0.2, 0.3
+    assert emitted["a decode_tok_s_64"] == pytest.approx(1 / 0.2)  # 0.2, 0.4, 0.3
+    assert emitted["b decode_tok_s_64"] == pytest.approx(10.0)  # 0.1, 0.5, 0.25
