@@ -96,7 +96,9 @@ def _codes(x, valid, center, half):
     step = tl.math.div_rn(half + half, _LEVELS)
     low = center - half
     safe = tl.where(step > 0, step, 1.0)
-    q = _round_half_even(tl.math.div_rn(x - low[None, :, :], safe[None, :, :]))
+    # A row past filled (x 0) over a narrow channel's step would overflow: its code is 0.
+    diff = tl.where(valid, x - low[None, :, :], 0.0)
+    q = _round_half_even(tl.math.div_rn(diff, safe[None, :, :]))
     q = tl.minimum(tl.maximum(q, 0.0), _LEVELS)
     q = tl.where((step > 0)[None, :, :] & valid, q, 0.0)
     return q.to(tl.uint8)
