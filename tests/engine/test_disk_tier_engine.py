@@ -19,6 +19,7 @@ import pytest
 
 from engine import LLM, EngineConfig, SamplingParams
 from engine.disk import store as disk_store
+from tests.cpu_pool import CPU_BLOCK_SIZE
 from tests.engine.tiny_models import save_tiny_model, tiny_llama_config
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -150,8 +151,7 @@ def test_the_exit_hook_holds_no_engine(tiny, cache):
 
 
 def test_evicted_blocks_go_to_disk_while_the_engine_runs(tiny, cache):
-    llm = new_llm(tiny, num_gpu_blocks=5)  # 320 tokens in the default 64-token blocks
-    assert llm.engine.config.block_size == 64
+    llm = new_llm(tiny, num_gpu_blocks=320 // CPU_BLOCK_SIZE)  # 320 tokens, default blocks
     messages, _ = chat(llm, 2)
     # Other prompts fill the small pool: the chat's cached blocks are evicted to disk.
     for seed in range(4):

@@ -132,7 +132,7 @@ def run_chat(engine: LLMEngine, turns: int) -> tuple[list[list[int]], list[tuple
 def test_a_chat_computes_only_each_new_message(qwen35_dir):
     engine = engine_for(qwen35_dir)
     replies, computed = run_chat(engine, 6)
-    block = engine.config.block_size  # the default's: the CPU's int8 cache in 64 tokens
+    block = engine.config.block_size  # the default's (int8's 64 on the native kernels)
     for turn, (done, new) in enumerate(computed[1:], start=2):
         # The new message, and what follows the last snapshot: the last reply token
         # (never computed) and less than a block before it.

@@ -91,8 +91,9 @@ def test_the_estimate_uses_the_engines_rule(monkeypatch):
     assert (est.weights_bytes, est.kv_bytes) == (90_000_000, 4 * 8192 * per_token)
     dense = estimate_memory(info, EngineConfig(weights="float32", max_model_len=2048))
     assert (dense.weights_bytes, dense.kv_bytes) == (134_515_008 * 4, 4 * 2048 * per_token)
-    hf = estimate_memory(_info(format="hf"), EngineConfig(kv_cache_memory_bytes=200 << 20))
-    assert hf.weights_bytes == 134_515_008 * 4 and hf.kv_bytes == (200 << 20) // block * block
+    budget = 2 * 8192 * per_token + block // 2  # two contexts and half a block
+    hf = estimate_memory(_info(format="hf"), EngineConfig(kv_cache_memory_bytes=budget))
+    assert hf.weights_bytes == 134_515_008 * 4 and hf.kv_bytes == 2 * 8192 * per_token
     # A budget below one context shows what one context needs: the least that loads.
     small = estimate_memory(info, EngineConfig(kv_cache_memory_bytes=16 << 20))
     assert small.kv_bytes == 8192 * per_token
