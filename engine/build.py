@@ -11,10 +11,9 @@ is made:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -88,7 +87,7 @@ def assemble(model: str | Path, config: EngineConfig,
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     resolved = resolve_device(config)
-    config = dataclasses.replace(config, block_size=resolved.block_size)
+    config = replace(config, block_size=resolved.block_size)
     device, dtype = resolved.device, resolved.dtype
     if device.type == "cpu":
         keep_freed_memory()  # a prefill's activations reused, not faulted again

@@ -98,9 +98,8 @@ def first_step_logits(llm: LLM, prompt: list[int], backend=None) -> torch.Tensor
     seq = Sequence(-1, "gpu-e2e", 0, list(prompt), len(prompt))
     step = SchedulerOutput(scheduled=[ScheduledSeq(seq, len(prompt), [table])])
     usual = runner.backend
-    for stage in runner.key_stages if backend is not None else ():
-        if stage is not None:  # a pool whose keys are coded by block: int8, int4
-            backend.key_stages.attach(stage)
+    if backend is not None:
+        runner.attach_key_stages(backend)
     runner.backend = backend or usual
     try:
         logits = runner.execute(step)

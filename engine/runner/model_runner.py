@@ -83,9 +83,7 @@ class ModelRunner:
         self.key_stages: list[KeyStage | None] = [
             KeyStage(cache, max_num_seqs) if shape.format.keys_by_block else None
             for cache in self.kv_caches]
-        for stage in self.key_stages:
-            if stage is not None:
-                backend.key_stages.attach(stage)
+        self.attach_key_stages(backend)
         self.host_caches: list[torch.Tensor | None] = [None] * len(attention)
         if num_host_blocks:
             self.host_caches = [self._allocate(g.layers, num_host_blocks,
@@ -120,6 +118,14 @@ class ModelRunner:
                 and not shape.format.keys_by_block):
             self.graphs = CudaGraphRunner(self._decode_logits, device, shape.block_size,
                                           -(-max_model_len // shape.block_size))
+
+    def attach_key_stages(self, backend) -> None:
+        """Hand ``backend`` this runner's key stages (an int8 or int4 pool's keys are
+        written through them): the runner's own backend, or one that runs a step in its
+        place."""
+        for stage in self.key_stages:
+            if stage is not None:
+                backend.key_stages.attach(stage)
 
     def _allocate(self, layers: Sequence[int], num_blocks: int, device: torch.device,
                   pin_memory: bool = False) -> torch.Tensor:
