@@ -5,7 +5,10 @@
 
 // How the tiles are inlined: GCC's choice in attend_<isa>.cpp (float32 / float16 pools,
 // as tuned); forced in attend_<isa>_quant.cpp, where with the quantized pools' many
-// instantiations GCC stopped inlining them, and decode over int8 ran 1.8x slower.
+// instantiations GCC stopped inlining them, and decode over int8 ran 1.8x slower. The
+// int8 path's helpers per 16 keys too (lane_sums16_epi32, floats_from_halves): left to
+// GCC, its int8 decode called lane_sums16_epi32 and simd512.h's lane_sums16, their 16
+// vectors passed through memory, and ran about 9% slower at 4,000 tokens (BENCHMARKS.md).
 #ifndef FOLIO_TILE_INLINE
 #define FOLIO_TILE_INLINE inline
 #endif
@@ -73,7 +76,7 @@ FOLIO_TILE_INLINE void key_scores16(const float* const* q, int nrows, const Kv* 
 
 // The lane sums of 16 int32 vectors as the lanes of one, in order (lane_sums16's tree on
 // integers; the shuffles move 32-bit lanes whatever they hold).
-inline __m512i lane_sums16_epi32(const __m512i* v) {
+FOLIO_TILE_INLINE __m512i lane_sums16_epi32(const __m512i* v) {
   __m512 f[16];
 #pragma GCC unroll 16
   for (int k = 0; k < 16; ++k) f[k] = _mm512_castsi512_ps(v[k]);
@@ -298,7 +301,7 @@ inline void nibble_floats(const uint8_t* pairs, int64_t n, int bias, float* dst)
   }
 }
 
-inline void floats_from_halves(const uint16_t* src, float* dst, int64_t n) {
+FOLIO_TILE_INLINE void floats_from_halves(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(
