@@ -7,8 +7,9 @@
 // as tuned); forced in attend_<isa>_quant.cpp, where with the quantized pools' many
 // instantiations GCC stopped inlining them, and decode over int8 ran 1.8x slower. The
 // int8 path's helpers per 16 keys too (lane_sums16_epi32, floats_from_halves): left to
-// GCC, its int8 decode called lane_sums16_epi32 and simd512.h's lane_sums16, their 16
-// vectors passed through memory, and ran about 9% slower at 4,000 tokens (BENCHMARKS.md).
+// GCC, the int8 decode attention called lane_sums16_epi32 and simd512.h's lane_sums16
+// (their 16 vectors through memory) and took about 9% longer at 4,000 tokens
+// (BENCHMARKS.md, "What bounds the int8 decode attention").
 #ifndef FOLIO_TILE_INLINE
 #define FOLIO_TILE_INLINE inline
 #endif
