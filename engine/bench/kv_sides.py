@@ -28,9 +28,7 @@ WARMUP_TOKENS = 8
 # then the same prompt again (cached, so only its decode costs). One decode of a few dozen
 # tokens moved by 20-30% with other machines' load on a shared host, and whole runs of a
 # format a few minutes apart by up to a quarter: so the formats take turns, round by round.
-# Three rounds still let one run's 4,000-token int8 / float16 ratio read 1.13 and the next
-# 0.92 on the same build (the attention alone moved by a few per cent): six.
-DECODE_ROUNDS = 6
+DECODE_ROUNDS = 3
 
 
 def speed(side: str, model_path: str, threads: int, kvs: list[str], contexts: list[int],

@@ -201,7 +201,7 @@ def test_a_context_s_decode_is_the_best_of_its_rounds_the_formats_taking_turns(m
     emitted: dict = {}
     monkeypatch.setattr(kv_sides, "_load", load)
     monkeypatch.setattr(kv_sides, "emit", emitted.update)
-    monkeypatch.setattr(kv_sides, "DECODE_ROUNDS", 3)
+    assert kv_sides.DECODE_ROUNDS == 3
     kv_sides.speed("folio", "model.gguf", 1, ["a", "b"], [64, 32], tokens=4, vocab=1000,
                    seed=5)
     w = kv_sides.WARMUP_TOKENS
