@@ -334,7 +334,10 @@ void write_key_blocks(const at::Tensor& key, at::Tensor k_cache, at::Tensor exac
       if (keep[i] < 0) continue;
       const float* x = rows_all + task * bs * hd;
       at::Half* slot = ex + keep[i] * ex_slot + h * ex_head;
-      for (int64_t j = 0; j < fill[i]; ++j)
+      // Kept where they came from, the earlier rows are there already (float16 to float32
+      // and back is exact): only the step's new rows go in.
+      const int64_t j0 = keep[i] == from[i] ? start[i] : 0;
+      for (int64_t j = j0; j < fill[i]; ++j)
         for (int64_t c = 0; c < hd; ++c)
           slot[j * ex_row + c] = static_cast<at::Half>(x[j * hd + c]);
     }
