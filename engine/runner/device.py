@@ -15,11 +15,11 @@ Rules:
   is the exact path); else bfloat16 on CUDA when ``torch.cuda.is_bf16_supported()``,
   float16 on older cards, float32 on the CPU and on MPS.
 - **KV dtype**: ``config.kv_cache_dtype`` when set; else int8 where the native CPU kernels
-  compute in float32: half float16's memory, decode faster from a few thousand tokens of
-  context and prefill as fast, replies within the quality rows of `folio bench kv`
-  (docs/BENCHMARKS.md, "The CPU default"), where llama.cpp users have to find the flag;
-  float16 there when ``block_size`` names fewer tokens than an int8 block holds (64). The
-  compute dtype elsewhere. A quantized name ("int8", "int4", "fp8") resolves to its
+  compute in float32: half float16's memory, decode faster at long contexts (16,000
+  tokens) and about as fast at 4,000, prefill as fast, replies within the quality rows of
+  `folio bench kv` (docs/BENCHMARKS.md, "The CPU default"), where llama.cpp users have to
+  find the flag; float16 there when ``block_size`` names fewer tokens than an int8 block
+  holds (64). The compute dtype elsewhere. A quantized name ("int8", "int4", "fp8") resolves to its
   format's storage dtype (kernels/kv_format.py), which is the pool's dtype and tags its
   format (`ResolvedDevice.kv_format`). The Triton kernels read a pool in the compute dtype
   or a quantized one (ValueError naming ``kv_cache_dtype`` otherwise); the native CPU
