@@ -19,12 +19,12 @@ Rules:
   tokens) and about as fast at 4,000, prefill as fast, replies within the quality rows of
   `folio bench kv` (docs/BENCHMARKS.md, "The CPU default"), where llama.cpp users have to
   find the flag; float16 there when ``block_size`` names fewer tokens than an int8 block
-  holds (64). The compute dtype elsewhere. A quantized name ("int8", "int4", "fp8") resolves to its
-  format's storage dtype (kernels/kv_format.py), which is the pool's dtype and tags its
-  format (`ResolvedDevice.kv_format`). The Triton kernels read a pool in the compute dtype
-  or a quantized one (ValueError naming ``kv_cache_dtype`` otherwise); the native CPU
-  backend hands the pools its kernels do not read to the PyTorch reference, which reads
-  any.
+  holds (64). The compute dtype elsewhere. A quantized name ("int8", "int4", "fp8")
+  resolves to its format's storage dtype (kernels/kv_format.py), which is the pool's dtype
+  and tags its format (`ResolvedDevice.kv_format`). The Triton kernels read a pool in the
+  compute dtype or a quantized one (ValueError naming ``kv_cache_dtype`` otherwise); the
+  native CPU backend hands the pools its kernels do not read to the PyTorch reference,
+  which reads any.
 - **block size**: ``config.block_size`` when set; else ``default_block_size`` of the
   resolved KV format (engine/config.py), which the engine's config then holds.
 - **attention backend**: ``config.attention_backend``, else $FOLIO_ATTENTION_BACKEND, else

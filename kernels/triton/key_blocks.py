@@ -96,11 +96,12 @@ def _codes(x, valid, center, half):
     step = tl.math.div_rn(half + half, _LEVELS)
     low = center - half
     safe = tl.where(step > 0, step, 1.0)
-    # A row past filled (x 0) over a narrow channel's step would overflow: its code is 0.
+    # A row past filled gets code 0 here, before the division: its x (0) over a narrow
+    # channel's step would overflow.
     diff = tl.where(valid, x - low[None, :, :], 0.0)
     q = _round_half_even(tl.math.div_rn(diff, safe[None, :, :]))
     q = tl.minimum(tl.maximum(q, 0.0), _LEVELS)
-    q = tl.where((step > 0)[None, :, :] & valid, q, 0.0)
+    q = tl.where((step > 0)[None, :, :], q, 0.0)
     return q.to(tl.uint8)
 
 
