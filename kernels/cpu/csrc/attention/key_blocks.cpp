@@ -216,20 +216,22 @@ void write_key_blocks(const at::Tensor& key, at::Tensor k_cache, at::Tensor exac
       write_task(step, task, ch, centers);
     }
   });
-  at::parallel_for(0, num_blocks * nkv, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / nkv, h = task % nkv;
-      if (keep[i] < 0) continue;
-      const float* x = rows_all + task * bs * hd;
-      at::Half* slot = ex + keep[i] * ex_slot + h * ex_head;
-      // Kept where they came from, the earlier rows are there already (float16 to float32
-      // and back is exact): only the step's new rows go in.
-      const int64_t j0 = keep[i] == from[i] ? start[i] : 0;
-      for (int64_t j = j0; j < fill[i]; ++j)
-        for (int64_t c = 0; c < hd; ++c)
-          slot[j * ex_row + c] = static_cast<at::Half>(x[j * hd + c]);
-    }
-  });
+  // In one thread: only open blocks are kept (one per sequence at most), and of them only
+  // the rows not in their slot already: a decode step's one row per head costs less than
+  // a parallel region's start and join, and a prefill's block per sequence little beside
+  // the rest of its step.
+  for (int64_t task = 0; task < num_blocks * nkv; ++task) {
+    const int64_t i = task / nkv, h = task % nkv;
+    if (keep[i] < 0) continue;
+    const float* x = rows_all + task * bs * hd;
+    at::Half* slot = ex + keep[i] * ex_slot + h * ex_head;
+    // Kept where they came from, the earlier rows are there already (float16 to float32
+    // and back is exact): only the step's new rows go in.
+    const int64_t j0 = keep[i] == from[i] ? start[i] : 0;
+    for (int64_t j = j0; j < fill[i]; ++j)
+      for (int64_t c = 0; c < hd; ++c)
+        slot[j * ex_row + c] = static_cast<at::Half>(x[j * hd + c]);
+  }
 }
 
 }  // namespace folio_cpu::attention
