@@ -138,12 +138,13 @@ def _encode_key_block_kernel(
     r3 = offs_r[:, None, None]
     g_mask = (offs_g < HEAD_SIZE // 8)[:, None]  # [G_PAD, 1]
     valid = (r3 < filled) & g_mask[None, :, :]  # [BS_PAD, G_PAD, 1]
-    load_mask = (r3 < BLOCK_SIZE) & g_mask[None, :, :]
     # Channel 8g + 2p (even) and 8g + 2p + 1 (odd). [BS_PAD, G_PAD, 4]
     channel = 8 * offs_g[None, :, None] + 2 * offs_p[None, None, :]
     src = key_ptr + i * stride_kb + head * stride_kh + r3.to(tl.int64) * stride_kt + channel
-    x_even = tl.load(src, mask=load_mask, other=0.0).to(tl.float32)
-    x_odd = tl.load(src + 1, mask=load_mask, other=0.0).to(tl.float32)
+    # Rows past filled read as 0: the caller's rows there are whatever its buffer held
+    # (an inf there made the interpreter warn of inf - inf, masked out after).
+    x_even = tl.load(src, mask=valid, other=0.0).to(tl.float32)
+    x_odd = tl.load(src + 1, mask=valid, other=0.0).to(tl.float32)
 
     mid_e, half_raw_e = _channel_stats(x_even, valid, g_mask)  # [G_PAD, 4]
     mid_o, half_raw_o = _channel_stats(x_odd, valid, g_mask)
