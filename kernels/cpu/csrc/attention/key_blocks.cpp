@@ -198,17 +198,13 @@ void write_key_blocks(const at::Tensor& key, at::Tensor k_cache, at::Tensor exac
       reinterpret_cast<const uint16_t*>(exact.data_ptr<at::Half>()), exact.stride(0),
       exact.stride(1), exact.stride(2),
       gathered.data_ptr<float>(), nkv, bs, hd, kind == KvKind::kI4};
-  const bool int4 = step.int4;
-  float* rows_all = step.rows;
-  at::Half* ex = exact.data_ptr<at::Half>();
-  const int64_t ex_slot = step.ex_slot, ex_row = step.ex_row, ex_head = step.ex_head;
 
   // Fetched a few tasks ahead: a decode step's whole share of a thread (half a layer's
   // heads), so that their rows arrive together (prefetch_exact).
   constexpr int64_t kTasksAhead = 4;
   at::parallel_for(0, num_blocks * nkv, 1, [&](int64_t begin, int64_t end) {
-    Channels ch(int4 ? hd : 0, int4 ? bs * (rl - hd / 2) : 0);
-    Centers centers(int4 ? 0 : hd);
+    Channels ch(step.int4 ? hd : 0, step.int4 ? bs * (rl - hd / 2) : 0);
+    Centers centers(step.int4 ? 0 : hd);
     for (int64_t task = begin; task < std::min(end, begin + kTasksAhead); ++task)
       prefetch_exact(step, task);
     for (int64_t task = begin; task < end; ++task) {
@@ -220,17 +216,18 @@ void write_key_blocks(const at::Tensor& key, at::Tensor k_cache, at::Tensor exac
   // the rows not in their slot already: a decode step's one row per head costs less than
   // a parallel region's start and join, and a prefill's block per sequence little beside
   // the rest of its step.
+  at::Half* ex = exact.data_ptr<at::Half>();
   for (int64_t task = 0; task < num_blocks * nkv; ++task) {
     const int64_t i = task / nkv, h = task % nkv;
     if (keep[i] < 0) continue;
-    const float* x = rows_all + task * bs * hd;
-    at::Half* slot = ex + keep[i] * ex_slot + h * ex_head;
+    const float* x = step.rows + task * bs * hd;
+    at::Half* slot = ex + keep[i] * step.ex_slot + h * step.ex_head;
     // Kept where they came from, the earlier rows are there already (float16 to float32
     // and back is exact): only the step's new rows go in.
     const int64_t j0 = keep[i] == from[i] ? start[i] : 0;
     for (int64_t j = j0; j < fill[i]; ++j)
       for (int64_t c = 0; c < hd; ++c)
-        slot[j * ex_row + c] = static_cast<at::Half>(x[j * hd + c]);
+        slot[j * step.ex_row + c] = static_cast<at::Half>(x[j * hd + c]);
   }
 }
 
